@@ -1,0 +1,63 @@
+"""Defaults shared by every experiment. Not run directly: experiments import and adjust it.
+
+Every key here is public: users override it on the command line
+(`--config.global_batch_size=256`, `--config.mesh_shape='(4,1,1)'`) and later work relies on it.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.num_train_steps = 300
+    config.global_batch_size = 128  # images per step over all devices
+    config.eval_batch_size = 0  # 0: same as global_batch_size
+    config.learning_rate = 0.05  # peak learning rate (before linear scaling, if on)
+    config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch_size / 256
+    config.lr_schedule = "cosine"  # "cosine" (warmup then cosine to 0) or "constant"
+    config.warmup_steps = 20
+    config.weight_decay = 0.0  # decoupled L2 added to the update (optax.add_decayed_weights)
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "sgd"  # "sgd" (with momentum) or "adam"
+    config.optimizer.momentum = 0.9  # sgd momentum; 0 for plain SGD
+    config.optimizer.nesterov = False
+
+    config.log_every_steps = 20
+    config.eval_every_steps = 100  # 0: evaluate only at the end
+    config.checkpoint_every_steps = 0  # 0: no periodic checkpoints
+
+    # Devices are arranged as (data, stage, tensor); the product must equal the device count.
+    # One entry may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).
+    config.mesh_shape = (-1, 1, 1)
+    # On a CPU-only machine, simulate this many devices (XLA_FLAGS) when jaxpar.train starts.
+    # Ignored if XLA_FLAGS already sets a count; it does not affect GPUs or TPUs.
+    config.host_device_count = 8
+
+    config.model = ml_collections.ConfigDict()
+    config.model.name = "vgg19"  # vgg11, vgg13, vgg16, vgg19, lenet
+    config.model.width = 0.25  # channel multiplier: 1.0 is the published VGG
+    config.model.batch_norm = True
+    config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+    config.model.head = "auto"  # "cifar" (one dense), "imagenet" (three dense), "auto" by input
+
+    config.data = ml_collections.ConfigDict()
+    config.data.name = "shapes10"  # embedded offline default; or synthetic, cifar10, mnist, ...
+    config.data.data_dir = ""  # TFDS data_dir; "" = TFDS default (~/tensorflow_datasets)
+    config.data.eval_split = "test"
+    config.data.augment = False  # random crop (pad 4) and horizontal flip
+    config.data.image_shape = (32, 32, 3)  # synthetic only
+    config.data.num_classes = 10  # synthetic only
+    config.data.num_train = 0  # shapes10/synthetic size; 0 = default
+    config.data.num_eval = 0
+
+    config.pipeline = ml_collections.ConfigDict()
+    config.pipeline.schedule = "gpipe"  # naive, gpipe or 1f1b (used when mesh stage > 1)
+    config.pipeline.num_microbatches = 1
+
+    config.sync = ml_collections.ConfigDict()
+    config.sync.mode = "allreduce"  # how data-parallel replicas agree: allreduce each step
+    config.sync.impl = "shard_map"  # "shard_map" (jax.shard_map + pmean) or legacy "pmap"
+    config.sync.batch_norm = "global"  # "global" (synchronised) or "local" (per replica)
+    return config

@@ -1,0 +1,90 @@
+"""Validate a ConfigDict before anything compiles: one-line errors that say how to fix them."""
+
+from __future__ import annotations
+
+import math
+
+import ml_collections
+
+from jaxpar import models
+from jaxpar.mesh import AXES, resolve_shape
+
+SCHEDULES = ("naive", "gpipe", "1f1b")
+OPTIMIZERS = ("sgd", "adam")
+LR_SCHEDULES = ("cosine", "constant")
+SYNC_MODES = ("allreduce",)
+SYNC_IMPLS = ("shard_map", "pmap")
+BN_SYNC = ("global", "local")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is one line with the fix."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _choice(value, allowed, key: str) -> None:
+    _check(value in allowed, f"unknown {key} {value!r}; choose one of {', '.join(allowed)}")
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+    """Check `config` against `num_devices`; return the resolved (data, stage, tensor) shape."""
+    shape = tuple(config.mesh_shape)
+    _check(
+        len(shape) == len(AXES) and all(isinstance(s, int) for s in shape),
+        f"mesh_shape must be three integers (data, stage, tensor), got {shape!r}; "
+        "e.g. --config.mesh_shape='(8,1,1)'",
+    )
+    _check(
+        shape.count(-1) <= 1 and all(s > 0 or s == -1 for s in shape),
+        f"mesh_shape {shape} must hold positive sizes and at most one -1",
+    )
+    resolved = resolve_shape(shape, num_devices)
+    _check(
+        -1 not in resolved and math.prod(resolved) == num_devices,
+        f"mesh_shape {shape} needs {math.prod(s for s in shape if s > 0)}"
+        f"{'*k' if -1 in shape else ''} devices but {num_devices} are present; "
+        f"choose sizes whose product is {num_devices} (e.g. ({num_devices},1,1) or (-1,1,1))",
+    )
+    data, stage, tensor = resolved
+    _check(
+        stage == 1 and tensor == 1,
+        f"mesh_shape {resolved} splits over stage/tensor, which this version cannot do yet; "
+        f"use a data-only mesh such as ({num_devices},1,1)",
+    )
+    _check(config.num_train_steps > 0, "num_train_steps must be positive")
+    _check(config.global_batch_size > 0, "global_batch_size must be positive")
+    _check(
+        config.global_batch_size % data == 0,
+        f"global_batch_size {config.global_batch_size} is not divisible by the data axis "
+        f"({data} devices); use a multiple of {data}",
+    )
+    eval_bs = config.eval_batch_size or config.global_batch_size
+    _check(
+        eval_bs > 0 and eval_bs % data == 0,
+        f"eval_batch_size {eval_bs} is not divisible by the data axis ({data}); "
+        f"use a multiple of {data}",
+    )
+    _check(config.learning_rate > 0, "learning_rate must be positive")
+    _check(config.warmup_steps >= 0, "warmup_steps must be >= 0")
+    for key in ("log_every_steps",):
+        _check(config[key] > 0, f"{key} must be positive")
+    for key in ("eval_every_steps", "checkpoint_every_steps"):
+        _check(config[key] >= 0, f"{key} must be >= 0 (0 turns it off)")
+    _choice(config.lr_schedule, LR_SCHEDULES, "lr_schedule")
+    _choice(config.optimizer.name, OPTIMIZERS, "optimizer.name")
+    _check(0 <= config.optimizer.momentum < 1, "optimizer.momentum must be in [0, 1)")
+    _choice(config.model.name, models.NAMES, "model.name")
+    _check(config.model.width > 0, "model.width must be positive (1.0 = published VGG)")
+    _choice(config.model.dtype, tuple(models.DTYPES), "model.dtype")
+    _choice(config.model.head, ("auto", "cifar", "imagenet"), "model.head")
+    _choice(config.pipeline.schedule, SCHEDULES, "pipeline.schedule")
+    _check(config.pipeline.num_microbatches >= 1, "pipeline.num_microbatches must be >= 1")
+    _choice(config.sync.mode, SYNC_MODES, "sync.mode")
+    _choice(config.sync.impl, SYNC_IMPLS, "sync.impl")
+    _choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
+    _check(config.host_device_count >= 1, "host_device_count must be >= 1")
+    return resolved

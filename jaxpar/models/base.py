@@ -1,0 +1,124 @@
+"""A model as an ordered sequence of layers that a partitioner can cut between any two.
+
+Each `Layer` carries a flax module plus its static costs (parameters, forward FLOPs and output
+activation size per example), so pipeline and tensor partitioners can balance and report
+without tracing. Variables are stored per layer: {"params": {layer_name: ...},
+"batch_stats": {layer_name: ...}}; that canonical form is what checkpoints and stage splits use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One cuttable unit: a flax module and its per-example costs."""
+
+    name: str
+    module: nn.Module
+    in_shape: tuple[int, ...]  # per example, e.g. (32, 32, 3)
+    out_shape: tuple[int, ...]
+    params: int  # trainable parameter count
+    flops: int  # forward FLOPs per example (2 x multiply-adds of convs and matmuls)
+
+    @property
+    def activation_size(self) -> int:
+        """Elements of this layer's output per example (what a pipeline stage sends on)."""
+        return math.prod(self.out_shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequentialModel:
+    """An ordered tuple of layers from an input shape to `num_classes` logits."""
+
+    name: str
+    layers: tuple[Layer, ...]
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def num_params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    @property
+    def flops_per_example(self) -> int:
+        """Forward FLOPs per example; a training step costs about 3x this."""
+        return sum(layer.flops for layer in self.layers)
+
+    def init(self, rng: jax.Array) -> dict[str, dict[str, Any]]:
+        """Initialise every layer from its own key (folded from the layer index)."""
+        variables: dict[str, dict[str, Any]] = {"params": {}, "batch_stats": {}}
+        for i, layer in enumerate(self.layers):
+            x = jnp.zeros((1, *layer.in_shape), jnp.float32)
+            v = layer.module.init(jax.random.fold_in(rng, i), x, train=False)
+            variables["params"][layer.name] = v["params"]
+            if "batch_stats" in v:
+                variables["batch_stats"][layer.name] = v["batch_stats"]
+        return variables
+
+    def apply(
+        self,
+        params: dict[str, Any],
+        batch_stats: dict[str, Any],
+        x: jax.Array,
+        *,
+        train: bool,
+        bn_axis_name: str | tuple[str, ...] | None = None,
+        layers: slice = slice(None),
+    ) -> tuple[jax.Array, dict[str, Any]]:
+        """Run `layers` (default: all) on x; return output and updated batch statistics.
+
+        `bn_axis_name`: mesh axis (or axes) over which BatchNorm averages its batch statistics
+        (synchronised BatchNorm inside shard_map/pmap); None uses the local batch only.
+        """
+        new_stats = dict(batch_stats)
+        for layer in self.layers[layers]:
+            module = layer.module.clone(bn_axis_name=bn_axis_name)
+            variables = {"params": params[layer.name]}
+            if layer.name in batch_stats:
+                variables["batch_stats"] = batch_stats[layer.name]
+            if train and layer.name in batch_stats:
+                x, updates = module.apply(variables, x, train=True, mutable=["batch_stats"])
+                new_stats[layer.name] = updates["batch_stats"]
+            else:
+                x = module.apply(variables, x, train=train)
+        return x, new_stats
+
+    def summary(self) -> str:
+        """A per-layer table: output shape, parameters, forward MFLOPs per example."""
+        rows = [f"{'layer':<10} {'output':>16} {'params':>12} {'MFLOPs/ex':>10}"]
+        for layer in self.layers:
+            rows.append(
+                f"{layer.name:<10} {str(layer.out_shape):>16} {layer.params:>12,} "
+                f"{layer.flops / 1e6:>10.2f}"
+            )
+        rows.append(
+            f"{'total':<10} {'':>16} {self.num_params:>12,} {self.flops_per_example / 1e6:>10.2f}"
+        )
+        return "\n".join(rows)
+
+
+def count_params(tree: Any) -> int:
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
+
+
+def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer:
+    """Build a Layer, deriving its output shape and parameter count by abstract evaluation."""
+    x = jax.ShapeDtypeStruct((1, *in_shape), jnp.float32)
+    variables = jax.eval_shape(lambda a: module.init(jax.random.key(0), a, train=False), x)
+    out = jax.eval_shape(lambda v, a: module.apply(v, a, train=False), variables, x)
+    return Layer(
+        name=name,
+        module=module,
+        in_shape=tuple(in_shape),
+        out_shape=tuple(out.shape[1:]),
+        params=count_params(variables["params"]),
+        flops=module.flops(tuple(in_shape)),
+    )

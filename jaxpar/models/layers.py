@@ -1,0 +1,75 @@
+"""The layer blocks models are built from. Each block knows its forward FLOPs per example."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+
+# torchvision's VGG initialisation: He (fan-out) for convs, N(0, 0.01) for dense layers, so the
+# first logits are small and the initial loss is about log(classes).
+CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+DENSE_INIT = nn.initializers.normal(0.01)
+
+
+class ConvBlock(nn.Module):
+    """Conv (3x3 by default) -> optional BatchNorm -> ReLU -> optional 2x2 max-pool."""
+
+    features: int
+    kernel: int = 3
+    padding: str = "SAME"
+    batch_norm: bool = False
+    pool: bool = False
+    dtype: Any = jnp.float32
+    bn_axis_name: Any = None
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = nn.Conv(
+            self.features,
+            (self.kernel, self.kernel),
+            padding=self.padding,
+            dtype=self.dtype,
+            kernel_init=CONV_INIT,
+        )(x)
+        if self.batch_norm:
+            x = nn.BatchNorm(
+                use_running_average=not train,
+                momentum=0.9,
+                epsilon=1e-5,
+                dtype=self.dtype,
+                axis_name=self.bn_axis_name if train else None,
+            )(x)
+        x = nn.relu(x)
+        if self.pool:
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        return x
+
+    def flops(self, in_shape: tuple[int, ...]) -> int:
+        h, w, c = in_shape
+        if self.padding == "VALID":
+            h, w = h - self.kernel + 1, w - self.kernel + 1
+        return 2 * h * w * self.kernel * self.kernel * c * self.features
+
+
+class DenseBlock(nn.Module):
+    """Flatten (if needed) -> Dense -> optional ReLU. The last one emits float32 logits."""
+
+    features: int
+    relu: bool = True
+    dtype: Any = jnp.float32
+    bn_axis_name: Any = None  # unused; keeps every block's interface the same
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        x = x.reshape((x.shape[0], -1))
+        x = nn.Dense(self.features, dtype=self.dtype, kernel_init=DENSE_INIT)(x)
+        if self.relu:
+            return nn.relu(x)
+        return x.astype(jnp.float32)
+
+    def flops(self, in_shape: tuple[int, ...]) -> int:
+        return 2 * math.prod(in_shape) * self.features
