@@ -1,0 +1,111 @@
+"""What every partitioning shares: the train state, the loss, and the Strategy interface."""
+
+from __future__ import annotations
+
+import abc
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxpar.models import SequentialModel
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step reads and writes. Params are per layer: {layer_name: {...}}."""
+
+    step: jax.Array
+    params: Any
+    batch_stats: Any
+    opt_state: Any
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy over the (local) batch."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def forward_loss(
+    model: SequentialModel, params, batch_stats, batch, *, bn_axis_name=None
+) -> tuple[jax.Array, tuple[Any, jax.Array]]:
+    """Training-mode loss on `batch`; aux = (updated batch stats, accuracy)."""
+    logits, new_stats = model.apply(
+        params, batch_stats, batch["image"], train=True, bn_axis_name=bn_axis_name
+    )
+    loss = cross_entropy(logits, batch["label"])
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    return loss, (new_stats, accuracy)
+
+
+def eval_sums(model: SequentialModel, params, batch_stats, batch) -> dict[str, jax.Array]:
+    """Masked sums of loss and correct predictions over a (local) eval batch."""
+    logits, _ = model.apply(params, batch_stats, batch["image"], train=False)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
+    correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+    mask = batch["mask"]
+    return {"loss_sum": jnp.sum(losses * mask), "correct": jnp.sum(correct * mask),
+            "count": jnp.sum(mask)}  # fmt: skip
+
+
+def init_state(model: SequentialModel, tx: optax.GradientTransformation, rng) -> TrainState:
+    variables = model.init(rng)
+    params = variables["params"]
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        batch_stats=variables["batch_stats"],
+        opt_state=tx.init(params),
+    )
+
+
+class Strategy(abc.ABC):
+    """One way of splitting the training step over a mesh.
+
+    A strategy places the state, puts host batches on devices with the right sharding, and
+    compiles `train_step(state, batch) -> (state, metrics)` (state donated) and
+    `eval_step(state, batch) -> sums`. `canonical(state)` returns the layout-free form
+    (per-layer params, replicated), which is what tests compare and checkpoints store.
+    """
+
+    name: str = "?"
+
+    def __init__(self, config, model: SequentialModel, mesh, tx):
+        self.config, self.model, self.mesh, self.tx = config, model, mesh, tx
+        self.compile_time_s = 0.0
+        self._train = self._eval = None
+
+    @abc.abstractmethod
+    def init_state(self, rng: jax.Array) -> TrainState: ...
+
+    @abc.abstractmethod
+    def put_batch(self, local_batch: dict) -> dict: ...
+
+    @abc.abstractmethod
+    def _jit_train(self): ...
+
+    @abc.abstractmethod
+    def _jit_eval(self): ...
+
+    def canonical(self, state: TrainState) -> TrainState:
+        return state
+
+    def compile(self, state: TrainState, batch: dict):
+        """Ahead-of-time compile the train step for these shapes; record the time taken."""
+        t0 = time.perf_counter()
+        self._train = self._jit_train().lower(state, batch).compile()
+        self.compile_time_s = time.perf_counter() - t0
+        return self._train
+
+    def train_step(self, state: TrainState, batch: dict):
+        if self._train is None:
+            self.compile(state, batch)
+        return self._train(state, batch)
+
+    def eval_step(self, state: TrainState, batch: dict) -> dict:
+        if self._eval is None:
+            self._eval = self._jit_eval()
+        return self._eval(state, batch)
