@@ -1,0 +1,151 @@
+"""Throughput statistics, the metrics.jsonl/TensorBoard writer, and what the console shows."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> dict[str, float]:
+    """Global images/sec from per-step times, dropping the first `warmup` steps.
+
+    images_per_sec = global_batch_size / median step time; p10/p90 show the spread.
+    """
+    times = np.asarray(step_times[warmup:] or step_times, dtype=np.float64)
+    if times.size == 0:
+        return {}
+    median = float(np.median(times))
+    return {
+        "images_per_sec": global_batch_size / median,
+        "step_time_median_s": median,
+        "step_time_p10_s": float(np.percentile(times, 10)),
+        "step_time_p90_s": float(np.percentile(times, 90)),
+        "timed_steps": int(times.size),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (np.generic,)):
+        return value.item()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+class MetricWriter:
+    """Appends one JSON object per line to WORKDIR/metrics.jsonl and mirrors scalars to
+    TensorBoard (tensorboardX: event files without TensorFlow). Only process 0 writes."""
+
+    def __init__(self, workdir: str, enabled: bool = True):
+        self.enabled = enabled
+        self._tb = None
+        self._file = None
+        if not enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._file = open(self.path, "a", encoding="utf-8")
+        try:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        except ImportError:  # TensorBoard files are a convenience; metrics.jsonl is the contract
+            self._tb = None
+
+    def write(self, step: int, split: str, **values: Any) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step), "split": split}
+        record.update({k: _jsonable(v) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in values.items():
+                if isinstance(value, (int, float, np.number)) and math.isfinite(float(value)):
+                    self._tb.add_scalar(f"{split}/{key}", float(value), step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+class Progress:
+    """One console line per log step: step, loss, learning rate, images/sec and ETA."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, stream=sys.stdout):
+        self.total, self.stream = total_steps, stream
+        self.t0, self.s0 = time.perf_counter(), start_step
+
+    def update(self, step: int, **values: float) -> str:
+        elapsed = time.perf_counter() - self.t0
+        done = step - self.s0
+        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
+        parts += [f"{k} {_fmt(v)}" for k, v in values.items()]
+        parts.append(f"ETA {format_seconds(eta)}")
+        line = "  ".join(parts)
+        print(line, file=self.stream, flush=True)
+        return line
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:,.1f}"
+    return f"{value:.4f}"
+
+
+def format_seconds(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "--:--"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A two-column table of the final summary, in a fixed, readable order."""
+    order = [
+        ("mesh (data, stage, tensor)", "mesh_shape"),
+        ("devices", "num_devices"),
+        ("strategy", "strategy"),
+        ("steps", "steps"),
+        ("global batch", "global_batch_size"),
+        ("images/sec (median)", "images_per_sec"),
+        ("step time median (s)", "step_time_median_s"),
+        ("step time p10-p90 (s)", None),
+        ("model TFLOP/s", "model_tflops_per_sec"),
+        ("compile time (s)", "compile_time_s"),
+        ("wall time (s)", "wall_time_s"),
+        ("final train loss", "final_loss"),
+        ("eval loss", "eval_loss"),
+        ("eval accuracy", "eval_accuracy"),
+    ]
+    rows = []
+    for label, key in order:
+        if key is None:
+            if "step_time_p10_s" in summary:
+                value = f"{summary['step_time_p10_s']:.4f} - {summary['step_time_p90_s']:.4f}"
+            else:
+                continue
+        elif key not in summary:
+            continue
+        else:
+            value = summary[key]
+            value = _fmt(value) if isinstance(value, float) else str(value)
+        rows.append((label, value))
+    width = max(len(label) for label, _ in rows)
+    line = "-" * (width + 2 + max(len(v) for _, v in rows))
+    return "\n".join([line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line])
