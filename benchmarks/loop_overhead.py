@@ -13,6 +13,8 @@ noise; the figure is the ratio of medians (>= 0.95 is the target).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import statistics
 import sys
@@ -81,7 +83,7 @@ def bare_images_per_sec(config, steps: int) -> float:
 
 
 def loop_images_per_sec(config) -> float:
-    with tempfile.TemporaryDirectory() as workdir:
+    with tempfile.TemporaryDirectory() as workdir, contextlib.redirect_stdout(io.StringIO()):
         return trainer.train_and_evaluate(config, workdir)["images_per_sec"]
 
 

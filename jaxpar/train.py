@@ -22,6 +22,11 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where metrics and checkpoints go (default: runs/<config>-<time>)."
 )
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator", None, "host:port of process 0 for a multi-process run (jax.distributed)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Processes in a multi-process run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index, 0..num_processes-1.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -31,6 +36,23 @@ def use_host_devices(count: int) -> None:
     current = os.environ.get("XLA_FLAGS", "")
     if flag not in current and count > 1:
         os.environ["XLA_FLAGS"] = f"{current} {flag}={count}".strip()
+
+
+def init_distributed(coordinator: str | None, num_processes: int, process_id: int) -> None:
+    """Join JAX's multi-process runtime (one call per process, before any computation).
+
+    CPU devices of different processes talk through gloo collectives; GPUs use NCCL.
+    """
+    if num_processes <= 1:
+        return
+    if not coordinator:
+        raise app.UsageError("--num_processes > 1 needs --coordinator host:port of process 0")
+    if not 0 <= process_id < num_processes:
+        raise app.UsageError(f"--process_id must be in [0, {num_processes}), got {process_id}")
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes, process_id)
 
 
 def default_workdir(config_path: str) -> str:
@@ -44,6 +66,7 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     use_host_devices(config.host_device_count)
     # JAX is imported only now, after XLA_FLAGS is set.
+    init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
 
