@@ -25,14 +25,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-import jax  # noqa: E402
-import optax  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
 
-from configs import base  # noqa: E402
-from jaxpar import trainer  # noqa: E402
-from jaxpar.parallel.common import cross_entropy  # noqa: E402
+from configs import base
+from jaxpar import trainer
+from jaxpar.parallel.common import cross_entropy
 
 
 def make_config(args):

@@ -109,7 +109,7 @@ def _fmt(value: float) -> str:
 def format_seconds(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "--:--"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"

@@ -16,22 +16,30 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxpar.data import DataError, Dataset, DatasetSpec, Prefetcher, load
+from jaxpar.data import DataError, Dataset, DatasetSpec, Prefetcher, load, shapes10
 from jaxpar.data import augment as augment_lib
-from jaxpar.data import shapes10
 from jaxpar.data.base import ArraySource
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def make_config(**data) -> ml_collections.ConfigDict:
-    base = {"name": "shapes10", "data_dir": "", "eval_split": "test", "augment": False,
-            "image_shape": (32, 32, 3), "num_classes": 10, "num_train": 0, "num_eval": 0}
+    base = {
+        "name": "shapes10",
+        "data_dir": "",
+        "eval_split": "test",
+        "augment": False,
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "num_train": 0,
+        "num_eval": 0,
+    }
     return ml_collections.ConfigDict({"seed": 7, "data": {**base, **data}})
 
 
 def indexed_dataset(num_train: int, num_eval: int, seed: int = 0) -> Dataset:
     """A dataset whose label is the example index, and whose image encodes it too."""
+
     def split(n):
         idx = np.arange(n)
         images = np.broadcast_to((idx % 251)[:, None, None, None], (n, 8, 8, 3))
@@ -133,8 +141,13 @@ def test_augmentation_is_a_per_example_zero_pad_crop_and_flip():
     padded = np.pad(raw, ((0, 0), (4, 4), (4, 4), (0, 0)))  # Zero padding.
     chosen = []
     for i in range(64):
-        matches = [(dy, dx, f) for dy in range(9) for dx in range(9) for f in (0, 1)
-                   if np.allclose(a["image"][i], _norm(_crop(padded[i], dy, dx, f)), atol=1e-5)]
+        matches = [
+            (dy, dx, f)
+            for dy in range(9)
+            for dx in range(9)
+            for f in (0, 1)
+            if np.allclose(a["image"][i], _norm(_crop(padded[i], dy, dx, f)), atol=1e-5)
+        ]
         assert matches, f"example {i} is not a 4-pixel zero-pad crop/flip of its source"
         chosen.append(matches[0])
     offsets = {(dy, dx) for dy, dx, _ in chosen}
@@ -143,7 +156,7 @@ def test_augmentation_is_a_per_example_zero_pad_crop_and_flip():
 
 
 def _crop(image, dy, dx, flip):
-    crop = image[dy:dy + 32, dx:dx + 32]
+    crop = image[dy : dy + 32, dx : dx + 32]
     return crop[:, ::-1] if flip else crop
 
 
@@ -156,8 +169,10 @@ def test_pad_crop_flip_matches_a_per_example_loop():
     images = rng.integers(0, 256, (16, 12, 10, 2), dtype=np.uint8)
     params = augment_lib.draw_params(rng, 16)
     padded = np.pad(images, ((0, 0), (4, 4), (4, 4), (0, 0)))
-    expect = [padded[i, params.dy[i]:params.dy[i] + 12, params.dx[i]:params.dx[i] + 10]
-              for i in range(16)]
+    expect = [
+        padded[i, params.dy[i] : params.dy[i] + 12, params.dx[i] : params.dx[i] + 10]
+        for i in range(16)
+    ]
     expect = np.stack([e[:, ::-1] if f else e for e, f in zip(expect, params.flip)])
     np.testing.assert_array_equal(augment_lib.pad_crop_flip(images, params), expect)
 
@@ -221,9 +236,11 @@ def test_shapes10_is_learnable_but_not_linearly_trivial():
     train_x, train_y = shapes10.generate(2000, "train")
     eval_x, eval_y = shapes10.generate(500, "eval")
     shape_acc = _nearest_class_mean_accuracy(
-        _shape_features(train_x), train_y, _shape_features(eval_x), eval_y)
+        _shape_features(train_x), train_y, _shape_features(eval_x), eval_y
+    )
     pixel_acc = _nearest_class_mean_accuracy(
-        train_x.reshape(2000, -1) / 255.0, train_y, eval_x.reshape(500, -1) / 255.0, eval_y)
+        train_x.reshape(2000, -1) / 255.0, train_y, eval_x.reshape(500, -1) / 255.0, eval_y
+    )
     assert shape_acc > 0.6, shape_acc  # ~0.87: the shape carries the label.
     assert pixel_acc < 0.3, pixel_acc  # ~0.1: colours and positions do not.
 
@@ -232,8 +249,16 @@ def test_shapes10_is_learnable_but_not_linearly_trivial():
 
 
 def test_synthetic_follows_the_config():
-    ds = load(make_config(name="synthetic", image_shape=(16, 12, 1), num_classes=5,
-                          num_train=1000, num_eval=30, augment=True))
+    ds = load(
+        make_config(
+            name="synthetic",
+            image_shape=(16, 12, 1),
+            num_classes=5,
+            num_train=1000,
+            num_eval=30,
+            augment=True,
+        )
+    )
     assert ds.spec == DatasetSpec("synthetic", (16, 12, 1), 5, 1000, 30)
     batch = ds.train_batch(4, 64, 1, 2)
     assert batch["image"].shape == (32, 16, 12, 1) and batch["image"].dtype == np.float32
@@ -303,10 +328,15 @@ def tiny_data_dir(tmp_path_factory):
         VERSION = tfds.core.Version("1.0.0")
 
         def _info(self):
-            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
-                "image": tfds.features.Image(shape=(8, 8, 3)),  # PNG bytes: no TF needed.
-                "label": tfds.features.ClassLabel(num_classes=3),
-            }))
+            return tfds.core.DatasetInfo(
+                builder=self,
+                features=tfds.features.FeaturesDict(
+                    {
+                        "image": tfds.features.Image(shape=(8, 8, 3)),  # PNG bytes: no TF needed.
+                        "label": tfds.features.ClassLabel(num_classes=3),
+                    }
+                ),
+            )
 
         def _split_generators(self, dl_manager):
             return {"train": self._generate_examples(0, 24), "test": self._generate_examples(24, 7)}
@@ -338,12 +368,19 @@ def test_uncatalogued_dataset_loads_in_a_fresh_process(tiny_data_dir):
         print("tensorflow" in sys.modules)
     """)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, cwd=REPO, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     spec, ids, labels, tf_loaded = out.stdout.strip().splitlines()[-4:]
     assert spec == repr(DatasetSpec(BUILDER_NAME, (8, 8, 3), 3, 24, 7))
-    ids, labels = eval(ids), eval(labels)  # noqa: S307 - our own subprocess's output.
+    ids, labels = eval(ids), eval(labels)
     assert sorted(ids) == list(range(24))  # One epoch: every written example once.
     assert labels == [i % 3 for i in ids]  # Each label travels with its image.
     assert tf_loaded == "False"

@@ -6,19 +6,19 @@ import pytest
 
 from jaxpar import hlo, trainer
 from jaxpar.parallel.common import forward_loss
-from tests.util import max_rel_error, run_steps, tiny_config
+from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
 RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
 def reference():
-    """Single-device runs, with BatchNorm off and on, shared by the parametrised tests."""
-    return {bn: run_steps(tiny_config(**{"model.batch_norm": bn}), 1) for bn in (False, True)}
+    """The plain single-device program, with BatchNorm off and on, shared by the tests."""
+    return {bn: reference_run(tiny_config(**{"model.batch_norm": bn})) for bn in (False, True)}
 
 
 @pytest.mark.parametrize("batch_norm", [False, True], ids=["no_bn", "sync_bn"])
-@pytest.mark.parametrize("num_devices", [2, 4, 8])
+@pytest.mark.parametrize("num_devices", [1, 2, 4, 8])
 def test_shard_map_matches_single_device(reference, num_devices, batch_norm):
     ref_losses, ref_state = reference[batch_norm]
     config = tiny_config(**{"model.batch_norm": batch_norm, "mesh_shape": (num_devices, 1, 1)})
@@ -28,16 +28,6 @@ def test_shard_map_matches_single_device(reference, num_devices, batch_norm):
     assert max_rel_error(state.batch_stats, ref_state.batch_stats) < RTOL
     assert int(state.step) == 3
     assert np.ptp(ref_losses) > 1e-3  # the steps really change the model
-
-
-def test_one_device_mesh_equals_plain_run(reference):
-    """The 1-device shard_map is the reference itself; check it against an unsharded step."""
-    config = tiny_config(**{"mesh_shape": (1, 1, 1)})
-    s = trainer.setup(config, jax.devices()[:1])
-    state = s.strategy.init_state(jax.random.key(config.seed))
-    batch = trainer.local_train_batch(s, 0)
-    loss, _ = forward_loss(s.model, state.params, state.batch_stats, batch)
-    np.testing.assert_allclose(float(loss), reference[False][0][0], rtol=RTOL)
 
 
 @pytest.mark.parametrize("batch_norm", [False, True], ids=["no_bn", "sync_bn"])
@@ -55,12 +45,12 @@ def test_pmap_matches_single_device(reference, batch_norm):
 def test_gradient_scale_is_one(impl):
     """One plain-SGD step with lr 1 moves the parameters by exactly minus the gradient."""
     overrides = {"optimizer.momentum": 0.0, "learning_rate": 1.0, "sync.impl": impl}
-    _, (start) = run_steps(tiny_config(**overrides), 1, steps=0)
-    _, single = run_steps(tiny_config(**overrides), 1, steps=1)
+    _, start = reference_run(tiny_config(**overrides), steps=0)
+    _, single = reference_run(tiny_config(**overrides), steps=1)
     _, multi = run_steps(tiny_config(**overrides, mesh_shape=(8, 1, 1)), 8, steps=1)
     g1 = jax.tree.map(lambda a, b: a - b, start.params, single.params)
     g8 = jax.tree.map(lambda a, b: a - b, start.params, multi.params)
-    norm = lambda t: np.sqrt(sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(t)))  # noqa: E731
+    norm = lambda t: np.sqrt(sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(t)))
     assert norm(g8) / norm(g1) == pytest.approx(1.0, abs=1e-5)
     assert max_rel_error(g8, g1) < 1e-4
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
+import optax
 
 from configs import base
 from jaxpar import trainer
+from jaxpar.parallel.common import forward_loss, init_state
 
 
 def tiny_config(**overrides):
@@ -50,6 +54,34 @@ def run_steps(config, num_devices: int, steps: int | None = None):
     return np.array(losses), jax.device_get(s.strategy.canonical(state))
 
 
+def reference_run(config, steps: int | None = None):
+    """The single-device program, written plainly: jit(grad + optax) with no mesh at all.
+
+    Every partitioning is held to this. Returns (losses per step, final state) on the host.
+    """
+    config = config.copy_and_resolve_references()
+    config.mesh_shape = (1, 1, 1)
+    s = trainer.setup(config, jax.devices()[:1])
+    model, tx = s.model, s.strategy.tx
+    state = init_state(model, tx, jax.random.key(config.seed))
+
+    @jax.jit
+    def step(state, batch):
+        grad_fn = jax.value_and_grad(functools.partial(forward_loss, model), has_aux=True)
+        (loss, (stats, _)), grads = grad_fn(state.params, state.batch_stats, batch)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new = state.replace(step=state.step + 1, params=params, batch_stats=stats,
+                            opt_state=opt_state)  # fmt: skip
+        return new, loss
+
+    losses = []
+    for i in range(steps if steps is not None else config.num_train_steps):
+        state, loss = step(state, trainer.local_train_batch(s, i))
+        losses.append(float(loss))
+    return np.array(losses), jax.device_get(state)
+
+
 def max_rel_error(got, ref, floor: float = 1e-3) -> float:
     """Largest leaf-wise max|got - ref| / max(max|ref|, floor) over two pytrees.
 
@@ -58,8 +90,10 @@ def max_rel_error(got, ref, floor: float = 1e-3) -> float:
     ~1e-9 and its "relative" error means nothing. Real parameters are far above the floor.
     """
     errors = jax.tree.map(
-        lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-        / max(float(np.max(np.abs(np.asarray(b)))), floor),
+        lambda a, b: (
+            float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+            / max(float(np.max(np.abs(np.asarray(b)))), floor)
+        ),
         got,
         ref,
     )

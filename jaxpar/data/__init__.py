@@ -1,7 +1,7 @@
 """Data for jaxpar: deterministic, process-sliced batches from shapes10, synthetic or TFDS."""
 
-from jaxpar.data.base import Dataset, DataError, DatasetSpec
+from jaxpar.data.base import DataError, Dataset, DatasetSpec
 from jaxpar.data.loader import load
 from jaxpar.data.prefetch import Prefetcher
 
-__all__ = ["DatasetSpec", "Dataset", "DataError", "load", "Prefetcher"]
+__all__ = ["DataError", "Dataset", "DatasetSpec", "Prefetcher", "load"]

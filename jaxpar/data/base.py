@@ -51,9 +51,7 @@ class ArraySource:
 
     def __init__(self, images: np.ndarray, labels: np.ndarray):
         if images.ndim != 4 or images.dtype != np.uint8:
-            raise DataError(
-                f"images must be uint8 [n, H, W, C], got {images.dtype} {images.shape}"
-            )
+            raise DataError(f"images must be uint8 [n, H, W, C], got {images.dtype} {images.shape}")
         if len(labels) != len(images):
             raise DataError(f"got {len(images)} images but {len(labels)} labels")
         self.images = images

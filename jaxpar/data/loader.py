@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxpar.data import shapes10, synthetic
-from jaxpar.data.base import ArraySource, Dataset, DataError, DatasetSpec
+from jaxpar.data.base import ArraySource, DataError, Dataset, DatasetSpec
 
 SYNTHETIC_DEFAULTS = {
     "image_shape": (32, 32, 3),

@@ -123,7 +123,7 @@ def generate(num: int, split: str, seed: int = _SEED) -> tuple[np.ndarray, np.nd
     labels = rng.permutation(np.arange(num) % NUM_CLASSES).astype(np.int32)
     images = np.empty((num, SIZE, SIZE, 3), np.uint8)
     for start in range(0, num, _CHUNK):
-        images[start:start + _CHUNK] = _render(rng, labels[start:start + _CHUNK])
+        images[start : start + _CHUNK] = _render(rng, labels[start : start + _CHUNK])
     images.setflags(write=False)
     labels.setflags(write=False)
     return images, labels

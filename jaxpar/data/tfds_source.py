@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpar.data.base import Dataset, DataError, DatasetSpec
+from jaxpar.data.base import DataError, Dataset, DatasetSpec
 
 
 class TFDSSource:
@@ -52,7 +52,7 @@ def _not_prepared(name: str, root: str, in_catalog: bool = True) -> DataError:
         )
     return DataError(
         f"dataset {name!r} is not prepared in {root}: on a machine with internet run "
-        f"`pip install tensorflow tensorflow-datasets && python -c \"import "
+        f'`pip install tensorflow tensorflow-datasets && python -c "import '
         f"tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='{root}', "
         f"file_format='array_record').download_and_prepare()\"` and copy {root}/{name} "
         f"here (set data.data_dir), or use the embedded offline dataset data.name=shapes10"
@@ -72,7 +72,7 @@ def _open_split(builder: Any, name: str, split: str, root: str) -> TFDSSource:
     """Opens one split, turning TFDS's many failure modes into one-line DataErrors."""
     try:
         source = builder.as_data_source(split=split)
-    except Exception as e:  # noqa: BLE001 - classified below, re-raised if unknown.
+    except Exception as e:
         if not builder.is_prepared():
             raise _not_prepared(name, root) from e
         if isinstance(e, NotImplementedError):
@@ -115,9 +115,7 @@ def load_tfds(
     info = builder.info
     features = info.features
     if "image" not in features or "label" not in features:
-        raise DataError(
-            f"{name} has features {sorted(features)}; jaxpar needs 'image' and 'label'"
-        )
+        raise DataError(f"{name} has features {sorted(features)}; jaxpar needs 'image' and 'label'")
     shape = tuple(features["image"].shape)
     if len(shape) == 2:
         shape = (*shape, 1)

@@ -6,13 +6,13 @@ import functools
 
 import jax.numpy as jnp
 
-from jaxpar.models.base import Layer, SequentialModel
 from jaxpar.models import lenet, vgg
+from jaxpar.models.base import Layer, SequentialModel
 
 NAMES = (*vgg.CONFIGS, "lenet")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
-__all__ = ["Layer", "SequentialModel", "NAMES", "build"]
+__all__ = ["NAMES", "Layer", "SequentialModel", "build"]
 
 
 def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> SequentialModel:
@@ -30,7 +30,7 @@ def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> 
 
 @functools.lru_cache(maxsize=32)
 def _build(name, input_shape, num_classes, width, batch_norm, dtype, head) -> SequentialModel:
-    kw = dict(width=width, batch_norm=batch_norm, dtype=DTYPES[dtype])
+    kw = {"width": width, "batch_norm": batch_norm, "dtype": DTYPES[dtype]}
     if name == "lenet":
         return lenet.lenet(input_shape, num_classes, **kw)
     return vgg.vgg(name, input_shape, num_classes, head=head, **kw)

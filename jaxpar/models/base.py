@@ -96,7 +96,7 @@ class SequentialModel:
         rows = [f"{'layer':<10} {'output':>16} {'params':>12} {'MFLOPs/ex':>10}"]
         for layer in self.layers:
             rows.append(
-                f"{layer.name:<10} {str(layer.out_shape):>16} {layer.params:>12,} "
+                f"{layer.name:<10} {layer.out_shape!s:>16} {layer.params:>12,} "
                 f"{layer.flops / 1e6:>10.2f}"
             )
         rows.append(

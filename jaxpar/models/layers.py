@@ -8,7 +8,6 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-
 # torchvision's VGG initialisation: He (fan-out) for convs, N(0, 0.01) for dense layers, so the
 # first logits are small and the initial loss is about log(classes).
 CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")

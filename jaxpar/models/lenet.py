@@ -23,9 +23,7 @@ def lenet(
         ("conv1", ConvBlock(scaled(32, width), padding="VALID", batch_norm=batch_norm, **kw)),
         (
             "conv2",
-            ConvBlock(
-                scaled(64, width), padding="VALID", batch_norm=batch_norm, pool=True, **kw
-            ),
+            ConvBlock(scaled(64, width), padding="VALID", batch_norm=batch_norm, pool=True, **kw),
         ),
         ("fc1", DenseBlock(scaled(128, width), **kw)),
         ("fc2", DenseBlock(num_classes, relu=False, **kw)),

@@ -24,7 +24,7 @@ CONFIGS = {
 
 
 def scaled(channels: int, width: float) -> int:
-    return max(1, int(round(channels * width)))
+    return max(1, round(channels * width))
 
 
 def vgg(

@@ -11,7 +11,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "pmap": PmapDataParallel,
 }
 
-__all__ = ["Strategy", "TrainState", "STRATEGIES", "build"]
+__all__ = ["STRATEGIES", "Strategy", "TrainState", "build"]
 
 
 def build(config, model, mesh, tx) -> Strategy:

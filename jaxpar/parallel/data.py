@@ -91,6 +91,4 @@ class DataParallel(Strategy):
             sums = eval_sums(self.model, state.params, state.batch_stats, batch)
             return lax.psum(sums, AXIS)
 
-        return jax.jit(
-            jax.shard_map(body, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=P())
-        )
+        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=P()))

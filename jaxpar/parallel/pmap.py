@@ -39,7 +39,9 @@ class PmapDataParallel(Strategy):
 
     def put_batch(self, local_batch):
         n = len(self.devices)
-        split = {k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:])) for k, v in local_batch.items()}
+        split = {
+            k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:])) for k, v in local_batch.items()
+        }
         return jax.device_put(split, self.stacked)
 
     def canonical(self, state):
