@@ -55,6 +55,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.pipeline = ml_collections.ConfigDict()
     config.pipeline.schedule = "gpipe"  # naive, gpipe or 1f1b (used when mesh stage > 1)
     config.pipeline.num_microbatches = 1
+    # How layers are cut into stages: "flops" (balance compute), "params" (balance memory),
+    # "uniform" (equal layer counts), or a tuple of the K-1 layer indices where stages begin.
+    config.pipeline.split = "flops"
 
     config.sync = ml_collections.ConfigDict()
     config.sync.mode = "allreduce"  # how data-parallel replicas agree: allreduce each step

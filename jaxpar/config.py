@@ -51,9 +51,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     )
     data, stage, tensor = resolved
     _check(
-        stage == 1 and tensor == 1,
-        f"mesh_shape {resolved} splits over stage/tensor, which this version cannot do yet; "
-        f"use a data-only mesh such as ({num_devices},1,1)",
+        tensor == 1,
+        f"mesh_shape {resolved} splits over tensor, which this version cannot do yet; "
+        f"use a (data, stage, 1) mesh such as ({num_devices // stage},{stage},1)",
     )
     _check(config.num_train_steps > 0, "num_train_steps must be positive")
     _check(config.global_batch_size > 0, "global_batch_size must be positive")
@@ -82,7 +82,32 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     _choice(config.model.dtype, tuple(models.DTYPES), "model.dtype")
     _choice(config.model.head, ("auto", "cifar", "imagenet"), "model.head")
     _choice(config.pipeline.schedule, SCHEDULES, "pipeline.schedule")
-    _check(config.pipeline.num_microbatches >= 1, "pipeline.num_microbatches must be >= 1")
+    micro = config.pipeline.num_microbatches
+    _check(micro >= 1, "pipeline.num_microbatches must be >= 1")
+    split = config.pipeline.split
+    _check(
+        split in ("uniform", "flops", "params")
+        or (isinstance(split, tuple) and all(isinstance(b, int) for b in split)),
+        f"unknown pipeline.split {split!r}; use uniform, flops, params or a tuple of layer "
+        "indices where stages 1..K-1 begin, e.g. --config.pipeline.split='(4,8,12)'",
+    )
+    if stage > 1:
+        _check(
+            config.pipeline.schedule != "naive" or micro == 1,
+            f"pipeline.schedule=naive runs one micro-batch but num_microbatches={micro}; "
+            "set --config.pipeline.num_microbatches=1 or use gpipe or 1f1b",
+        )
+        _check(
+            config.sync.impl == "shard_map",
+            "pipeline stages run with sync.impl=shard_map; pmap is data-parallel only",
+        )
+        for key, size in (("global_batch_size", config.global_batch_size),
+                          ("eval_batch_size", eval_bs)):  # fmt: skip
+            _check(
+                size % (data * micro) == 0,
+                f"{key} {size} must divide into {micro} micro-batches of a multiple of "
+                f"{data} (the data axis); use a multiple of {data * micro}",
+            )
     _choice(config.sync.mode, SYNC_MODES, "sync.mode")
     _choice(config.sync.impl, SYNC_IMPLS, "sync.impl")
     _choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")

@@ -86,6 +86,8 @@ def train_and_evaluate(
         f"mesh (data, stage, tensor) = {mesh_shape} over {num_devices} {jax.default_backend()} "
         f"devices, strategy {s.strategy.name}")  # fmt: skip
     say(s.model.summary())
+    if hasattr(s.strategy, "describe"):
+        say(s.strategy.describe(config.global_batch_size))
 
     writer = metrics_lib.MetricWriter(workdir, enabled=is_lead)
     state = s.strategy.init_state(jax.random.key(config.seed))

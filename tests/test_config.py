@@ -25,7 +25,13 @@ def make(**overrides):
         ({"mesh_shape": (3, -1, 1)}, 8, "present"),
         ({"mesh_shape": (8, 1)}, 8, "three integers"),
         ({"mesh_shape": (0, 1, 1)}, 8, "positive"),
-        ({"mesh_shape": (2, 2, 2)}, 8, "stage/tensor"),
+        ({"mesh_shape": (2, 2, 2)}, 8, "splits over tensor"),
+        ({"mesh_shape": (1, 4, 1), "pipeline.schedule": "naive",
+          "pipeline.num_microbatches": 4}, 8, "naive runs one micro-batch"),  # fmt: skip
+        ({"mesh_shape": (2, 4, 1), "pipeline.num_microbatches": 3,
+          "global_batch_size": 12}, 8, "micro-batches of a multiple of 2"),  # fmt: skip
+        ({"mesh_shape": (1, 8, 1), "sync.impl": "pmap"}, 8, "pmap is data-parallel only"),
+        ({"pipeline.split": "random"}, 8, "unknown pipeline.split"),
         ({"global_batch_size": 100, "mesh_shape": (8, 1, 1)}, 8, "not divisible by the data"),
         ({"eval_batch_size": 12, "mesh_shape": (8, 1, 1)}, 8, "eval_batch_size 12"),
         ({"num_train_steps": 0}, 8, "num_train_steps must be positive"),

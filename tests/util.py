@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -54,10 +55,14 @@ def run_steps(config, num_devices: int, steps: int | None = None):
     return np.array(losses), jax.device_get(s.strategy.canonical(state))
 
 
-def reference_run(config, steps: int | None = None):
+def reference_run(config, steps: int | None = None, microbatches: int = 1):
     """The single-device program, written plainly: jit(grad + optax) with no mesh at all.
 
-    Every partitioning is held to this. Returns (losses per step, final state) on the host.
+    Every partitioning is held to this. With `microbatches` > 1 it is the documented
+    micro-batching policy: the batch is split in M equal parts, each normalised with its own
+    BatchNorm statistics and updating the running averages in order; the step's loss and
+    gradient are the means over the parts, applied once.
+    Returns (losses per step, final state) on the host.
     """
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1, 1, 1)
@@ -68,7 +73,15 @@ def reference_run(config, steps: int | None = None):
     @jax.jit
     def step(state, batch):
         grad_fn = jax.value_and_grad(functools.partial(forward_loss, model), has_aux=True)
-        (loss, (stats, _)), grads = grad_fn(state.params, state.batch_stats, batch)
+        stats, loss, grads = state.batch_stats, 0.0, None
+        for part in range(microbatches):
+            size = len(batch["label"]) // microbatches
+            mb = jax.tree.map(lambda v, part=part, size=size: v[part * size : (part + 1) * size],
+                              batch)  # fmt: skip
+            (mb_loss, (stats, _)), mb_grads = grad_fn(state.params, stats, mb)
+            loss = loss + mb_loss / microbatches
+            scaled = jax.tree.map(lambda g: g / microbatches, mb_grads)
+            grads = scaled if grads is None else jax.tree.map(jnp.add, grads, scaled)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new = state.replace(step=state.step + 1, params=params, batch_stats=stats,

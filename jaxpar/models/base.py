@@ -52,10 +52,12 @@ class SequentialModel:
         """Forward FLOPs per example; a training step costs about 3x this."""
         return sum(layer.flops for layer in self.layers)
 
-    def init(self, rng: jax.Array) -> dict[str, dict[str, Any]]:
-        """Initialise every layer from its own key (folded from the layer index)."""
+    def init(self, rng: jax.Array, layers: slice = slice(None)) -> dict[str, dict[str, Any]]:
+        """Initialise `layers` (default: all), each from its own key folded from its index,
+        so a pipeline stage that initialises only its layers gets the same values."""
         variables: dict[str, dict[str, Any]] = {"params": {}, "batch_stats": {}}
-        for i, layer in enumerate(self.layers):
+        for i in range(len(self.layers))[layers]:
+            layer = self.layers[i]
             x = jnp.zeros((1, *layer.in_shape), jnp.float32)
             v = layer.module.init(jax.random.fold_in(rng, i), x, train=False)
             variables["params"][layer.name] = v["params"]

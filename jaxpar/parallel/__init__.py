@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from jaxpar.parallel.common import Strategy, TrainState
 from jaxpar.parallel.data import DataParallel
+from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.pmap import PmapDataParallel
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "shard_map": DataParallel,
     "pmap": PmapDataParallel,
+    "pipeline": Pipeline,
 }
 
 __all__ = ["STRATEGIES", "Strategy", "TrainState", "build"]
 
 
 def build(config, model, mesh, tx) -> Strategy:
-    """Pick the strategy for `config` (today: data parallel via shard_map or pmap)."""
-    return STRATEGIES[config.sync.impl](config, model, mesh, tx)
+    """Pick the strategy: a pipeline when the mesh has stages, else data parallelism."""
+    name = "pipeline" if mesh.shape["stage"] > 1 else config.sync.impl
+    return STRATEGIES[name](config, model, mesh, tx)

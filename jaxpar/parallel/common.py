@@ -44,9 +44,13 @@ def forward_loss(
 def eval_sums(model: SequentialModel, params, batch_stats, batch) -> dict[str, jax.Array]:
     """Masked sums of loss and correct predictions over a (local) eval batch."""
     logits, _ = model.apply(params, batch_stats, batch["image"], train=False)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"])
-    correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
-    mask = batch["mask"]
+    return logit_sums(logits, batch["label"], batch["mask"])
+
+
+def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:
+    """Masked sums of cross-entropy and correct predictions (padding rows have mask 0)."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
     return {"loss_sum": jnp.sum(losses * mask), "correct": jnp.sum(correct * mask),
             "count": jnp.sum(mask)}  # fmt: skip
 

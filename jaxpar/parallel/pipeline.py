@@ -1,0 +1,290 @@
+"""Layer-wise (pipeline) partitioning over the "stage" axis: one program per stage (MPMD).
+
+VGG's stages differ in shape (channels 64..512, resolution 32..1), so instead of the stacked,
+padded SPMD carrier, each stage is compiled for its own slice of the mesh,
+`mesh.devices[:, s, :]` (data parallelism still applies inside a stage). A stage's parameters
+and optimizer state live only on its devices, unpadded. The host walks the schedule's events
+(GPipe, 1F1B) in dependency order; JAX's asynchronous dispatch lets stages on different devices
+run at the same time. Activations and their gradients move between stage slices with
+`jax.device_put`.
+
+Backward recomputes the stage's forward from its stored input (rematerialisation), so a stage
+keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under 1F1B.
+
+Per step and stage: one gradient all-reduce over "data" (`average_gradients` in `update`);
+micro-batch gradients accumulate unreduced on each device until then.
+
+BatchNorm policy: statistics per micro-batch (over the micro-batch on all data replicas), and
+the running averages are updated once per micro-batch, in micro-batch order. With one
+micro-batch this is the single-device step; with BatchNorm off any M is.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import AXES
+from jaxpar.parallel import schedules, stages
+from jaxpar.parallel.common import Strategy, TrainState, logit_sums
+from jaxpar.parallel.data import AXIS, average_gradients
+
+
+@flax.struct.dataclass
+class PipelineState:
+    """Per-stage train states, plus per-device unreduced gradient accumulators."""
+
+    stages: tuple[TrainState, ...]
+    grad_acc: tuple[Any, ...]  # per stage: params-shaped, leading axis = data replicas
+
+
+def merge(trees: list[Any]) -> Any:
+    """Merge per-stage pytrees whose dicts hold disjoint layer names (params, optimizer state)
+    into one; leaves shared by every stage (step counts) are taken from stage 0."""
+    first = trees[0]
+    if isinstance(first, dict):
+        out: dict = {}
+        for tree in trees:
+            out.update(tree)
+        return out
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(merge(list(parts)) for parts in zip(*trees)))
+    if isinstance(first, (tuple, list)):
+        return type(first)(merge(list(parts)) for parts in zip(*trees))
+    if dataclass_fields := getattr(first, "__dataclass_fields__", None):
+        return first.replace(**{k: merge([getattr(t, k) for t in trees]) for k in dataclass_fields})
+    return first
+
+
+class Pipeline(Strategy):
+    name = "pipeline"
+
+    def __init__(self, config, model, mesh, tx):
+        super().__init__(config, model, mesh, tx)
+        if jax.process_count() > 1:
+            raise ValueError("pipeline stages run in one process for now; use one process")
+        self.num_stages = k = mesh.shape["stage"]
+        self.data = mesh.shape["data"]
+        self.schedule = config.pipeline.schedule
+        self.num_microbatches = 1 if self.schedule == "naive" else config.pipeline.num_microbatches
+        self.bounds = stages.split(model, k, config.pipeline.split)
+        self.events = schedules.stage_events(self.schedule, k, self.num_microbatches)
+        self.order = schedules.dispatch_order(self.events)
+        self.meshes = [Mesh(mesh.devices[:, s : s + 1, :], AXES) for s in range(k)]
+        self.replicated = [NamedSharding(m, P()) for m in self.meshes]
+        self.batch_sharding = [NamedSharding(m, P(AXIS)) for m in self.meshes]
+        self.bn_axis_name = AXIS if config.sync.batch_norm == "global" else None
+        self.layers = [slice(a, b) for a, b in zip(self.bounds, self.bounds[1:])]
+        self.peak_stash_bytes = [0] * k  # per device, measured by the last train step
+        self._programs: dict | None = None
+
+    # -- state ---------------------------------------------------------------------------
+
+    def init_state(self, rng):
+        """Each stage initialises only its layers, directly on its own devices."""
+        states, accs = [], []
+        for s in range(self.num_stages):
+
+            def init(rng, s=s):
+                v = self.model.init(rng, self.layers[s])
+                params = v["params"]
+                state = TrainState(jnp.zeros((), jnp.int32), params, v["batch_stats"],
+                                   self.tx.init(params))  # fmt: skip
+                acc = jax.tree.map(lambda p: jnp.zeros((self.data, *p.shape), p.dtype), params)
+                return state, acc
+
+            shardings = (self.replicated[s], NamedSharding(self.meshes[s], P(AXIS)))
+            state, acc = jax.jit(init, out_shardings=shardings)(rng)
+            states.append(state)
+            accs.append(acc)
+        return PipelineState(tuple(states), tuple(accs))
+
+    def canonical(self, state: PipelineState) -> TrainState:
+        """The layout-free state: one per-layer TrainState, as on a single device."""
+        return merge([jax.device_get(st) for st in state.stages])
+
+    def put_batch(self, local_batch):
+        """Split the global batch into M micro-batches; images go to stage 0, the rest
+        (labels, eval mask) to the last stage, each sharded over that stage's data axis."""
+        m = self.num_microbatches
+        out = {}
+        for key, value in local_batch.items():
+            sharding = self.batch_sharding[0 if key == "image" else -1]
+            parts = np.split(value, m)
+            out[key] = [jax.device_put(p, sharding) for p in parts]
+        return out
+
+    # -- programs ------------------------------------------------------------------------
+
+    def _stage_fn(self, s: int):
+        def fn(params, stats, x, train=True):
+            return self.model.apply(params, stats, x, train=train, layers=self.layers[s],
+                                     bn_axis_name=self.bn_axis_name if train else None)  # fmt: skip
+
+        return fn
+
+    def _sync_stats(self, stats):
+        return stats if self.bn_axis_name or not stats else lax.pmean(stats, AXIS)
+
+    def _build(self):
+        """Compile-ready programs per stage: forward, backward (recompute + vjp), update."""
+        k, inv_m = self.num_stages, 1.0 / self.num_microbatches
+        progs: dict[str, list] = {"fwd": [], "bwd": [], "update": [], "eval": []}
+        for s in range(k):
+            fn, mesh, last = self._stage_fn(s), self.meshes[s], s == k - 1
+
+            def fwd(params, stats, x, fn=fn):
+                y, new_stats = fn(params, stats, x)
+                return y, self._sync_stats(new_stats)
+
+            def bwd(params, stats, x, target, acc, fn=fn, s=s, last=last):
+                local = lax.pcast(params, AXIS, to="varying")
+
+                def f(p, x):
+                    y, new_stats = fn(p, stats, x)
+                    if not last:
+                        return y, new_stats
+                    loss = optax.softmax_cross_entropy_with_integer_labels(y, target).mean()
+                    correct = jnp.mean(jnp.argmax(y, -1) == target)
+                    return loss, (new_stats, correct)
+
+                out, vjp, aux = jax.vjp(f, local, x, has_aux=True)
+                # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
+                cot = lax.pcast(jnp.asarray(inv_m, out.dtype), AXIS, to="varying") if last else target
+                g_params, g_x = vjp(cot)
+                acc = jax.tree.map(lambda a, g: a + g[None], acc, g_params)
+                if last:
+                    new_stats, correct = aux
+                    metrics = (lax.pmean(out, AXIS), lax.pmean(correct, AXIS))
+                    return g_x, acc, self._sync_stats(new_stats), metrics
+                return (g_x, acc) if s > 0 else acc
+
+            def update(state, acc):
+                grads = average_gradients(jax.tree.map(lambda a: a[0], acc))
+                updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+                new = state.replace(step=state.step + 1, opt_state=opt_state,
+                                    params=optax.apply_updates(state.params, updates))  # fmt: skip
+                return new, jax.tree.map(jnp.zeros_like, acc)
+
+            def evaluate(params, stats, x, *label_mask, fn=fn):
+                y, _ = fn(params, stats, x, train=False)
+                return lax.psum(logit_sums(y, *label_mask), AXIS) if label_mask else y
+
+            sm = functools.partial(jax.shard_map, mesh=mesh)
+            data, rep = P(AXIS), P()
+            progs["fwd"].append(jax.jit(sm(fwd, in_specs=(rep, rep, data), out_specs=(data, rep))))
+            bwd_out = (data, data, rep, (rep, rep)) if last else ((data, data) if s else data)
+            progs["bwd"].append(
+                jax.jit(sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
+                        donate_argnums=4)  # fmt: skip
+            )
+            progs["update"].append(
+                jax.jit(sm(update, in_specs=(rep, data), out_specs=(rep, data)),
+                        donate_argnums=(0, 1))  # fmt: skip
+            )
+            eval_in = (rep, rep, data, data, data) if last else (rep, rep, data)
+            progs["eval"].append(
+                jax.jit(sm(evaluate, in_specs=eval_in, out_specs=rep if last else data))
+            )
+        return progs
+
+    @property
+    def programs(self):
+        if self._programs is None:
+            self._programs = self._build()
+        return self._programs
+
+    def _jit_train(self):  # the pipeline step is a host-side walk over many programs
+        raise NotImplementedError
+
+    def _jit_eval(self):
+        raise NotImplementedError
+
+    def compile(self, state, batch):
+        """Compile every stage program by running one step on a throwaway copy of the state."""
+        t0 = time.perf_counter()
+        scratch = jax.tree.map(jnp.copy, state)
+        jax.block_until_ready(self._step(scratch, batch))
+        self.compile_time_s = time.perf_counter() - t0
+        self._train = self._step
+        return self
+
+    # -- the step ------------------------------------------------------------------------
+
+    def _step(self, state: PipelineState, batch):
+        progs, k = self.programs, self.num_stages
+        st = list(state.stages)
+        stats = [x.batch_stats for x in st]
+        acc = list(state.grad_acc)
+        sent_f, sent_b, stash = {}, {}, {}
+        live = [0] * k
+        peak = [0] * k
+        losses, accuracies = [], []
+        for kind, s, m in self.order:
+            if kind == "F":
+                x = batch["image"][m] if s == 0 else sent_f.pop((s, m))
+                stash[(s, m)] = x
+                live[s] += x.nbytes // self.data
+                peak[s] = max(peak[s], live[s])
+                if s < k - 1:
+                    y, stats[s] = progs["fwd"][s](st[s].params, stats[s], x)
+                    sent_f[(s + 1, m)] = jax.device_put(y, self.batch_sharding[s + 1])
+                continue
+            x = stash.pop((s, m))
+            live[s] -= x.nbytes // self.data
+            if s == k - 1:
+                g, acc[s], stats[s], (loss, correct) = progs["bwd"][s](
+                    st[s].params, stats[s], x, batch["label"][m], acc[s]
+                )
+                losses.append(loss)
+                accuracies.append(correct)
+            elif s > 0:
+                g, acc[s] = progs["bwd"][s](st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
+            else:
+                acc[s] = progs["bwd"][s](st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
+            if s > 0:
+                sent_b[(s - 1, m)] = jax.device_put(g, self.batch_sharding[s - 1])
+        for s in range(k):
+            st[s], acc[s] = progs["update"][s](st[s].replace(batch_stats=stats[s]), acc[s])
+        self.peak_stash_bytes = peak
+        metrics = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(losses)}
+        return PipelineState(tuple(st), tuple(acc)), metrics
+
+    def train_step(self, state, batch):
+        return self._step(state, batch)
+
+    def eval_step(self, state, batch):
+        progs, k = self.programs, self.num_stages
+        totals = None
+        for m in range(self.num_microbatches):
+            x = batch["image"][m]
+            for s in range(k - 1):
+                y = progs["eval"][s](state.stages[s].params, state.stages[s].batch_stats, x)
+                x = jax.device_put(y, self.batch_sharding[s + 1])
+            last = state.stages[-1]
+            sums = progs["eval"][-1](last.params, last.batch_stats, x, batch["label"][m],
+                                     batch["mask"][m])  # fmt: skip
+            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        return totals
+
+    # -- what it costs -------------------------------------------------------------------
+
+    def describe(self, batch_size: int) -> str:
+        analytic = schedules.analytic_bubble(self.num_stages, self.num_microbatches)
+        return "\n".join([
+            f"pipeline: {self.num_stages} stages, split {self.config.pipeline.split!r} "
+            f"{self.bounds}, schedule {self.schedule}, {self.num_microbatches} micro-batches, "
+            f"analytic bubble {analytic:.3f}",
+            stages.stage_table(self.model, self.bounds, batch_size),
+        ])  # fmt: skip
+

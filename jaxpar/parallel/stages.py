@@ -1,0 +1,103 @@
+"""Cut a model's ordered layers into K contiguous pipeline stages, and describe the cut.
+
+Policies (`pipeline.split`): "uniform" (equal layer counts), "flops" (minimise the largest
+stage's compute), "params" (minimise the largest stage's parameters), or explicit cut points:
+a tuple of K-1 layer indices where stages 1..K-1 begin. VGG's FLOPs sit in its early,
+high-resolution layers and its parameters in its late, wide ones, so the balances differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jaxpar.config import ConfigError
+from jaxpar.models import SequentialModel
+
+POLICIES = ("uniform", "flops", "params")
+
+
+class SplitError(ConfigError):
+    """A stage split that does not cover every layer exactly once."""
+
+
+def _balanced(costs: Sequence[int], k: int) -> tuple[int, ...]:
+    """Cut points (K+1 of them, from 0 to L) minimising the largest stage cost (exact DP)."""
+    n = len(costs)
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[j][i]: smallest max-stage cost splitting layers [0, i) into j stages.
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0
+    for j in range(1, k + 1):
+        for i in range(j, n - (k - j) + 1):
+            for p in range(j - 1, i):
+                cost = max(best[j - 1][p], prefix[i] - prefix[p])
+                # ties: prefer the later cut, which keeps earlier stages lighter
+                if cost < best[j][i] or (cost == best[j][i] and p > cut[j][i]):
+                    best[j][i], cut[j][i] = cost, p
+    bounds, i = [n], n
+    for j in range(k, 0, -1):
+        i = cut[j][i]
+        bounds.append(i)
+    return tuple(reversed(bounds))
+
+
+def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
+    """Stage boundaries (b_0=0 < b_1 < ... < b_K = L): stage s runs layers [b_s, b_{s+1})."""
+    n = len(model.layers)
+    if not 1 <= num_stages <= n:
+        raise SplitError(
+            f"{num_stages} stages but {model.name} has {n} layers; use 1 to {n} stages"
+        )
+    if isinstance(policy, str):
+        if policy == "uniform":
+            base, extra = divmod(n, num_stages)
+            sizes = [base + (s < extra) for s in range(num_stages)]
+            bounds = [0]
+            for size in sizes:
+                bounds.append(bounds[-1] + size)
+            return tuple(bounds)
+        if policy in ("flops", "params"):
+            return _balanced([getattr(layer, policy) for layer in model.layers], num_stages)
+        raise SplitError(
+            f"unknown pipeline.split {policy!r}; use uniform, flops, params or a tuple of "
+            f"{num_stages - 1} layer indices where stages begin"
+        )
+    bounds = (0, *(int(b) for b in policy), n)
+    check(bounds, n, num_stages)
+    return bounds
+
+
+def check(bounds: Sequence[int], num_layers: int, num_stages: int) -> None:
+    """Every layer in exactly one stage, stages contiguous and non-empty."""
+    if len(bounds) != num_stages + 1:
+        raise SplitError(
+            f"pipeline.split needs {num_stages - 1} cut points for {num_stages} stages, "
+            f"got {len(bounds) - 2}"
+        )
+    if bounds[0] != 0 or bounds[-1] != num_layers:
+        raise SplitError(f"stages must cover layers 0..{num_layers - 1}, got bounds {bounds}")
+    if any(b >= a for b, a in zip(bounds, bounds[1:])):
+        raise SplitError(
+            f"pipeline.split cut points {tuple(bounds[1:-1])} must increase strictly within "
+            f"1..{num_layers - 1} so that no stage is empty"
+        )
+
+
+def stage_table(model: SequentialModel, bounds: Sequence[int], batch_size: int) -> str:
+    """Per stage: layers, parameters, forward GFLOPs per batch, and MB sent onward per batch."""
+    rows = [
+        f"{'stage':>5} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'MB sent/batch':>14}"
+    ]
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        layers = model.layers[a:b]
+        names = layers[0].name if len(layers) == 1 else f"{layers[0].name}-{layers[-1].name}"
+        sent = 0 if b == len(model.layers) else 4 * layers[-1].activation_size * batch_size
+        rows.append(
+            f"{s:>5} {names:<16} {sum(x.params for x in layers):>12,} "
+            f"{sum(x.flops for x in layers) * batch_size / 1e9:>13.2f} {sent / 1e6:>14.2f}"
+        )
+    return "\n".join(rows)
