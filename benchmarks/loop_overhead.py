@@ -101,12 +101,16 @@ def main() -> None:
     for r in range(args.repeats):
         bare.append(bare_images_per_sec(config, args.steps))
         loop.append(loop_images_per_sec(config))
-        print(f"repeat {r + 1}/{args.repeats}: bare {bare[-1]:.1f} img/s, loop {loop[-1]:.1f} img/s",
-              flush=True)  # fmt: skip
+        print(
+            f"repeat {r + 1}/{args.repeats}: bare {bare[-1]:.1f} img/s, loop {loop[-1]:.1f} img/s",
+            flush=True,
+        )
     b, lp = statistics.median(bare), statistics.median(loop)
-    print(f"\n{args.model} width {args.width} batch {args.batch} {args.dtype} on "
-          f"{jax.device_count()} {jax.default_backend()} devices, {args.steps} steps x "
-          f"{args.repeats} repeats")  # fmt: skip
+    print(
+        f"\n{args.model} width {args.width} batch {args.batch} {args.dtype} on "
+        f"{jax.device_count()} {jax.default_backend()} devices, {args.steps} steps x "
+        f"{args.repeats} repeats"
+    )
     print(f"bare shard_map step : {b:10.1f} images/sec (median)")
     print(f"jaxpar training loop: {lp:10.1f} images/sec (median)")
     print(f"loop / bare         : {lp / b:10.3f}")

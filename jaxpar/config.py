@@ -101,8 +101,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
             config.sync.impl == "shard_map",
             "pipeline stages run with sync.impl=shard_map; pmap is data-parallel only",
         )
-        for key, size in (("global_batch_size", config.global_batch_size),
-                          ("eval_batch_size", eval_bs)):  # fmt: skip
+        for key, size in (
+            ("global_batch_size", config.global_batch_size),
+            ("eval_batch_size", eval_bs),
+        ):
             _check(
                 size % (data * micro) == 0,
                 f"{key} {size} must divide into {micro} micro-batches of a multiple of "

@@ -82,9 +82,11 @@ def train_and_evaluate(
     say = print if is_lead else (lambda *a, **k: None)
     num_devices = s.mesh.devices.size
     mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
-    say(f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
+    say(
+        f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
         f"mesh (data, stage, tensor) = {mesh_shape} over {num_devices} {jax.default_backend()} "
-        f"devices, strategy {s.strategy.name}")  # fmt: skip
+        f"devices, strategy {s.strategy.name}"
+    )
     say(s.model.summary())
     if hasattr(s.strategy, "describe"):
         say(s.strategy.describe(config.global_batch_size))
@@ -94,8 +96,10 @@ def train_and_evaluate(
     total = config.num_train_steps
     first = s.strategy.put_batch(local_train_batch(s, 0))
     s.strategy.compile(state, first)
-    say(f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training {total} steps "
-        f"of {config.global_batch_size} images")  # fmt: skip
+    say(
+        f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training {total} steps "
+        f"of {config.global_batch_size} images"
+    )
 
     progress = metrics_lib.Progress(total)
     step_times: list[float] = []
@@ -131,18 +135,28 @@ def train_and_evaluate(
                 }
                 writer.write(done, "train", **train_line)
                 if is_lead:
-                    progress.update(done, **{"loss": train_line["loss"],
-                                             "lr": train_line["learning_rate"],
-                                             "img/s": train_line["images_per_sec"]})  # fmt: skip
+                    progress.update(
+                        done,
+                        **{
+                            "loss": train_line["loss"],
+                            "lr": train_line["learning_rate"],
+                            "img/s": train_line["images_per_sec"],
+                        },
+                    )
                 window, window_t0 = [], time.perf_counter()
             if done == total or (config.eval_every_steps and done % config.eval_every_steps == 0):
                 eval_metrics = evaluate(s, state)
                 writer.write(done, "eval", **eval_metrics)
-                say(f"eval at step {done}: loss {eval_metrics['loss']:.4f}  "
-                    f"accuracy {eval_metrics['accuracy']:.4f}")  # fmt: skip
+                say(
+                    f"eval at step {done}: loss {eval_metrics['loss']:.4f}  "
+                    f"accuracy {eval_metrics['accuracy']:.4f}"
+                )
                 window_t0 = time.perf_counter()  # keep eval time out of the train rate
                 pending, last_done = None, None  # and out of the step times
     jax.block_until_ready(state)
+    extra = {}
+    if hasattr(s.strategy, "report"):
+        extra = s.strategy.report(state, first, config.global_batch_size)
 
     stats = metrics_lib.throughput(step_times, config.global_batch_size, TIMING_WARMUP_STEPS)
     summary = {
@@ -159,6 +173,7 @@ def train_and_evaluate(
         "eval_accuracy": eval_metrics.get("accuracy", float("nan")),
         "num_params": s.model.num_params,
         "model_flops_per_image": 3 * s.model.flops_per_example,  # forward + backward
+        **extra,
     }
     if "images_per_sec" in stats:
         summary["model_tflops_per_sec"] = (

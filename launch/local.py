@@ -36,15 +36,29 @@ def _pump(proc: subprocess.Popen, index: int) -> None:
 def launch(num_processes: int, devices_per_process: int, train_args: list[str]) -> int:
     """Run the processes to completion; return the first non-zero exit code, else 0."""
     coordinator = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}",
+    }
     procs = []
     for i in range(num_processes):
-        cmd = [sys.executable, "-u", "-m", "jaxpar.train", *train_args,
-               f"--coordinator={coordinator}", f"--num_processes={num_processes}",
-               f"--process_id={i}"]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-u",
+            "-m",
+            "jaxpar.train",
+            *train_args,
+            f"--coordinator={coordinator}",
+            f"--num_processes={num_processes}",
+            f"--process_id={i}",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     pumps = [threading.Thread(target=_pump, args=(p, i), daemon=True) for i, p in enumerate(procs)]
     for t in pumps:
         t.start()

@@ -26,10 +26,16 @@ def make(**overrides):
         ({"mesh_shape": (8, 1)}, 8, "three integers"),
         ({"mesh_shape": (0, 1, 1)}, 8, "positive"),
         ({"mesh_shape": (2, 2, 2)}, 8, "splits over tensor"),
-        ({"mesh_shape": (1, 4, 1), "pipeline.schedule": "naive",
-          "pipeline.num_microbatches": 4}, 8, "naive runs one micro-batch"),  # fmt: skip
-        ({"mesh_shape": (2, 4, 1), "pipeline.num_microbatches": 3,
-          "global_batch_size": 12}, 8, "micro-batches of a multiple of 2"),  # fmt: skip
+        (
+            {"mesh_shape": (1, 4, 1), "pipeline.schedule": "naive", "pipeline.num_microbatches": 4},
+            4,
+            "naive runs one micro-batch",
+        ),
+        (
+            {"mesh_shape": (2, 4, 1), "pipeline.num_microbatches": 3, "global_batch_size": 10},
+            8,
+            "micro-batches of a multiple of 2",
+        ),
         ({"mesh_shape": (1, 8, 1), "sync.impl": "pmap"}, 8, "pmap is data-parallel only"),
         ({"pipeline.split": "random"}, 8, "unknown pipeline.split"),
         ({"global_batch_size": 100, "mesh_shape": (8, 1, 1)}, 8, "not divisible by the data"),

@@ -33,8 +33,9 @@ def test_shard_map_matches_single_device(reference, num_devices, batch_norm):
 @pytest.mark.parametrize("batch_norm", [False, True], ids=["no_bn", "sync_bn"])
 def test_pmap_matches_single_device(reference, batch_norm):
     ref_losses, ref_state = reference[batch_norm]
-    config = tiny_config(**{"model.batch_norm": batch_norm, "sync.impl": "pmap",
-                            "mesh_shape": (4, 1, 1)})  # fmt: skip
+    config = tiny_config(
+        **{"model.batch_norm": batch_norm, "sync.impl": "pmap", "mesh_shape": (4, 1, 1)}
+    )
     losses, state = run_steps(config, 4)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     assert max_rel_error(state.params, ref_state.params) < RTOL
@@ -89,8 +90,9 @@ def test_sync_batch_norm_adds_only_small_reductions():
 
 def test_local_batch_norm_uses_per_replica_statistics():
     """With per-replica BatchNorm the loss is the mean of each replica's own-batch loss."""
-    config = tiny_config(**{"model.batch_norm": True, "sync.batch_norm": "local",
-                            "mesh_shape": (2, 1, 1)})  # fmt: skip
+    config = tiny_config(
+        **{"model.batch_norm": True, "sync.batch_norm": "local", "mesh_shape": (2, 1, 1)}
+    )
     s = trainer.setup(config, jax.devices()[:2])
     state = s.strategy.init_state(jax.random.key(config.seed))
     host = trainer.local_train_batch(s, 0)

@@ -53,10 +53,12 @@ def test_width_multiplier_and_apply_shapes():
     assert logits.shape == (2, 7) and logits.dtype == jnp.float32
     assert set(stats) == {layer.name for layer in model.layers if layer.name.startswith("conv")}
     # Running a cut model in two halves computes the same function.
-    h, _ = model.apply(variables["params"], variables["batch_stats"], x, train=False,
-                       layers=slice(0, 4))  # fmt: skip
-    out, _ = model.apply(variables["params"], variables["batch_stats"], h, train=False,
-                         layers=slice(4, None))  # fmt: skip
+    h, _ = model.apply(
+        variables["params"], variables["batch_stats"], x, train=False, layers=slice(0, 4)
+    )
+    out, _ = model.apply(
+        variables["params"], variables["batch_stats"], h, train=False, layers=slice(4, None)
+    )
     full, _ = model.apply(variables["params"], variables["batch_stats"], x, train=False)
     assert jnp.allclose(out, full, rtol=1e-6, atol=1e-6)
 

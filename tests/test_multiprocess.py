@@ -15,18 +15,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_two_processes_match_one(tmp_path):
     steps = 3
     args = [
-        "--config", "configs/vgg19_data.py", "--workdir", str(tmp_path),
-        "--config.model.name=vgg11", "--config.model.width=0.0625",
-        "--config.model.batch_norm=True", "--config.global_batch_size=16",
-        f"--config.num_train_steps={steps}", "--config.log_every_steps=1",
-        "--config.eval_every_steps=0", "--config.warmup_steps=0",
-        "--config.lr_schedule=constant", "--config.data.name=synthetic",
-        "--config.data.num_train=64", "--config.data.num_eval=20",
-    ]  # fmt: skip
+        "--config",
+        "configs/vgg19_data.py",
+        "--workdir",
+        str(tmp_path),
+        "--config.model.name=vgg11",
+        "--config.model.width=0.0625",
+        "--config.model.batch_norm=True",
+        "--config.global_batch_size=16",
+        f"--config.num_train_steps={steps}",
+        "--config.log_every_steps=1",
+        "--config.eval_every_steps=0",
+        "--config.warmup_steps=0",
+        "--config.lr_schedule=constant",
+        "--config.data.name=synthetic",
+        "--config.data.num_train=64",
+        "--config.data.num_eval=20",
+    ]
     proc = subprocess.run(
         [sys.executable, "launch/local.py", "--num_processes", "2", "--", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:]
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if r["split"] == "train"]

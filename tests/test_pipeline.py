@@ -1,5 +1,7 @@
 """Pipeline partitioning computes the single-device function, with any split and schedule."""
 
+import itertools
+
 import jax
 import numpy as np
 import pytest
@@ -16,8 +18,14 @@ CASES = [("naive", k, 1) for k in (2, 4, 8)] + [
 
 
 def pipeline_config(schedule, k, m, data=1, **overrides):
-    return tiny_config(**{"mesh_shape": (data, k, 1), "pipeline.schedule": schedule,
-                          "pipeline.num_microbatches": m, **overrides})  # fmt: skip
+    return tiny_config(
+        **{
+            "mesh_shape": (data, k, 1),
+            "pipeline.schedule": schedule,
+            "pipeline.num_microbatches": m,
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +69,8 @@ def test_batch_norm_statistics_per_micro_batch(schedule, data):
 
 
 def covers_each_layer_once(bounds, num_layers):
-    layers = [i for a, b in zip(bounds, bounds[1:]) for i in range(a, b)]
-    return layers == list(range(num_layers)) and all(b > a for a, b in zip(bounds, bounds[1:]))
+    layers = [i for a, b in itertools.pairwise(bounds) for i in range(a, b)]
+    return layers == list(range(num_layers)) and all(b > a for a, b in itertools.pairwise(bounds))
 
 
 @pytest.mark.parametrize("policy", ["uniform", "flops", "params", (1, 2, 18), (3, 10, 11)])
@@ -81,8 +89,9 @@ def test_flops_and_params_balances_differ():
     assert by_flops != by_params
 
     def worst(bounds, cost):
-        return max(sum(getattr(x, cost) for x in model.layers[a:b])
-                   for a, b in zip(bounds, bounds[1:]))  # fmt: skip
+        return max(
+            sum(getattr(x, cost) for x in model.layers[a:b]) for a, b in itertools.pairwise(bounds)
+        )
 
     # Each policy is optimal for its own cost, so it beats (or ties) the others on it.
     for other in ("uniform", "params"):
@@ -113,8 +122,10 @@ def test_stage_parameters_live_only_on_their_devices():
     config = pipeline_config("1f1b", 4, 2, data=2, **{"model.width": 0.25})
     s = trainer.setup(config, jax.devices())
     state = s.strategy.init_state(jax.random.key(0))
-    stage_bytes = [4 * sum(x.params for x in s.model.layers[a:b])
-                   for a, b in zip(s.strategy.bounds, s.strategy.bounds[1:])]  # fmt: skip
+    stage_bytes = [
+        4 * sum(x.params for x in s.model.layers[a:b])
+        for a, b in zip(s.strategy.bounds, s.strategy.bounds[1:])
+    ]
     per_device: dict = {}
     for stage in state.stages:
         for leaf in jax.tree.leaves(stage.params):
@@ -131,7 +142,7 @@ def test_one_f_one_b_holds_fewer_activations_than_gpipe():
     peaks = {}
     for schedule in ("gpipe", "1f1b"):
         for m in (2, 4, 8):
-            config = pipeline_config(schedule, 4, m, **{"global_batch_size": 4 * m})
+            config = pipeline_config(schedule, 4, m, global_batch_size=4 * m)
             s = trainer.setup(config, jax.devices()[:4])
             state = s.strategy.init_state(jax.random.key(0))
             s.strategy.train_step(state, s.strategy.put_batch(trainer.local_train_batch(s, 0)))

@@ -24,9 +24,13 @@ TINY = [
 def run_cli(*args, cwd=ROOT):
     return subprocess.run(
         [sys.executable, "-m", "jaxpar.train", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=600, check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
         env={**os.environ, "PYTHONPATH": ROOT},
-    )  # fmt: skip
+    )
 
 
 def test_cli_run_writes_the_metrics_contract(tmp_path):
@@ -54,11 +58,18 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
 
 
 def test_cli_default_workdir_is_printed(tmp_path):
-    proc = run_cli("--config", os.path.join(ROOT, "configs/vgg19_data.py"), *TINY[:1],
-                   "--config.num_train_steps=1", "--config.model.name=lenet",
-                   "--config.data.name=synthetic", "--config.data.image_shape=(28,28,1)",
-                   "--config.global_batch_size=8", "--config.data.num_eval=8",
-                   cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        "--config",
+        os.path.join(ROOT, "configs/vgg19_data.py"),
+        *TINY[:1],
+        "--config.num_train_steps=1",
+        "--config.model.name=lenet",
+        "--config.data.name=synthetic",
+        "--config.data.image_shape=(28,28,1)",
+        "--config.global_batch_size=8",
+        "--config.data.num_eval=8",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "workdir: runs/vgg19_data-" in proc.stdout
     assert list((tmp_path / "runs").iterdir())

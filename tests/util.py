@@ -76,16 +76,18 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
         stats, loss, grads = state.batch_stats, 0.0, None
         for part in range(microbatches):
             size = len(batch["label"]) // microbatches
-            mb = jax.tree.map(lambda v, part=part, size=size: v[part * size : (part + 1) * size],
-                              batch)  # fmt: skip
+            mb = jax.tree.map(
+                lambda v, part=part, size=size: v[part * size : (part + 1) * size], batch
+            )
             (mb_loss, (stats, _)), mb_grads = grad_fn(state.params, stats, mb)
             loss = loss + mb_loss / microbatches
             scaled = jax.tree.map(lambda g: g / microbatches, mb_grads)
             grads = scaled if grads is None else jax.tree.map(jnp.add, grads, scaled)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        new = state.replace(step=state.step + 1, params=params, batch_stats=stats,
-                            opt_state=opt_state)  # fmt: skip
+        new = state.replace(
+            step=state.step + 1, params=params, batch_stats=stats, opt_state=opt_state
+        )
         return new, loss
 
     losses = []

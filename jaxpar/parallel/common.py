@@ -51,8 +51,11 @@ def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:
     """Masked sums of cross-entropy and correct predictions (padding rows have mask 0)."""
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-    return {"loss_sum": jnp.sum(losses * mask), "correct": jnp.sum(correct * mask),
-            "count": jnp.sum(mask)}  # fmt: skip
+    return {
+        "loss_sum": jnp.sum(losses * mask),
+        "correct": jnp.sum(correct * mask),
+        "count": jnp.sum(mask),
+    }
 
 
 def init_state(model: SequentialModel, tx: optax.GradientTransformation, rng) -> TrainState:

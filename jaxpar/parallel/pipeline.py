@@ -34,6 +34,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.config import ConfigError
 from jaxpar.mesh import AXES
 from jaxpar.parallel import schedules, stages
 from jaxpar.parallel.common import Strategy, TrainState, logit_sums
@@ -72,7 +73,10 @@ class Pipeline(Strategy):
     def __init__(self, config, model, mesh, tx):
         super().__init__(config, model, mesh, tx)
         if jax.process_count() > 1:
-            raise ValueError("pipeline stages run in one process for now; use one process")
+            raise ConfigError(
+                "pipeline stages run in one process for now; use a (data, 1, 1) mesh across "
+                "processes, or one process"
+            )
         self.num_stages = k = mesh.shape["stage"]
         self.data = mesh.shape["data"]
         self.schedule = config.pipeline.schedule
@@ -98,8 +102,9 @@ class Pipeline(Strategy):
             def init(rng, s=s):
                 v = self.model.init(rng, self.layers[s])
                 params = v["params"]
-                state = TrainState(jnp.zeros((), jnp.int32), params, v["batch_stats"],
-                                   self.tx.init(params))  # fmt: skip
+                state = TrainState(
+                    jnp.zeros((), jnp.int32), params, v["batch_stats"], self.tx.init(params)
+                )
                 acc = jax.tree.map(lambda p: jnp.zeros((self.data, *p.shape), p.dtype), params)
                 return state, acc
 
@@ -128,8 +133,14 @@ class Pipeline(Strategy):
 
     def _stage_fn(self, s: int):
         def fn(params, stats, x, train=True):
-            return self.model.apply(params, stats, x, train=train, layers=self.layers[s],
-                                     bn_axis_name=self.bn_axis_name if train else None)  # fmt: skip
+            return self.model.apply(
+                params,
+                stats,
+                x,
+                train=train,
+                layers=self.layers[s],
+                bn_axis_name=self.bn_axis_name if train else None,
+            )
 
         return fn
 
@@ -160,7 +171,9 @@ class Pipeline(Strategy):
 
                 out, vjp, aux = jax.vjp(f, local, x, has_aux=True)
                 # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
-                cot = lax.pcast(jnp.asarray(inv_m, out.dtype), AXIS, to="varying") if last else target
+                cot = (
+                    lax.pcast(jnp.asarray(inv_m, out.dtype), AXIS, to="varying") if last else target
+                )
                 g_params, g_x = vjp(cot)
                 acc = jax.tree.map(lambda a, g: a + g[None], acc, g_params)
                 if last:
@@ -172,8 +185,11 @@ class Pipeline(Strategy):
             def update(state, acc):
                 grads = average_gradients(jax.tree.map(lambda a: a[0], acc))
                 updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-                new = state.replace(step=state.step + 1, opt_state=opt_state,
-                                    params=optax.apply_updates(state.params, updates))  # fmt: skip
+                new = state.replace(
+                    step=state.step + 1,
+                    opt_state=opt_state,
+                    params=optax.apply_updates(state.params, updates),
+                )
                 return new, jax.tree.map(jnp.zeros_like, acc)
 
             def evaluate(params, stats, x, *label_mask, fn=fn):
@@ -185,12 +201,15 @@ class Pipeline(Strategy):
             progs["fwd"].append(jax.jit(sm(fwd, in_specs=(rep, rep, data), out_specs=(data, rep))))
             bwd_out = (data, data, rep, (rep, rep)) if last else ((data, data) if s else data)
             progs["bwd"].append(
-                jax.jit(sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
-                        donate_argnums=4)  # fmt: skip
+                jax.jit(
+                    sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
+                    donate_argnums=4,
+                )
             )
             progs["update"].append(
-                jax.jit(sm(update, in_specs=(rep, data), out_specs=(rep, data)),
-                        donate_argnums=(0, 1))  # fmt: skip
+                jax.jit(
+                    sm(update, in_specs=(rep, data), out_specs=(rep, data)), donate_argnums=(0, 1)
+                )
             )
             eval_in = (rep, rep, data, data, data) if last else (rep, rep, data)
             progs["eval"].append(
@@ -272,19 +291,139 @@ class Pipeline(Strategy):
                 y = progs["eval"][s](state.stages[s].params, state.stages[s].batch_stats, x)
                 x = jax.device_put(y, self.batch_sharding[s + 1])
             last = state.stages[-1]
-            sums = progs["eval"][-1](last.params, last.batch_stats, x, batch["label"][m],
-                                     batch["mask"][m])  # fmt: skip
+            sums = progs["eval"][-1](
+                last.params, last.batch_stats, x, batch["label"][m], batch["mask"][m]
+            )
             totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         return totals
 
     # -- what it costs -------------------------------------------------------------------
 
+    def bytes_between_stages(self, batch_size: int) -> int:
+        """Bytes crossing stage boundaries per step: each boundary activation forward and its
+        gradient backward, for the whole global batch (float32 as carried here)."""
+        total = 0
+        for b in self.bounds[1:-1]:
+            total += 2 * 4 * batch_size * self.model.layers[b - 1].activation_size
+        return total
+
+    def measure(self, state: PipelineState, batch, repeats: int = 3) -> dict[str, Any]:
+        """Time each stage's forward and backward program alone (device synchronised, best of
+        `repeats`), then place the schedule's events on a clock with those durations.
+
+        Returns per-stage seconds per micro-batch, the bubble of that timeline, and the
+        analytic bubble. On hardware where stages have their own processors this timeline is
+        what the dispatcher achieves; on simulated CPU devices sharing cores, wall time is
+        longer because stages also compete for the cores.
+        """
+        progs, k = self.programs, self.num_stages
+        st = state.stages
+        fwd_t, bwd_t, temp = [0.0] * k, [0.0] * k, [0] * k
+        x = batch["image"][0]
+        inputs = []
+        for s in range(k):  # one forward pass to get each stage's input and output shapes
+            inputs.append(x)
+            if s < k - 1:
+                y, _ = progs["fwd"][s](st[s].params, st[s].batch_stats, x)
+                x = jax.device_put(y, self.batch_sharding[s + 1])
+        for s in range(k):
+            if s < k - 1:
+                fwd_t[s] = _best(
+                    lambda s=s: progs["fwd"][s](st[s].params, st[s].batch_stats, inputs[s]), repeats
+                )
+            scratch = jax.tree.map(jnp.copy, state.grad_acc[s])
+            if s == k - 1:
+                target = batch["label"][0]
+            else:
+                target = jnp.zeros_like(
+                    progs["fwd"][s](st[s].params, st[s].batch_stats, inputs[s])[0]
+                )
+
+            def run_bwd(s=s, target=target):
+                nonlocal scratch
+                out = progs["bwd"][s](st[s].params, st[s].batch_stats, inputs[s], target, scratch)
+                scratch = out[1] if s > 0 else out  # the accumulator is donated: keep it
+                return out
+
+            bwd_t[s] = _best(run_bwd, repeats)
+            # Working memory of the stage's programs, from the compiled programs themselves.
+            compiled = [
+                progs["bwd"][s]
+                .lower(st[s].params, st[s].batch_stats, inputs[s], target, scratch)
+                .compile()
+            ]
+            if s < k - 1:
+                compiled.append(
+                    progs["fwd"][s].lower(st[s].params, st[s].batch_stats, inputs[s]).compile()
+                )
+            temp[s] = max(c.memory_analysis().temp_size_in_bytes for c in compiled)
+        line = schedules.timeline(self.events, fwd_t, bwd_t)
+        return {
+            "stage_forward_s": fwd_t,
+            "stage_backward_s": bwd_t,
+            "measured_bubble": line.bubble,
+            "timeline_step_s": line.makespan,
+            "sequential_step_s": sum(line.busy),
+            "analytic_bubble": schedules.analytic_bubble(k, self.num_microbatches),
+            "stage_state_bytes_per_device": self.state_bytes(state),
+            "stage_program_temp_bytes": temp,
+        }
+
+    def state_bytes(self, state: PipelineState) -> list[int]:
+        """Per stage, the bytes one of its devices holds for parameters, optimizer state,
+        batch statistics and the gradient accumulator (read from the placed arrays)."""
+        out = []
+        for st, acc in zip(state.stages, state.grad_acc):
+            per_device: dict = {}
+            for leaf in jax.tree.leaves((st, acc)):
+                for shard in leaf.addressable_shards:
+                    per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+            out.append(max(per_device.values()))
+        return out
+
+    def report(self, state: PipelineState, batch, batch_size: int) -> dict[str, Any]:
+        """Figures for the run summary."""
+        figures = self.measure(state, batch)
+        return {
+            "pipeline_schedule": self.schedule,
+            "num_microbatches": self.num_microbatches,
+            "stage_bounds": list(self.bounds),
+            "analytic_bubble": figures["analytic_bubble"],
+            "measured_bubble": figures["measured_bubble"],
+            "bytes_between_stages_per_step": self.bytes_between_stages(batch_size),
+            "peak_stash_bytes_per_device": list(self.peak_stash_bytes),
+            "stage_state_bytes_per_device": figures["stage_state_bytes_per_device"],
+            "stage_program_temp_bytes": figures["stage_program_temp_bytes"],
+            "memory_per_device_bytes": [
+                a + b + c
+                for a, b, c in zip(
+                    figures["stage_state_bytes_per_device"],
+                    figures["stage_program_temp_bytes"],
+                    self.peak_stash_bytes,
+                )
+            ],
+        }
+
     def describe(self, batch_size: int) -> str:
         analytic = schedules.analytic_bubble(self.num_stages, self.num_microbatches)
-        return "\n".join([
-            f"pipeline: {self.num_stages} stages, split {self.config.pipeline.split!r} "
-            f"{self.bounds}, schedule {self.schedule}, {self.num_microbatches} micro-batches, "
-            f"analytic bubble {analytic:.3f}",
-            stages.stage_table(self.model, self.bounds, batch_size),
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                (
+                    f"pipeline: {self.num_stages} stages, split {self.config.pipeline.split!r} "
+                    f"{self.bounds}, schedule {self.schedule}, {self.num_microbatches} micro-batches, "
+                    f"analytic bubble {analytic:.3f}"
+                ),
+                stages.stage_table(self.model, self.bounds, batch_size),
+            ]
+        )
 
+
+def _best(fn, repeats: int) -> float:
+    """Smallest wall time of fn() over `repeats` runs, after one warm-up, device synchronised."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return min(times)

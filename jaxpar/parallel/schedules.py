@@ -94,8 +94,7 @@ def timeline(
         if not progressed:
             raise ValueError("schedule deadlocks: an event waits on one that never runs")
     busy = tuple(
-        sum(end - start for (kd, st, _), (start, end) in spans.items() if st == s)
-        for s in range(k)
+        sum(end - start for (kd, st, _), (start, end) in spans.items() if st == s) for s in range(k)
     )
     return Timeline(spans, max(end for _, end in spans.values()), busy)
 

@@ -8,6 +8,7 @@ high-resolution layers and its parameters in its late, wide ones, so the balance
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from jaxpar.config import ConfigError
@@ -80,7 +81,7 @@ def check(bounds: Sequence[int], num_layers: int, num_stages: int) -> None:
         )
     if bounds[0] != 0 or bounds[-1] != num_layers:
         raise SplitError(f"stages must cover layers 0..{num_layers - 1}, got bounds {bounds}")
-    if any(b >= a for b, a in zip(bounds, bounds[1:])):
+    if any(b >= a for b, a in itertools.pairwise(bounds)):
         raise SplitError(
             f"pipeline.split cut points {tuple(bounds[1:-1])} must increase strictly within "
             f"1..{num_layers - 1} so that no stage is empty"
@@ -92,7 +93,7 @@ def stage_table(model: SequentialModel, bounds: Sequence[int], batch_size: int) 
     rows = [
         f"{'stage':>5} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'MB sent/batch':>14}"
     ]
-    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         layers = model.layers[a:b]
         names = layers[0].name if len(layers) == 1 else f"{layers[0].name}-{layers[-1].name}"
         sent = 0 if b == len(model.layers) else 4 * layers[-1].activation_size * batch_size
