@@ -69,7 +69,7 @@ def test_valid_configs_resolve_the_mesh():
 def test_config_files_load_and_validate():
     import importlib
 
-    for name in ("vgg19_data", "vgg19_hybrid"):
+    for name in ("vgg19_data", "vgg19_hybrid", "vgg19_pipeline"):
         module = importlib.import_module(f"configs.{name}")
         assert module.__doc__.lstrip().splitlines()[0]
         assert "python -m jaxpar.train --config configs/" in module.__doc__
