@@ -59,6 +59,11 @@ def get_config() -> ml_collections.ConfigDict:
     # "uniform" (equal layer counts), or a tuple of the K-1 layer indices where stages begin.
     config.pipeline.split = "flops"
 
+    config.tensor = ml_collections.ConfigDict()
+    # Sharding rules for the tensor axis: logical axis name -> mesh axis. Conv output channels
+    # and the first hidden dense layer's features are split (see jaxpar/parallel/tensor.py).
+    config.tensor.rules = (("conv_out", "tensor"), ("mlp", "tensor"))
+
     config.sync = ml_collections.ConfigDict()
     config.sync.mode = "allreduce"  # how data-parallel replicas agree: allreduce each step
     config.sync.impl = "shard_map"  # "shard_map" (jax.shard_map + pmean) or legacy "pmap"

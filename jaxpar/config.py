@@ -51,9 +51,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     )
     data, stage, tensor = resolved
     _check(
-        tensor == 1,
-        f"mesh_shape {resolved} splits over tensor, which this version cannot do yet; "
-        f"use a (data, stage, 1) mesh such as ({num_devices // stage},{stage},1)",
+        tensor == 1 or config.sync.impl == "shard_map",
+        "the tensor axis needs sync.impl=shard_map; pmap is data-parallel only",
     )
     _check(config.num_train_steps > 0, "num_train_steps must be positive")
     _check(config.global_batch_size > 0, "global_batch_size must be positive")

@@ -74,14 +74,27 @@ class SequentialModel:
         train: bool,
         bn_axis_name: str | tuple[str, ...] | None = None,
         layers: slice = slice(None),
+        constrain: Any = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Run `layers` (default: all) on x; return output and updated batch statistics.
 
         `bn_axis_name`: mesh axis (or axes) over which BatchNorm averages its batch statistics
         (synchronised BatchNorm inside shard_map/pmap); None uses the local batch only.
+        `constrain(x, logical_axes)`: applied to every layer's output (and to the input of a
+        flatten) to pin activation shardings under tensor parallelism; None does nothing.
         """
         new_stats = dict(batch_stats)
         for layer in self.layers[layers]:
+            if (
+                constrain is not None
+                and x.ndim == 4
+                and x.shape[1] * x.shape[2] > 1
+                and (len(layer.out_shape) == 1)
+            ):
+                # Gather the channels before a flatten, explicitly: a channel-split [h, w, c]
+                # does not flatten to a contiguous split (unless h = w = 1), which XLA would
+                # otherwise rematerialise out of sight.
+                x = constrain(x, (None,) * x.ndim)
             module = layer.module.clone(bn_axis_name=bn_axis_name)
             variables = {"params": params[layer.name]}
             if layer.name in batch_stats:
@@ -91,6 +104,8 @@ class SequentialModel:
                 new_stats[layer.name] = updates["batch_stats"]
             else:
                 x = module.apply(variables, x, train=train)
+            if constrain is not None:
+                x = constrain(x, layer.module.out_axes)
         return x, new_stats
 
     def summary(self) -> str:

@@ -47,6 +47,22 @@ class ConvBlock(nn.Module):
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
         return x
 
+    # Logical axis names of each variable and of the output, which sharding rules map to mesh
+    # axes (jaxpar/parallel/tensor.py): output channels may be split, spatial dims never.
+    def logical_axes(self) -> dict:
+        channel = ("conv_out",)
+        axes = {"Conv_0": {"kernel": (None, None, "conv_in", "conv_out"), "bias": channel}}
+        if self.batch_norm:
+            axes["BatchNorm_0"] = {
+                "scale": channel,
+                "bias": channel,
+                "mean": channel,
+                "var": channel,
+            }
+        return axes
+
+    out_axes = ("batch", None, None, "conv_out")
+
     def flops(self, in_shape: tuple[int, ...]) -> int:
         h, w, c = in_shape
         if self.padding == "VALID":
@@ -59,6 +75,8 @@ class DenseBlock(nn.Module):
 
     features: int
     relu: bool = True
+    in_axis: str | None = "embed"  # logical names of the kernel's input and output features
+    out_axis: str | None = "classes"
     dtype: Any = jnp.float32
     bn_axis_name: Any = None  # unused; keeps every block's interface the same
 
@@ -69,6 +87,13 @@ class DenseBlock(nn.Module):
         if self.relu:
             return nn.relu(x)
         return x.astype(jnp.float32)
+
+    def logical_axes(self) -> dict:
+        return {"Dense_0": {"kernel": (self.in_axis, self.out_axis), "bias": (self.out_axis,)}}
+
+    @property
+    def out_axes(self) -> tuple:
+        return ("batch", self.out_axis)
 
     def flops(self, in_shape: tuple[int, ...]) -> int:
         return 2 * math.prod(in_shape) * self.features

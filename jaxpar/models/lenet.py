@@ -25,8 +25,8 @@ def lenet(
             "conv2",
             ConvBlock(scaled(64, width), padding="VALID", batch_norm=batch_norm, pool=True, **kw),
         ),
-        ("fc1", DenseBlock(scaled(128, width), **kw)),
-        ("fc2", DenseBlock(num_classes, relu=False, **kw)),
+        ("fc1", DenseBlock(scaled(128, width), in_axis="embed", out_axis="mlp", **kw)),
+        ("fc2", DenseBlock(num_classes, relu=False, in_axis="mlp", out_axis="classes", **kw)),
     ]
     layers, shape = [], tuple(input_shape)
     for name, block in blocks:

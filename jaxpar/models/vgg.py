@@ -99,12 +99,18 @@ def vgg(
         shape = layers[-1].out_shape
     if head == "imagenet":
         hidden = scaled(4096, width)
-        dense = [DenseBlock(hidden, **kw), DenseBlock(hidden, **kw)]
+        # Logical feature names: fc1 "embed"->"mlp" (column-parallel under the default rules),
+        # fc2 "mlp"->"hidden" (row-parallel), fc3 "hidden"->"classes".
+        dense = [
+            DenseBlock(hidden, in_axis="embed", out_axis="mlp", **kw),
+            DenseBlock(hidden, in_axis="mlp", out_axis="hidden", **kw),
+        ]
     elif head == "cifar":
         dense = []
     else:
         raise ValueError(f"unknown model.head {head!r}; use cifar, imagenet or auto")
-    dense.append(DenseBlock(num_classes, relu=False, **kw))
+    last_in = "hidden" if dense else "embed"
+    dense.append(DenseBlock(num_classes, relu=False, in_axis=last_in, out_axis="classes", **kw))
     for j, block in enumerate(dense, 1):
         layers.append(make_layer(f"fc{j}", block, shape))
         shape = layers[-1].out_shape

@@ -30,20 +30,27 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def forward_loss(
-    model: SequentialModel, params, batch_stats, batch, *, bn_axis_name=None
+    model: SequentialModel, params, batch_stats, batch, *, bn_axis_name=None, constrain=None
 ) -> tuple[jax.Array, tuple[Any, jax.Array]]:
     """Training-mode loss on `batch`; aux = (updated batch stats, accuracy)."""
     logits, new_stats = model.apply(
-        params, batch_stats, batch["image"], train=True, bn_axis_name=bn_axis_name
+        params,
+        batch_stats,
+        batch["image"],
+        train=True,
+        bn_axis_name=bn_axis_name,
+        constrain=constrain,
     )
     loss = cross_entropy(logits, batch["label"])
     accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
     return loss, (new_stats, accuracy)
 
 
-def eval_sums(model: SequentialModel, params, batch_stats, batch) -> dict[str, jax.Array]:
+def eval_sums(
+    model: SequentialModel, params, batch_stats, batch, constrain=None
+) -> dict[str, jax.Array]:
     """Masked sums of loss and correct predictions over a (local) eval batch."""
-    logits, _ = model.apply(params, batch_stats, batch["image"], train=False)
+    logits, _ = model.apply(params, batch_stats, batch["image"], train=False, constrain=constrain)
     return logit_sums(logits, batch["label"], batch["mask"])
 
 
@@ -103,7 +110,8 @@ class Strategy(abc.ABC):
     def compile(self, state: TrainState, batch: dict):
         """Ahead-of-time compile the train step for these shapes; record the time taken."""
         t0 = time.perf_counter()
-        self._train = self._jit_train().lower(state, batch).compile()
+        with jax.set_mesh(self.mesh):  # sharding constraints inside resolve against it
+            self._train = self._jit_train().lower(state, batch).compile()
         self.compile_time_s = time.perf_counter() - t0
         return self._train
 
@@ -115,4 +123,5 @@ class Strategy(abc.ABC):
     def eval_step(self, state: TrainState, batch: dict) -> dict:
         if self._eval is None:
             self._eval = self._jit_eval()
-        return self._eval(state, batch)
+        with jax.set_mesh(self.mesh):
+            return self._eval(state, batch)

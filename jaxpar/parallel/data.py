@@ -17,6 +17,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.parallel import tensor
 from jaxpar.parallel.common import Strategy, TrainState, eval_sums, forward_loss
 from jaxpar.parallel.common import init_state as _init_state
 
@@ -28,19 +29,28 @@ def average_gradients(grads, axis: str = AXIS):
     return lax.pmean(grads, axis)
 
 
-def replica_step(model, tx, bn_axis_name, state: TrainState, batch: dict, *, local_params):
+def replica_step(
+    model, tx, bn_axis_name, state: TrainState, batch: dict, *, local_params, tp=None, axis=AXIS
+):
     """The per-replica body shared by shard_map and pmap: local grads, then averaged.
 
     `local_params` are the parameters the gradient is taken at; they must be per-replica
     values (not replicated) so that `average_gradients` is the only reduction.
+    `tp`: (constrain, param specs) under tensor parallelism; gradients are pinned to their
+    parameters' layout. `axis=None`: one replica under plain jit, nothing to average.
     """
+    mean = (lambda x: lax.pmean(x, axis)) if axis else (lambda x: x)
+    constrain, param_specs = tp or (None, None)
     grad_fn = jax.value_and_grad(
-        functools.partial(forward_loss, model, bn_axis_name=bn_axis_name), has_aux=True
+        functools.partial(forward_loss, model, bn_axis_name=bn_axis_name, constrain=constrain),
+        has_aux=True,
     )
     (loss, (stats, accuracy)), grads = grad_fn(local_params, state.batch_stats, batch)
-    grads = average_gradients(grads)
+    grads = average_gradients(grads, axis) if axis else grads
+    if param_specs is not None:  # keep the update in the parameters' layout
+        grads = tensor.constrain_tree(grads, param_specs)
     if bn_axis_name is None and stats:
-        stats = lax.pmean(stats, AXIS)  # per-replica BN: keep the running averages in step
+        stats = mean(stats)  # per-replica BN: keep the running averages in step
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1,
@@ -48,25 +58,47 @@ def replica_step(model, tx, bn_axis_name, state: TrainState, batch: dict, *, loc
         batch_stats=stats,
         opt_state=opt_state,
     )
-    metrics = {"loss": lax.pmean(loss, AXIS), "accuracy": lax.pmean(accuracy, AXIS)}
+    metrics = {"loss": mean(loss), "accuracy": mean(accuracy)}
     return new_state, metrics
 
 
 class DataParallel(Strategy):
-    """shard_map data parallelism: replicated state, batch split over "data"."""
+    """shard_map data parallelism over "data", optionally with tensor parallelism: the state
+    is replicated over "data" and split over "tensor" by the config's sharding rules."""
 
     name = "data"
 
     def __init__(self, config, model, mesh, tx):
         super().__init__(config, model, mesh, tx)
-        self.replicated = NamedSharding(mesh, P())
         self.batch_sharding = NamedSharding(mesh, P(AXIS))
         self.bn_axis_name = AXIS if config.sync.batch_norm == "global" else None
+        self.tensor_parallel = mesh.shape["tensor"] > 1
+        rules = tensor.rules_from(config)
+        if self.tensor_parallel:
+            self.name = "data+tensor" if mesh.shape[AXIS] > 1 else "tensor"
+            tensor.check(model, rules, dict(mesh.shape))
+        shapes = jax.eval_shape(functools.partial(_init_state, model, tx), jax.random.key(0))
+        self.state_specs = (
+            tensor.state_specs(shapes, model, rules)
+            if self.tensor_parallel
+            else jax.tree.map(lambda _: P(), shapes)
+        )
+        self.state_sharding = jax.tree.map(
+            lambda s: NamedSharding(mesh, s), self.state_specs, is_leaf=lambda x: isinstance(x, P)
+        )
+        # Manual over "data" (explicit pmean); automatic (sharding rules) over "tensor".
+        self.manual = frozenset({AXIS}) if self.tensor_parallel else frozenset()
+        # With one data replica the step is plain SPMD under jit: XLA (0.10.2) refuses a
+        # manual all-reduce over a size-1 axis next to automatic axes, and none is needed.
+        self.spmd_only = self.tensor_parallel and mesh.shape[AXIS] == 1
+        self.tp = (
+            (tensor.constrain_fn(rules), self.state_specs.params) if self.tensor_parallel else None
+        )
 
     def init_state(self, rng):
-        """Create the state directly with its (replicated) sharding: no host copy first."""
+        """Create the state directly with its sharding: no host copy first."""
         init = functools.partial(_init_state, self.model, self.tx)
-        return jax.jit(init, out_shardings=self.replicated)(rng)
+        return jax.jit(init, out_shardings=self.state_sharding)(rng)
 
     def put_batch(self, local_batch):
         return {
@@ -75,20 +107,31 @@ class DataParallel(Strategy):
         }
 
     def _body(self, state, batch):
+        if self.spmd_only:
+            return replica_step(self.model, self.tx, None, state, batch,
+                                local_params=state.params, tp=self.tp, axis=None)  # fmt: skip
         local = lax.pcast(state.params, AXIS, to="varying")
         return replica_step(
-            self.model, self.tx, self.bn_axis_name, state, batch, local_params=local
+            self.model, self.tx, self.bn_axis_name, state, batch, local_params=local, tp=self.tp
         )
+
+    def _shard_map(self, fn, out_specs):
+        if self.spmd_only:
+            return fn
+        return jax.shard_map(
+            fn, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=out_specs,
+            axis_names=self.manual,
+        )  # fmt: skip
 
     def _jit_train(self):
-        step = jax.shard_map(
-            self._body, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=(P(), P())
-        )
-        return jax.jit(step, donate_argnums=0)
+        step = self._shard_map(self._body, (P(), P()))
+        return jax.jit(step, donate_argnums=0, out_shardings=(self.state_sharding, None))
 
     def _jit_eval(self):
-        def body(state, batch):
-            sums = eval_sums(self.model, state.params, state.batch_stats, batch)
-            return lax.psum(sums, AXIS)
+        constrain = self.tp[0] if self.tp else None
 
-        return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(), P(AXIS)), out_specs=P()))
+        def body(state, batch):
+            sums = eval_sums(self.model, state.params, state.batch_stats, batch, constrain)
+            return sums if self.spmd_only else lax.psum(sums, AXIS)
+
+        return jax.jit(self._shard_map(body, P()))

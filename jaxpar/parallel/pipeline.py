@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.config import ConfigError
 from jaxpar.mesh import AXES
-from jaxpar.parallel import schedules, stages
+from jaxpar.parallel import schedules, stages, tensor
 from jaxpar.parallel.common import Strategy, TrainState, logit_sums
 from jaxpar.parallel.data import AXIS, average_gradients
 
@@ -91,25 +91,52 @@ class Pipeline(Strategy):
         self.layers = [slice(a, b) for a, b in zip(self.bounds, self.bounds[1:])]
         self.peak_stash_bytes = [0] * k  # per device, measured by the last train step
         self._programs: dict | None = None
+        # Tensor parallelism inside each stage: sharding rules over "tensor" (automatic),
+        # explicit collectives over "data" (manual). With one data replica the stage programs
+        # are plain SPMD (XLA refuses a manual all-reduce over a size-1 axis beside automatic
+        # ones, and none is needed).
+        self.tensor_parallel = mesh.shape["tensor"] > 1
+        rules = tensor.rules_from(config)
+        if self.tensor_parallel:
+            tensor.check(model, rules, dict(mesh.shape))
+        self.spmd_only = self.tensor_parallel and self.data == 1
+        self.constrain = tensor.constrain_fn(rules) if self.tensor_parallel else None
+        self.state_specs = []
+        for s in range(k):
+            shapes = jax.eval_shape(lambda r, s=s: self._init_stage(r, s)[0], jax.random.key(0))
+            self.state_specs.append(
+                tensor.state_specs(shapes, model, rules, self.layers[s])
+                if self.tensor_parallel
+                else jax.tree.map(lambda _: P(), shapes)
+            )
 
     # -- state ---------------------------------------------------------------------------
+
+    def _init_stage(self, rng, s: int):
+        v = self.model.init(rng, self.layers[s])
+        params = v["params"]
+        state = TrainState(jnp.zeros((), jnp.int32), params, v["batch_stats"], self.tx.init(params))
+        acc = jax.tree.map(lambda p: jnp.zeros((self.data, *p.shape), p.dtype), params)
+        return state, acc
+
+    def _named(self, s: int, specs):
+        return jax.tree.map(
+            lambda x: NamedSharding(self.meshes[s], x), specs, is_leaf=lambda x: isinstance(x, P)
+        )
+
+    def _acc_specs(self, s: int):
+        return jax.tree.map(
+            lambda x: P(AXIS, *x), self.state_specs[s].params, is_leaf=lambda x: isinstance(x, P)
+        )
 
     def init_state(self, rng):
         """Each stage initialises only its layers, directly on its own devices."""
         states, accs = [], []
         for s in range(self.num_stages):
-
-            def init(rng, s=s):
-                v = self.model.init(rng, self.layers[s])
-                params = v["params"]
-                state = TrainState(
-                    jnp.zeros((), jnp.int32), params, v["batch_stats"], self.tx.init(params)
-                )
-                acc = jax.tree.map(lambda p: jnp.zeros((self.data, *p.shape), p.dtype), params)
-                return state, acc
-
-            shardings = (self.replicated[s], NamedSharding(self.meshes[s], P(AXIS)))
-            state, acc = jax.jit(init, out_shardings=shardings)(rng)
+            shardings = (self._named(s, self.state_specs[s]), self._named(s, self._acc_specs(s)))
+            state, acc = jax.jit(functools.partial(self._init_stage, s=s), out_shardings=shardings)(
+                rng
+            )
             states.append(state)
             accs.append(acc)
         return PipelineState(tuple(states), tuple(accs))
@@ -132,6 +159,8 @@ class Pipeline(Strategy):
     # -- programs ------------------------------------------------------------------------
 
     def _stage_fn(self, s: int):
+        bn_axis = None if self.spmd_only else self.bn_axis_name
+
         def fn(params, stats, x, train=True):
             return self.model.apply(
                 params,
@@ -139,13 +168,20 @@ class Pipeline(Strategy):
                 x,
                 train=train,
                 layers=self.layers[s],
-                bn_axis_name=self.bn_axis_name if train else None,
+                bn_axis_name=bn_axis if train else None,
+                constrain=self.constrain,
             )
 
         return fn
 
+    def _pmean(self, x):
+        return x if self.spmd_only else lax.pmean(x, AXIS)
+
+    def _varying(self, x):
+        return x if self.spmd_only else lax.pcast(x, AXIS, to="varying")
+
     def _sync_stats(self, stats):
-        return stats if self.bn_axis_name or not stats else lax.pmean(stats, AXIS)
+        return stats if self.bn_axis_name or not stats else self._pmean(stats)
 
     def _build(self):
         """Compile-ready programs per stage: forward, backward (recompute + vjp), update."""
@@ -159,7 +195,7 @@ class Pipeline(Strategy):
                 return y, self._sync_stats(new_stats)
 
             def bwd(params, stats, x, target, acc, fn=fn, s=s, last=last):
-                local = lax.pcast(params, AXIS, to="varying")
+                local = self._varying(params)
 
                 def f(p, x):
                     y, new_stats = fn(p, stats, x)
@@ -171,19 +207,22 @@ class Pipeline(Strategy):
 
                 out, vjp, aux = jax.vjp(f, local, x, has_aux=True)
                 # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
-                cot = (
-                    lax.pcast(jnp.asarray(inv_m, out.dtype), AXIS, to="varying") if last else target
-                )
+                cot = self._varying(jnp.asarray(inv_m, out.dtype)) if last else target
                 g_params, g_x = vjp(cot)
+                if self.tensor_parallel:  # accumulate in the parameters' layout
+                    g_params = tensor.constrain_tree(g_params, self.state_specs[s].params)
                 acc = jax.tree.map(lambda a, g: a + g[None], acc, g_params)
                 if last:
                     new_stats, correct = aux
-                    metrics = (lax.pmean(out, AXIS), lax.pmean(correct, AXIS))
+                    metrics = (self._pmean(out), self._pmean(correct))
                     return g_x, acc, self._sync_stats(new_stats), metrics
                 return (g_x, acc) if s > 0 else acc
 
-            def update(state, acc):
-                grads = average_gradients(jax.tree.map(lambda a: a[0], acc))
+            def update(state, acc, s=s):
+                grads = jax.tree.map(lambda a: a[0], acc)
+                grads = grads if self.spmd_only else average_gradients(grads)
+                if self.tensor_parallel:  # keep the update in the parameters' layout
+                    grads = tensor.constrain_tree(grads, self.state_specs[s].params)
                 updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
                 new = state.replace(
                     step=state.step + 1,
@@ -194,26 +233,45 @@ class Pipeline(Strategy):
 
             def evaluate(params, stats, x, *label_mask, fn=fn):
                 y, _ = fn(params, stats, x, train=False)
-                return lax.psum(logit_sums(y, *label_mask), AXIS) if label_mask else y
+                if not label_mask:
+                    return y
+                sums = logit_sums(y, *label_mask)
+                return sums if self.spmd_only else lax.psum(sums, AXIS)
 
-            sm = functools.partial(jax.shard_map, mesh=mesh)
+            def sm(fn, in_specs, out_specs, mesh=mesh):
+                if self.spmd_only:
+                    return fn
+                manual = frozenset({AXIS}) if self.tensor_parallel else frozenset()
+                return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                     axis_names=manual)  # fmt: skip
+
             data, rep = P(AXIS), P()
-            progs["fwd"].append(jax.jit(sm(fwd, in_specs=(rep, rep, data), out_specs=(data, rep))))
+            on = functools.partial(_OnMesh, mesh=mesh)
+            progs["fwd"].append(
+                on(jax.jit(sm(fwd, in_specs=(rep, rep, data), out_specs=(data, rep))))
+            )
             bwd_out = (data, data, rep, (rep, rep)) if last else ((data, data) if s else data)
             progs["bwd"].append(
-                jax.jit(
-                    sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
-                    donate_argnums=4,
+                on(
+                    jax.jit(
+                        sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
+                        donate_argnums=4,
+                    )
                 )
             )
+            layout = (self._named(s, self.state_specs[s]), self._named(s, self._acc_specs(s)))
             progs["update"].append(
-                jax.jit(
-                    sm(update, in_specs=(rep, data), out_specs=(rep, data)), donate_argnums=(0, 1)
+                on(
+                    jax.jit(
+                        sm(update, in_specs=(rep, data), out_specs=(rep, data)),
+                        donate_argnums=(0, 1),
+                        out_shardings=layout,
+                    )
                 )
             )
             eval_in = (rep, rep, data, data, data) if last else (rep, rep, data)
             progs["eval"].append(
-                jax.jit(sm(evaluate, in_specs=eval_in, out_specs=rep if last else data))
+                on(jax.jit(sm(evaluate, in_specs=eval_in, out_specs=rep if last else data)))
             )
         return progs
 
@@ -427,3 +485,19 @@ def _best(fn, repeats: int) -> float:
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+class _OnMesh:
+    """A jitted stage program that traces, lowers and runs with its stage's mesh as the
+    context mesh, so the sharding rules inside resolve against that stage's devices."""
+
+    def __init__(self, fn, mesh):
+        self.fn, self.mesh = fn, mesh
+
+    def __call__(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.fn(*args)
+
+    def lower(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.fn.lower(*args)
