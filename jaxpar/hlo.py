@@ -28,7 +28,7 @@ _DTYPE_BYTES = {
 }
 _OP = re.compile(r"=\s*(.+?)\s+(" + "|".join(KINDS) + r")(-start)?\(")
 _SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
-_GROUPS = re.compile(r"replica_groups=(\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)")
+_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 # configs/ lives beside the package: make `from configs import base` work from any directory.
@@ -21,6 +21,9 @@ _CONFIG = config_flags.DEFINE_config_file(
 )
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where metrics and checkpoints go (default: runs/<config>-<time>)."
+)
+_EXPLAIN = flags.DEFINE_bool(
+    "explain", False, "Print the mesh, layouts, memory and collectives of the step; no training."
 )
 _COORDINATOR = flags.DEFINE_string(
     "coordinator", None, "host:port of process 0 for a multi-process run (jax.distributed)."
@@ -63,6 +66,7 @@ def default_workdir(config_path: str) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.WARNING)  # keep JAX's INFO lines off the console
     config = _CONFIG.value
     use_host_devices(config.host_device_count)
     # JAX is imported only now, after XLA_FLAGS is set.
@@ -70,6 +74,15 @@ def main(argv: list[str]) -> None:
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
 
+    if _EXPLAIN.value:
+        from jaxpar import explain
+
+        try:
+            print(explain.explain(config))
+        except (config_lib.ConfigError, data.DataError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        return
     workdir = _WORKDIR.value
     if not workdir:
         workdir = default_workdir(flags.FLAGS["config"].config_filename)

@@ -22,6 +22,7 @@ class ConvBlock(nn.Module):
     padding: str = "SAME"
     batch_norm: bool = False
     pool: bool = False
+    in_axis: str = "conv_in"  # logical name of the input channels ("image" for the first conv)
     dtype: Any = jnp.float32
     bn_axis_name: Any = None
 
@@ -51,7 +52,7 @@ class ConvBlock(nn.Module):
     # axes (jaxpar/parallel/tensor.py): output channels may be split, spatial dims never.
     def logical_axes(self) -> dict:
         channel = ("conv_out",)
-        axes = {"Conv_0": {"kernel": (None, None, "conv_in", "conv_out"), "bias": channel}}
+        axes = {"Conv_0": {"kernel": (None, None, self.in_axis, "conv_out"), "bias": channel}}
         if self.batch_norm:
             axes["BatchNorm_0"] = {
                 "scale": channel,

@@ -20,7 +20,12 @@ def lenet(
 ) -> SequentialModel:
     kw = {} if dtype is None else {"dtype": dtype}
     blocks = [
-        ("conv1", ConvBlock(scaled(32, width), padding="VALID", batch_norm=batch_norm, **kw)),
+        (
+            "conv1",
+            ConvBlock(
+                scaled(32, width), padding="VALID", batch_norm=batch_norm, in_axis="image", **kw
+            ),
+        ),
         (
             "conv2",
             ConvBlock(scaled(64, width), padding="VALID", batch_norm=batch_norm, pool=True, **kw),

@@ -94,7 +94,8 @@ def vgg(
             continue
         n += 1
         pool = i + 1 < len(cfg) and cfg[i + 1] == "M"
-        block = ConvBlock(scaled(c, width), batch_norm=batch_norm, pool=pool, **kw)
+        in_axis = "image" if n == 1 else "conv_in"  # image channels (3) are never split
+        block = ConvBlock(scaled(c, width), batch_norm=batch_norm, pool=pool, in_axis=in_axis, **kw)
         layers.append(make_layer(f"conv{n}", block, shape))
         shape = layers[-1].out_shape
     if head == "imagenet":
