@@ -148,10 +148,14 @@ def explain(config, devices=None) -> str:
 
     out.append("\ncollectives per step (bytes per device, from the compiled programs):")
     out.append(f"  {'program':<8} {'kind':<20} {'mesh axis':<14} {'count':>5} {'bytes':>14}")
+    trivial = sum(count for (_, _, axes), (count, _) in rows.items() if axes == "none")
+    rows = {key: value for key, value in rows.items() if key[2] != "none"}
     if not rows:
         out.append("  none")
     for (where, kind, axes), (count, nbytes) in sorted(rows.items()):
         out.append(f"  {where:<8} {kind:<20} {axes:<14} {count:>5} {nbytes:>14,}")
+    if trivial:
+        out.append(f"  ({trivial} reductions over one-device groups move nothing; not listed)")
     if hasattr(strategy, "bytes_between_stages"):
         sent = strategy.bytes_between_stages(config.global_batch_size) // strategy.data
         out.append(

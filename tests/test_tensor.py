@@ -76,3 +76,48 @@ def test_channel_count_not_divisible_is_one_line_error():
         trainer.setup(config, jax.devices())
     message = str(info.value)
     assert "conv1/Conv_0/kernel has 4" in message and "\n" not in message
+
+
+def test_explain_lists_the_collectives_of_a_known_model():
+    from jaxpar import explain
+
+    config = hybrid_config((8, 1, 1))
+    text = explain.explain(config, jax.devices())
+    s = trainer.setup(config, jax.devices())
+    # Data parallel: exactly one all-reduce over "data", of the gradient plus two scalars.
+    rows = [line.split() for line in text.splitlines() if line.startswith("  step ")]
+    assert rows == [["step", "all-reduce", "data", "1", f"{4 * s.model.num_params + 8:,}"]]
+    assert any("conv3/Conv_0/kernel" in line and line.endswith("P()") for line in text.splitlines())
+
+    text = explain.explain(hybrid_config((1, 1, 8)), jax.devices())
+    kinds = {tuple(line.split()[1:3]) for line in text.splitlines() if line.startswith("  step ")}
+    assert ("all-gather", "tensor") in kinds and not any(axis == "data" for _, axis in kinds)
+    assert any(
+        "conv3/Conv_0/kernel" in line and line.endswith("P(None, None, None, 'tensor')")
+        for line in text.splitlines()
+    )
+
+    config = hybrid_config((1, 2, 1))
+    text = explain.explain(config, jax.devices()[:2])
+    s = trainer.setup(config, jax.devices()[:2])
+    cut = s.strategy.bounds[1]
+    sent = 2 * 4 * config.global_batch_size * s.model.layers[cut - 1].activation_size
+    assert f"transfers            stage          {'':>5} {sent:>14,}" in text
+
+
+def test_worked_example_rule_trains_like_one_device():
+    """configs/vgg19_conv_in.py: a new sharding rule is one config file."""
+    from configs import vgg19_conv_in
+
+    config = vgg19_conv_in.get_config()
+    for key, value in hybrid_config((2, 1, 4)).items():
+        if key not in ("mesh_shape", "tensor"):
+            config[key] = value
+    assert config.tensor.rules == (("conv_in", "tensor"),)
+    ref_losses, ref_state = reference_run(config)
+    losses, state = run_steps(config, 8)
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    assert max_rel_error(state.params, ref_state.params) < RTOL
+    s = trainer.setup(config, jax.devices())
+    kernel = s.strategy.init_state(jax.random.key(0)).params["conv2"]["Conv_0"]["kernel"]
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor", None)
