@@ -25,7 +25,7 @@ def make(**overrides):
         ({"mesh_shape": (3, -1, 1)}, 8, "present"),
         ({"mesh_shape": (8, 1)}, 8, "three integers"),
         ({"mesh_shape": (0, 1, 1)}, 8, "positive"),
-        ({"mesh_shape": (2, 2, 2)}, 8, "splits over tensor"),
+        ({"mesh_shape": (2, 1, 4), "sync.impl": "pmap"}, 8, "tensor axis needs sync.impl"),
         (
             {"mesh_shape": (1, 4, 1), "pipeline.schedule": "naive", "pipeline.num_microbatches": 4},
             4,
@@ -69,7 +69,7 @@ def test_valid_configs_resolve_the_mesh():
 def test_config_files_load_and_validate():
     import importlib
 
-    for name in ("vgg19_data", "vgg19_hybrid", "vgg19_pipeline"):
+    for name in ("vgg19_data", "vgg19_hybrid", "vgg19_pipeline", "vgg19_tensor", "vgg19_conv_in"):
         module = importlib.import_module(f"configs.{name}")
         assert module.__doc__.lstrip().splitlines()[0]
         assert "python -m jaxpar.train --config configs/" in module.__doc__
