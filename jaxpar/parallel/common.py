@@ -110,7 +110,7 @@ class Strategy(abc.ABC):
     def compile(self, state: TrainState, batch: dict):
         """Ahead-of-time compile the train step for these shapes; record the time taken."""
         t0 = time.perf_counter()
-        with jax.set_mesh(self.mesh):  # sharding constraints inside resolve against it
+        with self._mesh_context():  # sharding constraints inside resolve against the mesh
             self._train = self._jit_train().lower(state, batch).compile()
         self.compile_time_s = time.perf_counter() - t0
         return self._train
@@ -123,5 +123,8 @@ class Strategy(abc.ABC):
     def eval_step(self, state: TrainState, batch: dict) -> dict:
         if self._eval is None:
             self._eval = self._jit_eval()
-        with jax.set_mesh(self.mesh):
+        with self._mesh_context():
             return self._eval(state, batch)
+
+    def _mesh_context(self):
+        return jax.set_mesh(self.mesh)

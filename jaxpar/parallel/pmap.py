@@ -7,6 +7,7 @@ is the one all-reduce (same body as the shard_map path, without the cast).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -43,6 +44,9 @@ class PmapDataParallel(Strategy):
             k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:])) for k, v in local_batch.items()
         }
         return jax.device_put(split, self.stacked)
+
+    def _mesh_context(self):
+        return contextlib.nullcontext()  # pmap builds its own mesh; a context mesh clashes
 
     def canonical(self, state):
         return jax.tree.map(lambda x: x[0], state)
