@@ -5,17 +5,11 @@ import pytest
 from configs import base
 from jaxpar import config as config_lib
 from jaxpar import mesh as mesh_lib
+from tests.util import override
 
 
 def make(**overrides):
-    config = base.get_config()
-    for key, value in overrides.items():
-        node = config
-        *path, leaf = key.split(".")
-        for part in path:
-            node = node[part]
-        node[leaf] = value
-    return config
+    return override(base.get_config(), overrides)
 
 
 @pytest.mark.parametrize(

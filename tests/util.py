@@ -31,6 +31,11 @@ def tiny_config(**overrides):
     config.data.num_eval = 20
     config.log_every_steps = 1
     config.eval_every_steps = 0
+    return override(config, overrides)
+
+
+def override(config, overrides: dict):
+    """Set dotted keys ("model.width") on a ConfigDict, as --config.KEY=VALUE would."""
     for key, value in overrides.items():
         node = config
         *path, leaf = key.split(".")
