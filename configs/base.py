@@ -26,7 +26,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     config.log_every_steps = 20
     config.eval_every_steps = 100  # 0: evaluate only at the end
-    config.checkpoint_every_steps = 0  # 0: no periodic checkpoints
+    config.checkpoint_every_steps = 100  # Orbax save every N steps and at the end; 0: none
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.max_to_keep = 3
 
     # Devices are arranged as (data, stage, tensor); the product must equal the device count.
     # One entry may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).

@@ -113,4 +113,5 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     _choice(config.sync.impl, SYNC_IMPLS, "sync.impl")
     _choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
     _check(config.host_device_count >= 1, "host_device_count must be >= 1")
+    _check(config.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep must be >= 1")
     return resolved

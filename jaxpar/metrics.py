@@ -42,7 +42,7 @@ class MetricWriter:
     """Appends one JSON object per line to WORKDIR/metrics.jsonl and mirrors scalars to
     TensorBoard (tensorboardX: event files without TensorFlow). Only process 0 writes."""
 
-    def __init__(self, workdir: str, enabled: bool = True):
+    def __init__(self, workdir: str, enabled: bool = True, resume_step: int = 0):
         self.enabled = enabled
         self._tb = None
         self._file = None
@@ -50,6 +50,7 @@ class MetricWriter:
             return
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._keep_until(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
         try:
             from tensorboardX import SummaryWriter
@@ -57,6 +58,26 @@ class MetricWriter:
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
         except ImportError:  # TensorBoard files are a convenience; metrics.jsonl is the contract
             self._tb = None
+
+    def _keep_until(self, step: int) -> None:
+        """Drop records after `step` (and old summaries): a resumed run replays those steps,
+        so the file stays one line per logged step, without gaps or duplicates."""
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        kept = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                continue
+            if record.get("step", 0) <= step and record.get("split") != "summary":
+                kept.append(json.dumps(record) + "\n")
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, self.path)
 
     def write(self, step: int, split: str, **values: Any) -> None:
         if not self.enabled:

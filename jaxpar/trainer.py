@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from jaxpar import checkpoint as checkpoint_lib
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
@@ -91,27 +94,44 @@ def train_and_evaluate(
     if hasattr(s.strategy, "describe"):
         say(s.strategy.describe(config.global_batch_size))
 
-    writer = metrics_lib.MetricWriter(workdir, enabled=is_lead)
-    state = s.strategy.init_state(jax.random.key(config.seed))
+    ckpt = None
+    start = 0
+    if config.checkpoint_every_steps:
+        ckpt = checkpoint_lib.Checkpointer(
+            workdir, config, s.model, config.checkpoint_every_steps, config.checkpoint.max_to_keep
+        )
+        restored = ckpt.restore(s.strategy.host_target())
+    else:
+        restored = None
+    if restored is not None:
+        host_state, start = restored
+        state = s.strategy.place(host_state)
+        say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
+    else:
+        state = s.strategy.init_state(jax.random.key(config.seed))
+    writer = metrics_lib.MetricWriter(workdir, enabled=is_lead, resume_step=start)
     total = config.num_train_steps
-    first = s.strategy.put_batch(local_train_batch(s, 0))
+    first_step = min(start, total - 1)
+    first = s.strategy.put_batch(local_train_batch(s, first_step))
     s.strategy.compile(state, first)
     say(
-        f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training {total} steps "
-        f"of {config.global_batch_size} images"
+        f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training steps "
+        f"{start + 1}-{total} of {config.global_batch_size} images"
     )
+    stop = _Preemption()
 
-    progress = metrics_lib.Progress(total)
+    progress = metrics_lib.Progress(total, start_step=start)
     step_times: list[float] = []
     window: list[dict] = []
     window_t0, last_done = time.perf_counter(), None
     pending = None  # metrics of the step in flight: we sync one step behind to time steps
     eval_metrics: dict[str, float] = {}
     train_line: dict[str, float] = {}
+    preempted = False
     with data_lib.Prefetcher(
-        lambda i: local_train_batch(s, i), s.strategy.put_batch, 1, total
+        lambda i: local_train_batch(s, i), s.strategy.put_batch, start + 1, total
     ) as batches:
-        stream = _chain([(0, first)], batches)
+        stream = _chain([(start, first)] if start < total else [], batches)
         for i, batch in stream:
             state, metrics = s.strategy.train_step(state, batch)
             if pending is not None:
@@ -153,7 +173,18 @@ def train_and_evaluate(
                 )
                 window_t0 = time.perf_counter()  # keep eval time out of the train rate
                 pending, last_done = None, None  # and out of the step times
+            if ckpt is not None:
+                ckpt.save(done, s.strategy.canonical(state), force=done == total or stop.asked)
+            if stop.asked and done < total:
+                say(f"SIGTERM: saved the checkpoint of step {done}; stopping (rerun to resume)")
+                preempted = True
+                break
+    stop.restore()
+    if ckpt is not None:
+        ckpt.close()
     jax.block_until_ready(state)
+    if start >= total:  # nothing left to train: report the restored model
+        eval_metrics = evaluate(s, state)
     extra = {}
     if hasattr(s.strategy, "report"):
         extra = s.strategy.report(state, first, config.global_batch_size)
@@ -179,6 +210,11 @@ def train_and_evaluate(
         summary["model_tflops_per_sec"] = (
             summary["images_per_sec"] * summary["model_flops_per_image"] / 1e12
         )
+    if preempted:
+        writer.close()
+        summary["preempted"] = True
+        summary["state"] = s.strategy.canonical(state)
+        return summary
     writer.write(total, "summary", **summary)
     writer.close()
     say(metrics_lib.summary_table(summary))
@@ -186,6 +222,23 @@ def train_and_evaluate(
         say(f"metrics: {workdir}/metrics.jsonl")
     summary["state"] = s.strategy.canonical(state)
     return summary
+
+
+class _Preemption:
+    """Turns SIGTERM into a request to checkpoint and stop after the current step."""
+
+    def __init__(self):
+        self.asked = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._ask)
+
+    def _ask(self, signum, frame):
+        self.asked = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _chain(*iterables):

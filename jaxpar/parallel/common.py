@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import abc
+import functools
 import time
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxpar.models import SequentialModel
@@ -106,6 +108,16 @@ class Strategy(abc.ABC):
 
     def canonical(self, state: TrainState) -> TrainState:
         return state
+
+    def host_target(self) -> TrainState:
+        """Zeros shaped like the canonical state on the host: what a checkpoint restores into."""
+        shapes = jax.eval_shape(functools.partial(init_state, self.model, self.tx),
+                                jax.random.key(0))  # fmt: skip
+        return jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
+
+    @abc.abstractmethod
+    def place(self, host_state: TrainState):
+        """Put a canonical (layout-free, host) state on the mesh in this strategy's layout."""
 
     def compile(self, state: TrainState, batch: dict):
         """Ahead-of-time compile the train step for these shapes; record the time taken."""

@@ -100,6 +100,9 @@ class DataParallel(Strategy):
         init = functools.partial(_init_state, self.model, self.tx)
         return jax.jit(init, out_shardings=self.state_sharding)(rng)
 
+    def place(self, host_state):
+        return jax.device_put(host_state, self.state_sharding)
+
     def put_batch(self, local_batch):
         return {
             k: jax.make_array_from_process_local_data(self.batch_sharding, v)

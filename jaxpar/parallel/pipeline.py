@@ -67,6 +67,21 @@ def merge(trees: list[Any]) -> Any:
     return first
 
 
+def select(tree: Any, keep: set[str], layer_names: set[str]) -> Any:
+    """The inverse of `merge`: keep only `keep`'s entries of every dict keyed by layer names."""
+    if isinstance(tree, dict):
+        if tree and set(tree) <= layer_names:
+            return {k: v for k, v in tree.items() if k in keep}
+        return {k: select(v, keep, layer_names) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(select(v, keep, layer_names) for v in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(select(v, keep, layer_names) for v in tree)
+    if fields := getattr(tree, "__dataclass_fields__", None):
+        return tree.replace(**{k: select(getattr(tree, k), keep, layer_names) for k in fields})
+    return tree
+
+
 class Pipeline(Strategy):
     name = "pipeline"
 
@@ -143,7 +158,19 @@ class Pipeline(Strategy):
 
     def canonical(self, state: PipelineState) -> TrainState:
         """The layout-free state: one per-layer TrainState, as on a single device."""
-        return merge([jax.device_get(st) for st in state.stages])
+        return merge(list(state.stages))
+
+    def place(self, host_state: TrainState) -> PipelineState:
+        """Split a canonical state by stage (its layers' entries of every per-layer dict) and
+        put each part on its stage's devices; gradient accumulators start at zero."""
+        states, accs = [], []
+        for s in range(self.num_stages):
+            names = {layer.name for layer in self.model.layers[self.layers[s]]}
+            part = select(host_state, names, {layer.name for layer in self.model.layers})
+            states.append(jax.device_put(part, self._named(s, self.state_specs[s])))
+            acc = jax.tree.map(lambda p: np.zeros((self.data, *p.shape), p.dtype), part.params)
+            accs.append(jax.device_put(acc, self._named(s, self._acc_specs(s))))
+        return PipelineState(tuple(states), tuple(accs))
 
     def put_batch(self, local_batch):
         """Split the global batch into M micro-batches; images go to stage 0, the rest

@@ -45,6 +45,11 @@ class PmapDataParallel(Strategy):
         }
         return jax.device_put(split, self.stacked)
 
+    def place(self, host_state):
+        n = len(self.devices)
+        stacked = jax.tree.map(lambda x: np.broadcast_to(x, (n, *np.shape(x))), host_state)
+        return jax.device_put(stacked, self.stacked)
+
     def _mesh_context(self):
         return contextlib.nullcontext()  # pmap builds its own mesh; a context mesh clashes
 

@@ -1,0 +1,110 @@
+"""Orbax checkpoints of the layout-free state, in one place.
+
+What is saved is the canonical state (`strategy.canonical`: per-layer parameters, batch
+statistics and optimizer state of the same structure, and the step), never a stage-split or
+replica-stacked carrier, plus a small JSON record of what the state belongs to. Restoring
+places that state with whatever mesh the current config has (`strategy.place`), so a
+checkpoint written under any mesh or device count resumes under any other. Data order derives
+from the step, so the step is all the position a run needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxpar.config import ConfigError
+
+log = logging.getLogger("jaxpar")
+
+
+def fingerprint(config, model) -> dict[str, Any]:
+    """What must match for a checkpoint's state to fit this config's model and optimizer."""
+    return {
+        "model": model.name,
+        "width": float(config.model.width),
+        "batch_norm": bool(config.model.batch_norm),
+        "layers": [layer.name for layer in model.layers],
+        "input_shape": list(model.input_shape),
+        "num_classes": model.num_classes,
+        "num_params": model.num_params,
+        "optimizer": config.optimizer.name,
+    }
+
+
+class Checkpointer:
+    """Orbax CheckpointManager in WORKDIR/checkpoints: periodic asynchronous saves, the last
+    `max_to_keep` kept, only finalised checkpoints ever listed (Orbax writes to a temporary
+    folder and renames it when complete)."""
+
+    def __init__(self, workdir: str, config, model, every: int, max_to_keep: int):
+        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        self.meta = fingerprint(config, model)
+        self.every = every
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, step: int, canonical_state, force: bool = False) -> bool:
+        """Save at `step` if it is a save step (or `force`); returns whether it saved."""
+        if not force and (not self.every or step % self.every):
+            return False
+        if step in self.manager.all_steps():
+            return False
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(canonical_state), meta=ocp.args.JsonSave(self.meta)
+            ),
+            force=True,
+        )
+        return True
+
+    def restore(self, target) -> tuple[Any, int] | None:
+        """The newest checkpoint that reads back whole, as host arrays shaped like `target`;
+        None if there is none. A newer one that fails to read is reported and skipped (never
+        deleted); a checkpoint of another model is a one-line ConfigError."""
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                meta = self.manager.restore(
+                    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
+                ).meta
+            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
+                log.warning("checkpoint %d in %s is unreadable (%s); trying an older one",
+                            step, self.directory, type(e).__name__)  # fmt: skip
+                continue
+            self._check(meta, step)
+            try:
+                restored = self.manager.restore(
+                    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+                ).state
+            except Exception as e:  # noqa: BLE001
+                log.warning("checkpoint %d in %s is corrupt (%s); trying an older one",
+                            step, self.directory, type(e).__name__)  # fmt: skip
+                continue
+            return jax.tree.map(np.asarray, restored), step
+        return None
+
+    def _check(self, meta: dict, step: int) -> None:
+        for key, value in self.meta.items():
+            if meta.get(key) != value:
+                raise ConfigError(
+                    f"checkpoint {step} in {self.directory} was written for {key}="
+                    f"{_short(meta.get(key))}, this config has {key}={_short(value)}; use "
+                    "another --workdir or the settings it was written with"
+                )
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) < 40 else text[:37] + "..."
