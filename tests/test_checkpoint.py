@@ -135,7 +135,7 @@ def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):
                 f.write(b"garbage")
     s = trainer.setup(config, jax.devices())
     ckpt = checkpoint.Checkpointer(str(tmp_path), config, s.model, 2, 3)
-    state, step = ckpt.restore(s.strategy.host_target())
+    _, step = ckpt.restore(s.strategy.host_target())
     ckpt.close()
     assert step == 2 and newest.exists()
     assert "trying an older one" in caplog.text
