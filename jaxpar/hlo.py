@@ -64,16 +64,6 @@ def collectives(hlo_text: str) -> list[Collective]:
     return found
 
 
-def summarize(found: list[Collective]) -> dict[str, dict[str, int]]:
-    """{kind: {"count": n, "bytes": total}} over a list of collectives."""
-    out: dict[str, dict[str, int]] = {}
-    for c in found:
-        entry = out.setdefault(c.kind, {"count": 0, "bytes": 0})
-        entry["count"] += 1
-        entry["bytes"] += c.bytes
-    return out
-
-
 def _top_level(type_text: str) -> list[str]:
     """Split "((a, b), c, d)" into its top-level elements ["(a, b)", "c", "d"]."""
     text = type_text.strip()

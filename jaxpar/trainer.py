@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import threading
 import time
@@ -244,9 +243,3 @@ class _Preemption:
 def _chain(*iterables):
     for it in iterables:
         yield from it
-
-
-def read_metrics(workdir: str) -> list[dict]:
-    """All records of WORKDIR/metrics.jsonl, in order."""
-    with open(f"{workdir}/metrics.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -499,6 +499,8 @@ class Pipeline(Strategy):
                     f"analytic bubble {analytic:.3f}"
                 ),
                 stages.stage_table(self.model, self.bounds, batch_size),
+                "schedule (per stage: F/B = forward/backward of micro-batch i):",
+                schedules.render(self.events),
             ]
         )
 
