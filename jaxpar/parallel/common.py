@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxpar import dispatch
 from jaxpar.models import SequentialModel
 
 
@@ -92,6 +93,9 @@ class Strategy(abc.ABC):
     def __init__(self, config, model: SequentialModel, mesh, tx):
         self.config, self.model, self.mesh, self.tx = config, model, mesh, tx
         self.compile_time_s = 0.0
+        # Every dispatch loop (eval batches, pipeline events) registers its results here, so
+        # that the CPU runtime never has too many collectives queued (see dispatch.py).
+        self.inflight = dispatch.InFlight()
         self._train = self._eval = None
 
     @abc.abstractmethod

@@ -34,7 +34,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import AXES
 from jaxpar.parallel import schedules, stages, tensor
 from jaxpar.parallel.common import Strategy, TrainState, logit_sums
@@ -326,7 +326,7 @@ class Pipeline(Strategy):
     # -- the step ------------------------------------------------------------------------
 
     def _step(self, state: PipelineState, batch):
-        progs, k = self.programs, self.num_stages
+        progs, k, run = self.programs, self.num_stages, self._run
         st = list(state.stages)
         stats = [x.batch_stats for x in st]
         acc = list(state.grad_acc)
@@ -341,28 +341,34 @@ class Pipeline(Strategy):
                 live[s] += x.nbytes // self.data
                 peak[s] = max(peak[s], live[s])
                 if s < k - 1:
-                    y, stats[s] = progs["fwd"][s](st[s].params, stats[s], x)
+                    y, stats[s] = run(progs["fwd"][s], st[s].params, stats[s], x)
                     sent_f[(s + 1, m)] = jax.device_put(y, self.batch_sharding[s + 1])
                 continue
             x = stash.pop((s, m))
             live[s] -= x.nbytes // self.data
             if s == k - 1:
-                g, acc[s], stats[s], (loss, correct) = progs["bwd"][s](
-                    st[s].params, stats[s], x, batch["label"][m], acc[s]
+                g, acc[s], stats[s], (loss, correct) = run(
+                    progs["bwd"][s], st[s].params, stats[s], x, batch["label"][m], acc[s]
                 )
                 losses.append(loss)
                 accuracies.append(correct)
             elif s > 0:
-                g, acc[s] = progs["bwd"][s](st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
+                g, acc[s] = run(
+                    progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
+                )
             else:
-                acc[s] = progs["bwd"][s](st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
+                acc[s] = run(progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
             if s > 0:
                 sent_b[(s - 1, m)] = jax.device_put(g, self.batch_sharding[s - 1])
         for s in range(k):
-            st[s], acc[s] = progs["update"][s](st[s].replace(batch_stats=stats[s]), acc[s])
+            st[s], acc[s] = run(progs["update"][s], st[s].replace(batch_stats=stats[s]), acc[s])
         self.peak_stash_bytes = peak
         metrics = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(losses)}
         return PipelineState(tuple(st), tuple(acc)), metrics
+
+    def _run(self, program, *args):
+        """Dispatch one stage program, keeping the work in flight bounded (dispatch.py)."""
+        return self.inflight.add(program(*args))
 
     def train_step(self, state, batch):
         return self._step(state, batch)
@@ -373,11 +379,18 @@ class Pipeline(Strategy):
         for m in range(self.num_microbatches):
             x = batch["image"][m]
             for s in range(k - 1):
-                y = progs["eval"][s](state.stages[s].params, state.stages[s].batch_stats, x)
+                y = self._run(
+                    progs["eval"][s], state.stages[s].params, state.stages[s].batch_stats, x
+                )
                 x = jax.device_put(y, self.batch_sharding[s + 1])
             last = state.stages[-1]
-            sums = progs["eval"][-1](
-                last.params, last.batch_stats, x, batch["label"][m], batch["mask"][m]
+            sums = self._run(
+                progs["eval"][-1],
+                last.params,
+                last.batch_stats,
+                x,
+                batch["label"][m],
+                batch["mask"][m],
             )
             totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
         return totals
@@ -495,7 +508,7 @@ class Pipeline(Strategy):
             [
                 (
                     f"pipeline: {self.num_stages} stages, split {self.config.pipeline.split!r} "
-                    f"{self.bounds}, schedule {self.schedule}, {self.num_microbatches} micro-batches, "
+                    f"{self.bounds}, schedule {self.schedule}, {_plural(self.num_microbatches, 'micro-batch', 'micro-batches')}, "
                     f"analytic bubble {analytic:.3f}"
                 ),
                 stages.stage_table(self.model, self.bounds, batch_size),
@@ -503,6 +516,10 @@ class Pipeline(Strategy):
                 schedules.render(self.events),
             ]
         )
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _best(fn, repeats: int) -> float:
