@@ -5,6 +5,7 @@ Every key here is public: users override it on the command line
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -17,7 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch_size / 256
     config.lr_schedule = "cosine"  # "cosine" (warmup then cosine to 0) or "constant"
     config.warmup_steps = 20
-    config.weight_decay = 0.0  # decoupled L2 added to the update (optax.add_decayed_weights)
+    # adam: decoupled (AdamW, update -= lr * wd * param); sgd: wd * param added to the gradient.
+    config.weight_decay = 0.0
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "sgd"  # "sgd" (with momentum) or "adam"
@@ -58,8 +60,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.pipeline.schedule = "gpipe"  # naive, gpipe or 1f1b (used when mesh stage > 1)
     config.pipeline.num_microbatches = 1
     # How layers are cut into stages: "flops" (balance compute), "params" (balance memory),
-    # "uniform" (equal layer counts), or a tuple of the K-1 layer indices where stages begin.
-    config.pipeline.split = "flops"
+    # "uniform" (equal layer counts), or a tuple of the K-1 layer indices where stages begin:
+    # (4, 8, 12) in a config file, --config.pipeline.split='(4,8,12)' on the command line.
+    config.pipeline.split = config_dict.FieldReference("flops", field_type=object)
 
     config.tensor = ml_collections.ConfigDict()
     # Sharding rules for the tensor axis: logical axis name -> mesh axis. Conv output channels

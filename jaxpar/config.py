@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 
 import ml_collections
 
 from jaxpar import models
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import AXES, resolve_shape
+from jaxpar.models.layers import LOGICAL_AXES
+from jaxpar.parallel import stages
 
 SCHEDULES = ("naive", "gpipe", "1f1b")
 OPTIMIZERS = ("sgd", "adam")
@@ -15,10 +20,6 @@ LR_SCHEDULES = ("cosine", "constant")
 SYNC_MODES = ("allreduce",)
 SYNC_IMPLS = ("shard_map", "pmap")
 BN_SYNC = ("global", "local")
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message is one line with the fix."""
 
 
 def _check(ok: bool, message: str) -> None:
@@ -47,7 +48,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
         -1 not in resolved and math.prod(resolved) == num_devices,
         f"mesh_shape {shape} needs {math.prod(s for s in shape if s > 0)}"
         f"{'*k' if -1 in shape else ''} devices but {num_devices} are present; "
-        f"choose sizes whose product is {num_devices} (e.g. ({num_devices},1,1) or (-1,1,1))",
+        f"choose sizes whose product is {num_devices} (e.g. ({num_devices},1,1) or (-1,1,1))"
+        + _device_count_note(config),
     )
     data, stage, tensor = resolved
     _check(
@@ -83,13 +85,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     _choice(config.pipeline.schedule, SCHEDULES, "pipeline.schedule")
     micro = config.pipeline.num_microbatches
     _check(micro >= 1, "pipeline.num_microbatches must be >= 1")
-    split = config.pipeline.split
-    _check(
-        split in ("uniform", "flops", "params")
-        or (isinstance(split, tuple) and all(isinstance(b, int) for b in split)),
-        f"unknown pipeline.split {split!r}; use uniform, flops, params or a tuple of layer "
-        "indices where stages 1..K-1 begin, e.g. --config.pipeline.split='(4,8,12)'",
-    )
+    stages.parse(config.pipeline.split)  # a policy name or cut points; bounds checked below
     if stage > 1:
         _check(
             config.pipeline.schedule != "naive" or micro == 1,
@@ -109,9 +105,44 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
                 f"{key} {size} must divide into {micro} micro-batches of a multiple of "
                 f"{data} (the data axis); use a multiple of {data * micro}",
             )
+    _check_rules(config.tensor.rules)
     _choice(config.sync.mode, SYNC_MODES, "sync.mode")
     _choice(config.sync.impl, SYNC_IMPLS, "sync.impl")
     _choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
     _check(config.host_device_count >= 1, "host_device_count must be >= 1")
     _check(config.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep must be >= 1")
     return resolved
+
+
+def _check_rules(rules) -> None:
+    """Sharding rules name known logical axes and existing mesh axes (or None)."""
+    for rule in rules:
+        _check(
+            isinstance(rule, tuple) and len(rule) == 2,
+            f"tensor.rules entries are (logical name, mesh axis) pairs, got {rule!r}; "
+            'e.g. --config.tensor.rules=\'(("conv_out","tensor"),)\'',
+        )
+        name, axis = rule
+        _check(
+            name in LOGICAL_AXES,
+            f"tensor.rules names {name!r}, which no layer uses; choose from "
+            f"{', '.join(LOGICAL_AXES)}",
+        )
+        _check(
+            axis is None or axis in AXES,
+            f"tensor.rules maps {name!r} to mesh axis {axis!r}, which does not exist; use "
+            f"{', '.join(AXES)} or None",
+        )
+
+
+def _device_count_note(config) -> str:
+    """Why the device count may differ from host_device_count: XLA_FLAGS already set one."""
+    found = re.search(
+        r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
+    if found and int(found.group(1)) != config.host_device_count:
+        return (
+            f" (XLA_FLAGS already sets {found.group(1)} simulated devices, which overrides "
+            f"host_device_count={config.host_device_count}; unset it or change it there)"
+        )
+    return ""

@@ -14,6 +14,11 @@ CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 DENSE_INIT = nn.initializers.normal(0.01)
 
 
+# Every logical axis name a layer gives its variables or activations. Sharding rules
+# (`tensor.rules`) may only name these; a misspelt name would silently split nothing.
+LOGICAL_AXES = ("batch", "image", "conv_in", "conv_out", "embed", "mlp", "hidden", "classes")
+
+
 class ConvBlock(nn.Module):
     """Conv (3x3 by default) -> optional BatchNorm -> ReLU -> optional 2x2 max-pool."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxpar.errors import ConfigError
 from jaxpar.models.base import SequentialModel, make_layer
 from jaxpar.models.layers import ConvBlock, DenseBlock
 
@@ -45,7 +46,7 @@ def vgg(
         head = "imagenet" if min(input_shape[:2]) >= 224 else "cifar"
     pools = sum(1 for c in cfg if c == "M")
     if min(input_shape[:2]) < 2**pools:
-        raise ValueError(
+        raise ConfigError(
             f"{name} halves the image {pools} times and needs inputs of at least "
             f"{2**pools}x{2**pools} pixels, got {input_shape[0]}x{input_shape[1]}; "
             "use a 32x32 dataset (shapes10, cifar10) or model.name=lenet"
@@ -72,7 +73,7 @@ def vgg(
     elif head == "cifar":
         dense = []
     else:
-        raise ValueError(f"unknown model.head {head!r}; use cifar, imagenet or auto")
+        raise ConfigError(f"unknown model.head {head!r}; use cifar, imagenet or auto")
     last_in = "hidden" if dense else "embed"
     dense.append(DenseBlock(num_classes, relu=False, in_axis=last_in, out_axis="classes", **kw))
     for j, block in enumerate(dense, 1):

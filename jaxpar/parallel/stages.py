@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 from jaxpar.models import SequentialModel
 
 POLICIES = ("uniform", "flops", "params")
@@ -46,8 +46,42 @@ def _balanced(costs: Sequence[int], k: int) -> tuple[int, ...]:
     return tuple(reversed(bounds))
 
 
+def parse(value) -> str | tuple[int, ...]:
+    """`pipeline.split` as a policy name or a tuple of cut points. Accepts what config files
+    and the command line give: "flops", (4, 8, 12), 8 (one cut), or the text "(4,8,12)"."""
+    original = value
+    if isinstance(value, str):
+        if value in POLICIES:
+            return value
+        text = value.strip().strip("()[]").replace(" ", "")
+        try:
+            value = tuple(int(b) for b in text.split(",") if b)
+        except ValueError:
+            value = None
+        if not value:
+            raise SplitError(
+                f"unknown pipeline.split {original!r}; use "
+                f"{', '.join(POLICIES)} or the layer indices where stages 1..K-1 begin, e.g. "
+                "--config.pipeline.split='(4,8,12)'"
+            )
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value,)
+    if (
+        isinstance(value, (tuple, list))
+        and value
+        and all(isinstance(b, int) and not isinstance(b, bool) for b in value)
+    ):
+        return tuple(value)
+    raise SplitError(
+        f"pipeline.split must be {', '.join(POLICIES)} or a tuple of layer indices where "
+        f"stages 1..K-1 begin, e.g. (4, 8, 12); got {original!r}"
+    )
+
+
 def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
     """Stage boundaries (b_0=0 < b_1 < ... < b_K = L): stage s runs layers [b_s, b_{s+1})."""
+    policy = parse(policy)
     n = len(model.layers)
     if not 1 <= num_stages <= n:
         raise SplitError(
@@ -63,11 +97,7 @@ def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
             return tuple(bounds)
         if policy in ("flops", "params"):
             return _balanced([getattr(layer, policy) for layer in model.layers], num_stages)
-        raise SplitError(
-            f"unknown pipeline.split {policy!r}; use uniform, flops, params or a tuple of "
-            f"{num_stages - 1} layer indices where stages begin"
-        )
-    bounds = (0, *(int(b) for b in policy), n)
+    bounds = (0, *policy, n)
     check(bounds, n, num_stages)
     return bounds
 
@@ -76,11 +106,15 @@ def check(bounds: Sequence[int], num_layers: int, num_stages: int) -> None:
     """Every layer in exactly one stage, stages contiguous and non-empty."""
     if len(bounds) != num_stages + 1:
         raise SplitError(
-            f"pipeline.split needs {num_stages - 1} cut points for {num_stages} stages, "
-            f"got {len(bounds) - 2}"
+            f"pipeline.split needs {num_stages - 1} cut point{'s' if num_stages > 2 else ''} for {num_stages} stages (the "
+            f"layer indices where stages 1..{num_stages - 1} begin), got {len(bounds) - 2}: "
+            f"{tuple(bounds[1:-1])}"
         )
     if bounds[0] != 0 or bounds[-1] != num_layers:
-        raise SplitError(f"stages must cover layers 0..{num_layers - 1}, got bounds {bounds}")
+        raise SplitError(
+            f"pipeline.split cut points {tuple(bounds[1:-1])} must lie within 1..{num_layers - 1}"
+            f" (the model has {num_layers} layers)"
+        )
     if any(b >= a for b, a in itertools.pairwise(bounds)):
         raise SplitError(
             f"pipeline.split cut points {tuple(bounds[1:-1])} must increase strictly within "

@@ -24,7 +24,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError
 from jaxpar.models import SequentialModel
 
 Rules = tuple[tuple[str, str | None], ...]
