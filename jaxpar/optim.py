@@ -34,12 +34,18 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """SGD (momentum, optional Nesterov) or Adam, with `weight_decay` applied as follows.
+
+    adam: decoupled weight decay (AdamW, Loshchilov & Hutter): the update gains
+    -lr * weight_decay * param, outside Adam's normalisation.
+    sgd: weight_decay * param is added to the gradient before momentum (the classic SGD weight
+    decay of Caffe, TensorFlow and PyTorch); without momentum it equals the decoupled form.
+    """
     schedule = make_schedule(config)
-    opt = config.optimizer
-    if opt.name == "sgd":
-        tx = optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov)
-    else:
-        tx = optax.adam(schedule)
-    if config.weight_decay:
-        tx = optax.chain(optax.add_decayed_weights(config.weight_decay), tx)
+    opt, wd = config.optimizer, float(config.weight_decay)
+    if opt.name == "adam":
+        return optax.adamw(schedule, weight_decay=wd)  # decoupled; wd=0 is plain Adam
+    tx = optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov)
+    if wd:
+        tx = optax.chain(optax.add_decayed_weights(wd), tx)
     return tx
