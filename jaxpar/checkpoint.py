@@ -10,6 +10,7 @@ from the step, so the step is all the position a run needs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -18,9 +19,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxpar.config import ConfigError
+from jaxpar.errors import ConfigError, TrainingError
 
 log = logging.getLogger("jaxpar")
+_CPU_HANDLER: list = []  # registered once per process
 
 
 def fingerprint(config, model) -> dict[str, Any]:
@@ -46,25 +48,45 @@ class Checkpointer:
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.meta = fingerprint(config, model)
         self.every = every
+        if jax.default_backend() == "cpu" and not _CPU_HANDLER:
+            # Replica-parallel saving slices every replicated array across its replicas, which
+            # compiles a slice program per shape and stalls the first save for seconds; simulated
+            # devices share one host, so there is nothing to parallelise.
+            ocp.type_handlers.register_type_handler(
+                jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
+            )
+            _CPU_HANDLER.append(True)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
-    def save(self, step: int, canonical_state, force: bool = False) -> bool:
-        """Save at `step` if it is a save step (or `force`); returns whether it saved."""
+    def due(self, step: int, force: bool = False) -> bool:
+        """Whether `step` is a save step (or `force`) that has no checkpoint yet."""
         if not force and (not self.every or step % self.every):
             return False
-        if step in self.manager.all_steps():
-            return False
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(canonical_state), meta=ocp.args.JsonSave(self.meta)
-            ),
-            force=True,
-        )
-        return True
+        return step not in self.manager.all_steps()
+
+    def save(self, step: int, canonical_state) -> None:
+        """Start an asynchronous save of `canonical_state` as checkpoint `step`."""
+        with _writing(self.directory):
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(canonical_state),
+                    meta=ocp.args.JsonSave(self.meta),
+                ),
+                force=True,
+            )
+
+    def wait(self) -> None:
+        """Wait for a save in progress to be complete on disk."""
+        with _writing(self.directory):
+            self.manager.wait_until_finished()
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint's step, or None."""
+        return self.manager.latest_step()
 
     def restore(self, target) -> tuple[Any, int] | None:
         """The newest checkpoint that reads back whole, as host arrays shaped like `target`;
@@ -101,8 +123,22 @@ class Checkpointer:
                 )
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.wait()
+        finally:
+            self.manager.close()
+
+
+@contextlib.contextmanager
+def _writing(directory: str):
+    """Turn a failed write (permissions, a full disk, a path that became a file) into one line."""
+    try:
+        yield
+    except OSError as e:
+        raise TrainingError(
+            f"cannot write checkpoints to {directory}: {e.strerror or e}; the newest complete "
+            "checkpoint there is kept. Make the workdir writable and rerun to resume"
+        ) from None
 
 
 def _short(value: Any) -> str:

@@ -46,11 +46,15 @@ class MetricWriter:
         self.enabled = enabled
         self._tb = None
         self._file = None
+        self.archived: str | None = None  # where an earlier run's metrics were moved
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
-        self._keep_until(resume_step)
+        if resume_step == 0:
+            self.archived = self._archive()
+        else:
+            self._keep_until(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
         try:
             from tensorboardX import SummaryWriter
@@ -58,6 +62,17 @@ class MetricWriter:
             self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
         except ImportError:  # TensorBoard files are a convenience; metrics.jsonl is the contract
             self._tb = None
+
+    def _archive(self) -> str | None:
+        """A run starting from step 0 where metrics exist (checkpoints were off, or none was
+        saved yet) moves them to metrics.N.jsonl instead of overwriting them."""
+        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+            return None
+        n = 1
+        while os.path.exists(target := self.path.replace(".jsonl", f".{n}.jsonl")):
+            n += 1
+        os.replace(self.path, target)
+        return target
 
     def _keep_until(self, step: int) -> None:
         """Drop records after `step` (and old summaries): a resumed run replays those steps,
@@ -119,12 +134,34 @@ class Progress:
         return line
 
 
+def last_summary(workdir: str) -> dict[str, Any] | None:
+    """The last "summary" record of WORKDIR/metrics.jsonl, or None."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    found = None
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if record.get("split") == "summary":
+                    found = record
+    return found
+
+
 def _fmt(value: float) -> str:
-    if isinstance(value, int):
+    """Readable numbers: integers as they are, large values with 1 decimal, small ones with 4
+    significant digits (0.0500, 2.303, 24.47 -> 24.5)."""
+    if isinstance(value, (int, np.integer)):
         return str(value)
-    if abs(value) >= 100:
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 10:
         return f"{value:,.1f}"
-    return f"{value:.4f}"
+    if value == 0 or abs(value) >= 1e-3:
+        return f"{value:.4f}"
+    return f"{value:.3g}"
 
 
 def format_seconds(seconds: float) -> str:

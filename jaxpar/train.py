@@ -1,12 +1,15 @@
 """Entry point: python -m jaxpar.train --config FILE [--workdir DIR] [--config.KEY=VALUE ...]
 
-Parses flags, sets up simulated CPU devices, and calls trainer.train_and_evaluate. Bad
-configurations and missing data end with one line saying what is wrong and how to fix it.
+Parses flags, sets up simulated CPU devices, and calls trainer.train_and_evaluate. Every error
+a user can cause (bad configuration or flag, missing data, an unusable workdir, a diverged run)
+ends with one line saying what is wrong and how to fix it, exit status 2 for bad input and 1
+for a run that had to stop. JAXPAR_DEBUG=1 shows the full traceback instead.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -30,7 +33,48 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index, 0..num_processes-1.")
+_EVAL_ONLY = flags.DEFINE_bool(
+    "eval_only", False, "Evaluate the newest checkpoint in --workdir; train and write nothing."
+)
 flags.mark_flags_as_required(["config"])
+
+DEBUG = bool(os.environ.get("JAXPAR_DEBUG"))
+_HINT = "(JAXPAR_DEBUG=1 shows the traceback)"
+
+
+def fail(message: str, status: int) -> None:
+    """Print one line on stderr and exit."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def one_line(error: BaseException) -> str:
+    """An exception as one readable line (config_flags' messages span several lines)."""
+    text = str(error).strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # KeyError-style quoting
+        text = text[1:-1].replace("\\n", "\n").replace("\\'", "'")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines) or type(error).__name__
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing, with config-file and override errors as one line (exit 2)."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # every parse error becomes one line
+        if DEBUG:
+            raise
+        text = one_line(e)
+        missing = re.search(r"No such file or directory: '([^']+)'", str(e))
+        if missing:
+            text = f"config file {missing.group(1)} does not exist; check the --config path"
+        elif isinstance(e, AttributeError) and "Did you mean" in text:
+            key = text.split(";")[0].strip("'\" ")
+            text = f"unknown config key {key!r}: {text.split(';', 1)[1].strip()}"
+        elif isinstance(e, AttributeError):
+            text = f"unknown config key {text}; see configs/base.py for every key"
+        fail(f"{text} {_HINT if not isinstance(e, flags.Error) else ''}".strip(), 2)
+        raise  # unreachable
 
 
 def use_host_devices(count: int) -> None:
@@ -66,33 +110,46 @@ def default_workdir(config_path: str) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    logging.set_verbosity(logging.WARNING)  # keep JAX's INFO lines off the console
-    config = _CONFIG.value
-    use_host_devices(config.host_device_count)
+    # Orbax logs through absl, including tracebacks of failed background saves that jaxpar
+    # reports as one line; JAXPAR_DEBUG=1 shows them (and absl's warnings).
+    logging.set_verbosity(logging.WARNING if DEBUG else logging.FATAL)
+    try:
+        config = _CONFIG.value
+        host_device_count = config.host_device_count  # a file that failed to load raises here
+    except OSError as e:
+        missing = re.search(r"No such file or directory: '([^']+)'", str(e))
+        if DEBUG or not missing:
+            raise
+        fail(f"config file {missing.group(1)} does not exist; check the --config path", 2)
+    use_host_devices(host_device_count)
     # JAX is imported only now, after XLA_FLAGS is set.
     init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
+    from jaxpar.errors import TrainingError
 
-    if _EXPLAIN.value:
-        from jaxpar import explain
-
-        try:
-            print(explain.explain(config))
-        except (config_lib.ConfigError, data.DataError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-        return
-    workdir = _WORKDIR.value
-    if not workdir:
-        workdir = default_workdir(flags.FLAGS["config"].config_filename)
-        print(f"workdir: {workdir} (choose one with --workdir)")
     try:
-        trainer.train_and_evaluate(config, workdir)
+        if _EXPLAIN.value:
+            from jaxpar import explain
+
+            print(explain.explain(config))
+            return
+        workdir = _WORKDIR.value
+        if not workdir:
+            workdir = default_workdir(flags.FLAGS["config"].config_filename)
+            print(f"workdir: {workdir} (choose one with --workdir)")
+        trainer.train_and_evaluate(config, workdir, eval_only=_EVAL_ONLY.value)
     except (config_lib.ConfigError, data.DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e), 2)
+    except TrainingError as e:
+        fail(str(e), 1)
+    except KeyboardInterrupt:
+        fail("interrupted: stopped at once; checkpoints already saved are kept", 130)
+    except Exception as e:  # anything else: one line, the traceback on request
+        if DEBUG:
+            raise
+        fail(f"{type(e).__name__}: {one_line(e)} {_HINT}", 1)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

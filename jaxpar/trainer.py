@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import threading
@@ -20,6 +21,8 @@ from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
 from jaxpar import models, optim, parallel
+from jaxpar import workdir as workdir_lib
+from jaxpar.errors import TrainingError
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
 
@@ -65,23 +68,42 @@ def evaluate(s: Setup, state) -> dict[str, float]:
     batch_size = s.config.eval_batch_size or s.config.global_batch_size
     totals = None
     for local in s.dataset.eval_batches(batch_size, jax.process_index(), jax.process_count()):
-        sums = s.strategy.eval_step(state, s.strategy.put_batch(local))
+        # Bounded: the CPU runtime aborts with too many collectives queued (dispatch.py).
+        sums = s.strategy.inflight.add(s.strategy.eval_step(state, s.strategy.put_batch(local)))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     totals = jax.device_get(totals)
     count = max(float(totals["count"]), 1.0)
-    return {"loss": float(totals["loss_sum"]) / count, "accuracy": float(totals["correct"]) / count}
+    return {
+        "loss": float(totals["loss_sum"]) / count,
+        "accuracy": float(totals["correct"]) / count,
+        "count": int(totals["count"]),  # images evaluated (padding excluded)
+    }
 
 
 def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str,
     devices: Sequence[jax.Device] | None = None,
+    eval_only: bool = False,
 ) -> dict[str, Any]:
-    """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return summary."""
+    """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return summary.
+
+    Rerunning in the same workdir resumes from its newest checkpoint. A finished run is left
+    as it is (its summary is returned); `eval_only` evaluates the newest checkpoint and writes
+    nothing. Raises ConfigError/DataError (bad input) or TrainingError (the run had to stop),
+    each with a one-line message.
+    """
     wall0 = time.perf_counter()
     s = setup(config, devices)
     is_lead = jax.process_index() == 0
     say = print if is_lead else (lambda *a, **k: None)
+    if is_lead:
+        workdir_lib.prepare(workdir)
+    with workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext():
+        return _run(s, config, workdir, wall0, say, is_lead, eval_only)
+
+
+def _run(s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_only: bool):
     num_devices = s.mesh.devices.size
     mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
     say(
@@ -95,13 +117,18 @@ def train_and_evaluate(
 
     ckpt = None
     start = 0
-    if config.checkpoint_every_steps:
+    restored = None
+    if config.checkpoint_every_steps or eval_only:
         ckpt = checkpoint_lib.Checkpointer(
             workdir, config, s.model, config.checkpoint_every_steps, config.checkpoint.max_to_keep
         )
         restored = ckpt.restore(s.strategy.host_target())
-    else:
-        restored = None
+    total = config.num_train_steps
+    if eval_only:
+        return _evaluate_only(s, ckpt, restored, workdir, say)
+    if restored is not None and restored[1] >= total:
+        ckpt.close()
+        return _finished(workdir, restored[1], total, say)
     if restored is not None:
         host_state, start = restored
         state = s.strategy.place(host_state)
@@ -109,15 +136,18 @@ def train_and_evaluate(
     else:
         state = s.strategy.init_state(jax.random.key(config.seed))
     writer = metrics_lib.MetricWriter(workdir, enabled=is_lead, resume_step=start)
-    total = config.num_train_steps
-    first_step = min(start, total - 1)
-    first = s.strategy.put_batch(local_train_batch(s, first_step))
+    if writer.archived:
+        say(
+            f"{workdir} held metrics of an earlier run that left no checkpoint; they are kept "
+            f"in {writer.archived}"
+        )
+    first = s.strategy.put_batch(local_train_batch(s, start))
     s.strategy.compile(state, first)
     say(
         f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training steps "
         f"{start + 1}-{total} of {config.global_batch_size} images"
     )
-    stop = _Preemption()
+    stop = _Preemption(say)
 
     progress = metrics_lib.Progress(total, start_step=start)
     step_times: list[float] = []
@@ -127,63 +157,84 @@ def train_and_evaluate(
     eval_metrics: dict[str, float] = {}
     train_line: dict[str, float] = {}
     preempted = False
-    with data_lib.Prefetcher(
-        lambda i: local_train_batch(s, i), s.strategy.put_batch, start + 1, total
-    ) as batches:
-        stream = _chain([(start, first)] if start < total else [], batches)
-        for i, batch in stream:
-            state, metrics = s.strategy.train_step(state, batch)
-            if pending is not None:
-                jax.block_until_ready(pending)
-                now = time.perf_counter()
-                if last_done is not None:
-                    step_times.append(now - last_done)
-                last_done = now
-            pending = metrics
-            window.append(metrics)
-            done = i + 1
-            if done % config.log_every_steps == 0 or done == total:
-                jax.block_until_ready(metrics)
-                now = time.perf_counter()
-                fetched = jax.device_get(window)
-                train_line = {
-                    "loss": float(np.mean([m["loss"] for m in fetched])),
-                    "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
-                    "learning_rate": float(s.schedule(i)),
-                    "images_per_sec": len(window) * config.global_batch_size / (now - window_t0),
-                }
-                writer.write(done, "train", **train_line)
-                if is_lead:
-                    progress.update(
-                        done,
-                        **{
-                            "loss": train_line["loss"],
-                            "lr": train_line["learning_rate"],
-                            "img/s": train_line["images_per_sec"],
-                        },
+    try:
+        with data_lib.Prefetcher(
+            lambda i: local_train_batch(s, i), s.strategy.put_batch, start + 1, total
+        ) as batches:
+            for i, batch in _chain([(start, first)], batches):
+                state, metrics = s.strategy.train_step(state, batch)
+                if pending is not None:
+                    jax.block_until_ready(pending)
+                    now = time.perf_counter()
+                    if last_done is not None:
+                        step_times.append(now - last_done)
+                    last_done = now
+                pending = metrics
+                window.append(metrics)
+                done = i + 1
+                if done % config.log_every_steps == 0 or done == total:
+                    jax.block_until_ready(metrics)
+                    now = time.perf_counter()
+                    fetched = jax.device_get(window)
+                    train_line = {
+                        "loss": float(np.mean([m["loss"] for m in fetched])),
+                        "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
+                        "learning_rate": float(s.schedule(i)),
+                        "images_per_sec": len(window)
+                        * config.global_batch_size
+                        / (now - window_t0),
+                    }
+                    writer.write(done, "train", **train_line)
+                    if is_lead:
+                        progress.update(
+                            done,
+                            loss=train_line["loss"],
+                            lr=train_line["learning_rate"],
+                            **{"img/s": train_line["images_per_sec"]},
+                        )
+                    _stop_if_diverged(fetched, done, ckpt)
+                    window, window_t0 = [], time.perf_counter()
+                if done == total or (
+                    config.eval_every_steps and done % config.eval_every_steps == 0
+                ):
+                    eval_metrics = evaluate(s, state)
+                    writer.write(done, "eval", **eval_metrics)
+                    say(
+                        f"eval at step {done}: loss {eval_metrics['loss']:.4f}  "
+                        f"accuracy {eval_metrics['accuracy']:.4f}"
                     )
-                window, window_t0 = [], time.perf_counter()
-            if done == total or (config.eval_every_steps and done % config.eval_every_steps == 0):
-                eval_metrics = evaluate(s, state)
-                writer.write(done, "eval", **eval_metrics)
-                say(
-                    f"eval at step {done}: loss {eval_metrics['loss']:.4f}  "
-                    f"accuracy {eval_metrics['accuracy']:.4f}"
-                )
-                window_t0 = time.perf_counter()  # keep eval time out of the train rate
-                pending, last_done = None, None  # and out of the step times
-            if ckpt is not None:
-                ckpt.save(done, s.strategy.canonical(state), force=done == total or stop.asked)
-            if stop.asked and done < total:
-                say(f"SIGTERM: saved the checkpoint of step {done}; stopping (rerun to resume)")
-                preempted = True
-                break
+                    window_t0 = time.perf_counter()  # keep eval time out of the train rate
+                    pending, last_done = None, None  # and out of the step times
+                if ckpt is not None and ckpt.due(done, force=done == total or stop.asked):
+                    t0 = time.perf_counter()
+                    _stop_if_diverged(jax.device_get(window), done, ckpt)
+                    canonical = s.strategy.canonical(state)
+                    if not _all_finite((canonical.params, canonical.batch_stats)):
+                        raise _diverged(done, "the parameters", ckpt)
+                    ckpt.save(done, canonical)
+                    window_t0 += time.perf_counter() - t0  # keep saves out of the rate
+                    pending, last_done = None, None  # and out of the step times
+                if stop.asked and done < total:
+                    say(
+                        f"{stop.signal_name}: saved the checkpoint of step {done}; stopped. "
+                        "Run the same command again to resume."
+                        if ckpt is not None
+                        else f"{stop.signal_name}: stopped at step {done} (checkpoints are off, "
+                        "so a rerun starts again)"
+                    )
+                    preempted = True
+                    break
+    except BaseException:
+        stop.restore()
+        writer.close()
+        if ckpt is not None:  # let a save in progress finish: it is a good checkpoint
+            with contextlib.suppress(Exception):
+                ckpt.close()
+        raise
     stop.restore()
     if ckpt is not None:
         ckpt.close()
     jax.block_until_ready(state)
-    if start >= total:  # nothing left to train: report the restored model
-        eval_metrics = evaluate(s, state)
     extra = {}
     if hasattr(s.strategy, "report"):
         extra = s.strategy.report(state, first, config.global_batch_size)
@@ -223,21 +274,101 @@ def train_and_evaluate(
     return summary
 
 
-class _Preemption:
-    """Turns SIGTERM into a request to checkpoint and stop after the current step."""
+def _finished(workdir: str, step: int, total: int, say) -> dict[str, Any]:
+    """A rerun of a finished run: say so, show its summary, change nothing."""
+    summary = metrics_lib.last_summary(workdir) or {}
+    say(
+        f"the run in {workdir} is finished: its checkpoint is at step {step} of {total}; nothing "
+        "to train (raise --config.num_train_steps to continue, or add --eval_only to evaluate)"
+    )
+    if summary:
+        say(metrics_lib.summary_table(summary))
+    return {**summary, "finished": True}
 
-    def __init__(self):
+
+def _evaluate_only(s: Setup, ckpt, restored, workdir: str, say) -> dict[str, Any]:
+    """Evaluate the newest checkpoint; write nothing."""
+    ckpt.close()
+    if restored is None:
+        raise TrainingError(f"--eval_only needs a checkpoint, and {workdir} has none; train first")
+    host_state, step = restored
+    result = evaluate(s, s.strategy.place(host_state))
+    say(
+        f"eval of the checkpoint of step {step}: loss {result['loss']:.4f}  "
+        f"accuracy {result['accuracy']:.4f}"
+    )
+    return {"step": step, "eval_loss": result["loss"], "eval_accuracy": result["accuracy"]}
+
+
+def _all_finite(tree) -> bool:
+    """Whether every array of `tree` is finite: one compiled reduction per set of devices
+    (a pipeline's stages hold their arrays on different devices)."""
+    groups: dict[frozenset, list] = {}
+    for leaf in jax.tree.leaves(tree):
+        groups.setdefault(frozenset(leaf.sharding.device_set), []).append(leaf)
+    flags = [_finite(arrays) for arrays in groups.values()]
+    return bool(np.all(jax.device_get(flags)))
+
+
+@jax.jit
+def _finite(arrays: list) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in arrays]))
+
+
+def _stop_if_diverged(fetched: list[dict], done: int, ckpt) -> None:
+    """Raise TrainingError if any loss of the last steps (ending at step `done`) is not finite."""
+    losses = [float(m["loss"]) for m in fetched]
+    bad = [j for j, value in enumerate(losses) if not np.isfinite(value)]
+    if bad:
+        step = done - len(losses) + 1 + bad[0]
+        raise _diverged(step, f"the loss ({losses[bad[0]]})", ckpt)
+
+
+def _diverged(step: int, what: str, ckpt) -> TrainingError:
+    if ckpt is None:
+        where = "checkpoints are off, so nothing was saved"
+    else:
+        ckpt.wait()
+        last = ckpt.latest_step()
+        where = (
+            f"the last good checkpoint is step {last} in {ckpt.directory} (a rerun resumes there)"
+            if last is not None
+            else "no checkpoint had been saved yet"
+        )
+    return TrainingError(
+        f"training diverged: {what} is not finite at step {step}; {where}. Lower "
+        "--config.learning_rate (or add warmup) and rerun"
+    )
+
+
+class _Preemption:
+    """Turns SIGTERM and SIGINT (Ctrl-C) into a request to checkpoint and stop after the
+    current step. A second SIGINT aborts at once (KeyboardInterrupt)."""
+
+    def __init__(self, say=print):
         self.asked = False
-        self._previous = None
+        self.signal_name = ""
+        self._say = say
+        self._previous: dict = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._ask)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._ask)
 
     def _ask(self, signum, frame):
-        self.asked = True
+        name = signal.Signals(signum).name
+        if self.asked and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        self.asked, self.signal_name = True, name
+        self._say(
+            f"{name}: finishing this step, then saving a checkpoint and stopping"
+            + (" (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""),
+            flush=True,
+        )
 
     def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
 
 def _chain(*iterables):
