@@ -25,6 +25,9 @@ _WORKDIR = flags.DEFINE_string(
 _EXPLAIN = flags.DEFINE_bool(
     "explain", False, "Print the mesh, layouts, memory and collectives of the step; no training."
 )
+_PROFILE = flags.DEFINE_bool(
+    "profile", False, "Write a JAX profiler trace of 3 steps after warm-up to WORKDIR/profile."
+)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator", None, "host:port of process 0 for a multi-process run (jax.distributed)."
 )
@@ -88,7 +91,7 @@ def main(argv: list[str]) -> None:
         workdir = default_workdir(flags.FLAGS["config"].config_filename)
         print(f"workdir: {workdir} (choose one with --workdir)")
     try:
-        trainer.train_and_evaluate(config, workdir)
+        trainer.train_and_evaluate(config, workdir, profile=_PROFILE.value)
     except (config_lib.ConfigError, data.DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -41,8 +42,16 @@ class Setup:
 
 
 def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None) -> Setup:
-    """Validate, then build mesh, data, model and strategy (nothing compiled yet)."""
+    """Validate, then build mesh, data, model and strategy (nothing compiled yet).
+
+    `config.num_devices` > 0 uses only the first N of the devices (like tf_cnn_benchmarks'
+    --num_gpus): one line says so."""
     devices = list(devices if devices is not None else jax.devices())
+    wanted = config_lib.device_count(config, len(devices))
+    if wanted < len(devices):
+        if jax.process_index() == 0:
+            print(f"using the first {wanted} of {len(devices)} devices")
+        devices = devices[:wanted]
     shape = config_lib.validate(config, len(devices))
     mesh = mesh_lib.make_mesh(shape, devices)
     dataset = data_lib.load(config)
@@ -76,8 +85,11 @@ def train_and_evaluate(
     config: ml_collections.ConfigDict,
     workdir: str,
     devices: Sequence[jax.Device] | None = None,
+    profile: bool = False,
 ) -> dict[str, Any]:
-    """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return summary."""
+    """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return summary.
+
+    `profile`: write a JAX profiler trace of a few steps after warm-up to WORKDIR/profile."""
     wall0 = time.perf_counter()
     s = setup(config, devices)
     is_lead = jax.process_index() == 0
@@ -90,8 +102,8 @@ def train_and_evaluate(
         f"devices, strategy {s.strategy.name}"
     )
     say(s.model.summary())
-    if hasattr(s.strategy, "describe"):
-        say(s.strategy.describe(config.global_batch_size))
+    if described := s.strategy.describe(config.global_batch_size):
+        say(described)
 
     ckpt = None
     start = 0
@@ -120,6 +132,7 @@ def train_and_evaluate(
     stop = _Preemption()
 
     progress = metrics_lib.Progress(total, start_step=start)
+    tracer = _Trace(workdir, start + TIMING_WARMUP_STEPS, total, enabled=profile and is_lead)
     step_times: list[float] = []
     window: list[dict] = []
     window_t0, last_done = time.perf_counter(), None
@@ -132,7 +145,9 @@ def train_and_evaluate(
     ) as batches:
         stream = _chain([(start, first)] if start < total else [], batches)
         for i, batch in stream:
+            tracer.before(i, state)
             state, metrics = s.strategy.train_step(state, batch)
+            tracer.after(i, (state, metrics))
             if pending is not None:
                 jax.block_until_ready(pending)
                 now = time.perf_counter()
@@ -179,14 +194,13 @@ def train_and_evaluate(
                 preempted = True
                 break
     stop.restore()
+    tracer.stop()
     if ckpt is not None:
         ckpt.close()
     jax.block_until_ready(state)
     if start >= total:  # nothing left to train: report the restored model
         eval_metrics = evaluate(s, state)
-    extra = {}
-    if hasattr(s.strategy, "report"):
-        extra = s.strategy.report(state, first, config.global_batch_size)
+    extra = s.strategy.report(state, first, config.global_batch_size)
 
     stats = metrics_lib.throughput(step_times, config.global_batch_size, TIMING_WARMUP_STEPS)
     summary = {
@@ -221,6 +235,37 @@ def train_and_evaluate(
         say(f"metrics: {workdir}/metrics.jsonl")
     summary["state"] = s.strategy.canonical(state)
     return summary
+
+
+PROFILE_STEPS = 3  # steps recorded by --profile
+
+
+class _Trace:
+    """A JAX profiler trace of PROFILE_STEPS steps from step `first` (after warm-up) into
+    WORKDIR/profile; open it with TensorBoard's profile plugin or ui.perfetto.dev."""
+
+    def __init__(self, workdir: str, first: int, total: int, enabled: bool):
+        self.dir = os.path.join(workdir, "profile")
+        self.first = max(0, min(first, total - PROFILE_STEPS))
+        self.last = min(self.first + PROFILE_STEPS, total) - 1
+        self.enabled, self.on = enabled, False
+
+    def before(self, i: int, state) -> None:
+        if self.enabled and i == self.first:
+            jax.block_until_ready(state)  # start on an idle device: only these steps recorded
+            jax.profiler.start_trace(self.dir)
+            self.on = True
+
+    def after(self, i: int, outputs) -> None:
+        if self.on and i == self.last:
+            jax.block_until_ready(outputs)
+            self.stop()
+
+    def stop(self) -> None:
+        if self.on:
+            jax.profiler.stop_trace()
+            self.on = False
+            print(f"profiler trace of steps {self.first + 1}-{self.last + 1}: {self.dir}")
 
 
 class _Preemption:

@@ -140,3 +140,15 @@ class Strategy(abc.ABC):
 
     def _mesh_context(self):
         return jax.set_mesh(self.mesh)
+
+    def describe(self, batch_size: int) -> str:
+        """Lines about how this strategy splits the step (pipelines print their stages)."""
+        return ""
+
+    def report(self, state, batch, batch_size: int, timing: bool = True) -> dict[str, Any]:
+        """The figures of one step (memory, collectives, stage transfers, bubble), with the
+        same keys for every strategy: None where a figure does not apply. `timing=False`
+        skips the figures that need timed runs (the measured pipeline bubble)."""
+        from jaxpar import analysis  # analysis reads strategies, so it is imported late
+
+        return analysis.report(self, state, batch, batch_size, timing)

@@ -90,6 +90,9 @@ class _PmapAOT:
     def as_text(self):
         return self._compiled.as_text()
 
+    def memory_analysis(self):
+        return self._compiled.memory_analysis()
+
     def __call__(self, state, batch):
         state, metrics = self._compiled(state, batch)
         return state, jax.tree.map(lambda x: x[0], metrics)
