@@ -103,7 +103,7 @@ def programs(strategy, state, batch) -> list[tuple[str, int, Any, dict[str, int]
     """The compiled programs of one train step: (where, times per step, compiled, mesh shape).
     `where` is "step" for one-program strategies and "stage s" for each pipeline stage."""
     if not isinstance(strategy, Pipeline):
-        compiled = strategy._train or strategy.compile(state, batch)
+        compiled = strategy.compiled or strategy.compile(state, batch)
         return [("step", 1, compiled, dict(strategy.mesh.shape))]
     out = []
     for name, progs in strategy.programs.items():

@@ -31,8 +31,10 @@ def rows() -> tuple[dict, ...]:
             out.append(
                 row(f"strong {kind} {n}", {"mesh_shape": _mesh(kind, n), **extra}, group=kind)
             )
-            # Weak scaling: the batch grows with the devices; pipelines keep 8 micro-batches.
-            batch = PER_DEVICE_BATCH * n if kind != "pipeline" else PER_DEVICE_BATCH * 8
+            # Weak scaling: the batch grows with the devices, so each device's work per step
+            # stays that of one device on PER_DEVICE_BATCH images (a stage does 1/K of the
+            # layers over K times the images); pipelines keep 8 micro-batches.
+            batch = PER_DEVICE_BATCH * n
             out.append(
                 row(
                     f"weak {kind} {n}",

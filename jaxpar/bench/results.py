@@ -59,6 +59,9 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
         if key in first and key not in ("name", "group", "scaling", "baseline", "repeats"):
             out[key] = first[key]
     out["bytes_between_stages"] = first.get("bytes_between_stages_per_step")
+    if out["mesh_shape"] is None and "mesh_shape" in spec.get("config", {}):
+        out["mesh_shape"] = list(spec["config"]["mesh_shape"])  # a failed row: as asked
+        out["num_devices"] = math.prod(out["mesh_shape"]) if -1 not in out["mesh_shape"] else None
     if failed or not repeats:
         out["status"] = "failed"
         out["error"] = failed[0].get("error") if failed else "not run"
@@ -72,7 +75,9 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out["images_per_sec_p10"], _ = mean_stderr(slow)
     out["images_per_sec_p90"], _ = mean_stderr(fast)
     out["step_time_median_s"], _ = mean_stderr([r["step_time_median_s"] for r in repeats])
-    if out["data_allreduce_bytes"] is not None and out["param_bytes"]:
+    shape = out["mesh_shape"] or [1, 1, 1]
+    data_only = shape[0] > 1 and shape[1] == shape[2] == 1
+    if data_only and out["param_bytes"]:  # the gradient all-reduce against the parameters
         out["data_allreduce_over_params"] = out["data_allreduce_bytes"] / out["param_bytes"]
     if out["images_per_sec"] and out["model_flops_per_image"]:
         out["model_flops_per_sec"] = out["images_per_sec"] * out["model_flops_per_image"]

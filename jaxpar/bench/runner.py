@@ -61,6 +61,7 @@ class Sweep:
     def run(self) -> list[dict]:
         spec = suite_lib.load_suite(self.suite)
         rows = [r for r in spec.rows if re.search(self.only, r["name"])]
+        suite_lib.check_overrides(spec, self.overrides)
         for sub in ("rows", "logs", "runs"):
             os.makedirs(os.path.join(self.out, sub), exist_ok=True)
         prints = {r["name"]: self._fingerprint(spec, r) for r in rows}

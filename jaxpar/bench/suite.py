@@ -66,6 +66,8 @@ def set_key(config: ml_collections.ConfigDict, key: str, value: Any) -> None:
     *path, leaf = key.split(".")
     for part in path:
         node = node[part]
+    if leaf not in node:  # the base config is unlocked: refuse a misspelt key, do not add it
+        raise KeyError(f"unknown config key {key!r}")
     if isinstance(value, list):
         value = tuple(value)
     if isinstance(value, int) and isinstance(node.get(leaf), float):
@@ -86,6 +88,16 @@ def row_config(
     if "num_devices" not in row["config"] and -1 not in shape:
         config.num_devices = math.prod(shape)
     return config
+
+
+def check_overrides(suite: ml_collections.ConfigDict, command_line: dict[str, Any]) -> None:
+    """Fail in one line, before any row runs, on a command-line key the base config lacks."""
+    config = _load(os.path.join(ROOT, suite.base)).get_config()
+    for key, value in command_line.items():
+        try:
+            set_key(config, key, value)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SystemExit(f"error: --config.{key}={value!r}: {e}") from None
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> str:

@@ -127,6 +127,11 @@ class Strategy(abc.ABC):
         self.compile_time_s = time.perf_counter() - t0
         return self._train
 
+    @property
+    def compiled(self):
+        """The compiled train step (None before `compile`): what analysis reads."""
+        return self._train
+
     def train_step(self, state: TrainState, batch: dict):
         if self._train is None:
             self.compile(state, batch)
