@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import threading
 import time
@@ -20,7 +19,7 @@ from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
-from jaxpar import models, optim, parallel
+from jaxpar import models, optim, parallel, profiling
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
 
@@ -132,7 +131,7 @@ def train_and_evaluate(
     stop = _Preemption()
 
     progress = metrics_lib.Progress(total, start_step=start)
-    tracer = _Trace(workdir, start + TIMING_WARMUP_STEPS, total, enabled=profile and is_lead)
+    tracer = profiling.StepTrace(workdir, start + TIMING_WARMUP_STEPS, total, profile and is_lead)
     step_times: list[float] = []
     window: list[dict] = []
     window_t0, last_done = time.perf_counter(), None
@@ -235,37 +234,6 @@ def train_and_evaluate(
         say(f"metrics: {workdir}/metrics.jsonl")
     summary["state"] = s.strategy.canonical(state)
     return summary
-
-
-PROFILE_STEPS = 3  # steps recorded by --profile
-
-
-class _Trace:
-    """A JAX profiler trace of PROFILE_STEPS steps from step `first` (after warm-up) into
-    WORKDIR/profile; open it with TensorBoard's profile plugin or ui.perfetto.dev."""
-
-    def __init__(self, workdir: str, first: int, total: int, enabled: bool):
-        self.dir = os.path.join(workdir, "profile")
-        self.first = max(0, min(first, total - PROFILE_STEPS))
-        self.last = min(self.first + PROFILE_STEPS, total) - 1
-        self.enabled, self.on = enabled, False
-
-    def before(self, i: int, state) -> None:
-        if self.enabled and i == self.first:
-            jax.block_until_ready(state)  # start on an idle device: only these steps recorded
-            jax.profiler.start_trace(self.dir)
-            self.on = True
-
-    def after(self, i: int, outputs) -> None:
-        if self.on and i == self.last:
-            jax.block_until_ready(outputs)
-            self.stop()
-
-    def stop(self) -> None:
-        if self.on:
-            jax.profiler.stop_trace()
-            self.on = False
-            print(f"profiler trace of steps {self.first + 1}-{self.last + 1}: {self.dir}")
 
 
 class _Preemption:
