@@ -185,6 +185,8 @@ def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
             label=g,
         )
     ax.set_xscale("log", base=2)
+    sizes = sorted({r["global_batch_size"] for r in rows})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("global batch size (same number of epochs)")
     ax.set_ylabel("eval accuracy")
     ax.grid(alpha=0.3)
