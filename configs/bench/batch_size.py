@@ -1,4 +1,6 @@
-"""Seed 002's study: eval accuracy after a fixed number of epochs against the global batch
+"""Run:  python -m jaxpar.bench --suite batch_size --out runs/batch_size
+
+Seed 002's study: eval accuracy after a fixed number of epochs against the global batch
 size, with linear learning-rate scaling (lr x batch / 256) on and off, on 8 data-parallel
 devices. shapes10 by default; any prepared TFDS dataset with --config.data.name=cifar10.
 

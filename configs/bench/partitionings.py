@@ -1,5 +1,8 @@
 """The default suite: every partitioning of one model on the devices present, side by side.
 
+Run:  python -m jaxpar.bench [--out DIR] [--repeat N] [--config.model.width=0.125]
+Expect 29 rows, about 35 minutes on 2 CPU cores at width 0.125, then the table and plots.
+
 Same model, global batch and optimizer in every row: 1 device; data 2/4/8; pipeline K=2/4/8
 under GPipe and 1F1B with M in {1, 4, 8}; tensor 2/4/8; hybrids (2,2,2), (4,2,1), (2,1,4),
 (1,4,2). Other studies (synchronisation modes, say) import `rows()` and add their own rows:
