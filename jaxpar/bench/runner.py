@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -81,6 +82,7 @@ class Sweep:
             flush=True,
         )
         t0 = time.perf_counter()
+        previous = _stop_on_sigterm()
         try:
             for i, (rep, r) in enumerate(todo):
                 if any(x.get("status") != "ok" for x in records[r["name"]]):
@@ -99,6 +101,9 @@ class Sweep:
             )
             self._write(rows, records)
             raise
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         final = self._write(rows, records, plots=self.plots)
         return final
 
@@ -176,6 +181,18 @@ class Sweep:
             print("plots: " + ", ".join(made) if made else "plots: none for these rows")
             print(f"results: {self.out}/results.json, results.csv, results.md")
         return table
+
+
+def _stop_on_sigterm():
+    """SIGTERM stops the sweep like Ctrl-C: the row in flight (its own process group) is
+    killed and the results so far stay on disk. Returns the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
 
 
 def _write_text(path: str, text: str) -> None:
