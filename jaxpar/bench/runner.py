@@ -104,8 +104,7 @@ class Sweep:
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        final = self._write(rows, records, plots=self.plots)
-        return final
+        return self._write(rows, records, final=True)
 
     def _run_one(self, r: dict, rep: int, print_: str) -> dict:
         result, log, _ = self._paths(r["name"], rep)
@@ -161,7 +160,7 @@ class Sweep:
         write_json(result, record)
         return record
 
-    def _write(self, rows: list[dict], records: dict[str, list[dict]], plots: bool = False):
+    def _write(self, rows: list[dict], records: dict[str, list[dict]], final: bool = False):
         """results.json, .csv and .md from every record so far (atomic writes)."""
         table = results_lib.add_scaling(
             [results_lib.aggregate(r, records[r["name"]]) for r in rows if records[r["name"]]]
@@ -173,12 +172,13 @@ class Sweep:
         )
         _write_text(os.path.join(self.out, "results.csv"), results_lib.to_csv(table))
         _write_text(os.path.join(self.out, "results.md"), results_lib.markdown(table, machine))
-        if plots:
-            from jaxpar import plots as plots_lib  # matplotlib only at the end
-
-            made = plots_lib.plot_all(table, self.out)
+        if final:  # the end of the sweep: the table, and the plots unless turned off
             print("\n" + results_lib.markdown(table, machine))
-            print("plots: " + ", ".join(made) if made else "plots: none for these rows")
+            if self.plots:
+                from jaxpar import plots as plots_lib  # matplotlib only at the end
+
+                made = plots_lib.plot_all(table, self.out)
+                print("plots: " + ", ".join(made) if made else "plots: none for these rows")
             print(f"results: {self.out}/results.json, results.csv, results.md")
         return table
 
