@@ -9,6 +9,9 @@ step time (median); the sequential time (all stage work back to back) and their 
 overlap (> 1: stages really ran at the same time); and the peak stored activations per stage.
 On simulated CPU devices K stages share the machine's cores, so the overlap is bounded by the
 core count; the timeline bubble is the figure that carries over to real devices.
+
+A micro-benchmark beside `python -m jaxpar.bench` (whose default suite has the same rows at
+K=2/4/8): it reuses jaxpar.analysis.measure_pipeline and adds the overlap and peak columns.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax
 
 from configs import base
-from jaxpar import trainer
+from jaxpar import analysis, trainer
 
 
 def measure(args, schedule: str, m: int) -> dict:
@@ -50,7 +53,7 @@ def measure(args, schedule: str, m: int) -> dict:
         state, metrics = s.strategy.train_step(state, batch)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t0)
-    figures = s.strategy.measure(state, batch)
+    figures = analysis.measure_pipeline(s.strategy, state, batch)
     wall = statistics.median(times)
     return {
         **figures,

@@ -38,6 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
     # On a CPU-only machine, simulate this many devices (XLA_FLAGS) when jaxpar.train starts.
     # Ignored if XLA_FLAGS already sets a count; it does not affect GPUs or TPUs.
     config.host_device_count = 8
+    # Use only the first N devices present (0: all), like tf_cnn_benchmarks' --num_gpus:
+    # the 1-device baseline and scaling curves on one machine.
+    config.num_devices = 0
 
     config.model = ml_collections.ConfigDict()
     config.model.name = "vgg19"  # vgg11, vgg13, vgg16, vgg19, lenet

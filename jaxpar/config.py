@@ -31,6 +31,16 @@ def _choice(value, allowed, key: str) -> None:
     _check(value in allowed, f"unknown {key} {value!r}; choose one of {', '.join(allowed)}")
 
 
+def device_count(config: ml_collections.ConfigDict, present: int) -> int:
+    """How many of the `present` devices the run uses: config.num_devices, or all (0)."""
+    wanted = config.get("num_devices", 0)
+    _check(
+        isinstance(wanted, int) and 0 <= wanted <= present,
+        f"num_devices {wanted!r} must be between 0 (all) and the {present} devices present",
+    )
+    return wanted or present
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
     """Check `config` against `num_devices`; return the resolved (data, stage, tensor) shape."""
     shape = tuple(config.mesh_shape)

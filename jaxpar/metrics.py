@@ -203,7 +203,7 @@ def summary_table(summary: dict[str, Any]) -> str:
                 value = f"{summary['step_time_p10_s']:.4f} - {summary['step_time_p90_s']:.4f}"
             else:
                 continue
-        elif key not in summary:
+        elif summary.get(key) is None:  # absent, or not applicable to this strategy
             continue
         else:
             value = summary[key]

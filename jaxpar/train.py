@@ -28,6 +28,9 @@ _WORKDIR = flags.DEFINE_string(
 _EXPLAIN = flags.DEFINE_bool(
     "explain", False, "Print the mesh, layouts, memory and collectives of the step; no training."
 )
+_PROFILE = flags.DEFINE_bool(
+    "profile", False, "Write a JAX profiler trace of 3 steps after warm-up to WORKDIR/profile."
+)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator", None, "host:port of process 0 for a multi-process run (jax.distributed)."
 )
@@ -138,7 +141,9 @@ def main(argv: list[str]) -> None:
         if not workdir:
             workdir = default_workdir(flags.FLAGS["config"].config_filename)
             print(f"workdir: {workdir} (choose one with --workdir)")
-        trainer.train_and_evaluate(config, workdir, eval_only=_EVAL_ONLY.value)
+        trainer.train_and_evaluate(
+            config, workdir, eval_only=_EVAL_ONLY.value, profile=_PROFILE.value
+        )
     except (config_lib.ConfigError, data.DataError) as e:
         fail(str(e), 2)
     except TrainingError as e:

@@ -20,7 +20,7 @@ from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
-from jaxpar import models, optim, parallel
+from jaxpar import models, optim, parallel, profiling
 from jaxpar import workdir as workdir_lib
 from jaxpar.errors import TrainingError
 
@@ -44,8 +44,16 @@ class Setup:
 
 
 def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None) -> Setup:
-    """Validate, then build mesh, data, model and strategy (nothing compiled yet)."""
+    """Validate, then build mesh, data, model and strategy (nothing compiled yet).
+
+    `config.num_devices` > 0 uses only the first N of the devices (like tf_cnn_benchmarks'
+    --num_gpus): one line says so."""
     devices = list(devices if devices is not None else jax.devices())
+    wanted = config_lib.device_count(config, len(devices))
+    if wanted < len(devices):
+        if jax.process_index() == 0:
+            print(f"using the first {wanted} of {len(devices)} devices")
+        devices = devices[:wanted]
     shape = config_lib.validate(config, len(devices))
     mesh = mesh_lib.make_mesh(shape, devices)
     dataset = data_lib.load(config)
@@ -85,13 +93,15 @@ def train_and_evaluate(
     workdir: str,
     devices: Sequence[jax.Device] | None = None,
     eval_only: bool = False,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return summary.
 
     Rerunning in the same workdir resumes from its newest checkpoint. A finished run is left
     as it is (its summary is returned); `eval_only` evaluates the newest checkpoint and writes
-    nothing. Raises ConfigError/DataError (bad input) or TrainingError (the run had to stop),
-    each with a one-line message.
+    nothing. `profile` writes a JAX profiler trace of a few steps after warm-up to
+    WORKDIR/profile. Raises ConfigError/DataError (bad input) or TrainingError (the run had to
+    stop), each with a one-line message.
     """
     wall0 = time.perf_counter()
     s = setup(config, devices)
@@ -100,10 +110,12 @@ def train_and_evaluate(
     if is_lead:
         workdir_lib.prepare(workdir)
     with workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext():
-        return _run(s, config, workdir, wall0, say, is_lead, eval_only)
+        return _run(s, config, workdir, wall0, say, is_lead, eval_only, profile)
 
 
-def _run(s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_only: bool):
+def _run(
+    s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_only: bool, profile
+):
     num_devices = s.mesh.devices.size
     mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
     say(
@@ -112,8 +124,8 @@ def _run(s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_
         f"devices, strategy {s.strategy.name}"
     )
     say(s.model.summary())
-    if hasattr(s.strategy, "describe"):
-        say(s.strategy.describe(config.global_batch_size))
+    if described := s.strategy.describe(config.global_batch_size):
+        say(described)
 
     ckpt = None
     start = 0
@@ -150,6 +162,7 @@ def _run(s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_
     stop = _Preemption(say)
 
     progress = metrics_lib.Progress(total, start_step=start)
+    tracer = profiling.StepTrace(workdir, start + TIMING_WARMUP_STEPS, total, profile and is_lead)
     step_times: list[float] = []
     window: list[dict] = []
     window_t0, last_done = time.perf_counter(), None
@@ -162,7 +175,9 @@ def _run(s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_
             lambda i: local_train_batch(s, i), s.strategy.put_batch, start + 1, total
         ) as batches:
             for i, batch in _chain([(start, first)], batches):
+                tracer.before(i, state)
                 state, metrics = s.strategy.train_step(state, batch)
+                tracer.after(i, (state, metrics))
                 if pending is not None:
                     jax.block_until_ready(pending)
                     now = time.perf_counter()
@@ -225,19 +240,19 @@ def _run(s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_
                     preempted = True
                     break
     except BaseException:
+        tracer.stop()
         stop.restore()
         writer.close()
         if ckpt is not None:  # let a save in progress finish: it is a good checkpoint
             with contextlib.suppress(Exception):
                 ckpt.close()
         raise
+    tracer.stop()
     stop.restore()
     if ckpt is not None:
         ckpt.close()
     jax.block_until_ready(state)
-    extra = {}
-    if hasattr(s.strategy, "report"):
-        extra = s.strategy.report(state, first, config.global_batch_size)
+    extra = s.strategy.report(state, first, config.global_batch_size)
 
     stats = metrics_lib.throughput(step_times, config.global_batch_size, TIMING_WARMUP_STEPS)
     summary = {

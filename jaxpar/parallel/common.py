@@ -131,6 +131,11 @@ class Strategy(abc.ABC):
         self.compile_time_s = time.perf_counter() - t0
         return self._train
 
+    @property
+    def compiled(self):
+        """The compiled train step (None before `compile`): what analysis reads."""
+        return self._train
+
     def train_step(self, state: TrainState, batch: dict):
         if self._train is None:
             self.compile(state, batch)
@@ -144,3 +149,15 @@ class Strategy(abc.ABC):
 
     def _mesh_context(self):
         return jax.set_mesh(self.mesh)
+
+    def describe(self, batch_size: int) -> str:
+        """Lines about how this strategy splits the step (pipelines print their stages)."""
+        return ""
+
+    def report(self, state, batch, batch_size: int, timing: bool = True) -> dict[str, Any]:
+        """The figures of one step (memory, collectives, stage transfers, bubble), with the
+        same keys for every strategy: None where a figure does not apply. `timing=False`
+        skips the figures that need timed runs (the measured pipeline bubble)."""
+        from jaxpar import analysis  # analysis reads strategies, so it is imported late
+
+        return analysis.report(self, state, batch, batch_size, timing)

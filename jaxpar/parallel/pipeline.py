@@ -405,104 +405,8 @@ class Pipeline(Strategy):
             total += 2 * 4 * batch_size * self.model.layers[b - 1].activation_size
         return total
 
-    def measure(self, state: PipelineState, batch, repeats: int = 3) -> dict[str, Any]:
-        """Time each stage's forward and backward program alone (device synchronised, best of
-        `repeats`), then place the schedule's events on a clock with those durations.
-
-        Returns per-stage seconds per micro-batch, the bubble of that timeline, and the
-        analytic bubble. On hardware where stages have their own processors this timeline is
-        what the dispatcher achieves; on simulated CPU devices sharing cores, wall time is
-        longer because stages also compete for the cores.
-        """
-        progs, k = self.programs, self.num_stages
-        st = state.stages
-        fwd_t, bwd_t, temp = [0.0] * k, [0.0] * k, [0] * k
-        x = batch["image"][0]
-        inputs = []
-        for s in range(k):  # one forward pass to get each stage's input and output shapes
-            inputs.append(x)
-            if s < k - 1:
-                y, _ = progs["fwd"][s](st[s].params, st[s].batch_stats, x)
-                x = jax.device_put(y, self.batch_sharding[s + 1])
-        for s in range(k):
-            if s < k - 1:
-                fwd_t[s] = _best(
-                    lambda s=s: progs["fwd"][s](st[s].params, st[s].batch_stats, inputs[s]), repeats
-                )
-            scratch = jax.tree.map(jnp.copy, state.grad_acc[s])
-            if s == k - 1:
-                target = batch["label"][0]
-            else:
-                target = jnp.zeros_like(
-                    progs["fwd"][s](st[s].params, st[s].batch_stats, inputs[s])[0]
-                )
-
-            def run_bwd(s=s, target=target):
-                nonlocal scratch
-                out = progs["bwd"][s](st[s].params, st[s].batch_stats, inputs[s], target, scratch)
-                scratch = out[1] if s > 0 else out  # the accumulator is donated: keep it
-                return out
-
-            bwd_t[s] = _best(run_bwd, repeats)
-            # Working memory of the stage's programs, from the compiled programs themselves.
-            compiled = [
-                progs["bwd"][s]
-                .lower(st[s].params, st[s].batch_stats, inputs[s], target, scratch)
-                .compile()
-            ]
-            if s < k - 1:
-                compiled.append(
-                    progs["fwd"][s].lower(st[s].params, st[s].batch_stats, inputs[s]).compile()
-                )
-            temp[s] = max(c.memory_analysis().temp_size_in_bytes for c in compiled)
-        line = schedules.timeline(self.events, fwd_t, bwd_t)
-        return {
-            "stage_forward_s": fwd_t,
-            "stage_backward_s": bwd_t,
-            "measured_bubble": line.bubble,
-            "timeline_step_s": line.makespan,
-            "sequential_step_s": sum(line.busy),
-            "analytic_bubble": schedules.analytic_bubble(k, self.num_microbatches),
-            "stage_state_bytes_per_device": self.state_bytes(state),
-            "stage_program_temp_bytes": temp,
-        }
-
-    def state_bytes(self, state: PipelineState) -> list[int]:
-        """Per stage, the bytes one of its devices holds for parameters, optimizer state,
-        batch statistics and the gradient accumulator (read from the placed arrays)."""
-        out = []
-        for st, acc in zip(state.stages, state.grad_acc):
-            per_device: dict = {}
-            for leaf in jax.tree.leaves((st, acc)):
-                for shard in leaf.addressable_shards:
-                    per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
-            out.append(max(per_device.values()))
-        return out
-
-    def report(self, state: PipelineState, batch, batch_size: int) -> dict[str, Any]:
-        """Figures for the run summary."""
-        figures = self.measure(state, batch)
-        return {
-            "pipeline_schedule": self.schedule,
-            "num_microbatches": self.num_microbatches,
-            "stage_bounds": list(self.bounds),
-            "analytic_bubble": figures["analytic_bubble"],
-            "measured_bubble": figures["measured_bubble"],
-            "bytes_between_stages_per_step": self.bytes_between_stages(batch_size),
-            "peak_stash_bytes_per_device": list(self.peak_stash_bytes),
-            "stage_state_bytes_per_device": figures["stage_state_bytes_per_device"],
-            "stage_program_temp_bytes": figures["stage_program_temp_bytes"],
-            "memory_per_device_bytes": [
-                a + b + c
-                for a, b, c in zip(
-                    figures["stage_state_bytes_per_device"],
-                    figures["stage_program_temp_bytes"],
-                    self.peak_stash_bytes,
-                )
-            ],
-        }
-
     def describe(self, batch_size: int) -> str:
+        """The stage table and the schedule, drawn per stage."""
         analytic = schedules.analytic_bubble(self.num_stages, self.num_microbatches)
         return "\n".join(
             [
@@ -520,17 +424,6 @@ class Pipeline(Strategy):
 
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
-
-
-def _best(fn, repeats: int) -> float:
-    """Smallest wall time of fn() over `repeats` runs, after one warm-up, device synchronised."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 class _OnMesh:

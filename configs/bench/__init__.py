@@ -1,0 +1,43 @@
+"""Benchmark suites for `python -m jaxpar.bench --suite NAME`.
+
+A suite is a config file whose `get_config()` returns a ConfigDict with
+  base:      the experiment config file every row starts from (path from the repository root);
+  overrides: {dotted key: value} applied to every row (the suite's common model, batch, steps);
+  rows:      a tuple of `row(...)` dicts: a name, the overrides that make the row, and how the
+             row is read (plot group, strong or weak scaling, which row is its baseline).
+Command-line `--config.KEY=VALUE` applies to every row after the suite's overrides; a row's own
+keys win, so a row always is what its name says. Adding a study = writing one file here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def row(
+    name: str,
+    overrides: dict[str, Any],
+    group: str = "",
+    scaling: str = "strong",
+    baseline: str = "",
+) -> dict[str, Any]:
+    """One row of a suite.
+
+    group: the line (scaling plots) or family (other plots) the row belongs to; "" = none.
+    scaling: "strong" (same global batch as the baseline), "weak" (same batch per device), or
+    "none" (no speedup: a study of something else, such as accuracy against batch size).
+    baseline: the row speedup is measured against; "" = the suite's 1-device row of the same
+    scaling kind.
+    """
+    return {
+        "name": name,
+        "config": dict(overrides),
+        "group": group,
+        "scaling": scaling,
+        "baseline": baseline,
+    }
+
+
+def devices(mesh_shape: tuple[int, int, int]) -> int:
+    return math.prod(mesh_shape)

@@ -1,0 +1,77 @@
+"""python -m jaxpar.bench [--suite NAME|FILE] [--out DIR] [--repeat N] [--profile]
+                         [--retry_failed] [--row_timeout S] [--config.KEY=VALUE ...]
+
+Runs every row of a suite (default: configs/bench/partitionings.py), each in its own process,
+and writes OUT/results.json, results.csv, results.md and PNG plots. `--config.KEY=VALUE`
+applies to every row (a row's own keys win). Rerunning with the same --out resumes: rows
+already measured with the same config are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from jaxpar.bench import suite as suite_lib
+
+
+def main(argv: list[str]) -> int:
+    overrides, rest = suite_lib.parse_overrides(argv)
+    parser = argparse.ArgumentParser(prog="python -m jaxpar.bench", description=__doc__)
+    parser.add_argument("--suite", default="partitionings", help="name in configs/bench or path")
+    parser.add_argument("--out", default="bench-out", help="results directory (resumable)")
+    parser.add_argument("--repeat", type=int, default=1, help="repeats, interleaved over rows")
+    parser.add_argument("--profile", action="store_true", help="profiler trace of each row")
+    parser.add_argument("--retry_failed", action="store_true", help="rerun failed rows")
+    parser.add_argument("--row_timeout", type=float, default=1800.0, help="seconds per row")
+    parser.add_argument("--only", default="", help="run only rows whose name matches (regex)")
+    parser.add_argument("--no_xla_cache", action="store_true", help="compile every row cold")
+    parser.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--_row", help=argparse.SUPPRESS)  # internal: run one row
+    parser.add_argument("--_repeat", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(rest)
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
+    if args._row is not None:
+        return _one_row(args, overrides)
+
+    from jaxpar.bench.runner import Sweep
+
+    sweep = Sweep(
+        suite=suite_lib.suite_path(args.suite),
+        out=os.path.abspath(args.out),
+        repeat=args.repeat,
+        overrides=overrides,
+        profile=args.profile,
+        row_timeout_s=args.row_timeout,
+        retry_failed=args.retry_failed,
+        plots=not args.no_plots,
+        only=args.only,
+        xla_cache=not args.no_xla_cache,
+    )
+    try:
+        sweep.run()
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _one_row(args, overrides) -> int:
+    from jaxpar.bench import row as row_lib
+
+    spec = suite_lib.load_suite(args.suite)
+    (entry,) = [r for r in spec.rows if r["name"] == args._row]
+    config = suite_lib.row_config(spec, entry, overrides)
+    base = f"{suite_lib.slug(entry['name'])}.r{args._repeat}"
+    row_lib.run_row(
+        config,
+        workdir=f"{args.out}/runs/{base}",
+        result_path=f"{args.out}/rows/{base}.json",
+        profile=args.profile,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

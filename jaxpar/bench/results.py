@@ -1,0 +1,157 @@
+"""Turn per-repeat row records into the sweep's results: mean and standard error over repeats,
+speedup and efficiency against each row's baseline, and results.json / .csv / .md.
+Pure functions over plain dicts (tested on known inputs)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Any
+
+HEADER = (
+    "Figures marked [exact] are read from the placed arrays and the compiled programs: bytes, "
+    "memory, FLOPs per image and the analytic bubble do not depend on the machine. Figures "
+    "marked [clock] are this machine's wall clock: images/sec, speedup, efficiency, step "
+    "time, compile time and the measured bubble. On simulated CPU devices every device shares "
+    "the same physical cores, so wall-clock speedup is bounded by the core count, not by the "
+    "device count."
+)
+
+# Keys every row carries (None where a figure does not apply or the row failed).
+KEYS = (
+    "name", "group", "scaling", "status", "error", "mesh_shape", "num_devices", "strategy",
+    "pipeline_schedule", "num_microbatches", "global_batch_size", "repeats",
+    "images_per_sec", "images_per_sec_stderr", "images_per_sec_p10", "images_per_sec_p90",
+    "speedup", "efficiency", "baseline", "step_time_median_s", "compile_time_s",
+    "num_params", "param_bytes", "param_bytes_per_device", "opt_state_bytes_per_device",
+    "state_bytes_per_device", "program_temp_bytes_per_device",
+    "stored_activation_bytes_per_device", "memory_bytes_per_device",
+    "collective_bytes_per_device", "collective_bytes_by_kind", "collective_bytes_by_axis",
+    "data_allreduce_bytes", "data_allreduce_over_params", "ring_allreduce_wire_bytes",
+    "bytes_between_stages", "bytes_between_stages_per_replica", "analytic_bubble",
+    "measured_bubble", "model_flops_per_image", "model_flops_per_sec", "mfu", "final_loss",
+    "eval_accuracy",
+)  # fmt: skip
+
+
+def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean, and standard error of the mean (None with fewer than two values)."""
+    if not values:
+        return None, None
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, None
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(var / len(values))
+
+
+def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
+    """One row from its suite entry and its repeat records (in repeat order)."""
+    out: dict[str, Any] = dict.fromkeys(KEYS)
+    out.update(name=spec["name"], group=spec.get("group", ""), scaling=spec.get("scaling"))
+    out["baseline"] = spec.get("baseline") or None
+    out["repeats"] = len(repeats)
+    failed = [r for r in repeats if r.get("status") != "ok"]
+    first = repeats[0] if repeats else {}
+    for key in KEYS:
+        if key in first and key not in ("name", "group", "scaling", "baseline", "repeats"):
+            out[key] = first[key]
+    out["bytes_between_stages"] = first.get("bytes_between_stages_per_step")
+    if out["mesh_shape"] is None and "mesh_shape" in spec.get("config", {}):
+        out["mesh_shape"] = list(spec["config"]["mesh_shape"])  # a failed row: as asked
+        out["num_devices"] = math.prod(out["mesh_shape"]) if -1 not in out["mesh_shape"] else None
+    if failed or not repeats:
+        out["status"] = "failed"
+        out["error"] = failed[0].get("error") if failed else "not run"
+        return out
+    out["status"], out["error"] = "ok", None
+    rates = [r["images_per_sec"] for r in repeats if r.get("images_per_sec")]
+    out["images_per_sec"], out["images_per_sec_stderr"] = mean_stderr(rates)
+    batch = first["global_batch_size"]
+    slow = [batch / r["step_time_p90_s"] for r in repeats if r.get("step_time_p90_s")]
+    fast = [batch / r["step_time_p10_s"] for r in repeats if r.get("step_time_p10_s")]
+    out["images_per_sec_p10"], _ = mean_stderr(slow)
+    out["images_per_sec_p90"], _ = mean_stderr(fast)
+    out["step_time_median_s"], _ = mean_stderr([r["step_time_median_s"] for r in repeats])
+    shape = out["mesh_shape"] or [1, 1, 1]
+    data_only = shape[0] > 1 and shape[1] == shape[2] == 1
+    if data_only and out["param_bytes"]:  # the gradient all-reduce against the parameters
+        out["data_allreduce_over_params"] = out["data_allreduce_bytes"] / out["param_bytes"]
+    if out["images_per_sec"] and out["model_flops_per_image"]:
+        out["model_flops_per_sec"] = out["images_per_sec"] * out["model_flops_per_image"]
+    return out
+
+
+def add_scaling(rows: list[dict]) -> list[dict]:
+    """Speedup = images/sec over the baseline's; efficiency = speedup / devices.
+
+    The baseline is the row named by `baseline`, else the first 1-device row of the same
+    scaling kind; rows with scaling "none" get neither. Strong scaling (same global batch):
+    efficiency is the usual speedup / N. Weak scaling (same batch per device): it is the
+    per-device throughput ratio.
+    """
+    by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        base = None
+        if r["scaling"] == "none":  # not a throughput study (e.g. accuracy against batch)
+            continue
+        if r["baseline"]:
+            base = by_name.get(r["baseline"])
+        else:
+            ones = [b for b in rows if b["num_devices"] == 1 and b["scaling"] == r["scaling"]]
+            base = ones[0] if ones else None
+            r["baseline"] = base["name"] if base else None
+        ok = base and base["status"] == "ok" and base["images_per_sec"]
+        if r["status"] == "ok" and ok and r["images_per_sec"]:
+            r["speedup"] = r["images_per_sec"] / base["images_per_sec"]
+            r["efficiency"] = r["speedup"] / r["num_devices"] * base["num_devices"]
+    return rows
+
+
+def _mib(n) -> str:
+    return "" if n is None else f"{n / 2**20:.2f}"
+
+
+def _f(n, fmt: str) -> str:
+    return "" if n is None else format(n, fmt)
+
+
+def markdown(rows: list[dict], machine: str = "") -> str:
+    """The results table: one line per row, [exact] and [clock] columns marked."""
+    head = (
+        "| row | mesh | dev | img/s [clock] | speedup | eff. | memory/dev MiB [exact] | "
+        "coll. MiB/dev/step [exact] | data AR / params | stages MiB/step [exact] | "
+        "bubble analytic / measured | eval acc | status |"
+    )
+    lines = [f"*{machine}*\n" if machine else "", HEADER, "", head, "|" + "---|" * 13]
+    for r in rows:
+        rate = _f(r["images_per_sec"], ".1f")
+        if r["images_per_sec_stderr"] is not None:
+            rate += f" ± {r['images_per_sec_stderr']:.1f}"
+        bubble = ""
+        if r["analytic_bubble"] is not None:
+            bubble = f"{r['analytic_bubble']:.3f} / {_f(r['measured_bubble'], '.3f')}"
+        mesh = "(" + ",".join(str(x) for x in r["mesh_shape"]) + ")" if r["mesh_shape"] else ""
+        status = "ok" if r["status"] == "ok" else f"failed: {r['error']}"
+        cells = [
+            r["name"], mesh, str(r["num_devices"] or ""), rate, _f(r["speedup"], ".2f"),
+            _f(r["efficiency"], ".2f"), _mib(r["memory_bytes_per_device"]),
+            _mib(r["collective_bytes_per_device"]), _f(r["data_allreduce_over_params"], ".3f"),
+            _mib(r["bytes_between_stages"]), bubble, _f(r["eval_accuracy"], ".3f"), status,
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def to_csv(rows: list[dict]) -> str:
+    """One line per row, every key; breakdowns as JSON in their cell."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(KEYS), extrasaction="ignore")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow(
+            {k: json.dumps(v) if isinstance(v, (dict, list, tuple)) else v for k, v in r.items()}
+        )
+    return buf.getvalue()

@@ -1,0 +1,214 @@
+"""PNG plots of a bench sweep (matplotlib, Agg): each picture is drawn when the rows it needs
+are present, so any suite gets the plots that make sense for it.
+
+- scaling_strong.png / scaling_weak.png: images/sec and efficiency against devices, one line
+  per partitioning (rows with a `group`; the 1-device baseline starts every line);
+- memory_vs_bytes.png: memory per device against communication per device per step, one
+  point per row: the trade-off in one picture;
+- bubble.png: pipeline bubble against micro-batches, analytic curve per K, measured points
+  per schedule;
+- accuracy_vs_batch.png: eval accuracy against global batch, one line per group, for rows
+  that are not throughput studies (scaling "none", as in the batch_size suite).
+"""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+MIB = 2**20
+
+
+def _ok(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["status"] == "ok"]
+
+
+def _family(r: dict) -> str:
+    shape = r.get("mesh_shape") or (1, 1, 1)
+    used = [name for name, size in zip(("data", "stage", "tensor"), shape) if size > 1]
+    if not used:
+        return "1 device"
+    return "hybrid" if len(used) > 1 else {"stage": "pipeline"}.get(used[0], used[0])
+
+
+def scaling(rows: list[dict], kind: str, path: str) -> bool:
+    rows = [r for r in _ok(rows) if r["scaling"] == kind and r["group"]]
+    base = [r for r in rows if r["group"] == "baseline"]
+    groups = sorted({r["group"] for r in rows} - {"baseline"})
+    if not groups:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for g in groups:
+        line = sorted(
+            base[:1] + [r for r in rows if r["group"] == g], key=lambda r: r["num_devices"]
+        )
+        n = [r["num_devices"] for r in line]
+        ax1.errorbar(
+            n,
+            [r["images_per_sec"] for r in line],
+            marker="o",
+            label=g,
+            capsize=3,
+            yerr=[r["images_per_sec_stderr"] or 0 for r in line],
+        )
+        ax2.plot(n, [r["efficiency"] or 0 for r in line], marker="o", label=g)
+    top = max(r["num_devices"] for r in rows)
+    ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(
+            [n for n in (1, 2, 4, 8, 16, 32) if n <= top],
+            [str(n) for n in (1, 2, 4, 8, 16, 32) if n <= top],
+        )
+        ax.set_xlabel("devices")
+        ax.grid(alpha=0.3)
+    ax1.set_ylabel("images/sec [clock]")
+    ax2.set_ylabel(
+        "efficiency = speedup / devices" if kind == "strong" else "per-device throughput / 1 device"
+    )
+    ax1.legend(fontsize=8)
+    fig.suptitle(
+        f"{kind} scaling ({'same global batch' if kind == 'strong' else 'same batch per device'})"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _comm(r: dict) -> int:
+    """Bytes a device sends or receives per step: collectives plus, for pipelines, the stage
+    transfers of one data replica."""
+    return r["collective_bytes_per_device"] + (r["bytes_between_stages_per_replica"] or 0)
+
+
+def memory_vs_bytes(rows: list[dict], path: str) -> bool:
+    rows = [r for r in _ok(rows) if r["memory_bytes_per_device"] is not None]
+    if len(rows) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    markers = {"1 device": "*", "data": "o", "pipeline": "s", "tensor": "^", "hybrid": "D"}
+    for fam, marker in markers.items():
+        sel = [r for r in rows if _family(r) == fam]
+        if not sel:
+            continue
+        x = [
+            (r["collective_bytes_per_device"] + (r["bytes_between_stages_per_replica"] or 0)) / MIB
+            for r in sel
+        ]
+        y = [r["memory_bytes_per_device"] / MIB for r in sel]
+        ax.scatter(x, y, marker=marker, s=50, label=fam)
+        for xi, yi, r in zip(x, y, sel):
+            if fam != "pipeline" or r["num_microbatches"] == 8 and r["pipeline_schedule"] == "1f1b":
+                ax.annotate(
+                    r["name"].replace("pipeline", "pipe"),
+                    (xi, yi),
+                    fontsize=7,
+                    xytext=(3, 3),
+                    textcoords="offset points",
+                )
+    positive = [v for v in (_comm(r) / MIB for r in rows) if v > 0]
+    ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1.0)
+    ax.set_xlabel("communication per device per step, MiB [exact]\n(collectives + stage transfers)")
+    ax.set_ylabel("memory per device, MiB [exact]\n(state + temporaries + stored activations)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("memory against communication, one point per partitioning")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def bubble(rows: list[dict], path: str) -> bool:
+    rows = [r for r in _ok(rows) if r["analytic_bubble"] is not None and _family(r) == "pipeline"]
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    stages = sorted({r["mesh_shape"][1] for r in rows})
+    colors = dict(zip(stages, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    top = max(r["num_microbatches"] for r in rows)
+    ms = [m / 4 for m in range(4, 4 * top + 1)]
+    for k in stages:
+        ax.plot(
+            ms,
+            [(k - 1) / (m + k - 1) for m in ms],
+            color=colors[k],
+            lw=1,
+            label=f"K={k} analytic (K-1)/(M+K-1)",
+        )
+    for schedule, marker in (("gpipe", "o"), ("1f1b", "x"), ("naive", "s")):
+        for k in stages:
+            sel = [
+                r
+                for r in rows
+                if r["pipeline_schedule"] == schedule
+                and r["mesh_shape"][1] == k
+                and r["measured_bubble"] is not None
+            ]
+            if sel:
+                ax.scatter(
+                    [r["num_microbatches"] for r in sel],
+                    [r["measured_bubble"] for r in sel],
+                    marker=marker,
+                    color=colors[k],
+                    label=f"K={k} {schedule} measured",
+                )
+    ax.set_xlabel("micro-batches M")
+    ax.set_ylabel("bubble (idle fraction of the step)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("pipeline bubble: analytic curve, measured stage-time timeline points")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
+    rows = [r for r in _ok(rows) if r["scaling"] == "none" and r["eval_accuracy"] is not None]
+    groups = sorted({r["group"] for r in rows})
+    if len({r["global_batch_size"] for r in rows}) < 2:
+        return False
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for g in groups:
+        line = sorted((r for r in rows if r["group"] == g), key=lambda r: r["global_batch_size"])
+        ax.plot(
+            [r["global_batch_size"] for r in line],
+            [r["eval_accuracy"] for r in line],
+            marker="o",
+            label=g,
+        )
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r["global_batch_size"] for r in rows})
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set_xlabel("global batch size (same number of epochs)")
+    ax.set_ylabel("eval accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("accuracy against batch size")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_all(rows: list[dict], out: str) -> list[str]:
+    """Draw every plot these rows support into `out`; return the files written."""
+    made = []
+    for name, draw in (
+        ("scaling_strong.png", lambda p: scaling(rows, "strong", p)),
+        ("scaling_weak.png", lambda p: scaling(rows, "weak", p)),
+        ("memory_vs_bytes.png", lambda p: memory_vs_bytes(rows, p)),
+        ("bubble.png", lambda p: bubble(rows, p)),
+        ("accuracy_vs_batch.png", lambda p: accuracy_vs_batch(rows, p)),
+    ):
+        path = os.path.join(out, name)
+        if draw(path):
+            made.append(path)
+    return made

@@ -1,0 +1,257 @@
+"""python -m jaxpar.bench: a tiny suite end to end (rows in their own processes, a failing row
+recorded, resume without measuring again), the scaling arithmetic and the plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+
+import jax
+import pytest
+
+from jaxpar import config as config_lib
+from jaxpar import plots, trainer
+from jaxpar.bench import results
+from jaxpar.bench.runner import Sweep
+from tests.util import tiny_config
+
+SUITE = textwrap.dedent(
+    """
+    import ml_collections
+    from configs.bench import row
+
+    def get_config():
+        suite = ml_collections.ConfigDict()
+        suite.base = "configs/base.py"
+        suite.overrides = ml_collections.ConfigDict({
+            "model.name": "vgg11", "model.width": 1 / 16, "model.batch_norm": False,
+            "global_batch_size": 16, "num_train_steps": 3, "log_every_steps": 1,
+            "eval_every_steps": 0, "checkpoint_every_steps": 0, "lr_schedule": "constant",
+            "warmup_steps": 0, "data.name": "synthetic", "data.num_train": 64,
+            "data.num_eval": 16,
+        }, allow_dotted_keys=True)
+        suite.rows = (
+            row("1 device", {"mesh_shape": (1, 1, 1)}, group="baseline"),
+            row("data 2", {"mesh_shape": (2, 1, 1)}, group="data"),
+            row("data 3", {"mesh_shape": (3, 1, 1)}, group="data"),  # 16 % 3: refused
+            row("tensor 2", {"mesh_shape": (1, 1, 2)}, group="tensor"),
+        )
+        return suite
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    suite = root / "tiny.py"
+    suite.write_text(SUITE)
+    out = root / "out"
+    rows = Sweep(suite=str(suite), out=str(out)).run()
+    return suite, out, {r["name"]: r for r in rows}
+
+
+def test_sweep_writes_results_table_and_plots(sweep):
+    _, out, rows = sweep
+    with open(out / "results.json") as f:
+        stored = json.load(f)
+    assert [r["name"] for r in stored["rows"]] == ["1 device", "data 2", "data 3", "tensor 2"]
+    for key in (
+        "name",
+        "mesh_shape",
+        "num_devices",
+        "status",
+        "error",
+        "images_per_sec",
+        "speedup",
+        "efficiency",
+        "param_bytes",
+        "memory_bytes_per_device",
+        "collective_bytes_per_device",
+        "collective_bytes_by_kind",
+        "collective_bytes_by_axis",
+        "bytes_between_stages",
+        "analytic_bubble",
+        "measured_bubble",
+        "eval_accuracy",
+    ):
+        assert all(key in r for r in stored["rows"]), key
+    one = rows["1 device"]
+    assert one["status"] == "ok" and one["num_devices"] == 1 and one["speedup"] == 1.0
+    assert one["images_per_sec"] > 0 and 0 <= one["eval_accuracy"] <= 1
+    assert one["collective_bytes_per_device"] == 0 and one["analytic_bubble"] is None
+    assert rows["data 2"]["mesh_shape"] == [2, 1, 1] and rows["data 2"]["num_devices"] == 2
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    assert len(csv_lines) == 5 and csv_lines[0].startswith("name,")
+    md = (out / "results.md").read_text()
+    assert "| data 2 | (2,1,1) | 2 |" in md and "bounded by the core count" in md
+    for png in ("scaling_strong.png", "memory_vs_bytes.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_data_parallel_all_reduce_is_the_parameter_bytes(sweep):
+    """The gradient all-reduce moves every parameter once (plus loss and accuracy scalars)."""
+    r = sweep[2]["data 2"]
+    assert r["param_bytes"] == 4 * r["num_params"] > 0  # float32 parameters
+    assert 0 <= r["data_allreduce_bytes"] - r["param_bytes"] <= 16
+    assert f"{r['data_allreduce_over_params']:.3f}" == "1.000"
+    assert r["collective_bytes_by_axis"] == {"data": r["data_allreduce_bytes"]}
+    assert r["ring_allreduce_wire_bytes"] == pytest.approx(
+        2 * (2 - 1) / 2 * r["data_allreduce_bytes"]
+    )
+
+
+def test_tensor_rows_hold_a_share_of_the_parameters(sweep):
+    r = sweep[2]["tensor 2"]
+    assert r["status"] == "ok"
+    assert r["param_bytes_per_device"] * 2 / r["param_bytes"] == pytest.approx(1.0, abs=0.05)
+    assert set(r["collective_bytes_by_axis"]) == {"tensor"}
+
+
+def test_a_failing_row_is_recorded_and_the_sweep_goes_on(sweep):
+    rows = sweep[2]
+    assert rows["data 3"]["status"] == "failed"
+    assert "not divisible" in rows["data 3"]["error"] and "\n" not in rows["data 3"]["error"]
+    assert rows["data 3"]["images_per_sec"] is None and rows["data 3"]["speedup"] is None
+    assert rows["tensor 2"]["status"] == "ok"  # measured after the failure
+
+
+def test_rerun_resumes_without_measuring(sweep, monkeypatch):
+    suite, out, rows = sweep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a measured row was run again")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    again = Sweep(suite=str(suite), out=str(out)).run()
+    assert {r["name"]: r["images_per_sec"] for r in again} == {
+        name: r["images_per_sec"] for name, r in rows.items()
+    }
+
+
+def _row(name, devices, rate, scaling="strong", status="ok", **extra):
+    r = dict.fromkeys(results.KEYS)
+    r.update(
+        name=name,
+        num_devices=devices,
+        images_per_sec=rate,
+        scaling=scaling,
+        status=status,
+        group=extra.pop("group", "data"),
+        **extra,
+    )
+    return r
+
+
+def test_speedup_and_efficiency_from_known_inputs():
+    rows = results.add_scaling(
+        [
+            _row("one", 1, 100.0),
+            _row("two", 2, 150.0),
+            _row("eight", 8, 400.0),
+            _row("weak one", 1, 50.0, scaling="weak"),
+            _row("weak four", 4, 160.0, scaling="weak"),
+            _row("broken", 4, None, status="failed"),
+            _row("against two", 8, 300.0, baseline="two"),
+        ]
+    )
+    got = {r["name"]: (r["speedup"], r["efficiency"]) for r in rows}
+    assert got["one"] == (1.0, 1.0)
+    assert got["two"] == (1.5, 0.75)
+    assert got["eight"] == (4.0, 0.5)
+    assert got["weak four"] == (3.2, 0.8)  # per-device throughput 40 vs 50
+    assert got["broken"] == (None, None)
+    assert got["against two"] == (2.0, 0.5)  # 300/150 on 8 devices vs 2
+    assert results.mean_stderr([1.0, 3.0]) == (2.0, 1.0)
+    assert results.mean_stderr([5.0]) == (5.0, None)
+
+
+def test_every_plot_from_known_rows(tmp_path):
+    rows = [
+        _row(
+            "1 device",
+            1,
+            100.0,
+            group="baseline",
+            mesh_shape=(1, 1, 1),
+            speedup=1.0,
+            efficiency=1.0,
+            memory_bytes_per_device=4 << 20,
+            collective_bytes_per_device=0,
+            global_batch_size=64,
+            eval_accuracy=0.5,
+        )
+    ]
+    for n in (2, 4):
+        for kind in ("strong", "weak"):
+            rows.append(
+                _row(
+                    f"{kind} data {n}",
+                    n,
+                    90.0 * n,
+                    scaling=kind,
+                    mesh_shape=(n, 1, 1),
+                    efficiency=0.9,
+                    memory_bytes_per_device=4 << 20,
+                    collective_bytes_per_device=1 << 20,
+                )
+            )
+    for m in (1, 4):
+        rows.append(
+            _row(
+                f"pipe M={m}",
+                2,
+                80.0,
+                mesh_shape=(1, 2, 1),
+                group="",
+                num_microbatches=m,
+                pipeline_schedule="gpipe",
+                analytic_bubble=1 / (m + 1),
+                measured_bubble=1.2 / (m + 1),
+                memory_bytes_per_device=2 << 20,
+                collective_bytes_per_device=0,
+                bytes_between_stages_per_replica=1 << 16,
+            )
+        )
+    for lr in ("fixed lr", "linear lr"):
+        for b in (32, 64):
+            rows.append(
+                _row(
+                    f"{lr} {b}",
+                    8,
+                    10.0,
+                    group=lr,
+                    global_batch_size=b,
+                    eval_accuracy=0.7,
+                    mesh_shape=(8, 1, 1),
+                    scaling="none",
+                )
+            )
+    made = plots.plot_all(rows, str(tmp_path))
+    names = sorted(os.path.basename(p) for p in made)
+    assert names == [
+        "accuracy_vs_batch.png",
+        "bubble.png",
+        "memory_vs_bytes.png",
+        "scaling_strong.png",
+        "scaling_weak.png",
+    ]
+    assert all(os.path.getsize(p) > 10_000 for p in made)
+
+
+def test_num_devices_uses_the_first_n(capsys):
+    s = trainer.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
+    assert s.mesh.devices.size == 2 and list(s.mesh.devices.flat) == jax.devices()[:2]
+    assert "using the first 2 of 8 devices" in capsys.readouterr().out
+    with pytest.raises(config_lib.ConfigError, match="between 0 .all. and the 8 devices"):
+        trainer.setup(tiny_config(num_devices=9))
+
+
+def test_profile_writes_a_trace(tmp_path):
+    config = tiny_config(num_train_steps=5, mesh_shape=(1, 1, 1), checkpoint_every_steps=0)
+    summary = trainer.train_and_evaluate(config, str(tmp_path), jax.devices()[:1], profile=True)
+    traces = list((tmp_path / "profile").rglob("*.trace.json.gz"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert summary["analytic_bubble"] is None and summary["collective_bytes_per_device"] == 0
