@@ -1,0 +1,326 @@
+"""What a new user's tries exposed: bounded dispatch on CPU, explicit cut points, divergence,
+Ctrl-C, silent misconfiguration, and one-line errors. Mostly through the command line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from jaxpar import optim, trainer, workdir
+from tests.test_train_cli import ROOT, TINY, run_cli
+from tests.util import max_rel_error, reference_run, run_steps, tiny_config
+
+ENV = {**os.environ, "PYTHONPATH": ROOT}
+DATA = ["--config", "configs/vgg19_data.py"]
+
+
+def one_error_line(proc, status: int = 2) -> str:
+    """The run failed with `status` and printed exactly one line on stderr, no traceback."""
+    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def records(path) -> list[dict]:
+    return [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+
+
+# -- 1. bounded work in flight ------------------------------------------------------------
+
+
+def test_many_queued_collectives_do_not_abort():
+    """200 back-to-back jit(shard_map(psum)) dispatches abort XLA's CPU runtime unbounded
+    (exit 134 after a 40 s rendezvous timeout); through InFlight they complete."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jaxpar.dispatch import InFlight
+        mesh = jax.make_mesh((8,), ("data",))
+        f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "data"), mesh=mesh,
+                                  in_specs=P("data"), out_specs=P()))
+        x = jax.device_put(jnp.ones((8, 256)), NamedSharding(mesh, P("data")))
+        window = InFlight()
+        outs = [window.add(f(x)) for _ in range(200)]
+        print(float(jax.block_until_ready(outs)[-1][0, 0]), window.limit, window.waits)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    total, limit, waits = proc.stdout.split()
+    assert float(total) == 8.0 and int(limit) == 16 and int(waits) == 200 - 16
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
+def test_ten_thousand_image_evaluation(mesh_shape):
+    config = tiny_config(mesh_shape=mesh_shape, **{"data.num_eval": 10_000})
+    config.eval_batch_size = 64
+    config.pipeline.schedule, config.pipeline.num_microbatches = "1f1b", 2
+    s = trainer.setup(config)
+    state = s.strategy.init_state(jax.random.key(0))
+    result = trainer.evaluate(s, state)
+    assert result["count"] == 10_000
+    assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
+    assert s.strategy.inflight.waits > 100  # the window held the dispatch back
+
+
+def test_pipeline_with_many_microbatches_is_bounded_and_exact():
+    """K=4 stages x 16 micro-batches x 2 replicas: 132 stage programs a step, most with a
+    collective over "data"; the dispatch window bounds them and the result stays exact."""
+    config = tiny_config(mesh_shape=(2, 4, 1), global_batch_size=32)
+    config.pipeline.schedule, config.pipeline.num_microbatches = "1f1b", 16
+    losses, state = run_steps(config, 8, steps=2)
+    ref_losses, ref_state = reference_run(config, steps=2)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert max_rel_error(state.params, ref_state.params) < 1e-5
+
+
+# -- 2. explicit cut points -----------------------------------------------------------------
+
+
+def test_cut_points_on_the_command_line(tmp_path):
+    args = [*DATA, *TINY, "--config.num_train_steps=1", "--config.mesh_shape=(4,2,1)"]
+    proc = run_cli(*args, "--config.pipeline.split=(3,)", "--workdir", str(tmp_path / "ok"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "split (3,) (0, 3, 9)" in proc.stdout
+    assert records(tmp_path / "ok")[-1]["stage_bounds"] == [0, 3, 9]
+    for split, message in [
+        ("(0,4)", "needs 1 cut point for 2 stages"),
+        ("(40,)", "must increase strictly within 1..8"),
+        ("(2,4,6)", "got 3: (2, 4, 6)"),
+        ("fast", "unknown pipeline.split 'fast'"),
+    ]:
+        proc = run_cli(*args, f"--config.pipeline.split={split}", "--workdir", str(tmp_path))
+        assert message in one_error_line(proc), split
+
+
+def test_cut_points_in_a_config_file(tmp_path):
+    path = tmp_path / "cuts.py"
+    path.write_text(
+        "from configs import vgg19_pipeline\n\n\ndef get_config():\n"
+        "    config = vgg19_pipeline.get_config()\n"
+        "    config.mesh_shape = (2, 4, 1)\n"
+        "    config.pipeline.split = (2, 4, 6)\n"
+        "    return config\n"
+    )
+    proc = run_cli("--config", str(path), *TINY, "--config.num_train_steps=1",
+                   "--config.pipeline.num_microbatches=2", "--workdir", str(tmp_path / "run"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "split (2, 4, 6) (0, 2, 4, 6, 9)" in proc.stdout
+
+
+# -- 3. divergence ----------------------------------------------------------------------------
+
+
+def test_nan_stops_with_one_line_and_saves_only_finite_states(tmp_path):
+    run = tmp_path / "nan"
+    proc = run_cli(*DATA, *TINY, "--config.num_train_steps=30", "--config.learning_rate=1e6",
+                   "--config.lr_schedule=constant", "--config.warmup_steps=0",
+                   "--config.checkpoint_every_steps=1", "--workdir", str(run))  # fmt: skip
+    line = one_error_line(proc, status=1)
+    assert "training diverged" in line and "not finite at step" in line
+    bad_step = int(line.split("not finite at step ")[1].split(";")[0])
+    steps = sorted(int(p) for p in os.listdir(run / "checkpoints") if p.isdigit())
+    assert steps and max(steps) < bad_step
+    assert f"the last good checkpoint is step {max(steps)}" in line
+    for step in steps:  # every saved state is finite
+        state = ocp.PyTreeCheckpointer().restore(run / "checkpoints" / str(step) / "state")
+        assert all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
+
+
+# -- 4. Ctrl-C --------------------------------------------------------------------------------
+
+
+def _start(run, steps=400):
+    args = [*DATA, *TINY, f"--config.num_train_steps={steps}", "--config.log_every_steps=1",
+            "--config.checkpoint_every_steps=5", "--config.eval_every_steps=0"]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-u", "-m", "jaxpar.train", *args, "--workdir", str(run)],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _wait_for_step(proc, step: int) -> None:
+    for line in proc.stdout:
+        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= step:
+            return
+    raise AssertionError("the run ended early: " + proc.stderr.read()[-2000:])
+
+
+def test_ctrl_c_saves_and_resumes(tmp_path):
+    run = tmp_path / "run"
+    proc = _start(run)
+    _wait_for_step(proc, 7)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "cannot schedule" not in err
+    saved = int(out.split("SIGINT: saved the checkpoint of step ")[1].split(";")[0])
+    assert saved >= 7 and str(saved) in os.listdir(run / "checkpoints")
+    assert not [p for p in os.listdir(run / "checkpoints") if "tmp" in p]
+    proc = _start(run, steps=saved + 2)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and f"resumed from the checkpoint of step {saved}" in out
+
+
+def test_second_ctrl_c_aborts_at_once(tmp_path):
+    proc = _start(tmp_path / "run")
+    _wait_for_step(proc, 3)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 130), err  # 0 if the step ended between the two signals
+    if proc.returncode == 130:
+        assert err.strip().splitlines()[-1].startswith("error: interrupted")
+    assert "Traceback" not in err
+
+
+# -- 5. silent misconfiguration ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rules,message",
+    [
+        ('(("channels","tensor"),)', "tensor.rules names 'channels', which no layer uses"),
+        ('(("conv_out","model"),)', "mesh axis 'model', which does not exist"),
+    ],
+)
+def test_bad_sharding_rules_are_refused(tmp_path, rules, message):
+    proc = run_cli(*DATA, "--config.mesh_shape=(1,1,8)", f"--config.tensor.rules={rules}",
+                   "--workdir", str(tmp_path))  # fmt: skip
+    assert message in one_error_line(proc)
+
+
+@pytest.mark.parametrize("name,expected", [("adam", -0.0002), ("sgd", -0.0002)])
+def test_weight_decay(name, expected):
+    """adam: decoupled (AdamW), -lr*wd*p with a zero gradient. sgd: wd*p joins the gradient
+    (no momentum here, where both forms agree)."""
+    config = tiny_config(**{"optimizer.name": name, "optimizer.momentum": 0.0})
+    config.weight_decay, config.learning_rate = 0.1, 1e-3
+    tx = optim.make_optimizer(config)
+    params = {"w": jnp.array(2.0)}
+    updates, _ = tx.update({"w": jnp.array(0.0)}, tx.init(params), params)
+    assert float(updates["w"]) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_workdir_in_use_is_refused(tmp_path):
+    with workdir.Lock(str(tmp_path)):
+        proc = run_cli(*DATA, *TINY, "--workdir", str(tmp_path))
+    assert "another run (pid" in one_error_line(proc, status=1)
+
+
+def test_rerun_without_checkpoints_keeps_earlier_metrics(tmp_path):
+    args = [*DATA, *TINY, "--config.num_train_steps=2", "--config.checkpoint_every_steps=0",
+            "--config.eval_every_steps=0", "--workdir", str(tmp_path)]  # fmt: skip
+    assert run_cli(*args).returncode == 0
+    first = (tmp_path / "metrics.jsonl").read_text()
+    proc = run_cli(*args)
+    assert proc.returncode == 0 and "metrics.1.jsonl" in proc.stdout
+    assert (tmp_path / "metrics.1.jsonl").read_text() == first
+    assert records(tmp_path)[-1]["split"] == "summary"
+
+
+def test_a_finished_run_says_so_and_changes_nothing(tmp_path):
+    args = [*DATA, *TINY, "--config.num_train_steps=2", "--workdir", str(tmp_path)]
+    assert run_cli(*args).returncode == 0
+    before = (tmp_path / "metrics.jsonl").read_text()
+    proc = run_cli(*args)
+    assert proc.returncode == 0 and "is finished" in proc.stdout and "nan" not in proc.stdout
+    proc = run_cli(*args, "--eval_only")
+    assert proc.returncode == 0 and "eval of the checkpoint of step 2" in proc.stdout
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+# -- 6. one line, not a traceback ----------------------------------------------------------
+
+
+def test_one_line_errors(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--config.data.name=synthetic", "--config.data.image_shape=(28,28,1)"],
+         "needs inputs of at least 32x32"),
+        (["--config.global_batchsize=8"], 'Did you mean "global_batch_size"'),
+        (["--workdir", str(tmp_path / "file")], "is a file, not a directory"),
+        (["--workdir", str(tmp_path / "file" / "sub")], "is a file, not a directory"),
+    ]  # fmt: skip
+    for args, message in cases:
+        proc = run_cli(*DATA, *TINY, *args)
+        status = 1 if "--workdir" in args else 2
+        assert message in one_error_line(proc, status), args
+    proc = run_cli("--config", "configs/nope.py")
+    assert "config file configs/nope.py does not exist" in one_error_line(proc)
+
+
+def test_device_count_error_names_xla_flags(tmp_path):
+    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxpar.train", "--config", f"{ROOT}/configs/vgg19_hybrid.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert "XLA_FLAGS already sets 4 simulated devices" in one_error_line(proc)
+
+
+def _immutable(path, on: bool) -> bool:
+    flag = "+i" if on else "-i"
+    return subprocess.run(["chattr", flag, str(path)], check=False).returncode == 0
+
+
+def test_read_only_workdir_is_one_line(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if not _immutable(ro, True):
+        pytest.skip("chattr +i is not supported here (root ignores permissions)")
+    try:
+        proc = run_cli(*DATA, *TINY, "--workdir", str(ro))
+    finally:
+        _immutable(ro, False)
+    assert "is not writable" in one_error_line(proc, status=1)
+
+
+def test_workdir_unwritable_mid_run_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    proc = _start(run)
+    _wait_for_step(proc, 6)  # the checkpoint of step 5 is on its way
+    if not _immutable(run / "checkpoints", True):
+        proc.kill()
+        pytest.skip("chattr +i is not supported here")
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:
+        _immutable(run / "checkpoints", False)
+    assert proc.returncode == 1, err[-2000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "cannot write checkpoints to" in lines[0], err[-2000:]
+
+
+# -- 7. smaller -----------------------------------------------------------------------------
+
+
+def test_pmap_explain_reports_working_memory():
+    proc = run_cli(*DATA, *TINY, "--config.sync.impl=pmap", "--explain")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if "activations, working" in x)
+    assert float(line.split()[2]) > 0
+
+
+def test_progress_numbers_are_readable():
+    from jaxpar.metrics import _fmt
+
+    assert _fmt(24.4672) == "24.5" and _fmt(2.30312) == "2.3031" and _fmt(0.05) == "0.0500"
+    assert _fmt(1e-5) == "1e-05" and _fmt(1234.5) == "1,234.5" and _fmt(3) == "3"
