@@ -69,7 +69,11 @@ def evaluate(s: Setup, state) -> dict[str, float]:
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     totals = jax.device_get(totals)
     count = max(float(totals["count"]), 1.0)
-    return {"loss": float(totals["loss_sum"]) / count, "accuracy": float(totals["correct"]) / count}
+    out = {"loss": float(totals["loss_sum"]) / count, "accuracy": float(totals["correct"]) / count}
+    if "replica_correct" in totals:  # [sync] independent replicas: replica 0 above, and spread
+        per_replica = np.asarray(totals["replica_correct"]) / count
+        out.update(accuracy_min=float(per_replica.min()), accuracy_max=float(per_replica.max()))
+    return out
 
 
 def train_and_evaluate(
@@ -173,7 +177,9 @@ def train_and_evaluate(
                 window_t0 = time.perf_counter()  # keep eval time out of the train rate
                 pending, last_done = None, None  # and out of the step times
             if ckpt is not None:
-                ckpt.save(done, s.strategy.canonical(state), force=done == total or stop.asked)
+                force = done == total or stop.asked
+                if force or done % config.checkpoint_every_steps == 0:  # [sync] canonical
+                    ckpt.save(done, s.strategy.canonical(state), force=force)  # only to save
             if stop.asked and done < total:
                 say(f"SIGTERM: saved the checkpoint of step {done}; stopping (rerun to resume)")
                 preempted = True
