@@ -78,8 +78,8 @@ def run_row(name: str, config, devices) -> dict:
 def table(results: list[dict]) -> str:
     mib = lambda b: f"{b / 2**20:.2f}"
     out = [
-        "| row | img/s | MiB received/device/step (max / min) | optimizer MiB/device | "
-        "eval accuracy |",
+        "| row | img/s | MiB received/device/step (max / min) | optimizer MiB/device "
+        + "| eval accuracy |",
         "|---|---|---|---|---|",
     ]
     for r in results:

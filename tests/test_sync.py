@@ -164,7 +164,7 @@ def test_async_staleness_zero_is_allreduce(references):
 
 
 def test_independent_replicas_diverge():
-    losses, state = run_steps(sync_config("independent"), N)
+    _, state = run_steps(sync_config("independent"), N)
     assert max_rel_error(replicas(state.params, 1), replicas(state.params, 0)) > 1e-3
 
 
@@ -188,7 +188,9 @@ def test_parameter_server_fan_in():
 
 
 def test_sharded_reduce_scatter_and_all_gather():
-    _, found, param_bytes, s, state, _ = compiled(sync_config("sharded", **{"optimizer.name": "adam"}))
+    _, found, param_bytes, s, state, _ = compiled(
+        sync_config("sharded", **{"optimizer.name": "adam"})
+    )
     padded = 4 * s.strategy.rule.padded
     kinds = {c.kind: c.bytes for c in found if c.bytes > 64}
     assert kinds == {"reduce-scatter": padded // N, "all-gather": padded}
@@ -231,15 +233,19 @@ def train_losses(workdir) -> list[float]:
     [("local_sgd", {"sync.period": 4}), ("async", {"sync.max_staleness": 2})],
     ids=["local_sgd_mid_period", "async_gradients_pending"],
 )
-def test_resume_is_bit_exact(tmp_path, mode, overrides):
+def test_resume_is_bit_exact(tmp_path, capsys, mode, overrides):
     """Stop after step 3 (local_sgd: 3 steps into a period of 4; async: gradients of steps
     2 and 3 still pending), resume, and get the uninterrupted run's losses and state."""
     config = sync_config(mode, **overrides, num_train_steps=6, checkpoint_every_steps=3)
-    ref = trainer.train_and_evaluate(config, str(tmp_path / "ref"))
+    devices = jax.devices()[:N]
+    ref = trainer.train_and_evaluate(config, str(tmp_path / "ref"), devices)
     resumed = tmp_path / "resumed"
-    trainer.train_and_evaluate(config, str(resumed))
+    trainer.train_and_evaluate(config, str(resumed), devices)
     shutil.rmtree(resumed / "checkpoints" / "6")  # as if stopped after step 3
-    again = trainer.train_and_evaluate(config, str(resumed))
+    capsys.readouterr()
+    again = trainer.train_and_evaluate(config, str(resumed), devices)
+    assert "resumed from the checkpoint of step 3" in capsys.readouterr().out
+    assert again["steps"] == 6
     assert train_losses(resumed) == train_losses(tmp_path / "ref")
     jax.tree.map(np.testing.assert_array_equal, again["state"], ref["state"])
     if mode == "async":

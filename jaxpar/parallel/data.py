@@ -94,7 +94,10 @@ class DataParallel(Strategy):
         if shape_of(host_state) == want:
             return host_state
         shared = host_state.replace(sync={})
-        if self.rule.name != "allreduce" and shape_of(jax.eval_shape(self.rule.from_shared, shared)) == want:
+        if (
+            self.rule.name != "allreduce"
+            and shape_of(jax.eval_shape(self.rule.from_shared, shared)) == want
+        ):
             return jax.tree.map(np.asarray, self.rule.from_shared(shared))
         raise ConfigError(
             f"the checkpoint's state does not fit sync.mode={self.config.sync.mode} with "
@@ -129,11 +132,11 @@ class DataParallel(Strategy):
                                 local_params=local, tp=self.tp)  # fmt: skip
         return self.rule.step(state, batch)
 
-    def _shard_map(self, fn, out_specs, state_specs=P()):
+    def _shard_map(self, fn, out_specs, state_specs=None):
         if self.spmd_only:
             return fn
         return jax.shard_map(
-            fn, mesh=self.mesh, in_specs=(state_specs, P(AXIS)), out_specs=out_specs,
+            fn, mesh=self.mesh, in_specs=(state_specs or P(), P(AXIS)), out_specs=out_specs,
             axis_names=self.manual,
         )  # fmt: skip
 

@@ -64,7 +64,9 @@ class Async(SyncRule):
         specs = super().specs(shapes)
         if not self.depth:
             return specs
-        return specs.replace(sync={"pending": jax.tree.map(lambda _: P(AXIS), shapes.sync["pending"])})
+        return specs.replace(
+            sync={"pending": jax.tree.map(lambda _: P(AXIS), shapes.sync["pending"])}
+        )
 
     def step(self, state, batch):
         loss, stats, accuracy, grads = self.local_grads(

@@ -50,10 +50,14 @@ class Independent(SyncRule):
         )
 
     def specs(self, shapes):
-        return super().specs(shapes).replace(
-            params=stacked_specs(shapes.params),
-            batch_stats=stacked_specs(shapes.batch_stats),
-            opt_state=stacked_specs(shapes.opt_state),
+        return (
+            super()
+            .specs(shapes)
+            .replace(
+                params=stacked_specs(shapes.params),
+                batch_stats=stacked_specs(shapes.batch_stats),
+                opt_state=stacked_specs(shapes.opt_state),
+            )
         )
 
     def eval_model(self, state):

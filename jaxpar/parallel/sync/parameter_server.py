@@ -36,7 +36,9 @@ class ParameterServer(SyncRule):
     @classmethod
     def check(cls, config, data):
         if not 0 <= config.sync.server < data:
-            return f"sync.server={config.sync.server} is not a device of the data axis (0..{data - 1})"
+            return (
+                f"sync.server={config.sync.server} is not a device of the data axis (0..{data - 1})"
+            )
         return None
 
     def to_device(self, canonical):

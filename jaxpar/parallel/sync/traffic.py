@@ -68,4 +68,4 @@ def bytes_per_step(hlo_text: str, n: int, period: int = 1) -> list[int]:
                 continue
             share = c.bytes / period if i in branch else c.bytes
             per_device = [b + share for b in per_device]
-    return [int(round(b)) for b in per_device]
+    return [round(b) for b in per_device]
