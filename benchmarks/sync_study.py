@@ -7,6 +7,7 @@ after the budget (independent: replica 0, with the replicas' range).
 
     python benchmarks/sync_study.py --out /work/sync-out [--rows allreduce,async] [--steps N]
     python benchmarks/sync_study.py --out /work/sync-out --plot docs/sync_study.png  # plot only
+    python benchmarks/sync_study.py --out /work/sync-out/lr0.02 --set learning_rate=0.02
 
 Results go to OUT/results.jsonl (one line per row, appended as rows finish) and a markdown
 table is printed at the end.
@@ -15,6 +16,7 @@ table is printed at the end.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import os
@@ -61,6 +63,7 @@ def run_row(name: str, config, devices) -> dict:
     evaluation = trainer.evaluate(s, state)
     return {
         "row": name,
+        "learning_rate": config.learning_rate,
         "mode": config.sync.mode,
         "period": period,
         "staleness": config.sync.max_staleness if config.sync.mode == "async" else 0,
@@ -94,37 +97,46 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: str) -> None:
+    """Accuracy against local_sgd's period and against async staleness, one line per peak
+    learning rate in `results`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by = {r["row"]: r for r in results}
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    local = sorted((r["period"], r["eval_accuracy"]) for r in results if r["mode"] == "local_sgd")
-    if local:
-        left.plot(*zip(*local), "o-", label="local_sgd")
-    for name, style in (("allreduce", "--"), ("independent", ":")):
-        if name in by:
-            left.axhline(by[name]["eval_accuracy"], ls=style, c="gray", label=name)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rates = sorted({r.get("learning_rate", 0.05) for r in results}, reverse=True)
+    for i, lr in enumerate(rates):
+        rows = [r for r in results if r.get("learning_rate", 0.05) == lr]
+        color = f"C{i}"
+        local = sorted((r["period"], r["eval_accuracy"]) for r in rows if r["mode"] == "local_sgd")
+        if local:
+            left.plot(*zip(*local), "o-", c=color, label=f"local_sgd, lr {lr}")
+        for r in rows:
+            if r["mode"] in ("allreduce", "independent"):
+                style = "--" if r["mode"] == "allreduce" else ":"
+                left.axhline(r["eval_accuracy"], ls=style, c=color, lw=1,
+                             label=f"{r['mode']}, lr {lr}")  # fmt: skip
+        for aware, marker in ((False, "o-"), (True, "s--")):
+            pts = sorted(
+                (r["staleness"], r["eval_accuracy"])
+                for r in rows
+                if r["mode"] == "async" and (r["aware"] == aware or r["staleness"] == 0)
+            )
+            if pts:
+                label = f"{'staleness-aware' if aware else 'plain'} lr {lr}"
+                right.plot(*zip(*pts), marker, c=color, label=label)
     left.set(xscale="log", xlabel="sync.period (steps between averages)", ylabel="eval accuracy",
-             title="Periodic averaging")  # fmt: skip
+             title="Periodic parameter averaging (local_sgd)")  # fmt: skip
     left.set_xticks([1, 4, 16], ["1", "4", "16"])
-    for aware, label in ((False, "plain lr"), (True, "staleness-aware lr")):
-        pts = sorted(
-            (r["staleness"], r["eval_accuracy"])
-            for r in results
-            if r["mode"] == "async" and (r["aware"] == aware or r["staleness"] == 0)
-        )
-        if pts:
-            right.plot(*zip(*pts), "o-", label=label)
-    right.set(xlabel="sync.max_staleness (delays spread 0..S over 4 replicas)",
+    right.set(xlabel="sync.max_staleness S (delays spread 0..S over 4 replicas)",
               ylabel="eval accuracy", title="Stale gradients (async)")  # fmt: skip
     for ax in (left, right):
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -133,6 +145,8 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/sync-out")
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     parser.add_argument("--steps", type=int, default=0, help="override the suite's budget")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override every row, e.g. --set learning_rate=0.02")  # fmt: skip
     parser.add_argument("--plot", default="", help="write the plot of OUT/results.jsonl here")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -150,6 +164,9 @@ def main() -> None:
                 continue
             config = override(load(suite.base), dict(suite.overrides))
             config = override(config, dict(row))
+            for item in args.set:
+                key, value = item.split("=", 1)
+                config = override(config, {key: ast.literal_eval(value)})
             if args.steps:
                 config.num_train_steps = args.steps
             config.eval_every_steps = 0
@@ -161,7 +178,13 @@ def main() -> None:
         results = [json.loads(line) for line in f]
     print(table(results))
     if args.plot:
-        plot(results, args.plot)
+        extra = []
+        for name in sorted(os.listdir(args.out)):  # other sweeps kept in subfolders of OUT
+            more = os.path.join(args.out, name, "results.jsonl")
+            if os.path.exists(more):
+                with open(more) as f:
+                    extra += [json.loads(line) for line in f]
+        plot(results + extra, args.plot)
         print(f"plot: {args.plot}")
 
 

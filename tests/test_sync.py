@@ -3,7 +3,11 @@ communicates what the mode says it does."""
 
 import functools
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -250,3 +254,38 @@ def test_resume_is_bit_exact(tmp_path, capsys, mode, overrides):
     jax.tree.map(np.testing.assert_array_equal, again["state"], ref["state"])
     if mode == "async":
         assert max(float(np.abs(x).max()) for x in jax.tree.leaves(ref["state"].sync)) > 0
+
+
+CLI = [
+    sys.executable, "-u", "-m", "jaxpar.train", "--config", "configs/vgg19_sync.py",
+    "--config.model.name=vgg11", "--config.model.width=0.0625", "--config.model.batch_norm=False",
+    "--config.global_batch_size=16", "--config.num_train_steps=10", "--config.log_every_steps=1",
+    "--config.eval_every_steps=0", "--config.data.name=synthetic", "--config.data.num_train=64",
+    "--config.data.num_eval=16", "--config.checkpoint_every_steps=4", "--config.sync.mode=async",
+    "--config.sync.max_staleness=3", "--config.sync.staleness_aware_lr=True",
+]  # fmt: skip
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cli_sigterm_with_gradients_pending_resumes_exactly(tmp_path):
+    """The CLI stopped by SIGTERM at step 3 (async, 8 replicas with delays 0..3) saves the
+    pending gradients with the model; rerunning finishes with the uninterrupted run's losses."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    run = lambda workdir: subprocess.Popen(
+        [*CLI, "--workdir", str(workdir)], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    ref = run(tmp_path / "ref")
+    assert ref.wait(timeout=600) == 0, ref.stdout.read()[-2000:]
+    proc = run(tmp_path / "termed")
+    for line in proc.stdout:
+        if line.startswith("step  3/10"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = proc.stdout.read()
+    assert proc.wait(timeout=300) == 0 and "SIGTERM: saved the checkpoint of step" in out
+    proc = run(tmp_path / "termed")
+    out = proc.stdout.read()
+    assert proc.wait(timeout=600) == 0 and "resumed from the checkpoint of step" in out
+    assert "resumed from the checkpoint of step 10" not in out  # it stopped before the end
+    assert train_losses(tmp_path / "termed") == train_losses(tmp_path / "ref")

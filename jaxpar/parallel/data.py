@@ -136,7 +136,7 @@ class DataParallel(Strategy):
         if self.spmd_only:
             return fn
         return jax.shard_map(
-            fn, mesh=self.mesh, in_specs=(state_specs or P(), P(AXIS)), out_specs=out_specs,
+            fn, mesh=self.mesh, in_specs=(P() if state_specs is None else state_specs, P(AXIS)), out_specs=out_specs,
             axis_names=self.manual,
         )  # fmt: skip
 
