@@ -203,12 +203,16 @@ def test_sharded_reduce_scatter_and_all_gather():
     assert opt <= 2 * padded // N + 64  # Adam's two moments, 1/N of them per device
 
 
-def test_local_sgd_one_all_reduce_per_period_and_independent_none():
+def test_local_sgd_once_a_period_independent_never_async_once():
     text, found, param_bytes, *_ = compiled(sync_config("local_sgd", **{"sync.period": 4}))
     assert [c.kind for c in found] == ["all-reduce"] and found[0].bytes == param_bytes
     assert traffic.conditional_collectives(text) == 1  # inside the every-period branch
     _, found, *_ = compiled(sync_config("independent"))
     assert found == []
+    _, found, param_bytes, *_ = compiled(sync_config("async", **{"sync.max_staleness": 2}))
+    assert [c.kind for c in found] == ["all-reduce"] * len(found)
+    big = [c.bytes for c in found if c.bytes > 64]  # XLA may fuse the two scalar metrics in
+    assert len(big) == 1 and param_bytes <= big[0] <= param_bytes + 8
 
 
 def test_refusals_are_one_line():
