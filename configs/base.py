@@ -73,7 +73,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.tensor.rules = (("conv_out", "tensor"), ("mlp", "tensor"))
 
     config.sync = ml_collections.ConfigDict()
-    config.sync.mode = "allreduce"  # how data-parallel replicas agree: allreduce each step
+    # How data-parallel replicas agree (README "Synchronisation modes"): allreduce (each step),
+    # parameter_server, sharded (ZeRO-1), local_sgd (average every sync.period steps), async
+    # (stale gradients, delays 0..sync.max_staleness), independent (no communication).
+    config.sync.mode = "allreduce"
+    config.sync.server = 0  # parameter_server: the data-axis index of the server device
+    config.sync.period = 4  # local_sgd: steps between parameter averages
+    config.sync.opt_state_at_average = "local"  # local_sgd: keep optimizer state "local"/"average"
+    config.sync.max_staleness = 2  # async: largest delay (in updates) of a replica's gradient
+    config.sync.staleness_aware_lr = False  # async: divide each gradient's lr by its staleness
     config.sync.impl = "shard_map"  # "shard_map" (jax.shard_map + pmean) or legacy "pmap"
     config.sync.batch_norm = "global"  # "global" (synchronised) or "local" (per replica)
     return config

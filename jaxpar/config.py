@@ -17,7 +17,6 @@ from jaxpar.parallel import stages
 SCHEDULES = ("naive", "gpipe", "1f1b")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("cosine", "constant")
-SYNC_MODES = ("allreduce",)
 SYNC_IMPLS = ("shard_map", "pmap")
 BN_SYNC = ("global", "local")
 
@@ -116,8 +115,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
                 f"{data} (the data axis); use a multiple of {data * micro}",
             )
     _check_rules(config.tensor.rules)
-    _choice(config.sync.mode, SYNC_MODES, "sync.mode")
     _choice(config.sync.impl, SYNC_IMPLS, "sync.impl")
+    from jaxpar.parallel import sync  # the registry of sync modes (imported late: no cycle)
+
+    _choice(config.sync.mode, tuple(sync.MODES), "sync.mode")
+    reason = sync.check(config, data, stage, tensor)
+    _check(reason is None, str(reason))
     _choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
     _check(config.host_device_count >= 1, "host_device_count must be >= 1")
     _check(config.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep must be >= 1")

@@ -81,11 +81,15 @@ def evaluate(s: Setup, state) -> dict[str, float]:
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     totals = jax.device_get(totals)
     count = max(float(totals["count"]), 1.0)
-    return {
+    out = {
         "loss": float(totals["loss_sum"]) / count,
         "accuracy": float(totals["correct"]) / count,
         "count": int(totals["count"]),  # images evaluated (padding excluded)
     }
+    if "replica_correct" in totals:  # independent replicas: replica 0 above, and the spread
+        per_replica = np.asarray(totals["replica_correct"]) / count
+        out.update(accuracy_min=float(per_replica.min()), accuracy_max=float(per_replica.max()))
+    return out
 
 
 def train_and_evaluate(

@@ -25,6 +25,9 @@ class TrainState:
     params: Any
     batch_stats: Any
     opt_state: Any
+    # What a synchronisation mode keeps between steps (parallel/sync/), e.g. async's pending
+    # gradients; {} for modes that keep nothing. Part of the canonical (checkpointed) state.
+    sync: Any = flax.struct.field(default_factory=dict)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -1,0 +1,96 @@
+"""`parameter_server`: every worker sends its gradient to one server device (`sync.server`),
+which sums them, applies the optimizer and sends the new parameters back.
+
+Communication, per step (P = parameter bytes): N-1 collective-permutes with one pair each,
+(worker -> server), carry the gradients in, and N-1 with (server -> worker) carry the
+parameters out. The server receives and sends (N-1) x P; each worker sends and receives 1 x P.
+That fan-in at one device is what makes a parameter server the bottleneck, where an all-reduce
+spreads ~2 x P evenly. (Metrics add two scalar all-reduces; with per-replica BatchNorm the
+running averages are averaged too, as under `allreduce`.)
+
+Layout: parameters and optimizer state carry a leading replica axis over "data". Only the
+server's slot of the optimizer state is ever read or written: workers' slots stay zero. (One
+SPMD program gives every device the same buffers, so the workers' slots are allocated but
+unused; on a real parameter server they would not exist.) The canonical form is the server's
+parameters and optimizer state, i.e. the single-device state.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.parallel.sync.base import AXIS, SyncRule, block, mean_metrics, stack, unblock
+
+
+class ParameterServer(SyncRule):
+    name = "parameter_server"
+
+    def __init__(self, config, n, model, tx):
+        super().__init__(config, n, model, tx)
+        self.server = int(config.sync.server)
+        self.workers = [i for i in range(n) if i != self.server]
+
+    @classmethod
+    def check(cls, config, data):
+        if not 0 <= config.sync.server < data:
+            return (
+                f"sync.server={config.sync.server} is not a device of the data axis (0..{data - 1})"
+            )
+        return None
+
+    def to_device(self, canonical):
+        only_server = lambda x: jnp.zeros((self.n, *x.shape), x.dtype).at[self.server].set(x)
+        return canonical.replace(
+            params=stack(canonical.params, self.n),
+            opt_state=jax.tree.map(only_server, canonical.opt_state),
+        )
+
+    def canonical(self, state):
+        at_server = lambda x: x[self.server]
+        return state.replace(
+            params=jax.tree.map(at_server, state.params),
+            opt_state=jax.tree.map(at_server, state.opt_state),
+        )
+
+    def specs(self, shapes):
+        specs = super().specs(shapes)
+        return specs.replace(
+            params=jax.tree.map(lambda _: P(AXIS), shapes.params),
+            opt_state=jax.tree.map(lambda _: P(AXIS), shapes.opt_state),
+        )
+
+    def eval_model(self, state):
+        return block(state.params), state.batch_stats  # every copy is the server's
+
+    def step(self, state, batch):
+        params, opt_state = block(state.params), block(state.opt_state)
+        loss, stats, accuracy, grads = self.local_grads(
+            params, state.batch_stats, batch, self.bn_axis_name
+        )
+        total = grads
+        for worker in self.workers:  # gradients in: one (worker -> server) pair each
+            received = lax.ppermute(grads, AXIS, [(worker, self.server)])
+            total = jax.tree.map(jnp.add, total, received)
+        mean = jax.tree.map(lambda g: g / self.n, total)  # meaningful on the server only
+        is_server = lax.axis_index(AXIS) == self.server
+        params, opt_state = lax.cond(
+            is_server,
+            lambda p, o, g: self.apply(g, o, p),
+            lambda p, o, g: (p, o),
+            params, opt_state, mean,
+        )  # fmt: skip
+        out = params
+        for worker in self.workers:  # parameters out: one (server -> worker) pair each
+            received = lax.ppermute(params, AXIS, [(self.server, worker)])
+            is_worker = lax.axis_index(AXIS) == worker
+            out = jax.tree.map(lambda o, r, w=is_worker: jnp.where(w, r, o), out, received)
+        new_state = state.replace(
+            step=state.step + 1,
+            params=unblock(out),
+            opt_state=unblock(opt_state),
+            batch_stats=self.shared_stats(stats),
+        )
+        return new_state, mean_metrics(loss, accuracy)
