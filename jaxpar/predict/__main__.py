@@ -1,0 +1,140 @@
+"""`python -m jaxpar.predict --profile PROFILE [--config FILE | --suite FILE] [--config.KEY=V]`
+
+Predicts, for every row of a suite (or one config), the step time split into compute, exposed
+communication and bubble, images/sec, speedup and efficiency against the 1-device row, and
+memory per device against the profile's capacity; then prints the recommendation line.
+Nothing runs on the predicted hardware: programs are compiled with abstract inputs on
+simulated CPU devices (16 by default here, enough for every shipped profile).
+
+A suite is a config file whose `get_config()` holds `base` (an experiment config file),
+`overrides` ({dotted key: value} for every row) and `rows` (each {"name", "config"}), the
+format of `configs/bench/*.py`. `--config.KEY=VALUE` applies to every row.
+"""
+
+from __future__ import annotations
+
+import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=16"
+    ).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import ast
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from jaxpar.config import ConfigError
+from jaxpar.predict import load_profile, predict_rows, recommend
+
+
+def _module(path: str):
+    if not Path(path).is_file():
+        raise ConfigError(f"no such config file {path!r}")
+    spec = importlib.util.spec_from_file_location(f"_cfg_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _set(config, key: str, value) -> None:
+    node = config
+    *path, leaf = key.split(".")
+    for part in path:
+        node = node[part]
+    if leaf not in node:
+        raise ConfigError(f"unknown config key {key!r}")
+    node[leaf] = tuple(value) if isinstance(value, list) else value
+
+
+def _parse(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) -> list[tuple]:
+    """[(name, config)] from one config file or a suite, with `overrides` on every row."""
+    if suite_file:
+        suite = _module(suite_file).get_config()
+        base_file, common, rows = suite.base, dict(suite.overrides.items()), list(suite.rows)
+    else:
+        base_file, common, rows = config_file or "configs/base.py", {}, [{"name": "config"}]
+    out = []
+    for row in rows:
+        config = _module(base_file).get_config()
+        for key, value in {**common, **overrides, **dict(row.get("config", {}))}.items():
+            _set(config, key, value)
+        out.append((row["name"], config))
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of the predicted rows."""
+    head = ("| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
+            "GiB/device | fits |")  # fmt: skip
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['name']} | - | failed: {r['error']} |" + " |" * 8)
+            continue
+        sp = f"{r['speedup']:.2f}" if r["speedup"] is not None else "-"
+        ef = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
+        lines.append(
+            f"| {r['name']} | {tuple(r['mesh_shape'])} | {r['images_per_sec']:,.1f} | {sp} | "
+            f"{ef} | {1e3 * r['step_time_s']:.1f} | {1e3 * r['compute_s']:.1f} | "
+            f"{1e3 * r['comm_s']:.1f} | {1e3 * r['bubble_s']:.1f} | "
+            f"{r['memory_bytes_per_device'] / 2**30:.2f} | {'yes' if r['fits'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxpar.predict", description=__doc__.split("\n")[2]
+    )
+    parser.add_argument("--profile", required=True, help="configs/hardware/*.py")
+    parser.add_argument("--config", help="one experiment config file")
+    parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
+    parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
+    parser.add_argument("--out", help="write predictions.json and predictions.csv here")
+    args, rest = parser.parse_known_args(argv)
+    overrides = {}
+    for item in rest:
+        if not item.startswith("--config.") or "=" not in item:
+            print(f"error: unknown argument {item!r}; use --config.KEY=VALUE", file=sys.stderr)
+            return 2
+        key, value = item[len("--config.") :].split("=", 1)
+        overrides[key] = _parse(value)
+    try:
+        profile = load_profile(args.profile)
+        rows = predict_rows(load_rows(args.config, args.suite, overrides), profile, args.overlap)
+    except ValueError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    overlap = profile.overlap if args.overlap is None else args.overlap
+    print(f"predicted on {profile.name}: compute at {profile.compute_efficiency:.3f} x peak "
+          f"({profile.flops_per_s('float32') / 1e12:.2f} model TFLOP/s float32), "
+          f"gradient all-reduce overlap {overlap:g}")  # fmt: skip
+    print(table(rows))
+    print(recommend(rows))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "predictions.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
+        keys = sorted({k for r in rows for k, v in r.items() if not isinstance(v, dict)})
+        with open(out / "predictions.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, keys, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
