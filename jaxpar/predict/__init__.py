@@ -12,12 +12,13 @@ CLI: `python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite F
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from jaxpar.predict.hardware import Profile, load_profile
 from jaxpar.predict.model import predict_workload
-from jaxpar.predict.workload import Workload, describe, workload
+from jaxpar.predict.workload import Workload, describe, resolve_mesh, workload
 
 __all__ = [
     "Profile",
@@ -35,6 +36,11 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
     """One row: predicted times, images/sec, memory per device and fit for `config`."""
     if overlap is not None:
         profile = dataclasses.replace(profile, overlap=float(overlap))
+    shape = resolve_mesh(config, profile.num_devices)
+    if math.prod(shape) > profile.num_devices:  # refuse before compiling anything
+        return {"status": "failed", "mesh_shape": shape, "num_devices": math.prod(shape),
+                "fits": False, "error": f"needs {math.prod(shape)} devices, profile "
+                f"{profile.name} has {profile.num_devices}"}  # fmt: skip
     w = workload(config, profile.num_devices)
     row = predict_workload(w, profile)
     row["collective_bytes_per_device"] = describe(w)

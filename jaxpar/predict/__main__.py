@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxpar.predict", description=__doc__.split("\n")[2]
     )
-    parser.add_argument("--profile", required=True, help="configs/hardware/*.py")
+    parser.add_argument(
+        "--profile", required=True, action="append", help="configs/hardware/*.py (repeatable)"
+    )
     parser.add_argument("--config", help="one experiment config file")
     parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
     parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
@@ -113,17 +115,20 @@ def main(argv: list[str] | None = None) -> int:
         key, value = item[len("--config.") :].split("=", 1)
         overrides[key] = _parse(value)
     try:
-        profile = load_profile(args.profile)
-        rows = predict_rows(load_rows(args.config, args.suite, overrides), profile, args.overlap)
+        profiles = [load_profile(p) for p in args.profile]
+        configs = load_rows(args.config, args.suite, overrides)
+        results = [(p, predict_rows(configs, p, args.overlap)) for p in profiles]
     except ValueError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    overlap = profile.overlap if args.overlap is None else args.overlap
-    print(f"predicted on {profile.name}: compute at {profile.compute_efficiency:.3f} x peak "
-          f"({profile.flops_per_s('float32') / 1e12:.2f} model TFLOP/s float32), "
-          f"gradient all-reduce overlap {overlap:g}")  # fmt: skip
-    print(table(rows))
-    print(recommend(rows))
+    for profile, rows in results:
+        overlap = profile.overlap if args.overlap is None else args.overlap
+        print(f"\npredicted on {profile.name}: compute at {profile.compute_efficiency:.3f} x "
+              f"peak ({profile.flops_per_s('float32') / 1e12:.2f} model TFLOP/s float32), "
+              f"gradient all-reduce overlap {overlap:g}")  # fmt: skip
+        print(table(rows))
+        print(recommend(rows))
+    rows = [{"profile_file": f, **r} for f, (_, rs) in zip(args.profile, results) for r in rs]
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
