@@ -136,3 +136,14 @@ def test_profile_with_too_few_devices_fails_the_row():
         tiny_config(mesh_shape=(4, 1, 1)), dataclasses.replace(_profile(), num_devices=2)
     )
     assert row["status"] == "failed" and "needs 4 devices" in row["error"]
+
+
+def test_pipeline_stage_gradients_cross_nodes_in_mesh_order():
+    # (data, stage) = (2, 2): device = 2 * data + stage, so with 2 devices per node each
+    # stage's data replicas sit on different nodes and its all-reduce takes the slow link.
+    config = tiny_config(mesh_shape=(2, 2, 1), **{"pipeline.num_microbatches": 2})
+    one_node = predict_config(config, _profile(inter=hardware.Link(0.001 * GB, 0.0)))
+    two_nodes = predict_config(
+        config, _profile(devices_per_node=2, inter=hardware.Link(0.001 * GB, 0.0))
+    )
+    assert two_nodes["grad_allreduce_s"] > 100 * one_node["grad_allreduce_s"] > 0

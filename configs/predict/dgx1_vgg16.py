@@ -32,7 +32,8 @@ def get_config():
         {
             "name": f"data {n}",
             "config": {"mesh_shape": (n, 1, 1), "global_batch_size": PER_DEVICE_BATCH * n},
+            "reference": images_per_sec,
         }
-        for n in PUBLISHED
+        for n, images_per_sec in PUBLISHED.items()
     )
     return suite

@@ -3,9 +3,11 @@ two-node H100 profile, where the data axis of a 16-device mesh crosses InfiniBan
 
 Run:  python -m jaxpar.predict --profile configs/hardware/h100_sxm_2nodes_ib.py --suite configs/predict/vgg16_16dev.py
 
-Devices are numbered in mesh order, 8 per node: on (16,1,1) the data all-reduce spans both
-nodes (hierarchical); on (2,1,8) the tensor axis stays in a node and only the data axis
-crosses; on (8,2,1) the two pipeline stages sit on different nodes.
+Devices are numbered in mesh order (data, stage, tensor), 8 per node: on (16,1,1) the data
+all-reduce spans both nodes (hierarchical); on (2,1,8) the tensor axis stays in a node and
+only the data axis crosses; on (8,2,1) a replica's two stages are neighbours in one node and
+each stage's data all-reduce crosses. The 1-device row keeps batch 64 (a batch of 512 does not
+fit one device), so "speedup" there is the throughput ratio at 64 images per device.
 """
 
 from configs.predict import dgx1_vgg16

@@ -60,7 +60,8 @@ def _parse(text: str):
 
 
 def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) -> list[tuple]:
-    """[(name, config)] from one config file or a suite, with `overrides` on every row."""
+    """[(name, config, reference images/sec or None)] from one config file or a suite, with
+    `overrides` on every row."""
     if suite_file:
         suite = _module(suite_file).get_config()
         base_file, common, rows = suite.base, dict(suite.overrides.items()), list(suite.rows)
@@ -71,15 +72,29 @@ def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) 
         config = _module(base_file).get_config()
         for key, value in {**common, **overrides, **dict(row.get("config", {}))}.items():
             _set(config, key, value)
-        out.append((row["name"], config))
+        out.append((row["name"], config, row.get("reference")))
     return out
+
+
+def add_reference(rows: list[dict], references: list) -> None:
+    """Beside each prediction, a suite's reference images/sec (published or measured) and its
+    efficiency against the reference 1-device row."""
+    base = next(
+        (ref for r, ref in zip(rows, references) if ref and r.get("num_devices") == 1), None
+    )
+    for r, ref in zip(rows, references):
+        r["reference_images_per_sec"] = ref
+        r["reference_efficiency"] = (
+            ref / base / r["num_devices"] if ref and base and r.get("num_devices") else None
+        )
 
 
 def table(rows: list[dict]) -> str:
     """A markdown table of the predicted rows."""
+    ref = any(r.get("reference_images_per_sec") for r in rows)
     head = ("| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
-            "GiB/device | fits |")  # fmt: skip
-    lines = [head, "|" + "---|" * 11]
+            "GiB/device | fits |" + (" reference img/s | ref. eff. | eff. - ref. |" if ref else ""))  # fmt: skip
+    lines = [head, "|" + "---|" * (14 if ref else 11)]
     for r in rows:
         if r["status"] != "ok":
             lines.append(f"| {r['name']} | - | failed: {r['error']} |" + " |" * 8)
@@ -91,8 +106,17 @@ def table(rows: list[dict]) -> str:
             f"{ef} | {1e3 * r['step_time_s']:.1f} | {1e3 * r['compute_s']:.1f} | "
             f"{1e3 * r['comm_s']:.1f} | {1e3 * r['bubble_s']:.1f} | "
             f"{r['memory_bytes_per_device'] / 2**30:.2f} | {'yes' if r['fits'] else 'NO'} |"
+            + (_reference(r) if ref else "")
         )
     return "\n".join(lines)
+
+
+def _reference(r: dict) -> str:
+    got, eff = r.get("reference_images_per_sec"), r.get("reference_efficiency")
+    if not got:
+        return " - | - | - |"
+    delta = f"{100 * (r['efficiency'] - eff):+.1f} pt" if eff and r["efficiency"] else "-"
+    return f" {got:,.1f} | {100 * eff:.1f}% | {delta} |" if eff else f" {got:,.1f} | - | - |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profiles = [load_profile(p) for p in args.profile]
         configs = load_rows(args.config, args.suite, overrides)
-        results = [(p, predict_rows(configs, p, args.overlap)) for p in profiles]
+        named = [(name, config) for name, config, _ in configs]
+        results = [(p, predict_rows(named, p, args.overlap)) for p in profiles]
+        for _, rows in results:
+            add_reference(rows, [ref for _, _, ref in configs])
     except ValueError as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2

@@ -99,15 +99,17 @@ def _total_compute(w: Workload, profile: Profile) -> float:
 def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, float]:
     k, m = w.mesh_shape["stage"], w.num_microbatches
     d, t = w.mesh_shape["data"], w.mesh_shape["tensor"]
-    stage_mesh = {"data": d, "stage": 1, "tensor": t}
+    # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
+    # (data, 1, tensor); in the full mesh stage s's devices are those with stage index s.
+    full = w.mesh_shape
     local = w.global_batch / m / d
     per_stage = t  # device index stride between stages in (data, stage, tensor) order
     fwd, bwd, compute, comm = [], [], [], []
     for s, st in enumerate(w.stages):
         first = s * per_stage
         f = st.fwd_flops_per_example * local / rate
-        f_comm = _comm(st.collectives.get("fwd", ()), stage_mesh, profile, first)
-        b_comm = _comm(st.collectives.get("bwd", ()), stage_mesh, profile, first)
+        f_comm = _comm(st.collectives.get("fwd", ()), full, profile, first)
+        b_comm = _comm(st.collectives.get("bwd", ()), full, profile, first)
         send = _send_time(st, s, profile, per_stage)
         recv_grad = _send_time(w.stages[s - 1], s - 1, profile, per_stage) if s else 0.0
         over = profile.program_overhead_s
@@ -120,7 +122,7 @@ def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, flo
     grads = []
     for s, st in enumerate(w.stages):
         upd = st.collectives.get("update", ())
-        g = _comm(upd, stage_mesh, profile, s * per_stage)
+        g = _comm(upd, full, profile, s * per_stage)
         grads.append(g)
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
