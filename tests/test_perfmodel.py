@@ -78,7 +78,7 @@ def test_memory_over_capacity_does_not_fit():
     assert roomy["fits"] and roomy["memory_bytes_per_device"] > 0
     tight = predict_config(config, _profile(memory_bytes=roomy["memory_bytes_per_device"] - 1))
     assert not tight["fits"]
-    assert recommend([{"name": "x", **tight}]).startswith("recommendation: nothing fits")
+    assert recommend([{"name": "x", **tight}]).startswith("recommendation: none: nothing fits")
 
 
 def test_data_parallel_bytes_are_the_parameter_bytes():

@@ -30,4 +30,5 @@ def get_config():
     c.inter = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
     c.compute_efficiency = 1.2
     c.overlap = 0.0
+    c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c

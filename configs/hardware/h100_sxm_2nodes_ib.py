@@ -27,4 +27,5 @@ def get_config():
     c.inter = {"bandwidth": 45 * GB, "latency": 10e-6, "rings": 1}
     c.compute_efficiency = 0.4
     c.overlap = 0.0
+    c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c

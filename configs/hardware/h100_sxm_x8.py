@@ -31,4 +31,5 @@ def get_config():
     c.inter = {"bandwidth": 360 * GB, "latency": 5e-6, "rings": 1}  # one node
     c.compute_efficiency = 0.4
     c.overlap = 0.0
+    c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c

@@ -73,10 +73,11 @@ def recommend(rows: Sequence[dict[str, Any]]) -> str:
     step against compute per step, bubble."""
     ok = [r for r in rows if r["status"] == "ok"]
     fitting = sorted((r for r in ok if r["fits"]), key=lambda r: -r["images_per_sec"])
+    if not ok:
+        return "recommendation: none: no row could be predicted on this profile (errors above)"
     if not fitting:
-        return "recommendation: nothing fits in this profile's device memory; " + (
-            "smallest need " + _gib(min(r["memory_bytes_per_device"] for r in ok)) if ok else ""
-        )
+        need = _gib(min(r["memory_bytes_per_device"] for r in ok))
+        return f"recommendation: none: nothing fits in device memory; the smallest needs {need}"
     best = fitting[0]
     why = [
         f"{best['images_per_sec']:,.0f} img/s",

@@ -103,12 +103,17 @@ def table(rows: list[dict]) -> str:
         ef = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
         lines.append(
             f"| {r['name']} | {tuple(r['mesh_shape'])} | {r['images_per_sec']:,.1f} | {sp} | "
-            f"{ef} | {1e3 * r['step_time_s']:.1f} | {1e3 * r['compute_s']:.1f} | "
-            f"{1e3 * r['comm_s']:.1f} | {1e3 * r['bubble_s']:.1f} | "
+            f"{ef} | {_ms(r['step_time_s'])} | {_ms(r['compute_s'])} | "
+            f"{_ms(r['comm_s'])} | {_ms(r['bubble_s'])} | "
             f"{r['memory_bytes_per_device'] / 2**30:.2f} | {'yes' if r['fits'] else 'NO'} |"
             + (_reference(r) if ref else "")
         )
     return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds, with more digits for sub-millisecond figures."""
+    return f"{1e3 * seconds:.1f}" if seconds >= 1e-3 or seconds == 0 else f"{1e3 * seconds:.3f}"
 
 
 def _reference(r: dict) -> str:
