@@ -27,8 +27,6 @@ from jaxpar.predict import hardware
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import StageCost, Workload
 
-_TIMES = {"step": 1, "update": 1}  # calls per step; fwd/bwd run once per micro-batch
-
 
 def _is_grad_sync(c, program: str) -> bool:
     """The data-parallel gradient all-reduce (what `overlap` applies to)."""
