@@ -1,0 +1,53 @@
+"""NVIDIA DGX-1 (2016): 8x Tesla P100 SXM2 16 GB, NVLink 1.0 hybrid cube-mesh, NCCL.
+
+Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_vgg16.py
+
+Sources and assumptions:
+- P100 SXM2: 10.6 TFLOP/s float32, 21.2 TFLOP/s float16 (NVIDIA P100 datasheet), 16 GB HBM2
+  at 732 GB/s; ~15.9 GB usable after the CUDA context.
+- NVLink 1.0: 20 GB/s per direction per link, 4 links per GPU, every GPU linked directly to the
+  other three of its quad and to its counterpart in the other quad (DGX-1 system architecture
+  white paper, 2017). A P2P copy over one link measures ~18 GB/s per direction
+  (p2pBandwidthLatencyTest); NCCL of 2017 moved ring all-reduce traffic at about that rate per
+  link. We take 18 GB/s, 1 ring: tf_cnn_benchmarks' `replicated` mode used TensorFlow 1.x's
+  bundled NCCL 1.x, which runs one ring (multi-ring NCCL 2 came later), and a ring's rate is
+  that of its slowest link, the same for 2, 4 or 8 GPUs in this topology. Latency per ring
+  step ~10 us (NCCL 1 launch + NVLink hop).
+- Compute: calibrated on the 1-GPU figure only, tf_cnn_benchmarks VGG16, batch 64, synthetic
+  ImageNet, float32: 154 images/sec. This gives model-FLOP efficiency > 1 (about 1.35 of the
+  direct-convolution count): cuDNN's Winograd kernels do fewer multiplications than 2 x MACs
+  of a direct 3x3 convolution. It is an achieved rate, not a utilisation.
+- overlap = 0: gradient all-reduce after the backward, as jaxpar's own step does. In
+  tf_cnn_benchmarks' replicated mode the all-reduce partly overlaps the backward; the README's
+  validation table shows the prediction at overlap 0 and 1, with the published figures between.
+"""
+
+import ml_collections
+
+GB = 1e9
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.name = "DGX-1 8x P100 NVLink"
+    c.num_devices = 8
+    c.devices_per_node = 8
+    c.peak_flops = {"float32": 10.6e12, "bfloat16": 21.2e12}  # bf16: P100 has fp16 only
+    c.memory_bytes = 15.9 * GB
+    c.intra = {"bandwidth": 18 * GB, "latency": 10e-6, "rings": 1}
+    c.inter = {"bandwidth": 18 * GB, "latency": 10e-6, "rings": 1}  # one node
+    c.overlap = 0.0
+    c.step_overhead_s = 0.0
+    c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
+    c.calibration = {
+        "model": "vgg16",
+        "width": 1.0,
+        "head": "imagenet",
+        "batch_norm": False,
+        "image_shape": (224, 224, 3),
+        "num_classes": 1000,
+        "batch_size": 64,
+        "images_per_sec": 154.0,
+        "dtype": "float32",
+    }
+    return c

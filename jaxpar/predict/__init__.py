@@ -1,0 +1,110 @@
+"""Predict each partitioning's step time, images/sec, speedup, efficiency and memory fit on
+hardware you do not have, from what jaxpar knows exactly (per-layer FLOPs, the compiled
+programs' collectives and memory, the pipeline schedule) and a hardware profile.
+
+    from jaxpar.predict import load_profile, predict_config, predict_rows, recommend
+    profile = load_profile("configs/hardware/dgx1_p100.py")
+    rows = predict_rows([("data 8", config8), ("1 device", config1)], profile)
+
+CLI: `python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite FILE`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from jaxpar.predict.hardware import Profile, load_profile
+from jaxpar.predict.model import predict_workload
+from jaxpar.predict.workload import Workload, describe, resolve_mesh, workload
+
+__all__ = [
+    "Profile",
+    "Workload",
+    "load_profile",
+    "predict_config",
+    "predict_rows",
+    "predict_workload",
+    "recommend",
+    "workload",
+]
+
+
+def predict_config(config, profile: Profile, overlap: float | None = None) -> dict[str, Any]:
+    """One row: predicted times, images/sec, memory per device and fit for `config`."""
+    if overlap is not None:
+        profile = dataclasses.replace(profile, overlap=float(overlap))
+    shape = resolve_mesh(config, profile.num_devices)
+    if math.prod(shape) > profile.num_devices:  # refuse before compiling anything
+        return {"status": "failed", "mesh_shape": shape, "num_devices": math.prod(shape),
+                "fits": False, "error": f"needs {math.prod(shape)} devices, profile "
+                f"{profile.name} has {profile.num_devices}"}  # fmt: skip
+    w = workload(config, profile.num_devices)
+    row = predict_workload(w, profile)
+    row["collective_bytes_per_device"] = describe(w)
+    return row
+
+
+def predict_rows(
+    configs: Sequence[Any], profile: Profile, overlap: float | None = None
+) -> list[dict[str, Any]]:
+    """Predict every config (or (name, config) pair); add speedup and efficiency against the
+    1-device row (the first row on one device), as images/sec ratios."""
+    rows = []
+    for i, item in enumerate(configs):
+        name, config = item if isinstance(item, tuple) else (f"row {i}", item)
+        try:
+            row = predict_config(config, profile, overlap)
+        except ValueError as e:  # ConfigError and friends: a refused row, reported
+            row = {"status": "failed", "error": str(e).splitlines()[0], "fits": False}
+        rows.append({"name": name, **row})
+    base = next((r for r in rows if r.get("num_devices") == 1 and r["status"] == "ok"), None)
+    for r in rows:
+        ok = base is not None and r["status"] == "ok"
+        r["speedup"] = r["images_per_sec"] / base["images_per_sec"] if ok else None
+        r["efficiency"] = r["speedup"] / r["num_devices"] if ok else None
+    return rows
+
+
+def recommend(rows: Sequence[dict[str, Any]]) -> str:
+    """The fastest partitioning that fits, and why, in the seeds' terms: memory fit, bytes per
+    step against compute per step, bubble."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    fitting = sorted((r for r in ok if r["fits"]), key=lambda r: -r["images_per_sec"])
+    if not ok:
+        return "recommendation: none: no row could be predicted on this profile (errors above)"
+    if not fitting:
+        need = _gib(min(r["memory_bytes_per_device"] for r in ok))
+        return f"recommendation: none: nothing fits in device memory; the smallest needs {need}"
+    best = fitting[0]
+    why = [
+        f"{best['images_per_sec']:,.0f} img/s",
+        f"memory {_gib(best['memory_bytes_per_device'])} of {_gib(best['memory_capacity_bytes'])}",
+        (
+            f"compute {best['compute_s'] * 1e3:.1f} ms against exposed communication "
+            f"{best['comm_s'] * 1e3:.1f} ms per step"
+        ),
+    ]
+    if best.get("schedule"):
+        why.append(f"bubble {best['bubble_s'] * 1e3:.1f} ms")
+    faster = [r for r in ok if not r["fits"] and r["images_per_sec"] > best["images_per_sec"]]
+    tail = ""
+    if faster:
+        top = max(faster, key=lambda r: r["images_per_sec"])
+        tail = (
+            f"; {top['name']} would be faster ({top['images_per_sec']:,.0f} img/s) but needs "
+            f"{_gib(top['memory_bytes_per_device'])} per device"
+        )
+    if len(fitting) > 1:
+        second = fitting[1]
+        tail += (
+            f"; next: {second['name']} ({second['images_per_sec']:,.0f} img/s, "
+            f"comm {second['comm_s'] * 1e3:.1f} ms, bubble {second['bubble_s'] * 1e3:.1f} ms)"
+        )
+    return f"recommendation: {best['name']}: " + ", ".join(why) + tail
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -1,0 +1,177 @@
+"""`python -m jaxpar.predict --profile PROFILE [--config FILE | --suite FILE] [--config.KEY=V]`
+
+Predicts, for every row of a suite (or one config), the step time split into compute, exposed
+communication and bubble, images/sec, speedup and efficiency against the 1-device row, and
+memory per device against the profile's capacity; then prints the recommendation line.
+Nothing runs on the predicted hardware: programs are compiled with abstract inputs on
+simulated CPU devices (16 by default here, enough for every shipped profile).
+
+A suite is a config file whose `get_config()` holds `base` (an experiment config file),
+`overrides` ({dotted key: value} for every row) and `rows` (each {"name", "config"}), the
+format of `configs/bench/*.py`. `--config.KEY=VALUE` applies to every row.
+"""
+
+from __future__ import annotations
+
+import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=16"
+    ).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import argparse
+import ast
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from jaxpar.config import ConfigError
+from jaxpar.predict import load_profile, predict_rows, recommend
+
+
+def _module(path: str):
+    if not Path(path).is_file():
+        raise ConfigError(f"no such config file {path!r}")
+    spec = importlib.util.spec_from_file_location(f"_cfg_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _set(config, key: str, value) -> None:
+    node = config
+    *path, leaf = key.split(".")
+    for part in path:
+        node = node[part]
+    if leaf not in node:
+        raise ConfigError(f"unknown config key {key!r}")
+    node[leaf] = tuple(value) if isinstance(value, list) else value
+
+
+def _parse(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) -> list[tuple]:
+    """[(name, config, reference images/sec or None)] from one config file or a suite, with
+    `overrides` on every row."""
+    if suite_file:
+        suite = _module(suite_file).get_config()
+        base_file, common, rows = suite.base, dict(suite.overrides.items()), list(suite.rows)
+    else:
+        base_file, common, rows = config_file or "configs/base.py", {}, [{"name": "config"}]
+    out = []
+    for row in rows:
+        config = _module(base_file).get_config()
+        for key, value in {**common, **overrides, **dict(row.get("config", {}))}.items():
+            _set(config, key, value)
+        out.append((row["name"], config, row.get("reference")))
+    return out
+
+
+def add_reference(rows: list[dict], references: list) -> None:
+    """Beside each prediction, a suite's reference images/sec (published or measured) and its
+    efficiency against the reference 1-device row."""
+    base = next(
+        (ref for r, ref in zip(rows, references) if ref and r.get("num_devices") == 1), None
+    )
+    for r, ref in zip(rows, references):
+        r["reference_images_per_sec"] = ref
+        r["reference_efficiency"] = (
+            ref / base / r["num_devices"] if ref and base and r.get("num_devices") else None
+        )
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of the predicted rows."""
+    ref = any(r.get("reference_images_per_sec") for r in rows)
+    head = ("| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
+            "GiB/device | fits |" + (" reference img/s | ref. eff. | eff. - ref. |" if ref else ""))  # fmt: skip
+    lines = [head, "|" + "---|" * (14 if ref else 11)]
+    for r in rows:
+        if r["status"] != "ok":
+            lines.append(f"| {r['name']} | - | failed: {r['error']} |" + " |" * 8)
+            continue
+        sp = f"{r['speedup']:.2f}" if r["speedup"] is not None else "-"
+        ef = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
+        lines.append(
+            f"| {r['name']} | {tuple(r['mesh_shape'])} | {r['images_per_sec']:,.1f} | {sp} | "
+            f"{ef} | {_ms(r['step_time_s'])} | {_ms(r['compute_s'])} | "
+            f"{_ms(r['comm_s'])} | {_ms(r['bubble_s'])} | "
+            f"{r['memory_bytes_per_device'] / 2**30:.2f} | {'yes' if r['fits'] else 'NO'} |"
+            + (_reference(r) if ref else "")
+        )
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds, with more digits for sub-millisecond figures."""
+    return f"{1e3 * seconds:.1f}" if seconds >= 1e-3 or seconds == 0 else f"{1e3 * seconds:.3f}"
+
+
+def _reference(r: dict) -> str:
+    got, eff = r.get("reference_images_per_sec"), r.get("reference_efficiency")
+    if not got:
+        return " - | - | - |"
+    delta = f"{100 * (r['efficiency'] - eff):+.1f} pt" if eff and r["efficiency"] else "-"
+    return f" {got:,.1f} | {100 * eff:.1f}% | {delta} |" if eff else f" {got:,.1f} | - | - |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxpar.predict", description=__doc__.split("\n")[2]
+    )
+    parser.add_argument(
+        "--profile", required=True, action="append", help="configs/hardware/*.py (repeatable)"
+    )
+    parser.add_argument("--config", help="one experiment config file")
+    parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
+    parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
+    parser.add_argument("--out", help="write predictions.json and predictions.csv here")
+    args, rest = parser.parse_known_args(argv)
+    overrides = {}
+    for item in rest:
+        if not item.startswith("--config.") or "=" not in item:
+            print(f"error: unknown argument {item!r}; use --config.KEY=VALUE", file=sys.stderr)
+            return 2
+        key, value = item[len("--config.") :].split("=", 1)
+        overrides[key] = _parse(value)
+    try:
+        profiles = [load_profile(p) for p in args.profile]
+        configs = load_rows(args.config, args.suite, overrides)
+        named = [(name, config) for name, config, _ in configs]
+        results = [(p, predict_rows(named, p, args.overlap)) for p in profiles]
+        for _, rows in results:
+            add_reference(rows, [ref for _, _, ref in configs])
+    except ValueError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    for profile, rows in results:
+        overlap = profile.overlap if args.overlap is None else args.overlap
+        print(f"\npredicted on {profile.name}: compute at {profile.compute_efficiency:.3f} x "
+              f"peak ({profile.flops_per_s('float32') / 1e12:.2f} model TFLOP/s float32), "
+              f"gradient all-reduce overlap {overlap:g}")  # fmt: skip
+        print(table(rows))
+        print(recommend(rows))
+    rows = [{"profile_file": f, **r} for f, (_, rs) in zip(args.profile, results) for r in rs]
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "predictions.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
+        keys = sorted({k for r in rows for k, v in r.items() if not isinstance(v, dict)})
+        with open(out / "predictions.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, keys, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

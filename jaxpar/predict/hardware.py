@@ -1,0 +1,205 @@
+"""Hardware profiles and what collectives cost on them.
+
+A profile (`configs/hardware/*.py`, `get_config()`) describes one machine or cluster: devices,
+their peak FLOP/s, memory, and the links between them. The cost formulas are the textbook
+ones (bandwidth-optimal rings, Thakur et al. 2005; NCCL's "bus bandwidth" convention):
+
+  all-reduce      2(n-1)/n x bytes / bw + 2(n-1) x latency
+  all-gather      (n-1)/n x result bytes / bw + (n-1) x latency
+  reduce-scatter  (n-1) x result bytes / bw + (n-1) x latency   (result = 1/n of the input)
+  all-to-all      (n-1)/n x bytes / bw + (n-1) x latency
+  point-to-point  bytes / bw + latency                          (collective-permute, stages)
+
+`bw` is per device and direction: the link bandwidth times the number of rings the
+collective library builds. A group that spans nodes is reduced hierarchically: reduce-scatter
+inside each node, all-reduce of the 1/g share across nodes (each device over its own NIC),
+all-gather inside the node. Devices are numbered in mesh order, (data, stage, tensor) row-major,
+and device i sits on node i // devices_per_node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jaxpar.config import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    bandwidth: float  # bytes/s per device per direction, as one ring of the library sees it
+    latency: float  # seconds per ring step (one message)
+    rings: int = 1  # rings the collective library runs at once over these links
+
+    @property
+    def ring_bandwidth(self) -> float:
+        return self.bandwidth * self.rings
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One machine: devices, their compute and memory, and the links between them."""
+
+    name: str
+    num_devices: int
+    devices_per_node: int
+    peak_flops: dict[str, float]  # per device, by compute dtype
+    memory_bytes: float  # usable per device
+    intra: Link
+    inter: Link
+    compute_efficiency: float  # achieved model FLOP/s over peak (from a calibration run)
+    overlap: float = 0.0  # fraction of gradient all-reduce time hidden under the backward
+    step_overhead_s: float = 0.0  # fixed host/launch time per step
+    program_overhead_s: float = 0.0  # per compiled program dispatched (pipelines run many)
+    compute_pool: int = 0  # >0: all devices share the compute of this many (simulated CPU)
+    notes: str = ""
+    calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Achieved model FLOP/s per device for `dtype` (peak x calibrated efficiency)."""
+        peak = self.peak_flops.get(dtype) or self.peak_flops["float32"]
+        return peak * self.compute_efficiency
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load a profile config file (`get_config()` -> ConfigDict); calibrate it if it says how."""
+    path = Path(path)
+    if not path.is_file():
+        known = sorted(p.name for p in Path("configs/hardware").glob("*.py") if p.stem[0] != "_")
+        raise ConfigError(f"no hardware profile {str(path)!r}; choose one of {', '.join(known)}")
+    spec = importlib.util.spec_from_file_location(f"_profile_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return from_config(module.get_config())
+
+
+def from_config(c: Any) -> Profile:
+    """A Profile from a profile ConfigDict (or dict); see configs/hardware/*.py for the keys."""
+    get = c.get if hasattr(c, "get") else (lambda k, d=None: getattr(c, k, d))
+    calibration = dict(get("calibration", {}) or {})
+    profile = Profile(
+        name=str(get("name")),
+        num_devices=int(get("num_devices")),
+        devices_per_node=int(get("devices_per_node")),
+        peak_flops={k: float(v) for k, v in dict(get("peak_flops")).items()},
+        memory_bytes=float(get("memory_bytes")),
+        intra=Link(**dict(get("intra"))),
+        inter=Link(**dict(get("inter") or get("intra"))),
+        compute_efficiency=float(get("compute_efficiency", 0.0) or 0.0),
+        overlap=float(get("overlap", 0.0)),
+        step_overhead_s=float(get("step_overhead_s", 0.0)),
+        program_overhead_s=float(get("program_overhead_s", 0.0)),
+        compute_pool=int(get("compute_pool", 0)),
+        notes=str(get("notes", "")),
+        calibration=calibration,
+    )
+    if not 0.0 <= profile.overlap <= 1.0:
+        raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1]")
+    if calibration:
+        profile = calibrate(profile, calibration)
+    if profile.compute_efficiency <= 0:
+        raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
+    return profile
+
+
+def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
+    """Set compute efficiency from one measured single-device run: images/sec of a named model
+    at a batch size. efficiency = (3 x forward FLOPs x images/sec) / peak, after taking the
+    profile's fixed per-step overhead out of the step time."""
+    import ml_collections
+
+    from jaxpar import models
+
+    spec = ml_collections.ConfigDict(
+        {
+            "name": run["model"],
+            "width": float(run.get("width", 1.0)),
+            "batch_norm": bool(run.get("batch_norm", False)),
+            "dtype": run.get("dtype", "float32"),
+            "head": run.get("head", "auto"),
+        }
+    )
+    model = models.build(spec, tuple(run["image_shape"]), int(run["num_classes"]))
+    batch = int(run["batch_size"])
+    step = (
+        batch / float(run["images_per_sec"]) - profile.step_overhead_s - profile.program_overhead_s
+    )
+    flops = 3 * model.flops_per_example * batch
+    peak = profile.peak_flops.get(run.get("dtype", "float32"), profile.peak_flops["float32"])
+    return dataclasses.replace(profile, compute_efficiency=flops / step / peak)
+
+
+# -- collectives --------------------------------------------------------------------------
+
+
+def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
+    """Bandwidth-optimal ring all-reduce of `nbytes` over n devices."""
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.ring_bandwidth + 2 * (n - 1) * link.latency
+
+
+def allgather_time(result_bytes: float, n: int, link: Link) -> float:
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * result_bytes / link.ring_bandwidth + (n - 1) * link.latency
+
+
+def reduce_scatter_time(result_bytes: float, n: int, link: Link) -> float:
+    if n <= 1:
+        return 0.0
+    return (n - 1) * result_bytes / link.ring_bandwidth + (n - 1) * link.latency
+
+
+def p2p_time(nbytes: float, link: Link) -> float:
+    return nbytes / link.bandwidth + link.latency if nbytes else 0.0
+
+
+def group_of(axes: str, mesh_shape: dict[str, int]) -> list[int]:
+    """Device indices of the group containing device 0 that varies along `axes` ("data+tensor")."""
+    names, sizes = list(mesh_shape), list(mesh_shape.values())
+    chosen = set(axes.split("+"))
+    ranges = [range(s) if n in chosen else range(1) for n, s in zip(names, sizes)]
+    ids = np.arange(math.prod(sizes)).reshape(sizes)
+    return sorted(int(i) for i in ids[np.ix_(*ranges)].ravel())
+
+
+def span(group: list[int], devices_per_node: int) -> tuple[int, int]:
+    """(devices per node in the group, nodes the group spans)."""
+    nodes = len({i // devices_per_node for i in group})
+    return len(group) // nodes, nodes
+
+
+def collective_time(kind: str, nbytes: float, group: list[int], profile: Profile) -> float:
+    """Seconds for one collective of `kind` whose result is `nbytes` per device over `group`."""
+    n = len(group)
+    if n <= 1 or nbytes == 0:
+        return 0.0
+    local, nodes = span(group, profile.devices_per_node)
+    if kind == "all-reduce":
+        if nodes == 1:
+            return ring_allreduce_time(nbytes, n, profile.intra)
+        # hierarchical: reduce-scatter in the node, all-reduce of 1/local across, all-gather
+        inside = reduce_scatter_time(nbytes / local, local, profile.intra) + allgather_time(
+            nbytes, local, profile.intra
+        )
+        return inside + ring_allreduce_time(nbytes / local, nodes, profile.inter)
+    link = profile.intra if nodes == 1 else profile.inter  # flat ring, slowest link rules
+    if kind == "all-gather":
+        return allgather_time(nbytes, n, link)
+    if kind == "reduce-scatter":
+        return reduce_scatter_time(nbytes, n, link)
+    if kind == "all-to-all":
+        return allgather_time(nbytes, n, link)
+    return p2p_time(nbytes, link)  # collective-permute
+
+
+def transfer_link(src: int, dst: int, profile: Profile) -> Link:
+    """The link a point-to-point transfer between two devices uses."""
+    same = src // profile.devices_per_node == dst // profile.devices_per_node
+    return profile.intra if same else profile.inter

@@ -1,0 +1,149 @@
+"""The performance model on hand-computable cases (fast: tiny models, no training)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from jaxpar.config import ConfigError
+from jaxpar.parallel import schedules
+from jaxpar.predict import hardware, load_profile, predict_config, predict_rows, recommend
+from jaxpar.predict.model import predict_workload
+from jaxpar.predict.workload import StageCost, Workload, workload
+from tests.util import tiny_config
+
+GB = 1e9
+PROFILES = sorted(Path("configs/hardware").glob("*.py"))
+
+
+def _profile(**kw) -> hardware.Profile:
+    base = {
+        "name": "test",
+        "num_devices": 8,
+        "devices_per_node": 8,
+        "peak_flops": {"float32": 1e12},
+        "memory_bytes": 16 * GB,
+        "intra": hardware.Link(10 * GB, 0.0),
+        "inter": hardware.Link(1 * GB, 0.0),
+        "compute_efficiency": 0.5,
+    }
+    return hardware.Profile(**{**base, **kw})
+
+
+def test_ring_allreduce_time_by_hand():
+    # 2 (n-1)/n x bytes / bw + 2 (n-1) x latency: 2*3/4 * 1 GB / 10 GB/s + 6 * 5 us
+    link = hardware.Link(bandwidth=10 * GB, latency=5e-6)
+    assert hardware.ring_allreduce_time(1 * GB, 4, link) == pytest.approx(0.15 + 30e-6)
+    assert hardware.ring_allreduce_time(1 * GB, 1, link) == 0.0
+    two_rings = hardware.Link(bandwidth=10 * GB, latency=0.0, rings=2)
+    assert hardware.ring_allreduce_time(1 * GB, 4, two_rings) == pytest.approx(0.075)
+    # all-gather of a 1 GB result over 4: (n-1)/n of it crosses each device's link
+    assert hardware.allgather_time(1 * GB, 4, hardware.Link(10 * GB, 0.0)) == pytest.approx(0.075)
+
+
+def test_group_spanning_nodes_is_hierarchical():
+    p = _profile(devices_per_node=4)
+    mesh = {"data": 8, "stage": 1, "tensor": 1}
+    group = hardware.group_of("data", mesh)
+    assert group == list(range(8)) and hardware.span(group, 4) == (4, 2)
+    # in the node: reduce-scatter + all-gather (0.75 GB over 10 GB/s); across: 1/4 of it
+    # all-reduced by 2 nodes (2*1/2 * 0.25 GB over 1 GB/s)
+    expected = 0.075 + 0.075 + 0.25
+    assert hardware.collective_time("all-reduce", 1 * GB, group, p) == pytest.approx(expected)
+    # the tensor axis of a (2,1,4) mesh stays inside a node
+    tensor_group = hardware.group_of("tensor", {"data": 2, "stage": 1, "tensor": 4})
+    assert tensor_group == [0, 1, 2, 3] and hardware.span(tensor_group, 4) == (4, 1)
+
+
+def test_equal_stages_reproduce_the_analytic_bubble():
+    k, m = 4, 8
+    line = schedules.timeline(schedules.stage_events("gpipe", k, m), [1.0] * k, [3.0] * k)
+    assert line.bubble == pytest.approx(schedules.analytic_bubble(k, m))  # (K-1)/(M+K-1)
+    # and through the model: an equal-stage pipeline with free links and no collectives
+    stage = StageCost((0, 1), 1e9, {}, 0, 0, 0, 0)
+    w = Workload("toy", {"data": 1, "stage": k, "tensor": 1}, 8 * m, "float32", 1, 4, 1,
+                 "gpipe", m, tuple(tuple(e) for e in schedules.stage_events("gpipe", k, m)),
+                 (stage,) * k)  # fmt: skip
+    row = predict_workload(w, _profile())
+    busy = row["compute_s"]  # one stage: M x (forward + recomputing backward)
+    assert row["bubble_s"] / row["step_time_s"] == pytest.approx((k - 1) / (m + k - 1))
+    assert busy == pytest.approx(m * 4 * 1e9 * 8 / 0.5e12)
+
+
+def test_memory_over_capacity_does_not_fit():
+    config = tiny_config(mesh_shape=(2, 1, 1))
+    roomy = predict_config(config, _profile())
+    assert roomy["fits"] and roomy["memory_bytes_per_device"] > 0
+    tight = predict_config(config, _profile(memory_bytes=roomy["memory_bytes_per_device"] - 1))
+    assert not tight["fits"]
+    assert recommend([{"name": "x", **tight}]).startswith("recommendation: none: nothing fits")
+
+
+def test_data_parallel_bytes_are_the_parameter_bytes():
+    w = workload(tiny_config(mesh_shape=(4, 1, 1)))
+    (grad,) = [c for c in w.stages[0].collectives["step"] if c.axes == "data"]
+    assert grad.kind == "all-reduce"
+    assert w.param_bytes <= grad.bytes <= w.param_bytes + 64  # + loss and accuracy scalars
+
+
+def _efficiency(global_batch: int, profile) -> float:
+    """Predicted efficiency of 4 data-parallel devices against one with a quarter the batch."""
+    one = tiny_config(mesh_shape=(1, 1, 1), global_batch_size=global_batch // 4)
+    four = tiny_config(mesh_shape=(4, 1, 1), global_batch_size=global_batch)
+    return predict_rows([one, four], profile)[1]["efficiency"]
+
+
+def test_data_parallel_efficiency_falls_with_slower_links_and_rises_with_batch():
+    fast = _profile(intra=hardware.Link(10 * GB, 1e-5))
+    slow = _profile(intra=hardware.Link(0.1 * GB, 1e-5))
+    e_fast, e_slow = _efficiency(16, fast), _efficiency(16, slow)
+    assert 0 < e_slow < e_fast <= 1.0
+    e_big = _efficiency(64, slow)  # 16 images per device instead of 4
+    assert e_slow < e_big <= 1.0
+
+
+def test_overlap_hides_at_most_the_backward():
+    config = tiny_config(mesh_shape=(8, 1, 1))
+    slow = _profile(intra=hardware.Link(0.01 * GB, 0.0))
+    none = predict_config(config, slow, overlap=0.0)
+    full = predict_config(config, slow, overlap=1.0)
+    backward = none["compute_s"] * 2 / 3
+    assert full["comm_s"] == pytest.approx(none["comm_s"] - backward)
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_profiles_load(path):
+    p = load_profile(path)
+    assert p.num_devices >= 1 and p.memory_bytes > 0 and p.compute_efficiency > 0
+    assert p.intra.bandwidth > 0 and p.inter.bandwidth > 0 and 0 <= p.overlap <= 1
+
+
+def test_dgx1_calibration_reproduces_the_one_gpu_figure():
+    p = load_profile("configs/hardware/dgx1_p100.py")
+    flops = 3 * 30_940_528_640  # VGG16 (ImageNet head) training FLOPs per 224x224 image
+    assert p.flops_per_s("float32") == pytest.approx(154.0 * flops, rel=1e-3)
+
+
+def test_unknown_profile_is_one_line():
+    with pytest.raises(ConfigError, match="no hardware profile"):
+        load_profile("configs/hardware/nope.py")
+
+
+def test_profile_with_too_few_devices_fails_the_row():
+    row = predict_config(
+        tiny_config(mesh_shape=(4, 1, 1)), dataclasses.replace(_profile(), num_devices=2)
+    )
+    assert row["status"] == "failed" and "needs 4 devices" in row["error"]
+
+
+def test_pipeline_stage_gradients_cross_nodes_in_mesh_order():
+    # (data, stage) = (2, 2): device = 2 * data + stage, so with 2 devices per node each
+    # stage's data replicas sit on different nodes and its all-reduce takes the slow link.
+    config = tiny_config(mesh_shape=(2, 2, 1), **{"pipeline.num_microbatches": 2})
+    one_node = predict_config(config, _profile(inter=hardware.Link(0.001 * GB, 0.0)))
+    two_nodes = predict_config(
+        config, _profile(devices_per_node=2, inter=hardware.Link(0.001 * GB, 0.0))
+    )
+    assert two_nodes["grad_allreduce_s"] > 100 * one_node["grad_allreduce_s"] > 0
