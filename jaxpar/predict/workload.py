@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from jaxpar import analysis, models, optim, parallel
 from jaxpar import config as config_lib
-from jaxpar import explain, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules, tensor
@@ -129,7 +129,7 @@ def _device_bytes(tree) -> int:
 
 
 def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
-    rows = explain.collective_rows(compiled.as_text(), mesh_shape)
+    rows = analysis.collective_rows(compiled.as_text(), mesh_shape)
     return tuple(
         Collective(kind, axes, count, nbytes)
         for (kind, axes), (count, nbytes) in sorted(rows.items())
