@@ -293,3 +293,18 @@ def test_cli_sigterm_with_gradients_pending_resumes_exactly(tmp_path):
     assert proc.wait(timeout=600) == 0 and "resumed from the checkpoint of step" in out
     assert "resumed from the checkpoint of step 10" not in out  # it stopped before the end
     assert train_losses(tmp_path / "termed") == train_losses(tmp_path / "ref")
+
+
+def test_example_config_and_study_suite_validate():
+    from configs import vgg19_sync
+    from configs.bench import sync as suite_file
+    from jaxpar import config as config_lib
+    from tests.util import override
+
+    config = vgg19_sync.get_config()
+    assert "python -m jaxpar.train --config configs/vgg19_sync.py" in vgg19_sync.__doc__
+    assert config_lib.validate(config, 8) == (8, 1, 1)
+    suite = suite_file.get_config()
+    for _, row in suite.rows:
+        config = override(override(vgg19_sync.get_config(), dict(suite.overrides)), dict(row))
+        assert config_lib.validate(config, 4) == (4, 1, 1)
