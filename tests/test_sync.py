@@ -305,6 +305,7 @@ def test_example_config_and_study_suite_validate():
     assert "python -m jaxpar.train --config configs/vgg19_sync.py" in vgg19_sync.__doc__
     assert config_lib.validate(config, 8) == (8, 1, 1)
     suite = suite_file.get_config()
-    for _, row in suite.rows:
-        config = override(override(vgg19_sync.get_config(), dict(suite.overrides)), dict(row))
+    for row in suite.rows:
+        config = override(vgg19_sync.get_config(), dict(suite.overrides))
+        config = override(config, dict(row["config"]))
         assert config_lib.validate(config, 4) == (4, 1, 1)
