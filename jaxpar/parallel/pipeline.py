@@ -342,7 +342,7 @@ class Pipeline(Strategy):
                 peak[s] = max(peak[s], live[s])
                 if s < k - 1:
                     y, stats[s] = run(progs["fwd"][s], st[s].params, stats[s], x)
-                    sent_f[(s + 1, m)] = jax.device_put(y, self.batch_sharding[s + 1])
+                    sent_f[(s + 1, m)] = self._send(y, s, s + 1)
                 continue
             x = stash.pop((s, m))
             live[s] -= x.nbytes // self.data
@@ -359,12 +359,16 @@ class Pipeline(Strategy):
             else:
                 acc[s] = run(progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
             if s > 0:
-                sent_b[(s - 1, m)] = jax.device_put(g, self.batch_sharding[s - 1])
+                sent_b[(s - 1, m)] = self._send(g, s, s - 1)
         for s in range(k):
             st[s], acc[s] = run(progs["update"][s], st[s].replace(batch_stats=stats[s]), acc[s])
         self.peak_stash_bytes = peak
         metrics = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(losses)}
         return PipelineState(tuple(st), tuple(acc)), metrics
+
+    def _send(self, x, src: int, dst: int):
+        """Move an activation (or its gradient) from stage `src`'s devices to stage `dst`'s."""
+        return jax.device_put(x, self.batch_sharding[dst])
 
     def _run(self, program, *args):
         """Dispatch one stage program, keeping the work in flight bounded (dispatch.py)."""
@@ -382,7 +386,7 @@ class Pipeline(Strategy):
                 y = self._run(
                     progs["eval"][s], state.stages[s].params, state.stages[s].batch_stats, x
                 )
-                x = jax.device_put(y, self.batch_sharding[s + 1])
+                x = self._send(y, s, s + 1)
             last = state.stages[-1]
             sums = self._run(
                 progs["eval"][-1],
