@@ -16,6 +16,8 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from jaxpar import cluster
+
 # configs/ lives beside the package: make `from configs import base` work from any directory.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,7 +34,17 @@ _PROFILE = flags.DEFINE_bool(
     "profile", False, "Write a JAX profiler trace of 3 steps after warm-up to WORKDIR/profile."
 )
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator", None, "host:port of process 0 for a multi-process run (jax.distributed)."
+    "coordinator",
+    None,
+    "host:port of process 0 for a multi-process run (jax.distributed), or 'auto' to let JAX "
+    "read the cluster from the environment (SLURM's srun and Open MPI's mpirun are detected "
+    "without it).",
+)
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout",
+    15,
+    "Multi-process runs: seconds without heartbeats after which a process counts as lost and "
+    "every other process stops with one line.",
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Processes in a multi-process run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index, 0..num_processes-1.")
@@ -46,7 +58,10 @@ _HINT = "(JAXPAR_DEBUG=1 shows the traceback)"
 
 
 def fail(message: str, status: int) -> None:
-    """Print one line on stderr and exit."""
+    """Print one line on stderr and exit. In a multi-process run, exit at once: JAX's exit
+    handler would wait for the other processes, which may be waiting for this one."""
+    if cluster.is_multiprocess():
+        cluster.lost(message, status)
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
 
@@ -88,23 +103,6 @@ def use_host_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{current} {flag}={count}".strip()
 
 
-def init_distributed(coordinator: str | None, num_processes: int, process_id: int) -> None:
-    """Join JAX's multi-process runtime (one call per process, before any computation).
-
-    CPU devices of different processes talk through gloo collectives; GPUs use NCCL.
-    """
-    if num_processes <= 1:
-        return
-    if not coordinator:
-        raise app.UsageError("--num_processes > 1 needs --coordinator host:port of process 0")
-    if not 0 <= process_id < num_processes:
-        raise app.UsageError(f"--process_id must be in [0, {num_processes}), got {process_id}")
-    import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator, num_processes, process_id)
-
-
 def default_workdir(config_path: str) -> str:
     name = os.path.splitext(os.path.basename(config_path))[0]
     return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -125,8 +123,16 @@ def main(argv: list[str]) -> None:
             raise
         fail(f"config file {missing.group(1)} does not exist; check the --config path", 2)
     use_host_devices(host_device_count)
+    if not DEBUG:  # XLA's C++ log lines (e.g. the coordination service's) only on request
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     # JAX is imported only now, after XLA_FLAGS is set.
-    init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:
+        raise app.UsageError("--num_processes > 1 needs --coordinator host:port of process 0")
+    if not 0 <= _PROCESS_ID.value < max(_NUM_PROCESSES.value, 1):
+        raise app.UsageError(f"--process_id must be in [0, {_NUM_PROCESSES.value})")
+    cluster.initialize(
+        _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
+    )
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
     from jaxpar.errors import TrainingError
@@ -153,6 +159,7 @@ def main(argv: list[str]) -> None:
     except Exception as e:  # anything else: one line, the traceback on request
         if DEBUG:
             raise
+        cluster.settle(e)  # a lost process: the watchdog names it (and exits)
         fail(f"{type(e).__name__}: {one_line(e)} {_HINT}", 1)
 
 

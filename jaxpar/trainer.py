@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -14,8 +15,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxpar import checkpoint as checkpoint_lib
+from jaxpar import cluster
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
@@ -66,16 +69,14 @@ def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | Non
 
 def local_train_batch(s: Setup, step: int) -> dict[str, np.ndarray]:
     """This process's share of global batch `step` (deterministic in seed and step)."""
-    return s.dataset.train_batch(
-        step, s.config.global_batch_size, jax.process_index(), jax.process_count()
-    )
+    return s.dataset.train_batch(step, s.config.global_batch_size, *s.strategy.batch_share())
 
 
 def evaluate(s: Setup, state) -> dict[str, float]:
     """Loss and accuracy over the whole eval split (the padded last batch is masked)."""
     batch_size = s.config.eval_batch_size or s.config.global_batch_size
     totals = None
-    for local in s.dataset.eval_batches(batch_size, jax.process_index(), jax.process_count()):
+    for local in s.dataset.eval_batches(batch_size, *s.strategy.batch_share()):
         # Bounded: the CPU runtime aborts with too many collectives queued (dispatch.py).
         sums = s.strategy.inflight.add(s.strategy.eval_step(state, s.strategy.put_batch(local)))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
@@ -114,7 +115,9 @@ def train_and_evaluate(
     if is_lead:
         workdir_lib.prepare(workdir)
     with workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext():
-        return _run(s, config, workdir, wall0, say, is_lead, eval_only, profile)
+        result = _run(s, config, workdir, wall0, say, is_lead, eval_only, profile)
+    cluster.finish()  # several processes: every one is past its last collective
+    return result
 
 
 def _run(
@@ -191,6 +194,7 @@ def _run(
                 pending = metrics
                 window.append(metrics)
                 done = i + 1
+                stopping = stop.check(done)  # every process, every step (agreed across them)
                 if done % config.log_every_steps == 0 or done == total:
                     jax.block_until_ready(metrics)
                     now = time.perf_counter()
@@ -224,7 +228,7 @@ def _run(
                     )
                     window_t0 = time.perf_counter()  # keep eval time out of the train rate
                     pending, last_done = None, None  # and out of the step times
-                if ckpt is not None and ckpt.due(done, force=done == total or stop.asked):
+                if ckpt is not None and ckpt.due(done, force=done == total or stopping):
                     t0 = time.perf_counter()
                     _stop_if_diverged(jax.device_get(window), done, ckpt)
                     canonical = s.strategy.canonical(state)
@@ -233,7 +237,7 @@ def _run(
                     ckpt.save(done, canonical)
                     window_t0 += time.perf_counter() - t0  # keep saves out of the rate
                     pending, last_done = None, None  # and out of the step times
-                if stop.asked and done < total:
+                if stopping and done < total:
                     say(
                         f"{stop.signal_name}: saved the checkpoint of step {done}; stopped. "
                         "Run the same command again to resume."
@@ -362,15 +366,21 @@ def _diverged(step: int, what: str, ckpt) -> TrainingError:
 
 class _Preemption:
     """Turns SIGTERM and SIGINT (Ctrl-C) into a request to checkpoint and stop after the
-    current step. A second SIGINT aborts at once (KeyboardInterrupt)."""
+    current step. A second SIGINT aborts at once (KeyboardInterrupt).
+
+    Several processes must stop at the same step, whichever of them was signalled: there a
+    SIGTERM goes to JAX's preemption sync manager (it installs its own handler), a SIGINT is
+    handed to it as a SIGTERM, and `check` asks it whether this step is the one the processes
+    agreed on (`multihost_utils.reached_preemption_sync_point`, called every step)."""
 
     def __init__(self, say=print):
         self.asked = False
         self.signal_name = ""
         self._say = say
         self._previous: dict = {}
+        self.multi = jax.process_count() > 1
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGINT,) if self.multi else (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._ask)
 
     def _ask(self, signum, frame):
@@ -378,11 +388,22 @@ class _Preemption:
         if self.asked and signum == signal.SIGINT:
             raise KeyboardInterrupt  # second Ctrl-C: stop now
         self.asked, self.signal_name = True, name
+        if self.multi:  # tell every process, through JAX's preemption notifier
+            os.kill(os.getpid(), signal.SIGTERM)
         self._say(
             f"{name}: finishing this step, then saving a checkpoint and stopping"
             + (" (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""),
             flush=True,
         )
+
+    def check(self, step: int) -> bool:
+        """Whether to save and stop after `step` (the same answer on every process)."""
+        if not self.multi:
+            return self.asked
+        if multihost_utils.reached_preemption_sync_point(step):
+            self.signal_name = self.signal_name or "preemption notice (SIGTERM)"
+            return True
+        return False
 
     def restore(self) -> None:
         for sig, previous in self._previous.items():

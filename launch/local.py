@@ -4,8 +4,10 @@ Run:  python launch/local.py --num_processes 2 -- --config configs/vgg19_data.py
 
 Each process gets its own simulated CPU devices (host_device_count / num_processes of them),
 joins the coordinator at 127.0.0.1, and reads only its share of every batch; together they
-form one mesh. Output lines are prefixed with the process index. If any process fails, the
-others are stopped. On several machines, run on each:
+form one mesh. Output lines are prefixed with the process index. Ctrl-C or SIGTERM to the
+launcher is passed on as a preemption notice: every process saves the same step and exits 0.
+If a process dies, the others stop by themselves within seconds with one line saying which was
+lost. On several machines, run on each (or see launch/slurm.sbatch):
   python -m jaxpar.train ... --coordinator HOST0:PORT --num_processes N --process_id I
 """
 
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GRACE_S = 60  # after one process failed, how long the others get to stop by themselves
 
 
 def free_port() -> int:
@@ -62,7 +67,14 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
     pumps = [threading.Thread(target=_pump, args=(p, i), daemon=True) for i, p in enumerate(procs)]
     for t in pumps:
         t.start()
-    code = 0
+
+    def forward(signum, frame):  # a preemption notice for the job: every process saves, stops
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    code, failed_at = 0, None
     try:
         remaining = list(procs)
         while remaining:
@@ -73,10 +85,15 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
                     continue
                 remaining.remove(p)
                 if rc and not code:
-                    code = rc
-                    for other in remaining:  # one failed: the rest would wait forever
-                        other.terminate()
+                    code, failed_at = rc, time.monotonic()
+            # The others notice a lost process by themselves (jaxpar.cluster) and stop within
+            # seconds; anything still running a minute later is stopped here.
+            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+                for p in remaining:
+                    p.kill()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         for p in procs:
             if p.poll() is None:
                 p.kill()

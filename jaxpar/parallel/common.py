@@ -107,6 +107,11 @@ class Strategy(abc.ABC):
     @abc.abstractmethod
     def put_batch(self, local_batch: dict) -> dict: ...
 
+    def batch_share(self) -> tuple[int, int]:
+        """Which share of every global batch this process reads, as (index, count): its own
+        slice by default (each process feeds its devices' rows)."""
+        return jax.process_index(), jax.process_count()
+
     @abc.abstractmethod
     def _jit_train(self): ...
 

@@ -6,7 +6,14 @@ padded SPMD carrier, each stage is compiled for its own slice of the mesh,
 and optimizer state live only on its devices, unpadded. The host walks the schedule's events
 (GPipe, 1F1B) in dependency order; JAX's asynchronous dispatch lets stages on different devices
 run at the same time. Activations and their gradients move between stage slices with
-`jax.device_put`.
+`jax.device_put` within one process.
+
+Several processes (jax.distributed): every process builds the whole mesh and walks the same
+events, but runs only the programs of stages that own one of its devices (a stage may span
+processes: its programs are then SPMD over them). Moves between stages whose devices are not
+all this process's go through `transfer.Mover`, one small collective program per move, called by
+every process owning either side, in the same order everywhere. The loss reaches every process
+(process 0 logs it), and `canonical` gathers each stage's state onto every device for Orbax.
 
 Backward recomputes the stage's forward from its stored input (rematerialisation), so a stage
 keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under 1F1B.
@@ -34,9 +41,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.errors import ConfigError
 from jaxpar.mesh import AXES
-from jaxpar.parallel import schedules, stages, tensor
+from jaxpar.parallel import schedules, stages, tensor, transfer
 from jaxpar.parallel.common import Strategy, TrainState, logit_sums
 from jaxpar.parallel.data import AXIS, average_gradients
 
@@ -87,11 +93,6 @@ class Pipeline(Strategy):
 
     def __init__(self, config, model, mesh, tx):
         super().__init__(config, model, mesh, tx)
-        if jax.process_count() > 1:
-            raise ConfigError(
-                "pipeline stages run in one process for now; use a (data, 1, 1) mesh across "
-                "processes, or one process"
-            )
         self.num_stages = k = mesh.shape["stage"]
         self.data = mesh.shape["data"]
         self.schedule = config.pipeline.schedule
@@ -106,6 +107,7 @@ class Pipeline(Strategy):
         self.layers = [slice(a, b) for a, b in zip(self.bounds, self.bounds[1:])]
         self.peak_stash_bytes = [0] * k  # per device, measured by the last train step
         self._programs: dict | None = None
+        self._shapes: dict = {}  # micro-batch rows -> per-stage output shapes
         # Tensor parallelism inside each stage: sharding rules over "tensor" (automatic),
         # explicit collectives over "data" (manual). With one data replica the stage programs
         # are plain SPMD (XLA refuses a manual all-reduce over a size-1 axis beside automatic
@@ -116,9 +118,19 @@ class Pipeline(Strategy):
             tensor.check(model, rules, dict(mesh.shape))
         self.spmd_only = self.tensor_parallel and self.data == 1
         self.constrain = tensor.constrain_fn(rules) if self.tensor_parallel else None
-        self.state_specs = []
+        # Which stages own a device of this process (all of them in a single process), and
+        # the mover for transfers that cross processes.
+        self.multi = jax.process_count() > 1
+        self.local = [transfer.owns(mesh.devices[:, s, :]) for s in range(k)]
+        self.mover = transfer.Mover(mesh) if self.multi else None
+        self._relayout = [
+            _OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
+            for sh, m in zip(self.batch_sharding, self.meshes)
+        ]
+        self.state_specs, self.state_shapes = [], []
         for s in range(k):
             shapes = jax.eval_shape(lambda r, s=s: self._init_stage(r, s)[0], jax.random.key(0))
+            self.state_shapes.append(shapes)
             self.state_specs.append(
                 tensor.state_specs(shapes, model, rules, self.layers[s])
                 if self.tensor_parallel
@@ -148,6 +160,10 @@ class Pipeline(Strategy):
         """Each stage initialises only its layers, directly on its own devices."""
         states, accs = [], []
         for s in range(self.num_stages):
+            if not self.local[s]:  # another process's stage
+                states.append(None)
+                accs.append(None)
+                continue
             shardings = (self._named(s, self.state_specs[s]), self._named(s, self._acc_specs(s)))
             state, acc = jax.jit(functools.partial(self._init_stage, s=s), out_shardings=shardings)(
                 rng
@@ -157,20 +173,37 @@ class Pipeline(Strategy):
         return PipelineState(tuple(states), tuple(accs))
 
     def canonical(self, state: PipelineState) -> TrainState:
-        """The layout-free state: one per-layer TrainState, as on a single device."""
-        return merge(list(state.stages))
+        """The layout-free state: one per-layer TrainState, as on a single device. With
+        several processes, each stage's part is gathered onto every device first (a collective
+        every process calls), so that every process holds the whole state, as Orbax needs."""
+        if not self.multi:
+            return merge(list(state.stages))
+        parts = [
+            self.mover.gather_tree(st, self.state_shapes[s], s, self.state_specs[s])
+            for s, st in enumerate(state.stages)
+        ]
+        return merge(parts)
 
     def place(self, host_state: TrainState) -> PipelineState:
         """Split a canonical state by stage (its layers' entries of every per-layer dict) and
         put each part on its stage's devices; gradient accumulators start at zero."""
         states, accs = [], []
         for s in range(self.num_stages):
+            if not self.local[s]:
+                states.append(None)
+                accs.append(None)
+                continue
             names = {layer.name for layer in self.model.layers[self.layers[s]]}
             part = select(host_state, names, {layer.name for layer in self.model.layers})
-            states.append(jax.device_put(part, self._named(s, self.state_specs[s])))
+            states.append(_put(part, self._named(s, self.state_specs[s])))
             acc = jax.tree.map(lambda p: np.zeros((self.data, *p.shape), p.dtype), part.params)
-            accs.append(jax.device_put(acc, self._named(s, self._acc_specs(s))))
+            accs.append(_put(acc, self._named(s, self._acc_specs(s))))
         return PipelineState(tuple(states), tuple(accs))
+
+    def batch_share(self) -> tuple[int, int]:
+        """Every process reads the whole global batch: stage 0's devices need the images and
+        the last stage's the labels, whichever processes those are (each keeps its rows)."""
+        return 0, 1
 
     def put_batch(self, local_batch):
         """Split the global batch into M micro-batches; images go to stage 0, the rest
@@ -178,9 +211,9 @@ class Pipeline(Strategy):
         m = self.num_microbatches
         out = {}
         for key, value in local_batch.items():
-            sharding = self.batch_sharding[0 if key == "image" else -1]
+            s = 0 if key == "image" else self.num_stages - 1
             parts = np.split(value, m)
-            out[key] = [jax.device_put(p, sharding) for p in parts]
+            out[key] = [_put(p, self.batch_sharding[s]) if self.local[s] else None for p in parts]
         return out
 
     # -- programs ------------------------------------------------------------------------
@@ -326,49 +359,108 @@ class Pipeline(Strategy):
     # -- the step ------------------------------------------------------------------------
 
     def _step(self, state: PipelineState, batch):
-        progs, k, run = self.programs, self.num_stages, self._run
+        progs, k, run, mine = self.programs, self.num_stages, self._run, self.local
         st = list(state.stages)
-        stats = [x.batch_stats for x in st]
+        stats = [None if x is None else x.batch_stats for x in st]
         acc = list(state.grad_acc)
         sent_f, sent_b, stash = {}, {}, {}
         live = [0] * k
         peak = [0] * k
         losses, accuracies = [], []
+        rows = batch["image"][0].shape[0] if mine[0] else None
         for kind, s, m in self.order:
+            # Every process walks every event; it computes only its own stages' events, and
+            # takes part in every transfer one of its devices is on (see `_send`).
             if kind == "F":
-                x = batch["image"][m] if s == 0 else sent_f.pop((s, m))
-                stash[(s, m)] = x
-                live[s] += x.nbytes // self.data
-                peak[s] = max(peak[s], live[s])
+                y = None
+                if mine[s]:
+                    x = batch["image"][m] if s == 0 else sent_f.pop((s, m))
+                    stash[(s, m)] = x
+                    live[s] += x.nbytes // self.data
+                    peak[s] = max(peak[s], live[s])
+                    if s < k - 1:
+                        y, stats[s] = run(progs["fwd"][s], st[s].params, stats[s], x)
                 if s < k - 1:
-                    y, stats[s] = run(progs["fwd"][s], st[s].params, stats[s], x)
-                    sent_f[(s + 1, m)] = self._send(y, s, s + 1)
+                    sent_f[(s + 1, m)] = self._send(y, s, s + 1, rows)
                 continue
-            x = stash.pop((s, m))
-            live[s] -= x.nbytes // self.data
-            if s == k - 1:
-                g, acc[s], stats[s], (loss, correct) = run(
-                    progs["bwd"][s], st[s].params, stats[s], x, batch["label"][m], acc[s]
-                )
-                losses.append(loss)
-                accuracies.append(correct)
-            elif s > 0:
-                g, acc[s] = run(
-                    progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
-                )
-            else:
-                acc[s] = run(progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
+            g = None
+            if mine[s]:
+                x = stash.pop((s, m))
+                live[s] -= x.nbytes // self.data
+                if s == k - 1:
+                    g, acc[s], stats[s], (loss, correct) = run(
+                        progs["bwd"][s], st[s].params, stats[s], x, batch["label"][m], acc[s]
+                    )
+                    losses.append(loss)
+                    accuracies.append(correct)
+                elif s > 0:
+                    g, acc[s] = run(
+                        progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
+                    )
+                else:
+                    acc[s] = run(
+                        progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
+                    )
             if s > 0:
-                sent_b[(s - 1, m)] = self._send(g, s, s - 1)
+                sent_b[(s - 1, m)] = self._send(g, s, s - 1, rows)
         for s in range(k):
-            st[s], acc[s] = run(progs["update"][s], st[s].replace(batch_stats=stats[s]), acc[s])
+            if mine[s]:
+                st[s], acc[s] = run(progs["update"][s], st[s].replace(batch_stats=stats[s]), acc[s])
         self.peak_stash_bytes = peak
-        metrics = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(losses)}
-        return PipelineState(tuple(st), tuple(acc)), metrics
+        metrics = None
+        if mine[-1]:
+            metrics = {
+                "loss": sum(losses) / len(losses),
+                "accuracy": sum(accuracies) / len(losses),
+            }
+        return PipelineState(tuple(st), tuple(acc)), self._to_all(metrics, ("loss", "accuracy"))
 
-    def _send(self, x, src: int, dst: int):
-        """Move an activation (or its gradient) from stage `src`'s devices to stage `dst`'s."""
-        return jax.device_put(x, self.batch_sharding[dst])
+    def _boundary(self, rows: int | None) -> list[jax.ShapeDtypeStruct]:
+        """Per stage, the shape of its output for a micro-batch of `rows` images: what a
+        process that does not run a stage must know to receive from it."""
+        if rows is None:  # this process holds no images: the micro-batch size from the config
+            rows = self.config.global_batch_size // self.num_microbatches
+        if rows not in self._shapes:
+            x = jax.ShapeDtypeStruct((rows, *self.model.input_shape), jnp.float32)
+            out = []
+            for s in range(self.num_stages):
+                shapes = self.state_shapes[s]
+                with jax.set_mesh(self.meshes[s]):  # tensor-parallel layout constraints
+                    x = jax.eval_shape(
+                        lambda p, b, x, s=s: self._stage_fn(s)(p, b, x, train=False)[0],
+                        shapes.params,
+                        shapes.batch_stats,
+                        x,
+                    )
+                out.append(x)
+            self._shapes[rows] = out
+        return self._shapes[rows]
+
+    def _send(self, x, src: int, dst: int, rows: int | None = None):
+        """Move an activation (or its gradient) from stage `src`'s devices to stage `dst`'s.
+
+        One process: `device_put`. Several: the mover's collective program, which every
+        process owning a device of either stage calls (x is None where it owns none of
+        src's); the result is None where this process owns none of dst's devices."""
+        if not self.multi:
+            return jax.device_put(x, self.batch_sharding[dst])
+        if not (self.local[src] or self.local[dst]):
+            return None
+        shape = self._boundary(rows)[min(src, dst)]
+        if x is not None and not x.sharding.is_equivalent_to(self.batch_sharding[src], x.ndim):
+            x = self._relayout[src](x)  # e.g. a tensor-parallel stage's output
+        y = self.mover.send(x, src, dst, shape.shape, shape.dtype, P(AXIS))
+        return None if y is None else self.inflight.add(y)
+
+    def _to_all(self, tree, keys: tuple[str, ...]):
+        """Metrics or eval sums (scalars named `keys`, replicated on the last stage) on every
+        device, so that every process reads the same values. One process: unchanged."""
+        if not self.multi:
+            return tree
+        template = {key: jax.ShapeDtypeStruct((), jnp.float32) for key in keys}
+        specs = {key: P() for key in keys}
+        last = self.num_stages - 1
+        return self.inflight.add(self.mover.gather_tree(tree, template, last, specs))
 
     def _run(self, program, *args):
         """Dispatch one stage program, keeping the work in flight bounded (dispatch.py)."""
@@ -378,28 +470,47 @@ class Pipeline(Strategy):
         return self._step(state, batch)
 
     def eval_step(self, state, batch):
-        progs, k = self.programs, self.num_stages
+        progs, k, mine = self.programs, self.num_stages, self.local
+        rows = batch["image"][0].shape[0] if mine[0] else None
         totals = None
         for m in range(self.num_microbatches):
             x = batch["image"][m]
             for s in range(k - 1):
-                y = self._run(
-                    progs["eval"][s], state.stages[s].params, state.stages[s].batch_stats, x
+                y = None
+                if mine[s]:
+                    p = state.stages[s]
+                    y = self._run(progs["eval"][s], p.params, p.batch_stats, x)
+                x = self._send(y, s, s + 1, rows)
+            if mine[-1]:
+                last = state.stages[-1]
+                sums = self._run(
+                    progs["eval"][-1],
+                    last.params,
+                    last.batch_stats,
+                    x,
+                    batch["label"][m],
+                    batch["mask"][m],
                 )
-                x = self._send(y, s, s + 1)
-            last = state.stages[-1]
-            sums = self._run(
-                progs["eval"][-1],
-                last.params,
-                last.batch_stats,
-                x,
-                batch["label"][m],
-                batch["mask"][m],
-            )
-            totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        return totals
+                totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        return self._to_all(totals, ("correct", "count", "loss_sum"))
 
     # -- what it costs -------------------------------------------------------------------
+
+    def report(self, state, batch, batch_size: int, timing: bool = True) -> dict[str, Any]:
+        """The step's figures (see `analysis.report`). Across processes no process can walk
+        every stage, so only the schedule's figures are given; run `--explain` or the
+        benchmark in one process for memory, collectives and the measured bubble."""
+        if not self.multi:
+            return super().report(state, batch, batch_size, timing)
+        return {
+            "num_stages": self.num_stages,
+            "pipeline_schedule": self.schedule,
+            "num_microbatches": self.num_microbatches,
+            "stage_bounds": list(self.bounds),
+            "analytic_bubble": schedules.analytic_bubble(self.num_stages, self.num_microbatches),
+            "bytes_between_stages_per_step": self.bytes_between_stages(batch_size),
+            "peak_stash_bytes_per_device": list(self.peak_stash_bytes),
+        }
 
     def bytes_between_stages(self, batch_size: int) -> int:
         """Bytes crossing stage boundaries per step: each boundary activation forward and its
@@ -424,6 +535,18 @@ class Pipeline(Strategy):
                 schedules.render(self.events),
             ]
         )
+
+
+def _put(tree, shardings):
+    """Host arrays onto (possibly multi-process) shardings: each process supplies the blocks
+    of its own devices from the whole host value it holds."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    return jax.tree.map(
+        lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda i: np.asarray(x)[i]),
+        tree,
+        shardings,
+    )
 
 
 def _plural(n: int, one: str, many: str) -> str:

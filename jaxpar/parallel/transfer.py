@@ -1,0 +1,150 @@
+"""Moving arrays between pipeline stages that live in different processes.
+
+Within one process a stage-to-stage move is `jax.device_put`. Across processes (JAX's
+multi-controller runtime, one process per host or GPU), no process can address the other side's
+devices, so every move is a small SPMD program over the devices of both sides, run by every
+process that owns one of them, in the same global order everywhere (a process that skipped one
+would leave its peers waiting in the collective):
+
+- `send`: stage a's activation (or gradient) to stage b. Both sides' shards are stacked along
+  dim 0 into one array over the pair's mesh `(data, 2, tensor)`, sender blocks first; the
+  receiving devices supply zero buffers. `lax.ppermute` over "stage" moves each data replica's
+  block to the same replica on the other side, and the received shards are re-wrapped as an
+  array on stage b's devices. No copies besides the transfer itself.
+- `gather`: an array held by stage s's devices made available on every device of the mesh (a
+  psum over "stage" of the stacked array, every other stage contributing zeros): the step's loss
+  for logging on process 0, and the layout-free state that checkpoints store.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import AXES
+
+
+def owns(devices) -> bool:
+    """Whether this process owns any of `devices`."""
+    me = jax.process_index()
+    return any(d.process_index == me for d in np.ravel(devices))
+
+
+def _stacked_spec(spec: P, ndim: int) -> P:
+    """`spec` with "stage" added as the major axis of dim 0 (dim 0 added for scalars)."""
+    parts = list(spec) + [None] * (max(ndim, 1) - len(spec))
+    first = parts[0]
+    first = () if first is None else (first if isinstance(first, tuple) else (first,))
+    return P(("stage", *first), *parts[1:])
+
+
+class Mover:
+    """Cross-process moves over one mesh's stage slices; programs are compiled once per
+    (stages, shape, dtype, spec) and zero buffers are cached (they are never donated)."""
+
+    def __init__(self, mesh: Mesh):
+        self.mesh = mesh
+        self.me = jax.process_index()
+        self._zeros: dict = {}
+
+    def _stage_devices(self, s: int) -> np.ndarray:
+        return self.mesh.devices[:, s, :]
+
+    def _zero(self, device, shape, dtype) -> jax.Array:
+        key = (device, tuple(shape), np.dtype(dtype))
+        if key not in self._zeros:
+            self._zeros[key] = jax.device_put(np.zeros(shape, dtype), device)
+        return self._zeros[key]
+
+    def _stack(self, x: jax.Array | None, sharding: NamedSharding, shape, dtype) -> jax.Array:
+        """A global array of `shape` over `sharding` (stacked along dim 0) made of x's local
+        shards where this process holds them and of zero blocks on its other devices."""
+        mine = {}
+        if x is not None:
+            for shard in x.addressable_shards:
+                mine[shard.device] = shard.data.reshape(1) if shard.data.ndim == 0 else shard.data
+        index = sharding.addressable_devices_indices_map(shape)
+        arrays = []
+        for device in sharding.mesh.devices.flat:
+            if device.process_index != self.me:
+                continue
+            if device in mine:
+                arrays.append(mine[device])
+            else:
+                block = tuple(len(range(*sl.indices(n))) for sl, n in zip(index[device], shape))
+                arrays.append(self._zero(device, block, dtype))
+        return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+    # -- stage a -> stage b ----------------------------------------------------------------
+
+    def send(self, x: jax.Array | None, a: int, b: int, shape, dtype, spec: P) -> jax.Array | None:
+        """Move `x` (sharded `spec` over stage a's devices; None where this process owns none
+        of them) to stage b's devices with the same spec; None where this process owns none
+        of stage b's devices. Every process owning a device of a or b must call it."""
+        devices = np.stack([self._stage_devices(a), self._stage_devices(b)], axis=1)
+        if not owns(devices):
+            return None
+        pair = Mesh(devices, AXES)
+        stacked = _stacked_spec(spec, len(shape))
+        sharding = NamedSharding(pair, stacked)
+        big = (2 * shape[0], *shape[1:])
+        out = _permute(pair, stacked)(self._stack(x, sharding, big, dtype))
+        target = set(self._stage_devices(b).flat)
+        got = [s.data for s in out.addressable_shards if s.device in target]
+        if not got:
+            return None
+        stage_mesh = Mesh(self.mesh.devices[:, b : b + 1, :], AXES)
+        return jax.make_array_from_single_device_arrays(
+            tuple(shape), NamedSharding(stage_mesh, spec), got
+        )
+
+    # -- stage s -> every device -----------------------------------------------------------
+
+    def gather(self, x: jax.Array | None, s: int, shape, dtype, spec: P) -> jax.Array:
+        """`x` (sharded `spec` over stage s's devices; None where this process owns none of
+        them) as an array over the whole mesh, sharded `spec` (replicated over "stage")."""
+        k = self.mesh.shape["stage"]
+        ndim = len(shape)
+        stacked = _stacked_spec(spec, ndim)
+        sharding = NamedSharding(self.mesh, stacked)
+        shape = tuple(shape)
+        big = (k * shape[0], *shape[1:]) if ndim else (k,)
+        stacked_array = self._stack(x, sharding, big, dtype)  # x's shards are block s
+        return _psum_stage(self.mesh, stacked, spec, ndim)(stacked_array)
+
+    def gather_tree(self, tree: Any, template: Any, s: int, specs: Any) -> Any:
+        """`gather` for every leaf; `template` gives shapes and dtypes (eval_shape output)."""
+        leaves, treedef = jax.tree.flatten(template)
+        spec_leaves = treedef.flatten_up_to(specs)
+        values = [None] * len(leaves) if tree is None else treedef.flatten_up_to(tree)
+        out = [
+            self.gather(v, s, t.shape, t.dtype, p)
+            for v, t, p in zip(values, leaves, spec_leaves, strict=True)
+        ]
+        return treedef.unflatten(out)
+
+
+@functools.cache
+def _permute(pair: Mesh, spec: P):
+    """The pair program: every block moves from the pair's stage 0 side to its stage 1 side."""
+    return jax.jit(
+        jax.shard_map(
+            lambda v: lax.ppermute(v, "stage", [(0, 1)]), mesh=pair, in_specs=spec, out_specs=spec
+        )
+    )
+
+
+@functools.cache
+def _psum_stage(mesh: Mesh, stacked: P, spec: P, ndim: int):
+    def body(v):
+        v = lax.psum(v, "stage")
+        return v.reshape(()) if ndim == 0 else v
+
+    out_spec = spec if ndim else P()
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=stacked, out_specs=out_spec))
