@@ -18,12 +18,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxpar import checkpoint as checkpoint_lib
-from jaxpar import cluster
+from jaxpar import cluster, models, optim, parallel, profiling
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
-from jaxpar import models, optim, parallel, profiling
 from jaxpar import workdir as workdir_lib
 from jaxpar.errors import TrainingError
 
