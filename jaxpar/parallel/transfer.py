@@ -106,27 +106,24 @@ class Mover:
 
     # -- stage s -> every device -----------------------------------------------------------
 
-    def gather(self, x: jax.Array | None, s: int, shape, dtype, spec: P) -> jax.Array:
-        """`x` (sharded `spec` over stage s's devices; None where this process owns none of
-        them) as an array over the whole mesh, sharded `spec` (replicated over "stage")."""
-        k = self.mesh.shape["stage"]
-        ndim = len(shape)
-        stacked = _stacked_spec(spec, ndim)
-        sharding = NamedSharding(self.mesh, stacked)
-        shape = tuple(shape)
-        big = (k * shape[0], *shape[1:]) if ndim else (k,)
-        stacked_array = self._stack(x, sharding, big, dtype)  # x's shards are block s
-        return _psum_stage(self.mesh, stacked, spec, ndim)(stacked_array)
-
     def gather_tree(self, tree: Any, template: Any, s: int, specs: Any) -> Any:
-        """`gather` for every leaf; `template` gives shapes and dtypes (eval_shape output)."""
+        """Every leaf of `tree` (sharded by its spec in `specs` over stage s's devices; None
+        where this process owns none of them) as an array over the whole mesh with the same
+        spec, replicated over "stage". `template` gives shapes and dtypes (eval_shape output).
+        One program for the whole tree: a psum over "stage" of the stacked leaves, every
+        other stage contributing zeros."""
         leaves, treedef = jax.tree.flatten(template)
-        spec_leaves = treedef.flatten_up_to(specs)
+        spec_leaves = tuple(treedef.flatten_up_to(specs))
         values = [None] * len(leaves) if tree is None else treedef.flatten_up_to(tree)
-        out = [
-            self.gather(v, s, t.shape, t.dtype, p)
-            for v, t, p in zip(values, leaves, spec_leaves, strict=True)
-        ]
+        k = self.mesh.shape["stage"]
+        stacked, ndims = [], []
+        for x, t, spec in zip(values, leaves, spec_leaves, strict=True):
+            shape = tuple(t.shape)
+            big = (k * shape[0], *shape[1:]) if shape else (k,)
+            sharding = NamedSharding(self.mesh, _stacked_spec(spec, len(shape)))
+            stacked.append(self._stack(x, sharding, big, t.dtype))  # x's shards: block s
+            ndims.append(len(shape))
+        out = _psum_stage(self.mesh, spec_leaves, tuple(ndims))(stacked)
         return treedef.unflatten(out)
 
 
@@ -141,10 +138,13 @@ def _permute(pair: Mesh, spec: P):
 
 
 @functools.cache
-def _psum_stage(mesh: Mesh, stacked: P, spec: P, ndim: int):
-    def body(v):
-        v = lax.psum(v, "stage")
-        return v.reshape(()) if ndim == 0 else v
+def _psum_stage(mesh: Mesh, specs: tuple, ndims: tuple):
+    """The gather program for leaves with these specs and ranks."""
 
-    out_spec = spec if ndim else P()
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=stacked, out_specs=out_spec))
+    def body(values):
+        out = [lax.psum(v, "stage") for v in values]
+        return [v.reshape(()) if n == 0 else v for v, n in zip(out, ndims, strict=True)]
+
+    in_specs = [_stacked_spec(p, n) for p, n in zip(specs, ndims, strict=True)]
+    out_specs = [p if n else P() for p, n in zip(specs, ndims, strict=True)]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs))
