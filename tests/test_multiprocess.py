@@ -262,3 +262,19 @@ def test_sigterm_to_one_process_checkpoints_both_and_resumes_exactly(tmp_path):
     state, _ = restored(cut, config)
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(full_state), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_cluster_launchers_are_detected(monkeypatch):
+    """Under srun or mpirun with several tasks, jaxpar.train joins without --coordinator."""
+    from jaxpar import cluster
+
+    for var in ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert cluster.detected_cluster() is None
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # one task: a plain run
+    assert cluster.detected_cluster() is None
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "16")
+    assert cluster.detected_cluster() == "SLURM (srun)"
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    assert cluster.detected_cluster() == "Open MPI"
