@@ -29,16 +29,14 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import AXES
-from jaxpar.parallel import schedules, stages, tensor
-from jaxpar.parallel.common import Strategy, TrainState, logit_sums
-from jaxpar.parallel.data import AXIS, average_gradients
+from jaxpar.parallel import schedules, stage_programs, stages, tensor
+from jaxpar.parallel.common import Strategy, TrainState
+from jaxpar.parallel.data import AXIS
 
 
 @flax.struct.dataclass
@@ -96,9 +94,17 @@ class Pipeline(Strategy):
         self.data = mesh.shape["data"]
         self.schedule = config.pipeline.schedule
         self.num_microbatches = 1 if self.schedule == "naive" else config.pipeline.num_microbatches
-        self.bounds = stages.split(model, k, config.pipeline.split)
-        self.events = schedules.stage_events(self.schedule, k, self.num_microbatches)
+        # Chunks: contiguous layer runs; chunk c lives on device stage c % K (interleaved
+        # schedules hold v > 1 chunks per stage, every other schedule one).
+        self.virtual_stages = v = (
+            config.pipeline.virtual_stages if self.schedule == "interleaved" else 1
+        )
+        self.num_chunks = k * v
+        self.remat = config.pipeline.remat
+        self.bounds = stages.split(model, k * v, config.pipeline.split)
+        self.events = schedules.stage_events(self.schedule, k, self.num_microbatches, v)
         self.order = schedules.dispatch_order(self.events)
+        self.split_backward = schedules.split_backward(self.events)
         self.meshes = [Mesh(mesh.devices[:, s : s + 1, :], AXES) for s in range(k)]
         self.replicated = [NamedSharding(m, P()) for m in self.meshes]
         self.batch_sharding = [NamedSharding(m, P(AXIS)) for m in self.meshes]
@@ -117,7 +123,7 @@ class Pipeline(Strategy):
         self.spmd_only = self.tensor_parallel and self.data == 1
         self.constrain = tensor.constrain_fn(rules) if self.tensor_parallel else None
         self.state_specs = []
-        for s in range(k):
+        for s in range(self.num_chunks):
             shapes = jax.eval_shape(lambda r, s=s: self._init_stage(r, s)[0], jax.random.key(0))
             self.state_specs.append(
                 tensor.state_specs(shapes, model, rules, self.layers[s])
@@ -134,9 +140,10 @@ class Pipeline(Strategy):
         acc = jax.tree.map(lambda p: jnp.zeros((self.data, *p.shape), p.dtype), params)
         return state, acc
 
-    def _named(self, s: int, specs):
+    def _named(self, c: int, specs):
+        mesh = self.meshes[c % self.num_stages]  # chunk c's device stage
         return jax.tree.map(
-            lambda x: NamedSharding(self.meshes[s], x), specs, is_leaf=lambda x: isinstance(x, P)
+            lambda x: NamedSharding(mesh, x), specs, is_leaf=lambda x: isinstance(x, P)
         )
 
     def _acc_specs(self, s: int):
@@ -145,9 +152,9 @@ class Pipeline(Strategy):
         )
 
     def init_state(self, rng):
-        """Each stage initialises only its layers, directly on its own devices."""
+        """Each chunk initialises only its layers, directly on its stage's devices."""
         states, accs = [], []
-        for s in range(self.num_stages):
+        for s in range(self.num_chunks):
             shardings = (self._named(s, self.state_specs[s]), self._named(s, self._acc_specs(s)))
             state, acc = jax.jit(functools.partial(self._init_stage, s=s), out_shardings=shardings)(
                 rng
@@ -164,7 +171,7 @@ class Pipeline(Strategy):
         """Split a canonical state by stage (its layers' entries of every per-layer dict) and
         put each part on its stage's devices; gradient accumulators start at zero."""
         states, accs = [], []
-        for s in range(self.num_stages):
+        for s in range(self.num_chunks):
             names = {layer.name for layer in self.model.layers[self.layers[s]]}
             part = select(host_state, names, {layer.name for layer in self.model.layers})
             states.append(jax.device_put(part, self._named(s, self.state_specs[s])))
@@ -185,127 +192,10 @@ class Pipeline(Strategy):
 
     # -- programs ------------------------------------------------------------------------
 
-    def _stage_fn(self, s: int):
-        bn_axis = None if self.spmd_only else self.bn_axis_name
-
-        def fn(params, stats, x, train=True):
-            return self.model.apply(
-                params,
-                stats,
-                x,
-                train=train,
-                layers=self.layers[s],
-                bn_axis_name=bn_axis if train else None,
-                constrain=self.constrain,
-            )
-
-        return fn
-
-    def _pmean(self, x):
-        return x if self.spmd_only else lax.pmean(x, AXIS)
-
-    def _varying(self, x):
-        return x if self.spmd_only else lax.pcast(x, AXIS, to="varying")
-
-    def _sync_stats(self, stats):
-        return stats if self.bn_axis_name or not stats else self._pmean(stats)
-
-    def _build(self):
-        """Compile-ready programs per stage: forward, backward (recompute + vjp), update."""
-        k, inv_m = self.num_stages, 1.0 / self.num_microbatches
-        progs: dict[str, list] = {"fwd": [], "bwd": [], "update": [], "eval": []}
-        for s in range(k):
-            fn, mesh, last = self._stage_fn(s), self.meshes[s], s == k - 1
-
-            def fwd(params, stats, x, fn=fn):
-                y, new_stats = fn(params, stats, x)
-                return y, self._sync_stats(new_stats)
-
-            def bwd(params, stats, x, target, acc, fn=fn, s=s, last=last):
-                local = self._varying(params)
-
-                def f(p, x):
-                    y, new_stats = fn(p, stats, x)
-                    if not last:
-                        return y, new_stats
-                    loss = optax.softmax_cross_entropy_with_integer_labels(y, target).mean()
-                    correct = jnp.mean(jnp.argmax(y, -1) == target)
-                    return loss, (new_stats, correct)
-
-                out, vjp, aux = jax.vjp(f, local, x, has_aux=True)
-                # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
-                cot = self._varying(jnp.asarray(inv_m, out.dtype)) if last else target
-                g_params, g_x = vjp(cot)
-                if self.tensor_parallel:  # accumulate in the parameters' layout
-                    g_params = tensor.constrain_tree(g_params, self.state_specs[s].params)
-                acc = jax.tree.map(lambda a, g: a + g[None], acc, g_params)
-                if last:
-                    new_stats, correct = aux
-                    metrics = (self._pmean(out), self._pmean(correct))
-                    return g_x, acc, self._sync_stats(new_stats), metrics
-                return (g_x, acc) if s > 0 else acc
-
-            def update(state, acc, s=s):
-                grads = jax.tree.map(lambda a: a[0], acc)
-                grads = grads if self.spmd_only else average_gradients(grads)
-                if self.tensor_parallel:  # keep the update in the parameters' layout
-                    grads = tensor.constrain_tree(grads, self.state_specs[s].params)
-                updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-                new = state.replace(
-                    step=state.step + 1,
-                    opt_state=opt_state,
-                    params=optax.apply_updates(state.params, updates),
-                )
-                return new, jax.tree.map(jnp.zeros_like, acc)
-
-            def evaluate(params, stats, x, *label_mask, fn=fn):
-                y, _ = fn(params, stats, x, train=False)
-                if not label_mask:
-                    return y
-                sums = logit_sums(y, *label_mask)
-                return sums if self.spmd_only else lax.psum(sums, AXIS)
-
-            def sm(fn, in_specs, out_specs, mesh=mesh):
-                if self.spmd_only:
-                    return fn
-                manual = frozenset({AXIS}) if self.tensor_parallel else frozenset()
-                return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                                     axis_names=manual)  # fmt: skip
-
-            data, rep = P(AXIS), P()
-            on = functools.partial(_OnMesh, mesh=mesh)
-            progs["fwd"].append(
-                on(jax.jit(sm(fwd, in_specs=(rep, rep, data), out_specs=(data, rep))))
-            )
-            bwd_out = (data, data, rep, (rep, rep)) if last else ((data, data) if s else data)
-            progs["bwd"].append(
-                on(
-                    jax.jit(
-                        sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
-                        donate_argnums=4,
-                    )
-                )
-            )
-            layout = (self._named(s, self.state_specs[s]), self._named(s, self._acc_specs(s)))
-            progs["update"].append(
-                on(
-                    jax.jit(
-                        sm(update, in_specs=(rep, data), out_specs=(rep, data)),
-                        donate_argnums=(0, 1),
-                        out_shardings=layout,
-                    )
-                )
-            )
-            eval_in = (rep, rep, data, data, data) if last else (rep, rep, data)
-            progs["eval"].append(
-                on(jax.jit(sm(evaluate, in_specs=eval_in, out_specs=rep if last else data)))
-            )
-        return progs
-
     @property
     def programs(self):
         if self._programs is None:
-            self._programs = self._build()
+            self._programs = stage_programs.build(self)
         return self._programs
 
     def _jit_train(self):  # the pipeline step is a host-side walk over many programs
@@ -326,42 +216,74 @@ class Pipeline(Strategy):
     # -- the step ------------------------------------------------------------------------
 
     def _step(self, state: PipelineState, batch):
-        progs, k, run = self.programs, self.num_stages, self._run
+        """Walk the schedule's events in dispatch order. Each event runs one chunk's program on
+        its device stage; what a backward needs is stored from its forward (the stage input,
+        or with remat=False the residuals) and counted per device as stored bytes."""
+        progs, k, c_last, run = self.programs, self.num_stages, self.num_chunks - 1, self._run
         st = list(state.stages)
         stats = [x.batch_stats for x in st]
         acc = list(state.grad_acc)
-        sent_f, sent_b, stash = {}, {}, {}
-        live = [0] * k
-        peak = [0] * k
+        sent_f, sent_b, stash, kept = {}, {}, {}, {}
+        live, peak = [0] * k, [0] * k
         losses, accuracies = [], []
-        for kind, s, m in self.order:
+
+        def store(where, key, value, d):
+            where[key] = value
+            live[d] += _device_bytes(value)
+            peak[d] = max(peak[d], live[d])
+
+        def free(where, key, d):
+            value = where.pop(key)
+            live[d] -= _device_bytes(value)
+            return value
+
+        for kind, c, m in self.order:
+            d = c % k  # the device stage every program of this event runs on
+            params = st[c].params
             if kind == "F":
-                x = batch["image"][m] if s == 0 else sent_f.pop((s, m))
-                stash[(s, m)] = x
-                live[s] += x.nbytes // self.data
-                peak[s] = max(peak[s], live[s])
-                if s < k - 1:
-                    y, stats[s] = run(progs["fwd"][s], st[s].params, stats[s], x)
-                    sent_f[(s + 1, m)] = self._send(y, s, s + 1)
+                x = batch["image"][m] if c == 0 else sent_f.pop((c, m))
+                if self.remat:
+                    store(stash, (c, m), x, d)
+                    if c < c_last:
+                        y, stats[c] = run(progs["fwd"][c], params, stats[c], x)
+                else:
+                    target = (batch["label"][m],) if c == c_last else ()
+                    y, stats[c], res = run(progs["fwd_res"][c], params, stats[c], x, *target)
+                    store(stash, (c, m), res, d)
+                    if c == c_last:
+                        losses.append(y[0])
+                        accuracies.append(y[1])
+                if c < c_last:
+                    sent_f[(c + 1, m)] = self._send(y, d, (c + 1) % k)
                 continue
-            x = stash.pop((s, m))
-            live[s] -= x.nbytes // self.data
-            if s == k - 1:
-                g, acc[s], stats[s], (loss, correct) = run(
-                    progs["bwd"][s], st[s].params, stats[s], x, batch["label"][m], acc[s]
-                )
-                losses.append(loss)
-                accuracies.append(correct)
-            elif s > 0:
-                g, acc[s] = run(
-                    progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
-                )
+            if kind == "W":
+                outs = free(kept, (c, m), d)
+                acc[c] = run(progs["bwd_w"][c], params, free(stash, (c, m), d), outs, acc[c])
+                continue
+            cot = () if c == c_last else (sent_b.pop((c, m)),)
+            if self.remat:
+                x = free(stash, (c, m), d)
+                target = (batch["label"][m],) if c == c_last else cot
+                out = run(progs["bwd"][c], params, stats[c], x, *target, acc[c])
+                if c == c_last:
+                    g, acc[c], stats[c], (loss, correct) = out
+                    losses.append(loss)
+                    accuracies.append(correct)
+                elif c > 0:
+                    g, acc[c] = out
+                else:
+                    acc[c] = out
+            elif self.split_backward:  # B: the input gradient; W runs later from `kept`
+                out = run(progs["bwd_in"][c], params, stash[(c, m)], *cot)
+                g, outs = out if c > 0 else (None, out)
+                store(kept, (c, m), outs, d)
             else:
-                acc[s] = run(progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s])
-            if s > 0:
-                sent_b[(s - 1, m)] = self._send(g, s, s - 1)
-        for s in range(k):
-            st[s], acc[s] = run(progs["update"][s], st[s].replace(batch_stats=stats[s]), acc[s])
+                out = run(progs["bwd_res"][c], params, free(stash, (c, m), d), *cot, acc[c])
+                g, acc[c] = out if c > 0 else (None, out)
+            if c > 0:
+                sent_b[(c - 1, m)] = self._send(g, d, (c - 1) % k)
+        for c in range(self.num_chunks):
+            st[c], acc[c] = run(progs["update"][c], st[c].replace(batch_stats=stats[c]), acc[c])
         self.peak_stash_bytes = peak
         metrics = {"loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(losses)}
         return PipelineState(tuple(st), tuple(acc)), metrics
@@ -382,11 +304,11 @@ class Pipeline(Strategy):
         totals = None
         for m in range(self.num_microbatches):
             x = batch["image"][m]
-            for s in range(k - 1):
+            for c in range(self.num_chunks - 1):
                 y = self._run(
-                    progs["eval"][s], state.stages[s].params, state.stages[s].batch_stats, x
+                    progs["eval"][c], state.stages[c].params, state.stages[c].batch_stats, x
                 )
-                x = self._send(y, s, s + 1)
+                x = self._send(y, c % k, (c + 1) % k)
             last = state.stages[-1]
             sums = self._run(
                 progs["eval"][-1],
@@ -409,9 +331,14 @@ class Pipeline(Strategy):
             total += 2 * 4 * batch_size * self.model.layers[b - 1].activation_size
         return total
 
+    def analytic_bubble(self) -> float:
+        return schedules.analytic_bubble(
+            self.num_stages, self.num_microbatches, self.schedule, self.virtual_stages
+        )
+
     def describe(self, batch_size: int) -> str:
         """The stage table and the schedule, drawn per stage."""
-        analytic = schedules.analytic_bubble(self.num_stages, self.num_microbatches)
+        analytic = self.analytic_bubble()
         return "\n".join(
             [
                 (
@@ -426,21 +353,10 @@ class Pipeline(Strategy):
         )
 
 
+def _device_bytes(tree) -> int:
+    """Bytes one device holds of `tree` (its first shard of every leaf)."""
+    return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))
+
+
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
-
-
-class _OnMesh:
-    """A jitted stage program that traces, lowers and runs with its stage's mesh as the
-    context mesh, so the sharding rules inside resolve against that stage's devices."""
-
-    def __init__(self, fn, mesh):
-        self.fn, self.mesh = fn, mesh
-
-    def __call__(self, *args):
-        with jax.set_mesh(self.mesh):
-            return self.fn(*args)
-
-    def lower(self, *args):
-        with jax.set_mesh(self.mesh):
-            return self.fn.lower(*args)
