@@ -3,11 +3,13 @@
 reproduces their analytic bubbles; residual programs recompute no forward.
 
 The equality grid is representative rather than the full product (the full product of
-schedule x remat x K x M x v is ~60 pipelines, minutes on 2 cores): every new schedule and
-remat=False at K=2 and K=4, the extremes M=1 and M=8 and the middle values where a schedule
-behaves differently (M < K: ZB-H1's weight gradients cannot fill the ramp; M = K and 2K:
-interleaved's groups of K), v=1 and v=2, and one data-parallel case that exercises residuals
-stacked per replica. The schedule tests below run the full K x M x v product (they are cheap).
+schedule x remat x K x M x v is ~60 pipelines, each 10-70 s to compile and run on a loaded
+2-core box): every new schedule and remat=False at K=2 and K=4, M=1 and M=8 and middle values
+where a schedule behaves differently (M < K: ZB-H1's weight gradients cannot fill the ramp;
+M = K and 2K: interleaved's groups of K), v=1 and v=2 (interleaved with v=1 is 1F1B's event
+list, pinned by the schedule tests), remat=True with chunks, and one data-parallel case that
+exercises residuals stacked per replica. GPipe with remat=False runs the same programs as
+1F1B in another order. The schedule tests below run the full K x M x v product (cheap).
 """
 
 import jax
@@ -21,17 +23,12 @@ from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
 RTOL = 1e-5
 CASES = [  # (schedule, remat, K, M, v, data)
-    ("gpipe", False, 2, 1, 1, 1),
     ("1f1b", False, 2, 8, 1, 1),
     ("1f1b", False, 4, 2, 1, 1),
-    ("1f1b", False, 4, 8, 1, 1),
     ("interleaved", True, 2, 2, 2, 1),
-    ("interleaved", True, 4, 8, 2, 1),
     ("interleaved", False, 4, 4, 2, 1),
-    ("interleaved", False, 2, 4, 1, 1),
     ("zb-h1", False, 2, 1, 1, 1),
     ("zb-h1", False, 2, 4, 1, 2),
-    ("zb-h1", False, 4, 2, 1, 1),
     ("zb-h1", False, 4, 8, 1, 1),
 ]
 
@@ -96,7 +93,9 @@ def test_residual_backward_recomputes_no_forward():
     """Convolutions in the compiled programs, per chunk: the recomputing backward runs the
     forward's again; the residual backward runs exactly that many fewer; B + W = one backward,
     and W alone runs one per forward convolution (the weight gradient)."""
-    remat, res, zb = (_setup(s, 2, 2, r) for s, r in (("1f1b", 1), ("1f1b", 0), ("zb-h1", 0)))
+    remat, res, zb = (
+        _setup(s, 2, 2, r) for s, r in (("1f1b", True), ("1f1b", False), ("zb-h1", False))
+    )
     for c in range(2):
         a, b, z = _convs(*remat, c), _convs(*res, c), _convs(*zb, c)
         n = b["fwd_res"]
@@ -117,10 +116,10 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
     fwd_res program's stored outputs), more than the stage input remat=True stores, and flat
     in M. ZB-H1 is flat in M too, within 1F1B's peak (stage 0's K micro-batches) plus the
     output gradients that B keeps for W."""
-    k = 4
+    k = 2
     peaks = {}
     for schedule, remat in (("1f1b", True), ("1f1b", False), ("zb-h1", False)):
-        for m in (4, 8):
+        for m in (2, 4):
             strategy, state, batch, peaks[schedule, remat, m] = _peaks(schedule, k, m, remat)
             if (schedule, remat) == ("1f1b", False):
                 per_mb = [
@@ -134,11 +133,11 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
                 in_flight = [schedules.in_flight(e) for e in strategy.events]
                 assert peaks[schedule, remat, m] == [n * b for n, b in zip(in_flight, per_mb)]
     for key in (("1f1b", True), ("1f1b", False), ("zb-h1", False)):
-        assert peaks[(*key, 4)] == peaks[(*key, 8)]
-    assert all(r > x for r, x in zip(peaks["1f1b", False, 8], peaks["1f1b", True, 8]))
-    stage0 = peaks["1f1b", False, 8][0]
-    assert peaks["zb-h1", False, 8][0] >= stage0
-    assert max(peaks["zb-h1", False, 8]) < 2 * stage0
+        assert peaks[(*key, 2)] == peaks[(*key, 4)]
+    assert all(r > x for r, x in zip(peaks["1f1b", False, 4], peaks["1f1b", True, 4]))
+    stage0 = peaks["1f1b", False, 4][0]
+    assert peaks["zb-h1", False, 4][0] >= stage0
+    assert max(peaks["zb-h1", False, 4]) < 2 * stage0
 
 
 def _device_bytes(tree):
