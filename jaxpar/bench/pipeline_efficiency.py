@@ -59,7 +59,12 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default="")
+    parser.add_argument("--xla-cache", default="/tmp/jaxpar-xla-cache")
     args = parser.parse_args()
+    # Rows share programs (GPipe and 1F1B run the same ones) and step_flops lowers them again:
+    # the persistent cache compiles each once.
+    jax.config.update("jax_compilation_cache_dir", args.xla_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     k = args.stages
     use_host_devices(k)  # before JAX starts its CPU backend
     header = "| schedule | remat | M | step GFLOPs | stored MB/stage (max) | analytic | timeline | wall s |"

@@ -4,12 +4,16 @@ VGG's stages differ in shape (channels 64..512, resolution 32..1), so instead of
 padded SPMD carrier, each stage is compiled for its own slice of the mesh,
 `mesh.devices[:, s, :]` (data parallelism still applies inside a stage). A stage's parameters
 and optimizer state live only on its devices, unpadded. The host walks the schedule's events
-(GPipe, 1F1B) in dependency order; JAX's asynchronous dispatch lets stages on different devices
-run at the same time. Activations and their gradients move between stage slices with
-`jax.device_put`.
+(GPipe, 1F1B, interleaved 1F1B, ZB-H1) in dependency order; JAX's asynchronous dispatch lets
+stages on different devices run at the same time. Activations and their gradients move between
+stage slices with `jax.device_put`. Programs are per chunk (a contiguous run of layers): one
+per stage, or v per stage under the interleaved schedule (chunk c on stage c % K); they are
+built in stage_programs.py.
 
-Backward recomputes the stage's forward from its stored input (rematerialisation), so a stage
-keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under 1F1B.
+`pipeline.remat=True`: backward recomputes the chunk's forward from its stored input, so a
+stage keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under
+1F1B. `remat=False`: the forward stores the backward's residuals instead (more bytes, no
+recomputation), and ZB-H1 splits the backward into B (input gradient) and W (weights).
 
 Per step and stage: one gradient all-reduce over "data" (`average_gradients` in `update`);
 micro-batch gradients accumulate unreduced on each device until then.
