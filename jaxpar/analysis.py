@@ -168,8 +168,11 @@ def _best(fn, repeats: int) -> float:
 
 def pipeline_state_bytes(strategy: Pipeline, state) -> list[int]:
     """Per stage, the bytes one of its devices holds for parameters, optimizer state,
-    batch statistics and the gradient accumulator (read from the placed arrays)."""
-    return [per_device_bytes((st, acc)) for st, acc in zip(state.stages, state.grad_acc)]
+    batch statistics and the gradient accumulator (read from the placed arrays; every chunk
+    the stage holds)."""
+    k = strategy.num_stages
+    chunks = list(zip(state.stages, state.grad_acc))
+    return [per_device_bytes(chunks[s::k]) for s in range(k)]
 
 
 def measure_pipeline(strategy: Pipeline, state, batch, repeats: int = 3) -> dict[str, Any]:
@@ -260,9 +263,10 @@ def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict
     compiled = programs(strategy, state, batch)
     rows = collectives(compiled)
     pipe = isinstance(strategy, Pipeline)
-    stage_list = list(state.stages) if pipe else [state]
-    params = [per_device_bytes(st.params) for st in stage_list]
-    opt = [per_device_bytes(st.opt_state) for st in stage_list]
+    k = strategy.num_stages if pipe else 1
+    stage_list = [list(state.stages)[s::k] for s in range(k)] if pipe else [[state]]
+    params = [per_device_bytes([st.params for st in sts]) for sts in stage_list]
+    opt = [per_device_bytes([st.opt_state for st in sts]) for sts in stage_list]
     if pipe:
         state_b = pipeline_state_bytes(strategy, state)
         temp = [0] * strategy.num_stages
@@ -273,6 +277,8 @@ def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict
             schedules.in_flight(ev) * batch["image"][0].nbytes // strategy.data
             for ev in strategy.events
         ]
+        if not strategy.remat or strategy.num_chunks > strategy.num_stages:
+            stash = list(strategy.peak_stash_bytes)  # residuals, chunks: the measured peak
     else:
         state_b, temp, stash = [per_device_bytes(state)], [_temp_bytes(compiled[0][2])], [0]
     memory = [a + b + c for a, b, c in zip(state_b, temp, stash)]
