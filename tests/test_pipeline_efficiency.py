@@ -4,7 +4,8 @@ reproduces their analytic bubbles; residual programs recompute no forward.
 
 The equality grid is representative rather than the full product (the full product of
 schedule x remat x K x M x v is ~60 pipelines, each 10-70 s to compile and run on a loaded
-2-core box): every new schedule and remat=False at K=2 and K=4, M=1 and M=8 and middle values
+2-core box): every new schedule and remat=False at K=2 and K=4 (remat=False without the B/W split at K=4
+through interleaved, whose chunks run the same residual programs as 1F1B's stages), M=1 and M=8 and middle values
 where a schedule behaves differently (M < K: ZB-H1's weight gradients cannot fill the ramp;
 M = K and 2K: interleaved's groups of K), v=1 and v=2 (interleaved with v=1 is 1F1B's event
 list, pinned by the schedule tests), remat=True with chunks, and one data-parallel case that
@@ -24,7 +25,6 @@ from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 RTOL = 1e-5
 CASES = [  # (schedule, remat, K, M, v, data)
     ("1f1b", False, 2, 8, 1, 1),
-    ("1f1b", False, 4, 2, 1, 1),
     ("interleaved", True, 2, 2, 2, 1),
     ("interleaved", False, 4, 4, 2, 1),
     ("zb-h1", False, 2, 1, 1, 1),
@@ -66,8 +66,8 @@ def test_batch_norm_micro_batch_policy_with_residuals():
     """With BatchNorm on, ZB-H1 (residual backward, B/W split) equals the documented policy's
     reference: statistics per micro-batch, running averages updated in micro-batch order."""
     overrides = {"model.batch_norm": True}
-    ref_losses, ref_state = reference_run(tiny_config(**overrides), microbatches=4)
-    losses, state = run_steps(config_for("zb-h1", 4, 4, **overrides), 4)
+    ref_losses, ref_state = reference_run(tiny_config(**overrides), microbatches=2)
+    losses, state = run_steps(config_for("zb-h1", 2, 2, **overrides), 2)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     assert max_rel_error(state.params, ref_state.params) < RTOL
     assert max_rel_error(state.batch_stats, ref_state.batch_stats) < RTOL
