@@ -60,8 +60,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.num_eval = 0
 
     config.pipeline = ml_collections.ConfigDict()
-    config.pipeline.schedule = "gpipe"  # naive, gpipe or 1f1b (used when mesh stage > 1)
+    # naive, gpipe, 1f1b, interleaved or zb-h1 (used when mesh stage > 1)
+    config.pipeline.schedule = "gpipe"
     config.pipeline.num_microbatches = 1
+    # True: the backward recomputes its stage's forward from the stored input. False: the
+    # forward stores the backward's residuals (more memory, no recomputation; zb-h1 needs it).
+    config.pipeline.remat = True
+    config.pipeline.virtual_stages = 1  # model chunks per stage (interleaved only)
     # How layers are cut into stages: "flops" (balance compute), "params" (balance memory),
     # "uniform" (equal layer counts), or a tuple of the K-1 layer indices where stages begin:
     # (4, 8, 12) in a config file, --config.pipeline.split='(4,8,12)' on the command line.

@@ -78,25 +78,35 @@ def per_device_bytes(tree: Any) -> int:
     return max(per.values()) if per else 0
 
 
-def _stage_args(strategy: Pipeline, state, batch, name: str, s: int):
-    """Example arguments to lower stage program `name` of stage s (shapes are what matter)."""
-    st, acc = state.stages[s], state.grad_acc[s]
+def _chunk_args(strategy: Pipeline, state, batch, c: int) -> dict[str, tuple]:
+    """Example arguments for each program chunk c's train step runs (shapes are what matter;
+    residuals and gradients come from running the chunk's programs, so they are real)."""
+    progs, k = strategy.programs, strategy.num_stages
+    last = c == strategy.num_chunks - 1
     x = batch["image"][0]
-    for prev in range(s):  # walk the forward to this stage's input shape
+    for prev in range(c):  # walk the forward to this chunk's input
         p = state.stages[prev]
-        x, _ = strategy.programs["fwd"][prev](p.params, p.batch_stats, x)
-        x = jax.device_put(x, strategy.batch_sharding[prev + 1])
-    last = s == strategy.num_stages - 1
-    if name == "fwd":
-        return None if last else (st.params, st.batch_stats, x)
-    if name == "bwd":
-        if last:
-            target = batch["label"][0]
+        x, _ = progs["fwd"][prev](p.params, p.batch_stats, x)
+        x = jax.device_put(x, strategy.batch_sharding[(prev + 1) % k])
+    st, acc = state.stages[c], state.grad_acc[c]
+    label = batch["label"][0]
+    cot = () if last else (jnp.zeros_like(progs["fwd"][c](st.params, st.batch_stats, x)[0]),)
+    args: dict[str, tuple] = {}
+    if strategy.remat:
+        if not last:
+            args["fwd"] = (st.params, st.batch_stats, x)
+        args["bwd"] = (st.params, st.batch_stats, x, *(cot or (label,)), acc)
+    else:
+        args["fwd_res"] = (st.params, st.batch_stats, x, *(() if cot else (label,)))
+        res = progs["fwd_res"][c](*args["fwd_res"])[2]
+        if strategy.split_backward:
+            args["bwd_in"] = (st.params, res, *cot)
+            out = progs["bwd_in"][c](*args["bwd_in"])
+            args["bwd_w"] = (st.params, res, out if c == 0 else out[1], acc)
         else:
-            y, _ = strategy.programs["fwd"][s](st.params, st.batch_stats, x)
-            target = jnp.zeros_like(y)
-        return (st.params, st.batch_stats, x, target, acc)
-    return (st, acc)
+            args["bwd_res"] = (st.params, res, *cot, acc)
+    args["update"] = (st, acc)
+    return args
 
 
 def programs(strategy, state, batch) -> list[tuple[str, int, Any, dict[str, int]]]:
@@ -106,16 +116,24 @@ def programs(strategy, state, batch) -> list[tuple[str, int, Any, dict[str, int]
         compiled = strategy.compiled or strategy.compile(state, batch)
         return [("step", 1, compiled, dict(strategy.mesh.shape))]
     out = []
-    for name, progs in strategy.programs.items():
-        if name == "eval":
-            continue
-        times = 1 if name == "update" else strategy.num_microbatches
-        for s, prog in enumerate(progs):
-            args = _stage_args(strategy, state, batch, name, s)
-            if args is not None:
-                compiled = prog.lower(*args).compile()
-                out.append((f"stage {s}", times, compiled, dict(strategy.meshes[s].shape)))
+    for c in range(strategy.num_chunks):
+        s = c % strategy.num_stages
+        for name, args in _chunk_args(strategy, state, batch, c).items():
+            times = 1 if name == "update" else strategy.num_microbatches
+            compiled = strategy.programs[name][c].lower(*args).compile()
+            out.append((f"stage {s}", times, compiled, dict(strategy.meshes[s].shape)))
     return out
+
+
+def step_flops(strategy, state, batch) -> float:
+    """FLOPs of one train step over all devices' programs, from XLA's cost analysis of the
+    compiled programs (per device, times the devices of each program's mesh)."""
+    total = 0.0
+    for _, times, compiled, mesh_shape in programs(strategy, state, batch):
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        total += times * float(cost.get("flops", 0.0)) * int(np.prod(list(mesh_shape.values())))
+    return total
 
 
 def collectives(compiled_programs) -> dict[tuple[str, str, str], list[int]]:
@@ -150,55 +168,52 @@ def _best(fn, repeats: int) -> float:
 
 def pipeline_state_bytes(strategy: Pipeline, state) -> list[int]:
     """Per stage, the bytes one of its devices holds for parameters, optimizer state,
-    batch statistics and the gradient accumulator (read from the placed arrays)."""
-    return [per_device_bytes((st, acc)) for st, acc in zip(state.stages, state.grad_acc)]
+    batch statistics and the gradient accumulator (read from the placed arrays; every chunk
+    the stage holds)."""
+    k = strategy.num_stages
+    chunks = list(zip(state.stages, state.grad_acc))
+    return [per_device_bytes(chunks[s::k]) for s in range(k)]
 
 
 def measure_pipeline(strategy: Pipeline, state, batch, repeats: int = 3) -> dict[str, Any]:
-    """Time each stage's forward and backward program alone (device synchronised, best of
-    `repeats`), then place the schedule's events on a clock with those durations.
+    """Time each chunk's forward, backward (B) and weight-gradient (W, zero-bubble schedules)
+    programs alone (device synchronised, best of `repeats`), then place the schedule's events
+    on a clock with those durations.
 
-    Returns per-stage seconds per micro-batch, the bubble of that timeline, and the analytic
+    Returns per-chunk seconds per micro-batch, the bubble of that timeline, and the analytic
     bubble. On hardware where stages have their own processors this timeline is what the
     dispatcher achieves; on simulated CPU devices sharing cores, wall time is longer because
     stages also compete for the cores.
     """
-    progs, k = strategy.programs, strategy.num_stages
-    st = state.stages
-    fwd_t, bwd_t = [0.0] * k, [0.0] * k
-    x = batch["image"][0]
-    inputs = []
-    for s in range(k):  # one forward pass to get each stage's input
-        inputs.append(x)
-        if s < k - 1:
-            y, _ = progs["fwd"][s](st[s].params, st[s].batch_stats, x)
-            x = jax.device_put(y, strategy.batch_sharding[s + 1])
-    for s in range(k):
-        if s < k - 1:
-            fwd_t[s] = _best(
-                lambda s=s: progs["fwd"][s](st[s].params, st[s].batch_stats, inputs[s]), repeats
-            )
-        scratch = jax.tree.map(jnp.copy, state.grad_acc[s])
-        if s == k - 1:
-            target = batch["label"][0]
-        else:
-            target = jnp.zeros_like(progs["fwd"][s](st[s].params, st[s].batch_stats, inputs[s])[0])
+    progs, n = strategy.programs, strategy.num_chunks
+    fwd_t, bwd_t, wgt_t = [0.0] * n, [0.0] * n, [0.0] * n
+    for c in range(n):
+        args = _chunk_args(strategy, state, batch, c)
+        for name, times in (("fwd", fwd_t), ("fwd_res", fwd_t), ("bwd", bwd_t),
+                            ("bwd_res", bwd_t), ("bwd_in", bwd_t), ("bwd_w", wgt_t)):  # fmt: skip
+            if name not in args:
+                continue
+            if name not in ("bwd", "bwd_res", "bwd_w"):
+                times[c] = _best(lambda f=progs[name][c], a=args[name]: f(*a), repeats)
+                continue
+            # The accumulator (last argument) is donated: keep the one each call returns.
+            held = {"acc": jax.tree.map(jnp.copy, args[name][-1])}
 
-        def run_bwd(s=s, target=target):
-            nonlocal scratch
-            out = progs["bwd"][s](st[s].params, st[s].batch_stats, inputs[s], target, scratch)
-            scratch = out[1] if s > 0 else out  # the accumulator is donated: keep it
-            return out
+            def run(f=progs[name][c], a=args[name][:-1], name=name, c=c, held=held):
+                out = f(*a, held["acc"])
+                held["acc"] = out if (name == "bwd_w" or c == 0) else out[1]
+                return out
 
-        bwd_t[s] = _best(run_bwd, repeats)
-    line = schedules.timeline(strategy.events, fwd_t, bwd_t)
+            times[c] = _best(run, repeats)
+    line = schedules.timeline(strategy.events, fwd_t, bwd_t, wgt_t)
     return {
         "stage_forward_s": fwd_t,
         "stage_backward_s": bwd_t,
+        "stage_weight_grad_s": wgt_t,
         "measured_bubble": line.bubble,
         "timeline_step_s": line.makespan,
         "sequential_step_s": sum(line.busy),
-        "analytic_bubble": schedules.analytic_bubble(k, strategy.num_microbatches),
+        "analytic_bubble": strategy.analytic_bubble(),
     }
 
 
@@ -248,9 +263,10 @@ def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict
     compiled = programs(strategy, state, batch)
     rows = collectives(compiled)
     pipe = isinstance(strategy, Pipeline)
-    stage_list = list(state.stages) if pipe else [state]
-    params = [per_device_bytes(st.params) for st in stage_list]
-    opt = [per_device_bytes(st.opt_state) for st in stage_list]
+    k = strategy.num_stages if pipe else 1
+    stage_list = [list(state.stages)[s::k] for s in range(k)] if pipe else [[state]]
+    params = [per_device_bytes([st.params for st in sts]) for sts in stage_list]
+    opt = [per_device_bytes([st.opt_state for st in sts]) for sts in stage_list]
     if pipe:
         state_b = pipeline_state_bytes(strategy, state)
         temp = [0] * strategy.num_stages
@@ -261,6 +277,8 @@ def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict
             schedules.in_flight(ev) * batch["image"][0].nbytes // strategy.data
             for ev in strategy.events
         ]
+        if not strategy.remat or strategy.num_chunks > strategy.num_stages:
+            stash = list(strategy.peak_stash_bytes)  # residuals, chunks: the measured peak
     else:
         state_b, temp, stash = [per_device_bytes(state)], [_temp_bytes(compiled[0][2])], [0]
     memory = [a + b + c for a, b, c in zip(state_b, temp, stash)]
@@ -281,11 +299,7 @@ def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict
         "pipeline_schedule": strategy.schedule if pipe else None,
         "num_microbatches": strategy.num_microbatches if pipe else None,
         "stage_bounds": list(strategy.bounds) if pipe else None,
-        "analytic_bubble": (
-            schedules.analytic_bubble(strategy.num_stages, strategy.num_microbatches)
-            if pipe
-            else None
-        ),
+        "analytic_bubble": (strategy.analytic_bubble() if pipe else None),
         "measured_bubble": None,
         "bytes_between_stages_per_step": strategy.bytes_between_stages(batch_size)
         if pipe

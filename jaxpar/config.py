@@ -14,7 +14,7 @@ from jaxpar.mesh import AXES, resolve_shape
 from jaxpar.models.layers import LOGICAL_AXES
 from jaxpar.parallel import stages
 
-SCHEDULES = ("naive", "gpipe", "1f1b")
+SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("cosine", "constant")
 SYNC_IMPLS = ("shard_map", "pmap")
@@ -100,6 +100,23 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
             config.pipeline.schedule != "naive" or micro == 1,
             f"pipeline.schedule=naive runs one micro-batch but num_microbatches={micro}; "
             "set --config.pipeline.num_microbatches=1 or use gpipe or 1f1b",
+        )
+        # Schedule combinations (pipeline efficiency, issue 12).
+        schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
+        _check(v >= 1, "pipeline.virtual_stages must be >= 1")
+        _check(
+            v == 1 or schedule == "interleaved",
+            f"pipeline.virtual_stages={v} needs pipeline.schedule=interleaved",
+        )
+        _check(
+            v == 1 or micro % stage == 0,
+            f"pipeline.schedule=interleaved with virtual_stages={v} needs num_microbatches a "
+            f"multiple of the {stage} stages (Megatron's rule); got {micro}",
+        )
+        _check(
+            schedule != "zb-h1" or not config.pipeline.remat,
+            "pipeline.schedule=zb-h1 splits the backward over stored residuals; "
+            "set --config.pipeline.remat=False",
         )
         _check(
             config.sync.impl == "shard_map",

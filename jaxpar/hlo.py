@@ -80,3 +80,9 @@ def _top_level(type_text: str) -> list[str]:
             start = i + 1
     parts.append(text[start:-1].strip())
     return parts
+
+
+def count_ops(hlo_text: str, opcode: str) -> int:
+    """How many `opcode` instructions (e.g. "convolution") the program text holds, fused
+    computations included: what a program computes, independent of timing."""
+    return len(re.findall(rf"\s{re.escape(opcode)}\(", hlo_text))

@@ -159,9 +159,9 @@ def test_one_f_one_b_holds_fewer_activations_than_gpipe():
 @pytest.mark.parametrize("k,m", [(2, 1), (4, 4), (4, 8), (8, 3)])
 def test_schedule_events_and_bubble(schedule, k, m):
     events = schedules.stage_events(schedule, k, m)
-    for stage in events:  # each micro-batch forwarded once and backwarded once, F before B
-        assert sorted(stage) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
-        assert all(stage.index(("F", i)) < stage.index(("B", i)) for i in range(m))
+    for s, stage in enumerate(events):  # each micro-batch forwarded, backwarded once, F first
+        assert sorted(stage) == sorted([(x, s, i) for x in "FB" for i in range(m)])
+        assert all(stage.index(("F", s, i)) < stage.index(("B", s, i)) for i in range(m))
     if schedule == "1f1b":
         assert [schedules.in_flight(e) for e in events] == [min(k - s, m) for s in range(k)]
     else:

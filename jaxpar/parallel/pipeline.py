@@ -4,19 +4,23 @@ VGG's stages differ in shape (channels 64..512, resolution 32..1), so instead of
 padded SPMD carrier, each stage is compiled for its own slice of the mesh,
 `mesh.devices[:, s, :]` (data parallelism still applies inside a stage). A stage's parameters
 and optimizer state live only on its devices, unpadded. The host walks the schedule's events
-(GPipe, 1F1B) in dependency order; JAX's asynchronous dispatch lets stages on different devices
-run at the same time. Activations and their gradients move between stage slices with
-`jax.device_put` within one process.
+(GPipe, 1F1B, interleaved 1F1B, ZB-H1) in dependency order; JAX's asynchronous dispatch lets
+stages on different devices run at the same time. Activations and their gradients move between
+stage slices with `jax.device_put` within one process. Programs are per chunk (a contiguous run of layers): one
+per stage, or v per stage under the interleaved schedule (chunk c on stage c % K); they are
+built in stage_programs.py.
+
+`pipeline.remat=True`: backward recomputes the chunk's forward from its stored input, so a
+stage keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under
+1F1B. `remat=False`: the forward stores the backward's residuals instead (more bytes, no
+recomputation), and ZB-H1 splits the backward into B (input gradient) and W (weights).
 
 Several processes (jax.distributed): every process builds the whole mesh and walks the same
-events, but runs only the programs of stages that own one of its devices (a stage may span
-processes: its programs are then SPMD over them). Moves between stages whose devices are not
+events, but runs only the programs of chunks whose stage owns one of its devices (a stage may
+span processes: its programs are then SPMD over them). Moves between stages whose devices are not
 all this process's go through `transfer.Mover`, one small collective program per move, called by
 every process owning either side, in the same order everywhere. The loss reaches every process
-(process 0 logs it), and `canonical` gathers each stage's state onto every device for Orbax.
-
-Backward recomputes the stage's forward from its stored input (rematerialisation), so a stage
-keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under 1F1B.
+(process 0 logs it), and `canonical` gathers each chunk's state onto every device for Orbax.
 
 Per step and stage: one gradient all-reduce over "data" (`average_gradients` in `update`);
 micro-batch gradients accumulate unreduced on each device until then.
@@ -36,15 +40,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import AXES
-from jaxpar.parallel import schedules, stages, tensor, transfer
-from jaxpar.parallel.common import Strategy, TrainState, logit_sums
-from jaxpar.parallel.data import AXIS, average_gradients
+from jaxpar.parallel import schedules, stage_programs, stages, tensor, transfer
+from jaxpar.parallel.common import Strategy, TrainState
+from jaxpar.parallel.data import AXIS
 
 
 @flax.struct.dataclass
@@ -97,9 +99,17 @@ class Pipeline(Strategy):
         self.data = mesh.shape["data"]
         self.schedule = config.pipeline.schedule
         self.num_microbatches = 1 if self.schedule == "naive" else config.pipeline.num_microbatches
-        self.bounds = stages.split(model, k, config.pipeline.split)
-        self.events = schedules.stage_events(self.schedule, k, self.num_microbatches)
+        # Chunks: contiguous layer runs; chunk c lives on device stage c % K (interleaved
+        # schedules hold v > 1 chunks per stage, every other schedule one).
+        self.virtual_stages = v = (
+            config.pipeline.virtual_stages if self.schedule == "interleaved" else 1
+        )
+        self.num_chunks = k * v
+        self.remat = config.pipeline.remat
+        self.bounds = stages.split(model, k * v, config.pipeline.split)
+        self.events = schedules.stage_events(self.schedule, k, self.num_microbatches, v)
         self.order = schedules.dispatch_order(self.events)
+        self.split_backward = schedules.split_backward(self.events)
         self.meshes = [Mesh(mesh.devices[:, s : s + 1, :], AXES) for s in range(k)]
         self.replicated = [NamedSharding(m, P()) for m in self.meshes]
         self.batch_sharding = [NamedSharding(m, P(AXIS)) for m in self.meshes]
@@ -107,7 +117,6 @@ class Pipeline(Strategy):
         self.layers = [slice(a, b) for a, b in zip(self.bounds, self.bounds[1:])]
         self.peak_stash_bytes = [0] * k  # per device, measured by the last train step
         self._programs: dict | None = None
-        self._shapes: dict = {}  # micro-batch rows -> per-stage output shapes
         # Tensor parallelism inside each stage: sharding rules over "tensor" (automatic),
         # explicit collectives over "data" (manual). With one data replica the stage programs
         # are plain SPMD (XLA refuses a manual all-reduce over a size-1 axis beside automatic
@@ -118,17 +127,18 @@ class Pipeline(Strategy):
             tensor.check(model, rules, dict(mesh.shape))
         self.spmd_only = self.tensor_parallel and self.data == 1
         self.constrain = tensor.constrain_fn(rules) if self.tensor_parallel else None
-        # Which stages own a device of this process (all of them in a single process), and
-        # the mover for transfers that cross processes.
+        # Which stages own a device of this process (all of them in one process), and the
+        # mover for transfers that cross processes.
         self.multi = jax.process_count() > 1
         self.local = [transfer.owns(mesh.devices[:, s, :]) for s in range(k)]
         self.mover = transfer.Mover(mesh) if self.multi else None
         self._relayout = [
-            _OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
+            stage_programs.OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
             for sh, m in zip(self.batch_sharding, self.meshes)
         ]
+        self._shapes: dict = {}  # micro-batch rows -> per-chunk output shapes
         self.state_specs, self.state_shapes = [], []
-        for s in range(k):
+        for s in range(self.num_chunks):
             shapes = jax.eval_shape(lambda r, s=s: self._init_stage(r, s)[0], jax.random.key(0))
             self.state_shapes.append(shapes)
             self.state_specs.append(
@@ -146,9 +156,10 @@ class Pipeline(Strategy):
         acc = jax.tree.map(lambda p: jnp.zeros((self.data, *p.shape), p.dtype), params)
         return state, acc
 
-    def _named(self, s: int, specs):
+    def _named(self, c: int, specs):
+        mesh = self.meshes[c % self.num_stages]  # chunk c's device stage
         return jax.tree.map(
-            lambda x: NamedSharding(self.meshes[s], x), specs, is_leaf=lambda x: isinstance(x, P)
+            lambda x: NamedSharding(mesh, x), specs, is_leaf=lambda x: isinstance(x, P)
         )
 
     def _acc_specs(self, s: int):
@@ -157,10 +168,10 @@ class Pipeline(Strategy):
         )
 
     def init_state(self, rng):
-        """Each stage initialises only its layers, directly on its own devices."""
+        """Each chunk initialises only its layers, directly on its stage's devices."""
         states, accs = [], []
-        for s in range(self.num_stages):
-            if not self.local[s]:  # another process's stage
+        for s in range(self.num_chunks):
+            if not self.local[s % self.num_stages]:  # another process's stage
                 states.append(None)
                 accs.append(None)
                 continue
@@ -174,13 +185,17 @@ class Pipeline(Strategy):
 
     def canonical(self, state: PipelineState) -> TrainState:
         """The layout-free state: one per-layer TrainState, as on a single device. With
-        several processes, each stage's part is gathered onto every device first (a collective
-        every process calls), so that every process holds the whole state, as Orbax needs."""
+        several processes, each chunk's part is gathered onto every device first (one
+        collective per chunk, which every process calls), so that every process holds the
+        whole state, as Orbax needs."""
         if not self.multi:
             return merge(list(state.stages))
+        k = self.num_stages
         parts = [
-            self.mover.gather_tree(st, self.state_shapes[s], s, self.state_specs[s])
-            for s, st in enumerate(state.stages)
+            self.inflight.add(
+                self.mover.gather_tree(st, self.state_shapes[c], c % k, self.state_specs[c])
+            )
+            for c, st in enumerate(state.stages)
         ]
         return merge(parts)
 
@@ -188,8 +203,8 @@ class Pipeline(Strategy):
         """Split a canonical state by stage (its layers' entries of every per-layer dict) and
         put each part on its stage's devices; gradient accumulators start at zero."""
         states, accs = [], []
-        for s in range(self.num_stages):
-            if not self.local[s]:
+        for s in range(self.num_chunks):
+            if not self.local[s % self.num_stages]:
                 states.append(None)
                 accs.append(None)
                 continue
@@ -218,127 +233,10 @@ class Pipeline(Strategy):
 
     # -- programs ------------------------------------------------------------------------
 
-    def _stage_fn(self, s: int):
-        bn_axis = None if self.spmd_only else self.bn_axis_name
-
-        def fn(params, stats, x, train=True):
-            return self.model.apply(
-                params,
-                stats,
-                x,
-                train=train,
-                layers=self.layers[s],
-                bn_axis_name=bn_axis if train else None,
-                constrain=self.constrain,
-            )
-
-        return fn
-
-    def _pmean(self, x):
-        return x if self.spmd_only else lax.pmean(x, AXIS)
-
-    def _varying(self, x):
-        return x if self.spmd_only else lax.pcast(x, AXIS, to="varying")
-
-    def _sync_stats(self, stats):
-        return stats if self.bn_axis_name or not stats else self._pmean(stats)
-
-    def _build(self):
-        """Compile-ready programs per stage: forward, backward (recompute + vjp), update."""
-        k, inv_m = self.num_stages, 1.0 / self.num_microbatches
-        progs: dict[str, list] = {"fwd": [], "bwd": [], "update": [], "eval": []}
-        for s in range(k):
-            fn, mesh, last = self._stage_fn(s), self.meshes[s], s == k - 1
-
-            def fwd(params, stats, x, fn=fn):
-                y, new_stats = fn(params, stats, x)
-                return y, self._sync_stats(new_stats)
-
-            def bwd(params, stats, x, target, acc, fn=fn, s=s, last=last):
-                local = self._varying(params)
-
-                def f(p, x):
-                    y, new_stats = fn(p, stats, x)
-                    if not last:
-                        return y, new_stats
-                    loss = optax.softmax_cross_entropy_with_integer_labels(y, target).mean()
-                    correct = jnp.mean(jnp.argmax(y, -1) == target)
-                    return loss, (new_stats, correct)
-
-                out, vjp, aux = jax.vjp(f, local, x, has_aux=True)
-                # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
-                cot = self._varying(jnp.asarray(inv_m, out.dtype)) if last else target
-                g_params, g_x = vjp(cot)
-                if self.tensor_parallel:  # accumulate in the parameters' layout
-                    g_params = tensor.constrain_tree(g_params, self.state_specs[s].params)
-                acc = jax.tree.map(lambda a, g: a + g[None], acc, g_params)
-                if last:
-                    new_stats, correct = aux
-                    metrics = (self._pmean(out), self._pmean(correct))
-                    return g_x, acc, self._sync_stats(new_stats), metrics
-                return (g_x, acc) if s > 0 else acc
-
-            def update(state, acc, s=s):
-                grads = jax.tree.map(lambda a: a[0], acc)
-                grads = grads if self.spmd_only else average_gradients(grads)
-                if self.tensor_parallel:  # keep the update in the parameters' layout
-                    grads = tensor.constrain_tree(grads, self.state_specs[s].params)
-                updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-                new = state.replace(
-                    step=state.step + 1,
-                    opt_state=opt_state,
-                    params=optax.apply_updates(state.params, updates),
-                )
-                return new, jax.tree.map(jnp.zeros_like, acc)
-
-            def evaluate(params, stats, x, *label_mask, fn=fn):
-                y, _ = fn(params, stats, x, train=False)
-                if not label_mask:
-                    return y
-                sums = logit_sums(y, *label_mask)
-                return sums if self.spmd_only else lax.psum(sums, AXIS)
-
-            def sm(fn, in_specs, out_specs, mesh=mesh):
-                if self.spmd_only:
-                    return fn
-                manual = frozenset({AXIS}) if self.tensor_parallel else frozenset()
-                return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                                     axis_names=manual)  # fmt: skip
-
-            data, rep = P(AXIS), P()
-            on = functools.partial(_OnMesh, mesh=mesh)
-            progs["fwd"].append(
-                on(jax.jit(sm(fwd, in_specs=(rep, rep, data), out_specs=(data, rep))))
-            )
-            bwd_out = (data, data, rep, (rep, rep)) if last else ((data, data) if s else data)
-            progs["bwd"].append(
-                on(
-                    jax.jit(
-                        sm(bwd, in_specs=(rep, rep, data, data, data), out_specs=bwd_out),
-                        donate_argnums=4,
-                    )
-                )
-            )
-            layout = (self._named(s, self.state_specs[s]), self._named(s, self._acc_specs(s)))
-            progs["update"].append(
-                on(
-                    jax.jit(
-                        sm(update, in_specs=(rep, data), out_specs=(rep, data)),
-                        donate_argnums=(0, 1),
-                        out_shardings=layout,
-                    )
-                )
-            )
-            eval_in = (rep, rep, data, data, data) if last else (rep, rep, data)
-            progs["eval"].append(
-                on(jax.jit(sm(evaluate, in_specs=eval_in, out_specs=rep if last else data)))
-            )
-        return progs
-
     @property
     def programs(self):
         if self._programs is None:
-            self._programs = self._build()
+            self._programs = stage_programs.build(self)
         return self._programs
 
     def _jit_train(self):  # the pipeline step is a host-side walk over many programs
@@ -359,75 +257,107 @@ class Pipeline(Strategy):
     # -- the step ------------------------------------------------------------------------
 
     def _step(self, state: PipelineState, batch):
-        progs, k, run, mine = self.programs, self.num_stages, self._run, self.local
+        """Walk the schedule's events in dispatch order. Each event runs one chunk's program on
+        its device stage; what a backward needs is stored from its forward (the stage input,
+        or with remat=False the residuals) and counted per device as stored bytes."""
+        progs, k, c_last, run = self.programs, self.num_stages, self.num_chunks - 1, self._run
+        mine = self.local
         st = list(state.stages)
         stats = [None if x is None else x.batch_stats for x in st]
         acc = list(state.grad_acc)
-        sent_f, sent_b, stash = {}, {}, {}
-        live = [0] * k
-        peak = [0] * k
+        sent_f, sent_b, stash, kept = {}, {}, {}, {}
+        live, peak = [0] * k, [0] * k
         losses, accuracies = [], []
         rows = batch["image"][0].shape[0] if mine[0] else None
-        for kind, s, m in self.order:
-            # Every process walks every event; it computes only its own stages' events, and
-            # takes part in every transfer one of its devices is on (see `_send`).
-            if kind == "F":
-                y = None
-                if mine[s]:
-                    x = batch["image"][m] if s == 0 else sent_f.pop((s, m))
-                    stash[(s, m)] = x
-                    live[s] += x.nbytes // self.data
-                    peak[s] = max(peak[s], live[s])
-                    if s < k - 1:
-                        y, stats[s] = run(progs["fwd"][s], st[s].params, stats[s], x)
-                if s < k - 1:
-                    sent_f[(s + 1, m)] = self._send(y, s, s + 1, rows)
+
+        def store(where, key, value, d):
+            where[key] = value
+            live[d] += _device_bytes(value)
+            peak[d] = max(peak[d], live[d])
+
+        def free(where, key, d):
+            value = where.pop(key)
+            live[d] -= _device_bytes(value)
+            return value
+
+        for kind, c, m in self.order:
+            d = c % k  # the device stage every program of this event runs on
+            if not mine[d]:  # another process's stage: only take part in its transfers
+                if kind == "F" and c < c_last:
+                    sent_f[(c + 1, m)] = self._send(None, d, (c + 1) % k, c, rows)
+                elif kind == "B" and c > 0:
+                    sent_b[(c - 1, m)] = self._send(None, d, (c - 1) % k, c - 1, rows)
                 continue
-            g = None
-            if mine[s]:
-                x = stash.pop((s, m))
-                live[s] -= x.nbytes // self.data
-                if s == k - 1:
-                    g, acc[s], stats[s], (loss, correct) = run(
-                        progs["bwd"][s], st[s].params, stats[s], x, batch["label"][m], acc[s]
-                    )
+            params = st[c].params
+            if kind == "F":
+                x = batch["image"][m] if c == 0 else sent_f.pop((c, m))
+                if self.remat:
+                    store(stash, (c, m), x, d)
+                    if c < c_last:
+                        y, stats[c] = run(progs["fwd"][c], params, stats[c], x)
+                else:
+                    target = (batch["label"][m],) if c == c_last else ()
+                    y, stats[c], res = run(progs["fwd_res"][c], params, stats[c], x, *target)
+                    store(stash, (c, m), res, d)
+                    if c == c_last:
+                        losses.append(y[0])
+                        accuracies.append(y[1])
+                if c < c_last:
+                    sent_f[(c + 1, m)] = self._send(y, d, (c + 1) % k, c, rows)
+                continue
+            if kind == "W":
+                outs = free(kept, (c, m), d)
+                acc[c] = run(progs["bwd_w"][c], params, free(stash, (c, m), d), outs, acc[c])
+                continue
+            cot = () if c == c_last else (sent_b.pop((c, m)),)
+            if self.remat:
+                x = free(stash, (c, m), d)
+                target = (batch["label"][m],) if c == c_last else cot
+                out = run(progs["bwd"][c], params, stats[c], x, *target, acc[c])
+                if c == c_last:
+                    g, acc[c], stats[c], (loss, correct) = out
                     losses.append(loss)
                     accuracies.append(correct)
-                elif s > 0:
-                    g, acc[s] = run(
-                        progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
-                    )
+                elif c > 0:
+                    g, acc[c] = out
                 else:
-                    acc[s] = run(
-                        progs["bwd"][s], st[s].params, stats[s], x, sent_b.pop((s, m)), acc[s]
-                    )
-            if s > 0:
-                sent_b[(s - 1, m)] = self._send(g, s, s - 1, rows)
-        for s in range(k):
-            if mine[s]:
-                st[s], acc[s] = run(progs["update"][s], st[s].replace(batch_stats=stats[s]), acc[s])
+                    acc[c] = out
+            elif self.split_backward:  # B: the input gradient; W runs later from `kept`
+                out = run(progs["bwd_in"][c], params, stash[(c, m)], *cot)
+                g, outs = out if c > 0 else (None, out)
+                store(kept, (c, m), outs, d)
+            else:
+                out = run(progs["bwd_res"][c], params, free(stash, (c, m), d), *cot, acc[c])
+                g, acc[c] = out if c > 0 else (None, out)
+            if c > 0:
+                sent_b[(c - 1, m)] = self._send(g, d, (c - 1) % k, c - 1, rows)
+        for c in range(self.num_chunks):
+            if mine[c % k]:
+                st[c], acc[c] = run(progs["update"][c], st[c].replace(batch_stats=stats[c]), acc[c])
         self.peak_stash_bytes = peak
         metrics = None
-        if mine[-1]:
+        if mine[(self.num_chunks - 1) % k]:
             metrics = {
                 "loss": sum(losses) / len(losses),
                 "accuracy": sum(accuracies) / len(losses),
             }
-        return PipelineState(tuple(st), tuple(acc)), self._to_all(metrics, ("loss", "accuracy"))
+        return PipelineState(tuple(st), tuple(acc)), self._to_all(metrics, ("accuracy", "loss"))
 
     def _boundary(self, rows: int | None) -> list[jax.ShapeDtypeStruct]:
-        """Per stage, the shape of its output for a micro-batch of `rows` images: what a
-        process that does not run a stage must know to receive from it."""
+        """Per chunk, the shape of its output for a micro-batch of `rows` images: what a
+        process that does not run a chunk must know to receive from it."""
         if rows is None:  # this process holds no images: the micro-batch size from the config
             rows = self.config.global_batch_size // self.num_microbatches
         if rows not in self._shapes:
             x = jax.ShapeDtypeStruct((rows, *self.model.input_shape), jnp.float32)
             out = []
-            for s in range(self.num_stages):
-                shapes = self.state_shapes[s]
-                with jax.set_mesh(self.meshes[s]):  # tensor-parallel layout constraints
+            for c in range(self.num_chunks):
+                shapes = self.state_shapes[c]
+                with jax.set_mesh(self.meshes[c % self.num_stages]):  # tensor layout rules
                     x = jax.eval_shape(
-                        lambda p, b, x, s=s: self._stage_fn(s)(p, b, x, train=False)[0],
+                        lambda p, b, x, c=c: self.model.apply(
+                            p, b, x, train=False, layers=self.layers[c], constrain=self.constrain
+                        )[0],
                         shapes.params,
                         shapes.batch_stats,
                         x,
@@ -436,8 +366,9 @@ class Pipeline(Strategy):
             self._shapes[rows] = out
         return self._shapes[rows]
 
-    def _send(self, x, src: int, dst: int, rows: int | None = None):
-        """Move an activation (or its gradient) from stage `src`'s devices to stage `dst`'s.
+    def _send(self, x, src: int, dst: int, chunk: int = 0, rows: int | None = None):
+        """Move chunk `chunk`'s output (or the gradient with respect to it) from stage `src`'s
+        devices to stage `dst`'s.
 
         One process: `device_put`. Several: the mover's collective program, which every
         process owning a device of either stage calls (x is None where it owns none of
@@ -446,20 +377,22 @@ class Pipeline(Strategy):
             return jax.device_put(x, self.batch_sharding[dst])
         if not (self.local[src] or self.local[dst]):
             return None
-        shape = self._boundary(rows)[min(src, dst)]
+        if src == dst:  # an interleaved chunk pair on one stage (K = 1 is not a pipeline)
+            return x
+        shape = self._boundary(rows)[chunk]
         if x is not None and not x.sharding.is_equivalent_to(self.batch_sharding[src], x.ndim):
             x = self._relayout[src](x)  # e.g. a tensor-parallel stage's output
         y = self.mover.send(x, src, dst, shape.shape, shape.dtype, P(AXIS))
         return None if y is None else self.inflight.add(y)
 
     def _to_all(self, tree, keys: tuple[str, ...]):
-        """Metrics or eval sums (scalars named `keys`, replicated on the last stage) on every
-        device, so that every process reads the same values. One process: unchanged."""
+        """Metrics or eval sums (scalars named `keys`, replicated on the last chunk's stage)
+        on every device, so that every process reads the same values. One process: as is."""
         if not self.multi:
             return tree
         template = {key: jax.ShapeDtypeStruct((), jnp.float32) for key in keys}
         specs = {key: P() for key in keys}
-        last = self.num_stages - 1
+        last = (self.num_chunks - 1) % self.num_stages
         return self.inflight.add(self.mover.gather_tree(tree, template, last, specs))
 
     def _run(self, program, *args):
@@ -475,13 +408,13 @@ class Pipeline(Strategy):
         totals = None
         for m in range(self.num_microbatches):
             x = batch["image"][m]
-            for s in range(k - 1):
+            for c in range(self.num_chunks - 1):
                 y = None
-                if mine[s]:
-                    p = state.stages[s]
-                    y = self._run(progs["eval"][s], p.params, p.batch_stats, x)
-                x = self._send(y, s, s + 1, rows)
-            if mine[-1]:
+                if mine[c % k]:
+                    p = state.stages[c]
+                    y = self._run(progs["eval"][c], p.params, p.batch_stats, x)
+                x = self._send(y, c % k, (c + 1) % k, c, rows)
+            if mine[(self.num_chunks - 1) % k]:
                 last = state.stages[-1]
                 sums = self._run(
                     progs["eval"][-1],
@@ -496,6 +429,14 @@ class Pipeline(Strategy):
 
     # -- what it costs -------------------------------------------------------------------
 
+    def bytes_between_stages(self, batch_size: int) -> int:
+        """Bytes crossing stage boundaries per step: each boundary activation forward and its
+        gradient backward, for the whole global batch (float32 as carried here)."""
+        total = 0
+        for b in self.bounds[1:-1]:
+            total += 2 * 4 * batch_size * self.model.layers[b - 1].activation_size
+        return total
+
     def report(self, state, batch, batch_size: int, timing: bool = True) -> dict[str, Any]:
         """The step's figures (see `analysis.report`). Across processes no process can walk
         every stage, so only the schedule's figures are given; run `--explain` or the
@@ -507,22 +448,19 @@ class Pipeline(Strategy):
             "pipeline_schedule": self.schedule,
             "num_microbatches": self.num_microbatches,
             "stage_bounds": list(self.bounds),
-            "analytic_bubble": schedules.analytic_bubble(self.num_stages, self.num_microbatches),
+            "analytic_bubble": self.analytic_bubble(),
             "bytes_between_stages_per_step": self.bytes_between_stages(batch_size),
             "peak_stash_bytes_per_device": list(self.peak_stash_bytes),
         }
 
-    def bytes_between_stages(self, batch_size: int) -> int:
-        """Bytes crossing stage boundaries per step: each boundary activation forward and its
-        gradient backward, for the whole global batch (float32 as carried here)."""
-        total = 0
-        for b in self.bounds[1:-1]:
-            total += 2 * 4 * batch_size * self.model.layers[b - 1].activation_size
-        return total
+    def analytic_bubble(self) -> float:
+        return schedules.analytic_bubble(
+            self.num_stages, self.num_microbatches, self.schedule, self.virtual_stages
+        )
 
     def describe(self, batch_size: int) -> str:
         """The stage table and the schedule, drawn per stage."""
-        analytic = schedules.analytic_bubble(self.num_stages, self.num_microbatches)
+        analytic = self.analytic_bubble()
         return "\n".join(
             [
                 (
@@ -549,21 +487,10 @@ def _put(tree, shardings):
     )
 
 
+def _device_bytes(tree) -> int:
+    """Bytes one device holds of `tree` (its first shard of every leaf)."""
+    return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))
+
+
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
-
-
-class _OnMesh:
-    """A jitted stage program that traces, lowers and runs with its stage's mesh as the
-    context mesh, so the sharding rules inside resolve against that stage's devices."""
-
-    def __init__(self, fn, mesh):
-        self.fn, self.mesh = fn, mesh
-
-    def __call__(self, *args):
-        with jax.set_mesh(self.mesh):
-            return self.fn(*args)
-
-    def lower(self, *args):
-        with jax.set_mesh(self.mesh):
-            return self.fn.lower(*args)

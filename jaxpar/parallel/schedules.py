@@ -1,61 +1,118 @@
-"""Pipeline schedules as data: the ordered (forward/backward, micro-batch) events of each stage.
+"""Pipeline schedules as data: the ordered (kind, chunk, micro-batch) events of each stage.
 
 A schedule is inspectable (print it, export it) and drives both the dispatcher and the
-analysis: `timeline` places every event on a clock given per-stage durations, from which the
+analysis: `timeline` places every event on a clock given per-chunk durations, from which the
 bubble (the fraction of stage-time spent idle) follows.
+
+Kinds: "F" forward; "B" backward (the whole backward, or with zero-bubble schedules only the
+input gradient, which the previous chunk waits for); "W" weight gradient (zero-bubble only:
+nobody waits for it, so it fills what would be bubbles). The model is cut into chunks; device
+stage d holds chunks d, d + K, ..., d + (v-1)K (v = virtual stages, 1 unless interleaved).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-Event = tuple[str, int]  # ("F" or "B", micro-batch)
+Event = tuple[str, int, int]  # (kind, chunk, micro-batch)
+NAMES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
 
 
-def stage_events(name: str, num_stages: int, num_microbatches: int) -> list[list[Event]]:
-    """Per stage, its events in execution order.
+def stage_events(
+    name: str, num_stages: int, num_microbatches: int, virtual_stages: int = 1
+) -> list[list[Event]]:
+    """Per device stage, its events in execution order.
 
     naive/gpipe: all forwards, then all backwards (naive is gpipe with one micro-batch).
     1f1b: stage s runs min(K-s-1, M) warm-up forwards, then alternates one forward and one
     backward, then drains the remaining backwards: at most K-s micro-batches in flight.
+    interleaved: Megatron's interleaved 1F1B over v chunks per stage (M a multiple of K).
+    zb-h1: 1F1B's forwards and input-gradient backwards, each weight gradient delayed into
+    idle time while at most K-s micro-batches are in flight (forwarded, W not yet done).
     """
-    k, m = num_stages, num_microbatches
+    k, m, v = num_stages, num_microbatches, virtual_stages
+    if name == "zb-h1":
+        return _zero_bubble_h1(k, m)
+    if name == "interleaved" and v > 1:
+        return [_interleaved(k, m, v, s) for s in range(k)]
+    if name not in NAMES:
+        raise ValueError(f"unknown pipeline schedule {name!r}; use one of {', '.join(NAMES)}")
     out = []
     for s in range(k):
         if name in ("naive", "gpipe"):
-            events = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-        elif name == "1f1b":
+            events = [("F", s, i) for i in range(m)] + [("B", s, i) for i in range(m)]
+        else:  # 1f1b, and interleaved with one chunk per stage
             warmup = min(k - s - 1, m)
-            events = [("F", i) for i in range(warmup)]
+            events = [("F", s, i) for i in range(warmup)]
             f, b = warmup, 0
             while b < m:
                 if f < m:
-                    events.append(("F", f))
+                    events.append(("F", s, f))
                     f += 1
-                events.append(("B", b))
+                events.append(("B", s, b))
                 b += 1
-        else:
-            raise ValueError(f"unknown pipeline schedule {name!r}; use naive, gpipe or 1f1b")
         out.append(events)
     return out
 
 
-def _ready(event: Event, stage: int, num_stages: int, done: set) -> bool:
-    kind, i = event
+def _interleaved(k: int, m: int, v: int, s: int) -> list[Event]:
+    """Megatron-LM's interleaved order for device stage s: micro-batches in groups of K, each
+    group through chunk 0..v-1 forward and v-1..0 backward; warm-up 2(K-s-1) + (v-1)K."""
+    total = m * v
+
+    def at(j: int, forward: bool) -> tuple[int, int]:
+        local = (j // k) % v
+        chunk = (local if forward else v - 1 - local) * k + s
+        return chunk, (j // (k * v)) * k + j % k
+
+    warmup = min(2 * (k - s - 1) + (v - 1) * k, total)
+    events = [("F", *at(j, True)) for j in range(warmup)]
+    for j in range(total - warmup):
+        events.append(("F", *at(warmup + j, True)))
+        events.append(("B", *at(j, False)))
+    events += [("B", *at(j, False)) for j in range(total - warmup, total)]
+    return events
+
+
+def _zero_bubble_h1(k: int, m: int) -> list[list[Event]]:
+    """ZB-H1 (Qi et al. 2024, figure 3): stage s runs 1F1B's K-s warm-up forwards, then
+    B, W, F per micro-batch, except that its first s weight gradients are deferred by s
+    micro-batches (the last stage's into the warm-up bubble of the others, the rest into the
+    drain). Stage s then holds at most K-s + s = K micro-batches, 1F1B's peak (stage 0's)."""
+    out = []
+    for s in range(k):
+        warmup = min(k - s, m)
+        events = [("F", s, i) for i in range(warmup)]
+        f, w = warmup, 0
+        for b in range(m):
+            events.append(("B", s, b))
+            if b >= s:
+                events.append(("W", s, w))
+                w += 1
+            if f < m:
+                events.append(("F", s, f))
+                f += 1
+        events += [("W", s, i) for i in range(w, m)]
+        out.append(events)
+    return out
+
+
+def _deps(event: Event, num_chunks: int) -> list[Event]:
+    kind, c, i = event
     if kind == "F":
-        return stage == 0 or ("F", stage - 1, i) in done
-    if stage == num_stages - 1:
-        return ("F", stage, i) in done
-    return ("B", stage + 1, i) in done and ("F", stage, i) in done
+        return [] if c == 0 else [("F", c - 1, i)]
+    if kind == "W":
+        return [("B", c, i)]
+    return [("F", c, i)] + ([("B", c + 1, i)] if c < num_chunks - 1 else [])
 
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
     """Start and end time of every event; the makespan and the idle fraction."""
 
-    spans: dict[tuple[str, int, int], tuple[float, float]]  # (kind, stage, mb) -> (start, end)
+    spans: dict[Event, tuple[float, float]]  # (kind, chunk, mb) -> (start, end)
     makespan: float
-    busy: tuple[float, ...]  # per stage
+    busy: tuple[float, ...]  # per device stage
 
     @property
     def bubble(self) -> float:
@@ -63,16 +120,36 @@ class Timeline:
         return 1.0 - sum(self.busy) / (len(self.busy) * self.makespan)
 
 
+def num_chunks(events: list[list[Event]]) -> int:
+    return 1 + max(c for stage in events for _, c, _ in stage)
+
+
+def split_backward(events: list[list[Event]]) -> bool:
+    """Whether the schedule splits each backward into B (input gradient) and W (weights)."""
+    return any(kind == "W" for stage in events for kind, _, _ in stage)
+
+
 def timeline(
-    events: list[list[Event]], fwd: list[float] | None = None, bwd: list[float] | None = None
+    events: list[list[Event]],
+    fwd: list[float] | None = None,
+    bwd: list[float] | None = None,
+    wgt: list[float] | None = None,
 ) -> Timeline:
     """Place events on a clock: each starts when its stage is free and its inputs exist.
 
-    Durations default to 1 (forward) and 2 (backward) per micro-batch, the usual FLOP ratio.
+    Durations are per chunk (per stage when v = 1): forward, input-gradient backward and
+    weight-gradient backward; a schedule without W events runs B as one backward costing
+    bwd + wgt. Defaults: 1 each per stage (split over its chunks), the usual FLOP ratio.
     """
-    k = len(events)
-    fwd = fwd or [1.0] * k
-    bwd = bwd or [2.0] * k
+    k, c = len(events), num_chunks(events)
+    share = k / c
+    fwd = fwd or [share] * c
+    if wgt is None:
+        wgt = [share] * c if (bwd is None or split_backward(events)) else [0.0] * c
+    bwd = bwd or [share] * c
+    cost = {"F": fwd, "B": bwd, "W": wgt}
+    if not split_backward(events):
+        cost["B"] = [b + w for b, w in zip(bwd, wgt)]
     spans: dict = {}
     free = [0.0] * k
     pos = [0] * k
@@ -82,56 +159,60 @@ def timeline(
         for s in range(k):
             if pos[s] == len(events[s]):
                 continue
-            kind, i = events[s][pos[s]]
-            deps = _deps(kind, s, i, k)
+            event = events[s][pos[s]]
+            deps = _deps(event, c)
             if not all(d in spans for d in deps):
                 continue
             start = max([free[s]] + [spans[d][1] for d in deps])
-            end = start + (fwd[s] if kind == "F" else bwd[s])
-            spans[(kind, s, i)] = (start, end)
+            end = start + cost[event[0]][event[1]]
+            spans[event] = (start, end)
             free[s], pos[s] = end, pos[s] + 1
             progressed = True
         if not progressed:
             raise ValueError("schedule deadlocks: an event waits on one that never runs")
-    busy = tuple(
-        sum(end - start for (kd, st, _), (start, end) in spans.items() if st == s) for s in range(k)
-    )
+    busy = tuple(sum(spans[e][1] - spans[e][0] for e in events[s]) for s in range(k))
     return Timeline(spans, max(end for _, end in spans.values()), busy)
 
 
-def _deps(kind: str, s: int, i: int, k: int) -> list[tuple[str, int, int]]:
-    if kind == "F":
-        return [] if s == 0 else [("F", s - 1, i)]
-    deps = [("F", s, i)]
-    if s < k - 1:
-        deps.append(("B", s + 1, i))
-    return deps
-
-
-def dispatch_order(events: list[list[Event]]) -> list[tuple[str, int, int]]:
-    """A global order of (kind, stage, micro-batch) that respects every dependency: events
+def dispatch_order(events: list[list[Event]]) -> list[Event]:
+    """A global order of (kind, chunk, micro-batch) that respects every dependency: events
     sorted by their start time on the unit-cost timeline (ties by stage). The host dispatches
     in this order; each device then runs its own events in its stage's order."""
+    k = len(events)
     spans = timeline(events).spans
-    return sorted(spans, key=lambda e: (spans[e][0], e[1]))
+    return sorted(spans, key=lambda e: (spans[e][0], e[1] % k))
 
 
-def analytic_bubble(num_stages: int, num_microbatches: int) -> float:
-    """GPipe's idle fraction with equal stages: (K - 1) / (M + K - 1)."""
-    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+def analytic_bubble(
+    num_stages: int, num_microbatches: int, schedule: str = "gpipe", virtual_stages: int = 1
+) -> float:
+    """Idle fraction with equal stages (F = B = W): (K-1)/(M+K-1) for GPipe and 1F1B,
+    (K-1)/(vM+K-1) interleaved, (K-1)/(3M+K-1) for ZB-H1 when M >= K (a third of 1F1B's
+    idle time; with fewer micro-batches than stages the W passes cannot fill the ramp)."""
+    k, m = num_stages, num_microbatches
+    if schedule == "zb-h1":
+        return 1 - 3 * m / (max(3 * m, 2 * m + k) + k - 1)
+    if schedule == "interleaved":
+        m *= virtual_stages
+    return (k - 1) / (m + k - 1)
 
 
 def in_flight(events: list[Event]) -> int:
-    """Most micro-batches a stage holds activations for (forwarded, not yet backwarded)."""
+    """Most micro-batches a stage holds activations for (forwarded, backward not finished:
+    W done when the schedule splits it, else B)."""
+    split = any(kind == "W" for kind, _, _ in events)
     live = peak = 0
-    for kind, _ in events:
-        live += 1 if kind == "F" else -1
+    for kind, _, _ in events:
+        live += 1 if kind == "F" else -1 if kind == ("W" if split else "B") else 0
         peak = max(peak, live)
     return peak
 
 
 def render(events: list[list[Event]]) -> str:
-    """The schedule as text, one row per stage, e.g. 'stage 0: F0 F1 B0 F2 B1 B2'."""
+    """The schedule as text, one row per stage, e.g. 'stage 0: F0 F1 B0 F2 B1 B2'; with
+    several chunks per stage the chunk follows a dot: 'F0.4' is micro-batch 0 in chunk 4."""
+    chunks = num_chunks(events) > len(events)
     return "\n".join(
-        f"stage {s}: " + " ".join(f"{k}{i}" for k, i in ev) for s, ev in enumerate(events)
+        f"stage {s}: " + " ".join(f"{k}{i}.{c}" if chunks else f"{k}{i}" for k, c, i in ev)
+        for s, ev in enumerate(events)
     )

@@ -185,6 +185,11 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
     if shape[1] == 1:
         stage = _single(strategy, config, image_shape, flops)
         return Workload(**common, schedule="", num_microbatches=1, events=(), stages=(stage,))
+    if strategy.num_chunks > shape[1] or not strategy.remat:  # pipeline efficiency, issue 12
+        raise ConfigError(
+            "the predictor models one chunk per stage with recomputation; use "
+            "pipeline.remat=True and gpipe or 1f1b"
+        )
     return Workload(
         **common,
         schedule=strategy.schedule,

@@ -1,0 +1,97 @@
+"""Pipeline efficiency table (issue 12): schedule x remat at K stages, M micro-batches.
+
+Run:  python -m jaxpar.bench.pipeline_efficiency [--width 0.125] [--batch 64] [--steps 3]
+
+Per row: step FLOPs (XLA's cost analysis of the compiled programs, all stages), peak stored
+bytes per stage (live buffers, busiest stage), the analytic bubble, the timeline bubble from
+this machine's measured per-chunk F/B/W times, and the wall step time (median of `--steps`
+timed steps after compilation). The same rows are a harness suite
+(configs/bench/pipeline_efficiency.py) for wall time, memory and bubbles; FLOPs come from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+
+from jaxpar import analysis, trainer
+
+ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", False, 1),
+        ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1))  # fmt: skip
+
+
+def measure(config, devices, steps: int) -> dict:
+    """One row's figures."""
+    s = trainer.setup(config, devices)
+    strategy = s.strategy
+    state = strategy.init_state(jax.random.key(0))
+    batch = strategy.put_batch(trainer.local_train_batch(s, 0))
+    state, _ = strategy.train_step(state, batch)  # compile every program
+    jax.block_until_ready(state)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        state, metrics = strategy.train_step(state, batch)
+        jax.block_until_ready((state, metrics))
+        times.append(time.perf_counter() - t0)
+    line = analysis.measure_pipeline(strategy, state, batch)
+    return {
+        "step_gflops": analysis.step_flops(strategy, state, batch) / 1e9,
+        "stored_mb_per_stage": [b / 2**20 for b in strategy.peak_stash_bytes],
+        "analytic_bubble": strategy.analytic_bubble(),
+        "timeline_bubble": line["measured_bubble"],
+        "wall_step_s": statistics.median(times),
+    }
+
+
+def main() -> None:
+    from configs import base
+    from jaxpar.train import use_host_devices
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--width", type=float, default=0.125)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--stages", type=int, default=4)
+    parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--xla-cache", default="/tmp/jaxpar-xla-cache")
+    args = parser.parse_args()
+    # Rows share programs (GPipe and 1F1B run the same ones) and step_flops lowers them again:
+    # the persistent cache compiles each once.
+    jax.config.update("jax_compilation_cache_dir", args.xla_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    k = args.stages
+    use_host_devices(k)  # before JAX starts its CPU backend
+    header = "| schedule | remat | M | step GFLOPs | stored MB/stage (max) | analytic | timeline | wall s |"
+    print(header + "\n|" + "---|" * 8, flush=True)
+    records = []
+    for m in args.microbatches:
+        for schedule, remat, v in ROWS:
+            config = base.get_config()
+            config.update_from_flattened_dict({
+                "model.name": "vgg19", "model.width": args.width, "data.name": "synthetic",
+                "global_batch_size": args.batch, "mesh_shape": (1, k, 1),
+                "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
+                "pipeline.remat": remat, "pipeline.virtual_stages": v,
+            })  # fmt: skip
+            r = measure(config, jax.devices()[:k], args.steps)
+            name = f"{schedule} v={v}" if v > 1 else schedule
+            records.append({"schedule": name, "remat": remat, "M": m, **r})
+            print(
+                f"| {name} | {remat} | {m} | {r['step_gflops']:.2f} | "
+                f"{max(r['stored_mb_per_stage']):.2f} | {r['analytic_bubble']:.3f} | "
+                f"{r['timeline_bubble']:.3f} | {r['wall_step_s']:.3f} |",
+                flush=True,
+            )
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
