@@ -156,8 +156,12 @@ def test_two_processes_match_one(tmp_path):
 # (1,2,4): the stage boundary is the process boundary; (2,2,2): every stage spans both
 # processes (data across them); (1,8,1): 4 stages per process; (2,4,1): the data axis spans
 # the processes, so every transfer crosses them.
+# Interleaved 1F1B sends from the last stage back to the first (chunk 1 -> 2 on K=2); ZB-H1
+# splits each backward into B and W.
 PIPELINES = [(mesh, schedule) for mesh in [(1, 2, 4), (2, 2, 2), (1, 8, 1), (2, 4, 1)]
-             for schedule in ("1f1b", "gpipe")]  # fmt: skip
+             for schedule in ("1f1b", "gpipe")] + [((1, 2, 4), "interleaved"),
+                                                  ((2, 2, 2), "zb-h1")]  # fmt: skip
+EXTRA = {"interleaved": {"pipeline.virtual_stages": 2}, "zb-h1": {"pipeline.remat": False}}
 
 
 @pytest.mark.parametrize(
@@ -169,6 +173,7 @@ def test_pipeline_across_processes_matches_one_process(tmp_path, mesh, schedule)
         "pipeline.schedule": schedule,
         "pipeline.num_microbatches": 2,
         "checkpoint_every_steps": 3,
+        **EXTRA.get(schedule, {}),
     }
     losses = run_two(tmp_path / "run", 3, **overrides)
     config = tiny_config(**overrides)
