@@ -47,6 +47,7 @@ from jaxpar.mesh import AXES
 from jaxpar.parallel import schedules, stage_programs, stages, tensor, transfer
 from jaxpar.parallel.common import Strategy, TrainState
 from jaxpar.parallel.data import AXIS
+from jaxpar.parallel.layout import merge, select
 
 
 @flax.struct.dataclass
@@ -55,39 +56,6 @@ class PipelineState:
 
     stages: tuple[TrainState, ...]
     grad_acc: tuple[Any, ...]  # per stage: params-shaped, leading axis = data replicas
-
-
-def merge(trees: list[Any]) -> Any:
-    """Merge per-stage pytrees whose dicts hold disjoint layer names (params, optimizer state)
-    into one; leaves shared by every stage (step counts) are taken from stage 0."""
-    first = trees[0]
-    if isinstance(first, dict):
-        out: dict = {}
-        for tree in trees:
-            out.update(tree)
-        return out
-    if isinstance(first, tuple) and hasattr(first, "_fields"):
-        return type(first)(*(merge(list(parts)) for parts in zip(*trees)))
-    if isinstance(first, (tuple, list)):
-        return type(first)(merge(list(parts)) for parts in zip(*trees))
-    if dataclass_fields := getattr(first, "__dataclass_fields__", None):
-        return first.replace(**{k: merge([getattr(t, k) for t in trees]) for k in dataclass_fields})
-    return first
-
-
-def select(tree: Any, keep: set[str], layer_names: set[str]) -> Any:
-    """The inverse of `merge`: keep only `keep`'s entries of every dict keyed by layer names."""
-    if isinstance(tree, dict):
-        if tree and set(tree) <= layer_names:
-            return {k: v for k, v in tree.items() if k in keep}
-        return {k: select(v, keep, layer_names) for k, v in tree.items()}
-    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
-        return type(tree)(*(select(v, keep, layer_names) for v in tree))
-    if isinstance(tree, (tuple, list)):
-        return type(tree)(select(v, keep, layer_names) for v in tree)
-    if fields := getattr(tree, "__dataclass_fields__", None):
-        return tree.replace(**{k: select(getattr(tree, k), keep, layer_names) for k in fields})
-    return tree
 
 
 class Pipeline(Strategy):
@@ -210,9 +178,9 @@ class Pipeline(Strategy):
                 continue
             names = {layer.name for layer in self.model.layers[self.layers[s]]}
             part = select(host_state, names, {layer.name for layer in self.model.layers})
-            states.append(_put(part, self._named(s, self.state_specs[s])))
+            states.append(transfer.put(part, self._named(s, self.state_specs[s])))
             acc = jax.tree.map(lambda p: np.zeros((self.data, *p.shape), p.dtype), part.params)
-            accs.append(_put(acc, self._named(s, self._acc_specs(s))))
+            accs.append(transfer.put(acc, self._named(s, self._acc_specs(s))))
         return PipelineState(tuple(states), tuple(accs))
 
     def batch_share(self) -> tuple[int, int]:
@@ -228,7 +196,9 @@ class Pipeline(Strategy):
         for key, value in local_batch.items():
             s = 0 if key == "image" else self.num_stages - 1
             parts = np.split(value, m)
-            out[key] = [_put(p, self.batch_sharding[s]) if self.local[s] else None for p in parts]
+            out[key] = [
+                transfer.put(p, self.batch_sharding[s]) if self.local[s] else None for p in parts
+            ]
         return out
 
     # -- programs ------------------------------------------------------------------------
@@ -374,7 +344,7 @@ class Pipeline(Strategy):
         process owning a device of either stage calls (x is None where it owns none of
         src's); the result is None where this process owns none of dst's devices."""
         if not self.multi:
-            return jax.device_put(x, self.batch_sharding[dst])
+            return jax.devicetransfer.put(x, self.batch_sharding[dst])
         if not (self.local[src] or self.local[dst]):
             return None
         if src == dst:  # an interleaved chunk pair on one stage (K = 1 is not a pipeline)
@@ -473,18 +443,6 @@ class Pipeline(Strategy):
                 schedules.render(self.events),
             ]
         )
-
-
-def _put(tree, shardings):
-    """Host arrays onto (possibly multi-process) shardings: each process supplies the blocks
-    of its own devices from the whole host value it holds."""
-    if jax.process_count() == 1:
-        return jax.device_put(tree, shardings)
-    return jax.tree.map(
-        lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda i: np.asarray(x)[i]),
-        tree,
-        shardings,
-    )
 
 
 def _device_bytes(tree) -> int:
