@@ -6,9 +6,9 @@ padded SPMD carrier, each stage is compiled for its own slice of the mesh,
 and optimizer state live only on its devices, unpadded. The host walks the schedule's events
 (GPipe, 1F1B, interleaved 1F1B, ZB-H1) in dependency order; JAX's asynchronous dispatch lets
 stages on different devices run at the same time. Activations and their gradients move between
-stage slices with `jax.device_put` within one process. Programs are per chunk (a contiguous run of layers): one
-per stage, or v per stage under the interleaved schedule (chunk c on stage c % K); they are
-built in stage_programs.py.
+stage slices with `jax.device_put` within one process. Programs are per chunk (a contiguous
+run of layers): one per stage, or v per stage under the interleaved schedule (chunk c on stage
+c % K); they are built in stage_programs.py.
 
 `pipeline.remat=True`: backward recomputes the chunk's forward from its stored input, so a
 stage keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under
@@ -344,7 +344,7 @@ class Pipeline(Strategy):
         process owning a device of either stage calls (x is None where it owns none of
         src's); the result is None where this process owns none of dst's devices."""
         if not self.multi:
-            return jax.devicetransfer.put(x, self.batch_sharding[dst])
+            return jax.device_put(x, self.batch_sharding[dst])
         if not (self.local[src] or self.local[dst]):
             return None
         if src == dst:  # an interleaved chunk pair on one stage (K = 1 is not a pipeline)
