@@ -25,6 +25,7 @@ from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
 from jaxpar import workdir as workdir_lib
 from jaxpar.errors import TrainingError
+from jaxpar.parallel.common import add_sums
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
 
@@ -76,9 +77,9 @@ def evaluate(s: Setup, state) -> dict[str, float]:
     batch_size = s.config.eval_batch_size or s.config.global_batch_size
     totals = None
     for local in s.dataset.eval_batches(batch_size, *s.strategy.batch_share()):
-        # Bounded: the CPU runtime aborts with too many collectives queued (dispatch.py).
-        sums = s.strategy.inflight.add(s.strategy.eval_step(state, s.strategy.put_batch(local)))
-        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        # Every computation is counted in the strategy's dispatch window (dispatch.py).
+        sums = s.strategy.eval_step(state, s.strategy.put_batch(local))
+        totals = sums if totals is None else s.strategy.inflight.add(add_sums(totals, sums))
     totals = jax.device_get(totals)
     count = max(float(totals["count"]), 1.0)
     out = {

@@ -71,6 +71,12 @@ def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:
     }
 
 
+@jax.jit
+def add_sums(a: dict, b: dict) -> dict:
+    """Running eval sums plus one batch's, in one computation (dispatch.py counts each)."""
+    return jax.tree.map(jnp.add, a, b)
+
+
 def init_state(model: SequentialModel, tx: optax.GradientTransformation, rng) -> TrainState:
     variables = model.init(rng)
     params = variables["params"]
@@ -150,10 +156,11 @@ class Strategy(abc.ABC):
         return self._train(state, batch)
 
     def eval_step(self, state: TrainState, batch: dict) -> dict:
+        """One eval batch's sums: one computation, counted in the dispatch window."""
         if self._eval is None:
             self._eval = self._jit_eval()
         with self._mesh_context():
-            return self._eval(state, batch)
+            return self.inflight.add(self._eval(state, batch))
 
     def _mesh_context(self):
         return jax.set_mesh(self.mesh)

@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import AXES
 from jaxpar.parallel import schedules, stage_programs, stages, tensor, transfer
-from jaxpar.parallel.common import Strategy, TrainState
+from jaxpar.parallel.common import Strategy, TrainState, add_sums
 from jaxpar.parallel.data import AXIS
 from jaxpar.parallel.layout import merge, select
 
@@ -99,7 +99,7 @@ class Pipeline(Strategy):
         # mover for transfers that cross processes.
         self.multi = jax.process_count() > 1
         self.local = [transfer.owns(mesh.devices[:, s, :]) for s in range(k)]
-        self.mover = transfer.Mover(mesh) if self.multi else None
+        self.mover = transfer.Mover(mesh, self.inflight) if self.multi else None
         self._relayout = [
             stage_programs.OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
             for sh, m in zip(self.batch_sharding, self.meshes)
@@ -160,9 +160,7 @@ class Pipeline(Strategy):
             return merge(list(state.stages))
         k = self.num_stages
         parts = [
-            self.inflight.add(
-                self.mover.gather_tree(st, self.state_shapes[c], c % k, self.state_specs[c])
-            )
+            self.mover.gather_tree(st, self.state_shapes[c], c % k, self.state_specs[c])
             for c, st in enumerate(state.stages)
         ]
         return merge(parts)
@@ -229,7 +227,11 @@ class Pipeline(Strategy):
     def _step(self, state: PipelineState, batch):
         """Walk the schedule's events in dispatch order. Each event runs one chunk's program on
         its device stage; what a backward needs is stored from its forward (the stage input,
-        or with remat=False the residuals) and counted per device as stored bytes."""
+        or with remat=False the residuals) and counted per device as stored bytes.
+
+        Every process walks every event: it runs the programs of its own stages and counts the
+        others' (`InFlight.skip`), so that all of them bound the work in flight at the same
+        points of the program order (dispatch.py)."""
         progs, k, c_last, run = self.programs, self.num_stages, self.num_chunks - 1, self._run
         mine = self.local
         st = list(state.stages)
@@ -252,14 +254,12 @@ class Pipeline(Strategy):
 
         for kind, c, m in self.order:
             d = c % k  # the device stage every program of this event runs on
-            if not mine[d]:  # another process's stage: only take part in its transfers
-                if kind == "F" and c < c_last:
-                    sent_f[(c + 1, m)] = self._send(None, d, (c + 1) % k, c, rows)
-                elif kind == "B" and c > 0:
-                    sent_b[(c - 1, m)] = self._send(None, d, (c - 1) % k, c - 1, rows)
-                continue
-            params = st[c].params
-            if kind == "F":
+            y = g = None  # the output sent forward, the gradient sent backward
+            if not mine[d]:  # another process's stage: count its program, take part in sends
+                if not (kind == "F" and self.remat and c == c_last):  # that one runs nothing
+                    self.inflight.skip()
+            elif kind == "F":
+                params = st[c].params
                 x = batch["image"][m] if c == 0 else sent_f.pop((c, m))
                 if self.remat:
                     store(stash, (c, m), x, d)
@@ -272,46 +272,55 @@ class Pipeline(Strategy):
                     if c == c_last:
                         losses.append(y[0])
                         accuracies.append(y[1])
-                if c < c_last:
-                    sent_f[(c + 1, m)] = self._send(y, d, (c + 1) % k, c, rows)
-                continue
-            if kind == "W":
+            elif kind == "W":
                 outs = free(kept, (c, m), d)
-                acc[c] = run(progs["bwd_w"][c], params, free(stash, (c, m), d), outs, acc[c])
-                continue
-            cot = () if c == c_last else (sent_b.pop((c, m)),)
-            if self.remat:
-                x = free(stash, (c, m), d)
-                target = (batch["label"][m],) if c == c_last else cot
-                out = run(progs["bwd"][c], params, stats[c], x, *target, acc[c])
-                if c == c_last:
-                    g, acc[c], stats[c], (loss, correct) = out
-                    losses.append(loss)
-                    accuracies.append(correct)
-                elif c > 0:
-                    g, acc[c] = out
-                else:
-                    acc[c] = out
-            elif self.split_backward:  # B: the input gradient; W runs later from `kept`
-                out = run(progs["bwd_in"][c], params, stash[(c, m)], *cot)
-                g, outs = out if c > 0 else (None, out)
-                store(kept, (c, m), outs, d)
+                acc[c] = run(
+                    progs["bwd_w"][c], st[c].params, free(stash, (c, m), d), outs, acc[c]
+                )
             else:
-                out = run(progs["bwd_res"][c], params, free(stash, (c, m), d), *cot, acc[c])
-                g, acc[c] = out if c > 0 else (None, out)
-            if c > 0:
+                g = self._backward(c, m, st[c].params, stats, acc, batch, sent_b, stash, kept,
+                                   store, free, losses, accuracies)  # fmt: skip
+            if kind == "F" and c < c_last:
+                sent_f[(c + 1, m)] = self._send(y, d, (c + 1) % k, c, rows)
+            elif kind == "B" and c > 0:
                 sent_b[(c - 1, m)] = self._send(g, d, (c - 1) % k, c - 1, rows)
         for c in range(self.num_chunks):
-            if mine[c % k]:
-                st[c], acc[c] = run(progs["update"][c], st[c].replace(batch_stats=stats[c]), acc[c])
+            st[c], acc[c] = self._on(
+                c % k, lambda c=c: progs["update"][c](st[c].replace(batch_stats=stats[c]), acc[c])
+            ) or (None, None)
         self.peak_stash_bytes = peak
-        metrics = None
-        if mine[(self.num_chunks - 1) % k]:
-            metrics = {
-                "loss": sum(losses) / len(losses),
-                "accuracy": sum(accuracies) / len(losses),
-            }
+        metrics = self._on(
+            c_last % k, lambda: _mean_metrics({"loss": losses, "accuracy": accuracies})
+        )
         return PipelineState(tuple(st), tuple(acc)), self._to_all(metrics, ("accuracy", "loss"))
+
+    def _backward(self, c, m, params, stats, acc, batch, sent_b, stash, kept, store, free,
+                  losses, accuracies):  # fmt: skip
+        """One B event of chunk c on this process's stage; returns the input gradient to send
+        back (None for chunk 0). Updates the accumulators, statistics and stores in place."""
+        progs, run, d, c_last = self.programs, self._run, c % self.num_stages, self.num_chunks - 1
+        cot = () if c == c_last else (sent_b.pop((c, m)),)
+        g = None
+        if self.remat:
+            x = free(stash, (c, m), d)
+            target = (batch["label"][m],) if c == c_last else cot
+            out = run(progs["bwd"][c], params, stats[c], x, *target, acc[c])
+            if c == c_last:
+                g, acc[c], stats[c], (loss, correct) = out
+                losses.append(loss)
+                accuracies.append(correct)
+            elif c > 0:
+                g, acc[c] = out
+            else:
+                acc[c] = out
+        elif self.split_backward:  # B: the input gradient; W runs later from `kept`
+            out = run(progs["bwd_in"][c], params, stash[(c, m)], *cot)
+            g, outs = out if c > 0 else (None, out)
+            store(kept, (c, m), outs, d)
+        else:
+            out = run(progs["bwd_res"][c], params, free(stash, (c, m), d), *cot, acc[c])
+            g, acc[c] = out if c > 0 else (None, out)
+        return g
 
     def _boundary(self, rows: int | None) -> list[jax.ShapeDtypeStruct]:
         """Per chunk, the shape of its output for a micro-batch of `rows` images: what a
@@ -341,19 +350,18 @@ class Pipeline(Strategy):
         devices to stage `dst`'s.
 
         One process: `device_put`. Several: the mover's collective program, which every
-        process owning a device of either stage calls (x is None where it owns none of
-        src's); the result is None where this process owns none of dst's devices."""
+        process calls (x is None where it owns none of src's devices; it counts the move
+        where it owns none of either side); the result is None where this process owns none
+        of dst's devices. A tensor-parallel stage's output is first laid out over "data"
+        only, which is one more program on src's devices."""
         if not self.multi:
             return jax.device_put(x, self.batch_sharding[dst])
-        if not (self.local[src] or self.local[dst]):
-            return None
         if src == dst:  # an interleaved chunk pair on one stage (K = 1 is not a pipeline)
             return x
         shape = self._boundary(rows)[chunk]
-        if x is not None and not x.sharding.is_equivalent_to(self.batch_sharding[src], x.ndim):
-            x = self._relayout[src](x)  # e.g. a tensor-parallel stage's output
-        y = self.mover.send(x, src, dst, shape.shape, shape.dtype, P(AXIS))
-        return None if y is None else self.inflight.add(y)
+        if self.tensor_parallel:
+            x = self._on(src, lambda: self._relayout[src](x))
+        return self.mover.send(x, src, dst, shape.shape, shape.dtype, P(AXIS))
 
     def _to_all(self, tree, keys: tuple[str, ...]):
         """Metrics or eval sums (scalars named `keys`, replicated on the last chunk's stage)
@@ -363,38 +371,44 @@ class Pipeline(Strategy):
         template = {key: jax.ShapeDtypeStruct((), jnp.float32) for key in keys}
         specs = {key: P() for key in keys}
         last = (self.num_chunks - 1) % self.num_stages
-        return self.inflight.add(self.mover.gather_tree(tree, template, last, specs))
+        return self.mover.gather_tree(tree, template, last, specs)
 
     def _run(self, program, *args):
-        """Dispatch one stage program, keeping the work in flight bounded (dispatch.py)."""
+        """Dispatch one program of this process's stages, counted in the window (dispatch.py)."""
         return self.inflight.add(program(*args))
+
+    def _on(self, stage: int, dispatch):
+        """`dispatch()` (one computation) where this process owns a device of `stage`, counted
+        in the window; elsewhere only counted. Returns its result, or None."""
+        if self.local[stage]:
+            return self.inflight.add(dispatch())
+        self.inflight.skip()
+        return None
 
     def train_step(self, state, batch):
         return self._step(state, batch)
 
     def eval_step(self, state, batch):
-        progs, k, mine = self.programs, self.num_stages, self.local
-        rows = batch["image"][0].shape[0] if mine[0] else None
+        """Loss and correct-prediction sums over one eval batch, micro-batch by micro-batch
+        through the chunks; every process counts every program (dispatch.py)."""
+        progs, k = self.programs, self.num_stages
+        rows = batch["image"][0].shape[0] if self.local[0] else None
+        last = (self.num_chunks - 1) % k
         totals = None
         for m in range(self.num_microbatches):
             x = batch["image"][m]
             for c in range(self.num_chunks - 1):
-                y = None
-                if mine[c % k]:
-                    p = state.stages[c]
-                    y = self._run(progs["eval"][c], p.params, p.batch_stats, x)
+                p = state.stages[c]
+                y = self._on(c % k, lambda p=p, c=c, x=x: progs["eval"][c](
+                    p.params, p.batch_stats, x))  # fmt: skip
                 x = self._send(y, c % k, (c + 1) % k, c, rows)
-            if mine[(self.num_chunks - 1) % k]:
-                last = state.stages[-1]
-                sums = self._run(
-                    progs["eval"][-1],
-                    last.params,
-                    last.batch_stats,
-                    x,
-                    batch["label"][m],
-                    batch["mask"][m],
-                )
-                totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+            p = state.stages[-1]
+            sums = self._on(last, lambda p=p, x=x, m=m: progs["eval"][-1](
+                p.params, p.batch_stats, x, batch["label"][m], batch["mask"][m]))  # fmt: skip
+            if totals is None:
+                totals = sums
+            else:
+                totals = self._on(last, lambda t=totals, s=sums: add_sums(t, s))
         return self._to_all(totals, ("correct", "count", "loss_sum"))
 
     # -- what it costs -------------------------------------------------------------------
@@ -443,6 +457,12 @@ class Pipeline(Strategy):
                 schedules.render(self.events),
             ]
         )
+
+
+@jax.jit
+def _mean_metrics(metrics: dict[str, list]) -> dict[str, jax.Array]:
+    """The step's loss and accuracy: means over the micro-batches, in one computation."""
+    return {key: sum(values) / len(values) for key, values in metrics.items()}
 
 
 def _device_bytes(tree) -> int:

@@ -69,8 +69,17 @@ class PmapDataParallel(Strategy):
         def body(state, batch):
             return lax.psum(eval_sums(self.model, state.params, state.batch_stats, batch), AXIS)
 
-        pm = jax.pmap(body, AXIS, devices=self.devices)
-        return lambda state, batch: jax.tree.map(lambda x: x[0], pm(state, batch))
+        return jax.pmap(body, AXIS, devices=self.devices)
+
+    def eval_step(self, state, batch):
+        """Replica 0's sums (every replica holds the psum): two computations, both counted in
+        the dispatch window."""
+        return self.inflight.add(_first_replica(super().eval_step(state, batch)))
+
+
+@jax.jit
+def _first_replica(tree):
+    return jax.tree.map(lambda x: x[0], tree)
 
 
 class _PmapAOT:

@@ -27,6 +27,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.dispatch import InFlight
 from jaxpar.mesh import AXES
 
 
@@ -46,10 +47,15 @@ def _stacked_spec(spec: P, ndim: int) -> P:
 
 class Mover:
     """Cross-process moves over one mesh's stage slices; programs are compiled once per
-    (stages, shape, dtype, spec) and zero buffers are cached (they are never donated)."""
+    (stages, shape, dtype, spec) and zero buffers are cached (they are never donated).
 
-    def __init__(self, mesh: Mesh):
+    Every move and gather is one computation in the global program order: it is registered
+    with `inflight` (dispatch.py) in a process that takes part and skipped in every other, so
+    each method must be called by every process, in the same order."""
+
+    def __init__(self, mesh: Mesh, inflight: InFlight):
         self.mesh = mesh
+        self.inflight = inflight
         self.me = jax.process_index()
         self._zeros: dict = {}
 
@@ -86,15 +92,17 @@ class Mover:
     def send(self, x: jax.Array | None, a: int, b: int, shape, dtype, spec: P) -> jax.Array | None:
         """Move `x` (sharded `spec` over stage a's devices; None where this process owns none
         of them) to stage b's devices with the same spec; None where this process owns none
-        of stage b's devices. Every process owning a device of a or b must call it."""
+        of stage b's devices. Every process calls it (one position in the program order)."""
         devices = np.stack([self._stage_devices(a), self._stage_devices(b)], axis=1)
         if not owns(devices):
+            self.inflight.skip()
             return None
         pair = Mesh(devices, AXES)
         stacked = _stacked_spec(spec, len(shape))
         sharding = NamedSharding(pair, stacked)
         big = (2 * shape[0], *shape[1:])
-        out = _permute(pair, stacked)(self._stack(x, sharding, big, dtype))
+        # Registered whole: a process that only sends must wait for its sends too.
+        out = self.inflight.add(_permute(pair, stacked)(self._stack(x, sharding, big, dtype)))
         target = set(self._stage_devices(b).flat)
         got = [s.data for s in out.addressable_shards if s.device in target]
         if not got:
@@ -123,7 +131,7 @@ class Mover:
             sharding = NamedSharding(self.mesh, _stacked_spec(spec, len(shape)))
             stacked.append(self._stack(x, sharding, big, t.dtype))  # x's shards: block s
             ndims.append(len(shape))
-        out = _psum_stage(self.mesh, spec_leaves, tuple(ndims))(stacked)
+        out = self.inflight.add(_psum_stage(self.mesh, spec_leaves, tuple(ndims))(stacked))
         return treedef.unflatten(out)
 
 
