@@ -14,7 +14,9 @@ import pytest
 from jaxpar import config as config_lib
 from jaxpar import plots, trainer
 from jaxpar.bench import results
-from jaxpar.bench.runner import Sweep
+from jaxpar.bench.__main__ import main as bench_main
+from jaxpar.bench.row import write_json
+from jaxpar.bench.runner import Refused, Sweep
 from tests.util import tiny_config
 
 SUITE = textwrap.dedent(
@@ -255,3 +257,114 @@ def test_profile_writes_a_trace(tmp_path):
     traces = list((tmp_path / "profile").rglob("*.trace.json.gz"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert summary["analytic_bubble"] is None and summary["collective_bytes_per_device"] == 0
+
+
+# --- the results folder: never loses or silently mixes results (no training: a fake row) ---
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A suite file, an OUT folder and a fake `Sweep._run_one` that records the rows it runs."""
+    suite = tmp_path / "tiny.py"
+    suite.write_text(SUITE)
+    ran = []
+
+    def run_one(self, r, rep, print_):
+        ran.append(r["name"])
+        record = {
+            "status": "ok", "images_per_sec": 100.0 + len(ran), "step_time_median_s": 0.1,
+            "global_batch_size": 16, "compile_time_s": 1.0, "eval_accuracy": 0.5,
+            "num_devices": 1, "mesh_shape": [1, 1, 1], "fingerprint": print_,
+        }  # fmt: skip
+        write_json(self._paths(r["name"], rep)[0], record)
+        return record
+
+    monkeypatch.setattr(Sweep, "_run_one", run_one)
+    return suite, tmp_path / "out", ran
+
+
+def _sweep(suite, out, **kwargs) -> list[dict]:
+    return Sweep(suite=str(suite), out=str(out), plots=False, **kwargs).run()
+
+
+def _stored_rows(out) -> dict[str, float]:
+    with open(out / "results.json") as f:
+        return {r["name"]: r["images_per_sec"] for r in json.load(f)["rows"]}
+
+
+def _snapshot(out) -> dict[str, tuple[int, bytes]]:
+    return {str(p): (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob("*") if p.is_file()}
+
+
+def test_only_matching_no_row_is_refused_and_out_untouched(fake, capsys):
+    suite, out, ran = fake
+    _sweep(suite, out, only="data")
+    before = _snapshot(out)
+    code = bench_main(["--suite", str(suite), "--out", str(out), "--only", "pipe", "--no_plots"])
+    err = capsys.readouterr().err
+    assert code == 2 and _snapshot(out) == before and ran == ["data 2", "data 3"]
+    assert err == (
+        "error: --only 'pipe' matches no row of suite tiny; its rows are: 1 device, data 2, "
+        "data 3, tensor 2\n"
+    )
+    fresh = out.parent / "fresh"
+    assert bench_main(["--suite", str(suite), "--out", str(fresh), "--only", "pipe"]) == 2
+    assert not fresh.exists()
+
+
+def test_a_subset_rerun_keeps_the_other_rows(fake):
+    suite, out, ran = fake
+    _sweep(suite, out)
+    first = _stored_rows(out)
+    _sweep(suite, out, only="^data 2$", repeat=2)  # measures data 2's second repeat only
+    assert ran == ["1 device", "data 2", "data 3", "tensor 2", "data 2"]
+    after = _stored_rows(out)
+    assert list(after) == ["1 device", "data 2", "data 3", "tensor 2"]  # suite order
+    assert after["data 2"] == (first["data 2"] + 105.0) / 2  # both repeats of data 2
+    assert {k: v for k, v in after.items() if k != "data 2"} == {
+        k: v for k, v in first.items() if k != "data 2"
+    }
+    assert len((out / "results.csv").read_text().splitlines()) == 5
+
+
+def test_other_overrides_or_suite_are_refused_before_running(fake, tmp_path):
+    suite, out, ran = fake
+    _sweep(suite, out, overrides={"model.width": 0.125})
+    before = _snapshot(out)
+    with pytest.raises(Refused) as info:
+        _sweep(suite, out)
+    assert str(info.value) == (
+        f"--out {out} was measured with other overrides (model.width=0.125 there, not given "
+        "here); pass the same --config overrides, or choose another --out"
+    )
+    other = tmp_path / "other.py"
+    other.write_text(SUITE)
+    with pytest.raises(Refused, match="holds suite .*tiny.py, not .*other.py; pass --suite"):
+        _sweep(other, out, overrides={"model.width": 0.125})
+    assert _snapshot(out) == before and len(ran) == 4
+    _sweep(suite, out, overrides={"model.width": 0.125})  # the same overrides: resumes
+    assert len(ran) == 4
+
+
+def test_an_edited_row_is_measured_again_and_its_old_record_kept(fake, capsys):
+    suite, out, ran = fake
+    _sweep(suite, out)
+    old = json.loads((out / "rows" / "data_2.r0.json").read_text())
+    (out / "logs" / "data_2.r0.log").write_text("the old run\n")
+    suite.write_text(
+        SUITE.replace('"mesh_shape": (2, 1, 1)}', '"mesh_shape": (2, 1, 1), "seed": 7}')
+    )
+    capsys.readouterr()
+    _sweep(suite, out)
+    assert ran[4:] == ["data 2"]  # only the edited row runs again
+    kept = out / "replaced" / f"data_2.r0.{old['fingerprint']}.json"
+    assert (
+        f"data 2 (repeat 0): its config changed since it was measured; the old record is in {kept}"
+        in capsys.readouterr().out
+    )
+    moved = json.loads(kept.read_text())
+    assert moved["images_per_sec"] == old["images_per_sec"]
+    assert open(moved["log"]).read() == "the old run\n"
+    new = json.loads((out / "rows" / "data_2.r0.json").read_text())
+    assert new["fingerprint"] != old["fingerprint"]
+    assert _stored_rows(out)["data 2"] == new["images_per_sec"]

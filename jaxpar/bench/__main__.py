@@ -1,10 +1,19 @@
-"""python -m jaxpar.bench [--suite NAME|FILE] [--out DIR] [--repeat N] [--profile]
-                         [--retry_failed] [--row_timeout S] [--config.KEY=VALUE ...]
+"""python -m jaxpar.bench [--suite NAME|FILE] [--out DIR] [--repeat N] [--only REGEX]
+                         [--retry_failed] [--row_timeout S] [--profile] [--config.KEY=VALUE ...]
 
 Runs every row of a suite (default: configs/bench/partitionings.py), each in its own process,
 and writes OUT/results.json, results.csv, results.md and PNG plots. `--config.KEY=VALUE`
-applies to every row (a row's own keys win). Rerunning with the same --out resumes: rows
-already measured with the same config are skipped.
+applies to every row (a row's own keys win).
+
+OUT is one sweep. OUT/sweep.json records the suite and the --config overrides it is measured
+under; a rerun with another suite or other overrides is refused before anything runs (pass the
+same ones, or choose another --out), so one table never mixes settings. Each (row, repeat) is
+stored in OUT/rows with its config's fingerprint. A rerun resumes: rows already measured with
+the same config are skipped (--retry_failed runs failed ones again); a row whose config changed
+(the suite file was edited) is measured again and its old record moved to OUT/replaced/.
+`--only REGEX` measures the matching rows only; the results files still hold every row with a
+current record, in suite order. An --only that matches no row is refused (exit status 2) and
+OUT is left as it was.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ def main(argv: list[str]) -> int:
     if args._row is not None:
         return _one_row(args, overrides)
 
-    from jaxpar.bench.runner import Sweep
+    from jaxpar.bench.runner import Refused, Sweep
 
     sweep = Sweep(
         suite=suite_lib.suite_path(args.suite),
@@ -52,6 +61,9 @@ def main(argv: list[str]) -> int:
     )
     try:
         sweep.run()
+    except Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0

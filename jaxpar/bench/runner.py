@@ -1,5 +1,11 @@
 """The sweep: run every row of a suite in its own process, repeats interleaved round-robin,
-record each row's result as it finishes, resume from what --out already holds."""
+record each row's result as it finishes, resume from what --out already holds.
+
+OUT/sweep.json records the suite and the --config overrides OUT was measured under; a sweep
+with others is refused before it runs. OUT/rows holds one record per (row, repeat), stamped
+with the row's config fingerprint; a record whose row changed is moved to OUT/replaced/ before
+the row runs again. The results files are made from every current record, whichever run made it.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,12 @@ from typing import Any
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import suite as suite_lib
 from jaxpar.bench.row import write_json
+
+MANIFEST = "sweep.json"
+
+
+class Refused(ValueError):
+    """The sweep will not run as asked; one line for the user, nothing in OUT touched."""
 
 
 @dataclasses.dataclass
@@ -40,18 +52,36 @@ class Sweep:
             os.path.join(self.out, "runs", base),
         )
 
-    def _done(self, name: str, r: int, print_: str) -> dict | None:
-        """The stored record of (row, repeat) if it was measured with this very config."""
-        path = self._paths(name, r)[0]
-        if not os.path.exists(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-        if record.get("fingerprint") != print_:
-            return None
-        if record.get("status") != "ok" and self.retry_failed:
-            return None
-        return record
+    def _stored(self, name: str) -> dict[int, dict]:
+        """Every stored record of row `name` (any fingerprint), by repeat."""
+        rows_dir = os.path.join(self.out, "rows")
+        pattern = re.escape(suite_lib.slug(name)) + r"\.r(\d+)\.json"
+        found = {}
+        for file in sorted(os.listdir(rows_dir)):
+            if match := re.fullmatch(pattern, file):
+                found[int(match.group(1))] = _read(os.path.join(rows_dir, file))
+        return found
+
+    def _set_aside(self, name: str, rep: int, print_: str) -> None:
+        """Move a record (with its log and run) made under another config of this row to
+        OUT/replaced/ before the row is measured again: kept apart, never overwritten."""
+        path, log, run = self._paths(name, rep)
+        if not os.path.exists(path) or (old := _read(path)).get("fingerprint") == print_:
+            return
+        base = _free(os.path.join(self.out, "replaced", f"{os.path.basename(run)}.{_tag(old)}"))
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+        if os.path.exists(log):
+            old["log"] = f"{base}.log"
+            os.replace(log, old["log"])
+        if os.path.exists(run):
+            os.replace(run, f"{base}.run")
+        write_json(f"{base}.json", old)
+        os.remove(path)
+        print(
+            f"{name} (repeat {rep}): its config changed since it was measured; the old record "
+            f"is in {base}.json",
+            flush=True,
+        )
 
     def _fingerprint(self, spec, r: dict) -> str:
         try:
@@ -60,35 +90,35 @@ class Sweep:
             return f"unbuildable: {e}"  # the row's process fails the same way, recorded
 
     def run(self) -> list[dict]:
+        """Measure the selected rows not yet measured; return the table of every stored row.
+        Raises Refused (before touching OUT) for an --only that selects nothing or an OUT
+        measured under another suite or other overrides."""
         spec = suite_lib.load_suite(self.suite)
-        rows = [r for r in spec.rows if re.search(self.only, r["name"])]
         suite_lib.check_overrides(spec, self.overrides)
+        picked = self._select(spec.rows)
+        self._claim()
         for sub in ("rows", "logs", "runs"):
             os.makedirs(os.path.join(self.out, sub), exist_ok=True)
-        prints = {r["name"]: self._fingerprint(spec, r) for r in rows}
-        records: dict[str, list[dict]] = {r["name"]: [] for r in rows}
-        todo = []
-        for rep in range(self.repeat):  # round-robin: machine drift hits every row alike
-            for r in rows:
-                done = self._done(r["name"], rep, prints[r["name"]])
-                if done is not None:
-                    records[r["name"]].append(done)
-                elif not any(x.get("status") != "ok" for x in records[r["name"]]):
-                    todo.append((rep, r))
-        skipped = sum(len(v) for v in records.values())
+        prints, records, todo = self._plan(spec, picked)
+        skipped = len(picked) * self.repeat - len(todo)
+        some = (
+            len(picked) if len(picked) == len(spec.rows) else f"{len(picked)} of {len(spec.rows)}"
+        )
         print(
-            f"jaxpar.bench: suite {self.suite}, {len(rows)} rows x {self.repeat} repeats -> "
+            f"jaxpar.bench: suite {self.suite}, {some} rows x {self.repeat} repeats -> "
             f"{self.out}" + (f" ({skipped} already measured: skipped)" if skipped else ""),
             flush=True,
         )
+        rows = spec.rows  # the results hold every row with a current record, in suite order
         t0 = time.perf_counter()
         previous = _stop_on_sigterm()
         try:
             for i, (rep, r) in enumerate(todo):
-                if any(x.get("status") != "ok" for x in records[r["name"]]):
-                    continue  # a row that failed once is not repeated
+                if not all(map(_ok, records[r["name"]].values())):
+                    continue  # it failed in an earlier repeat of this run: not repeated
+                self._set_aside(r["name"], rep, prints[r["name"]])
                 record = self._run_one(r, rep, prints[r["name"]])
-                records[r["name"]].append(record)
+                records[r["name"]][rep] = record
                 self._write(rows, records)
                 print(
                     _progress(i + 1, len(todo), time.perf_counter() - t0, r["name"], rep, record),
@@ -105,6 +135,74 @@ class Sweep:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         return self._write(rows, records, final=True)
+
+    def _plan(self, spec, picked: list[dict]):
+        """Fingerprints of every row, the current records of every row (by repeat), and the
+        (repeat, row) pairs to measure, round-robin: machine drift hits every row alike."""
+        prints = {r["name"]: self._fingerprint(spec, r) for r in spec.rows}
+        names = {r["name"] for r in picked}
+        records, stale = {}, []
+        for name, print_ in prints.items():
+            stored = self._stored(name)
+            records[name] = {k: v for k, v in stored.items() if v.get("fingerprint") == print_}
+            if self.retry_failed and name in names:
+                records[name] = {k: v for k, v in records[name].items() if _ok(v)}
+            older = {k for k, v in stored.items() if v.get("fingerprint") != print_}
+            for k in sorted(older - set(range(self.repeat) if name in names else ())):
+                stale.append(f"{name} (repeat {k})")  # this run does not measure it again
+        if stale:
+            print(f"measured under an older config, left out: {', '.join(stale)}", flush=True)
+        todo = [
+            (k, r)
+            for k in range(self.repeat)
+            for r in picked
+            if k not in (done := records[r["name"]]) and all(map(_ok, done.values()))
+        ]  # a row that failed once is not repeated
+        return prints, records, todo
+
+    def _select(self, rows) -> list[dict]:
+        """The rows --only picks (all without it); an --only that picks none is refused."""
+        try:
+            picked = [r for r in rows if re.search(self.only, r["name"])]
+        except re.error as e:
+            raise Refused(f"--only {self.only!r} is not a regular expression: {e}") from None
+        if not picked:
+            name = suite_lib.suite_name(self.suite)
+            raise Refused(
+                f"--only {self.only!r} matches no row of suite {name}; "
+                f"its rows are: {', '.join(r['name'] for r in rows)}"
+            )
+        return picked
+
+    def _claim(self) -> None:
+        """Record in OUT/sweep.json what OUT is measured under, or refuse a sweep under other
+        settings: rows measured with different overrides must not mix in one table."""
+        path = os.path.join(self.out, MANIFEST)
+        mine = {
+            "suite": suite_lib.suite_id(self.suite),
+            "overrides": suite_lib.plain(self.overrides),
+        }
+        if not os.path.exists(path):
+            if os.path.isdir(os.path.join(self.out, "rows")):  # made before OUT had a manifest
+                print(
+                    f"{path}: recorded now; rows measured under other settings run again",
+                    flush=True,
+                )
+            os.makedirs(self.out, exist_ok=True)
+            write_json(path, mine)
+            return
+        theirs = _read(path)
+        if theirs.get("suite") != mine["suite"]:
+            raise Refused(
+                f"--out {self.out} holds suite {theirs.get('suite')}, not {mine['suite']}; "
+                f"pass --suite {theirs.get('suite')}, or choose another --out"
+            )
+        if theirs.get("overrides") != mine["overrides"]:
+            differ = suite_lib.differences(theirs.get("overrides") or {}, mine["overrides"])
+            raise Refused(
+                f"--out {self.out} was measured with other overrides ({differ}); pass the same "
+                "--config overrides, or choose another --out"
+            )
 
     def _run_one(self, r: dict, rep: int, print_: str) -> dict:
         result, log, _ = self._paths(r["name"], rep)
@@ -160,10 +258,14 @@ class Sweep:
         write_json(result, record)
         return record
 
-    def _write(self, rows: list[dict], records: dict[str, list[dict]], final: bool = False):
+    def _write(self, rows: list[dict], records: dict[str, dict], final: bool = False):
         """results.json, .csv and .md from every record so far (atomic writes)."""
         table = results_lib.add_scaling(
-            [results_lib.aggregate(r, records[r["name"]]) for r in rows if records[r["name"]]]
+            [
+                results_lib.aggregate(r, [reps[k] for k in sorted(reps)])
+                for r in rows
+                if (reps := records[r["name"]])
+            ]
         )
         machine = _machine(records)
         write_json(
@@ -202,15 +304,39 @@ def _write_text(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _machine(records: dict[str, list[dict]]) -> str:
+def _machine(records: dict[str, dict]) -> str:
     for reps in records.values():
-        for r in reps:
+        for r in reps.values():
             if m := r.get("machine"):
                 return (
                     f"{m['devices_present']} {m['backend']} devices ({m['device_kind']}) on "
                     f"{m['cpu_cores']} CPU cores, JAX {m['jax']}"
                 )
     return ""
+
+
+def _ok(record: dict) -> bool:
+    return record.get("status") == "ok"
+
+
+def _read(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _tag(record: dict) -> str:
+    """The file-name tag of a replaced record: its fingerprint (or 'old')."""
+    found = str(record.get("fingerprint", ""))
+    return found if re.fullmatch(r"[0-9a-f]{12}", found) else "old"
+
+
+def _free(base: str) -> str:
+    """`base`, or `base.2`, `base.3`... : the first whose .json does not exist yet."""
+    candidate, n = base, 1
+    while os.path.exists(f"{candidate}.json"):
+        n += 1
+        candidate = f"{base}.{n}"
+    return candidate
 
 
 def _why(rc: int | None, log: str, timeout: float) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import json
 import math
 import os
 import re
@@ -98,6 +99,32 @@ def check_overrides(suite: ml_collections.ConfigDict, command_line: dict[str, An
             set_key(config, key, value)
         except (KeyError, TypeError, ValueError) as e:
             raise SystemExit(f"error: --config.{key}={value!r}: {e}") from None
+
+
+def plain(value: Any) -> Any:
+    """`value` as it reads back from JSON (tuples become lists), for comparing with a file."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def suite_name(suite: str) -> str:
+    return os.path.splitext(os.path.basename(suite))[0]
+
+
+def suite_id(suite: str) -> str:
+    """A suite file as the manifest names it: relative to the repository when inside it."""
+    path = suite_path(suite)
+    inside = os.path.commonpath([path, ROOT]) == ROOT
+    return os.path.relpath(path, ROOT) if inside else path
+
+
+def differences(theirs: dict, mine: dict) -> str:
+    """`model.width=0.125 there, not given here; ...` for each key whose value differs."""
+
+    def show(where: dict, key: str) -> str:
+        return f"{key}={where[key]!r}" if key in where else "not given"
+
+    keys = sorted(k for k in set(theirs) | set(mine) if theirs.get(k, ...) != mine.get(k, ...))
+    return "; ".join(f"{show(theirs, k)} there, {show(mine, k)} here" for k in keys)
 
 
 def fingerprint(config: ml_collections.ConfigDict) -> str:
