@@ -58,6 +58,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
         f"mesh_shape {shape} needs {math.prod(s for s in shape if s > 0)}"
         f"{'*k' if -1 in shape else ''} devices but {num_devices} are present; "
         f"choose sizes whose product is {num_devices} (e.g. ({num_devices},1,1) or (-1,1,1))"
+        + _fewer_devices_hint(shape, num_devices)
         + _device_count_note(config),
     )
     data, stage, tensor = resolved
@@ -80,6 +81,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     )
     _check(config.learning_rate > 0, "learning_rate must be positive")
     _check(config.warmup_steps >= 0, "warmup_steps must be >= 0")
+    for key in ("schedule_steps", "hang_timeout_s", "stop_grace_s"):
+        _check(config[key] >= 0, f"{key} must be >= 0 (0: the default behaviour, see base.py)")
     for key in ("log_every_steps",):
         _check(config[key] > 0, f"{key} must be positive")
     for key in ("eval_every_steps", "checkpoint_every_steps"):
@@ -163,6 +166,15 @@ def _check_rules(rules) -> None:
             f"tensor.rules maps {name!r} to mesh axis {axis!r}, which does not exist; use "
             f"{', '.join(AXES)} or None",
         )
+
+
+def _fewer_devices_hint(shape: tuple[int, ...], num_devices: int) -> str:
+    """The fix that keeps the user's mesh: run it on the first devices (config.num_devices)."""
+    known = math.prod(s for s in shape if s > 0)
+    wanted = num_devices // known * known if -1 in shape else known
+    if not 0 < wanted < num_devices:
+        return ""
+    return f", or keep this mesh on the first {wanted} devices: --config.num_devices={wanted}"
 
 
 def _device_count_note(config) -> str:

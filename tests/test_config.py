@@ -1,5 +1,7 @@
 """Every validation error: raised before compiling, one line, saying how to fix it."""
 
+import re
+
 import pytest
 
 from configs import base
@@ -52,6 +54,73 @@ def test_validation_errors(overrides, devices, message):
     text = str(info.value)
     assert message in text
     assert "\n" not in text
+
+
+def refusal(config, devices: int) -> str:
+    with pytest.raises(config_lib.ConfigError) as info:
+        config_lib.validate(config, devices)
+    return str(info.value)
+
+
+def apply_hints(config, text: str) -> list:
+    """Each `mesh_shape=(...)` fix a message offers, applied to a copy of `config`, with the
+    `--config.num_devices=N` that follows it (if any)."""
+    fixes = []
+    for mesh, n in re.findall(
+        r"mesh_shape=\(([\d,]+)\)(?: with --config.num_devices=(\d+))?", text
+    ):
+        fix = {"mesh_shape": tuple(int(x) for x in mesh.split(","))}
+        fixes.append(
+            override(config.copy_and_resolve_references(), fix | {"num_devices": int(n or 0)})
+        )
+    return fixes
+
+
+def test_a_smaller_mesh_is_offered_the_first_devices():
+    text = refusal(make(mesh_shape=(4, 1, 1)), 8)
+    assert text == (
+        "mesh_shape (4, 1, 1) needs 4 devices but 8 are present; choose sizes whose product is 8 "
+        "(e.g. (8,1,1) or (-1,1,1)), or keep this mesh on the first 4 devices: "
+        "--config.num_devices=4"
+    )
+    kept = make(mesh_shape=(4, 1, 1), num_devices=4)
+    assert config_lib.validate(kept, config_lib.device_count(kept, 8)) == (4, 1, 1)
+    assert config_lib.validate(make(mesh_shape=(8, 1, 1)), 8) == (8, 1, 1)
+    assert "--config.num_devices=6" in refusal(make(mesh_shape=(-1, 1, 3)), 8)  # 2*3 of 8
+    kept = make(mesh_shape=(-1, 1, 3), num_devices=6)
+    assert config_lib.validate(kept, config_lib.device_count(kept, 8)) == (2, 1, 3)
+    assert "num_devices" not in refusal(make(mesh_shape=(16, 1, 1)), 8)  # too few: no subset
+
+
+@pytest.mark.parametrize(
+    "mesh,message",
+    [
+        (
+            (2, 2, 2),
+            (
+                "sync.mode=local_sgd cannot combine with a tensor axis; use mesh_shape=(8,1,1), "
+                "or mesh_shape=(4,1,1) with --config.num_devices=4"
+            ),
+        ),
+        (
+            (2, 4, 1),
+            (
+                "sync.mode=local_sgd cannot combine with pipeline stages; use "
+                "sync.mode=allreduce, or mesh_shape=(8,1,1), or mesh_shape=(2,1,1) with "
+                "--config.num_devices=2"
+            ),
+        ),
+    ],
+)
+def test_sync_mode_hints_name_meshes_that_validate(mesh, message):
+    config = make(**{"mesh_shape": mesh, "sync.mode": "local_sgd", "sync.batch_norm": "local"})
+    text = refusal(config, 8)
+    assert text == message
+    fixes = apply_hints(config, text)
+    assert len(fixes) == 2
+    for fixed in fixes:
+        n = config_lib.device_count(fixed, 8)
+        assert config_lib.validate(fixed, n) == tuple(fixed.mesh_shape)
 
 
 def test_valid_configs_resolve_the_mesh():
