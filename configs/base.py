@@ -18,6 +18,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch_size / 256
     config.lr_schedule = "cosine"  # "cosine" (warmup then cosine to 0) or "constant"
     config.warmup_steps = 20
+    # Steps the learning-rate schedule spans (0: num_train_steps). Set it to continue a
+    # finished run: its old value keeps the schedule, a larger one stretches it.
+    config.schedule_steps = 0
     # adam: decoupled (AdamW, update -= lr * wd * param); sgd: wd * param added to the gradient.
     config.weight_decay = 0.0
 
@@ -31,6 +34,12 @@ def get_config() -> ml_collections.ConfigDict:
     config.checkpoint_every_steps = 100  # Orbax save every N steps and at the end; 0: none
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.max_to_keep = 3
+    # A run with no progress (step, eval batch, save) for this long, or for 20x its recent
+    # step time if longer, prints every thread's stack and one line, and exits 1 (0: never).
+    config.hang_timeout_s = 300
+    # After Ctrl-C or SIGTERM the run saves at the end of the step; if it cannot within this
+    # long (it is stuck), it says so in one line and exits 1 (0: wait for ever).
+    config.stop_grace_s = 120
 
     # Devices are arranged as (data, stage, tensor); the product must equal the device count.
     # One entry may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).

@@ -48,6 +48,7 @@ class Checkpointer:
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.meta = fingerprint(config, model)
         self.every = every
+        self.restored_meta: dict = {}  # the JSON record of the checkpoint `restore` returned
         if jax.default_backend() == "cpu" and not _CPU_HANDLER:
             # Replica-parallel saving slices every replicated array across its replicas, which
             # compiles a slice program per shape and stalls the first save for seconds; simulated
@@ -67,14 +68,16 @@ class Checkpointer:
             return False
         return step not in self.manager.all_steps()
 
-    def save(self, step: int, canonical_state) -> None:
-        """Start an asynchronous save of `canonical_state` as checkpoint `step`."""
+    def save(self, step: int, canonical_state, schedule: dict | None = None) -> None:
+        """Start an asynchronous save of `canonical_state` as checkpoint `step`, recording the
+        learning-rate `schedule` it was trained with (optim.schedule_meta)."""
+        meta = {**self.meta, "schedule": schedule} if schedule else self.meta
         with _writing(self.directory):
             self.manager.save(
                 step,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(canonical_state),
-                    meta=ocp.args.JsonSave(self.meta),
+                    meta=ocp.args.JsonSave(meta),
                 ),
                 force=True,
             )
@@ -110,6 +113,7 @@ class Checkpointer:
                 log.warning("checkpoint %d in %s is corrupt (%s); trying an older one",
                             step, self.directory, type(e).__name__)  # fmt: skip
                 continue
+            self.restored_meta = dict(meta)
             return jax.tree.map(np.asarray, restored), step
         return None
 

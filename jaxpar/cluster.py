@@ -23,7 +23,10 @@ together and exit 0 (see the trainer's `_Preemption`).
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
+import select
 import sys
 import threading
 import time
@@ -60,6 +63,8 @@ def initialize(
 
     global _heartbeat_s
     _heartbeat_s = heartbeat_timeout_s
+    if not os.environ.get("JAXPAR_DEBUG"):
+        _QuietGloo.start()
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.config.update("jax_enable_recoverability", True)  # report lost processes, not abort
     if auto:
@@ -75,6 +80,7 @@ class _Watchdog:
     """Polls the coordination service for lost processes in a daemon thread."""
 
     stopped = threading.Event()
+    stopping = ""  # why the run is stopping, once a stop was requested (jaxpar.watchdog)
 
     @classmethod
     def start(cls) -> None:
@@ -100,9 +106,14 @@ class _Watchdog:
             missing = [p for p in everyone if p not in live]
             if missing and not cls.stopped.is_set():
                 names = ", ".join(str(p) for p in missing)
+                why = (
+                    f"while the run was stopping ({cls.stopping}), so it could not stop cleanly"
+                    if cls.stopping
+                    else "(the coordination service stopped hearing from it): it died, was "
+                    "killed or hangs"
+                )
                 lost(
-                    f"process {names} of {n} was lost (the coordination service stopped hearing "
-                    f"from it): it died, was killed or hangs; process {jax.process_index()} "
+                    f"process {names} of {n} was lost {why}; process {jax.process_index()} "
                     f"stops too. {_RESTART}"
                 )
 
@@ -132,6 +143,11 @@ def finish(timeout_s: int = 600) -> None:
         time.sleep(0.1)
 
 
+def note_stopping(reason: str) -> None:
+    """A stop was requested: a process that leaves now is reported as such, not as a crash."""
+    _Watchdog.stopping = reason
+
+
 def is_multiprocess() -> bool:
     """Whether this process has joined a multi-process run."""
     if "jax" not in sys.modules:
@@ -149,9 +165,102 @@ def settle(error: BaseException) -> None:
         time.sleep(_heartbeat_s + 3)
 
 
+def leave(message: str, status: int) -> None:
+    """Exit now with one line, for a reason every process meets at about the same time (a hang,
+    a stop request). The coordinator (process 0) hosts the coordination service, and the others
+    abort with a page of C++ when it vanishes: so it leaves last, after the others or after
+    `heartbeat_timeout` + 5 s."""
+    if is_multiprocess():
+        import jax
+        from jax._src import distributed
+
+        if jax.process_index() == 0:
+            _Watchdog.stopped.set()  # the others leaving now is expected, not a loss
+            everyone = list(range(jax.process_count()))
+            deadline = time.monotonic() + _heartbeat_s + 5
+            while time.monotonic() < deadline:
+                try:
+                    if len(distributed.global_state.client.get_live_nodes(everyone)) <= 1:
+                        break
+                except Exception:  # noqa: BLE001 - the service is going: nothing to wait for
+                    break
+                time.sleep(0.2)
+    lost(message, status)
+
+
 def lost(message: str, status: int = 1) -> None:
     """Print one line and leave now: no exit handlers (JAX's would wait on the lost process)."""
     with _lock:
-        sys.stdout.flush()
+        _QuietGloo.finish()
         print(f"error: {message}", file=sys.stderr, flush=True)
         os._exit(status)
+
+
+class _QuietGloo:
+    """gloo prints "[Gloo] Rank N is connected to M peer ranks. ..." on stdout for every group
+    of devices a collective opens (39 lines in a 2-process run, some spliced into other lines
+    by its threads). Standard output goes through a pipe whose reader drops those pieces and
+    passes everything else on; JAXPAR_DEBUG=1 keeps them. `finish` (at exit, or before
+    `lost`) passes on what is left."""
+
+    # gloo writes each piece of its message separately, so pieces of several messages (and
+    # of the lines around them) interleave: drop the constant pieces wherever they are, then
+    # lines left holding only the numbers.
+    PIECES = re.compile(
+        rb"\[Gloo\] Rank | is connected to | peer ranks\. |"
+        rb"Expected number of connected peer ranks is : "
+    )
+    NUMBERS = re.compile(rb"[\d\s]*")
+    thread: threading.Thread | None = None
+    original = -1
+
+    @classmethod
+    def start(cls) -> None:
+        if cls.thread is not None:
+            return
+        sys.stdout.flush()
+        read, write = os.pipe()
+        cls.original = os.dup(1)
+        os.dup2(write, 1)
+        os.close(write)
+        cls.thread = threading.Thread(target=cls._pump, args=(read,), daemon=True)
+        cls.thread.start()
+        atexit.register(cls.finish)
+
+    @classmethod
+    def _pump(cls, read: int) -> None:
+        pending = b""
+        while True:
+            ready, _, _ = select.select([read], [], [], 0.3)
+            if ready:
+                chunk = os.read(read, 65536)
+                if not chunk:  # every writer closed: the end
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                kept = [line for line in map(cls._clean, lines) if line is not None]
+                if kept:
+                    os.write(cls.original, b"".join(line + b"\n" for line in kept))
+            elif pending and (rest := cls._clean(pending)) is not None:
+                os.write(cls.original, rest)  # idle with a partial line (a prompt): pass it on
+                pending = b""
+        if pending and (rest := cls._clean(pending)) is not None:
+            os.write(cls.original, rest)
+        os.close(read)
+
+    @classmethod
+    def _clean(cls, line: bytes) -> bytes | None:
+        """`line` without gloo's pieces; None if nothing but gloo's numbers was left."""
+        kept = cls.PIECES.sub(b"", line)
+        if line.strip() and cls.NUMBERS.fullmatch(kept):
+            return None
+        return kept
+
+    @classmethod
+    def finish(cls) -> None:
+        """Pass on everything written so far and give standard output back."""
+        sys.stdout.flush()
+        if cls.thread is None:
+            return
+        thread, cls.thread = cls.thread, None
+        os.dup2(cls.original, 1)  # closes the pipe's last writer: the reader drains and ends
+        thread.join(timeout=2)

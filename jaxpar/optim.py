@@ -14,10 +14,28 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
     return lr
 
 
+def schedule_steps(config: ml_collections.ConfigDict) -> int:
+    """The steps the learning-rate schedule spans: `schedule_steps`, or num_train_steps (0)."""
+    return int(config.schedule_steps or config.num_train_steps)
+
+
+def schedule_meta(config: ml_collections.ConfigDict) -> dict:
+    """What fixes the learning rate at every step: stored with checkpoints, so that continuing
+    a run never changes the rate of its steps behind the user's back (trainer._check_schedule)."""
+    return {
+        "lr_schedule": config.lr_schedule,
+        "peak_learning_rate": peak_learning_rate(config),
+        "warmup_steps": int(config.warmup_steps),
+        "schedule_steps": schedule_steps(config),
+    }
+
+
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-    """Linear warmup from 0 to the peak, then cosine decay to 0 (or constant)."""
+    """Linear warmup from 0 to the peak, then cosine decay to 0 over `schedule_steps` (or
+    constant); after its end the rate stays at the end value."""
     peak = peak_learning_rate(config)
-    warmup = min(config.warmup_steps, config.num_train_steps)
+    span = schedule_steps(config)
+    warmup = min(config.warmup_steps, span)
     if config.lr_schedule == "constant":
         if warmup == 0:
             return optax.constant_schedule(peak)
@@ -28,7 +46,7 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
         init_value=0.0,
         peak_value=peak,
         warmup_steps=warmup,
-        decay_steps=max(config.num_train_steps, warmup + 1),
+        decay_steps=max(span, warmup + 1),
         end_value=0.0,
     )
 

@@ -23,8 +23,9 @@ from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
+from jaxpar import watchdog as watchdog_lib
 from jaxpar import workdir as workdir_lib
-from jaxpar.errors import TrainingError
+from jaxpar.errors import ConfigError, TrainingError
 from jaxpar.parallel.common import add_sums
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
@@ -72,14 +73,16 @@ def local_train_batch(s: Setup, step: int) -> dict[str, np.ndarray]:
     return s.dataset.train_batch(step, s.config.global_batch_size, *s.strategy.batch_share())
 
 
-def evaluate(s: Setup, state) -> dict[str, float]:
+def evaluate(s: Setup, state, watch: watchdog_lib.Watchdog | None = None) -> dict[str, float]:
     """Loss and accuracy over the whole eval split (the padded last batch is masked)."""
     batch_size = s.config.eval_batch_size or s.config.global_batch_size
     totals = None
-    for local in s.dataset.eval_batches(batch_size, *s.strategy.batch_share()):
+    for i, local in enumerate(s.dataset.eval_batches(batch_size, *s.strategy.batch_share())):
         # Every computation is counted in the strategy's dispatch window (dispatch.py).
         sums = s.strategy.eval_step(state, s.strategy.put_batch(local))
         totals = sums if totals is None else s.strategy.inflight.add(add_sums(totals, sums))
+        if watch is not None:
+            watch.beat(f"evaluation batch {i + 1}")
     totals = jax.device_get(totals)
     count = max(float(totals["count"]), 1.0)
     out = {
@@ -114,15 +117,17 @@ def train_and_evaluate(
     say = print if is_lead else (lambda *a, **k: None)
     if is_lead:
         workdir_lib.prepare(workdir)
-    with workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext():
-        result = _run(s, config, workdir, wall0, say, is_lead, eval_only, profile)
+    lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
+    with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
+        result = _run(s, config, workdir, wall0, say, is_lead, eval_only, profile, watch)
     cluster.finish()  # several processes: every one is past its last collective
     return result
 
 
 def _run(
-    s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_only: bool, profile
-):
+    s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_only: bool, profile,
+    watch: watchdog_lib.Watchdog,
+):  # fmt: skip
     num_devices = s.mesh.devices.size
     mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
     say(
@@ -141,15 +146,17 @@ def _run(
         ckpt = checkpoint_lib.Checkpointer(
             workdir, config, s.model, config.checkpoint_every_steps, config.checkpoint.max_to_keep
         )
+        watch.doing("restoring the newest checkpoint", compiling=True)
         restored = ckpt.restore(s.strategy.host_target())
     total = config.num_train_steps
     if eval_only:
-        return _evaluate_only(s, ckpt, restored, workdir, say)
+        return _evaluate_only(s, ckpt, restored, workdir, say, watch)
     if restored is not None and restored[1] >= total:
         ckpt.close()
-        return _finished(workdir, restored[1], total, say)
+        return _finished(workdir, restored[1], config, say)
     if restored is not None:
         host_state, start = restored
+        _check_schedule(config, ckpt, start, say)
         state = s.strategy.place(host_state)
         say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
     else:
@@ -161,12 +168,14 @@ def _run(
             f"in {writer.archived}"
         )
     first = s.strategy.put_batch(local_train_batch(s, start))
+    watch.doing("compiling the train step", compiling=True)
     s.strategy.compile(state, first)
+    watch.beat("compiling the train step")
     say(
         f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training steps "
         f"{start + 1}-{total} of {config.global_batch_size} images"
     )
-    stop = _Preemption(say)
+    stop = _Preemption(say, watch)
 
     progress = metrics_lib.Progress(total, start_step=start)
     tracer = profiling.StepTrace(workdir, start + TIMING_WARMUP_STEPS, total, profile and is_lead)
@@ -183,10 +192,13 @@ def _run(
         ) as batches:
             for i, batch in _chain([(start, first)], batches):
                 tracer.before(i, state)
+                watch.doing(f"running step {i + 1}")
                 state, metrics = s.strategy.train_step(state, batch)
+                watchdog_lib.injected_hang(i + 1)
                 tracer.after(i, (state, metrics))
                 if pending is not None:
                     jax.block_until_ready(pending)
+                    watch.beat(f"step {i}")
                     now = time.perf_counter()
                     if last_done is not None:
                         step_times.append(now - last_done)
@@ -195,8 +207,11 @@ def _run(
                 window.append(metrics)
                 done = i + 1
                 stopping = stop.check(done)  # every process, every step (agreed across them)
+                if stopping:
+                    watch.stopping()
                 if done % config.log_every_steps == 0 or done == total:
                     jax.block_until_ready(metrics)
+                    watch.beat(f"step {done}")
                     now = time.perf_counter()
                     fetched = jax.device_get(window)
                     train_line = {
@@ -220,7 +235,8 @@ def _run(
                 if done == total or (
                     config.eval_every_steps and done % config.eval_every_steps == 0
                 ):
-                    eval_metrics = evaluate(s, state)
+                    watch.doing(f"evaluating at step {done}", compiling=not eval_metrics)
+                    eval_metrics = evaluate(s, state, watch)
                     writer.write(done, "eval", **eval_metrics)
                     say(
                         f"eval at step {done}: loss {eval_metrics['loss']:.4f}  "
@@ -230,11 +246,13 @@ def _run(
                     pending, last_done = None, None  # and out of the step times
                 if ckpt is not None and ckpt.due(done, force=done == total or stopping):
                     t0 = time.perf_counter()
+                    watch.doing(f"saving the checkpoint of step {done}", compiling=True)
                     _stop_if_diverged(jax.device_get(window), done, ckpt)
                     canonical = s.strategy.canonical(state)
                     if not _all_finite((canonical.params, canonical.batch_stats)):
                         raise _diverged(done, "the parameters", ckpt)
-                    ckpt.save(done, canonical)
+                    ckpt.save(done, canonical, optim.schedule_meta(config))
+                    watch.beat(f"the checkpoint of step {done}")
                     window_t0 += time.perf_counter() - t0  # keep saves out of the rate
                     pending, last_done = None, None  # and out of the step times
                 if stopping and done < total:
@@ -258,6 +276,7 @@ def _run(
     tracer.stop()
     stop.restore()
     if ckpt is not None:
+        watch.doing("waiting for the last checkpoint to be written")
         ckpt.close()
     jax.block_until_ready(state)
     extra = s.strategy.report(state, first, config.global_batch_size)
@@ -297,25 +316,68 @@ def _run(
     return summary
 
 
-def _finished(workdir: str, step: int, total: int, say) -> dict[str, Any]:
+def _finished(workdir: str, step: int, config, say) -> dict[str, Any]:
     """A rerun of a finished run: say so, show its summary, change nothing."""
     summary = metrics_lib.last_summary(workdir) or {}
+    span = optim.schedule_steps(config)
     say(
-        f"the run in {workdir} is finished: its checkpoint is at step {step} of {total}; nothing "
-        "to train (raise --config.num_train_steps to continue, or add --eval_only to evaluate)"
+        f"the run in {workdir} is finished: its checkpoint is at step {step} of "
+        f"{config.num_train_steps}; nothing to train. To continue, raise "
+        f"--config.num_train_steps and add --config.schedule_steps={span} to keep its "
+        "learning-rate schedule (the rate stays at its end value) or a larger value to stretch "
+        "it; or add --eval_only to evaluate"
     )
     if summary:
         say(metrics_lib.summary_table(summary))
     return {**summary, "finished": True}
 
 
-def _evaluate_only(s: Setup, ckpt, restored, workdir: str, say) -> dict[str, Any]:
+def _check_schedule(config, ckpt, start: int, say) -> None:
+    """Continuing a run must not change the learning rate of its steps behind the user's back:
+    a schedule whose rate differs at any step (usually a raised num_train_steps stretching the
+    cosine) is refused in one line unless `schedule_steps` is given explicitly, and then said
+    plainly."""
+    before = ckpt.restored_meta.get("schedule")
+    if not before or before == optim.schedule_meta(config):
+        return
+    steps = jnp.arange(config.num_train_steps)
+    old = np.asarray(optim.make_schedule(_with_schedule(config, before))(steps))
+    new = np.asarray(optim.make_schedule(config)(steps))
+    differ = np.flatnonzero(~np.isclose(old, new, rtol=1e-6, atol=0.0))
+    if differ.size == 0:  # e.g. a constant rate over a longer run: nothing changes
+        return
+    at = int(differ[0])
+    rates = f"the rate at step {at + 1} is {new[at]:.3g} instead of {old[at]:.3g}"
+    if config.schedule_steps:  # asked for explicitly: go on, and say what changes
+        say(f"learning-rate schedule changed on resuming at step {start}: {rates}")
+        return
+    raise ConfigError(
+        f"this run was trained on a {before['schedule_steps']}-step {before['lr_schedule']} "
+        f"learning-rate schedule, and this config changes it: {rates}. Keep the old one with "
+        f"--config.schedule_steps={before['schedule_steps']} (and the run's other "
+        "learning-rate settings), or accept the new one with --config.schedule_steps="
+        f"{optim.schedule_steps(config)}"
+    )
+
+
+def _with_schedule(config, meta: dict):
+    """`config` with the learning-rate settings of a checkpoint's schedule record."""
+    old = config.copy_and_resolve_references()
+    with old.unlocked():
+        old.lr_schedule, old.warmup_steps = meta["lr_schedule"], meta["warmup_steps"]
+        old.learning_rate, old.lr_linear_scaling = meta["peak_learning_rate"], False
+        old.schedule_steps = meta["schedule_steps"]
+    return old
+
+
+def _evaluate_only(s: Setup, ckpt, restored, workdir: str, say, watch) -> dict[str, Any]:
     """Evaluate the newest checkpoint; write nothing."""
     ckpt.close()
     if restored is None:
         raise TrainingError(f"--eval_only needs a checkpoint, and {workdir} has none; train first")
     host_state, step = restored
-    result = evaluate(s, s.strategy.place(host_state))
+    watch.doing(f"evaluating the checkpoint of step {step}", compiling=True)
+    result = evaluate(s, s.strategy.place(host_state), watch)
     say(
         f"eval of the checkpoint of step {step}: loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}"
@@ -373,7 +435,8 @@ class _Preemption:
     handed to it as a SIGTERM, and `check` asks it whether this step is the one the processes
     agreed on (`multihost_utils.reached_preemption_sync_point`, called every step)."""
 
-    def __init__(self, say=print):
+    def __init__(self, say=print, watch: watchdog_lib.Watchdog | None = None):
+        self.watch = watch
         self.asked = False
         self.signal_name = ""
         self._say = say
@@ -386,7 +449,9 @@ class _Preemption:
     def _ask(self, signum, frame):
         name = signal.Signals(signum).name
         if self.asked and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # second Ctrl-C: stop now
+            if self.watch is None:
+                raise KeyboardInterrupt  # second Ctrl-C: stop now
+            return  # the watchdog's thread stops the run at once, even a stuck one
         self.asked, self.signal_name = True, name
         if self.multi:  # tell every process, through JAX's preemption notifier
             os.kill(os.getpid(), signal.SIGTERM)

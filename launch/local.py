@@ -5,15 +5,20 @@ Run:  python launch/local.py --num_processes 2 -- --config configs/vgg19_data.py
 Each process gets its own simulated CPU devices (host_device_count / num_processes of them),
 joins the coordinator at 127.0.0.1, and reads only its share of every batch; together they
 form one mesh. Output lines are prefixed with the process index. Ctrl-C or SIGTERM to the
-launcher is passed on as a preemption notice: every process saves the same step and exits 0.
-If a process dies, the others stop by themselves within seconds with one line saying which was
-lost. On several machines, run on each (or see launch/slurm.sbatch):
+launcher is passed on as a preemption notice: every process saves the same step and exits 0
+(a process that cannot reach a step boundary within --config.stop_grace_s says so in one line
+and exits 1). A second Ctrl-C stops every process at once. If a process dies, the others stop
+by themselves within seconds with one line saying which was lost. The processes die with the
+launcher: if it is killed (even with SIGKILL), the kernel ends them (PR_SET_PDEATHSIG), and
+each one also checks that its launcher is alive. On several machines, run on each (or see
+launch/slurm.sbatch):
   python -m jaxpar.train ... --coordinator HOST0:PORT --num_processes N --process_id I
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -24,6 +29,16 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRACE_S = 60  # after one process failed, how long the others get to stop by themselves
+STOP_BACKSTOP_S = 600  # after a stop request, when any process still running is killed
+PR_SET_PDEATHSIG = 1  # prctl(2): a signal this process gets when its parent dies
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: the kernel sends SIGKILL when the launcher dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker's own check remains
+        pass
 
 
 def free_port() -> int:
@@ -46,6 +61,7 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
         "PYTHONPATH": ROOT,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}",
+        "JAXPAR_LAUNCHER_PID": str(os.getpid()),  # the workers' check (jaxpar.watchdog)
     }
     procs = []
     for i in range(num_processes):
@@ -59,19 +75,40 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
             f"--num_processes={num_processes}",
             f"--process_id={i}",
         ]
-        procs.append(
-            subprocess.Popen(
-                cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
+        # Own session: a terminal's Ctrl-C reaches the launcher only. preexec_fn is safe here:
+        # the output threads start after every process has started.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            start_new_session=True,
         )
+        procs.append(proc)
     pumps = [threading.Thread(target=_pump, args=(p, i), daemon=True) for i, p in enumerate(procs)]
     for t in pumps:
         t.start()
 
-    def forward(signum, frame):  # a preemption notice for the job: every process saves, stops
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+    asked: list[float] = []  # when a stop was first asked for
+
+    def forward(signum, frame):
+        """First Ctrl-C or SIGTERM: a preemption notice (save, stop). Then Ctrl-C: stop now."""
+        now_ = signal.SIGINT if asked and signum == signal.SIGINT else signal.SIGTERM
+        asked.append(time.monotonic())
+        # A worker stops at once on a Ctrl-C after a stop request; two Ctrl-Cs make sure of it
+        # even if it has not yet read the first request (signals of one kind do not queue).
+        for _ in range(2 if now_ == signal.SIGINT else 1):
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(now_)
+            time.sleep(0.2)
+        if now_ == signal.SIGINT:  # the workers print their one line and exit at once
+            return
+        print("launcher: asked every process to save and stop (Ctrl-C again stops at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     code, failed_at = 0, None
@@ -88,7 +125,8 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
                     code, failed_at = rc, time.monotonic()
             # The others notice a lost process by themselves (jaxpar.cluster) and stop within
             # seconds; anything still running a minute later is stopped here.
-            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+            late = failed_at is not None and time.monotonic() - failed_at > GRACE_S
+            if late or (asked and time.monotonic() - asked[0] > STOP_BACKSTOP_S):
                 for p in remaining:
                     p.kill()
     finally:

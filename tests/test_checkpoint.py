@@ -152,3 +152,31 @@ def test_incompatible_checkpoint_is_one_line_error(tmp_path):
     message = str(info.value)
     assert "was written for width=0.125, this config has width=0.25" in message
     assert "\n" not in message
+
+
+def test_continuing_a_finished_run_keeps_its_learning_rate_schedule(tmp_path):
+    """A finished 4-step cosine run continued to 6 steps: refused in one line (the rates of
+    steps 5-6 would follow a stretched schedule), then run with the old schedule kept: steps
+    1-4 keep their rates and steps 5-6 run at the schedule's end value."""
+    settings = {"lr_schedule": "cosine", "warmup_steps": 1, "checkpoint_every_steps": 2}
+    workdir = str(tmp_path / "run")
+    trainer.train_and_evaluate(tiny_config(**settings, num_train_steps=4), workdir)
+
+    def rates():
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            lines = [json.loads(line) for line in f]
+        return {r["step"]: r["learning_rate"] for r in lines if r["split"] == "train"}
+
+    before = rates()
+    with pytest.raises(config_lib.ConfigError) as refused:
+        trainer.train_and_evaluate(tiny_config(**settings, num_train_steps=6), workdir)
+    message = str(refused.value)
+    assert "trained on a 4-step cosine learning-rate schedule" in message
+    assert "--config.schedule_steps=4" in message and "\n" not in message
+    assert rates() == before  # nothing was written
+
+    kept = tiny_config(**settings, num_train_steps=6, schedule_steps=4)
+    trainer.train_and_evaluate(kept, workdir)
+    after = rates()
+    assert {step: after[step] for step in before} == before
+    assert before[4] > 0 and after[5] == after[6] == 0.0

@@ -3,10 +3,12 @@ Ctrl-C, silent misconfiguration, and one-line errors. Mostly through the command
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxpar import optim, trainer, workdir
+from jaxpar import optim, trainer, watchdog, workdir
 from tests.test_train_cli import ROOT, TINY, run_cli
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
@@ -67,8 +69,20 @@ def test_many_queued_collectives_do_not_abort():
     assert float(total) == 8.0 and int(limit) == 16 and int(waits) == 200 - 16
 
 
+@pytest.fixture
+def cpu_load():
+    """Two busy processes on the two cores while the test runs, as another job would be. A
+    loaded machine is what let uncounted computations pile up past XLA's 32 per device."""
+    burn = "import time\nend = time.time() + 120\nwhile time.time() < end: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(2)]
+    yield
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
-def test_ten_thousand_image_evaluation(mesh_shape):
+def test_ten_thousand_image_evaluation_under_load(mesh_shape, cpu_load):
     config = tiny_config(mesh_shape=mesh_shape, **{"data.num_eval": 10_000})
     config.eval_batch_size = 64
     config.pipeline.schedule, config.pipeline.num_microbatches = "1f1b", 2
@@ -78,6 +92,8 @@ def test_ten_thousand_image_evaluation(mesh_shape):
     assert result["count"] == 10_000
     assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
     assert s.strategy.inflight.waits > 100  # the window held the dispatch back
+    if mesh_shape == (8, 1, 1):  # every computation was counted: 157 evals and 156 sums
+        assert s.strategy.inflight.position == 157 + 156
 
 
 def test_pipeline_with_many_microbatches_is_bounded_and_exact():
@@ -148,8 +164,15 @@ def test_nan_stops_with_one_line_and_saves_only_finite_states(tmp_path):
 
 
 def _start(run, steps=400):
-    args = [*DATA, *TINY, f"--config.num_train_steps={steps}", "--config.log_every_steps=1",
-            "--config.checkpoint_every_steps=5", "--config.eval_every_steps=0"]  # fmt: skip
+    args = [
+        *DATA,
+        *TINY,
+        f"--config.num_train_steps={steps}",
+        "--config.log_every_steps=1",
+        "--config.checkpoint_every_steps=5",
+        "--config.eval_every_steps=0",
+        "--config.schedule_steps=400",
+    ]  # fmt: skip  (a shorter rerun keeps the schedule)
     return subprocess.Popen(
         [sys.executable, "-u", "-m", "jaxpar.train", *args, "--workdir", str(run)],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -189,6 +212,58 @@ def test_second_ctrl_c_aborts_at_once(tmp_path):
     if proc.returncode == 130:
         assert err.strip().splitlines()[-1].startswith("error: interrupted")
     assert "Traceback" not in err
+
+
+def test_the_hang_limit_follows_the_step_time():
+    """The floor, 20x the median recent interval when that is longer, and while compiling at
+    least 600 s; a compile is no step time."""
+    watch = watchdog.Watchdog(hang_s=5, grace_s=1)
+    assert watch.limit() == 5
+    watch.intervals.extend([0.1, 1.0, 1.0, 30.0])  # a median of 1 s
+    assert watch.limit() == 20
+    watch.doing("compiling", compiling=True)
+    assert watch.limit() == watchdog.COMPILE_S
+    watch.last_beat -= 100  # a 100 s compile ends
+    watch.beat("compiled")
+    assert watch.limit() == 20 and list(watch.intervals) == [0.1, 1.0, 1.0, 30.0]
+    assert watchdog.where_main_thread_is().startswith("jaxpar/watchdog.py:")
+
+
+def test_a_hung_run_ends_with_its_stacks_and_one_line(tmp_path):
+    """A test-only hook makes the run sleep inside step 3: after hang_timeout_s without a
+    step, the stacks of its threads and one line, exit 1."""
+    proc = subprocess.run(
+        [sys.executable, "-u", "-m", "jaxpar.train", *DATA, *TINY, "--config.num_train_steps=9",
+         "--config.hang_timeout_s=4", "--config.log_every_steps=1", "--workdir", str(tmp_path)],
+        cwd=ROOT, env={**ENV, "JAXPAR_TEST_HANG": "0:3"}, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    # After 4 s, or 20x the median step time if a loaded machine made that longer.
+    assert re.match(r"error: the run hung: no progress for \d+ s \(limit \d+ s", last), last
+    assert "last done: step 2; it was running step 3, in jaxpar/watchdog.py" in last
+    assert "Most recent call first" in proc.stderr or "most recent call first" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_second_ctrl_c_stops_a_hung_run_at_once(tmp_path):
+    """The main thread sleeps inside step 3 and never returns to the loop; the first Ctrl-C
+    asks for a save, the second stops the run at once all the same."""
+    env = {**ENV, "JAXPAR_TEST_HANG": "0:3"}
+    args = [*DATA, *TINY, "--config.num_train_steps=9", "--config.log_every_steps=1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-m", "jaxpar.train", *args, "--workdir", str(tmp_path)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for_step(proc, 2)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: interrupted: stopped at once")
 
 
 # -- 5. silent misconfiguration ---------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Several processes on loopback (jax.distributed + gloo) compute what one process computes,
-pipelines included, and never hang when one of them is signalled or lost.
+pipelines included, and never hang: when one of them is signalled, lost or stuck, every process
+ends with one line.
 
 Each run starts 2 processes x 4 simulated devices directly (as a cluster would, without the
-local launcher's help), except the first test, which goes through launch/local.py.
+local launcher's help), except the tests of launch/local.py itself.
 """
 
 import json
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 
 from jaxpar import checkpoint, trainer
-from tests.util import max_rel_error, run_steps, tiny_config
+from tests.util import max_rel_error, override, run_steps, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL = 1e-5
@@ -44,7 +45,7 @@ def _flag(key, value):
     return f"--config.{key}={text}"
 
 
-def start(workdir, steps, **overrides) -> list[subprocess.Popen]:
+def start(workdir, steps, env=None, **overrides) -> list[subprocess.Popen]:
     """Start 2 training processes of 4 devices each; output in WORKDIR/../proc{i}.log."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,6 +55,7 @@ def start(workdir, steps, **overrides) -> list[subprocess.Popen]:
         "PYTHONPATH": ROOT,
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        **(env or {}),
     }
     settings = {**TINY, "num_train_steps": steps, **overrides}
     args = ["--config", "configs/base.py", "--workdir", str(workdir)]
@@ -88,12 +90,25 @@ def run_two(workdir, steps, **overrides):
     """Run to completion; returns the train losses process 0 logged."""
     codes = wait_all(start(workdir, steps, **overrides))
     assert codes == [0, 0], output(workdir, 0)[-3000:] + output(workdir, 1)[-3000:]
+    for i in range(2):  # gloo's connection lines are hidden (JAXPAR_DEBUG=1 shows them)
+        assert "Gloo" not in output(workdir, i) and "peer ranks" not in output(workdir, i)
     return train_losses(workdir)
 
 
+def records(workdir, split: str) -> list[dict]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
 def train_losses(workdir) -> list[float]:
-    records = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in records if r["split"] == "train"]
+    return [r["loss"] for r in records(workdir, "train")]
+
+
+def assert_same_evaluations(got: list[dict], ref: list[dict]) -> None:
+    """Evaluations at the same steps, of the same images, with the same results."""
+    assert [(r["step"], r["count"]) for r in got] == [(r["step"], r["count"]) for r in ref]
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in ref], rtol=RTOL)
+    assert [r["accuracy"] for r in got] == [r["accuracy"] for r in ref]
 
 
 def restored(workdir, config):
@@ -112,45 +127,55 @@ def assert_state_close(got, ref, rtol=RTOL):
         assert float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) / scale < rtol
 
 
-def test_two_processes_match_one(tmp_path):
-    steps = 3
-    args = [
-        "--config",
-        "configs/vgg19_data.py",
-        "--workdir",
-        str(tmp_path),
-        "--config.model.name=vgg11",
-        "--config.model.width=0.0625",
-        "--config.model.batch_norm=True",
-        "--config.global_batch_size=16",
-        f"--config.num_train_steps={steps}",
-        "--config.log_every_steps=1",
-        "--config.eval_every_steps=0",
-        "--config.warmup_steps=0",
-        "--config.lr_schedule=constant",
-        "--config.data.name=synthetic",
-        "--config.data.num_train=64",
-        "--config.data.num_eval=20",
-    ]
-    proc = subprocess.run(
+def launch_local(*args, env=None, timeout=600):
+    return subprocess.run(
         [sys.executable, "launch/local.py", "--num_processes", "2", "--", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def test_two_processes_match_one(tmp_path):
+    """Data parallelism over both processes, BatchNorm on, through launch/local.py."""
+    steps = 3
+    overrides = {**TINY, "model.batch_norm": True, "num_train_steps": steps}
+    args = ["--config", "configs/vgg19_data.py", "--workdir", str(tmp_path)]
+    proc = launch_local(*args, *[_flag(k, v) for k, v in overrides.items()])
     assert proc.returncode == 0, proc.stdout[-3000:]
-    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    losses = [r["loss"] for r in records if r["split"] == "train"]
-    summary = next(r for r in records if r["split"] == "summary")
+    losses = train_losses(tmp_path)
+    summary = records(tmp_path, "summary")[0]
     assert summary["num_devices"] == 8 and summary["mesh_shape"] == [8, 1, 1]
-    # Only process 0 writes metrics, and both processes took part in each step.
-    assert "[1]" in proc.stdout and len(losses) == steps
+    # Only process 0 writes metrics (and prints); the mesh spans both processes.
+    assert len(losses) == steps
+    assert "Gloo" not in proc.stdout and "peer ranks" not in proc.stdout
 
     config = tiny_config(**{"model.batch_norm": True, "mesh_shape": (8, 1, 1)})
     ref_losses, _ = run_steps(config, 8, steps)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
+def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
+    """The README's main job (configs/vgg19_hybrid.py: (2,2,2), 1F1B over 4 micro-batches,
+    BatchNorm, the embedded dataset) at a small width, evaluated twice during training over
+    200 images: in two processes exactly as in one."""
+    from configs import vgg19_hybrid
+
+    overrides = {
+        "model.width": 0.0625, "num_train_steps": 4, "eval_every_steps": 2,
+        "log_every_steps": 1, "data.num_train": 512, "data.num_eval": 200,
+        "checkpoint_every_steps": 0,
+    }  # fmt: skip
+    args = ["--config", "configs/vgg19_hybrid.py", "--workdir", str(tmp_path / "two")]
+    proc = launch_local(*args, *[_flag(k, v) for k, v in overrides.items()])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    config = override(vgg19_hybrid.get_config(), overrides)
+    trainer.train_and_evaluate(config, str(tmp_path / "one"), jax.devices())
+    evals = records(tmp_path / "two", "eval")
+    assert [r["step"] for r in evals] == [2, 4] and evals[0]["count"] == 200
+    assert_same_evaluations(evals, records(tmp_path / "one", "eval"))
+    np.testing.assert_allclose(
+        train_losses(tmp_path / "two"), train_losses(tmp_path / "one"), rtol=RTOL
+    )
 
 
 # (1,2,4): the stage boundary is the process boundary; (2,2,2): every stage spans both
@@ -164,6 +189,11 @@ PIPELINES = [(mesh, schedule) for mesh in [(1, 2, 4), (2, 2, 2), (1, 8, 1), (2, 
 EXTRA = {"interleaved": {"pipeline.virtual_stages": 2}, "zb-h1": {"pipeline.remat": False}}
 
 
+# Evaluation at steps 2 and 3 over 7 batches of 16 (the last one padded): with 2 micro-batches
+# a batch is about 10 programs and moves, so an evaluation holds several dispatch windows.
+EVAL = {"data.num_eval": 100, "eval_batch_size": 16, "eval_every_steps": 2}
+
+
 @pytest.mark.parametrize(
     "mesh,schedule", PIPELINES, ids=[f"{m}-{s}".replace(" ", "") for m, s in PIPELINES]
 )
@@ -173,19 +203,22 @@ def test_pipeline_across_processes_matches_one_process(tmp_path, mesh, schedule)
         "pipeline.schedule": schedule,
         "pipeline.num_microbatches": 2,
         "checkpoint_every_steps": 3,
+        **EVAL,
         **EXTRA.get(schedule, {}),
     }
     losses = run_two(tmp_path / "run", 3, **overrides)
     config = tiny_config(**overrides)
-    ref_losses, ref_state = run_steps(config, 8, 3)
-    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    one = trainer.train_and_evaluate(config, str(tmp_path / "one"), jax.devices())
+    np.testing.assert_allclose(losses, train_losses(tmp_path / "one"), rtol=RTOL)
+    assert_same_evaluations(records(tmp_path / "run", "eval"), records(tmp_path / "one", "eval"))
     state, step = restored(tmp_path / "run", config)  # written cooperatively by both
     assert step == 3
+    ref_state = one["state"]
     assert_state_close(state, ref_state)
+    ref_losses = np.array(train_losses(tmp_path / "one"))
     loss_error = float(np.max(np.abs(np.array(losses) - ref_losses) / np.abs(ref_losses)))
-    print(
-        f"{mesh} {schedule}: loss rel. error {loss_error:.1e}, params {max_rel_error(state.params, ref_state.params):.1e}"
-    )
+    params_error = max_rel_error(state.params, ref_state.params)
+    print(f"{mesh} {schedule}: loss rel. error {loss_error:.1e}, params {params_error:.1e}")
 
 
 PIPE = {"mesh_shape": (1, 2, 4), "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2}
@@ -287,3 +320,109 @@ def test_cluster_launchers_are_detected(monkeypatch):
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     assert cluster.detected_cluster() == "Open MPI"
+
+
+def last_line(text: str) -> str:
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+def test_a_hung_process_ends_every_process_with_one_line(tmp_path):
+    """Process 1 sleeps inside step 3 (a test-only hook): both processes stop making progress;
+    each prints its threads' stacks and one line, and exits 1, within the configured time."""
+    workdir, limit = tmp_path / "run", 10
+    t0 = time.monotonic()
+    procs = start(workdir, 50, env={"JAXPAR_TEST_HANG": "1:3"}, hang_timeout_s=limit, **PIPE)
+    codes = wait_all(procs, timeout=240)
+    elapsed = time.monotonic() - t0
+    print(f"exit codes {codes} after {elapsed:.0f} s")
+    assert codes == [1, 1]
+    hung = last_line(output(workdir, 1))
+    assert hung.startswith("error: the run hung: no progress for") and "last done: step 2" in hung
+    assert "injected_hang" in output(workdir, 1)  # the stack names where it sleeps
+    # Process 0 waits in a collective for process 1: it hangs too (or sees process 1 leave).
+    assert re.match(r"error: (the run hung|process 1 of 2 was lost)", last_line(output(workdir, 0)))
+    assert elapsed < 150  # start-up and compile, the limit, and the coordinator leaving last
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def start_launcher(workdir, steps, env=None, **overrides) -> subprocess.Popen:
+    settings = {**TINY, "num_train_steps": steps, **overrides}
+    args = ["--config", "configs/base.py", "--workdir", str(workdir)]
+    log = open(f"{workdir}.log", "w")
+    return subprocess.Popen(
+        [sys.executable, "launch/local.py", "--num_processes", "2", "--", *args,
+         *[_flag(k, v) for k, v in settings.items()]],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+def wait_for_line(path, pattern: str, proc, timeout=240) -> None:
+    deadline = time.monotonic() + timeout
+    while not re.search(pattern, open(path).read()):
+        assert time.monotonic() < deadline and proc.poll() is None, open(path).read()[-3000:]
+        time.sleep(0.2)
+
+
+def test_workers_die_with_a_killed_launcher(tmp_path):
+    launcher = start_launcher(tmp_path / "run", 5000, **PIPE)
+    try:
+        wait_for_line(f"{tmp_path / 'run'}.log", r"step +3/", launcher)
+        workers = children(launcher.pid)
+        assert len(workers) == 2
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 5
+        while any(map(alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(alive, workers))
+    finally:
+        launcher.kill()
+
+
+def test_ctrl_c_ends_a_hung_run_after_the_grace_period(tmp_path):
+    """Ctrl-C to the launcher asks every process to save at the end of the step; process 1
+    never gets there (it sleeps in step 3), so after stop_grace_s both say so and exit 1."""
+    log = f"{tmp_path / 'run'}.log"
+    launcher = start_launcher(tmp_path / "run", 5000, env={"JAXPAR_TEST_HANG": "1:3"},
+                              stop_grace_s=5, **PIPE)  # fmt: skip
+    try:
+        wait_for_line(log, r"step +3/", launcher)
+        time.sleep(1)
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGINT)
+        code = launcher.wait(timeout=120)
+        elapsed = time.monotonic() - t0
+    finally:
+        launcher.kill()
+    text = open(log).read()
+    print(f"launcher exited {code} after {elapsed:.0f} s")
+    assert code == 1 and elapsed < 60, text[-3000:]
+    errors = [line for line in text.splitlines() if "error:" in line]
+    assert len(errors) == 2, text[-3000:]
+    grace = "could not stop at the end of a step within 5 s"
+    assert any(line.startswith("[1] error:") and grace in line for line in errors), errors
+    # Process 0 either reaches its own grace limit or sees process 1 leave first.
+    assert any(
+        line.startswith("[0] error:") and (grace in line or "while the run was stopping" in line)
+        for line in errors
+    ), errors
