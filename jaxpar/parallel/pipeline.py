@@ -274,9 +274,7 @@ class Pipeline(Strategy):
                         accuracies.append(y[1])
             elif kind == "W":
                 outs = free(kept, (c, m), d)
-                acc[c] = run(
-                    progs["bwd_w"][c], st[c].params, free(stash, (c, m), d), outs, acc[c]
-                )
+                acc[c] = run(progs["bwd_w"][c], st[c].params, free(stash, (c, m), d), outs, acc[c])
             else:
                 g = self._backward(c, m, st[c].params, stats, acc, batch, sent_b, stash, kept,
                                    store, free, losses, accuracies)  # fmt: skip
