@@ -82,8 +82,11 @@ def references():
 # Adam divides each coordinate by its own gradient scale, so where replicas' gradients nearly
 # cancel, float rounding in the order of summation grows into a visible difference of the step:
 # after 4 steps allreduce itself is 2.4e-4 from the single-device program. Parameters under Adam
-# are therefore held to allreduce at 1e-4 (measured: 5e-5); losses and SGD at 1e-5.
-PARAM_RTOL = {"sgd": RTOL, "adam": 1e-4}
+# are therefore held to allreduce at 5e-4: measured 5e-5 on one x86 CPU and 1.6e-4 (one conv7
+# kernel entry; parameter_server 2.5e-5) on another, whose kernels sum in another order. The
+# moments (opt_state) are held to it too: a gradient N times too large shows there at once.
+# Losses and SGD at 1e-5.
+PARAM_RTOL = {"sgd": RTOL, "adam": 5e-4}
 
 
 @pytest.mark.parametrize("opt", ["sgd", "adam"])
@@ -152,11 +155,16 @@ def test_async_applies_each_gradient_at_its_delay(aware):
     losses, state = run_steps(config, N, steps=4)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     assert max_rel_error(state.params, ref_states[0].params) < RTOL
-    # The pending queues hold the last two gradients of every replica.
+    # The pending queues hold the last two gradients of every replica, in order. A gradient is
+    # not held to 1e-5 here: the 1e-7 parameter differences can flip a max-pool's choice between
+    # near-equal inputs, which changes every earlier layer's gradient by ~1e-2 (seen on one CPU
+    # for one replica's newest gradient). The right gradient is within 5e-2; the other slot's,
+    # a step apart, is ~1 away; the parameters above are held to 1e-5 all the same.
     for r in range(N):
         for k in range(staleness):
             got = replicas(replicas(state.sync["pending"], r), k)
-            assert max_rel_error(got, history[3 - k][r]) < RTOL
+            assert max_rel_error(got, history[3 - k][r]) < 5e-2
+            assert max_rel_error(got, history[3 - (1 - k)][r]) > 0.2
 
 
 def test_async_staleness_zero_is_allreduce(references):
