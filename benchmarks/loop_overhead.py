@@ -22,8 +22,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from jaxpar import configfile
+
+configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
 import jax
 import optax
@@ -32,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from configs import base
 from jaxpar import trainer
-from jaxpar.parallel.common import cross_entropy
+from jaxpar.parallel.state import cross_entropy
 
 
 def make_config(args):

@@ -23,8 +23,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from jaxpar import configfile
+
+configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
 import jax
 
@@ -53,12 +54,12 @@ def measure(args, schedule: str, m: int) -> dict:
         state, metrics = s.strategy.train_step(state, batch)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t0)
-    figures = analysis.measure_pipeline(s.strategy, state, batch)
+    figures = analysis.measure_pipeline(s.strategy, config.global_batch_size)
     wall = statistics.median(times)
     return {
         **figures,
         "wall_step_s": wall,
-        "peak": s.strategy.peak_stash_bytes,
+        "peak": s.strategy.stored_activation_bytes(config.global_batch_size),
         "overlap": figures["sequential_step_s"] / wall,
     }
 

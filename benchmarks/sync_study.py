@@ -16,8 +16,6 @@ table is printed at the end.
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import json
 import os
 import sys
@@ -25,13 +23,12 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from jaxpar import configfile
 
 
 def load(path: str):
-    spec = importlib.util.spec_from_file_location("cfg", os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    """A config or suite file, by its path from the repository root."""
+    return configfile.load(os.path.join(ROOT, path))
 
 
 def run_row(name: str, config, devices) -> dict:
@@ -152,10 +149,8 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.jsonl")
     if not args.plot or not os.path.exists(results_path):
-        os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+        configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
         import jax
-
-        from tests.util import override
 
         suite = load(args.suite)
         wanted = set(filter(None, args.rows.split(",")))
@@ -163,11 +158,11 @@ def main() -> None:
             name = entry["name"]
             if wanted and name not in wanted:
                 continue
-            config = override(load(suite.base), dict(suite.overrides))
-            config = override(config, dict(entry["config"]))
+            config = configfile.override(load(suite.base), dict(suite.overrides))
+            configfile.override(config, dict(entry["config"]))
             for item in args.set:
                 key, value = item.split("=", 1)
-                config = override(config, {key: ast.literal_eval(value)})
+                configfile.override(config, {key: configfile.parse_value(value)})
             if args.steps:
                 config.num_train_steps = args.steps
             config.eval_every_steps = 0

@@ -44,6 +44,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Devices are arranged as (data, stage, tensor); the product must equal the device count.
     # One entry may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).
     config.mesh_shape = (-1, 1, 1)
+    # Which partitioning runs it (jaxpar/parallel/__init__.py: STRATEGIES). "auto": a pipeline
+    # when the mesh has stages, tensor parallelism with a tensor axis, else data parallelism
+    # (pmap when sync.impl=pmap). Name one to run a strategy you added on any mesh it accepts.
+    config.strategy = "auto"
     # On a CPU-only machine, simulate this many devices (XLA_FLAGS) when jaxpar.train starts.
     # Ignored if XLA_FLAGS already sets a count; it does not affect GPUs or TPUs.
     config.host_device_count = 8

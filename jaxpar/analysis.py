@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxpar import hlo
 from jaxpar.parallel import schedules
-from jaxpar.parallel.pipeline import Pipeline
+from jaxpar.parallel.strategy import per_device_bytes
 
 _IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 
@@ -69,81 +69,37 @@ def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> di
     return rows
 
 
-def per_device_bytes(tree: Any) -> int:
-    """Largest per-device share of a placed pytree (read from its shards)."""
-    per: dict = {}
-    for leaf in jax.tree.leaves(tree):
-        for shard in leaf.addressable_shards:
-            per[shard.device] = per.get(shard.device, 0) + shard.data.nbytes
-    return max(per.values()) if per else 0
+def program_group(program) -> str:
+    """A program's group in the tables: "step" for a whole-step program, else its stage."""
+    return "step" if program.name == "step" else f"stage {program.stage}"
 
 
-def _chunk_args(strategy: Pipeline, state, batch, c: int) -> dict[str, tuple]:
-    """Example arguments for each program chunk c's train step runs (shapes are what matter;
-    residuals and gradients come from running the chunk's programs, so they are real)."""
-    progs, k = strategy.programs, strategy.num_stages
-    last = c == strategy.num_chunks - 1
-    x = batch["image"][0]
-    for prev in range(c):  # walk the forward to this chunk's input
-        p = state.stages[prev]
-        x, _ = progs["fwd"][prev](p.params, p.batch_stats, x)
-        x = jax.device_put(x, strategy.batch_sharding[(prev + 1) % k])
-    st, acc = state.stages[c], state.grad_acc[c]
-    label = batch["label"][0]
-    cot = () if last else (jnp.zeros_like(progs["fwd"][c](st.params, st.batch_stats, x)[0]),)
-    args: dict[str, tuple] = {}
-    if strategy.remat:
-        if not last:
-            args["fwd"] = (st.params, st.batch_stats, x)
-        args["bwd"] = (st.params, st.batch_stats, x, *(cot or (label,)), acc)
-    else:
-        args["fwd_res"] = (st.params, st.batch_stats, x, *(() if cot else (label,)))
-        res = progs["fwd_res"][c](*args["fwd_res"])[2]
-        if strategy.split_backward:
-            args["bwd_in"] = (st.params, res, *cot)
-            out = progs["bwd_in"][c](*args["bwd_in"])
-            args["bwd_w"] = (st.params, res, out if c == 0 else out[1], acc)
-        else:
-            args["bwd_res"] = (st.params, res, *cot, acc)
-    args["update"] = (st, acc)
-    return args
+def programs(strategy, batch_size: int) -> list:
+    """The strategy's programs of one train step on a global batch of `batch_size`."""
+    return strategy.programs(strategy.batch_shapes(batch_size))
 
 
-def programs(strategy, state, batch) -> list[tuple[str, int, Any, dict[str, int]]]:
-    """The compiled programs of one train step: (where, times per step, compiled, mesh shape).
-    `where` is "step" for one-program strategies and "stage s" for each pipeline stage."""
-    if not isinstance(strategy, Pipeline):
-        compiled = strategy.compiled or strategy.compile(state, batch)
-        return [("step", 1, compiled, dict(strategy.mesh.shape))]
-    out = []
-    for c in range(strategy.num_chunks):
-        s = c % strategy.num_stages
-        for name, args in _chunk_args(strategy, state, batch, c).items():
-            times = 1 if name == "update" else strategy.num_microbatches
-            compiled = strategy.programs[name][c].lower(*args).compile()
-            out.append((f"stage {s}", times, compiled, dict(strategy.meshes[s].shape)))
-    return out
+def program_flops(compiled) -> float:
+    """FLOPs of one call of a compiled program, per device (XLA's cost analysis)."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0))
 
 
-def step_flops(strategy, state, batch) -> float:
+def step_flops(strategy, batch_size: int) -> float:
     """FLOPs of one train step over all devices' programs, from XLA's cost analysis of the
     compiled programs (per device, times the devices of each program's mesh)."""
-    total = 0.0
-    for _, times, compiled, mesh_shape in programs(strategy, state, batch):
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        total += times * float(cost.get("flops", 0.0)) * int(np.prod(list(mesh_shape.values())))
-    return total
+    return sum(p.times * program_flops(p.compiled) * p.num_devices
+               for p in programs(strategy, batch_size))  # fmt: skip
 
 
-def collectives(compiled_programs) -> dict[tuple[str, str, str], list[int]]:
+def collectives(progs) -> dict[tuple[str, str, str], list[int]]:
     """{(where, kind, axes): [count, bytes per device]} per step, over every program."""
     rows: dict = {}
-    for where, times, compiled, shape in compiled_programs:
-        for (kind, axes), (count, nbytes) in collective_rows(
-            compiled.as_text(), shape, times
-        ).items():
-            entry = rows.setdefault((where, kind, axes), [0, 0])
+    for p in progs:
+        found = collective_rows(p.compiled.as_text(), dict(p.mesh.shape), p.times)
+        for (kind, axes), (count, nbytes) in found.items():
+            entry = rows.setdefault((program_group(p), kind, axes), [0, 0])
             entry[0] += count
             entry[1] += nbytes
     return rows
@@ -155,61 +111,46 @@ def ring_allreduce_wire_bytes(payload: int, n: int) -> float:
     return 2 * (n - 1) / n * payload if n > 1 else 0.0
 
 
-def _best(fn, repeats: int) -> float:
-    """Smallest wall time of fn() over `repeats` runs, after one warm-up, device synchronised."""
-    jax.block_until_ready(fn())
+def _materialize(args):
+    """Zeros shaped and placed like abstract arguments."""
+    return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=a.sharding), args)
+
+
+def time_program(program, repeats: int = 3) -> float:
+    """Smallest wall time of one call of a compiled program over `repeats` runs after a
+    warm-up, device synchronised; fresh arguments each call (some are donated)."""
     times = []
-    for _ in range(repeats):
+    for i in range(repeats + 1):
+        args = jax.block_until_ready(_materialize(program.args))
         t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
+        jax.block_until_ready(program.compiled(*args))
+        if i:
+            times.append(time.perf_counter() - t0)
     return min(times)
 
 
-def pipeline_state_bytes(strategy: Pipeline, state) -> list[int]:
-    """Per stage, the bytes one of its devices holds for parameters, optimizer state,
-    batch statistics and the gradient accumulator (read from the placed arrays; every chunk
-    the stage holds)."""
-    k = strategy.num_stages
-    chunks = list(zip(state.stages, state.grad_acc))
-    return [per_device_bytes(chunks[s::k]) for s in range(k)]
-
-
-def measure_pipeline(strategy: Pipeline, state, batch, repeats: int = 3) -> dict[str, Any]:
+def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, Any]:
     """Time each chunk's forward, backward (B) and weight-gradient (W, zero-bubble schedules)
-    programs alone (device synchronised, best of `repeats`), then place the schedule's events
-    on a clock with those durations.
+    programs alone, then place the schedule's events on a clock with those durations.
 
     Returns per-chunk seconds per micro-batch, the bubble of that timeline, and the analytic
     bubble. On hardware where stages have their own processors this timeline is what the
     dispatcher achieves; on simulated CPU devices sharing cores, wall time is longer because
     stages also compete for the cores.
     """
-    progs, n = strategy.programs, strategy.num_chunks
-    fwd_t, bwd_t, wgt_t = [0.0] * n, [0.0] * n, [0.0] * n
-    for c in range(n):
-        args = _chunk_args(strategy, state, batch, c)
-        for name, times in (("fwd", fwd_t), ("fwd_res", fwd_t), ("bwd", bwd_t),
-                            ("bwd_res", bwd_t), ("bwd_in", bwd_t), ("bwd_w", wgt_t)):  # fmt: skip
-            if name not in args:
-                continue
-            if name not in ("bwd", "bwd_res", "bwd_w"):
-                times[c] = _best(lambda f=progs[name][c], a=args[name]: f(*a), repeats)
-                continue
-            # The accumulator (last argument) is donated: keep the one each call returns.
-            held = {"acc": jax.tree.map(jnp.copy, args[name][-1])}
-
-            def run(f=progs[name][c], a=args[name][:-1], name=name, c=c, held=held):
-                out = f(*a, held["acc"])
-                held["acc"] = out if (name == "bwd_w" or c == 0) else out[1]
-                return out
-
-            times[c] = _best(run, repeats)
-    line = schedules.timeline(strategy.events, fwd_t, bwd_t, wgt_t)
+    events = strategy.schedule_events()
+    n = schedules.num_chunks(events)
+    clocks = {"forward": [0.0] * n, "backward": [0.0] * n, "backward input": [0.0] * n,
+              "backward weights": [0.0] * n}  # fmt: skip
+    for p in programs(strategy, batch_size):
+        if p.role in clocks:
+            clocks[p.role][p.chunk] = time_program(p, repeats)
+    bwd = [b + i for b, i in zip(clocks["backward"], clocks["backward input"])]
+    line = schedules.timeline(events, clocks["forward"], bwd, clocks["backward weights"])
     return {
-        "stage_forward_s": fwd_t,
-        "stage_backward_s": bwd_t,
-        "stage_weight_grad_s": wgt_t,
+        "stage_forward_s": clocks["forward"],
+        "stage_backward_s": bwd,
+        "stage_weight_grad_s": clocks["backward weights"],
         "measured_bubble": line.bubble,
         "timeline_step_s": line.makespan,
         "sequential_step_s": sum(line.busy),
@@ -252,37 +193,38 @@ def _temp_bytes(compiled) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict[str, Any]:
-    """Every figure of one step, with the same keys for every strategy (None: not applicable).
+def stage_memory(strategy, batch_size: int, progs) -> tuple[list[int], list[int], list[int]]:
+    """Per device stage, one device's bytes of placed state (abstract), of its programs'
+    largest temporaries, and of stored activations at the schedule's peak."""
+    k = strategy.num_stages
+    state = [per_device_bytes(pairs) for pairs in strategy.stage_states(strategy.state_shapes())]
+    temp = [max((_temp_bytes(p.compiled) for p in progs if p.stage == s), default=0)
+            for s in range(k)]  # fmt: skip
+    stash = strategy.stored_activation_bytes(batch_size) or [0] * k
+    return state, temp, stash
+
+
+def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
+    """Every figure of one step, with the same keys for every strategy (None: not applicable),
+    read from the strategy's abstract state and its compiled programs only, so that any
+    process of a multi-process run gives the whole report.
 
     Memory per device = placed state + compiled temporaries + stored stage inputs (pipelines),
     for the busiest device. Collective bytes per device: the busiest program group (the
     whole step, or the busiest pipeline stage); the by-kind and by-axis breakdowns are that
     group's, over collectives that cross devices (groups of one device move nothing).
+    `timing` adds the measured bubble (pipelines, run in one process).
     """
-    compiled = programs(strategy, state, batch)
-    rows = collectives(compiled)
-    pipe = isinstance(strategy, Pipeline)
-    k = strategy.num_stages if pipe else 1
-    stage_list = [list(state.stages)[s::k] for s in range(k)] if pipe else [[state]]
-    params = [per_device_bytes([st.params for st in sts]) for sts in stage_list]
-    opt = [per_device_bytes([st.opt_state for st in sts]) for sts in stage_list]
-    if pipe:
-        state_b = pipeline_state_bytes(strategy, state)
-        temp = [0] * strategy.num_stages
-        for where, _, prog, _ in compiled:
-            s = int(where.split()[1])
-            temp[s] = max(temp[s], _temp_bytes(prog))
-        stash = [
-            schedules.in_flight(ev) * batch["image"][0].nbytes // strategy.data
-            for ev in strategy.events
-        ]
-        if not strategy.remat or strategy.num_chunks > strategy.num_stages:
-            stash = list(strategy.peak_stash_bytes)  # residuals, chunks: the measured peak
-    else:
-        state_b, temp, stash = [per_device_bytes(state)], [_temp_bytes(compiled[0][2])], [0]
+    progs = programs(strategy, batch_size)
+    rows = collectives(progs)
+    k, pipe = strategy.num_stages, strategy.schedule is not None
+    per_stage = strategy.stage_states(strategy.state_shapes())
+    params = [per_device_bytes([st.params for st, _ in pairs]) for pairs in per_stage]
+    opt = [per_device_bytes([st.opt_state for st, _ in pairs]) for pairs in per_stage]
+    state_b, temp, stash = stage_memory(strategy, batch_size, progs)
     memory = [a + b + c for a, b, c in zip(state_b, temp, stash)]
     data_size = strategy.mesh.shape["data"]
+    between = strategy.bytes_between_stages(batch_size)
     out: dict[str, Any] = {
         "param_bytes": int(strategy.model.num_params * 4),
         "param_bytes_per_device": max(params),
@@ -293,24 +235,20 @@ def report(strategy, state, batch, batch_size: int, timing: bool = True) -> dict
         "memory_bytes_per_device": max(memory),
         "memory_per_device_bytes": memory,  # per stage for pipelines, one entry otherwise
         **collective_summary(
-            [[w, k, a, c, b] for (w, k, a), (c, b) in sorted(rows.items())], data_size
+            [[w, kind, a, c, b] for (w, kind, a), (c, b) in sorted(rows.items())], data_size
         ),
-        "num_stages": strategy.num_stages if pipe else 1,
-        "pipeline_schedule": strategy.schedule if pipe else None,
+        "num_stages": k,
+        "pipeline_schedule": strategy.schedule,
         "num_microbatches": strategy.num_microbatches if pipe else None,
         "stage_bounds": list(strategy.bounds) if pipe else None,
-        "analytic_bubble": (strategy.analytic_bubble() if pipe else None),
+        "analytic_bubble": strategy.analytic_bubble(),
         "measured_bubble": None,
-        "bytes_between_stages_per_step": strategy.bytes_between_stages(batch_size)
-        if pipe
-        else None,
-        "bytes_between_stages_per_replica": (
-            strategy.bytes_between_stages(batch_size) // strategy.data if pipe else None
-        ),
-        "peak_stash_bytes_per_device": list(strategy.peak_stash_bytes) if pipe else None,
+        "bytes_between_stages_per_step": between,
+        "bytes_between_stages_per_replica": between // data_size if pipe else None,
+        "peak_stash_bytes_per_device": stash if pipe else None,
         "stage_state_bytes_per_device": state_b if pipe else None,
         "stage_program_temp_bytes": temp if pipe else None,
     }
     if pipe and timing:
-        out["measured_bubble"] = measure_pipeline(strategy, state, batch)["measured_bubble"]
+        out["measured_bubble"] = measure_pipeline(strategy, batch_size)["measured_bubble"]
     return out

@@ -42,12 +42,22 @@ def fingerprint(config, model) -> dict[str, Any]:
 class Checkpointer:
     """Orbax CheckpointManager in WORKDIR/checkpoints: periodic asynchronous saves, the last
     `max_to_keep` kept, only finalised checkpoints ever listed (Orbax writes to a temporary
-    folder and renames it when complete)."""
+    folder and renames it when complete).
+
+    When to save is Orbax's save decision policy, asked through `should_save`: a step that is
+    a multiple of `every` (FixedIntervalPolicy, what `save_interval_steps` sets up), or the
+    step the processes of a multi-process run agreed to stop at (PreemptionCheckpointingPolicy,
+    JAX's preemption sync point). The policy is given explicitly rather than through
+    `save_interval_steps`, because in orbax-checkpoint 0.12.8 that default also brings
+    InitialSavePolicy, which saves the first step of every fresh run. `due(force=True)` adds
+    the saves jaxpar always makes: after the last step and at a stop.
+
+    As a context manager it closes on the way out, letting a save in progress finish (it is
+    a good checkpoint); on an exception a failure to finish is not raised over it."""
 
     def __init__(self, workdir: str, config, model, every: int, max_to_keep: int):
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.meta = fingerprint(config, model)
-        self.every = every
         self.restored_meta: dict = {}  # the JSON record of the checkpoint `restore` returned
         if jax.default_backend() == "cpu" and not _CPU_HANDLER:
             # Replica-parallel saving slices every replicated array across its replicas, which
@@ -57,16 +67,25 @@ class Checkpointer:
                 jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
             )
             _CPU_HANDLER.append(True)
+        policies = [ocp.checkpoint_managers.PreemptionCheckpointingPolicy()]
+        if every:
+            policies.insert(0, ocp.checkpoint_managers.FixedIntervalPolicy(every))
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=True, create=True
+            max_to_keep=max_to_keep,
+            enable_async_checkpointing=True,
+            create=True,
+            save_decision_policy=ocp.checkpoint_managers.AnySavePolicy(policies),
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._closed = False
 
     def due(self, step: int, force: bool = False) -> bool:
-        """Whether `step` is a save step (or `force`) that has no checkpoint yet."""
-        if not force and (not self.every or step % self.every):
-            return False
-        return step not in self.manager.all_steps()
+        """Whether to save `step`: Orbax's policy says so, or `force` (the last step, a stop);
+        never a step that has a checkpoint already (Orbax's rule: only after the newest)."""
+        if not force:
+            return self.manager.should_save(step)
+        latest = self.manager.latest_step()
+        return latest is None or latest < step
 
     def save(self, step: int, canonical_state, schedule: dict | None = None) -> None:
         """Start an asynchronous save of `canonical_state` as checkpoint `step`, recording the
@@ -127,10 +146,24 @@ class Checkpointer:
                 )
 
     def close(self) -> None:
+        """Wait for a save in progress, then release the manager (once; later calls do nothing)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.wait()
         finally:
             self.manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type, *exc_info: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        with contextlib.suppress(Exception):  # the exception on its way out says more
+            self.close()
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ for a loss.
 
 A preemption notice (SIGTERM) to any one process reaches all of them through JAX's preemption
 sync manager (`multihost_utils.reached_preemption_sync_point`): they agree on one step, save it
-together and exit 0 (see the trainer's `_Preemption`).
+together and exit 0 (see preemption.Preemption).
 """
 
 from __future__ import annotations

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import jax
 
-from jaxpar import trainer
+from jaxpar import analysis, trainer
 
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:,.2f} MiB"
+
+
+def _key(entry) -> str:
+    return str(getattr(entry, "key", entry))
 
 
 def explain(config, devices=None) -> str:
@@ -31,18 +35,18 @@ def explain(config, devices=None) -> str:
     out = [head, model]
     if described := strategy.describe(config.global_batch_size):
         out.append(described)
-    state = strategy.init_state(jax.random.key(config.seed))
-    batch = strategy.put_batch(trainer.local_train_batch(s, 0))
-    stages = getattr(state, "stages", (state,))
-
+    shapes = strategy.state_shapes()  # abstract: nothing is allocated
     out.append("\nparameter layouts (PartitionSpec over the mesh axes):")
-    for st in stages:
-        for path, leaf in jax.tree_util.tree_flatten_with_path(st.params)[0]:
-            name = "/".join(str(getattr(k, "key", k)) for k in path)
-            spec = getattr(leaf.sharding, "spec", "?")
-            out.append(f"  {name:<34} {leaf.shape!s:<20} {spec}")
+    order = {layer.name: i for i, layer in enumerate(s.model.layers)}
+    for stage, pairs in enumerate(strategy.stage_states(shapes)):
+        where = f"  (stage {stage})" if strategy.num_stages > 1 else ""
+        leaves = [leaf for st, _ in pairs
+                  for leaf in jax.tree_util.tree_flatten_with_path(st.params)[0]]  # fmt: skip
+        for path, leaf in sorted(leaves, key=lambda item: order.get(_key(item[0][0]), 0)):
+            name = "/".join(_key(k) for k in path)
+            out.append(f"  {name:<34} {leaf.shape!s:<20} {leaf.sharding.spec}{where}")
 
-    fig = strategy.report(state, batch, config.global_batch_size, timing=False)
+    fig = analysis.report(strategy, config.global_batch_size, timing=False)
     params, opt = fig["param_bytes_per_device"], fig["opt_state_bytes_per_device"]
     temp, stash = fig["program_temp_bytes_per_device"], fig["stored_activation_bytes_per_device"]
     rows = {(w, k, a): (c, b) for w, k, a, c, b in fig["collectives"]}

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
-AXES = ("data", "stage", "tensor")
+DATA, STAGE, TENSOR = "data", "stage", "tensor"
+AXES = (DATA, STAGE, TENSOR)
 
 
 def resolve_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:

@@ -30,6 +30,50 @@ def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> 
     }
 
 
+def summary(
+    *,
+    strategy: str,
+    mesh_shape: tuple[int, ...],
+    steps: int,
+    global_batch_size: int,
+    step_times: list[float],
+    warmup: int,
+    compile_time_s: float,
+    wall_time_s: float,
+    train: dict[str, float],
+    evaluation: dict[str, float],
+    num_params: int,
+    flops_per_example: float,
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    """The run's final {"split": "summary"} record (README "Metrics"): throughput from the
+    `step_times` after `warmup`, the last `train` line and `evaluation`, the model's size and
+    work, then the strategy's `report` (memory, collectives, pipeline figures)."""
+    stats = throughput(step_times, global_batch_size, warmup)
+    nan = float("nan")
+    record = {
+        "strategy": strategy,
+        "num_devices": math.prod(mesh_shape),
+        "mesh_shape": tuple(mesh_shape),
+        "steps": steps,
+        "global_batch_size": global_batch_size,
+        **stats,
+        "compile_time_s": compile_time_s,
+        "wall_time_s": wall_time_s,
+        "final_loss": train.get("loss", nan),
+        "eval_loss": evaluation.get("loss", nan),
+        "eval_accuracy": evaluation.get("accuracy", nan),
+        "num_params": num_params,
+        "model_flops_per_image": 3 * flops_per_example,  # forward + backward
+        **report,
+    }
+    if "images_per_sec" in stats:
+        record["model_tflops_per_sec"] = (
+            record["images_per_sec"] * record["model_flops_per_image"] / 1e12
+        )
+    return record
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, (np.generic,)):
         return value.item()
@@ -40,7 +84,8 @@ def _jsonable(value: Any) -> Any:
 
 class MetricWriter:
     """Appends one JSON object per line to WORKDIR/metrics.jsonl and mirrors scalars to
-    TensorBoard (tensorboardX: event files without TensorFlow). Only process 0 writes."""
+    TensorBoard (tensorboardX: event files without TensorFlow). Only process 0 writes. A
+    context manager: closed on the way out."""
 
     def __init__(self, workdir: str, enabled: bool = True, resume_step: int = 0):
         self.enabled = enabled
@@ -105,6 +150,12 @@ class MetricWriter:
             for key, value in values.items():
                 if isinstance(value, (int, float, np.number)) and math.isfinite(float(value)):
                     self._tb.add_scalar(f"{split}/{key}", float(value), step)
+
+    def __enter__(self) -> MetricWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def close(self) -> None:
         if self._file is not None:

@@ -21,7 +21,7 @@ def schedule_steps(config: ml_collections.ConfigDict) -> int:
 
 def schedule_meta(config: ml_collections.ConfigDict) -> dict:
     """What fixes the learning rate at every step: stored with checkpoints, so that continuing
-    a run never changes the rate of its steps behind the user's back (trainer._check_schedule)."""
+    a run never changes the rate of its steps behind the user's back (resume.check_schedule)."""
     return {
         "lr_schedule": config.lr_schedule,
         "peak_learning_rate": peak_learning_rate(config),

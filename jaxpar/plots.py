@@ -27,6 +27,21 @@ def _ok(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["status"] == "ok"]
 
 
+def _finish(fig, ax, path: str, title: str, legend_fontsize: float | None = None, **legend) -> bool:
+    """Grid, legend and title on `ax`; write the figure to `path` and free it."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_fontsize, **legend)
+    ax.set_title(title)
+    return _save(fig, path)
+
+
+def _save(fig, path: str) -> bool:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def _family(r: dict) -> str:
     shape = r.get("mesh_shape") or (1, 1, 1)
     used = [name for name, size in zip(("data", "stage", "tensor"), shape) if size > 1]
@@ -74,10 +89,7 @@ def scaling(rows: list[dict], kind: str, path: str) -> bool:
     fig.suptitle(
         f"{kind} scaling ({'same global batch' if kind == 'strong' else 'same batch per device'})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _save(fig, path)
 
 
 def _comm(r: dict) -> int:
@@ -96,10 +108,7 @@ def memory_vs_bytes(rows: list[dict], path: str) -> bool:
         sel = [r for r in rows if _family(r) == fam]
         if not sel:
             continue
-        x = [
-            (r["collective_bytes_per_device"] + (r["bytes_between_stages_per_replica"] or 0)) / MIB
-            for r in sel
-        ]
+        x = [_comm(r) / MIB for r in sel]
         y = [r["memory_bytes_per_device"] / MIB for r in sel]
         ax.scatter(x, y, marker=marker, s=50, label=fam)
         for xi, yi, r in zip(x, y, sel):
@@ -115,13 +124,7 @@ def memory_vs_bytes(rows: list[dict], path: str) -> bool:
     ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1.0)
     ax.set_xlabel("communication per device per step, MiB [exact]\n(collectives + stage transfers)")
     ax.set_ylabel("memory per device, MiB [exact]\n(state + temporaries + stored activations)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("memory against communication, one point per partitioning")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _finish(fig, ax, path, "memory against communication, one point per partitioning", 8)
 
 
 def bubble(rows: list[dict], path: str) -> bool:
@@ -161,13 +164,8 @@ def bubble(rows: list[dict], path: str) -> bool:
     ax.set_xlabel("micro-batches M")
     ax.set_ylabel("bubble (idle fraction of the step)")
     ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title("pipeline bubble: analytic curve, measured stage-time timeline points")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    title = "pipeline bubble: analytic curve, measured stage-time timeline points"
+    return _finish(fig, ax, path, title, 7, ncol=2)
 
 
 def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
@@ -189,13 +187,7 @@ def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("global batch size (same number of epochs)")
     ax.set_ylabel("eval accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    ax.set_title("accuracy against batch size")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return _finish(fig, ax, path, "accuracy against batch size")
 
 
 def plot_all(rows: list[dict], out: str) -> list[str]:

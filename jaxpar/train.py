@@ -16,10 +16,9 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpar import cluster
+from jaxpar import cluster, configfile, oneline
 
-# configs/ lives beside the package: make `from configs import base` work from any directory.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+configfile.make_configs_importable()  # `from configs import base` from any directory
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file, e.g. configs/vgg19_hybrid.py.", lock_config=True
@@ -62,17 +61,8 @@ def fail(message: str, status: int) -> None:
     handler would wait for the other processes, which may be waiting for this one."""
     if cluster.is_multiprocess():
         cluster.lost(message, status)
-    print(f"error: {message}", file=sys.stderr, flush=True)
+    oneline.print_error(message)
     sys.exit(status)
-
-
-def one_line(error: BaseException) -> str:
-    """An exception as one readable line (config_flags' messages span several lines)."""
-    text = str(error).strip()
-    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # KeyError-style quoting
-        text = text[1:-1].replace("\\n", "\n").replace("\\'", "'")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(lines) or type(error).__name__
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -82,7 +72,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     except Exception as e:  # every parse error becomes one line
         if DEBUG:
             raise
-        text = one_line(e)
+        text = oneline.joined(e)
         missing = re.search(r"No such file or directory: '([^']+)'", str(e))
         if missing:
             text = f"config file {missing.group(1)} does not exist; check the --config path"
@@ -93,14 +83,6 @@ def parse_flags(argv: list[str]) -> list[str]:
             text = f"unknown config key {text}; see configs/base.py for every key"
         fail(f"{text} {_HINT if not isinstance(e, flags.Error) else ''}".strip(), 2)
         raise  # unreachable
-
-
-def use_host_devices(count: int) -> None:
-    """Simulate `count` CPU devices unless XLA_FLAGS already says; must run before JAX starts."""
-    flag = "--xla_force_host_platform_device_count"
-    current = os.environ.get("XLA_FLAGS", "")
-    if flag not in current and count > 1:
-        os.environ["XLA_FLAGS"] = f"{current} {flag}={count}".strip()
 
 
 def default_workdir(config_path: str) -> str:
@@ -122,7 +104,7 @@ def main(argv: list[str]) -> None:
         if DEBUG or not missing:
             raise
         fail(f"config file {missing.group(1)} does not exist; check the --config path", 2)
-    use_host_devices(host_device_count)
+    configfile.set_host_device_count(host_device_count)  # unless XLA_FLAGS already says
     if not DEBUG:  # XLA's C++ log lines (e.g. the coordination service's) only on request
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     # JAX is imported only now, after XLA_FLAGS is set.
@@ -160,7 +142,7 @@ def main(argv: list[str]) -> None:
         if DEBUG:
             raise
         cluster.settle(e)  # a lost process: the watchdog names it (and exits)
-        fail(f"{type(e).__name__}: {one_line(e)} {_HINT}", 1)
+        fail(f"{type(e).__name__}: {oneline.joined(e)} {_HINT}", 1)
 
 
 if __name__ == "__main__":

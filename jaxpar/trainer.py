@@ -1,32 +1,34 @@
-"""The training loop: build the state, step, evaluate, log. `train_and_evaluate` is the API."""
+"""The training loop: build the state, step, evaluate, log. `train_and_evaluate` is the API.
+
+The loop itself is `_train`: dispatch a step, time it, then run the hooks (jaxpar/hooks.py:
+the log line and divergence check, evaluation, checkpoints) and ask whether to stop
+(jaxpar/preemption.py). Everything it opens is closed by one ExitStack however it ends.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import signal
-import threading
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.experimental import multihost_utils
 
+from jaxpar import analysis, cluster, hooks, models, optim, parallel, preemption, profiling, resume
 from jaxpar import checkpoint as checkpoint_lib
-from jaxpar import cluster, models, optim, parallel, profiling
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
 from jaxpar import watchdog as watchdog_lib
 from jaxpar import workdir as workdir_lib
-from jaxpar.errors import ConfigError, TrainingError
-from jaxpar.parallel.common import add_sums
+from jaxpar.errors import TrainingError
+from jaxpar.parallel.state import add_sums
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
 
@@ -58,7 +60,7 @@ def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | Non
         if jax.process_index() == 0:
             print(f"using the first {wanted} of {len(devices)} devices")
         devices = devices[:wanted]
-    shape = config_lib.validate(config, len(devices))
+    shape = parallel.validate(config, len(devices))
     mesh = mesh_lib.make_mesh(shape, devices)
     dataset = data_lib.load(config)
     spec = dataset.spec
@@ -119,363 +121,178 @@ def train_and_evaluate(
         workdir_lib.prepare(workdir)
     lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
     with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
-        result = _run(s, config, workdir, wall0, say, is_lead, eval_only, profile, watch)
+        result = _run(_Run(s, workdir, say, watch, wall0, profile), eval_only)
     cluster.finish()  # several processes: every one is past its last collective
     return result
 
 
-def _run(
-    s: Setup, config, workdir: str, wall0: float, say, is_lead: bool, eval_only: bool, profile,
-    watch: watchdog_lib.Watchdog,
-):  # fmt: skip
-    num_devices = s.mesh.devices.size
-    mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
-    say(
-        f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
-        f"mesh (data, stage, tensor) = {mesh_shape} over {num_devices} {jax.default_backend()} "
-        f"devices, strategy {s.strategy.name}"
-    )
-    say(s.model.summary())
-    if described := s.strategy.describe(config.global_batch_size):
-        say(described)
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """One call of `train_and_evaluate`: what it is built from and what it reports to."""
 
-    ckpt = None
-    start = 0
-    restored = None
-    if config.checkpoint_every_steps or eval_only:
-        ckpt = checkpoint_lib.Checkpointer(
-            workdir, config, s.model, config.checkpoint_every_steps, config.checkpoint.max_to_keep
-        )
-        watch.doing("restoring the newest checkpoint", compiling=True)
-        restored = ckpt.restore(s.strategy.host_target())
-    total = config.num_train_steps
-    if eval_only:
-        return _evaluate_only(s, ckpt, restored, workdir, say, watch)
-    if restored is not None and restored[1] >= total:
-        ckpt.close()
-        return _finished(workdir, restored[1], config, say)
-    if restored is not None:
-        host_state, start = restored
-        _check_schedule(config, ckpt, start, say)
-        state = s.strategy.place(host_state)
-        say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
-    else:
-        state = s.strategy.init_state(jax.random.key(config.seed))
-    writer = metrics_lib.MetricWriter(workdir, enabled=is_lead, resume_step=start)
-    if writer.archived:
+    s: Setup
+    workdir: str
+    say: Callable  # print in process 0, nothing elsewhere
+    watch: watchdog_lib.Watchdog
+    wall0: float  # when it started (perf_counter)
+    profile: bool
+
+
+def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
+    """Resume or start, compile, train and summarise."""
+    s, say, watch = run.s, run.say, run.watch
+    config, total = s.config, s.config.num_train_steps
+    _announce(s, say)
+    with contextlib.ExitStack() as cleanup:  # one cleanup, however the run ends
+        ckpt, restored = None, None
+        if config.checkpoint_every_steps or eval_only:
+            every, keep = config.checkpoint_every_steps, config.checkpoint.max_to_keep
+            ckpt = checkpoint_lib.Checkpointer(run.workdir, config, s.model, every, keep)
+            cleanup.enter_context(ckpt)
+            watch.doing("restoring the newest checkpoint", compiling=True)
+            restored = ckpt.restore(s.strategy.host_target())
+        if eval_only:
+            return _evaluate_only(run, restored)
+        if restored is not None and restored[1] >= total:
+            return resume.finished(run.workdir, restored[1], config, say)
+        state, start = resume.initial_state(s.strategy, config, ckpt, restored, say)
+        is_lead = jax.process_index() == 0
+        writer = metrics_lib.MetricWriter(run.workdir, enabled=is_lead, resume_step=start)
+        cleanup.enter_context(writer)
+        if writer.archived:
+            say(
+                f"{run.workdir} held metrics of an earlier run that left no checkpoint; they are "
+                f"kept in {writer.archived}"
+            )
+        first = s.strategy.put_batch(local_train_batch(s, start))
+        watch.doing("compiling the train step", compiling=True)
+        s.strategy.compile(state, first)
+        watch.beat("compiling the train step")
         say(
-            f"{workdir} held metrics of an earlier run that left no checkpoint; they are kept "
-            f"in {writer.archived}"
+            f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training steps "
+            f"{start + 1}-{total} of {config.global_batch_size} images"
         )
-    first = s.strategy.put_batch(local_train_batch(s, start))
-    watch.doing("compiling the train step", compiling=True)
-    s.strategy.compile(state, first)
-    watch.beat("compiling the train step")
-    say(
-        f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training steps "
-        f"{start + 1}-{total} of {config.global_batch_size} images"
+        outcome = _train(run, state, first, start, writer, ckpt)
+        if ckpt is not None:  # the last save is complete (or its failure raised) before the report
+            watch.doing("waiting for the last checkpoint to be written")
+            ckpt.close()
+        return _summarise(run, outcome, writer)
+
+
+@dataclasses.dataclass
+class _Outcome:
+    """What the step loop leaves for the summary."""
+
+    state: Any
+    step_times: list[float]
+    train: dict[str, float]  # the last train line
+    evaluation: dict[str, float]  # the last evaluation
+    stopped: bool  # by a stop request, before the last step
+
+
+def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
+    """Steps `start + 1`..`num_train_steps` (`first` is the batch of the first), each followed
+    by the hooks; saves and ends early when a stop is requested."""
+    s, say, watch = run.s, run.say, run.watch
+    config, total = s.config, s.config.num_train_steps
+    is_lead = jax.process_index() == 0
+    timer = hooks.StepTimer(watch)
+    progress = metrics_lib.Progress(total, start_step=start) if is_lead else None
+    window = hooks.LogWindow(writer, progress, s.schedule, config.global_batch_size, timer, ckpt)
+    evaluation = hooks.Evaluation(lambda st: evaluate(s, st, watch), writer, say, timer)
+    after_step = hooks.Hooks()
+    after_step.add_hook(window.log, every=config.log_every_steps)
+    after_step.add_hook(evaluation, every=config.eval_every_steps)
+    if ckpt is not None:  # asked every step: Orbax's policy picks the steps (Checkpointer.due)
+        meta = optim.schedule_meta(config)
+        after_step.add_hook(hooks.Checkpoints(ckpt, s.strategy.canonical, meta, window, timer))
+    profile = run.profile and is_lead
+    tracer = profiling.StepTrace(run.workdir, start + TIMING_WARMUP_STEPS, total, profile)
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(tracer.stop)
+        stop = cleanup.enter_context(preemption.Preemption(say, watch))
+        batches = cleanup.enter_context(
+            data_lib.Prefetcher(
+                partial(local_train_batch, s), s.strategy.put_batch, start + 1, total
+            )
+        )
+        for i, batch in itertools.chain([(start, first)], batches):
+            tracer.before(i, state)
+            watch.doing(f"running step {i + 1}")
+            state, metrics = s.strategy.train_step(state, batch)
+            watchdog_lib.injected_hang(i + 1)
+            tracer.after(i, (state, metrics))
+            timer.dispatched(i + 1, metrics)
+            window.add(metrics)
+            # Every process asks every step: they agree on the step to stop at.
+            info = hooks.StepInfo(i + 1, state, final=i + 1 == total, stopping=stop.check(i + 1))
+            after_step.run(info)
+            if info.stopping and not info.final:
+                say(stop.stopped_line(info.step, saved=ckpt is not None))
+                break
+    stopped = info.stopping and not info.final
+    return _Outcome(state, timer.times, window.last, evaluation.last, stopped)
+
+
+def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -> dict[str, Any]:
+    """The summary record (written and shown unless the run was stopped), with the state."""
+    s = run.s
+    jax.block_until_ready(outcome.state)
+    report = _strategy_report(s)
+    summary = metrics_lib.summary(
+        strategy=s.strategy.name,
+        mesh_shape=tuple(int(v) for v in s.mesh.devices.shape),
+        steps=s.config.num_train_steps,
+        global_batch_size=s.config.global_batch_size,
+        step_times=outcome.step_times,
+        warmup=TIMING_WARMUP_STEPS,
+        compile_time_s=s.strategy.compile_time_s,
+        wall_time_s=time.perf_counter() - run.wall0,
+        train=outcome.train,
+        evaluation=outcome.evaluation,
+        num_params=s.model.num_params,
+        flops_per_example=s.model.flops_per_example,
+        report=report,
     )
-    stop = _Preemption(say, watch)
-
-    progress = metrics_lib.Progress(total, start_step=start)
-    tracer = profiling.StepTrace(workdir, start + TIMING_WARMUP_STEPS, total, profile and is_lead)
-    step_times: list[float] = []
-    window: list[dict] = []
-    window_t0, last_done = time.perf_counter(), None
-    pending = None  # metrics of the step in flight: we sync one step behind to time steps
-    eval_metrics: dict[str, float] = {}
-    train_line: dict[str, float] = {}
-    preempted = False
-    try:
-        with data_lib.Prefetcher(
-            lambda i: local_train_batch(s, i), s.strategy.put_batch, start + 1, total
-        ) as batches:
-            for i, batch in _chain([(start, first)], batches):
-                tracer.before(i, state)
-                watch.doing(f"running step {i + 1}")
-                state, metrics = s.strategy.train_step(state, batch)
-                watchdog_lib.injected_hang(i + 1)
-                tracer.after(i, (state, metrics))
-                if pending is not None:
-                    jax.block_until_ready(pending)
-                    watch.beat(f"step {i}")
-                    now = time.perf_counter()
-                    if last_done is not None:
-                        step_times.append(now - last_done)
-                    last_done = now
-                pending = metrics
-                window.append(metrics)
-                done = i + 1
-                stopping = stop.check(done)  # every process, every step (agreed across them)
-                if stopping:
-                    watch.stopping()
-                if done % config.log_every_steps == 0 or done == total:
-                    jax.block_until_ready(metrics)
-                    watch.beat(f"step {done}")
-                    now = time.perf_counter()
-                    fetched = jax.device_get(window)
-                    train_line = {
-                        "loss": float(np.mean([m["loss"] for m in fetched])),
-                        "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
-                        "learning_rate": float(s.schedule(i)),
-                        "images_per_sec": len(window)
-                        * config.global_batch_size
-                        / (now - window_t0),
-                    }
-                    writer.write(done, "train", **train_line)
-                    if is_lead:
-                        progress.update(
-                            done,
-                            loss=train_line["loss"],
-                            lr=train_line["learning_rate"],
-                            **{"img/s": train_line["images_per_sec"]},
-                        )
-                    _stop_if_diverged(fetched, done, ckpt)
-                    window, window_t0 = [], time.perf_counter()
-                if done == total or (
-                    config.eval_every_steps and done % config.eval_every_steps == 0
-                ):
-                    watch.doing(f"evaluating at step {done}", compiling=not eval_metrics)
-                    eval_metrics = evaluate(s, state, watch)
-                    writer.write(done, "eval", **eval_metrics)
-                    say(
-                        f"eval at step {done}: loss {eval_metrics['loss']:.4f}  "
-                        f"accuracy {eval_metrics['accuracy']:.4f}"
-                    )
-                    window_t0 = time.perf_counter()  # keep eval time out of the train rate
-                    pending, last_done = None, None  # and out of the step times
-                if ckpt is not None and ckpt.due(done, force=done == total or stopping):
-                    t0 = time.perf_counter()
-                    watch.doing(f"saving the checkpoint of step {done}", compiling=True)
-                    _stop_if_diverged(jax.device_get(window), done, ckpt)
-                    canonical = s.strategy.canonical(state)
-                    if not _all_finite((canonical.params, canonical.batch_stats)):
-                        raise _diverged(done, "the parameters", ckpt)
-                    ckpt.save(done, canonical, optim.schedule_meta(config))
-                    watch.beat(f"the checkpoint of step {done}")
-                    window_t0 += time.perf_counter() - t0  # keep saves out of the rate
-                    pending, last_done = None, None  # and out of the step times
-                if stopping and done < total:
-                    say(
-                        f"{stop.signal_name}: saved the checkpoint of step {done}; stopped. "
-                        "Run the same command again to resume."
-                        if ckpt is not None
-                        else f"{stop.signal_name}: stopped at step {done} (checkpoints are off, "
-                        "so a rerun starts again)"
-                    )
-                    preempted = True
-                    break
-    except BaseException:
-        tracer.stop()
-        stop.restore()
-        writer.close()
-        if ckpt is not None:  # let a save in progress finish: it is a good checkpoint
-            with contextlib.suppress(Exception):
-                ckpt.close()
-        raise
-    tracer.stop()
-    stop.restore()
-    if ckpt is not None:
-        watch.doing("waiting for the last checkpoint to be written")
-        ckpt.close()
-    jax.block_until_ready(state)
-    extra = s.strategy.report(state, first, config.global_batch_size)
-
-    stats = metrics_lib.throughput(step_times, config.global_batch_size, TIMING_WARMUP_STEPS)
-    summary = {
-        "strategy": s.strategy.name,
-        "num_devices": num_devices,
-        "mesh_shape": mesh_shape,
-        "steps": total,
-        "global_batch_size": config.global_batch_size,
-        **stats,
-        "compile_time_s": s.strategy.compile_time_s,
-        "wall_time_s": time.perf_counter() - wall0,
-        "final_loss": train_line.get("loss", float("nan")),
-        "eval_loss": eval_metrics.get("loss", float("nan")),
-        "eval_accuracy": eval_metrics.get("accuracy", float("nan")),
-        "num_params": s.model.num_params,
-        "model_flops_per_image": 3 * s.model.flops_per_example,  # forward + backward
-        **extra,
-    }
-    if "images_per_sec" in stats:
-        summary["model_tflops_per_sec"] = (
-            summary["images_per_sec"] * summary["model_flops_per_image"] / 1e12
-        )
-    if preempted:
-        writer.close()
+    if outcome.stopped:
         summary["preempted"] = True
-        summary["state"] = s.strategy.canonical(state)
-        return summary
-    writer.write(total, "summary", **summary)
-    writer.close()
-    say(metrics_lib.summary_table(summary))
-    if is_lead:
-        say(f"metrics: {workdir}/metrics.jsonl")
-    summary["state"] = s.strategy.canonical(state)
+    else:
+        writer.write(s.config.num_train_steps, "summary", **summary)
+        run.say(metrics_lib.summary_table(summary))
+        run.say(f"metrics: {run.workdir}/metrics.jsonl")
+    summary["state"] = s.strategy.canonical(outcome.state)
     return summary
 
 
-def _finished(workdir: str, step: int, config, say) -> dict[str, Any]:
-    """A rerun of a finished run: say so, show its summary, change nothing."""
-    summary = metrics_lib.last_summary(workdir) or {}
-    span = optim.schedule_steps(config)
+def _strategy_report(s: Setup) -> dict[str, Any]:
+    """The strategy's figures of a step (memory, collectives, pipeline) for the summary: the
+    one place the trainer asks for them."""
+    return analysis.report(s.strategy, s.config.global_batch_size)
+
+
+def _announce(s: Setup, say) -> None:
+    mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
     say(
-        f"the run in {workdir} is finished: its checkpoint is at step {step} of "
-        f"{config.num_train_steps}; nothing to train. To continue, raise "
-        f"--config.num_train_steps and add --config.schedule_steps={span} to keep its "
-        "learning-rate schedule (the rate stays at its end value) or a larger value to stretch "
-        "it; or add --eval_only to evaluate"
+        f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
+        f"mesh (data, stage, tensor) = {mesh_shape} over {s.mesh.devices.size} "
+        f"{jax.default_backend()} devices, strategy {s.strategy.name}"
     )
-    if summary:
-        say(metrics_lib.summary_table(summary))
-    return {**summary, "finished": True}
+    say(s.model.summary())
+    if described := s.strategy.describe(s.config.global_batch_size):
+        say(described)
 
 
-def _check_schedule(config, ckpt, start: int, say) -> None:
-    """Continuing a run must not change the learning rate of its steps behind the user's back:
-    a schedule whose rate differs at any step (usually a raised num_train_steps stretching the
-    cosine) is refused in one line unless `schedule_steps` is given explicitly, and then said
-    plainly."""
-    before = ckpt.restored_meta.get("schedule")
-    if not before or before == optim.schedule_meta(config):
-        return
-    steps = jnp.arange(config.num_train_steps)
-    old = np.asarray(optim.make_schedule(_with_schedule(config, before))(steps))
-    new = np.asarray(optim.make_schedule(config)(steps))
-    differ = np.flatnonzero(~np.isclose(old, new, rtol=1e-6, atol=0.0))
-    if differ.size == 0:  # e.g. a constant rate over a longer run: nothing changes
-        return
-    at = int(differ[0])
-    rates = f"the rate at step {at + 1} is {new[at]:.3g} instead of {old[at]:.3g}"
-    if config.schedule_steps:  # asked for explicitly: go on, and say what changes
-        say(f"learning-rate schedule changed on resuming at step {start}: {rates}")
-        return
-    raise ConfigError(
-        f"this run was trained on a {before['schedule_steps']}-step {before['lr_schedule']} "
-        f"learning-rate schedule, and this config changes it: {rates}. Keep the old one with "
-        f"--config.schedule_steps={before['schedule_steps']} (and the run's other "
-        "learning-rate settings), or accept the new one with --config.schedule_steps="
-        f"{optim.schedule_steps(config)}"
-    )
-
-
-def _with_schedule(config, meta: dict):
-    """`config` with the learning-rate settings of a checkpoint's schedule record."""
-    old = config.copy_and_resolve_references()
-    with old.unlocked():
-        old.lr_schedule, old.warmup_steps = meta["lr_schedule"], meta["warmup_steps"]
-        old.learning_rate, old.lr_linear_scaling = meta["peak_learning_rate"], False
-        old.schedule_steps = meta["schedule_steps"]
-    return old
-
-
-def _evaluate_only(s: Setup, ckpt, restored, workdir: str, say, watch) -> dict[str, Any]:
+def _evaluate_only(run: _Run, restored) -> dict[str, Any]:
     """Evaluate the newest checkpoint; write nothing."""
-    ckpt.close()
     if restored is None:
-        raise TrainingError(f"--eval_only needs a checkpoint, and {workdir} has none; train first")
+        raise TrainingError(
+            f"--eval_only needs a checkpoint, and {run.workdir} has none; train first"
+        )
     host_state, step = restored
-    watch.doing(f"evaluating the checkpoint of step {step}", compiling=True)
-    result = evaluate(s, s.strategy.place(host_state), watch)
-    say(
+    run.watch.doing(f"evaluating the checkpoint of step {step}", compiling=True)
+    result = evaluate(run.s, run.s.strategy.place(host_state), run.watch)
+    run.say(
         f"eval of the checkpoint of step {step}: loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}"
     )
     return {"step": step, "eval_loss": result["loss"], "eval_accuracy": result["accuracy"]}
-
-
-def _all_finite(tree) -> bool:
-    """Whether every array of `tree` is finite: one compiled reduction per set of devices
-    (a pipeline's stages hold their arrays on different devices)."""
-    groups: dict[frozenset, list] = {}
-    for leaf in jax.tree.leaves(tree):
-        groups.setdefault(frozenset(leaf.sharding.device_set), []).append(leaf)
-    flags = [_finite(arrays) for arrays in groups.values()]
-    return bool(np.all(jax.device_get(flags)))
-
-
-@jax.jit
-def _finite(arrays: list) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in arrays]))
-
-
-def _stop_if_diverged(fetched: list[dict], done: int, ckpt) -> None:
-    """Raise TrainingError if any loss of the last steps (ending at step `done`) is not finite."""
-    losses = [float(m["loss"]) for m in fetched]
-    bad = [j for j, value in enumerate(losses) if not np.isfinite(value)]
-    if bad:
-        step = done - len(losses) + 1 + bad[0]
-        raise _diverged(step, f"the loss ({losses[bad[0]]})", ckpt)
-
-
-def _diverged(step: int, what: str, ckpt) -> TrainingError:
-    if ckpt is None:
-        where = "checkpoints are off, so nothing was saved"
-    else:
-        ckpt.wait()
-        last = ckpt.latest_step()
-        where = (
-            f"the last good checkpoint is step {last} in {ckpt.directory} (a rerun resumes there)"
-            if last is not None
-            else "no checkpoint had been saved yet"
-        )
-    return TrainingError(
-        f"training diverged: {what} is not finite at step {step}; {where}. Lower "
-        "--config.learning_rate (or add warmup) and rerun"
-    )
-
-
-class _Preemption:
-    """Turns SIGTERM and SIGINT (Ctrl-C) into a request to checkpoint and stop after the
-    current step. A second SIGINT aborts at once (KeyboardInterrupt).
-
-    Several processes must stop at the same step, whichever of them was signalled: there a
-    SIGTERM goes to JAX's preemption sync manager (it installs its own handler), a SIGINT is
-    handed to it as a SIGTERM, and `check` asks it whether this step is the one the processes
-    agreed on (`multihost_utils.reached_preemption_sync_point`, called every step)."""
-
-    def __init__(self, say=print, watch: watchdog_lib.Watchdog | None = None):
-        self.watch = watch
-        self.asked = False
-        self.signal_name = ""
-        self._say = say
-        self._previous: dict = {}
-        self.multi = jax.process_count() > 1
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT,) if self.multi else (signal.SIGTERM, signal.SIGINT):
-                self._previous[sig] = signal.signal(sig, self._ask)
-
-    def _ask(self, signum, frame):
-        name = signal.Signals(signum).name
-        if self.asked and signum == signal.SIGINT:
-            if self.watch is None:
-                raise KeyboardInterrupt  # second Ctrl-C: stop now
-            return  # the watchdog's thread stops the run at once, even a stuck one
-        self.asked, self.signal_name = True, name
-        if self.multi:  # tell every process, through JAX's preemption notifier
-            os.kill(os.getpid(), signal.SIGTERM)
-        self._say(
-            f"{name}: finishing this step, then saving a checkpoint and stopping"
-            + (" (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""),
-            flush=True,
-        )
-
-    def check(self, step: int) -> bool:
-        """Whether to save and stop after `step` (the same answer on every process)."""
-        if not self.multi:
-            return self.asked
-        if multihost_utils.reached_preemption_sync_point(step):
-            self.signal_name = self.signal_name or "preemption notice (SIGTERM)"
-            return True
-        return False
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous = {}
-
-
-def _chain(*iterables):
-    for it in iterables:
-        yield from it

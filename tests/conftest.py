@@ -1,12 +1,13 @@
-"""Test set-up: eight simulated CPU devices, set before JAX is imported anywhere."""
+"""Test set-up: eight simulated CPU devices (whatever XLA_FLAGS said), on the CPU, before JAX
+starts anywhere."""
 
 import os
 import tempfile
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from jaxpar import configfile
+
+configfile.set_host_device_count(8, replace=True)
+configfile.cpu_only()
 
 # One XLA compilation cache for the session (and the CLI subprocesses it starts): schedules that
 # differ only in event order compile identical stage programs, and runs repeat references.

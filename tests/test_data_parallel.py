@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import hlo, trainer
-from jaxpar.parallel.common import forward_loss
+from jaxpar import analysis, hlo, trainer
+from jaxpar.parallel.state import forward_loss
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
 RTOL = 1e-5
@@ -58,9 +58,8 @@ def test_gradient_scale_is_one(impl):
 
 def _compiled_collectives(config, num_devices):
     s = trainer.setup(config, jax.devices()[:num_devices])
-    state = s.strategy.init_state(jax.random.key(0))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    text = s.strategy.compile(state, batch).as_text()
+    (step,) = analysis.programs(s.strategy, config.global_batch_size)
+    text = step.compiled.as_text()
     param_bytes = 4 * s.model.num_params
     return hlo.collectives(text), param_bytes
 

@@ -58,7 +58,8 @@ def test_batch_norm_statistics_per_micro_batch(schedule, data):
     """With BatchNorm on, the pipeline equals the documented policy's reference: statistics
     per micro-batch (over all data replicas), running averages updated in micro-batch order."""
     overrides = {"model.batch_norm": True}
-    ref_losses, ref_state = reference_run(tiny_config(**overrides), microbatches=4)
+    reference_config = tiny_config(mesh_shape=(data, 1, 1), **overrides)
+    ref_losses, ref_state = reference_run(reference_config, microbatches=4)
     losses, state = run_steps(pipeline_config(schedule, 4, 4, data=data, **overrides), 4 * data)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     assert max_rel_error(state.params, ref_state.params) < RTOL

@@ -3,6 +3,7 @@ communicates what the mode says it does."""
 
 import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -15,9 +16,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpar import hlo, trainer
+from jaxpar import analysis, hlo, parallel, trainer
 from jaxpar.config import ConfigError
-from jaxpar.parallel.common import forward_loss, init_state
+from jaxpar.parallel.state import forward_loss, init_state
 from jaxpar.parallel.sync import async_sgd, traffic
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
@@ -33,8 +34,8 @@ def replicas(tree, r):
     return jax.tree.map(lambda x: x[r], tree)
 
 
-def hand_written(config, steps, rule):
-    """N replicas trained plainly (jit(grad) per replica share, optax), combined by `rule`:
+def hand_written(config, steps, rule, n=N):
+    """n replicas trained plainly (jit(grad) per replica share, optax), combined by `rule`:
     rule(t, states, grads) -> states. Returns (per-step mean losses, states)."""
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1, 1, 1)
@@ -43,13 +44,13 @@ def hand_written(config, steps, rule):
     tx = s.strategy.tx
     grad_fn = jax.jit(jax.value_and_grad(functools.partial(forward_loss, s.model), has_aux=True))
     state = init_state(s.model, tx, jax.random.key(config.seed))
-    states = [state] * N
+    states = [state] * n
     losses = []
     for t in range(steps):
         batch = trainer.local_train_batch(s, t)
-        share = len(batch["label"]) // N
+        share = len(batch["label"]) // n
         grads, step_losses = [], []
-        for r in range(N):
+        for r in range(n):
             part = {k: v[r * share : (r + 1) * share] for k, v in batch.items()}
             (loss, (stats, _)), g = grad_fn(states[r].params, states[r].batch_stats, part)
             states[r] = states[r].replace(batch_stats=stats)
@@ -109,19 +110,20 @@ def test_local_sgd_period_one_plain_sgd_is_allreduce():
         assert max_rel_error(replicas(state.params, r), ref_state.params) < RTOL
 
 
+def local_sgd_by_hand(t, states, grads, tx, period=2):
+    """Each replica its own step; parameters averaged after every `period` steps."""
+    states = [apply(tx, s, g) for s, g in zip(states, grads)]
+    if (t + 1) % period == 0:
+        avg = mean_tree([s.params for s in states])
+        states = [s.replace(params=avg) for s in states]
+    return states
+
+
 def test_local_sgd_averages_every_period():
     """Momentum kept local, parameters averaged after steps 2 and 4: equal to replicas trained
     apart and averaged by hand; between averages the replicas differ."""
     config = sync_config("local_sgd", **{"sync.period": 2})
-
-    def rule(t, states, grads, tx):
-        states = [apply(tx, s, g) for s, g in zip(states, grads)]
-        if (t + 1) % 2 == 0:
-            avg = mean_tree([s.params for s in states])
-            states = [s.replace(params=avg) for s in states]
-        return states
-
-    ref_losses, ref_states = hand_written(config, 3, rule)
+    ref_losses, ref_states = hand_written(config, 3, local_sgd_by_hand)
     losses, state = run_steps(config, N, steps=3)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     for r in range(N):
@@ -184,7 +186,8 @@ def compiled(config):
     s = trainer.setup(config, jax.devices()[:N])
     state = s.strategy.init_state(jax.random.key(0))
     batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    text = s.strategy.compile(state, batch).as_text()
+    (step,) = analysis.programs(s.strategy, config.global_batch_size)
+    text = step.compiled.as_text()
     return text, hlo.collectives(text), 4 * s.model.num_params, s, state, batch
 
 
@@ -200,15 +203,23 @@ def test_parameter_server_fan_in():
 
 
 def test_sharded_reduce_scatter_and_all_gather():
+    """Per parameter split over the replicas: a reduce-scatter of its gradient (1/N of it
+    received) and an all-gather of its slices; the few that do not divide are all-reduced.
+    Adam's two moments: 1/N per device of the split parameters."""
     _, found, param_bytes, s, state, _ = compiled(
         sync_config("sharded", **{"optimizer.name": "adam"})
     )
-    padded = 4 * s.strategy.rule.padded
-    kinds = {c.kind: c.bytes for c in found if c.bytes > 64}
-    assert kinds == {"reduce-scatter": padded // N, "all-gather": padded}
-    assert padded - param_bytes < 4 * N
+    params = s.strategy.canonical_shapes().params
+    dims = s.strategy.rule.split_dims(params)
+    sizes = jax.tree.leaves(jax.tree.map(lambda p, d: (4 * p.size, d), params, dims),
+                            is_leaf=lambda x: isinstance(x, tuple))  # fmt: skip
+    split = sum(n for n, d in sizes if d is not None)
+    assert split > 0.99 * param_bytes  # every conv's input channels divide by 4
+    total = lambda kind: sum(c.bytes for c in found if c.kind == kind)
+    assert total("reduce-scatter") == split // N and total("all-gather") == split
+    assert total("all-reduce") <= param_bytes - split + 64  # the rest, and scalar metrics
     opt = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state.opt_state))
-    assert opt <= 2 * padded // N + 64  # Adam's two moments, 1/N of them per device
+    assert opt <= 2 * (split // N + param_bytes - split) + 64
 
 
 def test_local_sgd_once_a_period_independent_never_async_once():
@@ -225,8 +236,10 @@ def test_local_sgd_once_a_period_independent_never_async_once():
 
 def test_refusals_are_one_line():
     cases = [
-        ({"sync.mode": "sharded", "mesh_shape": (2, 1, 4)}, "cannot combine with a tensor axis"),
-        ({"sync.mode": "async", "mesh_shape": (2, 4, 1)}, "cannot combine with pipeline stages"),
+        (
+            {"sync.mode": "independent", "mesh_shape": (2, 4, 1), "sync.batch_norm": "local"},
+            r"cannot combine with pipeline stages \(every replica evaluates",
+        ),
         ({"sync.mode": "local_sgd", "sync.impl": "pmap"}, "runs with sync.impl=shard_map"),
         ({"sync.mode": "local_sgd", "model.batch_norm": True}, "sync.batch_norm=local"),
         ({"sync.mode": "parameter_server", "sync.server": 8}, "not a device of the data axis"),
@@ -306,14 +319,57 @@ def test_cli_sigterm_with_gradients_pending_resumes_exactly(tmp_path):
 def test_example_config_and_study_suite_validate():
     from configs import vgg19_sync
     from configs.bench import sync as suite_file
-    from jaxpar import config as config_lib
     from tests.util import override
 
     config = vgg19_sync.get_config()
     assert "python -m jaxpar.train --config configs/vgg19_sync.py" in vgg19_sync.__doc__
-    assert config_lib.validate(config, 8) == (8, 1, 1)
+    assert parallel.validate(config, 8) == (8, 1, 1)
     suite = suite_file.get_config()
     for row in suite.rows:
         config = override(vgg19_sync.get_config(), dict(suite.overrides))
         config = override(config, dict(row["config"]))
-        assert config_lib.validate(config, 4) == (4, 1, 1)
+        assert parallel.validate(config, 4) == (4, 1, 1)
+
+
+# Hybrid meshes: every stage's and every tensor shard's data replicas follow the rule. The
+# pipelines run 2 micro-batches (BatchNorm off: the same function as one).
+HYBRID = {"pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2}
+
+
+@pytest.mark.parametrize("mesh", [(2, 2, 2), (4, 2, 1)], ids=["2x2x2", "4x2x1"])
+def test_sharded_on_hybrid_meshes_is_the_single_device_step(mesh):
+    config = sync_config("sharded", **HYBRID, mesh_shape=mesh)
+    ref_losses, ref_state = reference_run(tiny_config(), steps=3)
+    losses, state = run_steps(config, 8, steps=3)
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    assert max_rel_error(state.params, ref_state.params) < RTOL
+    assert max_rel_error(state.opt_state, ref_state.opt_state) < RTOL
+
+
+@pytest.mark.parametrize("mesh", [(2, 2, 2), (4, 2, 1)], ids=["2x2x2", "4x2x1"])
+def test_local_sgd_on_hybrid_meshes_is_the_hand_written_rule(mesh):
+    config = sync_config("local_sgd", **HYBRID, mesh_shape=mesh, **{"sync.period": 2})
+    n = mesh[0]
+    ref_losses, ref_states = hand_written(config, 3, local_sgd_by_hand, n=n)
+    losses, state = run_steps(config, 8, steps=3)
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    for r in range(n):
+        assert max_rel_error(replicas(state.params, r), ref_states[r].params) < RTOL
+        assert max_rel_error(replicas(state.opt_state, r), ref_states[r].opt_state) < RTOL
+
+
+@pytest.mark.parametrize(
+    "mode,mesh,overrides",
+    [("parameter_server", (2, 2, 2), {"sync.server": 1}), ("async", (2, 2, 2), {}),
+     ("independent", (2, 1, 2), {"sync.batch_norm": "local"})],
+    ids=["parameter_server-2x2x2", "async-2x2x2", "independent-2x1x2"],
+)  # fmt: skip
+def test_other_modes_on_hybrid_meshes_equal_data_parallel(mode, mesh, overrides):
+    """The same rule over the same 2 replicas, with stages and a tensor axis or without."""
+    data_only = sync_config(mode, **overrides, mesh_shape=(2, 1, 1))
+    ref_losses, ref_state = run_steps(data_only, 2, steps=3)
+    losses, state = run_steps(sync_config(mode, **overrides, **HYBRID, mesh_shape=mesh),
+                              math.prod(mesh), steps=3)  # fmt: skip
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    for a, b in ((state.params, ref_state.params), (state.sync, ref_state.sync)):
+        assert max_rel_error(a, b) < RTOL

@@ -10,8 +10,8 @@ import numpy as np
 import optax
 
 from configs import base
-from jaxpar import trainer
-from jaxpar.parallel.common import forward_loss, init_state
+from jaxpar import configfile, trainer
+from jaxpar.parallel.state import forward_loss, init_state
 
 
 def tiny_config(**overrides):
@@ -35,14 +35,9 @@ def tiny_config(**overrides):
 
 
 def override(config, overrides: dict):
-    """Set dotted keys ("model.width") on a ConfigDict, as --config.KEY=VALUE would."""
-    for key, value in overrides.items():
-        node = config
-        *path, leaf = key.split(".")
-        for part in path:
-            node = node[part]
-        node[leaf] = value
-    return config
+    """Set dotted keys ("model.width") on a ConfigDict, as --config.KEY=VALUE would (a test may
+    add a key the config lacks)."""
+    return configfile.override(config, overrides, new_keys=True)
 
 
 def run_steps(config, num_devices: int, steps: int | None = None):
@@ -66,9 +61,12 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
     Every partitioning is held to this. With `microbatches` > 1 it is the documented
     micro-batching policy: the batch is split in M equal parts, each normalised with its own
     BatchNorm statistics and updating the running averages in order; the step's loss and
-    gradient are the means over the parts, applied once.
+    gradient are the means over the parts, applied once. Part m holds the m-th 1/M of every
+    data replica's share of the batch (config.mesh_shape's data size; with one replica, the
+    m-th 1/M of the batch), as a pipeline's micro-batch does.
     Returns (losses per step, final state) on the host.
     """
+    replicas = max(int(config.mesh_shape[0]), 1)
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1, 1, 1)
     s = trainer.setup(config, jax.devices()[:1])
@@ -95,9 +93,14 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
         )
         return new, loss
 
+    def grouped(v):  # replica r's rows, micro-batch by micro-batch
+        parts = np.reshape(v, (replicas, microbatches, -1, *v.shape[1:])).swapaxes(0, 1)
+        return np.reshape(parts, v.shape)
+
     losses = []
     for i in range(steps if steps is not None else config.num_train_steps):
-        state, loss = step(state, trainer.local_train_batch(s, i))
+        batch = jax.tree.map(grouped, trainer.local_train_batch(s, i))
+        state, loss = step(state, batch)
         losses.append(float(loss))
     return np.array(losses), jax.device_get(state)
 

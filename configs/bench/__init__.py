@@ -14,6 +14,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_collections
+
+
+def suite(base: str, overrides: dict[str, Any], rows=()) -> ml_collections.ConfigDict:
+    """A suite: `base` (path from the repository root), `overrides` ({dotted key: value} for
+    every row) and `rows`. configs/predict/*.py use this format too."""
+    out = ml_collections.ConfigDict()
+    out.base = base
+    out.overrides = ml_collections.ConfigDict(allow_dotted_keys=True)  # "model.width": ...
+    out.overrides.update(overrides)
+    out.rows = tuple(rows)
+    return out
+
 
 def row(
     name: str,

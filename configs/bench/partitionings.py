@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.bench import row
+from configs.bench import row, suite
 
 HYBRIDS = ((2, 2, 2), (4, 2, 1), (2, 1, 4), (1, 4, 2))
 
@@ -49,10 +49,8 @@ def rows() -> tuple[dict, ...]:
 
 
 def get_config() -> ml_collections.ConfigDict:
-    suite = ml_collections.ConfigDict()
-    suite.base = "configs/base.py"
-    suite.overrides = ml_collections.ConfigDict(allow_dotted_keys=True)  # "model.width": ...
-    suite.overrides.update(
+    return suite(
+        "configs/base.py",
         {
             "model.name": "vgg19",
             "model.width": 0.25,
@@ -66,7 +64,6 @@ def get_config() -> ml_collections.ConfigDict:
             "checkpoint_every_steps": 0,
             "data.name": "shapes10",
             "data.num_eval": 512,
-        }
+        },
+        rows(),
     )
-    suite.rows = rows()
-    return suite

@@ -9,26 +9,21 @@ Run:  python -m jaxpar.bench --suite sync --out /work/sync-bench   (the harness'
 
 import ml_collections
 
-from configs.bench import row
+from configs.bench import row, suite
 
 
 def get_config() -> ml_collections.ConfigDict:
-    suite = ml_collections.ConfigDict()
-    suite.base = "configs/vgg19_sync.py"
-    suite.overrides = ml_collections.ConfigDict(allow_dotted_keys=True)
-    suite.overrides.update(
-        {
-            "mesh_shape": (4, 1, 1),
-            "model.name": "vgg11",
-            "model.width": 0.125,
-            "global_batch_size": 64,
-            "num_train_steps": 300,
-            "learning_rate": 0.05,
-            "warmup_steps": 10,
-            "sync.batch_norm": "local",  # the same BatchNorm policy for every row
-            "sync.mode": "allreduce",
-        }
-    )
+    common = {
+        "mesh_shape": (4, 1, 1),
+        "model.name": "vgg11",
+        "model.width": 0.125,
+        "global_batch_size": 64,
+        "num_train_steps": 300,
+        "learning_rate": 0.05,
+        "warmup_steps": 10,
+        "sync.batch_norm": "local",  # the same BatchNorm policy for every row
+        "sync.mode": "allreduce",
+    }
     rows = [row("allreduce", {}, group="sync", scaling="none")]
     for mode in ("parameter_server", "sharded", "independent"):
         rows.append(row(mode, {"sync.mode": mode}, group="sync", scaling="none"))
@@ -45,5 +40,4 @@ def get_config() -> ml_collections.ConfigDict:
             overrides = {"sync.mode": "async", "sync.max_staleness": s,
                          "sync.staleness_aware_lr": aware}  # fmt: skip
             rows.append(row(name, overrides, group="async", scaling="none"))
-    suite.rows = tuple(rows)
-    return suite
+    return suite("configs/vgg19_sync.py", common, rows)

@@ -39,15 +39,21 @@ def get_config():
     c.overlap = 0.0
     c.step_overhead_s = 0.0
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
-    c.calibration = {
+    c.calibration = tf_cnn_benchmarks_vgg16(batch_size=64, images_per_sec=154.0)
+    return c
+
+
+def tf_cnn_benchmarks_vgg16(batch_size: int, images_per_sec: float) -> dict:
+    """A calibration run: one GPU's images/sec in tf_cnn_benchmarks' VGG16 (ImageNet head, no
+    BatchNorm, synthetic 224x224 images, float32) at `batch_size`."""
+    return {
         "model": "vgg16",
         "width": 1.0,
         "head": "imagenet",
         "batch_norm": False,
         "image_shape": (224, 224, 3),
         "num_classes": 1000,
-        "batch_size": 64,
-        "images_per_sec": 154.0,
+        "batch_size": batch_size,
+        "images_per_sec": images_per_sec,
         "dtype": "float32",
     }
-    return c

@@ -19,6 +19,8 @@ Sources and assumptions:
 
 import ml_collections
 
+from configs.hardware import dgx1_p100
+
 GB = 1e9
 
 
@@ -33,15 +35,5 @@ def get_config():
     c.inter = {"bandwidth": 4 * GB, "latency": 25e-6, "rings": 1}
     c.overlap = 0.0
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
-    c.calibration = {
-        "model": "vgg16",
-        "width": 1.0,
-        "head": "imagenet",
-        "batch_norm": False,
-        "image_shape": (224, 224, 3),
-        "num_classes": 1000,
-        "batch_size": 32,
-        "images_per_sec": 35.0,
-        "dtype": "float32",
-    }
+    c.calibration = dgx1_p100.tf_cnn_benchmarks_vgg16(batch_size=32, images_per_sec=35.0)
     return c

@@ -9,7 +9,7 @@ simulated devices), via `trainer.train_and_evaluate(config, workdir, jax.devices
 Two rounds, rows interleaved; the machine was shared with other jobs (load average 8-13).
 """
 
-import ml_collections
+from configs.bench import suite
 
 PIPE = {"pipeline.schedule": "1f1b", "pipeline.num_microbatches": 4}
 # (name, mesh, overrides, measured images/sec: mean of two runs, each the median of 20 steps)
@@ -24,12 +24,8 @@ ROWS = (
 
 
 def get_config():
-    suite = ml_collections.ConfigDict()
-    suite.base = "configs/base.py"
-    suite.overrides = ml_collections.ConfigDict(allow_dotted_keys=True)  # "model.width": ...
-    suite.overrides.update({"model.width": 0.125, "global_batch_size": 64})
-    suite.rows = tuple(
+    rows = (
         {"name": name, "config": {"mesh_shape": shape, **extra}, "reference": measured}
         for name, shape, extra, measured in ROWS
     )
-    return suite
+    return suite("configs/base.py", {"model.width": 0.125, "global_batch_size": 64}, rows)

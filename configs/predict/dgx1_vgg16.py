@@ -7,17 +7,15 @@ Expect predicted images/sec against the published 154 / 295 / 584 / 1081 (the 1-
 the profile's calibration, so that row matches by construction).
 """
 
-import ml_collections
+from configs.bench import suite
 
 PER_DEVICE_BATCH = 64
 PUBLISHED = {1: 154.0, 2: 295.0, 4: 584.0, 8: 1081.0}  # tf_cnn_benchmarks, DGX-1, VGG16
 
 
 def get_config():
-    suite = ml_collections.ConfigDict()
-    suite.base = "configs/base.py"
-    suite.overrides = ml_collections.ConfigDict(allow_dotted_keys=True)  # "model.name": ...
-    suite.overrides.update(
+    return suite(
+        "configs/base.py",
         {
             "model.name": "vgg16",
             "model.width": 1.0,
@@ -26,14 +24,13 @@ def get_config():
             "data.name": "synthetic",
             "data.image_shape": (224, 224, 3),
             "data.num_classes": 1000,
-        }
+        },
+        (
+            {
+                "name": f"data {n}",
+                "config": {"mesh_shape": (n, 1, 1), "global_batch_size": PER_DEVICE_BATCH * n},
+                "reference": images_per_sec,
+            }
+            for n, images_per_sec in PUBLISHED.items()
+        ),
     )
-    suite.rows = tuple(
-        {
-            "name": f"data {n}",
-            "config": {"mesh_shape": (n, 1, 1), "global_batch_size": PER_DEVICE_BATCH * n},
-            "reference": images_per_sec,
-        }
-        for n, images_per_sec in PUBLISHED.items()
-    )
-    return suite

@@ -22,11 +22,12 @@ import argparse
 import os
 import sys
 
+from jaxpar import configfile, oneline
 from jaxpar.bench import suite as suite_lib
 
 
 def main(argv: list[str]) -> int:
-    overrides, rest = suite_lib.parse_overrides(argv)
+    overrides, rest = configfile.split_overrides(argv)
     parser = argparse.ArgumentParser(prog="python -m jaxpar.bench", description=__doc__)
     parser.add_argument("--suite", default="partitionings", help="name in configs/bench or path")
     parser.add_argument("--out", default="bench-out", help="results directory (resumable)")
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     try:
         sweep.run()
     except Refused as e:
-        print(f"error: {e}", file=sys.stderr)
+        oneline.print_error(str(e))
         return 2
     except KeyboardInterrupt:
         return 130

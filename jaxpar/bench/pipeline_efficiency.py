@@ -18,7 +18,7 @@ import time
 
 import jax
 
-from jaxpar import analysis, trainer
+from jaxpar import analysis, configfile, trainer
 
 ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", False, 1),
         ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1))  # fmt: skip
@@ -38,10 +38,11 @@ def measure(config, devices, steps: int) -> dict:
         state, metrics = strategy.train_step(state, batch)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t0)
-    line = analysis.measure_pipeline(strategy, state, batch)
+    batch_size = config.global_batch_size
+    line = analysis.measure_pipeline(strategy, batch_size)
     return {
-        "step_gflops": analysis.step_flops(strategy, state, batch) / 1e9,
-        "stored_mb_per_stage": [b / 2**20 for b in strategy.peak_stash_bytes],
+        "step_gflops": analysis.step_flops(strategy, batch_size) / 1e9,
+        "stored_mb_per_stage": [b / 2**20 for b in strategy.stored_activation_bytes(batch_size)],
         "analytic_bubble": strategy.analytic_bubble(),
         "timeline_bubble": line["measured_bubble"],
         "wall_step_s": statistics.median(times),
@@ -50,7 +51,6 @@ def measure(config, devices, steps: int) -> dict:
 
 def main() -> None:
     from configs import base
-    from jaxpar.train import use_host_devices
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--width", type=float, default=0.125)
@@ -66,7 +66,7 @@ def main() -> None:
     jax.config.update("jax_compilation_cache_dir", args.xla_cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     k = args.stages
-    use_host_devices(k)  # before JAX starts its CPU backend
+    configfile.set_host_device_count(k)  # before JAX starts its CPU backend
     header = "| schedule | remat | M | step GFLOPs | stored MB/stage (max) | analytic | timeline | wall s |"
     print(header + "\n|" + "---|" * 8, flush=True)
     records = []

@@ -22,7 +22,7 @@ from typing import Any
 
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import suite as suite_lib
-from jaxpar.bench.row import write_json
+from jaxpar.files import write_json, write_text
 
 MANIFEST = "sweep.json"
 
@@ -272,8 +272,8 @@ class Sweep:
             os.path.join(self.out, "results.json"),
             {"suite": self.suite, "machine": machine, "note": results_lib.HEADER, "rows": table},
         )
-        _write_text(os.path.join(self.out, "results.csv"), results_lib.to_csv(table))
-        _write_text(os.path.join(self.out, "results.md"), results_lib.markdown(table, machine))
+        write_text(os.path.join(self.out, "results.csv"), results_lib.to_csv(table))
+        write_text(os.path.join(self.out, "results.md"), results_lib.markdown(table, machine))
         if final:  # the end of the sweep: the table, and the plots unless turned off
             print("\n" + results_lib.markdown(table, machine))
             if self.plots:
@@ -295,13 +295,6 @@ def _stop_on_sigterm():
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, stop)
-
-
-def _write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _machine(records: dict[str, dict]) -> str:

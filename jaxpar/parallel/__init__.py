@@ -1,22 +1,65 @@
-"""Registry: which Strategy runs a config. Adding a partitioning = one module + one entry."""
+"""Registry: which Strategy runs a config. Adding a partitioning = one module + one entry.
+
+Every strategy implements the protocol of strategy.py; nothing outside `parallel` needs to
+know which one it has.
+"""
 
 from __future__ import annotations
 
-from jaxpar.parallel.common import Strategy, TrainState
+from jaxpar import config as config_lib
+from jaxpar.mesh import AXES, STAGE, TENSOR
+from jaxpar.parallel import schedules, stages, sync, tensor
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.pmap import PmapDataParallel
+from jaxpar.parallel.state import TrainState
+from jaxpar.parallel.strategy import Program, Strategy
+from jaxpar.parallel.tensor_parallel import TensorParallel
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    "shard_map": DataParallel,
+    "data": DataParallel,
     "pmap": PmapDataParallel,
+    "tensor": TensorParallel,
     "pipeline": Pipeline,
 }
 
-__all__ = ["STRATEGIES", "Strategy", "TrainState", "build"]
+__all__ = ["STRATEGIES", "Program", "Strategy", "TrainState", "build", "choose", "validate"]
+
+
+def choose(config, mesh_shape: dict[str, int]) -> str:
+    """The strategy for a config on a mesh: config.strategy when it names one; with "auto", a
+    pipeline when the mesh has stages, tensor parallelism when it has a tensor axis, else data
+    parallelism (shard_map, or pmap with sync.impl=pmap)."""
+    wanted = config.get("strategy", "auto")
+    if wanted != "auto":
+        return wanted
+    if mesh_shape[STAGE] > 1:
+        return "pipeline"
+    if mesh_shape[TENSOR] > 1:
+        return "tensor"
+    return "pmap" if config.sync.impl == "pmap" else "data"
+
+
+def validate(config, num_devices: int) -> tuple[int, int, int]:
+    """Every check of `config` before anything is built, each failing in one line: the keys
+    every run shares (config.validate), the partitioning's own keys (schedule, split, tensor
+    rules, sync mode), then the chosen strategy's and sync rule's fit to the mesh. Returns the
+    resolved (data, stage, tensor) shape."""
+    shape = config_lib.validate(config, num_devices)
+    config_lib.choice(config.get("strategy", "auto"), ("auto", *STRATEGIES), "strategy")
+    config_lib.choice(config.pipeline.schedule, schedules.NAMES, "pipeline.schedule")
+    config_lib.check(
+        config.pipeline.num_microbatches >= 1, "pipeline.num_microbatches must be >= 1"
+    )
+    config_lib.check(config.pipeline.virtual_stages >= 1, "pipeline.virtual_stages must be >= 1")
+    stages.parse(config.pipeline.split)  # a policy name or cut points; bounds checked at build
+    tensor.check_rules(config.tensor.rules)
+    config_lib.choice(config.sync.mode, tuple(sync.MODES), "sync.mode")
+    strategy = STRATEGIES[choose(config, dict(zip(AXES, shape, strict=True)))]
+    for reason in (strategy.check(config, shape), sync.check(config, *shape)):
+        config_lib.check(reason is None, str(reason))
+    return shape
 
 
 def build(config, model, mesh, tx) -> Strategy:
-    """Pick the strategy: a pipeline when the mesh has stages, else data parallelism."""
-    name = "pipeline" if mesh.shape["stage"] > 1 else config.sync.impl
-    return STRATEGIES[name](config, model, mesh, tx)
+    return STRATEGIES[choose(config, dict(mesh.shape))](config, model, mesh, tx)

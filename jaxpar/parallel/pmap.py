@@ -1,107 +1,106 @@
 """Legacy jax.pmap data parallelism, kept for contrast with shard_map.
 
 The state carries a leading axis of one replica per local device; the batch is reshaped to
-[devices, per_device, ...]. Under pmap values are per-device, so `lax.pmean` of the gradient
-is the one all-reduce (same body as the shard_map path, without the cast).
+[devices, per_device, ...]. The step body is the shard_map strategy's (the same sync rule,
+`allreduce`); under pmap values are already per device, so the cast to per-device values is
+the identity and `lax.pmean` of the gradient is the one all-reduce.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.common import Strategy, eval_sums
-from jaxpar.parallel.common import init_state as _init_state
-from jaxpar.parallel.data import AXIS, replica_step
+from jaxpar.mesh import DATA
+from jaxpar.parallel.data import DataParallel
+from jaxpar.parallel.replicas import Replicas
+from jaxpar.parallel.state import init_state
+from jaxpar.parallel.strategy import Program
 
 
-class PmapDataParallel(Strategy):
+class PmapReplicas(Replicas):
+    """Inside pmap every value is per device already: nothing to cast."""
+
+    def varying(self, tree):
+        return tree
+
+
+class PmapDataParallel(DataParallel):
     name = "pmap"
+    impl = "pmap"
 
     def __init__(self, config, model, mesh, tx):
-        super().__init__(config, model, mesh, tx)
         self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-        self.bn_axis_name = AXIS if config.sync.batch_norm == "global" else None
+        super().__init__(config, model, mesh, tx)
+        self.name = "pmap"
         # One replica per local device along a leading axis: the layout pmap consumes.
-        self.stacked = NamedSharding(Mesh(np.array(self.devices), (AXIS,)), P(AXIS))
+        self.stacked = NamedSharding(Mesh(np.array(self.devices), (DATA,)), P(DATA))
+
+    def make_replicas(self, n: int) -> Replicas:
+        return PmapReplicas(n)
+
+    def _stack(self, tree, xp=jnp):
+        n = len(self.devices)
+        return jax.tree.map(lambda x: xp.broadcast_to(x, (n, *xp.shape(x))), tree)
 
     def init_state(self, rng):
-        state = jax.jit(functools.partial(_init_state, self.model, self.tx))(rng)
-        n = len(self.devices)
-        stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), state)
-        return jax.device_put(stacked, self.stacked)
-
-    def put_batch(self, local_batch):
-        n = len(self.devices)
-        split = {
-            k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:])) for k, v in local_batch.items()
-        }
-        return jax.device_put(split, self.stacked)
+        state = jax.jit(lambda r: init_state(self.model, self.tx, r))(rng)
+        return jax.device_put(self._stack(state), self.stacked)
 
     def place(self, host_state):
-        n = len(self.devices)
-        stacked = jax.tree.map(lambda x: np.broadcast_to(x, (n, *np.shape(x))), host_state)
-        return jax.device_put(stacked, self.stacked)
-
-    def _mesh_context(self):
-        return contextlib.nullcontext()  # pmap builds its own mesh; a context mesh clashes
+        return jax.device_put(self._stack(host_state, np), self.stacked)
 
     def canonical(self, state):
         return jax.tree.map(lambda x: x[0], state)
 
+    def state_shapes(self):
+        n = len(self.devices)
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype, sharding=self.stacked),
+            self.canonical_shapes(),
+        )
+
+    def put_batch(self, local_batch):
+        n = len(self.devices)
+        split = {k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:]))
+                 for k, v in local_batch.items()}  # fmt: skip
+        return jax.device_put(split, self.stacked)
+
+    def batch_shapes(self, batch_size, eval=False):
+        n = len(self.devices)
+        flat = super().batch_shapes(batch_size, eval)
+        return {k: jax.ShapeDtypeStruct((n, v.shape[0] // n, *v.shape[1:]), v.dtype,
+                                        sharding=self.stacked) for k, v in flat.items()}  # fmt: skip
+
     def _jit_train(self):
-        def body(state, batch):
-            new_state, metrics = replica_step(
-                self.model, self.tx, self.bn_axis_name, state, batch, local_params=state.params
-            )
-            return new_state, metrics
+        return jax.pmap(self._train_body, DATA, devices=self.devices, donate_argnums=0)
 
-        return _PmapAOT(jax.pmap(body, AXIS, devices=self.devices, donate_argnums=0))
+    def _compile(self, state, batch):
+        self._train = self._jit_train().lower(state, batch).compile()
 
-    def _jit_eval(self):
-        def body(state, batch):
-            return lax.psum(eval_sums(self.model, state.params, state.batch_stats, batch), AXIS)
+    def train_step(self, state, batch):
+        if self._train is None:
+            self.compile(state, batch)
+        state, metrics = self._train(state, batch)
+        return state, jax.tree.map(lambda x: x[0], metrics)  # replica 0's (all equal)
 
-        return jax.pmap(body, AXIS, devices=self.devices)
+    def programs(self, batch_shapes):
+        args = (self.state_shapes(), batch_shapes)
+        lowered = self._jit_train().lower(*args)
+        return [Program("step", "train step", 0, 0, self.mesh, 1, args, lowered)]
 
     def eval_step(self, state, batch):
         """Replica 0's sums (every replica holds the psum): two computations, both counted in
         the dispatch window."""
-        return self.inflight.add(_first_replica(super().eval_step(state, batch)))
+        if self._eval is None:
+            self._eval = jax.pmap(self._eval_body, DATA, devices=self.devices)
+        sums = self.inflight.add(self._eval(state, batch))  # no context mesh: pmap has its own
+        return self.inflight.add(_first_replica(sums))
 
 
 @jax.jit
 def _first_replica(tree):
     return jax.tree.map(lambda x: x[0], tree)
-
-
-class _PmapAOT:
-    """Give pmap the lower/compile interface of jit; metrics come back as replica 0's."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def lower(self, *args):
-        self._lowered = self.fn.lower(*args)
-        return self
-
-    def compile(self):
-        self._compiled = self._lowered.compile()
-        return self
-
-    def as_text(self):
-        return self._compiled.as_text()
-
-    def memory_analysis(self):
-        return self._compiled.memory_analysis()
-
-    def __call__(self, state, batch):
-        state, metrics = self._compiled(state, batch)
-        return state, jax.tree.map(lambda x: x[0], metrics)

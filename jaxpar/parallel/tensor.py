@@ -24,8 +24,11 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import config as config_lib
 from jaxpar.errors import ConfigError
+from jaxpar.mesh import AXES
 from jaxpar.models import SequentialModel
+from jaxpar.models.layers import LOGICAL_AXES
 
 Rules = tuple[tuple[str, str | None], ...]
 
@@ -33,6 +36,27 @@ Rules = tuple[tuple[str, str | None], ...]
 def rules_from(config) -> Rules:
     """The config's rules as a tuple of (logical name, mesh axis or None) pairs."""
     return tuple((str(name), axis) for name, axis in config.tensor.rules)
+
+
+def check_rules(rules) -> None:
+    """Sharding rules name known logical axes and existing mesh axes (or None)."""
+    for rule in rules:
+        config_lib.check(
+            isinstance(rule, tuple) and len(rule) == 2,
+            f"tensor.rules entries are (logical name, mesh axis) pairs, got {rule!r}; "
+            'e.g. --config.tensor.rules=\'(("conv_out","tensor"),)\'',
+        )
+        name, axis = rule
+        config_lib.check(
+            name in LOGICAL_AXES,
+            f"tensor.rules names {name!r}, which no layer uses; choose from "
+            f"{', '.join(LOGICAL_AXES)}",
+        )
+        config_lib.check(
+            axis is None or axis in AXES,
+            f"tensor.rules maps {name!r} to mesh axis {axis!r}, which does not exist; use "
+            f"{', '.join(AXES)} or None",
+        )
 
 
 def spec(names: tuple, rules: Rules) -> P:

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from jaxpar import oneline
 from jaxpar.predict.hardware import Profile, load_profile
 from jaxpar.predict.model import predict_workload
 from jaxpar.predict.workload import Workload, describe, resolve_mesh, workload
@@ -58,7 +59,7 @@ def predict_rows(
         try:
             row = predict_config(config, profile, overlap)
         except ValueError as e:  # ConfigError and friends: a refused row, reported
-            row = {"status": "failed", "error": str(e).splitlines()[0], "fits": False}
+            row = {"status": "failed", "error": oneline.first_line(e), "fits": False}
         rows.append({"name": name, **row})
     base = next((r for r in rows if r.get("num_devices") == 1 and r["status"] == "ok"), None)
     for r in rows:

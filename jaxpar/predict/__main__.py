@@ -13,65 +13,51 @@ format of `configs/bench/*.py`. `--config.KEY=VALUE` applies to every row.
 
 from __future__ import annotations
 
-import os
-
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=16"
-    ).strip()
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
 import argparse
-import ast
 import csv
-import importlib.util
-import json
+import io
 import sys
 from pathlib import Path
 
-from jaxpar.config import ConfigError
+from jaxpar import configfile, oneline
+from jaxpar.errors import ConfigError
+from jaxpar.files import write_json, write_text
 from jaxpar.predict import load_profile, predict_rows, recommend
 
-
-def _module(path: str):
-    if not Path(path).is_file():
-        raise ConfigError(f"no such config file {path!r}")
-    spec = importlib.util.spec_from_file_location(f"_cfg_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
+# XLA_FLAGS or JAX_PLATFORMS already say otherwise, 16 simulated CPU devices, no accelerator.
+configfile.set_host_device_count(16)
+configfile.cpu_only()
 
 
-def _set(config, key: str, value) -> None:
-    node = config
-    *path, leaf = key.split(".")
-    for part in path:
-        node = node[part]
-    if leaf not in node:
-        raise ConfigError(f"unknown config key {key!r}")
-    node[leaf] = tuple(value) if isinstance(value, list) else value
-
-
-def _parse(text: str):
+def _load(path: str):
+    """A config or suite file's get_config(); a missing file is a ConfigError."""
     try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
+        return configfile.load(path)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _override(config, overrides: dict) -> None:
+    """configfile.override, its refusals (unknown key, wrong type) as ConfigError."""
+    try:
+        configfile.override(config, overrides)
+    except (KeyError, TypeError) as e:
+        raise ConfigError(e.args[0]) from None
 
 
 def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) -> list[tuple]:
     """[(name, config, reference images/sec or None)] from one config file or a suite, with
     `overrides` on every row."""
     if suite_file:
-        suite = _module(suite_file).get_config()
+        suite = _load(suite_file)
         base_file, common, rows = suite.base, dict(suite.overrides.items()), list(suite.rows)
     else:
         base_file, common, rows = config_file or "configs/base.py", {}, [{"name": "config"}]
     out = []
     for row in rows:
-        config = _module(base_file).get_config()
-        for key, value in {**common, **overrides, **dict(row.get("config", {}))}.items():
-            _set(config, key, value)
+        config = _load(base_file)
+        _override(config, {**common, **overrides, **dict(row.get("config", {}))})
         out.append((row["name"], config, row.get("reference")))
     return out
 
@@ -136,13 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
     parser.add_argument("--out", help="write predictions.json and predictions.csv here")
     args, rest = parser.parse_known_args(argv)
-    overrides = {}
-    for item in rest:
-        if not item.startswith("--config.") or "=" not in item:
-            print(f"error: unknown argument {item!r}; use --config.KEY=VALUE", file=sys.stderr)
-            return 2
-        key, value = item[len("--config.") :].split("=", 1)
-        overrides[key] = _parse(value)
+    overrides, unknown = configfile.split_overrides(rest)
+    if unknown:
+        oneline.print_error(f"unknown argument {unknown[0]!r}; use --config.KEY=VALUE")
+        return 2
     try:
         profiles = [load_profile(p) for p in args.profile]
         configs = load_rows(args.config, args.suite, overrides)
@@ -151,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         for _, rows in results:
             add_reference(rows, [ref for _, _, ref in configs])
     except ValueError as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        oneline.print_error(oneline.first_line(e))
         return 2
     for profile, rows in results:
         overlap = profile.overlap if args.overlap is None else args.overlap
@@ -164,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "predictions.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
+        write_json(str(out / "predictions.json"), {"rows": rows}, default=str)
         keys = sorted({k for r in rows for k, v in r.items() if not isinstance(v, dict)})
-        with open(out / "predictions.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, keys, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, keys, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_text(str(out / "predictions.csv"), buf.getvalue())
     return 0
 
 

@@ -20,14 +20,15 @@ and device i sits on node i // devices_per_node.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jaxpar.config import ConfigError
+from jaxpar import configfile
+from jaxpar.errors import ConfigError
+from jaxpar.predict import workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,22 +61,23 @@ class Profile:
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def peak(self, dtype: str) -> float:
+        """Peak FLOP/s per device for `dtype`; the float32 figure for a dtype not listed."""
+        return self.peak_flops.get(dtype) or self.peak_flops["float32"]
+
     def flops_per_s(self, dtype: str) -> float:
         """Achieved model FLOP/s per device for `dtype` (peak x calibrated efficiency)."""
-        peak = self.peak_flops.get(dtype) or self.peak_flops["float32"]
-        return peak * self.compute_efficiency
+        return self.peak(dtype) * self.compute_efficiency
 
 
 def load_profile(path: str | Path) -> Profile:
     """Load a profile config file (`get_config()` -> ConfigDict); calibrate it if it says how."""
     path = Path(path)
     if not path.is_file():
-        known = sorted(p.name for p in Path("configs/hardware").glob("*.py") if p.stem[0] != "_")
+        shipped = Path(configfile.ROOT, "configs", "hardware").glob("*.py")
+        known = sorted(p.name for p in shipped if p.stem[0] != "_")
         raise ConfigError(f"no hardware profile {str(path)!r}; choose one of {', '.join(known)}")
-    spec = importlib.util.spec_from_file_location(f"_profile_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return from_config(module.get_config())
+    return from_config(configfile.load(str(path)))
 
 
 def from_config(c: Any) -> Profile:
@@ -109,28 +111,16 @@ def from_config(c: Any) -> Profile:
 
 def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     """Set compute efficiency from one measured single-device run: images/sec of a named model
-    at a batch size. efficiency = (3 x forward FLOPs x images/sec) / peak, after taking the
-    profile's fixed per-step overhead out of the step time."""
-    import ml_collections
-
-    from jaxpar import models
-
-    spec = ml_collections.ConfigDict(
-        {
-            "name": run["model"],
-            "width": float(run.get("width", 1.0)),
-            "batch_norm": bool(run.get("batch_norm", False)),
-            "dtype": run.get("dtype", "float32"),
-            "head": run.get("head", "auto"),
-        }
-    )
-    model = models.build(spec, tuple(run["image_shape"]), int(run["num_classes"]))
+    at a batch size. efficiency = FLOPs of that step / step time / peak, after taking the
+    profile's fixed overheads out of the step time. The FLOPs are the compiled single-device
+    step's own (XLA's cost analysis, as the predictor counts every program), so a prediction
+    of the calibration run itself gives back the measured images/sec."""
     batch = int(run["batch_size"])
     step = (
         batch / float(run["images_per_sec"]) - profile.step_overhead_s - profile.program_overhead_s
     )
-    flops = 3 * model.flops_per_example * batch
-    peak = profile.peak_flops.get(run.get("dtype", "float32"), profile.peak_flops["float32"])
+    flops = workload.calibration_flops(run)
+    peak = profile.peak(run.get("dtype", "float32"))
     return dataclasses.replace(profile, compute_efficiency=flops / step / peak)
 
 

@@ -1,18 +1,20 @@
 """Predict a partitioning's step on a hardware profile: compute, exposed communication, bubble.
 
 Assumptions, all stated (and the switchable one in the profile):
-- Compute: forward FLOPs per device x local batch at the profile's achieved FLOP/s (peak x a
-  compute efficiency calibrated on one measured single-device run); backward = 2 x forward, or
-  3 x forward in pipeline stages, whose backward recomputes the forward (jaxpar remats).
+- Compute: each compiled program's own FLOPs (XLA's cost analysis, per device per call: a
+  recomputing backward counts its forward again, a zero-bubble B and W each their half) at
+  the profile's achieved FLOP/s (peak x a compute efficiency calibrated on one measured
+  single-device run).
 - Collectives: the compiled programs' own (kind, axes, bytes), priced by hardware.py's ring
   formulas on the links the group spans. Collectives inside forward/backward (tensor
   parallelism, synchronised BatchNorm) sit on the critical path.
 - Gradient all-reduce over `data`: a fraction `overlap` of it may hide under the backward
-  pass (never more than the backward lasts); the rest is exposed. 0 = all-reduce after the
-  backward (what jaxpar's step does), 1 = perfect overlap.
-- Pipelines: each stage's events on the schedule's timeline (schedules.timeline) with
-  durations = compute + in-program collectives + the stage-boundary transfer it sends; the
-  stage's gradient all-reduce starts after its last backward.
+  pass (never more than the backward lasts, taken as 2/3 of the step's compute); the rest is
+  exposed. 0 = all-reduce after the backward (what jaxpar's step does), 1 = perfect overlap.
+- Pipelines: every chunk's F, B and W events on the schedule's own timeline
+  (schedules.timeline, any schedule the trainer runs), with durations = compute + in-program
+  collectives + the boundary transfer the event sends; a stage's update (and its gradient
+  collectives) starts after its last event.
 - compute_pool (simulated CPU devices): the devices share the compute of `compute_pool`
   devices (cores), so N busy devices each run at min(1, pool/N) of one device's rate, and a
   pipeline step takes at least the total work of all devices at the pool's rate.
@@ -25,12 +27,12 @@ from typing import Any
 from jaxpar.parallel import schedules
 from jaxpar.predict import hardware
 from jaxpar.predict.hardware import Profile
-from jaxpar.predict.workload import StageCost, Workload
+from jaxpar.predict.workload import Workload
 
 
-def _is_grad_sync(c, program: str) -> bool:
+def _is_grad_sync(c, phase: str) -> bool:
     """The data-parallel gradient all-reduce (what `overlap` applies to)."""
-    return c.kind == "all-reduce" and c.axes == "data" and program in ("step", "update")
+    return c.kind == "all-reduce" and c.axes == "data" and phase in ("step", "update")
 
 
 def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0) -> float:
@@ -56,18 +58,15 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
         return _row(w, profile, None, f"needs {w.num_devices} devices, profile has "
                     f"{profile.num_devices}")  # fmt: skip
     rate = _rate(w, profile)
-    d = w.mesh_shape["data"]
     if not w.schedule:
-        stage = w.stages[0]
-        local = w.global_batch / d
-        fwd = stage.fwd_flops_per_example * local / rate
-        bwd = 2 * fwd
-        cols = stage.collectives["step"]
+        (chunk,) = w.chunks
+        compute = chunk.flops["step"] / rate
+        cols = chunk.collectives.get("step", ())
         grad = _comm([c for c in cols if _is_grad_sync(c, "step")], w.mesh_shape, profile)
         other = _comm([c for c in cols if not _is_grad_sync(c, "step")], w.mesh_shape, profile)
-        hidden = min(profile.overlap * grad, bwd)
+        hidden = min(profile.overlap * grad, compute * 2 / 3)  # the backward's share
         times = {
-            "compute_s": fwd + bwd,
+            "compute_s": compute,
             "comm_s": other + grad - hidden,
             "bubble_s": 0.0,
             "overhead_s": profile.step_overhead_s + profile.program_overhead_s,
@@ -86,58 +85,59 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
 def _total_compute(w: Workload, profile: Profile) -> float:
     """Seconds of the whole step's compute over all devices at the pool's rate."""
     pool = profile.flops_per_s(w.dtype) * min(profile.compute_pool, w.num_devices)
-    backward = 3 if w.schedule else 2
-    flops = sum(
-        s.fwd_flops_per_example * (1 + backward) * w.global_batch * w.mesh_shape["tensor"]
-        for s in w.stages
-    )
-    return flops / pool
+    per_stage = w.num_devices // len(w.stages)  # devices running each chunk's programs
+    return sum(w.stage_flops()) * per_stage / pool
 
 
 def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, float]:
-    k, m = w.mesh_shape["stage"], w.num_microbatches
-    d, t = w.mesh_shape["data"], w.mesh_shape["tensor"]
+    k, m, t = w.mesh_shape["stage"], w.num_microbatches, w.mesh_shape["tensor"]
     # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
-    # (data, 1, tensor); in the full mesh stage s's devices are those with stage index s.
-    full = w.mesh_shape
-    local = w.global_batch / m / d
-    per_stage = t  # device index stride between stages in (data, stage, tensor) order
-    fwd, bwd, compute, comm = [], [], [], []
-    for s, st in enumerate(w.stages):
-        first = s * per_stage
-        f = st.fwd_flops_per_example * local / rate
-        f_comm = _comm(st.collectives.get("fwd", ()), full, profile, first)
-        b_comm = _comm(st.collectives.get("bwd", ()), full, profile, first)
-        send = _send_time(st, s, profile, per_stage)
-        recv_grad = _send_time(w.stages[s - 1], s - 1, profile, per_stage) if s else 0.0
-        over = profile.program_overhead_s
-        fwd.append(f + f_comm + send + over)
-        bwd.append(3 * f + b_comm + recv_grad + over)  # backward recomputes the forward
-        compute.append(4 * f * m)
-        comm.append((f_comm + send + b_comm + recv_grad) * m)
-    line = schedules.timeline([list(e) for e in w.events], fwd, bwd)
-    finish = [max(end for (_, st, _), (_, end) in line.spans.items() if st == s) for s in range(k)]
-    grads = []
-    for s, st in enumerate(w.stages):
-        upd = st.collectives.get("update", ())
-        g = _comm(upd, full, profile, s * per_stage)
-        grads.append(g)
+    # (data, 1, tensor); in the full mesh stage s's devices are those with stage index s,
+    # the first of them s * t in (data, stage, tensor) order.
+    full, over = w.mesh_shape, profile.program_overhead_s
+    n = len(w.chunks)
+    fwd, bwd, wgt = [0.0] * n, [0.0] * n, [0.0] * n
+    compute, comm = [0.0] * k, [0.0] * k
+    for ck in w.chunks:
+        c, first = ck.chunk, ck.stage * t
+        coll = {phase: _comm(ck.collectives.get(phase, ()), full, profile, first)
+                for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
+        send = _send_time(w, c, profile)
+        recv_grad = _send_time(w, c - 1, profile) if c else 0.0
+        flop_s = {phase: ck.flops.get(phase, 0.0) / rate for phase in ("fwd", "bwd", "wgt")}
+        fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
+        bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
+        wgt[c] = flop_s["wgt"] + coll["wgt"] + (over if "wgt" in ck.flops else 0.0)
+        compute[ck.stage] += sum(flop_s.values()) * m
+        comm[ck.stage] += (sum(coll.values()) + send + recv_grad) * m
+    line = schedules.timeline([list(e) for e in w.events], fwd, bwd, wgt)
+    finish = [0.0] * k
+    for (_, c, _), (_, end) in line.spans.items():
+        finish[c % k] = max(finish[c % k], end)
+    grads = [0.0] * k
+    for ck in w.chunks:
+        grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile, ck.stage * t)
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
+    programs = sum(len(ck.flops) - 1 for ck in w.chunks if ck.stage == busiest)  # per mb
     return {
         "compute_s": compute[busiest],
         "comm_s": comm[busiest] + step - line.makespan,
         "bubble_s": line.makespan - line.busy[busiest],
-        "overhead_s": profile.step_overhead_s + 2 * m * profile.program_overhead_s,
+        "overhead_s": profile.step_overhead_s + programs * m * over,
         "grad_allreduce_s": max(grads),
         "schedule_bubble": line.bubble,
     }
 
 
-def _send_time(st: StageCost, s: int, profile: Profile, stride: int) -> float:
-    """Seconds to send stage s's output activation (per device) to stage s+1."""
-    link = hardware.transfer_link(s * stride, (s + 1) * stride, profile)
-    return hardware.p2p_time(st.send_bytes, link)
+def _send_time(w: Workload, c: int, profile: Profile) -> float:
+    """Seconds for chunk c to send its output activation (per device) to chunk c + 1."""
+    k, t = w.mesh_shape["stage"], w.mesh_shape["tensor"]
+    a, b = c % k, (c + 1) % k
+    if a == b:
+        return 0.0
+    link = hardware.transfer_link(a * t, b * t, profile)
+    return hardware.p2p_time(w.chunks[c].send_bytes, link)
 
 
 def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> dict[str, Any]:
@@ -165,7 +165,12 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
         **times,
         "images_per_sec": w.global_batch / step,
         "analytic_bubble": (
-            schedules.analytic_bubble(w.mesh_shape["stage"], w.num_microbatches)
+            schedules.analytic_bubble(
+                w.mesh_shape["stage"],
+                w.num_microbatches,
+                w.schedule,
+                len(w.chunks) // w.mesh_shape["stage"],
+            )
             if w.schedule
             else None
         ),

@@ -1,12 +1,13 @@
-"""What one partitioning of one model costs, read from jaxpar itself: exact, device-free.
+"""What one partitioning of one model costs, read from the programs the trainer runs.
 
-Per stage (one stage unless the mesh has a pipeline): forward FLOPs per example per device
-(layer by layer, divided by the tensor axis where the layer's kernel is split), the collectives
-each compiled program performs (kind, mesh axes, bytes per device per call, as `--explain`
-reads them), per-device state bytes, the compiled programs' temporaries, stored pipeline inputs
-and the activation sent to the next stage. The step is lowered and compiled with abstract
-inputs (`jax.ShapeDtypeStruct`), so nothing is allocated: full-width VGG16 on 224x224 images
-compiles in seconds on the simulated CPU devices, whatever the hardware being predicted.
+The strategy lists every program of a training step (`Strategy.programs`), lowered and compiled
+from abstract arguments (`jax.ShapeDtypeStruct`), so nothing is allocated: full-width VGG16 on
+224x224 images compiles in seconds on the simulated CPU devices, whatever the hardware being
+predicted. Per program, per device and per call: FLOPs (XLA's cost analysis of the compiled
+program), the collectives it performs (kind, mesh axes, bytes, as `--explain` reads them) and
+its temporaries; per device stage: the placed state and the stored activations. Every schedule
+the trainer runs is a workload here: chunks carry their forward, backward (B) and weight (W)
+programs, and the schedule's events say when each runs.
 """
 
 from __future__ import annotations
@@ -16,14 +17,11 @@ import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
-from jaxpar import analysis, models, optim, parallel
-from jaxpar import config as config_lib
+from jaxpar import analysis, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
-from jaxpar.config import ConfigError
-from jaxpar.parallel import schedules, tensor
+from jaxpar.errors import ConfigError
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -31,6 +29,10 @@ _KNOWN_DATA = {
     "cifar10": ((32, 32, 3), 10),
     "mnist": ((28, 28, 1), 10),
 }
+
+# Program roles -> the clock they run on in the predictor's timeline.
+PHASE = {"train step": "step", "forward": "fwd", "backward": "bwd", "backward input": "bwd",
+         "backward weights": "wgt", "update": "update"}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,16 +44,23 @@ class Collective:
 
 
 @dataclasses.dataclass(frozen=True)
-class StageCost:
-    """One pipeline stage (or the whole step when there is no pipeline), per device."""
+class ChunkCost:
+    """One chunk of layers (the whole model without a pipeline), per device and per call."""
 
-    bounds: tuple[int, int]  # layers [a, b)
-    fwd_flops_per_example: float  # forward FLOPs per example on one device of the stage
-    collectives: dict[str, tuple[Collective, ...]]  # program ("step", "fwd", "bwd", "update")
+    chunk: int
+    stage: int  # the device stage that runs it
+    flops: dict[str, float]  # by phase ("step", "fwd", "bwd", "wgt", "update")
+    collectives: dict[str, tuple[Collective, ...]]  # by phase
+    send_bytes: int  # activation sent to the next chunk per micro-batch (0 on the last)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCost:
+    """One device stage's memory, per device."""
+
     state_bytes: int  # parameters, optimizer state, batch statistics (+ gradient accumulator)
     temp_bytes: int  # largest temporary of the stage's compiled programs
-    stash_bytes: int  # stored stage inputs at the schedule's peak (pipelines)
-    send_bytes: int  # activation sent to the next stage per micro-batch (0 on the last)
+    stash_bytes: int  # stored activations at the schedule's peak (pipelines)
 
     @property
     def memory_bytes(self) -> int:
@@ -66,10 +75,11 @@ class Workload:
     dtype: str
     num_params: int
     param_bytes: int
-    flops_per_example: int
+    flops_per_example: int  # the model's forward FLOPs per image (from its layers)
     schedule: str  # "" without a pipeline
     num_microbatches: int
     events: tuple  # schedules.stage_events, () without a pipeline
+    chunks: tuple[ChunkCost, ...]
     stages: tuple[StageCost, ...]
 
     @property
@@ -79,6 +89,15 @@ class Workload:
     @property
     def memory_bytes_per_device(self) -> int:
         return max(s.memory_bytes for s in self.stages)
+
+    def stage_flops(self) -> list[float]:
+        """FLOPs of one training step per device of each stage (every call of every program)."""
+        times = {"step": 1, "update": 1}
+        out = [0.0] * len(self.stages)
+        for c in self.chunks:
+            for phase, flops in c.flops.items():
+                out[c.stage] += flops * times.get(phase, self.num_microbatches)
+        return out
 
 
 def input_spec(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int], int]:
@@ -94,38 +113,30 @@ def input_spec(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int],
     return tuple(spec.image_shape), spec.num_classes
 
 
+def calibration_flops(run: dict[str, Any]) -> float:
+    """FLOPs of one single-device training step of a profile's calibration run (a model, its
+    input and batch size; see configs/hardware/dgx1_p100.py), from the compiled step."""
+    configfile.make_configs_importable()
+    from configs import base
+
+    config = base.get_config()
+    config.model.name = run["model"]
+    config.model.width = float(run.get("width", 1.0))
+    config.model.batch_norm = bool(run.get("batch_norm", False))
+    config.model.dtype = run.get("dtype", "float32")
+    config.model.head = run.get("head", "auto")
+    config.data.name = "synthetic"
+    config.data.image_shape = tuple(run["image_shape"])
+    config.data.num_classes = int(run["num_classes"])
+    config.global_batch_size = int(run["batch_size"])
+    config.mesh_shape = (1, 1, 1)
+    return workload(config, 1).stage_flops()[0]
+
+
 def resolve_mesh(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
     """The (data, stage, tensor) sizes a row asks for; a -1 fills the profile's devices."""
     shape = mesh_lib.resolve_shape(tuple(config.mesh_shape), num_devices)
-    return config_lib.validate(config, math.prod(shape)) if -1 not in shape else shape
-
-
-def layer_split(model: models.SequentialModel, config, tensor_size: int) -> list[int]:
-    """Per layer, how many ways its compute is divided by the tensor axis (1 or t)."""
-    if tensor_size == 1:
-        return [1] * len(model.layers)
-    specs = tensor.variable_specs(model, tensor.rules_from(config))["params"]
-    out = []
-    for layer in model.layers:
-        split = any("tensor" in tuple(s) for s in jax.tree.leaves(specs[layer.name],
-                    is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))  # fmt: skip
-        out.append(tensor_size if split else 1)
-    return out
-
-
-def _abstract(shapes, shardings):
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings
-    )
-
-
-def _device_bytes(tree) -> int:
-    """Bytes one device holds of an abstract, sharded pytree."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
-    return total
+    return parallel.validate(config, math.prod(shape)) if -1 not in shape else shape
 
 
 def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
@@ -135,13 +146,6 @@ def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
         for (kind, axes), (count, nbytes) in sorted(rows.items())
         if axes != "none"
     )
-
-
-def _memory(compiled) -> tuple[int, int]:
-    """(argument + output - alias, temp) bytes of a compiled program, per device."""
-    m = compiled.memory_analysis()
-    live = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-    return live, m.temp_size_in_bytes
 
 
 _CACHE: dict[str, Workload] = {}
@@ -156,9 +160,12 @@ def workload(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     return _CACHE[key]
 
 
-def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Workload:
+def strategy_for(config: ml_collections.ConfigDict, num_devices: int | None = None):
+    """The strategy the trainer would build for `config` (on the first devices jax has)."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.sync.impl = "shard_map"  # pmap runs the same collectives; compile one path
+    if config.get("strategy", "auto") == "pmap":
+        config.strategy = "data"
     shape = resolve_mesh(config, num_devices or len(jax.devices()))
     n = math.prod(shape)
     if n > len(jax.devices()):
@@ -170,115 +177,50 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
     image_shape, classes = input_spec(config)
     model = models.build(config.model, image_shape, classes)
     mesh = mesh_lib.make_mesh(shape, jax.devices()[:n])
-    strategy = parallel.build(config, model, mesh, optim.make_optimizer(config))
-    split = layer_split(model, config, shape[2])
-    flops = [layer.flops / t for layer, t in zip(model.layers, split)]
-    common = {
-        "name": model.name,
-        "mesh_shape": dict(mesh.shape),
-        "global_batch": int(config.global_batch_size),
-        "dtype": config.model.dtype,
-        "num_params": model.num_params,
-        "param_bytes": 4 * model.num_params,
-        "flops_per_example": model.flops_per_example,
-    }
-    if shape[1] == 1:
-        stage = _single(strategy, config, image_shape, flops)
-        return Workload(**common, schedule="", num_microbatches=1, events=(), stages=(stage,))
-    if strategy.num_chunks > shape[1] or not strategy.remat:  # pipeline efficiency, issue 12
-        raise ConfigError(
-            "the predictor models one chunk per stage with recomputation; use "
-            "pipeline.remat=True and gpipe or 1f1b"
-        )
+    return parallel.build(config, model, mesh, optim.make_optimizer(config))
+
+
+def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Workload:
+    strategy = strategy_for(config, num_devices)
+    batch = int(config.global_batch_size)
+    progs = analysis.programs(strategy, batch)
+    sent = strategy.sent_bytes_per_device(batch)
+    chunks = []
+    for c in sorted({p.chunk for p in progs}):
+        mine = [p for p in progs if p.chunk == c]
+        flops: dict[str, float] = {}
+        cols: dict[str, tuple] = {}
+        for p in mine:
+            phase = PHASE[p.role]
+            flops[phase] = flops.get(phase, 0.0) + analysis.program_flops(p.compiled)
+            cols[phase] = cols.get(phase, ()) + _rows(p.compiled, dict(p.mesh.shape))
+        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c]))
+    report = analysis.stage_memory(strategy, batch, progs)
+    stages = tuple(StageCost(*row) for row in zip(*report))
+    model = strategy.model
     return Workload(
-        **common,
-        schedule=strategy.schedule,
+        name=model.name,
+        mesh_shape=dict(strategy.mesh.shape),
+        global_batch=batch,
+        dtype=config.model.dtype,
+        num_params=model.num_params,
+        param_bytes=4 * model.num_params,
+        flops_per_example=model.flops_per_example,
+        schedule=strategy.schedule or "",
         num_microbatches=strategy.num_microbatches,
-        events=tuple(tuple(e) for e in strategy.events),
-        stages=_pipeline(strategy, config, image_shape, flops),
+        events=tuple(tuple(e) for e in strategy.schedule_events() or ()),
+        chunks=tuple(chunks),
+        stages=stages,
     )
-
-
-def _single(strategy, config, image_shape, flops) -> StageCost:
-    shapes = jax.eval_shape(strategy.init_state, jax.random.key(0))
-    state = _abstract(shapes, strategy.state_sharding)
-    b = config.global_batch_size
-    batch = {
-        "image": jax.ShapeDtypeStruct(
-            (b, *image_shape), jnp.float32, sharding=strategy.batch_sharding
-        ),
-        "label": jax.ShapeDtypeStruct((b,), jnp.int32, sharding=strategy.batch_sharding),
-    }
-    with jax.set_mesh(strategy.mesh):
-        compiled = strategy._jit_train().lower(state, batch).compile()
-    live, temp = _memory(compiled)
-    return StageCost(
-        bounds=(0, len(flops)),
-        fwd_flops_per_example=sum(flops),
-        collectives={"step": _rows(compiled, dict(strategy.mesh.shape))},
-        state_bytes=live,
-        temp_bytes=temp,
-        stash_bytes=0,
-        send_bytes=0,
-    )
-
-
-def _pipeline(strategy, config, image_shape, flops) -> tuple[StageCost, ...]:
-    """Lower each stage's forward, backward and update programs with abstract arguments."""
-    k, m, d = strategy.num_stages, strategy.num_microbatches, strategy.data
-    mb = config.global_batch_size // m
-    progs = strategy.programs
-    x = jax.ShapeDtypeStruct((mb, *image_shape), jnp.float32, sharding=strategy.batch_sharding[0])
-    out = []
-    for s in range(k):
-        a, b = strategy.bounds[s], strategy.bounds[s + 1]
-        st_shapes, acc_shapes = jax.eval_shape(
-            lambda r, s=s: strategy._init_stage(r, s), jax.random.key(0)
-        )
-        st = _abstract(st_shapes, strategy._named(s, strategy.state_specs[s]))
-        acc = _abstract(acc_shapes, strategy._named(s, strategy._acc_specs(s)))
-        x = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=strategy.batch_sharding[s])
-        last = s == k - 1
-        with jax.set_mesh(strategy.meshes[s]):
-            y, _ = jax.eval_shape(progs["fwd"][s].fn, st.params, st.batch_stats, x)
-        if last:
-            target = jax.ShapeDtypeStruct((mb,), jnp.int32, sharding=strategy.batch_sharding[s])
-        else:
-            target = jax.ShapeDtypeStruct(y.shape, y.dtype, sharding=strategy.batch_sharding[s])
-        stage_mesh = dict(strategy.meshes[s].shape)
-        compiled = {
-            "bwd": progs["bwd"][s].lower(st.params, st.batch_stats, x, target, acc).compile(),
-            "update": progs["update"][s].lower(st, acc).compile(),
-        }
-        if not last:
-            compiled["fwd"] = progs["fwd"][s].lower(st.params, st.batch_stats, x).compile()
-        in_flight = schedules.in_flight(strategy.events[s])
-        out.append(
-            StageCost(
-                bounds=(a, b),
-                fwd_flops_per_example=sum(flops[a:b]),
-                collectives={name: _rows(c, stage_mesh) for name, c in compiled.items()},
-                state_bytes=_device_bytes((st, acc)),
-                temp_bytes=max(_memory(c)[1] for c in compiled.values()),
-                stash_bytes=in_flight * math.prod(x.shape) * x.dtype.itemsize // d,
-                send_bytes=0
-                if last
-                else _device_bytes(
-                    jax.ShapeDtypeStruct(y.shape, y.dtype, sharding=strategy.batch_sharding[s])
-                ),
-            )
-        )
-        x = y
-    return tuple(out)
 
 
 def describe(w: Workload) -> dict[str, Any]:
     """Per-device bytes of every collective per step, by (kind, axes), for reports."""
     rows: dict[str, int] = {}
-    times = {"step": 1, "fwd": w.num_microbatches, "bwd": w.num_microbatches, "update": 1}
-    for stage in w.stages:
-        for prog, cols in stage.collectives.items():
+    for chunk in w.chunks:
+        for phase, cols in chunk.collectives.items():
+            times = 1 if phase in ("step", "update") else w.num_microbatches
             for c in cols:
                 key = f"{c.kind} {c.axes}"
-                rows[key] = max(rows.get(key, 0), c.bytes * times[prog])
+                rows[key] = max(rows.get(key, 0), c.bytes * times)
     return rows

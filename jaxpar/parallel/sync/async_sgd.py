@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import AXIS, SyncRule, block, mean_metrics, unblock, varying
+from jaxpar.mesh import DATA
+from jaxpar.parallel.sync.base import SyncRule, _is_spec, block, unblock
 
 
 def delays(n: int, max_staleness: int) -> list[int]:
@@ -42,10 +42,10 @@ def delays(n: int, max_staleness: int) -> list[int]:
 class Async(SyncRule):
     name = "async"
 
-    def __init__(self, config, n, model, tx):
-        super().__init__(config, n, model, tx)
+    def __init__(self, config, replicas, tx, variable_specs):
+        super().__init__(config, replicas, tx, variable_specs)
         self.depth = int(config.sync.max_staleness)
-        self.delays = delays(n, self.depth)
+        self.delays = delays(self.n, self.depth)
         self.aware = bool(config.sync.staleness_aware_lr)
 
     @classmethod
@@ -64,17 +64,14 @@ class Async(SyncRule):
         specs = super().specs(shapes)
         if not self.depth:
             return specs
-        return specs.replace(
-            sync={"pending": jax.tree.map(lambda _: P(AXIS), shapes.sync["pending"])}
-        )
+        queues = jax.tree.map(lambda s: P(DATA, None, *s), self.variable_specs["params"],
+                              is_leaf=_is_spec)  # fmt: skip
+        return specs.replace(sync={"pending": queues})
 
-    def step(self, state, batch):
-        loss, stats, accuracy, grads = self.local_grads(
-            varying(state.params), state.batch_stats, batch, self.bn_axis_name
-        )
+    def update(self, state, grads, stats):
         sync = state.sync
         if self.depth:
-            delay = jnp.asarray(self.delays)[lax.axis_index(AXIS)]
+            delay = jnp.asarray(self.delays)[self.replicas.index()]
             queue = block(sync["pending"])  # [S, *param]: queue[k] was computed k + 1 steps ago
             both = jax.tree.map(lambda g, q: jnp.concatenate([g[None], q]), grads, queue)
             grads = jax.tree.map(lambda b: b[delay], both)  # the gradient arriving now
@@ -82,12 +79,5 @@ class Async(SyncRule):
             if self.aware:
                 scale = 1.0 / jnp.maximum(delay, 1).astype(jnp.float32)
                 grads = jax.tree.map(lambda g: g * scale, grads)
-        params, opt_state = self.apply(lax.pmean(grads, AXIS), state.opt_state, state.params)
-        new_state = state.replace(
-            step=state.step + 1,
-            params=params,
-            opt_state=opt_state,
-            batch_stats=self.shared_stats(stats),
-            sync=sync,
-        )
-        return new_state, mean_metrics(loss, accuracy)
+        return state.apply_gradients(self.tx, self.replicas.pmean(grads),
+                                     batch_stats=self.shared_stats(stats), sync=sync)  # fmt: skip

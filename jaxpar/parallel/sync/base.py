@@ -1,45 +1,63 @@
-"""What every synchronisation rule shares: the interface, the local gradient, layout helpers.
+"""What every synchronisation rule shares: the interface, and the layout helpers.
 
-A rule decides how data-parallel replicas agree. It owns three things:
+A rule decides how the data replicas of one model part (the whole model, or one pipeline
+chunk) agree. It is the only place where gradients or parameters are combined across
+replicas, and it owns three things:
 
-- the *device layout* of the state (`to_device`, `specs`): replicated leaves (`P()`), leaves
-  with a leading replica axis split over "data" (`P("data")`, one block per device), or flat
-  shards of the optimizer state (`sharded`);
+- the *device layout* (`to_device`, `specs`): leaves replicated over "data", leaves with a
+  leading replica axis split over "data", or (`sharded`) optimizer state split over "data"
+  along one dimension. Under tensor parallelism every leaf also keeps its split over "tensor"
+  (`variable_specs`, from the sharding rules): a rule adds "data" to those specs.
 - the *canonical form* (`canonical`, `from_shared`): what checkpoints store. Modes whose
   replicas agree after every step store the single-device state; modes whose replicas drift
   (`local_sgd`, `independent`) store every replica along a leading axis, and `async` adds its
-  pending gradients under `state.sync`;
-- the *step body* (`step`), run per device inside `jax.shard_map` over "data".
+  pending gradients under `state.sync`.
+- the *update* inside the step body (`update`): the replica's gradient in, the combined
+  update applied (TrainState.apply_gradients, the one update rule), the new state out.
+
+The step body around it is the strategy's: `local_params`/`local_stats` give what a replica
+computes with, `state.loss_and_grads` takes the gradient, `metrics` reports. Every collective
+goes through `Replicas` (parallel/replicas.py), so a rule runs unchanged with one replica.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+import optax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.common import TrainState, forward_loss
+from jaxpar.mesh import DATA
+from jaxpar.parallel.replicas import Replicas
+from jaxpar.parallel.state import TrainState
 
-AXIS = "data"
+AXIS = DATA
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
 
 
 class SyncRule:
-    """Base rule; subclasses override what differs. `n` = replicas (the data axis size)."""
+    """Base rule (replicated state); subclasses override what differs.
+
+    `variable_specs`: {"params": ..., "batch_stats": ...} PartitionSpecs of the part's
+    variables over the other mesh axes (all `P()` without tensor parallelism)."""
 
     name = "?"
     eval_kind = "shared"  # shared: every replica holds the model; average; each: per replica
     per_replica_metrics = False  # metrics come back as [n] (no collective in the step)
     impls = ("shard_map",)  # sync.impl values the rule runs under
-    allows_tensor = False  # can combine with a tensor axis > 1
-    allows_stages = False  # can run on pipeline stages (stage axis > 1)
+    # Why the rule cannot run beside a tensor axis or pipeline stages; None: it can.
+    refuses_tensor: str | None = None
+    refuses_stages: str | None = None
 
-    def __init__(self, config, n: int, model, tx):
-        self.config, self.n, self.model, self.tx = config, n, model, tx
-        self.bn_axis_name = AXIS if config.sync.batch_norm == "global" else None
+    def __init__(self, config, replicas: Replicas, tx, variable_specs: dict):
+        self.config, self.replicas, self.n, self.tx = config, replicas, replicas.n, tx
+        self.variable_specs = variable_specs
+        self.bn_axis_name = DATA if config.sync.batch_norm == "global" and self.n > 1 else None
 
     @classmethod
     def check(cls, config, data: int) -> str | None:
@@ -60,37 +78,57 @@ class SyncRule:
         return state
 
     def specs(self, device_shapes: TrainState) -> TrainState:
-        """PartitionSpecs of the device layout: replicated unless the rule says otherwise."""
-        return jax.tree.map(lambda _: P(), device_shapes)
+        """PartitionSpecs of the device layout over every mesh axis: the variables' own
+        (tensor) specs, replicated over "data" unless the rule says otherwise."""
+        params = self.variable_specs["params"]
+        return device_shapes.replace(
+            step=P(),
+            params=params,
+            batch_stats=self.variable_specs["batch_stats"],
+            opt_state=self.like_params(device_shapes.opt_state, params),
+            sync=jax.tree.map(lambda _: P(), device_shapes.sync),
+        )
+
+    def like_params(self, opt_shapes, param_specs):
+        """Specs for an optimizer state: its params-shaped parts take `param_specs`,
+        anything else (step counts) is replicated."""
+        replicated = jax.tree.map(lambda _: P(), opt_shapes)
+        return optax.tree_map_params(
+            self.tx, lambda _, s: s, replicated, param_specs,
+            transform_non_params=lambda _: P(), is_leaf=_is_spec,
+        )  # fmt: skip
+
+    # --- inside the step body --------------------------------------------------------------
+    def local_params(self, state: TrainState):
+        """The parameters this replica computes with, per device (see Replicas.varying)."""
+        return self.replicas.varying(state.params)
+
+    def local_stats(self, stats):
+        """The BatchNorm statistics this replica computes with (from the placed ones)."""
+        return stats
+
+    def placed_stats(self, stats):
+        """A replica's statistics back in the placed layout (inverse of `local_stats`)."""
+        return stats
 
     def eval_model(self, state: TrainState):
-        """Inside shard_map: the (params, batch_stats) this device evaluates."""
+        """The (params, batch_stats) this replica evaluates."""
         return state.params, state.batch_stats
 
-    # --- the step ------------------------------------------------------------------------
-    def step(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+    def update(self, state: TrainState, grads, stats) -> TrainState:
+        """Combine this replica's `grads` with the others' and apply them; `stats` are the
+        replica's new BatchNorm statistics."""
         raise NotImplementedError
 
-    # --- shared pieces -------------------------------------------------------------------
-    def local_grads(self, params, batch_stats, batch, bn_axis_name=None):
-        """This replica's loss, new batch statistics, accuracy and gradient (no reduction)."""
-        grad_fn = jax.value_and_grad(
-            functools.partial(forward_loss, self.model, bn_axis_name=bn_axis_name), has_aux=True
-        )
-        (loss, (stats, accuracy)), grads = grad_fn(params, batch_stats, batch)
-        return loss, stats, accuracy, grads
+    def metrics(self, loss, accuracy) -> dict:
+        if self.per_replica_metrics:
+            return {"loss": loss[None], "accuracy": accuracy[None]}
+        return {"loss": self.replicas.pmean(loss), "accuracy": self.replicas.pmean(accuracy)}
 
+    # --- shared pieces -------------------------------------------------------------------
     def shared_stats(self, stats):
         """Per-replica BatchNorm running averages are averaged so replicas stay identical."""
-        return lax.pmean(stats, AXIS) if self.bn_axis_name is None and stats else stats
-
-    def apply(self, grads, opt_state, params):
-        updates, opt_state = self.tx.update(grads, opt_state, params)
-        return jax.tree.map(jnp.add, params, updates), opt_state
-
-
-def mean_metrics(loss, accuracy) -> dict:
-    return {"loss": lax.pmean(loss, AXIS), "accuracy": lax.pmean(accuracy, AXIS)}
+        return self.replicas.pmean(stats) if self.bn_axis_name is None and stats else stats
 
 
 def stack(tree: Any, n: int) -> Any:
@@ -99,7 +137,7 @@ def stack(tree: Any, n: int) -> Any:
 
 
 def block(tree: Any) -> Any:
-    """Inside shard_map, a replica-stacked leaf arrives as a [1, ...] block: drop that axis."""
+    """Inside the step, a replica-stacked leaf arrives as a [1, ...] block: drop that axis."""
     return jax.tree.map(lambda x: x[0], tree)
 
 
@@ -107,10 +145,19 @@ def unblock(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[None], tree)
 
 
-def varying(tree: Any) -> Any:
-    """Replicated values cast to per-device ones, so a gradient taken at them stays local."""
-    return lax.pcast(tree, AXIS, to="varying")
+def stacked(specs: Any) -> Any:
+    """Specs of replica-stacked leaves: "data" on the new leading axis, then each leaf's own."""
+    return jax.tree.map(lambda s: P(DATA, *s), specs, is_leaf=_is_spec)
 
 
-def stacked_specs(tree: Any) -> Any:
-    return jax.tree.map(lambda _: P(AXIS), tree)
+def manual(specs: Any) -> Any:
+    """The "data" part of specs only: what shard_map's in/out specs name when the other axes
+    are left to the sharding rules."""
+
+    def keep(spec: P) -> P:
+        parts = [p if p == DATA or (isinstance(p, tuple) and DATA in p) else None for p in spec]
+        while parts and parts[-1] is None:
+            parts.pop()
+        return P(*[DATA if p is not None else None for p in parts])
+
+    return jax.tree.map(keep, specs, is_leaf=_is_spec)

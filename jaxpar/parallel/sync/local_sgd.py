@@ -17,8 +17,9 @@ With `period=1` and plain SGD the average of the replicas' updates is exactly th
 step. Per-step metrics come back per replica and are averaged outside the step.
 
 Layout and canonical form: parameters, batch statistics and optimizer state carry a leading
-replica axis split over "data"; checkpoints store every replica, so a resume in the middle of
-a period is exact.
+replica axis split over "data" (before their own split over "tensor", if any); checkpoints
+store every replica, so a resume in the middle of a period is exact. On pipeline stages every
+stage's replicas follow the rule for that stage's layers, all averaging at the same steps.
 """
 
 from __future__ import annotations
@@ -27,13 +28,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxpar.parallel.sync.base import AXIS, SyncRule, block, stack, stacked_specs, unblock
+from jaxpar.parallel.sync.base import SyncRule, block, stack, stacked, unblock
 
 
 class Independent(SyncRule):
     name = "independent"
     eval_kind = "each"
     per_replica_metrics = True
+    refuses_stages = (
+        "every replica evaluates the whole eval set on its own, which a pipeline's "
+        "micro-batched evaluation over the replicas' rows does not do"
+    )
 
     @classmethod
     def check(cls, config, data):
@@ -50,42 +55,44 @@ class Independent(SyncRule):
         )
 
     def specs(self, shapes):
-        return (
-            super()
-            .specs(shapes)
-            .replace(
-                params=stacked_specs(shapes.params),
-                batch_stats=stacked_specs(shapes.batch_stats),
-                opt_state=stacked_specs(shapes.opt_state),
-            )
+        specs = super().specs(shapes)
+        return specs.replace(
+            params=stacked(specs.params),
+            batch_stats=stacked(specs.batch_stats),
+            opt_state=stacked(specs.opt_state),
         )
+
+    def local_params(self, state):
+        return block(state.params)
+
+    def local_stats(self, stats):
+        return block(stats)
+
+    def placed_stats(self, stats):
+        return unblock(stats)
 
     def eval_model(self, state):
         return block((state.params, state.batch_stats))
 
-    def local_step(self, state, batch):
-        """One replica's own SGD step on its share; nothing leaves the device."""
-        params, stats, opt_state = block((state.params, state.batch_stats, state.opt_state))
-        loss, stats, accuracy, grads = self.local_grads(params, stats, batch)
-        params, opt_state = self.apply(grads, opt_state, params)
-        metrics = {"loss": loss[None], "accuracy": accuracy[None]}
-        return params, stats, opt_state, metrics
+    def update(self, state, grads, stats):
+        """This replica's own optimizer step (then, under local_sgd, the periodic average)."""
+        mine = state.replace(params=block(state.params), opt_state=block(state.opt_state))
+        new = mine.apply_gradients(self.tx, grads, batch_stats=stats)
+        new = self.average_if_due(new)
+        return new.replace(params=unblock(new.params), batch_stats=unblock(new.batch_stats),
+                           opt_state=unblock(new.opt_state))  # fmt: skip
 
-    def step(self, state, batch):
-        params, stats, opt_state, metrics = self.local_step(state, batch)
-        return self._pack(state, params, stats, opt_state), metrics
-
-    def _pack(self, state, params, stats, opt_state):
-        return state.replace(step=state.step + 1, params=unblock(params),
-                             batch_stats=unblock(stats), opt_state=unblock(opt_state))  # fmt: skip
+    def average_if_due(self, state):
+        return state
 
 
 class LocalSGD(Independent):
     name = "local_sgd"
     eval_kind = "average"
+    refuses_stages = None
 
-    def __init__(self, config, n, model, tx):
-        super().__init__(config, n, model, tx)
+    def __init__(self, config, replicas, tx, variable_specs):
+        super().__init__(config, replicas, tx, variable_specs)
         self.period = int(config.sync.period)
         self.average_opt_state = config.sync.opt_state_at_average == "average"
 
@@ -101,17 +108,18 @@ class LocalSGD(Independent):
     def average(self, tree):
         """One all-reduce over "data" of the float leaves (counters are equal already)."""
         floats = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
-        mean = lambda x: lax.pcast(lax.pmean(x, AXIS), AXIS, to="varying") if floats(x) else x
+        mean = lambda x: self.replicas.varying(self.replicas.pmean(x)) if floats(x) else x
         return jax.tree.map(mean, tree)
 
     def eval_model(self, state):
         """The model the next average produces (the replicas' mean)."""
-        return lax.pmean(super().eval_model(state), AXIS)
+        return self.replicas.pmean(super().eval_model(state))
 
-    def step(self, state, batch):
-        params, stats, opt_state, metrics = self.local_step(state, batch)
-        shared = (params, stats, opt_state) if self.average_opt_state else (params, stats)
-        shared = lax.cond((state.step + 1) % self.period == 0, self.average, lambda t: t, shared)
-        params, stats = shared[:2]
-        opt_state = shared[2] if self.average_opt_state else opt_state
-        return self._pack(state, params, stats, opt_state), metrics
+    def average_if_due(self, state):
+        """`state.step` is already the new count: average when it reaches the period."""
+        shared = (state.params, state.batch_stats)
+        if self.average_opt_state:
+            shared = (*shared, state.opt_state)
+        shared = lax.cond(state.step % self.period == 0, self.average, lambda t: t, shared)
+        state = state.replace(params=shared[0], batch_stats=shared[1])
+        return state.replace(opt_state=shared[2]) if self.average_opt_state else state

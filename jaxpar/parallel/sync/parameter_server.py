@@ -20,18 +20,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import AXIS, SyncRule, block, mean_metrics, stack, unblock
+from jaxpar.parallel.sync.base import SyncRule, block, stack, stacked, unblock
 
 
 class ParameterServer(SyncRule):
     name = "parameter_server"
 
-    def __init__(self, config, n, model, tx):
-        super().__init__(config, n, model, tx)
+    def __init__(self, config, replicas, tx, variable_specs):
+        super().__init__(config, replicas, tx, variable_specs)
         self.server = int(config.sync.server)
-        self.workers = [i for i in range(n) if i != self.server]
+        self.workers = [i for i in range(self.n) if i != self.server]
 
     @classmethod
     def check(cls, config, data):
@@ -57,40 +56,38 @@ class ParameterServer(SyncRule):
 
     def specs(self, shapes):
         specs = super().specs(shapes)
-        return specs.replace(
-            params=jax.tree.map(lambda _: P(AXIS), shapes.params),
-            opt_state=jax.tree.map(lambda _: P(AXIS), shapes.opt_state),
-        )
+        return specs.replace(params=stacked(specs.params), opt_state=stacked(specs.opt_state))
+
+    def local_params(self, state):
+        return block(state.params)
 
     def eval_model(self, state):
         return block(state.params), state.batch_stats  # every copy is the server's
 
-    def step(self, state, batch):
+    def update(self, state, grads, stats):
+        r = self.replicas
         params, opt_state = block(state.params), block(state.opt_state)
-        loss, stats, accuracy, grads = self.local_grads(
-            params, state.batch_stats, batch, self.bn_axis_name
-        )
         total = grads
         for worker in self.workers:  # gradients in: one (worker -> server) pair each
-            received = lax.ppermute(grads, AXIS, [(worker, self.server)])
+            received = r.ppermute(grads, [(worker, self.server)])
             total = jax.tree.map(jnp.add, total, received)
         mean = jax.tree.map(lambda g: g / self.n, total)  # meaningful on the server only
-        is_server = lax.axis_index(AXIS) == self.server
-        params, opt_state = lax.cond(
-            is_server,
-            lambda p, o, g: self.apply(g, o, p),
-            lambda p, o, g: (p, o),
-            params, opt_state, mean,
-        )  # fmt: skip
+
+        def serve(p, o, g):
+            new = state.replace(params=p, opt_state=o).apply_gradients(self.tx, g)
+            return new.params, new.opt_state
+
+        is_server = r.index() == self.server
+        params, opt_state = lax.cond(is_server, serve, lambda p, o, g: (p, o),
+                                     params, opt_state, mean)  # fmt: skip
         out = params
         for worker in self.workers:  # parameters out: one (server -> worker) pair each
-            received = lax.ppermute(params, AXIS, [(self.server, worker)])
-            is_worker = lax.axis_index(AXIS) == worker
-            out = jax.tree.map(lambda o, r, w=is_worker: jnp.where(w, r, o), out, received)
-        new_state = state.replace(
+            received = r.ppermute(params, [(self.server, worker)])
+            is_worker = r.index() == worker
+            out = jax.tree.map(lambda o, x, w=is_worker: jnp.where(w, x, o), out, received)
+        return state.replace(
             step=state.step + 1,
             params=unblock(out),
             opt_state=unblock(opt_state),
             batch_stats=self.shared_stats(stats),
         )
-        return new_state, mean_metrics(loss, accuracy)

@@ -2,81 +2,83 @@
 gradients, let each replica update its 1/N slice of the parameters with its 1/N slice of the
 optimizer state, all-gather the parameters.
 
-Communication per step: one reduce-scatter of the flattened gradient (each device receives
-P/N bytes) and one all-gather of the updated parameters (each device receives P bytes) -
-together the traffic of one all-reduce, which is itself a reduce-scatter plus an all-gather.
-Memory: the optimizer state per device is 1/N of replicated (momentum: P/N; Adam: 2P/N).
+Layout: parameters and batch statistics replicated over "data"; every parameter-shaped part
+of the optimizer state is split over "data" along one dimension of its own (per parameter:
+the largest dimension that is not split over "tensor" and divides by N; a parameter with none,
+every dimension odd under 2 replicas say, keeps its optimizer state replicated and is updated
+as under `allreduce`). So the optimizer state per
+device is about 1/N of replicated (momentum: P/N; Adam: 2P/N), and under tensor parallelism
+each tensor shard's replicas split that shard's state. The canonical form is the single-device
+state (only the layout differs), so checkpoints move freely between modes and meshes.
 
-Layout: parameters and batch statistics replicated; every parameter-shaped part of the
-optimizer state is one flat vector (parameters raveled in a fixed order, zero-padded to a
-multiple of N) split over "data". The canonical form is the single-device state (the same
-per-layer optimizer state as `allreduce`), so checkpoints move freely between the two.
+Communication per step: per split parameter one reduce-scatter of its gradient (each device
+receives P/N bytes) and one all-gather of its updated slices (each device receives P bytes):
+together the traffic of one all-reduce, which is itself a reduce-scatter plus an all-gather.
+
+The optimizer must be elementwise (SGD, Adam): a slice's update must not depend on the rest.
 """
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-import optax
 from jax import lax
-from jax.flatten_util import ravel_pytree
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import AXIS, SyncRule, mean_metrics, varying
+from jaxpar.mesh import DATA
+from jaxpar.parallel.sync.base import SyncRule, _is_spec
 
 
 class Sharded(SyncRule):
     name = "sharded"
 
-    def __init__(self, config, n, model, tx):
-        super().__init__(config, n, model, tx)
-        shapes = jax.eval_shape(lambda: model.init(jax.random.key(0))["params"])
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        flat, self._unravel = ravel_pytree(zeros)
-        self.size = flat.size
-        self.padded = -(-self.size // n) * n
-        self.slice = self.padded // n
-        self._layers = set(shapes)
+    @classmethod
+    def check(cls, config, data):
+        if config.optimizer.name not in ("sgd", "adam"):
+            return (f"sync.mode=sharded updates slices of each parameter, which needs an "
+                    f"elementwise optimizer (sgd, adam), not {config.optimizer.name}")  # fmt: skip
+        return None
 
-    def flatten(self, tree) -> jax.Array:
-        flat, _ = ravel_pytree(tree)
-        return jnp.pad(flat, (0, self.padded - self.size))
+    def split_dims(self, param_shapes) -> dict:
+        """Per parameter leaf, the dimension its optimizer state is split along (or None)."""
 
-    def unflatten(self, flat: jax.Array):
-        return self._unravel(flat[: self.size])
+        def choose(shape, spec: P):
+            parts = tuple(spec) + (None,) * (len(shape.shape) - len(spec))
+            free = [d for d, n in enumerate(shape.shape) if parts[d] is None and n % self.n == 0]
+            return max(free, key=lambda d: shape.shape[d]) if free and self.n > 1 else None
 
-    def _is_params(self, x) -> bool:
-        return isinstance(x, dict) and bool(x) and set(x) == self._layers
-
-    def to_device(self, canonical):
-        opt = optax.tree_map_params(self.tx, self.flatten, canonical.opt_state,
-                                    is_leaf=self._is_params)  # fmt: skip
-        return canonical.replace(opt_state=opt)
-
-    def canonical(self, state):
-        return state.replace(opt_state=optax.tree_map_params(self.tx, self.unflatten,
-                                                             state.opt_state))  # fmt: skip
+        return jax.tree.map(choose, param_shapes, self.variable_specs["params"])
 
     def specs(self, shapes):
-        flat = lambda s: P(AXIS) if s.shape == (self.padded,) else P()
-        return super().specs(shapes).replace(opt_state=jax.tree.map(flat, shapes.opt_state))
+        specs = super().specs(shapes)
+        dims = self.split_dims(shapes.params)
 
-    def step(self, state, batch):
-        loss, stats, accuracy, grads = self.local_grads(
-            varying(state.params), state.batch_stats, batch, self.bn_axis_name
-        )
-        # Reduce-scatter: device i receives the sum of every replica's slice i.
-        mine = lax.psum_scatter(self.flatten(grads), AXIS, scatter_dimension=0, tiled=True)
-        mine = mine / self.n
-        start = lax.axis_index(AXIS) * self.slice
-        params = lax.dynamic_slice(self.flatten(state.params), (start,), (self.slice,))
-        params, opt_state = self.apply(mine, state.opt_state, params)
+        def add_data(spec: P, dim, shape):
+            if dim is None:
+                return spec
+            parts = list(spec) + [None] * (len(shape.shape) - len(spec))
+            parts[dim] = DATA
+            return P(*parts)
+
+        param_specs = jax.tree.map(add_data, self.variable_specs["params"], dims, shapes.params,
+                                   is_leaf=_is_spec)  # fmt: skip
+        return specs.replace(opt_state=self.like_params(shapes.opt_state, param_specs))
+
+    def update(self, state, grads, stats):
+        dims = self.split_dims(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                            state.params))  # fmt: skip
+        r = self.replicas
+        size = lambda x, d: x.shape[d] // self.n
+
+        def my_grad(g, d):  # reduce-scatter: device i receives the sum of every replica's slice i
+            return r.pmean(g) if d is None else r.reduce_scatter(g, d) / self.n
+
+        def my_param(p, d):
+            return p if d is None else lax.dynamic_slice_in_dim(p, r.index() * size(p, d),
+                                                                 size(p, d), d)  # fmt: skip
+
+        grads = jax.tree.map(my_grad, grads, dims)
+        mine = state.replace(params=jax.tree.map(my_param, state.params, dims))
+        new = mine.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
         # All-gather: every replica receives every updated slice.
-        flat = lax.all_gather(params, AXIS, tiled=True, to="invarying")
-        new_state = state.replace(
-            step=state.step + 1,
-            params=self.unflatten(flat),
-            opt_state=opt_state,
-            batch_stats=self.shared_stats(stats),
-        )
-        return new_state, mean_metrics(loss, accuracy)
+        gather = lambda p, d: p if d is None else r.all_gather(p, d)
+        return new.replace(params=jax.tree.map(gather, new.params, dims))

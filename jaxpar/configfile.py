@@ -1,0 +1,157 @@
+"""Config files by path, `--config.KEY=VALUE` overrides, and the simulated CPU device count.
+
+    config = configfile.load("configs/vgg19_hybrid.py")          # its get_config()
+    overrides, rest = configfile.split_overrides(sys.argv[1:])    # {"model.width": 0.5}, [...]
+    configfile.override(config, overrides)                        # unknown keys refused
+    configfile.set_host_device_count(config.host_device_count)    # before JAX's first use
+    configfile.cpu_only()                                         # the predictor, the tests
+
+`python -m jaxpar.train` parses its flags with absl's `config_flags` (lock_config=True); the
+bench, the predictor, the benchmarks and the tests use these functions, which read a value as
+`config_flags` reads a field of no declared type. This module imports neither JAX nor anything
+of jaxpar, so an entry point can call it before JAX is configured.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import ml_collections
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def make_configs_importable() -> None:
+    """Let config files say `from configs import base` from any working directory."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+
+
+def load(path: str) -> ml_collections.ConfigDict:
+    """`get_config()` of the Python file at `path` (FileNotFoundError if there is none)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such config file {path!r}")
+    make_configs_importable()
+    name = f"_config_{os.path.splitext(os.path.basename(path))[0]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as `config_flags` reads a field of no declared type: a Python
+    literal (1, 0.5, True, 'a', (2, 1, 4)), absl's true/false, or else the text itself."""
+    if text in ("true", "false"):
+        text = text.capitalize()
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def split_overrides(args: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+    """The `--config.KEY=VALUE` arguments as {KEY: parsed VALUE}, and the other arguments."""
+    overrides, rest = {}, []
+    for arg in args:
+        match = re.fullmatch(r"--config\.([\w.]+)=(.*)", arg, re.DOTALL)
+        if match:
+            overrides[match.group(1)] = parse_value(match.group(2))
+        else:
+            rest.append(arg)
+    return overrides, rest
+
+
+def has_key(config: ml_collections.ConfigDict, key: str) -> bool:
+    """Whether dotted `key` ("model.width") names a field of `config`."""
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def override(
+    config: ml_collections.ConfigDict, overrides: Mapping[str, Any], *, new_keys: bool = False
+) -> ml_collections.ConfigDict:
+    """Set dotted keys on `config` as `--config.KEY=VALUE` would, and return it. Lists become
+    tuples (the command line's form). A key the config lacks raises KeyError("unknown config
+    key 'KEY'") before anything is set, unless `new_keys` (then a new leaf is added, as
+    ml_collections' `update_from_flattened_dict` does); a value of the wrong type raises
+    ConfigDict's TypeError."""
+    flat = {}
+    for key, value in overrides.items():
+        if not new_keys and not has_key(config, key):
+            raise KeyError(f"unknown config key {key!r}")
+        flat[key] = tuple(value) if isinstance(value, list) else value
+    config.update_from_flattened_dict(flat)
+    return config
+
+
+def host_device_count() -> int | None:
+    """The simulated CPU device count XLA_FLAGS asks for, or None (the last one counts)."""
+    found = re.findall(rf"{HOST_DEVICES_FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(found[-1]) if found else None
+
+
+def set_host_device_count(count: int, *, replace: bool = False) -> int:
+    """Ask XLA for `count` simulated CPU devices; return the count in effect.
+
+    A count XLA_FLAGS already sets wins (`config.validate` then explains a mesh that does not
+    fit), unless `replace`. A count of 1 or less adds no flag: one device is XLA's default.
+    XLA reads the flag when JAX starts its backends (the first `jax.devices()` or computation),
+    so importing JAX first is fine; once the backends run, asking for another count raises
+    RuntimeError instead of silently keeping the old one.
+    """
+    given = host_device_count()
+    if given is not None and not replace:
+        return given
+    started = _started_count()
+    if started is not None and started != max(count, 1):
+        raise RuntimeError(
+            f"JAX's CPU backend already runs with {started} device(s), so "
+            f"{HOST_DEVICES_FLAG}={count} cannot take effect: set the count before anything "
+            "calls jax.devices() or computes"
+        )
+    current = os.environ.get("XLA_FLAGS", "")
+    flags = re.sub(rf"\s*{HOST_DEVICES_FLAG}=\d+", "", current)
+    if count > 1:
+        flags = f"{flags} {HOST_DEVICES_FLAG}={count}"
+    if flags.strip() != current:
+        os.environ["XLA_FLAGS"] = flags.strip()
+    return count
+
+
+def cpu_only() -> None:
+    """Run JAX on its CPU backend only, unless JAX_PLATFORMS already says otherwise: for
+    programs that compile for hardware other than this machine's. JAX reads JAX_PLATFORMS when
+    it is imported; once it is, the setting goes through jax.config (before the backends start).
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "jax" in sys.modules:
+        sys.modules["jax"].config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+
+
+def _started_count() -> int | None:
+    """CPU devices of the JAX backends already running in this process; None if none runs yet
+    (or JAX has no CPU backend here)."""
+    if "jax" not in sys.modules:
+        return None
+    try:
+        from jax._src import xla_bridge  # private, but the only way to ask without starting
+
+        if not xla_bridge.backends_are_initialized():
+            return None
+        import jax
+
+        return len(jax.local_devices(backend="cpu"))
+    except (ImportError, AttributeError, RuntimeError):
+        return None

@@ -1,0 +1,236 @@
+"""What the training loop does between steps, one small object a job (after Levanter's hooks).
+
+The loop (`trainer._train`) dispatches a step, hands its outputs to the `StepTimer` and the
+`LogWindow`, then runs the hooks registered with `Hooks.add_hook(fn, every=N)`: the log line
+with its divergence check, the periodic evaluation and the checkpoint save. Each hook gets a
+`StepInfo` and owns its own decision, its own output and its own watchdog beats; work that
+is not a step (an evaluation, a save) runs `off_clock`, out of the step times and the rate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpar import metrics as metrics_lib
+from jaxpar import watchdog as watchdog_lib
+from jaxpar.checkpoint import Checkpointer
+from jaxpar.errors import TrainingError
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a hook sees after a step: `step` steps are done, `state` is the state after them."""
+
+    step: int
+    state: Any
+    final: bool  # the run's last step
+    stopping: bool  # a stop was requested and agreed on: the run ends after this step
+
+
+class Hooks:
+    """Callables run after steps, in the order they were added."""
+
+    def __init__(self) -> None:
+        self._hooks: list[tuple[int, Callable[[StepInfo], None]]] = []
+
+    def add_hook(self, fn: Callable[[StepInfo], None], every: int = 1) -> None:
+        """Run `fn` after every `every`-th step and after the last one (`every=0`: only after
+        the last, as `eval_every_steps=0` means)."""
+        self._hooks.append((every, fn))
+
+    def run(self, info: StepInfo) -> None:
+        for every, fn in self._hooks:
+            if info.final or (every and info.step % every == 0):
+                fn(info)
+
+
+class StepTimer:
+    """Step times without stalling the device (README "Metrics"): once step s is dispatched,
+    wait for step s-1, beat the watchdog and time it. `off_clock` work is in no step time."""
+
+    def __init__(self, watch: watchdog_lib.Watchdog):
+        self.watch = watch
+        self.times: list[float] = []  # seconds between consecutive step ends
+        self.excluded_s = 0.0  # time spent off the clock so far
+        self._pending = None  # the outputs of the step in flight
+        self._last_done: float | None = None
+
+    def dispatched(self, step: int, outputs: Any) -> None:
+        """Step `step` was dispatched and returns `outputs`: wait for the step before it."""
+        if self._pending is not None:
+            jax.block_until_ready(self._pending)
+            self.watch.beat(f"step {step - 1}")
+            now = time.perf_counter()
+            if self._last_done is not None:
+                self.times.append(now - self._last_done)
+            self._last_done = now
+        self._pending = outputs
+
+    @contextlib.contextmanager
+    def off_clock(self) -> Iterator[None]:
+        """Work between steps: left out of the step times and the logged images/sec."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded_s += time.perf_counter() - t0
+            self._pending, self._last_done = None, None  # the next step's time includes it
+
+
+class LogWindow:
+    """The steps since the last log line. As a hook it writes the train line (mean loss and
+    accuracy over the window, the learning rate, images/sec) and the console line, and stops
+    a run whose loss is not finite: the losses are read then anyway, so divergence costs no
+    extra host sync."""
+
+    def __init__(
+        self,
+        writer: metrics_lib.MetricWriter,
+        progress: metrics_lib.Progress | None,
+        schedule: Callable,
+        batch_size: int,
+        timer: StepTimer,
+        ckpt: Checkpointer | None,
+    ):
+        self.writer, self.progress, self.schedule = writer, progress, schedule
+        self.batch_size, self.timer, self.ckpt = batch_size, timer, ckpt
+        self.last: dict[str, float] = {}  # the last train line
+        self._restart()
+
+    def _restart(self) -> None:
+        self.metrics: list[Any] = []
+        self._t0, self._excluded0 = time.perf_counter(), self.timer.excluded_s
+
+    def add(self, metrics: Any) -> None:
+        self.metrics.append(metrics)
+
+    def log(self, info: StepInfo) -> None:
+        jax.block_until_ready(self.metrics[-1])
+        self.timer.watch.beat(f"step {info.step}")
+        seconds = time.perf_counter() - self._t0 - (self.timer.excluded_s - self._excluded0)
+        fetched = jax.device_get(self.metrics)
+        self.last = {
+            "loss": float(np.mean([m["loss"] for m in fetched])),
+            "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
+            "learning_rate": float(self.schedule(info.step - 1)),
+            "images_per_sec": len(fetched) * self.batch_size / seconds,
+        }
+        self.writer.write(info.step, "train", **self.last)
+        if self.progress is not None:
+            self.progress.update(
+                info.step,
+                loss=self.last["loss"],
+                lr=self.last["learning_rate"],
+                **{"img/s": self.last["images_per_sec"]},
+            )
+        stop_if_diverged(fetched, info.step, self.ckpt)
+        self._restart()
+
+    def check_finite(self, step: int) -> None:
+        """Raise TrainingError if a loss of the steps not logged yet is not finite."""
+        stop_if_diverged(jax.device_get(self.metrics), step, self.ckpt)
+
+
+class Evaluation:
+    """Evaluates the state (`evaluate(state)`), writes the eval line and says it."""
+
+    def __init__(
+        self,
+        evaluate: Callable[[Any], dict[str, float]],
+        writer: metrics_lib.MetricWriter,
+        say: Callable,
+        timer: StepTimer,
+    ):
+        self.evaluate, self.writer, self.say, self.timer = evaluate, writer, say, timer
+        self.last: dict[str, float] = {}  # the last evaluation
+
+    def __call__(self, info: StepInfo) -> None:
+        with self.timer.off_clock():
+            self.timer.watch.doing(f"evaluating at step {info.step}", compiling=not self.last)
+            self.last = self.evaluate(info.state)
+            self.writer.write(info.step, "eval", **self.last)
+            self.say(
+                f"eval at step {info.step}: loss {self.last['loss']:.4f}  "
+                f"accuracy {self.last['accuracy']:.4f}"
+            )
+
+
+class Checkpoints:
+    """Saves when Orbax's policy says so (every `checkpoint_every_steps`, or the step the
+    processes agreed to stop at) and always after the last step or at a stop. A state is saved
+    only if it is finite: the losses since the last log line and the parameters are checked
+    first."""
+
+    def __init__(
+        self,
+        ckpt: Checkpointer,
+        canonical: Callable,
+        schedule_meta: dict,
+        window: LogWindow,
+        timer: StepTimer,
+    ):
+        self.ckpt, self.canonical, self.schedule_meta = ckpt, canonical, schedule_meta
+        self.window, self.timer = window, timer
+
+    def __call__(self, info: StepInfo) -> None:
+        step = info.step
+        if not self.ckpt.due(step, force=info.final or info.stopping):
+            return
+        with self.timer.off_clock():
+            self.timer.watch.doing(f"saving the checkpoint of step {step}", compiling=True)
+            self.window.check_finite(step)
+            canonical = self.canonical(info.state)
+            if not all_finite((canonical.params, canonical.batch_stats)):
+                raise diverged(step, "the parameters", self.ckpt)
+            self.ckpt.save(step, canonical, self.schedule_meta)
+            self.timer.watch.beat(f"the checkpoint of step {step}")
+
+
+def all_finite(tree) -> bool:
+    """Whether every array of `tree` is finite: one compiled reduction per set of devices
+    (a pipeline's stages hold their arrays on different devices)."""
+    groups: dict[frozenset, list] = {}
+    for leaf in jax.tree.leaves(tree):
+        groups.setdefault(frozenset(leaf.sharding.device_set), []).append(leaf)
+    flags = [_finite(arrays) for arrays in groups.values()]
+    return bool(np.all(jax.device_get(flags)))
+
+
+@jax.jit
+def _finite(arrays: list) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in arrays]))
+
+
+def stop_if_diverged(fetched: list[dict], done: int, ckpt: Checkpointer | None) -> None:
+    """Raise TrainingError if any loss of the last steps (ending at step `done`) is not finite."""
+    losses = [float(m["loss"]) for m in fetched]
+    bad = [j for j, value in enumerate(losses) if not np.isfinite(value)]
+    if bad:
+        step = done - len(losses) + 1 + bad[0]
+        raise diverged(step, f"the loss ({losses[bad[0]]})", ckpt)
+
+
+def diverged(step: int, what: str, ckpt: Checkpointer | None) -> TrainingError:
+    """The one-line error of a run whose `what` is not finite at `step`."""
+    if ckpt is None:
+        where = "checkpoints are off, so nothing was saved"
+    else:
+        ckpt.wait()
+        last = ckpt.latest_step()
+        where = (
+            f"the last good checkpoint is step {last} in {ckpt.directory} (a rerun resumes there)"
+            if last is not None
+            else "no checkpoint had been saved yet"
+        )
+    return TrainingError(
+        f"training diverged: {what} is not finite at step {step}; {where}. Lower "
+        "--config.learning_rate (or add warmup) and rerun"
+    )

@@ -1,0 +1,306 @@
+"""Layer-wise (pipeline) partitioning over the "stage" axis: one program per chunk (MPMD).
+
+VGG's stages differ in shape (channels 64..512, resolution 32..1), so instead of the stacked,
+padded SPMD carrier, each chunk of layers is compiled for its own stage's slice of the mesh,
+`mesh.devices[:, s, :]` (data and tensor parallelism still apply inside a stage). A chunk's
+parameters and optimizer state live only on its devices, unpadded, laid out by the chunk's own
+sync rule: every sync mode runs on stages, each stage's data replicas following it. The host
+walks the schedule's events (GPipe, 1F1B, interleaved 1F1B, ZB-H1) in dependency order; JAX's
+asynchronous dispatch lets stages on different devices run at the same time. Chunk c lives on
+device stage c % K (v chunks per stage under the interleaved schedule, one otherwise).
+
+The package: `layout` (a chunk's placed state), `chunks` (a chunk's programs, from a small
+description), `shapes` (what each program takes: the one description of its arguments),
+`runner` (the event walk and the moves), `transfer` (moves across processes).
+
+`pipeline.remat=True`: backward recomputes the chunk's forward from its stored input, so a
+stage keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under
+1F1B. `remat=False`: the forward stores the backward's residuals instead (more bytes, no
+recomputation), and ZB-H1 splits the backward into B (input gradient) and W (weights).
+
+Several processes (jax.distributed): every process builds the whole mesh and walks the same
+events, but runs only the programs of chunks whose stage owns one of its devices (a stage may
+span processes: its programs are then SPMD over them); see runner.py and transfer.py.
+
+BatchNorm policy: statistics per micro-batch (over the micro-batch on all data replicas), and
+the running averages are updated once per micro-batch, in micro-batch order. With one
+micro-batch this is the single-device step; with BatchNorm off any M is.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import AXES, DATA, STAGE, TENSOR
+from jaxpar.parallel import schedules, stages, sync, tensor
+from jaxpar.parallel.pipeline import checks, shapes, transfer
+from jaxpar.parallel.pipeline.chunks import Chunk, ChunkPrograms, OnMesh
+from jaxpar.parallel.pipeline.layout import ChunkLayout, merge
+from jaxpar.parallel.pipeline.runner import Runner
+from jaxpar.parallel.replicas import Replicas
+from jaxpar.parallel.strategy import Program, Strategy, per_device_bytes
+
+_ROLES = {"fwd": "forward", "fwd_res": "forward", "bwd": "backward", "bwd_res": "backward",
+          "bwd_in": "backward input", "bwd_w": "backward weights", "update": "update"}  # fmt: skip
+
+
+@flax.struct.dataclass
+class PipelineState:
+    """Per-chunk train states, plus per-device unreduced gradient accumulators."""
+
+    stages: tuple  # per chunk: its TrainState (None in a process that owns none of its stage)
+    grad_acc: tuple  # per chunk: params-shaped, leading axis = data replicas
+
+
+class Pipeline(Strategy):
+    name = "pipeline"
+
+    @classmethod
+    def check(cls, config, shape):
+        return checks.problem(config, shape)
+
+    def __init__(self, config, model, mesh, tx):
+        super().__init__(config, model, mesh, tx)
+        self.k = k = mesh.shape[STAGE]
+        self.data = mesh.shape[DATA]
+        self.schedule = config.pipeline.schedule
+        self.num_microbatches = 1 if self.schedule == "naive" else config.pipeline.num_microbatches
+        self.virtual_stages = v = (
+            config.pipeline.virtual_stages if self.schedule == "interleaved" else 1
+        )
+        self.num_chunks = k * v
+        self.remat = config.pipeline.remat
+        self.bounds = stages.split(model, k * v, config.pipeline.split)
+        self.events = schedules.stage_events(self.schedule, k, self.num_microbatches, v)
+        self.order = schedules.dispatch_order(self.events)
+        self.split_backward = schedules.split_backward(self.events)
+        self.meshes = [Mesh(mesh.devices[:, s : s + 1, :], AXES) for s in range(k)]
+        self.batch_sharding = [NamedSharding(m, P(DATA)) for m in self.meshes]
+        self.auto_axes = mesh.shape[TENSOR] > 1  # tensor parallelism inside each stage
+        rules = tensor.rules_from(config)
+        if self.auto_axes:
+            tensor.check(model, rules, dict(mesh.shape))
+        constrain = tensor.constrain_fn(rules) if self.auto_axes else None
+        self.replicas = Replicas(self.data)
+        self.layouts, self.chunks, self.programs_of = [], [], []
+        for c in range(self.num_chunks):
+            layers = slice(self.bounds[c], self.bounds[c + 1])
+            specs = (tensor.variable_specs(model, rules, layers) if self.auto_axes
+                     else _unsplit(model, layers))  # fmt: skip
+            rule = sync.build(config, self.replicas, tx, specs)
+            lay = ChunkLayout(model, tx, rule, self.meshes[c % k], layers)
+            chunk = Chunk(c, c % k, layers, c == 0, c == self.num_chunks - 1, lay.mesh, model,
+                          rule, self.replicas, self.num_microbatches, self.auto_axes, constrain,
+                          lay.state_specs, lay.acc_specs)  # fmt: skip
+            self.layouts.append(lay)
+            self.chunks.append(chunk)
+            self.programs_of.append(ChunkPrograms(chunk))
+        if config.sync.mode != "allreduce":
+            self.name = f"pipeline ({config.sync.mode})"
+        # Which stages own a device of this process (all of them in one process), and the
+        # mover for transfers that cross processes.
+        self.multi = jax.process_count() > 1
+        self.local = [transfer.owns(mesh.devices[:, s, :]) for s in range(k)]
+        self.mover = transfer.Mover(mesh, self.inflight) if self.multi else None
+        self.relayout = [OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
+                         for sh, m in zip(self.batch_sharding, self.meshes)]  # fmt: skip
+        self.microbatch_rows = config.global_batch_size // self.num_microbatches
+        self._boundaries: dict = {}
+        self.runner = Runner(self)
+        self._compiled = False
+
+    # -- state ------------------------------------------------------------------------------
+
+    def _each_chunk(self, fn) -> tuple[tuple, tuple]:
+        """(states, accumulators) from fn(chunk) -> (state, acc), None off this process."""
+        parts = [fn(c) if self.local[c % self.k] else (None, None)
+                 for c in range(self.num_chunks)]  # fmt: skip
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+
+    def init_state(self, rng):
+        """Each chunk initialises only its layers, directly on its stage's devices."""
+        return PipelineState(*self._each_chunk(lambda c: self.layouts[c].init(rng)))
+
+    def place(self, host_state):
+        """Split a canonical state by chunk and put each part on its stage's devices in its
+        rule's layout; gradient accumulators start at zero."""
+        return PipelineState(
+            *self._each_chunk(lambda c: self.layouts[c].place(host_state, transfer.put))
+        )
+
+    def canonical(self, state: PipelineState):
+        """The layout-free state, as on a single device. With several processes each chunk's
+        part is first gathered onto every device (one collective per chunk, which every
+        process calls), so that every process holds the whole state, as Orbax needs."""
+        parts = list(state.stages)
+        if self.multi:
+            parts = [self.mover.gather_tree(st, lay.device_shapes, c % self.k, lay.state_specs)
+                     for c, (st, lay) in enumerate(zip(parts, self.layouts))]  # fmt: skip
+        return merge([lay.canonical(st) for lay, st in zip(self.layouts, parts)])
+
+    def canonical_shapes(self):
+        return merge([lay.canonical_shapes for lay in self.layouts])
+
+    def state_shapes(self):
+        states, accs = zip(*(lay.abstract() for lay in self.layouts))
+        return PipelineState(tuple(states), tuple(accs))
+
+    def chunk_state_shapes(self, c: int) -> tuple:
+        return self.layouts[c].abstract()
+
+    def stage_states(self, state):
+        """Per device stage, its chunks' (state, gradient accumulator) pairs."""
+        chunks = list(zip(state.stages, state.grad_acc))
+        return [chunks[s :: self.k] for s in range(self.k)]
+
+    # -- batches ----------------------------------------------------------------------------
+
+    def batch_share(self) -> tuple[int, int]:
+        """Every process reads the whole global batch: stage 0's devices need the images and
+        the last stage's the labels, whichever processes those are (each keeps its rows)."""
+        return 0, 1
+
+    def _home(self, key: str) -> int:
+        return 0 if key == "image" else self.k - 1  # labels and the eval mask: the last stage
+
+    def put_batch(self, local_batch):
+        """Split the global batch into M micro-batches, each sharded over its stage's "data".
+
+        Data replica r trains on the same rows as under data parallelism (its share, the r-th
+        1/d of the global batch), in M micro-batches: micro-batch m holds the m-th 1/M of every
+        replica's share. So per-replica sync modes see the same data on any mesh, and with one
+        replica micro-batch m is simply the m-th 1/M of the batch."""
+        out = {}
+        d, m = self.data, self.num_microbatches
+        for key, value in local_batch.items():
+            s = self._home(key)
+            grouped = np.reshape(value, (d, m, -1, *value.shape[1:])).swapaxes(0, 1)
+            parts = [np.reshape(g, (-1, *value.shape[1:])) for g in grouped]
+            out[key] = [transfer.put(p, self.batch_sharding[s]) if self.local[s] else None
+                        for p in parts]  # fmt: skip
+        return out
+
+    def batch_shapes(self, batch_size, eval=False):
+        rows = batch_size // self.num_microbatches
+        keys = {"image": ((rows, *self.model.input_shape), jnp.float32),
+                "label": ((rows,), jnp.int32)}  # fmt: skip
+        if eval:
+            keys["mask"] = ((rows,), jnp.float32)
+        return {
+            key: [jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding[self._home(key)])]
+            * self.num_microbatches
+            for key, (shape, dtype) in keys.items()
+        }
+
+    def boundary(self, rows: int) -> list[jax.ShapeDtypeStruct]:
+        """Per chunk, its output for a micro-batch of `rows` images (shapes.boundary_shapes)."""
+        if rows not in self._boundaries:
+            self._boundaries[rows] = shapes.boundary_shapes(self.model, self.chunks, rows)
+        return self._boundaries[rows]
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _compile(self, state, batch):
+        """Compile every chunk program by running one step on a throwaway copy of the state."""
+        scratch = jax.tree.map(jnp.copy, state)
+        jax.block_until_ready(self.train_step(scratch, batch))
+
+    def train_step(self, state, batch):
+        st, acc, metrics = self.runner.train_step(state.stages, state.grad_acc, batch)
+        return PipelineState(tuple(st), tuple(acc)), metrics
+
+    def eval_step(self, state, batch):
+        return self.runner.eval_step(state.stages, batch)
+
+    @property
+    def peak_stash_bytes(self) -> list[int]:
+        return self.runner.peak_stash_bytes
+
+    # -- what a step runs -------------------------------------------------------------------
+
+    def programs(self, batch_shapes):
+        rows = batch_shapes["image"][0].shape[0]
+        out = []
+        for c, ck in enumerate(self.chunks):
+            names = shapes.step_programs(self.remat, self.split_backward, ck.last)
+            args = shapes.program_args(self, c, rows, names)
+            progs = self.programs_of[c].programs
+            for name in names:
+                times = 1 if name == "update" else self.num_microbatches
+                lowered = progs[name].lower(*args[name])
+                out.append(Program(name, _ROLES[name], ck.stage, c, ck.mesh, times, args[name],
+                                   lowered))  # fmt: skip
+        return out
+
+    @property
+    def num_stages(self) -> int:
+        return self.k
+
+    def schedule_events(self):
+        return self.events
+
+    def analytic_bubble(self) -> float:
+        return schedules.analytic_bubble(self.k, self.num_microbatches, self.schedule,
+                                         self.virtual_stages)  # fmt: skip
+
+    def bytes_between_stages(self, batch_size: int) -> int:
+        """Bytes crossing chunk boundaries per step: each boundary activation forward and its
+        gradient backward, for the whole global batch (in the dtype carried)."""
+        out = self.boundary(batch_size)[:-1]
+        return sum(2 * int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in out)
+
+    def sent_bytes_per_device(self, batch_size: int) -> list[int]:
+        rows = batch_size // self.num_microbatches
+        out = [int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize // self.data
+               for x in self.boundary(rows)[:-1]]  # fmt: skip
+        return [*out, 0]
+
+    def stored_activation_bytes(self, batch_size: int) -> list[int]:
+        """Per device stage, one device's stored bytes at the schedule's peak: the chunk
+        inputs a recomputing backward needs, or the residuals (and, zero-bubble, the output
+        gradients B keeps for W), walked over the dispatch order exactly as the runner stores
+        and frees them (its measured `peak_stash_bytes` equals this)."""
+        rows = batch_size // self.num_microbatches
+        stash, kept = [], []
+        for c, ck in enumerate(self.chunks):
+            names = shapes.step_programs(self.remat, self.split_backward, ck.last)
+            args = shapes.program_args(self, c, rows, names)
+            first_bwd = args["bwd"] if self.remat else args[names[1]]
+            stash.append(per_device_bytes(first_bwd[1]))
+            kept.append(per_device_bytes(args["bwd_w"][2]) if "bwd_w" in args else 0)
+        live, peak = [0] * self.k, [0] * self.k
+        for kind, c, _ in self.order:
+            d = c % self.k
+            change = {"F": stash[c], "B": kept[c] - (0 if self.split_backward else stash[c]),
+                      "W": -stash[c] - kept[c]}[kind]  # fmt: skip
+            if kind == "B" and self.remat:
+                change = -stash[c]
+            live[d] += change
+            peak[d] = max(peak[d], live[d])
+        return peak
+
+    def describe(self, batch_size: int) -> str:
+        """The stage table and the schedule, drawn per stage."""
+        m = self.num_microbatches
+        head = (
+            f"pipeline: {self.k} stages, split {self.config.pipeline.split!r} {self.bounds}, "
+            f"schedule {self.schedule}, {m} micro-batch{'es' if m != 1 else ''}, analytic "
+            f"bubble {self.analytic_bubble():.3f}"
+        )
+        return "\n".join([
+            head,
+            stages.stage_table(self.model, self.bounds, batch_size),
+            "schedule (per stage: F/B = forward/backward of micro-batch i):",
+            schedules.render(self.events),
+        ])  # fmt: skip
+
+
+def _unsplit(model, layers: slice) -> dict:
+    """Variable specs of `layers` with nothing split over the other axes."""
+    shapes_ = jax.eval_shape(lambda: model.init(jax.random.key(0), layers))
+    return {k: jax.tree.map(lambda _: P(), v) for k, v in shapes_.items()}

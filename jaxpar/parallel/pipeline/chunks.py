@@ -1,0 +1,321 @@
+"""The compiled programs of one pipeline chunk (a contiguous run of layers on one stage's
+devices), built from a small description of the chunk (`Chunk`), not from the pipeline.
+
+Per chunk: forward, backward, update and eval, and (`pipeline.remat=False`) the programs that
+keep the backward's residuals instead of recomputing the forward:
+
+- fwd: forward only (`remat=True`: its backward recomputes it from the stored input).
+- bwd: recompute the forward from the stored input, then vjp: input gradient, and parameter
+  gradients added into the accumulator.
+- fwd_res: forward, layer by layer under `jax.vjp`; returns the pullbacks' residuals (the
+  pullback of `jax.vjp` is a pytree: its leaves leave the program, its structure stays on the
+  host). Residuals that are the parameters themselves are not stored: the backward gets the
+  parameters anyway. The last chunk's fwd_res also takes the labels and returns the loss.
+- bwd_res: the whole backward from the residuals, no forward recomputed.
+- bwd_in (zero-bubble B): the input gradient only, keeping each layer's output gradient.
+- bwd_w (zero-bubble W): each layer's parameter gradient from its residuals and its output
+  gradient, into the accumulator. XLA drops the half of each layer's pullback a program does
+  not return, so B and W together cost one backward.
+- update: the chunk's sync rule combines the accumulated gradients over "data" and applies
+  them (TrainState.apply_gradients), the only place replicas meet.
+
+Every program takes the chunk's placed TrainState (the runner puts the current BatchNorm
+statistics in); what a replica computes with is its sync rule's `local_params`/`local_stats`.
+Inside shard_map every residual keeps its varying-ness over "data" (what the pullback was
+traced with): varying leaves leave the program stacked per replica (P(data)), invariant ones
+replicated. Which is which is read by tracing the forward once abstractly before compiling it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import DATA
+from jaxpar.parallel import tensor
+from jaxpar.parallel.replicas import Replicas
+from jaxpar.parallel.state import accuracy, cross_entropy, logit_sums
+from jaxpar.parallel.sync.base import SyncRule, block, manual
+
+NAMES = ("fwd", "bwd", "update", "eval", "fwd_res", "bwd_res", "bwd_in", "bwd_w")
+
+
+@dataclasses.dataclass(eq=False)
+class Chunk:
+    """What a chunk's programs are built from."""
+
+    index: int
+    stage: int  # the device stage that holds it
+    layers: slice  # its layers of the model
+    first: bool
+    last: bool
+    mesh: Mesh  # its stage's devices: (data, 1, tensor)
+    model: Any
+    rule: SyncRule  # how its data replicas agree
+    replicas: Replicas
+    num_microbatches: int
+    auto_axes: bool  # "tensor" left to the sharding rules (tensor parallelism)
+    constrain: Any  # model.apply's activation layout under tensor parallelism, or None
+    state_specs: Any  # PartitionSpecs of its placed TrainState, every mesh axis
+    acc_specs: Any  # of its per-replica gradient accumulator
+
+    @property
+    def param_specs(self):
+        return self.rule.variable_specs["params"]
+
+
+class OnMesh:
+    """A jitted stage program that traces, lowers and runs with its stage's mesh as the
+    context mesh, so the sharding rules inside resolve against that stage's devices."""
+
+    def __init__(self, fn, mesh):
+        self.fn, self.mesh = fn, mesh
+
+    def __call__(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.fn(*args)
+
+    def lower(self, *args):
+        with jax.set_mesh(self.mesh):
+            return self.fn.lower(*args)
+
+
+class Deferred:
+    """A program built on its first call or lowering from the arguments' shapes: residual
+    programs learn their residuals' structure only by tracing the chunk's forward."""
+
+    def __init__(self, make):
+        self.make, self.program = make, None
+
+    def _get(self, args):
+        if self.program is None:
+            self.program = self.make(args)
+        return self.program
+
+    def __call__(self, *args):
+        return self._get(args)(*args)
+
+    def lower(self, *args):
+        return self._get(args).lower(*args)
+
+
+class ChunkPrograms:
+    """The programs of one chunk (attributes named as in NAMES, built by `build`)."""
+
+    def __init__(self, chunk: Chunk):
+        self.ck = ck = chunk
+        self.layer_ids = range(len(ck.model.layers))[ck.layers]
+        self.names = [ck.model.layers[i].name for i in self.layer_ids]
+        self.inv_m = 1.0 / ck.num_microbatches
+        self.residuals: tuple | None = None  # (treedef, kinds), set when fwd_res is traced
+        self.programs = self._build()
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def local(self, state):
+        """(params, stats) this replica computes with."""
+        return self.ck.rule.local_params(state), self.ck.rule.local_stats(state.batch_stats)
+
+    def apply(self, params, stats, x, layers, train=True):
+        bn = self.ck.rule.bn_axis_name if train else None
+        return self.ck.model.apply(params, stats, x, train=train, layers=layers,
+                                   bn_axis_name=bn, constrain=self.ck.constrain)  # fmt: skip
+
+    def loss(self, y, target):
+        return cross_entropy(y, target), accuracy(y, target)
+
+    def in_layout(self, grads):
+        return tensor.constrain_tree(grads, self.ck.param_specs) if self.ck.auto_axes else grads
+
+    def accumulate(self, acc, grads):
+        return jax.tree.map(lambda a, g: a + g[None], acc, self.in_layout(grads))
+
+    def sm(self, fn, in_specs, out_specs):
+        return self.ck.replicas.shard_map(fn, self.ck.mesh, in_specs, out_specs,
+                                          self.ck.auto_axes)  # fmt: skip
+
+    def on(self, fn, **jit_kwargs):
+        return OnMesh(jax.jit(fn, **jit_kwargs), self.ck.mesh)
+
+    # -- recomputing programs (remat=True) and the rest ---------------------------------
+
+    def fwd(self, state, x):
+        params, stats = self.local(state)
+        y, new_stats = self.apply(params, stats, x, self.ck.layers)
+        return y, self.ck.rule.placed_stats(new_stats)
+
+    def bwd(self, state, x, target, acc):
+        params, stats = self.local(state)
+
+        def f(p, x):
+            y, new_stats = self.apply(p, stats, x, self.ck.layers)
+            if not self.ck.last:
+                return y, new_stats
+            loss, correct = self.loss(y, target)
+            return loss, (new_stats, correct)
+
+        out, vjp, aux = jax.vjp(f, params, x, has_aux=True)
+        # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
+        r = self.ck.replicas
+        cot = r.varying(jnp.asarray(self.inv_m, out.dtype)) if self.ck.last else target
+        g_params, g_x = vjp(cot)
+        acc = self.accumulate(acc, g_params)
+        if self.ck.last:
+            new_stats, correct = aux
+            metrics = (r.pmean(out), r.pmean(correct))
+            return g_x, acc, self.ck.rule.placed_stats(new_stats), metrics
+        return (g_x, acc) if not self.ck.first else acc
+
+    def update(self, state, acc):
+        rule = self.ck.rule
+        grads = self.in_layout(block(acc))
+        new = rule.update(state, grads, rule.local_stats(state.batch_stats))
+        return new, jax.tree.map(jnp.zeros_like, acc)
+
+    def evaluate(self, state, x, *label_mask):
+        params, stats = self.ck.rule.eval_model(state)
+        y, _ = self.apply(params, stats, x, self.ck.layers, train=False)
+        if not label_mask:
+            return y
+        return self.ck.replicas.psum(logit_sums(y, *label_mask))
+
+    # -- residual programs (remat=False) ------------------------------------------------
+
+    def fwd_res(self, state, x, *target):
+        """Forward layer by layer under vjp; returns (output or (loss, accuracy)), the new
+        statistics, and the stored residual leaves."""
+        local, stats = self.local(state)
+        new_stats = dict(stats)
+        pullbacks = []
+        for i, name in zip(self.layer_ids, self.names):
+            sub = {name: stats[name]} if name in stats else {}
+
+            def f(p, x, i=i, name=name, sub=sub):
+                return self.apply({name: p}, sub, x, slice(i, i + 1))
+
+            x, pullback, layer_stats = jax.vjp(f, local[name], x, has_aux=True)
+            new_stats.update(layer_stats)
+            pullbacks.append(pullback)
+        r = self.ck.replicas
+        if self.ck.last:
+            loss, pullback, correct = jax.vjp(lambda y: self.loss(y, *target), x, has_aux=True)
+            pullbacks.append(pullback)
+            out = (r.pmean(loss), r.pmean(correct))
+        else:
+            out = x
+        leaves, treedef = jax.tree.flatten(pullbacks)
+        param_pos = {id(p): j for j, p in enumerate(jax.tree.leaves(local))}
+        kinds, stored = [], []
+        for leaf in leaves:
+            if id(leaf) in param_pos:
+                kinds.append(("param", param_pos[id(leaf)]))
+                continue
+            stacked = r.manual and DATA in jax.typeof(leaf).mat.varying
+            kinds.append(("stored", stacked))
+            stored.append(leaf[None] if stacked else leaf)
+        self.residuals = (treedef, tuple(kinds))
+        return out, self.ck.rule.placed_stats(new_stats), stored
+
+    def stored_specs(self) -> list:
+        return [P(DATA) if flag else P() for kind, flag in self.residuals[1] if kind == "stored"]
+
+    def pullbacks(self, state, stored):
+        treedef, kinds = self.residuals
+        param_leaves = jax.tree.leaves(self.ck.rule.local_params(state))
+        it = iter(stored)
+        leaves = []
+        for kind, arg in kinds:
+            if kind == "param":
+                leaves.append(param_leaves[arg])
+            else:
+                leaf = next(it)
+                leaves.append(leaf[0] if arg else leaf)
+        return jax.tree.unflatten(treedef, leaves)
+
+    def _walk(self, state, stored, cot):
+        """Backward through the chunk's layers from the residuals: the input gradient, each
+        layer's output gradient, and the parameter gradients (dropped by XLA where unused)."""
+        pullbacks = self.pullbacks(state, stored)
+        if self.ck.last:  # the loss's pullback, with d(step loss)/d(micro-batch loss) = 1/M
+            (cot,) = pullbacks.pop()(self.ck.replicas.varying(jnp.asarray(self.inv_m, jnp.float32)))
+        grads, outs = {}, []
+        for name, pullback in reversed(list(zip(self.names, pullbacks))):
+            outs.insert(0, cot)
+            g_params, cot = pullback(cot)
+            grads[name] = g_params
+        return cot, outs, grads
+
+    def bwd_res(self, state, stored, *cot_acc):
+        *cot, acc = cot_acc
+        g_x, _, grads = self._walk(state, stored, cot[0] if cot else None)
+        acc = self.accumulate(acc, grads)
+        return acc if self.ck.first else (g_x, acc)
+
+    def bwd_in(self, state, stored, *cot):
+        g_x, outs, _ = self._walk(state, stored, cot[0] if cot else None)
+        return outs if self.ck.first else (g_x, outs)
+
+    def bwd_w(self, state, stored, outs, acc):
+        pullbacks = self.pullbacks(state, stored)
+        grads = {name: pb(g)[0] for name, pb, g in zip(self.names, pullbacks, outs)}
+        return self.accumulate(acc, grads)
+
+    # -- compiled -----------------------------------------------------------------------
+
+    def _build(self) -> dict[str, Any]:
+        ck, first, last = self.ck, self.ck.first, self.ck.last
+        data, st = P(DATA), manual(ck.state_specs)
+        out: dict[str, Any] = {}
+        stats_spec = st.batch_stats
+        out["fwd"] = self.on(self.sm(self.fwd, (st, data), (data, stats_spec)))
+        bwd_out = (data, data, stats_spec, (P(), P())) if last else (
+            data if first else (data, data))  # fmt: skip
+        out["bwd"] = self.on(self.sm(self.bwd, (st, data, data, data), bwd_out),
+                             donate_argnums=3)  # fmt: skip
+        out["update"] = self.on(self.sm(self.update, (st, data), (st, data)),
+                                donate_argnums=(0, 1), out_shardings=self.placed())  # fmt: skip
+        eval_in = (st, data, data, data) if last else (st, data)
+        out["eval"] = self.on(self.sm(self.evaluate, eval_in, P() if last else data))
+
+        fwd_in = (st, data, data) if last else (st, data)
+        main_out = ((P(), P()), stats_spec) if last else (data, stats_spec)
+
+        def make_fwd(args):
+            # Trace once abstractly to learn the residuals' structure and varying-ness.
+            probe = self.sm(lambda *a: self.fwd_res(*a)[:2], fwd_in, main_out)
+            with jax.set_mesh(ck.mesh):
+                jax.eval_shape(probe, *args)
+            return self.on(self.sm(self.fwd_res, fwd_in, (*main_out, self.stored_specs())))
+
+        cot_in = () if last else (data,)
+
+        def make(fn, in_specs, out_specs, **kw):
+            return lambda args: self.on(self.sm(fn, in_specs(), out_specs()), **kw)
+
+        res, n = self.stored_specs, len(self.names)
+        out["fwd_res"] = Deferred(make_fwd)
+        out["bwd_res"] = Deferred(
+            make(self.bwd_res, lambda: (st, res(), *cot_in, data),
+                 lambda: data if first else (data, data), donate_argnums=3 - last)
+        )  # fmt: skip
+        out["bwd_in"] = Deferred(
+            make(self.bwd_in, lambda: (st, res(), *cot_in),
+                 lambda: [data] * n if first else (data, [data] * n))
+        )  # fmt: skip
+        out["bwd_w"] = Deferred(
+            make(self.bwd_w, lambda: (st, res(), [data] * n, data), lambda: data,
+                 donate_argnums=3)
+        )  # fmt: skip
+        return out
+
+    def placed(self):
+        """NamedShardings of (state, accumulator) on the chunk's stage."""
+        named = lambda s: jax.sharding.NamedSharding(self.ck.mesh, s)
+        is_spec = lambda x: isinstance(x, P)
+        return (jax.tree.map(named, self.ck.state_specs, is_leaf=is_spec),
+                jax.tree.map(named, self.ck.acc_specs, is_leaf=is_spec))  # fmt: skip

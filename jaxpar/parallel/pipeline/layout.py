@@ -1,0 +1,116 @@
+"""The layout-free state and a pipeline's per-chunk parts of it, placed.
+
+A canonical TrainState keeps every per-layer dict keyed by layer name (params, batch
+statistics, optimizer moments). A pipeline chunk holds the entries of its own layers; `select`
+cuts a chunk's part out of a canonical state and `merge` joins the parts back. `ChunkLayout`
+places a chunk's part on its stage in its sync rule's layout, and takes it back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.errors import ConfigError
+from jaxpar.parallel.state import init_state
+from jaxpar.parallel.sync.base import _is_spec, stacked
+
+
+def merge(trees: list[Any]) -> Any:
+    """Merge per-stage pytrees whose dicts hold disjoint layer names (params, optimizer state)
+    into one; leaves shared by every stage (step counts) are taken from stage 0."""
+    first = trees[0]
+    if isinstance(first, dict):  # layer names appear once; other keys ("pending") in every part
+        keys = list(dict.fromkeys(key for tree in trees for key in tree))
+        return {key: merge([tree[key] for tree in trees if key in tree]) for key in keys}
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(merge(list(parts)) for parts in zip(*trees)))
+    if isinstance(first, (tuple, list)):
+        return type(first)(merge(list(parts)) for parts in zip(*trees))
+    if dataclass_fields := getattr(first, "__dataclass_fields__", None):
+        return first.replace(**{k: merge([getattr(t, k) for t in trees]) for k in dataclass_fields})
+    return first
+
+
+def select(tree: Any, keep: set[str], layer_names: set[str]) -> Any:
+    """The inverse of `merge`: keep only `keep`'s entries of every dict keyed by layer names."""
+    if isinstance(tree, dict):
+        if tree and set(tree) <= layer_names:
+            return {k: v for k, v in tree.items() if k in keep}
+        return {k: select(v, keep, layer_names) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(select(v, keep, layer_names) for v in tree))
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(select(v, keep, layer_names) for v in tree)
+    if fields := getattr(tree, "__dataclass_fields__", None):
+        return tree.replace(**{k: select(getattr(tree, k), keep, layer_names) for k in fields})
+    return tree
+
+
+class ChunkLayout:
+    """One chunk's placed state: its sync rule's layout of the chunk's layers on its stage's
+    devices, plus a per-replica gradient accumulator (params-shaped, a leading "data" axis)."""
+
+    def __init__(self, model, tx, rule, mesh, layers: slice):
+        self.model, self.tx, self.rule, self.mesh, self.layers = model, tx, rule, mesh, layers
+        self.names = {layer.name for layer in model.layers[layers]}
+        shared = jax.eval_shape(lambda r: init_state(model, tx, r, layers), jax.random.key(0))
+        self.canonical_shapes = jax.eval_shape(rule.from_shared, shared)
+        self.device_shapes = jax.eval_shape(rule.to_device, self.canonical_shapes)
+        self.state_specs = rule.specs(self.device_shapes)
+        self.acc_specs = stacked(rule.variable_specs["params"])
+        self.acc_shapes = jax.tree.map(
+            lambda p: jax.ShapeDtypeStruct((rule.n, *p.shape), p.dtype), shared.params
+        )
+        named = lambda s: NamedSharding(mesh, s)
+        self.shardings = (
+            jax.tree.map(named, self.state_specs, is_leaf=_is_spec),
+            jax.tree.map(named, self.acc_specs, is_leaf=_is_spec),
+        )
+        self._canonical = jax.jit(rule.canonical)
+
+    def abstract(self) -> tuple:
+        """(state, accumulator) as ShapeDtypeStructs with their shardings."""
+        with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+        return (jax.tree.map(with_sharding, self.device_shapes, self.shardings[0]),
+                jax.tree.map(with_sharding, self.acc_shapes, self.shardings[1]))  # fmt: skip
+
+    def init(self, rng) -> tuple:
+        """(state, accumulator) created directly on the stage's devices."""
+
+        def make(rng):
+            state = self.rule.to_device(
+                self.rule.from_shared(init_state(self.model, self.tx, rng, self.layers))
+            )
+            return state, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self.acc_shapes)
+
+        return jax.jit(make, out_shardings=self.shardings)(rng)
+
+    def place(self, canonical_host, put) -> tuple:
+        """This chunk's part of a canonical host state on its devices (`put`: host arrays onto
+        shardings, across processes if need be); a shared model starts per-replica modes."""
+        part = select(canonical_host, self.names, set(canonical_host.params))
+        shape_of = lambda t: jax.tree.map(lambda x: tuple(np.shape(x)), t)
+        if shape_of(part) != shape_of(self.canonical_shapes):
+            shared = part.replace(sync={})
+            if shape_of(jax.eval_shape(self.rule.from_shared, shared)) != shape_of(
+                self.canonical_shapes
+            ):
+                raise ConfigError(
+                    f"the checkpoint's state does not fit sync.mode={self.rule.name} with "
+                    f"{self.rule.n} replicas (it was written by another mode or replica "
+                    "count); resume with the settings it was written with"
+                )
+            part = jax.tree.map(np.asarray, self.rule.from_shared(shared))
+        replicated = jax.tree.map(lambda _: NamedSharding(self.mesh, P()), part)
+        to_device = jax.jit(self.rule.to_device, out_shardings=self.shardings[0])
+        acc = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), self.acc_shapes)
+        return to_device(put(part, replicated)), put(acc, self.shardings[1])
+
+    def canonical(self, state):
+        return self._canonical(state)

@@ -1,0 +1,203 @@
+"""The pipeline's host side: walk the schedule's events, run chunk programs, move activations.
+
+Every process walks every event of the global order: it runs the programs of chunks whose
+stage owns one of its devices and counts the others' (`InFlight.skip`), so that all processes
+bound the work in flight at the same points of the program order (dispatch.py). Activations
+and their gradients move between stages with `device_put` in one process; across processes
+through the mover's collective program (transfer.py), which every process calls in the same
+order (a process owning neither side only counts it).
+
+What a backward needs is stored from its forward (the chunk's input, or with remat=False its
+residuals); the runner counts those bytes per device and keeps the peak of the last step.
+"""
+
+from __future__ import annotations
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import DATA
+from jaxpar.parallel.state import add_sums
+
+
+class Runner:
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.k, self.n = pipe.num_stages, pipe.num_chunks
+        self.inflight, self.mine = pipe.inflight, pipe.local
+        self.peak_stash_bytes = [0] * self.k  # per device, measured by the last train step
+
+    # -- dispatching --------------------------------------------------------------------
+
+    def run(self, chunk: int, name: str, *args):
+        """Dispatch a program of a chunk of this process's stages, counted in the window."""
+        return self.inflight.add(self.pipe.programs_of[chunk].programs[name](*args))
+
+    def on(self, stage: int, dispatch):
+        """`dispatch()` (one computation) where this process owns a device of `stage`, counted
+        in the window; elsewhere only counted. Returns its result, or None."""
+        if self.mine[stage]:
+            return self.inflight.add(dispatch())
+        self.inflight.skip()
+        return None
+
+    def send(self, x, src: int, dst: int, chunk: int, rows: int | None):
+        """Move chunk `chunk`'s output (or the gradient with respect to it) from stage `src`'s
+        devices to stage `dst`'s. Several processes: x is None where this process owns none of
+        src's devices, the result None where it owns none of dst's. A tensor-parallel stage's
+        output is first laid out over "data" only: one more program on src's devices."""
+        pipe = self.pipe
+        if not pipe.multi:
+            return jax.device_put(x, pipe.batch_sharding[dst])
+        if src == dst:  # an interleaved chunk pair on one stage (K = 1 is not a pipeline)
+            return x
+        shape = pipe.boundary(rows or pipe.microbatch_rows)[chunk]
+        if pipe.auto_axes:
+            x = self.on(src, lambda: pipe.relayout[src](x))
+        return pipe.mover.send(x, src, dst, shape.shape, shape.dtype, P(DATA))
+
+    def to_all(self, tree, keys: tuple[str, ...]):
+        """Metrics or eval sums (scalars named `keys`, replicated on the last chunk's stage)
+        on every device, so that every process reads the same values. One process: as is."""
+        pipe = self.pipe
+        if not pipe.multi:
+            return tree
+        template = {key: jax.ShapeDtypeStruct((), jax.numpy.float32) for key in keys}
+        specs = {key: P() for key in keys}
+        return pipe.mover.gather_tree(tree, template, (self.n - 1) % self.k, specs)
+
+    # -- the training step ----------------------------------------------------------------
+
+    def train_step(self, stages, accs, batch):
+        """One step over the schedule; returns (chunk states, accumulators, metrics)."""
+        pipe, k, c_last = self.pipe, self.k, self.n - 1
+        st, acc = list(stages), list(accs)
+        stats = [None if x is None else x.batch_stats for x in st]
+        step = _Step(self, k)
+        rows = batch["image"][0].shape[0] if self.mine[0] else None
+        for kind, c, m in pipe.order:
+            d = c % k  # the device stage every program of this event runs on
+            y = g = None  # the output sent forward, the gradient sent backward
+            if not self.mine[d]:  # another process's stage: count its program, take part in sends
+                if not (kind == "F" and pipe.remat and c == c_last):  # that one runs nothing
+                    self.inflight.skip()
+            elif kind == "F":
+                y = self._forward(c, m, st[c].replace(batch_stats=stats[c]), stats, batch, step)
+            elif kind == "W":
+                outs = step.free("kept", (c, m), d)
+                acc[c] = self.run(c, "bwd_w", st[c], step.free("stash", (c, m), d), outs, acc[c])
+            else:
+                g = self._backward(c, m, st[c].replace(batch_stats=stats[c]), stats, acc, batch,
+                                   step)  # fmt: skip
+            if kind == "F" and c < c_last:
+                step.sent_f[(c + 1, m)] = self.send(y, d, (c + 1) % k, c, rows)
+            elif kind == "B" and c > 0:
+                step.sent_b[(c - 1, m)] = self.send(g, d, (c - 1) % k, c - 1, rows)
+        for c in range(self.n):
+            st[c], acc[c] = self.on(c % k, lambda c=c: pipe.programs_of[c].programs["update"](
+                st[c].replace(batch_stats=stats[c]), acc[c])) or (None, None)  # fmt: skip
+        self.peak_stash_bytes = step.peak
+        metrics = self.on(c_last % k, lambda: _mean_metrics(
+            {"loss": step.losses, "accuracy": step.accuracies}))  # fmt: skip
+        return st, acc, self.to_all(metrics, ("accuracy", "loss"))
+
+    def _forward(self, c, m, state, stats, batch, step):
+        """One F event of chunk c on this process's stage; returns the output to send on."""
+        c_last, d = self.n - 1, c % self.k
+        x = batch["image"][m] if c == 0 else step.sent_f.pop((c, m))
+        if self.pipe.remat:
+            step.store("stash", (c, m), x, d)
+            if c < c_last:
+                y, stats[c] = self.run(c, "fwd", state, x)
+                return y
+            return None
+        target = (batch["label"][m],) if c == c_last else ()
+        y, stats[c], res = self.run(c, "fwd_res", state, x, *target)
+        step.store("stash", (c, m), res, d)
+        if c == c_last:
+            step.losses.append(y[0])
+            step.accuracies.append(y[1])
+        return y
+
+    def _backward(self, c, m, state, stats, acc, batch, step):
+        """One B event of chunk c on this process's stage; returns the input gradient to send
+        back (None for chunk 0). Updates the accumulators, statistics and stores in place."""
+        c_last, d = self.n - 1, c % self.k
+        cot = () if c == c_last else (step.sent_b.pop((c, m)),)
+        g = None
+        if self.pipe.remat:
+            x = step.free("stash", (c, m), d)
+            target = (batch["label"][m],) if c == c_last else cot
+            out = self.run(c, "bwd", state, x, *target, acc[c])
+            if c == c_last:
+                g, acc[c], stats[c], (loss, correct) = out
+                step.losses.append(loss)
+                step.accuracies.append(correct)
+            elif c > 0:
+                g, acc[c] = out
+            else:
+                acc[c] = out
+        elif self.pipe.split_backward:  # B: the input gradient; W runs later from `kept`
+            out = self.run(c, "bwd_in", state, step.stores["stash"][(c, m)], *cot)
+            g, outs = out if c > 0 else (None, out)
+            step.store("kept", (c, m), outs, d)
+        else:
+            out = self.run(c, "bwd_res", state, step.free("stash", (c, m), d), *cot, acc[c])
+            g, acc[c] = out if c > 0 else (None, out)
+        return g
+
+    # -- evaluation -----------------------------------------------------------------------
+
+    def eval_step(self, stages, batch):
+        """Loss and correct-prediction sums over one eval batch, micro-batch by micro-batch
+        through the chunks."""
+        pipe, k = self.pipe, self.k
+        rows = batch["image"][0].shape[0] if self.mine[0] else None
+        last = (self.n - 1) % k
+        totals = None
+        for m in range(pipe.num_microbatches):
+            x = batch["image"][m]
+            for c in range(self.n - 1):
+                y = self.on(c % k, lambda c=c, x=x: self._eval(c, stages[c], x))
+                x = self.send(y, c % k, (c + 1) % k, c, rows)
+            sums = self.on(last, lambda x=x, m=m: self._eval(
+                self.n - 1, stages[-1], x, batch["label"][m], batch["mask"][m]))  # fmt: skip
+            if totals is None:
+                totals = sums
+            else:
+                totals = self.on(last, lambda t=totals, s=sums: add_sums(t, s))
+        return self.to_all(totals, ("correct", "count", "loss_sum"))
+
+    def _eval(self, c, state, *args):
+        return self.pipe.programs_of[c].programs["eval"](state, *args)
+
+
+class _Step:
+    """One step's bookkeeping: values in flight between events and the bytes stored per device."""
+
+    def __init__(self, runner, k: int):
+        self.sent_f, self.sent_b = {}, {}
+        self.stores = {"stash": {}, "kept": {}}
+        self.live, self.peak = [0] * k, [0] * k
+        self.losses, self.accuracies = [], []
+
+    def store(self, where: str, key, value, d: int) -> None:
+        self.stores[where][key] = value
+        self.live[d] += _device_bytes(value)
+        self.peak[d] = max(self.peak[d], self.live[d])
+
+    def free(self, where: str, key, d: int):
+        value = self.stores[where].pop(key)
+        self.live[d] -= _device_bytes(value)
+        return value
+
+
+@jax.jit
+def _mean_metrics(metrics: dict[str, list]) -> dict[str, jax.Array]:
+    """The step's loss and accuracy: means over the micro-batches, in one computation."""
+    return {key: sum(values) / len(values) for key, values in metrics.items()}
+
+
+def _device_bytes(tree) -> int:
+    """Bytes one device holds of `tree` (its first shard of every leaf)."""
+    return sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(tree))

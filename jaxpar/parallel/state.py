@@ -1,0 +1,102 @@
+"""The train state, the one update rule, the one loss and the one gradient path.
+
+Every strategy and synchronisation rule trains through these: `loss_and_grads` (a replica's
+loss, new BatchNorm statistics, accuracy and gradient, nothing reduced) and
+`TrainState.apply_gradients` (the optimizer step, shaped like flax's
+`train_state.TrainState.apply_gradients`). How replicas combine gradients is the sync rule's
+business alone (parallel/sync/).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxpar.models import SequentialModel
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step reads and writes. Params are per layer: {layer_name: {...}}."""
+
+    step: jax.Array
+    params: Any
+    batch_stats: Any
+    opt_state: Any
+    # What a synchronisation mode keeps between steps (parallel/sync/), e.g. async's pending
+    # gradients; {} for modes that keep nothing. Part of the canonical (checkpointed) state.
+    sync: Any = flax.struct.field(default_factory=dict)
+
+    def apply_gradients(self, tx: optax.GradientTransformation, grads, **changes) -> TrainState:
+        """The update rule: one optimizer step on `grads` (already combined as the sync rule
+        says), the step count advanced; `changes` replace other fields (batch_stats, ...)."""
+        updates, opt_state = tx.update(grads, self.opt_state, self.params)
+        params = optax.apply_updates(self.params, updates)
+        return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **changes)
+
+
+def init_state(
+    model: SequentialModel, tx: optax.GradientTransformation, rng, layers: slice = slice(None)
+) -> TrainState:
+    """A fresh state of `model`'s `layers` (all of them, or one pipeline chunk's)."""
+    variables = model.init(rng, layers)
+    params = variables["params"]
+    return TrainState(jnp.zeros((), jnp.int32), params, variables["batch_stats"], tx.init(params))
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy over the (local) batch."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return jnp.mean(jnp.argmax(logits, -1) == labels)
+
+
+def forward_loss(
+    model: SequentialModel, params, batch_stats, batch, *, bn_axis_name=None, constrain=None
+) -> tuple[jax.Array, tuple[Any, jax.Array]]:
+    """Training-mode loss on `batch`; aux = (updated batch stats, accuracy)."""
+    logits, new_stats = model.apply(params, batch_stats, batch["image"], train=True,
+                                    bn_axis_name=bn_axis_name, constrain=constrain)  # fmt: skip
+    return cross_entropy(logits, batch["label"]), (new_stats, accuracy(logits, batch["label"]))
+
+
+def loss_and_grads(model, params, batch_stats, batch, *, bn_axis_name=None, constrain=None):
+    """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
+    across replicas here. `params` must be per-replica values inside shard_map (see
+    sync/base.py) for the gradient to stay local."""
+    grad_fn = jax.value_and_grad(
+        functools.partial(forward_loss, model, bn_axis_name=bn_axis_name, constrain=constrain),
+        has_aux=True,
+    )
+    (loss, (stats, acc)), grads = grad_fn(params, batch_stats, batch)
+    return loss, stats, acc, grads
+
+
+def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:
+    """Masked sums of cross-entropy and correct predictions (padding rows have mask 0)."""
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+    return {
+        "loss_sum": jnp.sum(losses * mask),
+        "correct": jnp.sum(correct * mask),
+        "count": jnp.sum(mask),
+    }
+
+
+def eval_sums(model: SequentialModel, params, batch_stats, batch, constrain=None) -> dict:
+    """Masked sums of loss and correct predictions over a (local) eval batch."""
+    logits, _ = model.apply(params, batch_stats, batch["image"], train=False, constrain=constrain)
+    return logit_sums(logits, batch["label"], batch["mask"])
+
+
+@jax.jit
+def add_sums(a: dict, b: dict) -> dict:
+    """Running eval sums plus one batch's, in one computation (dispatch.py counts each)."""
+    return jax.tree.map(jnp.add, a, b)

@@ -1,0 +1,84 @@
+"""Continuing a run in a workdir that has checkpoints: what a rerun may and may not change.
+
+A rerun resumes from the newest checkpoint (`initial_state`). It must not change the
+learning rate of the steps behind the user's back (`check_schedule`), and a rerun of a
+finished run leaves it as it is (`finished`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpar import metrics as metrics_lib
+from jaxpar import optim
+from jaxpar.errors import ConfigError
+
+
+def initial_state(strategy, config, ckpt, restored, say) -> tuple[Any, int]:
+    """The placed state to train from and its step: the `restored` checkpoint's (a pair of
+    host state and step, from `ckpt.restore`), or a new one."""
+    if restored is None:
+        return strategy.init_state(jax.random.key(config.seed)), 0
+    host_state, start = restored
+    check_schedule(config, ckpt.restored_meta, start, say)
+    state = strategy.place(host_state)
+    say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
+    return state, start
+
+
+def finished(workdir: str, step: int, config, say) -> dict[str, Any]:
+    """A rerun of a finished run: say so, show its summary, change nothing."""
+    summary = metrics_lib.last_summary(workdir) or {}
+    span = optim.schedule_steps(config)
+    say(
+        f"the run in {workdir} is finished: its checkpoint is at step {step} of "
+        f"{config.num_train_steps}; nothing to train. To continue, raise "
+        f"--config.num_train_steps and add --config.schedule_steps={span} to keep its "
+        "learning-rate schedule (the rate stays at its end value) or a larger value to stretch "
+        "it; or add --eval_only to evaluate"
+    )
+    if summary:
+        say(metrics_lib.summary_table(summary))
+    return {**summary, "finished": True}
+
+
+def check_schedule(config, restored_meta: dict, start: int, say) -> None:
+    """Continuing a run must not change the learning rate of its steps behind the user's back:
+    a schedule whose rate differs at any step from the one in `restored_meta` (the restored
+    checkpoint's record; usually a raised num_train_steps stretching the cosine) is refused in
+    one line unless `schedule_steps` is given explicitly, and then said plainly."""
+    before = restored_meta.get("schedule")
+    if not before or before == optim.schedule_meta(config):
+        return
+    steps = jnp.arange(config.num_train_steps)
+    old = np.asarray(optim.make_schedule(_with_schedule(config, before))(steps))
+    new = np.asarray(optim.make_schedule(config)(steps))
+    differ = np.flatnonzero(~np.isclose(old, new, rtol=1e-6, atol=0.0))
+    if differ.size == 0:  # e.g. a constant rate over a longer run: nothing changes
+        return
+    at = int(differ[0])
+    rates = f"the rate at step {at + 1} is {new[at]:.3g} instead of {old[at]:.3g}"
+    if config.schedule_steps:  # asked for explicitly: go on, and say what changes
+        say(f"learning-rate schedule changed on resuming at step {start}: {rates}")
+        return
+    raise ConfigError(
+        f"this run was trained on a {before['schedule_steps']}-step {before['lr_schedule']} "
+        f"learning-rate schedule, and this config changes it: {rates}. Keep the old one with "
+        f"--config.schedule_steps={before['schedule_steps']} (and the run's other "
+        "learning-rate settings), or accept the new one with --config.schedule_steps="
+        f"{optim.schedule_steps(config)}"
+    )
+
+
+def _with_schedule(config, meta: dict):
+    """`config` with the learning-rate settings of a checkpoint's schedule record."""
+    old = config.copy_and_resolve_references()
+    with old.unlocked():
+        old.lr_schedule, old.warmup_steps = meta["lr_schedule"], meta["warmup_steps"]
+        old.learning_rate, old.lr_linear_scaling = meta["peak_learning_rate"], False
+        old.schedule_steps = meta["schedule_steps"]
+    return old
