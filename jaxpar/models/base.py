@@ -27,6 +27,9 @@ class Layer:
     out_shape: tuple[int, ...]
     params: int  # trainable parameter count
     flops: int  # forward FLOPs per example (2 x multiply-adds of convs and matmuls)
+    # {"params": ..., "batch_stats": ...} like the layer's variables, with a PartitionSpec of
+    # logical dimension names per leaf (flax's logical partitioning; see `logical_names`).
+    names: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
     def activation_size(self) -> int:
@@ -59,7 +62,7 @@ class SequentialModel:
         for i in range(len(self.layers))[layers]:
             layer = self.layers[i]
             x = jnp.zeros((1, *layer.in_shape), jnp.float32)
-            v = layer.module.init(jax.random.fold_in(rng, i), x, train=False)
+            v = nn.unbox(layer.module.init(jax.random.fold_in(rng, i), x, train=False))
             variables["params"][layer.name] = v["params"]
             if "batch_stats" in v:
                 variables["batch_stats"][layer.name] = v["batch_stats"]
@@ -126,8 +129,22 @@ def count_params(tree: Any) -> int:
     return sum(math.prod(x.shape) for x in jax.tree.leaves(tree))
 
 
+def logical_names(boxed: dict) -> dict:
+    """Logical dimension names of a module's variables, from flax's boxes
+    (`nn.get_partition_spec`). Statistics (BatchNorm's running mean and variance) are created
+    by flax without an initialiser one could box, so each takes the names of its module's
+    `scale`, whose dimensions it shares."""
+    names = nn.get_partition_spec(boxed)
+    stats = {
+        sub: {leaf: names["params"][sub]["scale"] for leaf in leaves}
+        for sub, leaves in boxed.get("batch_stats", {}).items()
+    }
+    return {"params": names["params"], "batch_stats": stats}
+
+
 def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer:
-    """Build a Layer, deriving its output shape and parameter count by abstract evaluation."""
+    """Build a Layer, deriving its output shape, parameter count and variables' logical names
+    by abstract evaluation."""
     x = jax.ShapeDtypeStruct((1, *in_shape), jnp.float32)
     variables = jax.eval_shape(lambda a: module.init(jax.random.key(0), a, train=False), x)
     out = jax.eval_shape(lambda v, a: module.apply(v, a, train=False), variables, x)
@@ -136,6 +153,7 @@ def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer
         module=module,
         in_shape=tuple(in_shape),
         out_shape=tuple(out.shape[1:]),
-        params=count_params(variables["params"]),
+        params=count_params(nn.unbox(variables["params"])),
         flops=module.flops(tuple(in_shape)),
+        names=logical_names(variables),
     )

@@ -19,6 +19,12 @@ DENSE_INIT = nn.initializers.normal(0.01)
 LOGICAL_AXES = ("batch", "image", "conv_in", "conv_out", "embed", "mlp", "hidden", "classes")
 
 
+def named(init, names: tuple):
+    """flax's logical partitioning: the variable is created boxed with its dimensions' logical
+    names (`nn.get_partition_spec` reads them; sharding rules map them to mesh axes)."""
+    return nn.with_logical_partitioning(init, names)
+
+
 class ConvBlock(nn.Module):
     """Conv (3x3 by default) -> optional BatchNorm -> ReLU -> optional 2x2 max-pool."""
 
@@ -33,40 +39,34 @@ class ConvBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool):
+        # Output channels may be split over a mesh axis, spatial dims never.
+        channel = ("conv_out",)
         x = nn.Conv(
             self.features,
             (self.kernel, self.kernel),
             padding=self.padding,
             dtype=self.dtype,
-            kernel_init=CONV_INIT,
+            kernel_init=named(CONV_INIT, (None, None, self.in_axis, "conv_out")),
+            bias_init=named(nn.initializers.zeros_init(), channel),
         )(x)
         if self.batch_norm:
+            # BatchNorm's running mean and variance follow its scale's names (flax creates
+            # them without an initialiser to box; parallel/tensor.py reads them from scale).
             x = nn.BatchNorm(
                 use_running_average=not train,
                 momentum=0.9,
                 epsilon=1e-5,
                 dtype=self.dtype,
                 axis_name=self.bn_axis_name if train else None,
+                scale_init=named(nn.initializers.ones_init(), channel),
+                bias_init=named(nn.initializers.zeros_init(), channel),
             )(x)
         x = nn.relu(x)
         if self.pool:
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
         return x
 
-    # Logical axis names of each variable and of the output, which sharding rules map to mesh
-    # axes (jaxpar/parallel/tensor.py): output channels may be split, spatial dims never.
-    def logical_axes(self) -> dict:
-        channel = ("conv_out",)
-        axes = {"Conv_0": {"kernel": (None, None, self.in_axis, "conv_out"), "bias": channel}}
-        if self.batch_norm:
-            axes["BatchNorm_0"] = {
-                "scale": channel,
-                "bias": channel,
-                "mean": channel,
-                "var": channel,
-            }
-        return axes
-
+    # Logical names of the output activation (sharding rules pin it inside the step).
     out_axes = ("batch", None, None, "conv_out")
 
     def flops(self, in_shape: tuple[int, ...]) -> int:
@@ -89,13 +89,15 @@ class DenseBlock(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool):
         x = x.reshape((x.shape[0], -1))
-        x = nn.Dense(self.features, dtype=self.dtype, kernel_init=DENSE_INIT)(x)
+        x = nn.Dense(
+            self.features,
+            dtype=self.dtype,
+            kernel_init=named(DENSE_INIT, (self.in_axis, self.out_axis)),
+            bias_init=named(nn.initializers.zeros_init(), (self.out_axis,)),
+        )(x)
         if self.relu:
             return nn.relu(x)
         return x.astype(jnp.float32)
-
-    def logical_axes(self) -> dict:
-        return {"Dense_0": {"kernel": (self.in_axis, self.out_axis), "bias": (self.out_axis,)}}
 
     @property
     def out_axes(self) -> tuple:

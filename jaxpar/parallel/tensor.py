@@ -2,7 +2,14 @@
 
 Every variable and activation of a layer carries logical axis names (models/layers.py:
 conv kernels (None, None, "conv_in", "conv_out"), BatchNorm ("conv_out",), dense kernels
-(in, out) with "embed", "mlp", "hidden", "classes"). `config.tensor.rules` maps names to mesh
+(in, out) with "embed", "mlp", "hidden", "classes"). Variables get them through flax's logical
+partitioning (`nn.with_logical_partitioning` on their initialisers, read back with
+`nn.get_partition_spec` when a Layer is built), and `nn.logical_to_mesh_axes` maps names to
+mesh axes. Two parts stay ours, for reasons flax leaves open: BatchNorm's running statistics
+are created without an initialiser to box, so they take their module's `scale` names
+(models/base.py: `logical_names`); and activations are pinned with `with_sharding_constraint`
+on the abstract mesh of the enclosing shard_map, which `nn.with_logical_constraint` (global
+mesh and rules context) does not see. `config.tensor.rules` maps names to mesh
 axes, e.g. (("conv_out", "tensor"), ("mlp", "tensor")): conv kernels split by output channels
 (each device computes c_out / t channels; BatchNorm statistics of a channel stay with its
 shard), the first hidden dense layer column-wise and the next row-wise (Megatron).
@@ -15,8 +22,6 @@ the tensor size are refused with a one-line error.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -65,31 +70,26 @@ def spec(names: tuple, rules: Rules) -> P:
     return nn.logical_to_mesh_axes(names, rules)
 
 
+def layer_specs(layer, rules: Rules) -> dict:
+    """{"params": ..., "batch_stats": ...} of PartitionSpecs over mesh axes for one layer's
+    variables: its logical names (flax's logical partitioning, models/base.py) mapped by the
+    rules."""
+    return {coll: jax.tree.map(lambda names: spec(tuple(names), rules), tree, is_leaf=_is_spec)
+            for coll, tree in layer.names.items()}  # fmt: skip
+
+
 def variable_specs(model: SequentialModel, rules: Rules, layers: slice = slice(None)) -> dict:
     """{"params": {...}, "batch_stats": {...}} of PartitionSpecs for `layers`' variables."""
     out: dict[str, dict] = {"params": {}, "batch_stats": {}}
     for layer in model.layers[layers]:
-        axes = layer.module.logical_axes()
-        params, stats = {}, {}
-        for sub, leaves in axes.items():
-            for leaf, names in leaves.items():
-                target = stats if leaf in ("mean", "var") else params
-                target.setdefault(sub, {})[leaf] = spec(names, rules)
-        out["params"][layer.name] = params
-        if stats:
-            out["batch_stats"][layer.name] = stats
+        for coll, tree in layer_specs(layer, rules).items():
+            if tree:
+                out[coll][layer.name] = tree
     return out
 
 
-def state_specs(state_shapes, model: SequentialModel, rules: Rules, layers=slice(None)):
-    """PartitionSpecs for a TrainState: variables by the rules, optimizer state like params."""
-    specs = variable_specs(model, rules, layers)
-    return state_shapes.replace(
-        step=P(),
-        params=specs["params"],
-        batch_stats=specs["batch_stats"],
-        opt_state=like_params(state_shapes.opt_state, specs["params"]),
-    )
+def _is_spec(x) -> bool:
+    return isinstance(x, P)
 
 
 def constrain_tree(tree, specs):
@@ -100,22 +100,6 @@ def constrain_tree(tree, specs):
         specs,
         tree,
         is_leaf=lambda x: isinstance(x, P),
-    )
-
-
-def like_params(tree_shapes: Any, params_specs: Any) -> Any:
-    """Specs for an optimizer state: each subtree shaped like the params takes their specs;
-    anything else (step counts) is replicated."""
-    treedef = jax.tree.structure(params_specs, is_leaf=lambda x: isinstance(x, P))
-
-    def is_params(x) -> bool:
-        try:
-            return jax.tree.structure(x) == treedef
-        except Exception:  # noqa: BLE001 - non-pytree leaves are simply not params-shaped
-            return False
-
-    return jax.tree.map(
-        lambda x: params_specs if is_params(x) else P(), tree_shapes, is_leaf=is_params
     )
 
 
@@ -140,15 +124,16 @@ def check(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> N
                 jax.random.key(0), jax.numpy.zeros((1, *layer.in_shape)), train=False
             )
         )
-        for sub, leaves in layer.module.logical_axes().items():
-            for leaf, names in leaves.items():
-                coll = "batch_stats" if leaf in ("mean", "var") else "params"
-                shape = variables[coll][sub][leaf].shape
-                for dim, axis in zip(shape, spec(names, rules)):
+        for coll, tree in layer_specs(layer, rules).items():
+            shapes = nn.unbox(variables.get(coll, {}))
+            named = jax.tree_util.tree_leaves_with_path(tree, is_leaf=_is_spec)
+            for (path, axes), leaf in zip(named, jax.tree.leaves(shapes), strict=True):
+                keys = [k.key for k in path]
+                for dim, axis in zip(leaf.shape, axes):
                     size = mesh_shape.get(axis, 1) if isinstance(axis, str) else 1
                     if dim % size:
                         raise ConfigError(
-                            f"{layer.name}/{sub}/{leaf} has {dim} along the dimension split "
+                            f"{layer.name}/{'/'.join(keys)} has {dim} along the dimension split "
                             f"over '{axis}' ({size} devices), which does not divide; choose "
                             f"model.width so channel counts are multiples of {size}, or a "
                             f"smaller tensor axis"
