@@ -15,7 +15,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.global_batch_size = 128  # images per step over all devices
     config.eval_batch_size = 0  # 0: same as global_batch_size
     config.learning_rate = 0.05  # peak learning rate (before linear scaling, if on)
-    config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch_size / 256
+    config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch / lr_base_batch_size
+    config.lr_base_batch_size = 256  # the batch that learning_rate is meant for (Goyal et al.)
     config.lr_schedule = "cosine"  # "cosine" (warmup then cosine to 0) or "constant"
     config.warmup_steps = 20
     # Steps the learning-rate schedule spans (0: num_train_steps). Set it to continue a
@@ -25,9 +26,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.weight_decay = 0.0
 
     config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "sgd"  # "sgd" (with momentum) or "adam"
+    config.optimizer.name = "sgd"  # "sgd" (with momentum), "adam" or "lars" (You et al.)
     config.optimizer.momentum = 0.9  # sgd momentum; 0 for plain SGD
     config.optimizer.nesterov = False
+    config.optimizer.trust_coefficient = 0.001  # lars: eta of the layer-wise trust ratio
 
     config.log_every_steps = 20
     config.eval_every_steps = 100  # 0: evaluate only at the end
@@ -60,6 +62,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.width = 0.25  # channel multiplier: 1.0 is the published VGG
     config.model.batch_norm = True
     config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+    config.model.dropout = False  # lenet: Keras mnist_cnn's dropouts (0.25, 0.5) in training
     config.model.head = "auto"  # "cifar" (one dense), "imagenet" (three dense), "auto" by input
 
     config.data = ml_collections.ConfigDict()

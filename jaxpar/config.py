@@ -18,7 +18,7 @@ from jaxpar import models
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import AXES, resolve_shape
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "lars")
 LR_SCHEDULES = ("cosine", "constant")
 SYNC_IMPLS = ("shard_map", "pmap")
 BN_SYNC = ("global", "local")
@@ -80,6 +80,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
         f"use a multiple of {data}",
     )
     check(config.learning_rate > 0, "learning_rate must be positive")
+    check(config.lr_base_batch_size > 0, "lr_base_batch_size must be positive")
     check(config.warmup_steps >= 0, "warmup_steps must be >= 0")
     for key in ("schedule_steps", "hang_timeout_s", "stop_grace_s"):
         check(config[key] >= 0, f"{key} must be >= 0 (0: the default behaviour, see base.py)")

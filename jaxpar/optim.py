@@ -7,10 +7,11 @@ import optax
 
 
 def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
-    """The configured peak rate, linearly scaled by global_batch_size / 256 if asked."""
+    """The configured peak rate, linearly scaled by global_batch_size / lr_base_batch_size if
+    asked (Goyal et al. 2017: learning_rate is the rate for lr_base_batch_size images)."""
     lr = float(config.learning_rate)
     if config.lr_linear_scaling:
-        lr *= config.global_batch_size / 256
+        lr *= config.global_batch_size / config.get("lr_base_batch_size", 256)
     return lr
 
 
@@ -52,17 +53,22 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """SGD (momentum, optional Nesterov) or Adam, with `weight_decay` applied as follows.
+    """SGD (momentum, optional Nesterov), Adam or LARS, with `weight_decay` applied as follows.
 
     adam: decoupled weight decay (AdamW, Loshchilov & Hutter): the update gains
     -lr * weight_decay * param, outside Adam's normalisation.
     sgd: weight_decay * param is added to the gradient before momentum (the classic SGD weight
     decay of Caffe, TensorFlow and PyTorch); without momentum it equals the decoupled form.
+    lars: optax.lars (You et al. 2017, layer-wise adaptive rates): each parameter's step is
+    scaled by trust_coefficient x ||w|| / ||g + wd w||, with weight decay inside that ratio.
     """
     schedule = make_schedule(config)
     opt, wd = config.optimizer, float(config.weight_decay)
     if opt.name == "adam":
         return optax.adamw(schedule, weight_decay=wd)  # decoupled; wd=0 is plain Adam
+    if opt.name == "lars":
+        return optax.lars(schedule, weight_decay=wd, momentum=opt.momentum,
+                          nesterov=opt.nesterov, trust_coefficient=opt.trust_coefficient)  # fmt: skip
     tx = optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov)
     if wd:
         tx = optax.chain(optax.add_decayed_weights(wd), tx)

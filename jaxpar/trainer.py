@@ -72,7 +72,8 @@ def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | Non
 
 def local_train_batch(s: Setup, step: int) -> dict[str, np.ndarray]:
     """This process's share of global batch `step` (deterministic in seed and step)."""
-    return s.dataset.train_batch(step, s.config.global_batch_size, *s.strategy.batch_share())
+    return s.dataset.train_batch(step, s.config.global_batch_size, *s.strategy.batch_share(),
+                                 example_ids=s.model.stochastic)  # fmt: skip
 
 
 def evaluate(s: Setup, state, watch: watchdog_lib.Watchdog | None = None) -> dict[str, float]:

@@ -143,12 +143,15 @@ class Dataset:
         global_batch_size: int,
         process_index: int = 0,
         process_count: int = 1,
+        example_ids: bool = False,
     ) -> dict[str, np.ndarray]:
         """This process's slice of global train batch `step`: image float32, label int32.
 
         Deterministic in (seed, step); only the local examples are read.
         Augmentation randomness is drawn for the whole global batch and sliced,
-        so it does not depend on process_count either.
+        so it does not depend on process_count either. `example_ids` adds "example": one
+        uint32 per row, unique within a run's first 2^32 examples and mixed with the seed,
+        from which dropout draws each row's mask wherever the row is computed.
         """
         local = _local_slice(global_batch_size, process_index, process_count)
         indices = self.train_indices(step, global_batch_size)[local]
@@ -157,7 +160,13 @@ class Dataset:
             rng = np.random.default_rng([self.seed, step, 1])
             params = augment_lib.draw_params(rng, global_batch_size)
             images = augment_lib.pad_crop_flip(images, params.local(local))
-        return {"image": normalize(images), "label": labels.astype(np.int32, copy=False)}
+        out = {"image": normalize(images), "label": labels.astype(np.int32, copy=False)}
+        if example_ids:
+            position = step * global_batch_size + np.arange(global_batch_size, dtype=np.uint64)
+            offset = np.uint64(self.seed * 0x9E3779B97F4A7C15 % 2**32)  # seeds far apart
+            mixed = (position + offset) % np.uint64(2**32)
+            out["example"] = mixed[local].astype(np.uint32)
+        return out
 
     def eval_steps(self, global_batch_size: int) -> int:
         """Number of batches `eval_batches` yields (the last one padded)."""

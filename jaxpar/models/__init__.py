@@ -25,12 +25,13 @@ def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> 
         bool(model_config.batch_norm),
         model_config.dtype,
         model_config.get("head", "auto"),
+        bool(model_config.get("dropout", False)),
     )
 
 
 @functools.lru_cache(maxsize=32)
-def _build(name, input_shape, num_classes, width, batch_norm, dtype, head) -> SequentialModel:
+def _build(name, input_shape, num_classes, width, batch_norm, dtype, head, dropout):
     kw = {"width": width, "batch_norm": batch_norm, "dtype": DTYPES[dtype]}
     if name == "lenet":
-        return lenet.lenet(input_shape, num_classes, **kw)
+        return lenet.lenet(input_shape, num_classes, dropout=dropout, **kw)
     return vgg.vgg(name, input_shape, num_classes, head=head, **kw)

@@ -51,6 +51,11 @@ class SequentialModel:
         return sum(layer.params for layer in self.layers)
 
     @property
+    def stochastic(self) -> bool:
+        """Whether training draws random masks (dropout): batches then carry example ids."""
+        return any(layer.module.dropout for layer in self.layers)
+
+    @property
     def flops_per_example(self) -> int:
         """Forward FLOPs per example; a training step costs about 3x this."""
         return sum(layer.flops for layer in self.layers)
@@ -78,6 +83,7 @@ class SequentialModel:
         bn_axis_name: str | tuple[str, ...] | None = None,
         layers: slice = slice(None),
         constrain: Any = None,
+        example: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Run `layers` (default: all) on x; return output and updated batch statistics.
 
@@ -85,9 +91,13 @@ class SequentialModel:
         (synchronised BatchNorm inside shard_map/pmap); None uses the local batch only.
         `constrain(x, logical_axes)`: applied to every layer's output (and to the input of a
         flatten) to pin activation shardings under tensor parallelism; None does nothing.
+        `example`: per-row ids of the batch (uint32, see data.Dataset.train_batch), from which
+        dropout layers draw their masks in training: layer i's key for a row is
+        fold_in(key(i), id), the same on any device.
         """
         new_stats = dict(batch_stats)
-        for layer in self.layers[layers]:
+        first = range(len(self.layers))[layers].start
+        for i, layer in enumerate(self.layers[layers], start=first):
             if (
                 constrain is not None
                 and x.ndim == 4
@@ -102,11 +112,15 @@ class SequentialModel:
             variables = {"params": params[layer.name]}
             if layer.name in batch_stats:
                 variables["batch_stats"] = batch_stats[layer.name]
+            keys = None
+            if train and layer.module.dropout and example is not None:
+                keys = jax.vmap(lambda e, i=i: jax.random.fold_in(jax.random.key(i), e))(example)
             if train and layer.name in batch_stats:
-                x, updates = module.apply(variables, x, train=True, mutable=["batch_stats"])
+                x, updates = module.apply(variables, x, train=True, keys=keys,
+                                          mutable=["batch_stats"])  # fmt: skip
                 new_stats[layer.name] = updates["batch_stats"]
             else:
-                x = module.apply(variables, x, train=train)
+                x = module.apply(variables, x, train=train, keys=keys)
             if constrain is not None:
                 x = constrain(x, layer.module.out_axes)
         return x, new_stats

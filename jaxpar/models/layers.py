@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 # torchvision's VGG initialisation: He (fan-out) for convs, N(0, 0.01) for dense layers, so the
@@ -25,8 +26,19 @@ def named(init, names: tuple):
     return nn.with_logical_partitioning(init, names)
 
 
+def dropout(x, rate: float, keys):
+    """Inverted dropout with one key per example (`keys`: [batch] keys), so that an example's
+    mask does not depend on which device or micro-batch it lands on: every partitioning draws
+    the single-device program's masks."""
+    if keys is None:
+        raise ValueError("dropout needs per-example keys: the batch lacks its 'example' ids")
+    keep = jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, x.shape[1:]))(keys)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
+
+
 class ConvBlock(nn.Module):
-    """Conv (3x3 by default) -> optional BatchNorm -> ReLU -> optional 2x2 max-pool."""
+    """Conv (3x3 by default) -> optional BatchNorm -> ReLU -> optional 2x2 max-pool ->
+    optional dropout (training only)."""
 
     features: int
     kernel: int = 3
@@ -36,9 +48,10 @@ class ConvBlock(nn.Module):
     in_axis: str = "conv_in"  # logical name of the input channels ("image" for the first conv)
     dtype: Any = jnp.float32
     bn_axis_name: Any = None
+    dropout: float = 0.0  # rate
 
     @nn.compact
-    def __call__(self, x, train: bool):
+    def __call__(self, x, train: bool, keys=None):
         # Output channels may be split over a mesh axis, spatial dims never.
         channel = ("conv_out",)
         x = nn.Conv(
@@ -64,6 +77,8 @@ class ConvBlock(nn.Module):
         x = nn.relu(x)
         if self.pool:
             x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        if train and self.dropout:
+            x = dropout(x, self.dropout, keys)
         return x
 
     # Logical names of the output activation (sharding rules pin it inside the step).
@@ -77,7 +92,8 @@ class ConvBlock(nn.Module):
 
 
 class DenseBlock(nn.Module):
-    """Flatten (if needed) -> Dense -> optional ReLU. The last one emits float32 logits."""
+    """Flatten (if needed) -> Dense -> optional ReLU -> optional dropout (training only). The
+    last one emits float32 logits."""
 
     features: int
     relu: bool = True
@@ -85,9 +101,10 @@ class DenseBlock(nn.Module):
     out_axis: str | None = "classes"
     dtype: Any = jnp.float32
     bn_axis_name: Any = None  # unused; keeps every block's interface the same
+    dropout: float = 0.0  # rate
 
     @nn.compact
-    def __call__(self, x, train: bool):
+    def __call__(self, x, train: bool, keys=None):
         x = x.reshape((x.shape[0], -1))
         x = nn.Dense(
             self.features,
@@ -95,9 +112,10 @@ class DenseBlock(nn.Module):
             kernel_init=named(DENSE_INIT, (self.in_axis, self.out_axis)),
             bias_init=named(nn.initializers.zeros_init(), (self.out_axis,)),
         )(x)
-        if self.relu:
-            return nn.relu(x)
-        return x.astype(jnp.float32)
+        if not self.relu:
+            return x.astype(jnp.float32)
+        x = nn.relu(x)
+        return dropout(x, self.dropout, keys) if train and self.dropout else x
 
     @property
     def out_axes(self) -> tuple:

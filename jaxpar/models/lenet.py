@@ -1,5 +1,6 @@
-"""The small LeNet-style convnet of the source documents' MNIST experiments (Keras mnist_cnn):
-conv 32 -> conv 64 -> 2x2 max-pool -> dense 128 -> dense classes (dropout left out)."""
+"""The small LeNet-style convnet of the source documents' MNIST experiments (Keras mnist_cnn,
+seed 002): conv 32 -> conv 64 -> 2x2 max-pool -> dropout 0.25 -> dense 128 -> dropout 0.5 ->
+dense classes. `dropout=False` leaves the two dropouts out (the same function in evaluation)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ def lenet(
     width: float = 1.0,
     batch_norm: bool = False,
     dtype: Any = None,
+    dropout: bool = False,
 ) -> SequentialModel:
     kw = {} if dtype is None else {"dtype": dtype}
+    rates = (0.25, 0.5) if dropout else (0.0, 0.0)  # Keras mnist_cnn's
     blocks = [
         (
             "conv1",
@@ -28,9 +31,19 @@ def lenet(
         ),
         (
             "conv2",
-            ConvBlock(scaled(64, width), padding="VALID", batch_norm=batch_norm, pool=True, **kw),
+            ConvBlock(
+                scaled(64, width),
+                padding="VALID",
+                batch_norm=batch_norm,
+                pool=True,
+                dropout=rates[0],
+                **kw,
+            ),
         ),
-        ("fc1", DenseBlock(scaled(128, width), in_axis="embed", out_axis="mlp", **kw)),
+        (
+            "fc1",
+            DenseBlock(scaled(128, width), in_axis="embed", out_axis="mlp", dropout=rates[1], **kw),
+        ),
         ("fc2", DenseBlock(num_classes, relu=False, in_axis="mlp", out_axis="classes", **kw)),
     ]
     layers, shape = [], tuple(input_shape)

@@ -140,6 +140,9 @@ class DataParallel(Strategy):
         if eval:
             out["mask"] = jax.ShapeDtypeStruct((batch_size,), jnp.float32,
                                                sharding=self.batch_sharding)  # fmt: skip
+        elif self.model.stochastic:
+            out["example"] = jax.ShapeDtypeStruct((batch_size,), jnp.uint32,
+                                                  sharding=self.batch_sharding)  # fmt: skip
         return out
 
     # -- the step ---------------------------------------------------------------------------

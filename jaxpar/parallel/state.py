@@ -63,7 +63,8 @@ def forward_loss(
 ) -> tuple[jax.Array, tuple[Any, jax.Array]]:
     """Training-mode loss on `batch`; aux = (updated batch stats, accuracy)."""
     logits, new_stats = model.apply(params, batch_stats, batch["image"], train=True,
-                                    bn_axis_name=bn_axis_name, constrain=constrain)  # fmt: skip
+                                    bn_axis_name=bn_axis_name, constrain=constrain,
+                                    example=batch.get("example"))  # fmt: skip
     return cross_entropy(logits, batch["label"]), (new_stats, accuracy(logits, batch["label"]))
 
 

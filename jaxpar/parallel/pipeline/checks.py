@@ -19,6 +19,11 @@ def require(config, shape: tuple[int, int, int]) -> None:
     micro = config.pipeline.num_microbatches
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
     check(
+        not config.model.get("dropout", False),
+        "pipeline stages do not draw dropout masks yet; set --config.model.dropout=False or "
+        "use a mesh without stages (data and tensor parallelism run dropout)",
+    )
+    check(
         config.sync.impl == "shard_map",
         "pipeline stages run with sync.impl=shard_map; pmap is data-parallel only",
     )
