@@ -22,6 +22,7 @@ import numpy as np
 from jaxpar import metrics as metrics_lib
 from jaxpar import watchdog as watchdog_lib
 from jaxpar.checkpoint import Checkpointer
+from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
 
 
@@ -87,9 +88,10 @@ class StepTimer:
 
 class LogWindow:
     """The steps since the last log line. As a hook it writes the train line (mean loss and
-    accuracy over the window, the learning rate, images/sec) and the console line, and stops
-    a run whose loss is not finite: the losses are read then anyway, so divergence costs no
-    extra host sync."""
+    accuracy over the window, the learning rate, images/sec and, given the Prefetcher's
+    `feed`, the mean host time per batch and the mean wait for it) and the console line, and
+    stops a run whose loss is not finite: the losses are read then anyway, so divergence costs
+    no extra host sync."""
 
     def __init__(
         self,
@@ -99,15 +101,17 @@ class LogWindow:
         batch_size: int,
         timer: StepTimer,
         ckpt: Checkpointer | None,
+        feed: InputStats | None = None,
     ):
         self.writer, self.progress, self.schedule = writer, progress, schedule
-        self.batch_size, self.timer, self.ckpt = batch_size, timer, ckpt
+        self.batch_size, self.timer, self.ckpt, self.feed = batch_size, timer, ckpt, feed
         self.last: dict[str, float] = {}  # the last train line
         self._restart()
 
     def _restart(self) -> None:
         self.metrics: list[Any] = []
         self._t0, self._excluded0 = time.perf_counter(), self.timer.excluded_s
+        self._fed0 = len(self.feed.waited) if self.feed is not None else 0
 
     def add(self, metrics: Any) -> None:
         self.metrics.append(metrics)
@@ -122,17 +126,33 @@ class LogWindow:
             "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
             "learning_rate": float(self.schedule(info.step - 1)),
             "images_per_sec": len(fetched) * self.batch_size / seconds,
+            **self._input(),
         }
         self.writer.write(info.step, "train", **self.last)
         if self.progress is not None:
+            shown = {"img/s": self.last["images_per_sec"]}
+            if "input_s_per_step" in self.last:
+                shown.update(
+                    input_s=self.last["input_s_per_step"],
+                    wait_s=self.last["input_wait_s_per_step"],
+                )
             self.progress.update(
-                info.step,
-                loss=self.last["loss"],
-                lr=self.last["learning_rate"],
-                **{"img/s": self.last["images_per_sec"]},
+                info.step, loss=self.last["loss"], lr=self.last["learning_rate"], **shown
             )
         stop_if_diverged(fetched, info.step, self.ckpt)
         self._restart()
+
+    def _input(self) -> dict[str, float]:
+        """Mean host seconds per batch and mean wait for it, over the batches the window's
+        steps took from the Prefetcher (none for the first step, whose batch was made before
+        the compile)."""
+        if self.feed is None or not (waited := self.feed.waited[self._fed0 :]):
+            return {}
+        made = self.feed.made[self._fed0 : self._fed0 + len(waited)]
+        return {
+            "input_s_per_step": float(np.mean([m + p for m, p in made])),
+            "input_wait_s_per_step": float(np.mean(waited)),
+        }
 
     def check_finite(self, step: int) -> None:
         """Raise TrainingError if a loss of the steps not logged yet is not finite."""

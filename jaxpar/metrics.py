@@ -7,9 +7,14 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+# The one rule for `input_bound` (README "What the input pipeline costs"): after warm-up the
+# training loop spent more than this share of its step time waiting for the next batch.
+INPUT_BOUND_WAIT_SHARE = 0.1
 
 
 def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> dict[str, float]:
@@ -30,6 +35,50 @@ def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> 
     }
 
 
+def input_pipeline(
+    made: Sequence[tuple[float, float]],
+    waited: Sequence[float],
+    step_times: Sequence[float],
+    global_batch_size: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """What the input pipeline cost per step, from the Prefetcher's InputStats (`made`: host
+    seconds in make_batch and put of each batch, `waited`: the loop's wait for each) and the
+    step times, each dropping its first `warmup` entries as `throughput` does.
+
+    The host batch time is a median, like the step time, so the loader's capacity (global
+    batch / host batch time: what it could feed if training took no time) compares with
+    images_per_sec; the wait is a mean, a share of the mean step time, and decides
+    `input_bound` (INPUT_BOUND_WAIT_SHARE)."""
+    made, waited = made[warmup:] or made, waited[warmup:] or waited
+    times = step_times[warmup:] or step_times
+    if not (made and waited and times):
+        return {}
+    host = float(np.median([m + p for m, p in made]))
+    share = float(np.mean(waited)) / float(np.mean(times))
+    return {
+        "input_s_per_step": host,
+        "input_put_s_per_step": float(np.median([p for _, p in made])),
+        "input_wait_s_per_step": float(np.mean(waited)),
+        "input_wait_share": share,
+        "loader_images_per_sec": global_batch_size / host,
+        "input_bound": share > INPUT_BOUND_WAIT_SHARE,
+    }
+
+
+def input_line(summary: dict[str, Any]) -> str | None:
+    """The summary's verdict on the input pipeline in one sentence (None without figures)."""
+    if "input_bound" not in summary:
+        return None
+    verdict = "input-bound" if summary["input_bound"] else "not input-bound"
+    return (
+        f"{verdict}: the loader makes {summary['loader_images_per_sec']:,.0f} img/s, training "
+        f"consumed {summary['images_per_sec']:,.0f} img/s and waited for "
+        f"data {summary['input_wait_share']:.1%} of its step time (input-bound: more than "
+        f"{INPUT_BOUND_WAIT_SHARE:.0%})"
+    )
+
+
 def summary(
     *,
     strategy: str,
@@ -45,11 +94,15 @@ def summary(
     num_params: int,
     flops_per_example: float,
     report: dict[str, Any],
+    made: Sequence[tuple[float, float]] = (),
+    waited: Sequence[float] = (),
 ) -> dict[str, Any]:
     """The run's final {"split": "summary"} record (README "Metrics"): throughput from the
-    `step_times` after `warmup`, the last `train` line and `evaluation`, the model's size and
-    work, then the strategy's `report` (memory, collectives, pipeline figures)."""
+    `step_times` after `warmup`, what the input pipeline cost (`made`, `waited`: see
+    `input_pipeline`), the last `train` line and `evaluation`, the model's size and work, then
+    the strategy's `report` (memory, collectives, pipeline figures)."""
     stats = throughput(step_times, global_batch_size, warmup)
+    stats.update(input_pipeline(made, waited, step_times, global_batch_size, warmup))
     nan = float("nan")
     record = {
         "strategy": strategy,
@@ -236,6 +289,11 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("step time median (s)", "step_time_median_s"),
         ("step time p10-p90 (s)", None),
         ("model TFLOP/s", "model_tflops_per_sec"),
+        ("host batch time median (s)", "input_s_per_step"),
+        ("  of which copy to devices (s)", "input_put_s_per_step"),
+        ("wait for data / step, mean (s)", "input_wait_s_per_step"),
+        ("loader capacity images/sec", "loader_images_per_sec"),
+        (f"input-bound (waits > {INPUT_BOUND_WAIT_SHARE:.0%} of step)", "input_bound"),
         ("pipeline schedule", "pipeline_schedule"),
         ("micro-batches", "num_microbatches"),
         ("bubble, analytic (K-1)/(M+K-1)", "analytic_bubble"),
@@ -262,4 +320,6 @@ def summary_table(summary: dict[str, Any]) -> str:
         rows.append((label, value))
     width = max(len(label) for label, _ in rows)
     line = "-" * (width + 2 + max(len(v) for _, v in rows))
-    return "\n".join([line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line])
+    verdict = [said] if (said := input_line(summary)) else []
+    table = [line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line]
+    return "\n".join(table + verdict)

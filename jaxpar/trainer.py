@@ -27,6 +27,7 @@ from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
 from jaxpar import watchdog as watchdog_lib
 from jaxpar import workdir as workdir_lib
+from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
 from jaxpar.parallel.state import add_sums
 
@@ -186,6 +187,7 @@ class _Outcome:
 
     state: Any
     step_times: list[float]
+    feed: InputStats  # the host time of each prefetched batch and the loop's wait for it
     train: dict[str, float]  # the last train line
     evaluation: dict[str, float]  # the last evaluation
     stopped: bool  # by a stop request, before the last step
@@ -199,7 +201,10 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     is_lead = jax.process_index() == 0
     timer = hooks.StepTimer(watch)
     progress = metrics_lib.Progress(total, start_step=start) if is_lead else None
-    window = hooks.LogWindow(writer, progress, s.schedule, config.global_batch_size, timer, ckpt)
+    feed = InputStats()  # what each batch cost the host and the loop's wait for it
+    window = hooks.LogWindow(
+        writer, progress, s.schedule, config.global_batch_size, timer, ckpt, feed
+    )
     evaluation = hooks.Evaluation(lambda st: evaluate(s, st, watch), writer, say, timer)
     after_step = hooks.Hooks()
     after_step.add_hook(window.log, every=config.log_every_steps)
@@ -214,7 +219,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
         stop = cleanup.enter_context(preemption.Preemption(say, watch))
         batches = cleanup.enter_context(
             data_lib.Prefetcher(
-                partial(local_train_batch, s), s.strategy.put_batch, start + 1, total
+                partial(local_train_batch, s), s.strategy.put_batch, start + 1, total, stats=feed
             )
         )
         for i, batch in itertools.chain([(start, first)], batches):
@@ -232,7 +237,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
                 say(stop.stopped_line(info.step, saved=ckpt is not None))
                 break
     stopped = info.stopping and not info.final
-    return _Outcome(state, timer.times, window.last, evaluation.last, stopped)
+    return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped)
 
 
 def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -> dict[str, Any]:
@@ -247,6 +252,8 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
         global_batch_size=s.config.global_batch_size,
         step_times=outcome.step_times,
         warmup=TIMING_WARMUP_STEPS,
+        made=outcome.feed.made,
+        waited=outcome.feed.waited,
         compile_time_s=s.strategy.compile_time_s,
         wall_time_s=time.perf_counter() - run.wall0,
         train=outcome.train,

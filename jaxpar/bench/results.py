@@ -10,6 +10,8 @@ import json
 import math
 from typing import Any
 
+from jaxpar.metrics import INPUT_BOUND_WAIT_SHARE
+
 HEADER = (
     "Figures marked [exact] are read from the placed arrays and the compiled programs: bytes, "
     "memory, FLOPs per image and the analytic bubble do not depend on the machine. Figures "
@@ -25,6 +27,8 @@ KEYS = (
     "pipeline_schedule", "num_microbatches", "global_batch_size", "repeats",
     "images_per_sec", "images_per_sec_stderr", "images_per_sec_p10", "images_per_sec_p90",
     "speedup", "efficiency", "baseline", "step_time_median_s", "compile_time_s",
+    "input_s_per_step", "input_wait_s_per_step", "input_wait_share", "loader_images_per_sec",
+    "input_bound",
     "num_params", "param_bytes", "param_bytes_per_device", "opt_state_bytes_per_device",
     "state_bytes_per_device", "program_temp_bytes_per_device",
     "stored_activation_bytes_per_device", "memory_bytes_per_device",
@@ -75,12 +79,26 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out["images_per_sec_p10"], _ = mean_stderr(slow)
     out["images_per_sec_p90"], _ = mean_stderr(fast)
     out["step_time_median_s"], _ = mean_stderr([r["step_time_median_s"] for r in repeats])
+    out.update(_input(repeats, batch))
     shape = out["mesh_shape"] or [1, 1, 1]
     data_only = shape[0] > 1 and shape[1] == shape[2] == 1
     if data_only and out["param_bytes"]:  # the gradient all-reduce against the parameters
         out["data_allreduce_over_params"] = out["data_allreduce_bytes"] / out["param_bytes"]
     if out["images_per_sec"] and out["model_flops_per_image"]:
         out["model_flops_per_sec"] = out["images_per_sec"] * out["model_flops_per_image"]
+    return out
+
+
+def _input(repeats: list[dict], batch: int) -> dict[str, Any]:
+    """The input pipeline's figures over repeats: mean host batch time, wait and wait share;
+    the loader's capacity from the mean host time; input-bound by the mean share (the rule of
+    jaxpar.metrics.input_pipeline). Empty for records made before they were measured."""
+    if not all(r.get("input_s_per_step") for r in repeats):
+        return {}
+    keys = ("input_s_per_step", "input_wait_s_per_step", "input_wait_share")
+    out = {k: mean_stderr([r[k] for r in repeats])[0] for k in keys}
+    out["loader_images_per_sec"] = batch / out["input_s_per_step"]
+    out["input_bound"] = out["input_wait_share"] > INPUT_BOUND_WAIT_SHARE
     return out
 
 
@@ -121,11 +139,12 @@ def _f(n, fmt: str) -> str:
 def markdown(rows: list[dict], machine: str = "") -> str:
     """The results table: one line per row, [exact] and [clock] columns marked."""
     head = (
-        "| row | mesh | dev | img/s [clock] | speedup | eff. | memory/dev MiB [exact] | "
+        "| row | mesh | dev | img/s [clock] | speedup | eff. | loader img/s [clock] | "
+        "memory/dev MiB [exact] | "
         "coll. MiB/dev/step [exact] | data AR / params | stages MiB/step [exact] | "
         "bubble analytic / measured | eval acc | status |"
     )
-    lines = [f"*{machine}*\n" if machine else "", HEADER, "", head, "|" + "---|" * 13]
+    lines = [f"*{machine}*\n" if machine else "", HEADER, "", head, "|" + "---|" * 14]
     for r in rows:
         rate = _f(r["images_per_sec"], ".1f")
         if r["images_per_sec_stderr"] is not None:
@@ -137,12 +156,17 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         status = "ok" if r["status"] == "ok" else f"failed: {r['error']}"
         cells = [
             r["name"], mesh, str(r["num_devices"] or ""), rate, _f(r["speedup"], ".2f"),
-            _f(r["efficiency"], ".2f"), _mib(r["memory_bytes_per_device"]),
+            _f(r["efficiency"], ".2f"), _loader(r), _mib(r["memory_bytes_per_device"]),
             _mib(r["collective_bytes_per_device"]), _f(r["data_allreduce_over_params"], ".3f"),
             _mib(r["bytes_between_stages"]), bubble, _f(r["eval_accuracy"], ".3f"), status,
         ]  # fmt: skip
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _loader(r: dict) -> str:
+    """The loader column: "bound" for an input-bound row, else the loader's capacity."""
+    return "bound" if r["input_bound"] else _f(r["loader_images_per_sec"], ".0f")
 
 
 def to_csv(rows: list[dict]) -> str:

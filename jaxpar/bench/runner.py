@@ -365,4 +365,13 @@ def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record
         f"ok  {record.get('images_per_sec', nan):,.1f} img/s  "
         f"step {record.get('step_time_median_s', nan):.3f} s  "
         f"compile {record['compile_time_s']:.1f} s  eval acc {record['eval_accuracy']:.3f}"
+        + _loader(record)
     )
+
+
+def _loader(record: dict) -> str:
+    """The row line's input part: the loader's capacity, and whether it was the limit."""
+    if "loader_images_per_sec" not in record:
+        return ""
+    bound = " (input-bound)" if record["input_bound"] else ""
+    return f"  loader {record['loader_images_per_sec']:,.0f} img/s{bound}"

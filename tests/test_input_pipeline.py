@@ -1,0 +1,101 @@
+"""What the input pipeline costs: the Prefetcher's per-batch host and wait times, the
+input-bound verdict they lead to, the figures a training run reports, and the bench suite that
+contrasts loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import pytest
+
+from jaxpar import metrics, trainer
+from jaxpar.bench import suite as suite_lib
+from jaxpar.data import Prefetcher
+from tests.util import override, tiny_config
+
+PAUSE_S = 0.03  # what the slow side of a pipeline sleeps per batch
+STEPS = 12
+WARMUP = 3
+
+
+def _consume(make_batch, step_s: float) -> tuple[Prefetcher, list[float]]:
+    """Run a Prefetcher over STEPS batches with a loop that works `step_s` per step; return it
+    and the loop's step times (as StepTimer takes them: end of one step to the next)."""
+    times = []
+    with Prefetcher(make_batch, lambda b: b, 0, STEPS) as batches:
+        last = time.perf_counter()
+        for _ in batches:
+            time.sleep(step_s)
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+    return batches, times
+
+
+def _slow(step):
+    time.sleep(PAUSE_S)
+    return {"step": step}
+
+
+def test_a_slow_loader_makes_the_loop_wait_and_is_flagged_input_bound():
+    batches, times = _consume(_slow, step_s=0.0)
+    stats = batches.stats
+    assert len(stats.made) == len(stats.waited) == STEPS
+    figures = metrics.input_pipeline(stats.made, stats.waited, times, 64, WARMUP)
+    assert figures["input_s_per_step"] == pytest.approx(PAUSE_S, rel=0.5)
+    assert figures["input_wait_s_per_step"] == pytest.approx(PAUSE_S, rel=0.5)
+    assert figures["input_wait_share"] > 0.5
+    assert figures["loader_images_per_sec"] == pytest.approx(64 / PAUSE_S, rel=0.5)
+    assert figures["input_bound"] is True
+
+
+def test_a_slow_loop_with_a_fast_loader_does_not_wait_and_is_not_input_bound():
+    batches, times = _consume(lambda step: {"step": step}, step_s=PAUSE_S)
+    stats = batches.stats
+    figures = metrics.input_pipeline(stats.made, stats.waited, times, 64, WARMUP)
+    assert figures["input_wait_s_per_step"] < 0.1 * PAUSE_S  # the queue was full every time
+    assert figures["input_s_per_step"] < 0.1 * PAUSE_S
+    assert figures["loader_images_per_sec"] > 10 * 64 / PAUSE_S
+    assert figures["input_bound"] is False
+
+
+def test_the_verdict_is_one_sentence_with_both_rates():
+    summary = {"images_per_sec": 830.0, "loader_images_per_sec": 850.0}
+    summary.update(input_wait_share=0.42, input_bound=True)
+    assert metrics.input_line(summary) == (
+        "input-bound: the loader makes 850 img/s, training consumed 830 img/s and waited for "
+        "data 42.0% of its step time (input-bound: more than 10%)"
+    )
+    assert metrics.input_line({"images_per_sec": 830.0}) is None
+
+
+def test_a_training_run_reports_what_its_input_cost(tmp_path):
+    config = tiny_config(num_train_steps=6, log_every_steps=3, checkpoint_every_steps=0)
+    config = override(config, {"model.name": "lenet", "model.width": 0.25})
+    summary = trainer.train_and_evaluate(config, str(tmp_path), jax.devices()[:1])
+    for key in ("input_s_per_step", "input_put_s_per_step", "loader_images_per_sec"):
+        assert summary[key] > 0, key
+    assert summary["input_put_s_per_step"] <= summary["input_s_per_step"]
+    assert 0 <= summary["input_wait_s_per_step"] < summary["step_time_median_s"] * 10
+    assert isinstance(summary["input_bound"], bool)
+    assert summary["loader_images_per_sec"] == pytest.approx(16 / summary["input_s_per_step"])
+    with open(os.path.join(tmp_path, "metrics.jsonl"), encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [3, 6]
+    assert all(r["input_s_per_step"] > 0 and r["input_wait_s_per_step"] >= 0 for r in train)
+    assert "input_bound" in records[-1] and "img/s" in metrics.summary_table(records[-1])
+
+
+def test_the_input_pipeline_suite_builds_every_row():
+    suite = suite_lib.load_suite("input_pipeline")
+    names = [r["name"] for r in suite.rows]
+    assert len(names) == len(set(names))
+    for r in suite.rows:
+        config = suite_lib.row_config(suite, r, {})
+        assert config.model.name == "lenet" and config.num_devices == config.mesh_shape[0]
+        assert tuple(config.mesh_shape)[1:] == (1, 1) and config.mesh_shape[0] in (1, 2, 4, 8)
+        assert r["baseline"] in names
