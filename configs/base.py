@@ -66,13 +66,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.head = "auto"  # "cifar" (one dense), "imagenet" (three dense), "auto" by input
 
     config.data = ml_collections.ConfigDict()
-    config.data.name = "shapes10"  # embedded offline default; or synthetic, cifar10, mnist, ...
+    config.data.name = "shapes10"  # embedded offline default; or digits, synthetic, cifar10, mnist
     config.data.data_dir = ""  # TFDS data_dir; "" = TFDS default (~/tensorflow_datasets)
     config.data.eval_split = "test"
     config.data.augment = False  # random crop (pad 4) and horizontal flip
     config.data.image_shape = (32, 32, 3)  # synthetic only
     config.data.num_classes = 10  # synthetic only
-    config.data.num_train = 0  # shapes10/synthetic size; 0 = default
+    config.data.num_train = 0  # shapes10/digits/synthetic size; 0 = default
     config.data.num_eval = 0
 
     config.pipeline = ml_collections.ConfigDict()

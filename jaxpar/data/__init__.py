@@ -1,4 +1,4 @@
-"""Data for jaxpar: deterministic, process-sliced batches from shapes10, synthetic or TFDS."""
+"""Data for jaxpar: deterministic, process-sliced batches from shapes10, digits, synthetic, TFDS."""
 
 from jaxpar.data.base import DataError, Dataset, DatasetSpec
 from jaxpar.data.loader import load

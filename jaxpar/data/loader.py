@@ -1,22 +1,22 @@
 """`load(config)`: picks the dataset named by config.data.name and builds a Dataset.
 
 config.data keys (missing, None, "" or 0 mean the default):
-  name         "shapes10" (embedded, offline), "synthetic", or a TFDS name
+  name         "shapes10" or "digits" (embedded, offline), "synthetic", or a TFDS name
   data_dir     TFDS data directory; default TFDS's own (~/tensorflow_datasets)
   train_split  TFDS train split, default "train"
   eval_split   TFDS eval split, default "test"
   augment      pad-crop-flip training augmentation, default False
   image_shape  synthetic only, default (32, 32, 3)
   num_classes  synthetic only, default 10
-  num_train    shapes10 default 10000, synthetic default 50000
-  num_eval     shapes10 default 2000, synthetic default 10000
+  num_train    shapes10 default 10000, digits default 60000, synthetic default 50000
+  num_eval     shapes10 default 2000, digits default 10000, synthetic default 10000
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jaxpar.data import shapes10, synthetic
+from jaxpar.data import digits, shapes10, synthetic
 from jaxpar.data.base import ArraySource, DataError, Dataset, DatasetSpec
 
 SYNTHETIC_DEFAULTS = {
@@ -51,6 +51,16 @@ def _load_shapes10(data: Any, seed: int, augment: bool) -> Dataset:
     return Dataset(spec, train, evaluation, seed=seed, augment=augment)
 
 
+def _load_digits(data: Any, seed: int, augment: bool) -> Dataset:
+    num_train = _int(data, "num_train", digits.NUM_TRAIN)
+    num_eval = _int(data, "num_eval", digits.NUM_EVAL)
+    train = ArraySource(*digits.generate(num_train, "train"))
+    evaluation = ArraySource(*digits.generate(num_eval, "eval"))
+    shape = (digits.SIZE, digits.SIZE, 1)
+    spec = DatasetSpec("digits", shape, digits.NUM_CLASSES, num_train, num_eval)
+    return Dataset(spec, train, evaluation, seed=seed, augment=augment)
+
+
 def _load_synthetic(data: Any, seed: int, augment: bool) -> Dataset:
     shape = tuple(int(d) for d in _get(data, "image_shape", SYNTHETIC_DEFAULTS["image_shape"]))
     if len(shape) != 3:
@@ -74,6 +84,8 @@ def load(config: Any) -> Dataset:
     augment = bool(_get(data, "augment", False))
     if name == "shapes10":
         return _load_shapes10(data, seed, augment)
+    if name == "digits":
+        return _load_digits(data, seed, augment)
     if name == "synthetic":
         return _load_synthetic(data, seed, augment)
     from jaxpar.data import tfds_source  # Deferred: only TFDS runs pay for the import.

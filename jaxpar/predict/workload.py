@@ -26,6 +26,7 @@ from jaxpar.errors import ConfigError
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
     "shapes10": ((32, 32, 3), 10),
+    "digits": ((28, 28, 1), 10),
     "cifar10": ((32, 32, 3), 10),
     "mnist": ((28, 28, 1), 10),
 }
