@@ -33,6 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     config.log_every_steps = 20
     config.eval_every_steps = 100  # 0: evaluate only at the end
+    # At the end, also evaluate the first N train images (inference mode, unaugmented): the
+    # summary's train accuracy and the train/test gap. 0: none.
+    config.eval_train_examples = 0
     config.checkpoint_every_steps = 100  # Orbax save every N steps and at the end; 0: none
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.max_to_keep = 3

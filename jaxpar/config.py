@@ -82,7 +82,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     check(config.learning_rate > 0, "learning_rate must be positive")
     check(config.lr_base_batch_size > 0, "lr_base_batch_size must be positive")
     check(config.warmup_steps >= 0, "warmup_steps must be >= 0")
-    for key in ("schedule_steps", "hang_timeout_s", "stop_grace_s"):
+    for key in ("schedule_steps", "hang_timeout_s", "stop_grace_s", "eval_train_examples"):
         check(config[key] >= 0, f"{key} must be >= 0 (0: the default behaviour, see base.py)")
     for key in ("log_every_steps",):
         check(config[key] > 0, f"{key} must be positive")

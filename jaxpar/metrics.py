@@ -301,9 +301,13 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("bytes between stages / step", "bytes_between_stages_per_step"),
         ("compile time (s)", "compile_time_s"),
         ("wall time (s)", "wall_time_s"),
+        ("epochs", "epochs"),
+        ("seconds per epoch", "seconds_per_epoch"),
         ("final train loss", "final_loss"),
         ("eval loss", "eval_loss"),
         ("eval accuracy", "eval_accuracy"),
+        ("train-split accuracy (inference)", "train_eval_accuracy"),
+        ("train - test accuracy gap", "generalization_gap"),
     ]
     rows = []
     for label, key in order:

@@ -7,8 +7,9 @@ are present, so any suite gets the plots that make sense for it.
   point per row: the trade-off in one picture;
 - bubble.png: pipeline bubble against micro-batches, analytic curve per K, measured points
   per schedule;
-- accuracy_vs_batch.png: eval accuracy against global batch, one line per group, for rows
-  that are not throughput studies (scaling "none", as in the batch_size suite).
+- accuracy_vs_batch.png: test error against global batch, one line per recipe (group), seeds'
+  spread as bars and the published figures beside, for rows that are not throughput studies
+  (scaling "none", as in the batch_size suite).
 """
 
 from __future__ import annotations
@@ -169,25 +170,46 @@ def bubble(rows: list[dict], path: str) -> bool:
 
 
 def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
-    rows = [r for r in _ok(rows) if r["scaling"] == "none" and r["eval_accuracy"] is not None]
-    groups = sorted({r["group"] for r in rows})
-    if len({r["global_batch_size"] for r in rows}) < 2:
+    """Test error (1 - accuracy, log scale, so that 1.5% and 50% both read) against global
+    batch, one line per recipe (group) with two batches or more; bars span the seeds' min-max;
+    the published figures (a suite's `reference`) in black."""
+    from jaxpar.bench import accuracy  # the study folds repeated seeds
+
+    entries = [e for e in accuracy.study(_ok(rows)) if e["accuracy"] is not None]
+    batches = lambda es: {e["global_batch_size"] for e in es}
+    lines = {}
+    for e in entries:
+        lines.setdefault(e["group"], []).append(e)
+    lines = {g: es for g, es in lines.items() if len(batches(es)) >= 2}
+    if not lines:
         return False
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for g in groups:
-        line = sorted((r for r in rows if r["group"] == g), key=lambda r: r["global_batch_size"])
-        ax.plot(
-            [r["global_batch_size"] for r in line],
-            [r["eval_accuracy"] for r in line],
-            marker="o",
-            label=g,
-        )
+    fig, ax = plt.subplots(figsize=(7, 4.8))
+    for g, es in lines.items():
+        es = sorted(es, key=lambda e: e["global_batch_size"])
+        x = [e["global_batch_size"] for e in es]
+        y = [1 - e["accuracy"] for e in es]  # test error: 1.5% and 50% on one axis
+        err = [[e["accuracy_max"] - e["accuracy"] for e in es],
+               [e["accuracy"] - e["accuracy_min"] for e in es]]  # fmt: skip
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=g)
+    refs = {}
+    for es in lines.values():
+        for e in es:
+            if (ref := e["reference"]) is not None:
+                lo, hi = ref if isinstance(ref, (list, tuple)) else (ref, ref)
+                refs[e["global_batch_size"]] = (lo, hi)
+    if refs:
+        x = sorted(refs)
+        mid = [1 - (refs[b][0] + refs[b][1]) / 2 for b in x]
+        half = [(refs[b][1] - refs[b][0]) / 2 for b in x]
+        ax.errorbar(x, mid, yerr=half, color="black", ls="--", marker="s", capsize=3,
+                    label="published (reference)")  # fmt: skip
     ax.set_xscale("log", base=2)
-    sizes = sorted({r["global_batch_size"] for r in rows})
+    ax.set_yscale("log")
+    sizes = sorted(batches(entries))
     ax.set_xticks(sizes, [str(b) for b in sizes])
     ax.set_xlabel("global batch size (same number of epochs)")
-    ax.set_ylabel("eval accuracy")
-    return _finish(fig, ax, path, "accuracy against batch size")
+    ax.set_ylabel("test error = 1 - accuracy (log scale)")
+    return _finish(fig, ax, path, "accuracy against batch size, per recipe", 8)
 
 
 def plot_all(rows: list[dict], out: str) -> list[str]:

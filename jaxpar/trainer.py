@@ -77,11 +77,15 @@ def local_train_batch(s: Setup, step: int) -> dict[str, np.ndarray]:
                                  example_ids=s.model.stochastic)  # fmt: skip
 
 
-def evaluate(s: Setup, state, watch: watchdog_lib.Watchdog | None = None) -> dict[str, float]:
-    """Loss and accuracy over the whole eval split (the padded last batch is masked)."""
+def evaluate(
+    s: Setup, state, watch: watchdog_lib.Watchdog | None = None, dataset=None
+) -> dict[str, float]:
+    """Loss and accuracy over the whole eval split (the padded last batch is masked) of
+    `dataset` (the run's own by default)."""
     batch_size = s.config.eval_batch_size or s.config.global_batch_size
+    dataset = dataset or s.dataset
     totals = None
-    for i, local in enumerate(s.dataset.eval_batches(batch_size, *s.strategy.batch_share())):
+    for i, local in enumerate(dataset.eval_batches(batch_size, *s.strategy.batch_share())):
         # Every computation is counted in the strategy's dispatch window (dispatch.py).
         sums = s.strategy.eval_step(state, s.strategy.put_batch(local))
         totals = sums if totals is None else s.strategy.inflight.add(add_sums(totals, sums))
@@ -262,14 +266,47 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
         flops_per_example=s.model.flops_per_example,
         report=report,
     )
+    summary.update(_epochs(s, summary))
     if outcome.stopped:
         summary["preempted"] = True
     else:
+        summary.update(_train_split(run, outcome.state, summary))
         writer.write(s.config.num_train_steps, "summary", **summary)
         run.say(metrics_lib.summary_table(summary))
         run.say(f"metrics: {run.workdir}/metrics.jsonl")
     summary["state"] = s.strategy.canonical(outcome.state)
     return summary
+
+
+def _epochs(s: Setup, summary: dict[str, Any]) -> dict[str, Any]:
+    """How much of the train split the run saw: its size, epochs, and seconds per epoch at
+    the measured rate."""
+    n = s.dataset.spec.num_train
+    out = {"train_examples": n, "epochs": s.config.num_train_steps * s.config.global_batch_size / n}
+    if summary.get("images_per_sec"):
+        out["seconds_per_epoch"] = n / summary["images_per_sec"]
+    return out
+
+
+def _train_split(run: _Run, state, summary: dict[str, Any]) -> dict[str, Any]:
+    """With eval_train_examples: the final model evaluated on that many train images (the
+    train accuracy) and the train/test gap in accuracy; else nothing."""
+    n = run.s.config.eval_train_examples
+    if not n:
+        return {}
+    run.watch.doing("evaluating the train split", compiling=False)
+    result = evaluate(run.s, state, run.watch, run.s.dataset.train_as_eval(n))
+    out = {
+        "train_eval_loss": result["loss"],
+        "train_eval_accuracy": result["accuracy"],
+        "train_eval_examples": result["count"],
+        "generalization_gap": result["accuracy"] - summary["eval_accuracy"],
+    }
+    run.say(
+        f"train split ({result['count']:,} images, inference mode): loss {result['loss']:.4f}  "
+        f"accuracy {result['accuracy']:.4f}  gap to test {out['generalization_gap']:+.4f}"
+    )
+    return out
 
 
 def _strategy_report(s: Setup) -> dict[str, Any]:

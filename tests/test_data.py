@@ -299,6 +299,12 @@ def test_tfds_catalog_datasets_through_mock_data(tfds_mock, name, shape):
     assert batch["image"].min() >= -2.0 and batch["image"].max() <= 2.0
     evals = list(ds.eval_batches(8))
     assert len(evals) == 3 and sum(b["mask"].sum() for b in evals) == 20
+    # data.num_train / num_eval take the first examples of a TFDS split, as for the embedded sets
+    part = load(make_config(name=name, data_dir="/nonexistent", num_train=12, num_eval=5))
+    assert (part.spec.num_train, part.spec.num_eval) == (12, 5)
+    assert set(part.train_indices(0, 12)) == set(range(12))
+    np.testing.assert_array_equal(next(part.eval_batches(5))["image"],
+                                  next(ds.eval_batches(8))["image"][:5])  # fmt: skip
 
 
 BUILDER_NAME = "jaxpar_tiny_test_set"

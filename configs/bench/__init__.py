@@ -34,6 +34,8 @@ def row(
     group: str = "",
     scaling: str = "strong",
     baseline: str = "",
+    label: str = "",
+    reference: float | tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     """One row of a suite.
 
@@ -42,6 +44,10 @@ def row(
     "none" (no speedup: a study of something else, such as accuracy against batch size).
     baseline: the row speedup is measured against; "" = the suite's 1-device row of the same
     scaling kind.
+    label: rows with the same label are one setting under different seeds (the accuracy study
+    folds them into one line with their spread); "" = the row's name.
+    reference: the published figure for this setting (one value or a (low, high) range), shown
+    beside jaxpar's in the accuracy study.
     """
     return {
         "name": name,
@@ -49,6 +55,8 @@ def row(
         "group": group,
         "scaling": scaling,
         "baseline": baseline,
+        "label": label,
+        "reference": reference,
     }
 
 

@@ -37,7 +37,14 @@ KEYS = (
     "bytes_between_stages", "bytes_between_stages_per_replica", "analytic_bubble",
     "measured_bubble", "model_flops_per_image", "model_flops_per_sec", "mfu", "final_loss",
     "eval_accuracy",
+    # the accuracy study (jaxpar.bench.accuracy): the setting a row repeats under another seed,
+    # the published figure, and how the run generalised
+    "label", "reference", "seed", "steps", "epochs", "seconds_per_epoch", "eval_loss",
+    "train_eval_loss", "train_eval_accuracy", "generalization_gap",
 )  # fmt: skip
+
+
+_SPEC_KEYS = ("name", "group", "scaling", "baseline", "repeats", "label", "reference", "seed")
 
 
 def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
@@ -56,11 +63,13 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(KEYS)
     out.update(name=spec["name"], group=spec.get("group", ""), scaling=spec.get("scaling"))
     out["baseline"] = spec.get("baseline") or None
+    out["label"], out["reference"] = spec.get("label") or spec["name"], spec.get("reference")
+    out["seed"] = spec.get("config", {}).get("seed")
     out["repeats"] = len(repeats)
     failed = [r for r in repeats if r.get("status") != "ok"]
     first = repeats[0] if repeats else {}
     for key in KEYS:
-        if key in first and key not in ("name", "group", "scaling", "baseline", "repeats"):
+        if key in first and key not in _SPEC_KEYS:
             out[key] = first[key]
     out["bytes_between_stages"] = first.get("bytes_between_stages_per_step")
     if out["mesh_shape"] is None and "mesh_shape" in spec.get("config", {}):

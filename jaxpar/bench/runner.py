@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from jaxpar.bench import accuracy as accuracy_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import suite as suite_lib
 from jaxpar.files import write_json, write_text
@@ -95,6 +96,7 @@ class Sweep:
         measured under another suite or other overrides."""
         spec = suite_lib.load_suite(self.suite)
         suite_lib.check_overrides(spec, self.overrides)
+        self._reference = spec.get("reference_name", "published")  # the accuracy study's column
         picked = self._select(spec.rows)
         self._claim()
         for sub in ("rows", "logs", "runs"):
@@ -274,8 +276,13 @@ class Sweep:
         )
         write_text(os.path.join(self.out, "results.csv"), results_lib.to_csv(table))
         write_text(os.path.join(self.out, "results.md"), results_lib.markdown(table, machine))
+        study = accuracy_lib.markdown(accuracy_lib.study(table), self._reference)
+        if any(r["scaling"] == "none" for r in table):
+            write_text(os.path.join(self.out, "accuracy.md"), study)
         if final:  # the end of the sweep: the table, and the plots unless turned off
             print("\n" + results_lib.markdown(table, machine))
+            if any(r["scaling"] == "none" for r in table):
+                print("accuracy study (rows of one setting under several seeds folded):\n" + study)
             if self.plots:
                 from jaxpar import plots as plots_lib  # matplotlib only at the end
 

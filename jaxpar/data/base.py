@@ -64,6 +64,19 @@ class ArraySource:
         return self.images[indices], self.labels[indices]
 
 
+class Prefix:
+    """The first `n` examples of a source, as a source (the train split evaluated)."""
+
+    def __init__(self, source: Source, n: int):
+        self.source, self.n = source, min(int(n), len(source))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def gather(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.source.gather(indices)
+
+
 def normalize(images: np.ndarray) -> np.ndarray:
     """Maps uint8 images to float32 (x / 255 - 0.5) / 0.25."""
     scale = np.float32(1.0 / (255.0 * _STD))
@@ -123,6 +136,14 @@ class Dataset:
         self.eval_source = eval_source
         self.seed = int(seed)
         self.augment = bool(augment)
+
+    def train_as_eval(self, n: int) -> Dataset:
+        """This dataset with its eval split replaced by the first `n` train examples (all if
+        `n` is larger), unaugmented: evaluated with the model in inference mode, it gives the
+        train accuracy and loss that the train/test gap compares."""
+        n = min(int(n), self.spec.num_train)
+        spec = dataclasses.replace(self.spec, num_eval=n)
+        return Dataset(spec, self.train_source, Prefix(self.train_source, n), self.seed)
 
     def train_indices(self, step: int, global_batch_size: int) -> np.ndarray:
         """Example indices of global batch `step` over the concatenated epoch orders."""

@@ -8,16 +8,19 @@ config.data keys (missing, None, "" or 0 mean the default):
   augment      pad-crop-flip training augmentation, default False
   image_shape  synthetic only, default (32, 32, 3)
   num_classes  synthetic only, default 10
-  num_train    shapes10 default 10000, digits default 60000, synthetic default 50000
-  num_eval     shapes10 default 2000, digits default 10000, synthetic default 10000
+  num_train    shapes10 default 10000, digits default 60000, synthetic default 50000;
+               TFDS: the first num_train examples of the train split (default all)
+  num_eval     shapes10 default 2000, digits default 10000, synthetic default 10000;
+               TFDS: the first num_eval examples of the eval split (default all)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from jaxpar.data import digits, shapes10, synthetic
-from jaxpar.data.base import ArraySource, DataError, Dataset, DatasetSpec
+from jaxpar.data.base import ArraySource, DataError, Dataset, DatasetSpec, Prefix
 
 SYNTHETIC_DEFAULTS = {
     "image_shape": (32, 32, 3),
@@ -90,7 +93,7 @@ def load(config: Any) -> Dataset:
         return _load_synthetic(data, seed, augment)
     from jaxpar.data import tfds_source  # Deferred: only TFDS runs pay for the import.
 
-    return tfds_source.load_tfds(
+    full = tfds_source.load_tfds(
         name,
         data_dir=_get(data, "data_dir", None),
         train_split=str(_get(data, "train_split", "train")),
@@ -98,3 +101,16 @@ def load(config: Any) -> Dataset:
         seed=seed,
         augment=augment,
     )
+    return _first(full, _int(data, "num_train", 0), _int(data, "num_eval", 0))
+
+
+def _first(ds: Dataset, num_train: int, num_eval: int) -> Dataset:
+    """`ds` cut to the first num_train / num_eval examples of its splits (0: all), so that
+    data.num_train means the same for a TFDS dataset as for the embedded ones."""
+    if not num_train and not num_eval:
+        return ds
+    n_train = min(num_train or ds.spec.num_train, ds.spec.num_train)
+    n_eval = min(num_eval or ds.spec.num_eval, ds.spec.num_eval)
+    spec = dataclasses.replace(ds.spec, num_train=n_train, num_eval=n_eval)
+    train, evals = Prefix(ds.train_source, n_train), Prefix(ds.eval_source, n_eval)
+    return Dataset(spec, train, evals, ds.seed, ds.augment)
