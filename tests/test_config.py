@@ -39,7 +39,7 @@ def make(**overrides):
         ({"eval_batch_size": 12, "mesh_shape": (8, 1, 1)}, 8, "eval_batch_size 12"),
         ({"num_train_steps": 0}, 8, "num_train_steps must be positive"),
         ({"global_batch_size": -8}, 8, "global_batch_size must be positive"),
-        ({"model.name": "resnet50"}, 8, "unknown model.name 'resnet50'"),
+        ({"model.name": "resnet18"}, 8, "unknown model.name 'resnet18'"),
         ({"pipeline.schedule": "zigzag"}, 8, "unknown pipeline.schedule"),
         ({"optimizer.name": "lamb"}, 8, "unknown optimizer.name"),
         ({"model.dtype": "float16"}, 8, "unknown model.dtype"),
@@ -121,10 +121,12 @@ def test_valid_configs_resolve_the_mesh():
 def test_config_files_load_and_validate():
     import importlib
 
-    for name in ("vgg19_data", "vgg19_hybrid", "vgg19_pipeline", "vgg19_tensor", "vgg19_conv_in"):
+    names = ("vgg19_data", "vgg19_hybrid", "vgg19_pipeline", "vgg19_tensor", "vgg19_conv_in",
+             "resnet20", "densenet40", "alexnet", "resnet50")  # fmt: skip
+    for name in names:
         module = importlib.import_module(f"configs.{name}")
         assert module.__doc__.lstrip().splitlines()[0]
-        assert "python -m jaxpar.train --config configs/" in module.__doc__
+        assert f"python -m jaxpar.train --config configs/{name}.py" in module.__doc__
         parallel.validate(module.get_config(), 8)
 
 

@@ -6,10 +6,10 @@ import functools
 
 import jax.numpy as jnp
 
-from jaxpar.models import lenet, vgg
+from jaxpar.models import alexnet, densenet, inception, lenet, resnet, vgg
 from jaxpar.models.base import Layer, SequentialModel
 
-NAMES = (*vgg.CONFIGS, "lenet")
+NAMES = (*vgg.CONFIGS, "lenet", *resnet.NAMES, *densenet.NAMES, *alexnet.NAMES, *inception.NAMES)
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 __all__ = ["NAMES", "Layer", "SequentialModel", "build"]
@@ -34,4 +34,13 @@ def _build(name, input_shape, num_classes, width, batch_norm, dtype, head, dropo
     kw = {"width": width, "batch_norm": batch_norm, "dtype": DTYPES[dtype]}
     if name == "lenet":
         return lenet.lenet(input_shape, num_classes, dropout=dropout, **kw)
-    return vgg.vgg(name, input_shape, num_classes, head=head, **kw)
+    if name in vgg.CONFIGS:
+        return vgg.vgg(name, input_shape, num_classes, head=head, **kw)
+    kw.pop("batch_norm")  # these families have BatchNorm exactly where the originals do
+    if name in resnet.NAMES:
+        return resnet.resnet(name, input_shape, num_classes, **kw)
+    if name in densenet.NAMES:
+        return densenet.densenet(name, input_shape, num_classes, **kw)
+    if name == "alexnet":
+        return alexnet.alexnet(input_shape, num_classes, dropout=dropout, **kw)
+    return inception.inception_v3(input_shape, num_classes, **kw)

@@ -68,7 +68,7 @@ class SequentialModel:
             layer = self.layers[i]
             x = jnp.zeros((1, *layer.in_shape), jnp.float32)
             v = nn.unbox(layer.module.init(jax.random.fold_in(rng, i), x, train=False))
-            variables["params"][layer.name] = v["params"]
+            variables["params"][layer.name] = v.get("params", {})
             if "batch_stats" in v:
                 variables["batch_stats"][layer.name] = v["batch_stats"]
         return variables
@@ -153,7 +153,7 @@ def logical_names(boxed: dict) -> dict:
         sub: {leaf: names["params"][sub]["scale"] for leaf in leaves}
         for sub, leaves in boxed.get("batch_stats", {}).items()
     }
-    return {"params": names["params"], "batch_stats": stats}
+    return {"params": names.get("params", {}), "batch_stats": stats}
 
 
 def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer:
@@ -167,7 +167,7 @@ def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer
         module=module,
         in_shape=tuple(in_shape),
         out_shape=tuple(out.shape[1:]),
-        params=count_params(nn.unbox(variables["params"])),
+        params=count_params(nn.unbox(variables.get("params", {}))),
         flops=module.flops(tuple(in_shape)),
         names=logical_names(variables),
     )

@@ -1,0 +1,120 @@
+"""The source documents' other models: ResNets (CIFAR and ImageNet), DenseNet, AlexNet and
+Inception-v3, with their published parameter counts and work, and each family under a hybrid
+(data x stage x tensor) and a data x tensor mesh equal to one device."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from configs import base
+from jaxpar import models
+from jaxpar.errors import ConfigError
+from jaxpar.models.blocks import count_flops
+from jaxpar.parallel import stages
+from tests.util import max_rel_error, reference_run, run_steps, tiny_config
+
+RTOL = 1e-5
+
+# name, input, classes, parameters, forward GMACs (None: not pinned). References: torchvision
+# (resnet50/152, alexnet at 224, inception_v3 without its auxiliary head), He et al. with
+# shortcut A (CIFAR ResNets, 0.27M for resnet20), Huang et al. (DenseNet-40/100 k=12: 1.0M,
+# 7.0M), tf_cnn_benchmarks' CIFAR AlexNet.
+PUBLISHED = [
+    ("resnet20", (32, 32, 3), 10, 269_722, None),
+    ("resnet32", (32, 32, 3), 10, 464_154, None),
+    ("resnet44", (32, 32, 3), 10, 658_586, None),
+    ("resnet56", (32, 32, 3), 10, 853_018, None),
+    ("resnet110", (32, 32, 3), 10, 1_727_962, None),
+    ("resnet50", (224, 224, 3), 1000, 25_557_032, 4.09),
+    ("resnet152", (224, 224, 3), 1000, 60_192_808, 11.51),
+    ("densenet40", (32, 32, 3), 10, 1_019_738, None),
+    ("densenet100", (32, 32, 3), 10, 6_979_658, None),
+    ("alexnet", (224, 224, 3), 1000, 61_100_840, 0.71),
+    ("alexnet", (32, 32, 3), 10, 1_756_426, None),
+    ("inception_v3", (299, 299, 3), 1000, 23_834_568, 5.71),
+]
+
+
+def build(name, shape, classes, width=1.0):
+    spec = base.get_config().model
+    spec.name, spec.width = name, width
+    return models.build(spec, shape, classes)
+
+
+@pytest.mark.parametrize("name,shape,classes,params,gmacs", PUBLISHED,
+                         ids=[f"{p[0]}-{p[1][0]}" for p in PUBLISHED])  # fmt: skip
+def test_published_parameter_counts_and_work(name, shape, classes, params, gmacs):
+    model = build(name, shape, classes)
+    assert model.num_params == params
+    if gmacs is not None:
+        assert model.flops_per_example / 2e9 == pytest.approx(gmacs, abs=0.005)
+    assert model.layers[-1].out_shape == (classes,)
+
+
+def test_depths_are_the_names():
+    """6n+2 weighted layers for CIFAR ResNets, (depth-4)/3 dense layers per DenseNet block."""
+    for depth in (20, 32, 44, 56, 110):
+        blocks = len(build(f"resnet{depth}", (32, 32, 3), 10).layers) - 2  # stem, head
+        assert 2 * blocks + 2 == depth
+    dense = [l for l in build("densenet100", (32, 32, 3), 10).layers if l.name.startswith("dense")]
+    assert len(dense) == 96 and dense[-1].out_shape == (8, 8, 16 + 96 * 12)
+    assert [l.out_shape for l in build("resnet50", (224, 224, 3), 1000).layers][-2] == (7, 7, 2048)
+
+
+def test_traced_flops_equal_the_hand_formulas():
+    """count_flops (the blocks' FLOPs, read from the traced program) agrees with the hand
+    formulas of the VGG and LeNet layers, so both are checked against each other."""
+    for model in (build("vgg11", (32, 32, 3), 10, 0.25), build("lenet", (28, 28, 1), 10, 0.5)):
+        for layer in model.layers:
+            assert count_flops(layer.module, layer.in_shape) == layer.flops, layer.name
+
+
+def test_every_split_policy_cuts_between_blocks():
+    for name, shape in (("resnet110", (32, 32, 3)), ("inception_v3", (299, 299, 3))):
+        model = build(name, shape, 10, 0.125)
+        n = len(model.layers)
+        for policy in ("flops", "params", "uniform", (2, n // 2, n - 2)):
+            bounds = stages.split(model, 4, policy)
+            covered = [i for a, b in itertools.pairwise(bounds) for i in range(a, b)]
+            assert covered == list(range(n)), policy
+
+
+def test_inception_refuses_small_inputs_in_one_line():
+    with pytest.raises(ConfigError, match="at least 75x75") as info:
+        build("inception_v3", (32, 32, 3), 10)
+    assert "\n" not in str(info.value)
+
+
+# Per family: width (every channel count even, so a tensor axis of 2 divides it), input, steps
+# compared, mesh and micro-batches. Not yet pinned here (see issue 22's note): densenet40 (it
+# matched on (2,2,2) and (4,1,2) at 16x16 input, but its 40 cuttable units take 2-4 minutes to
+# compile on 2 cores), resnet50 and inception_v3 (at these tiny widths they part from the
+# reference by 1e-2 even on one device: their max-pools' gradients jump at near-ties and their
+# narrow bottlenecks normalise channels of near-zero spread, so summation order alone diverges).
+FAMILIES = {
+    "resnet20": (0.25, (16, 16, 3), 2, (2, 2, 2), 2),  # basic blocks, shortcut A, hybrid 1F1B
+    "alexnet": (1 / 8, (32, 32, 3), 1, (2, 2, 2), 1),  # no BatchNorm, LRN across split channels
+}
+
+
+def family_config(name, **overrides):
+    width, shape, _, _, _ = FAMILIES[name]
+    return tiny_config(**{"model.name": name, "model.width": width, "data.image_shape": shape,
+                          "global_batch_size": 8, **overrides})  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_family_partitioned_equals_one_device(name):
+    """A hybrid (2 data x 2 stages x 2 tensor, 1F1B; with micro-batches, BatchNorm statistics
+    per micro-batch, the documented policy) or data x tensor mesh trains the one-device
+    program: losses, parameters and BatchNorm statistics to 1e-5."""
+    _, _, steps, mesh, m = FAMILIES[name]
+    keys = {"mesh_shape": mesh, "pipeline.schedule": "1f1b", "pipeline.num_microbatches": m}
+    ref_losses, ref_state = reference_run(family_config(name, **keys), steps, microbatches=m)
+    losses, state = run_steps(family_config(name, **keys), 8, steps)
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    assert max_rel_error(state.params, ref_state.params) < RTOL
+    assert max_rel_error(state.batch_stats, ref_state.batch_stats) < RTOL
