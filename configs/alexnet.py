@@ -6,7 +6,8 @@ At 224x224 inputs the same name builds torchvision's ImageNet AlexNet (61.1M par
 Run:  python -m jaxpar.train --config configs/alexnet.py
 
 Expect: the layer table (2 conv stages, 3 dense layers), a progress line every 20 steps, and
-accuracy well above chance at step 200 (under a minute on 2 CPU cores).
+about 80% accuracy at step 200 (0.796 in the latest run; 2.5 minutes on 2 CPU cores shared with
+other jobs).
 """
 
 from configs import base
@@ -17,6 +18,6 @@ def get_config():
     config.model.name = "alexnet"
     config.model.width = 1.0
     config.num_train_steps = 200
-    config.learning_rate = 0.01
+    config.learning_rate = 0.05
     config.mesh_shape = (-1, 1, 1)
     return config

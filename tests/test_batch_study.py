@@ -73,6 +73,8 @@ def test_the_study_folds_seeds_and_sets_the_reference_beside():
     table = accuracy.markdown(entries, "seed 002")
     assert "| seed 002 |" in table.splitlines()[0]
     assert "0.9750 (0.9700-0.9800, 2 seeds); 1 failed: boom | 0.9884-0.9905 |" in table
+    err = "TrainingError: training diverged: the loss (nan) is not finite at step 48; lower it"
+    assert accuracy.failure_text(err) == "diverged (nan at step 48)"
     assert "| fixed lr | 4096 | 8 | 0.5000 | 0.9633 | 0.5100 |" in table
 
 

@@ -2,10 +2,11 @@
 large-batch recipe recovers what it loses?
 
 Run:  python -m jaxpar.bench --suite batch_size --out runs/batch_size
-Expect 21 rows in about 28 minutes on 2 CPU cores, then the study table (accuracy.md: the
-seed's format, its figures beside jaxpar's) and accuracy_vs_batch.png. On the real MNIST:
---config.data.name=mnist (TFDS, prepared); the seed's full 60,000 images: also
---config.data.num_train=0 (about three times as long).
+Expect 21 rows (85 minutes measured on 2 CPU cores shared with tests: from batch 512 up the
+rows run at 500-1,300 img/s here), then the study table (accuracy.md: the seed's format, its
+figures beside jaxpar's) and accuracy_vs_batch.png. On the real MNIST: --config.data.name=mnist
+(TFDS, prepared; its first 20,000 train images). The seed's full 60,000 images: set NUM_TRAIN
+below (the rows' step counts are derived from it), about three times as long.
 
 Seed 002 trained Keras' mnist_cnn (lenet here, with its dropouts) for 12 epochs at global batch
 128 to 4096 on 1-8 GPUs. Here: the embedded digits (MNIST-shaped), 12 epochs of 20,000 train

@@ -6,6 +6,7 @@ one. Pure functions over the aggregated rows of jaxpar.bench.results (tested on 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -69,15 +70,22 @@ def reference_text(ref) -> str:
     return f"{ref:.4f}"
 
 
+def failure_text(error: str | None) -> str:
+    """A failed run in a few words: "diverged (nan at step 48)" for a run the trainer stopped
+    for a non-finite loss, else the one-line error."""
+    found = re.search(r"diverged: the loss \((\w+)\) is not finite at step (\d+)", error or "")
+    return f"diverged ({found[1]} at step {found[2]})" if found else f"failed: {error}"
+
+
 def accuracy_text(e: dict) -> str:
     """Mean test accuracy; with several seeds, the spread and how many ran."""
     if e["accuracy"] is None:
-        return f"failed: {e['error']}"
+        return failure_text(e["error"])
     text = f"{e['accuracy']:.4f}"
     if e["seeds_ok"] > 1:
         text += f" ({e['accuracy_min']:.4f}-{e['accuracy_max']:.4f}, {e['seeds_ok']} seeds)"
     if e["seeds_ok"] < e["seeds"]:
-        text += f"; {e['seeds'] - e['seeds_ok']} failed: {e['error']}"
+        text += f"; {e['seeds'] - e['seeds_ok']} {failure_text(e['error'])}"
     return text
 
 

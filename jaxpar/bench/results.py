@@ -75,6 +75,8 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     if out["mesh_shape"] is None and "mesh_shape" in spec.get("config", {}):
         out["mesh_shape"] = list(spec["config"]["mesh_shape"])  # a failed row: as asked
         out["num_devices"] = math.prod(out["mesh_shape"]) if -1 not in out["mesh_shape"] else None
+    if out["global_batch_size"] is None:  # a failed row: as asked
+        out["global_batch_size"] = spec.get("config", {}).get("global_batch_size")
     if failed or not repeats:
         out["status"] = "failed"
         out["error"] = failed[0].get("error") if failed else "not run"

@@ -44,8 +44,13 @@ def alexnet(input_shape: tuple[int, int, int], num_classes: int, *, width: float
         ]  # fmt: skip
         hidden, rate = (c(384), c(192)), 0.0
     blocks += [
-        ("fc1", DenseBlock(hidden[0], in_axis="embed", out_axis="mlp", dropout=rate, **kw)),
-        ("fc2", DenseBlock(hidden[1], in_axis="mlp", out_axis="hidden", **kw)),
+        (
+            "fc1",
+            DenseBlock(
+                hidden[0], in_axis="embed", out_axis="mlp", dropout=rate, he_init=True, **kw
+            ),
+        ),
+        ("fc2", DenseBlock(hidden[1], in_axis="mlp", out_axis="hidden", he_init=True, **kw)),
         ("fc3", DenseBlock(num_classes, relu=False, in_axis="hidden", out_axis="classes", **kw)),
     ]
     return sequential("alexnet", blocks, input_shape, num_classes)
