@@ -2,8 +2,9 @@
 BatchNorm lose accuracy at a 16x larger batch, and which recipe holds it?
 
 Run:  python -m jaxpar.bench --suite batch_size_cifar --out runs/batch_size_cifar
-Expect 4 rows in about 8 minutes on 2 CPU cores, then accuracy.md and the plot. On CIFAR-10:
---config.data.name=cifar10 (TFDS, prepared; 50,000 images, about five times as long).
+Expect 4 rows, then accuracy.md and the plot (not yet run to the end: its timing is unmeasured,
+and rows at batch 2048 run slowly per image on CPUs). On CIFAR-10: --config.data.name=cifar10
+(TFDS, prepared; its first 10,000 images with this suite's data.num_train).
 
 VGG11 at width 1/8 with BatchNorm (145,898 parameters) on shapes10 (10,000 train images, 32x32x3,
 2,000 test), 15 epochs at global batch 128 and 2048 on 8 data-parallel devices, SGD with
