@@ -14,6 +14,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_train_steps = 300
     config.global_batch_size = 128  # images per step over all devices
     config.eval_batch_size = 0  # 0: same as global_batch_size
+    # Each device's batch is run as this many equal slices, their gradients summed (gradient
+    # accumulation): the same step with a smaller working set. Data and tensor parallelism;
+    # not with BatchNorm (its statistics would be per slice).
+    config.grad_accum_steps = 1
     config.learning_rate = 0.05  # peak learning rate (before linear scaling, if on)
     config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch / lr_base_batch_size
     config.lr_base_batch_size = 256  # the batch that learning_rate is meant for (Goyal et al.)

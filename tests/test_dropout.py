@@ -69,3 +69,37 @@ def test_init_state_has_plain_arrays():
     model = models.build(lenet_config().model, (28, 28, 1), 10)
     state = init_state(model, optax.sgd(0.1), jax.random.key(0))
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(state.params))
+
+
+@pytest.mark.parametrize("mesh", [(4, 1, 1), (2, 1, 2)])
+def test_gradient_accumulation_is_the_same_step(mesh):
+    """grad_accum_steps runs each device's 4 rows as 2 or 4 slices: the same losses and
+    parameters as one device in one piece, dropout on (masks follow the rows' ids)."""
+    ref_losses, ref_state = run_steps(lenet_config(mesh_shape=(1, 1, 1)), 1)
+    accum = 4 if mesh[0] == 4 else 2
+    losses, state = run_steps(lenet_config(mesh_shape=mesh, grad_accum_steps=accum), 4)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert max_rel_error(state.params, ref_state.params) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"grad_accum_steps": 3}, "does not divide each device's batch of 4"),
+        ({"grad_accum_steps": 2, "mesh_shape": (2, 2, 1), "model.dropout": False},
+         "a pipeline splits its batch with pipeline.num_microbatches"),
+        ({"grad_accum_steps": 0}, "must be a positive integer"),
+    ],
+)  # fmt: skip
+def test_gradient_accumulation_refuses_in_one_line(overrides, message):
+    config = lenet_config(**{"mesh_shape": (4, 1, 1), **overrides})
+    with pytest.raises(ConfigError, match=message) as info:
+        parallel.validate(config, 4)
+    assert "\n" not in str(info.value)
+
+
+def test_gradient_accumulation_refuses_batch_norm():
+    config = lenet_config(**{"mesh_shape": (4, 1, 1), "grad_accum_steps": 2,
+                             "model.batch_norm": True})  # fmt: skip
+    with pytest.raises(ConfigError, match="BatchNorm statistics per slice"):
+        run_steps(config, 4)

@@ -82,9 +82,14 @@ def test_every_split_policy_cuts_between_blocks():
             assert covered == list(range(n)), policy
 
 
-def test_inception_refuses_small_inputs_in_one_line():
-    with pytest.raises(ConfigError, match="at least 75x75") as info:
-        build("inception_v3", (32, 32, 3), 10)
+@pytest.mark.parametrize(
+    ("name", "shape", "message"),
+    [("inception_v3", (32, 32, 3), "at least 75x75"),
+     ("alexnet", (256, 256, 3), "7x7 feature maps, which do not pool evenly to 6x6")],
+)  # fmt: skip
+def test_inputs_a_model_cannot_take_are_refused_in_one_line(name, shape, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        build(name, shape, 10)
     assert "\n" not in str(info.value)
 
 

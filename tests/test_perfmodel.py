@@ -189,3 +189,52 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
                                        collectives={}, send_bytes=0) for c in w.chunks)  # fmt: skip
     row = predict_workload(dataclasses.replace(w, chunks=chunks), _profile())
     assert row["schedule_bubble"] == pytest.approx(schedules.analytic_bubble(2, m, schedule, v))
+
+
+SHAPES = {"vgg11": (32, 32, 3), "lenet": (28, 28, 1)}
+
+
+def _tiny_run(model: str, images_per_sec: float) -> dict:
+    return {"model": model, "width": 0.25, "batch_norm": False, "image_shape": SHAPES[model],
+            "num_classes": 10, "batch_size": 16, "images_per_sec": images_per_sec}  # fmt: skip
+
+
+def _tiny(model: str, **keys):
+    return tiny_config(**{"model.name": model, "model.width": 0.25, "mesh_shape": (1, 1, 1),
+                          "data.image_shape": SHAPES[model], **keys})  # fmt: skip
+
+
+def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
+    """`calibrations` give a model its own efficiency (one VGG16 figure does not tell a
+    ResNet's rate): each model's 1-device row comes back at its run's images/sec."""
+    p = hardware.from_config({
+        "name": "two models", "num_devices": 2, "devices_per_node": 2,
+        "peak_flops": {"float32": 1e12}, "memory_bytes": 16 * GB,
+        "intra": {"bandwidth": 10 * GB, "latency": 0.0},
+        "calibration": _tiny_run("vgg11", 500.0), "calibrations": [_tiny_run("lenet", 9000.0)],
+    })  # fmt: skip
+    rows = []
+    for model, want in (("vgg11", 500.0), ("lenet", 9000.0)):
+        config = _tiny(model)
+        row = predict_config(config, p)
+        assert row["images_per_sec"] == pytest.approx(want, rel=1e-3)
+        rows.append((model, config))
+    assert p.efficiency("lenet") != p.efficiency("vgg11") == p.compute_efficiency
+    # speedup is against the 1-device row of the same model
+    two = _tiny("lenet", mesh_shape=(2, 1, 1), global_batch_size=32)
+    table = predict_rows([*rows, ("lenet 2", two)], p)
+    assert table[2]["speedup"] == pytest.approx(
+        table[2]["images_per_sec"] / table[1]["images_per_sec"]
+    )
+
+
+def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
+    """configs/hardware/m60_x2.py states its compute efficiency as the P100's ResNet-50 one
+    (219 images/sec, the compiled step's FLOPs per image at batch 64): check the figure."""
+    from configs.hardware import dgx1_p100, m60_x2
+    from jaxpar.predict.workload import calibration_flops
+
+    run = next(r for r in dgx1_p100.get_config().calibrations if r["model"] == "resnet50")
+    per_image = calibration_flops(dict(run)) / run["batch_size"]
+    assert per_image == pytest.approx(24.03e9, rel=1e-3)
+    assert m60_x2.P100_RESNET50_EFFICIENCY == pytest.approx(219.0 * per_image / 10.6e12, 1e-3)

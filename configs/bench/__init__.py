@@ -36,6 +36,7 @@ def row(
     baseline: str = "",
     label: str = "",
     reference: float | tuple[float, float] | None = None,
+    reference_efficiency: float | None = None,
 ) -> dict[str, Any]:
     """One row of a suite.
 
@@ -48,6 +49,9 @@ def row(
     folds them into one line with their spread); "" = the row's name.
     reference: the published figure for this setting (one value or a (low, high) range), shown
     beside jaxpar's in the accuracy study.
+    reference_efficiency: the published scaling efficiency for this setting, shown beside the
+    row's prediction (python -m jaxpar.bench --predict PROFILE, or the suite's
+    `predict_profile`).
     """
     return {
         "name": name,
@@ -57,6 +61,7 @@ def row(
         "baseline": baseline,
         "label": label,
         "reference": reference,
+        "reference_efficiency": reference_efficiency,
     }
 
 

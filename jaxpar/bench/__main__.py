@@ -1,8 +1,11 @@
 """python -m jaxpar.bench [--suite NAME|FILE] [--out DIR] [--repeat N] [--only REGEX]
-                         [--retry_failed] [--row_timeout S] [--profile] [--config.KEY=VALUE ...]
+                         [--retry_failed] [--row_timeout S] [--profile] [--predict PROFILE]
+                         [--config.KEY=VALUE ...]
 
 Runs every row of a suite (default: configs/bench/partitionings.py), each in its own process,
-and writes OUT/results.json, results.csv, results.md and PNG plots. `--config.KEY=VALUE`
+and writes OUT/results.json, results.csv, results.md and PNG plots; with --predict (or the
+suite's `predict_profile`) also OUT/predicted.md: each row predicted on that hardware beside
+its measurement and any published efficiency. `--config.KEY=VALUE`
 applies to every row (a row's own keys win).
 
 OUT is one sweep. OUT/sweep.json records the suite and the --config overrides it is measured
@@ -38,6 +41,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help="run only rows whose name matches (regex)")
     parser.add_argument("--no_xla_cache", action="store_true", help="compile every row cold")
     parser.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--predict", default="", help="a hardware profile (configs/hardware/"
+                        "*.py): every row predicted on it beside the measurement")  # fmt: skip
     parser.add_argument("--_row", help=argparse.SUPPRESS)  # internal: run one row
     parser.add_argument("--_repeat", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(rest)
@@ -59,6 +64,7 @@ def main(argv: list[str]) -> int:
         plots=not args.no_plots,
         only=args.only,
         xla_cache=not args.no_xla_cache,
+        predict=args.predict,
     )
     try:
         sweep.run()

@@ -41,10 +41,15 @@ KEYS = (
     # the published figure, and how the run generalised
     "label", "reference", "seed", "steps", "epochs", "seconds_per_epoch", "eval_loss",
     "train_eval_loss", "train_eval_accuracy", "generalization_gap",
+    # a published efficiency for the row, and the row predicted on a hardware profile
+    # (python -m jaxpar.bench --predict PROFILE)
+    "reference_efficiency", "predicted_profile", "predicted_images_per_sec",
+    "predicted_speedup", "predicted_efficiency", "predicted_comm_s", "predicted_compute_s",
 )  # fmt: skip
 
 
-_SPEC_KEYS = ("name", "group", "scaling", "baseline", "repeats", "label", "reference", "seed")
+_SPEC_KEYS = ("name", "group", "scaling", "baseline", "repeats", "label", "reference", "seed",
+              "reference_efficiency")  # fmt: skip
 
 
 def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
@@ -65,6 +70,7 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out["baseline"] = spec.get("baseline") or None
     out["label"], out["reference"] = spec.get("label") or spec["name"], spec.get("reference")
     out["seed"] = spec.get("config", {}).get("seed")
+    out["reference_efficiency"] = spec.get("reference_efficiency")
     out["repeats"] = len(repeats)
     failed = [r for r in repeats if r.get("status") != "ok"]
     first = repeats[0] if repeats else {}
@@ -173,6 +179,36 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         ]  # fmt: skip
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def predicted_markdown(rows: list[dict], profile: str) -> str:
+    """Measured here against predicted on `profile`, with a row's published efficiency
+    (`reference_efficiency`) beside where the suite gives one."""
+    name = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), profile)
+    lines = [
+        f"Predicted on {name} ({profile}); measured on this machine [clock]; bytes [exact].",
+        "",
+        (
+            "| row | dev | params | speedup here | coll. MiB/dev/step | predicted img/s | "
+            "predicted speedup | predicted eff. | published eff. | predicted - published |"
+        ),
+        "|" + "---|" * 10,
+    ]
+    for r in rows:
+        ref, eff = r.get("reference_efficiency"), r.get("predicted_efficiency")
+        delta = f"{100 * (eff - ref):+.1f} pt" if ref is not None and eff is not None else ""
+        cells = [
+            r["name"], str(r["num_devices"] or ""), _f(r.get("num_params"), ","),
+            _f(r["speedup"], ".2f"), _mib(r["collective_bytes_per_device"]),
+            _f(r.get("predicted_images_per_sec"), ",.1f"), _f(r.get("predicted_speedup"), ".2f"),
+            _pct(eff), _pct(ref), delta,
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(x) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
 
 
 def _loader(r: dict) -> str:

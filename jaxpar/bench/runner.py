@@ -44,6 +44,7 @@ class Sweep:
     plots: bool = True
     xla_cache: bool = True  # persistent compilation cache in OUT/xla-cache
     only: str = ""  # regex: run only the rows whose name matches
+    predict: str = ""  # a hardware profile: each row's prediction on it beside the measurement
 
     def _paths(self, name: str, r: int) -> tuple[str, str, str]:
         base = f"{suite_lib.slug(name)}.r{r}"
@@ -97,6 +98,7 @@ class Sweep:
         spec = suite_lib.load_suite(self.suite)
         suite_lib.check_overrides(spec, self.overrides)
         self._reference = spec.get("reference_name", "published")  # the accuracy study's column
+        self.predict = self.predict or spec.get("predict_profile", "")
         picked = self._select(spec.rows)
         self._claim()
         for sub in ("rows", "logs", "runs"):
@@ -279,8 +281,17 @@ class Sweep:
         study = accuracy_lib.markdown(accuracy_lib.study(table), self._reference)
         if any(r["scaling"] == "none" for r in table):
             write_text(os.path.join(self.out, "accuracy.md"), study)
+        if final and self.predict:
+            predicted = self._predicted(table)
+            if predicted:
+                write_text(os.path.join(self.out, "predicted.md"), predicted)
+                write_json(os.path.join(self.out, "results.json"),
+                           {"suite": self.suite, "machine": machine,
+                            "note": results_lib.HEADER, "rows": table})  # fmt: skip
         if final:  # the end of the sweep: the table, and the plots unless turned off
             print("\n" + results_lib.markdown(table, machine))
+            if self.predict and os.path.exists(os.path.join(self.out, "predicted.md")):
+                print(_read_text(os.path.join(self.out, "predicted.md")))
             if any(r["scaling"] == "none" for r in table):
                 print("accuracy study (rows of one setting under several seeds folded):\n" + study)
             if self.plots:
@@ -290,6 +301,38 @@ class Sweep:
                 print("plots: " + ", ".join(made) if made else "plots: none for these rows")
             print(f"results: {self.out}/results.json, results.csv, results.md")
         return table
+
+    def _predicted(self, table: list[dict]) -> str:
+        """Every row predicted on the `predict` profile (python -m jaxpar.predict in its own
+        process: it compiles for the profile's device count), merged into `table` as
+        predicted_* keys; the markdown of measured against predicted, or "" if it failed."""
+        out = os.path.join(self.out, "predicted")
+        cmd = [sys.executable, "-m", "jaxpar.predict", "--suite", self.suite,
+               "--profile", self.predict, "--out", out]  # fmt: skip
+        cmd += [f"--config.{k}={v!r}" for k, v in self.overrides.items()]
+        print(f"predicting every row on {self.predict} ...", flush=True)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([suite_lib.ROOT,
+                                                           os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+        env.pop("XLA_FLAGS", None)  # the predictor sets its own device count
+        log = os.path.join(self.out, "logs", "predicted.log")
+        with open(log, "w", encoding="utf-8") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                 cwd=suite_lib.ROOT)  # fmt: skip
+        if rc != 0:
+            print(f"prediction failed (exit {rc}); see {log}", flush=True)
+            return ""
+        predicted = {r["name"]: r for r in _read(os.path.join(out, "predictions.json"))["rows"]}
+        for r in table:
+            p = predicted.get(r["name"], {})
+            r["predicted_profile"] = p.get("profile")
+            for key in ("images_per_sec", "speedup", "efficiency", "comm_s", "compute_s"):
+                r[f"predicted_{key}"] = p.get(key)
+        return results_lib.predicted_markdown(table, self.predict)
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
 
 
 def _stop_on_sigterm():

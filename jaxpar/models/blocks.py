@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxpar.errors import ConfigError
 from jaxpar.models.layers import CONV_INIT, DENSE_INIT, dropout, named
 
 
@@ -250,8 +251,11 @@ class AdaptivePool(Block):
         h, w = x.shape[1:3]
         if (h, w) != (self.size, self.size):
             if h % self.size or w % self.size:
-                raise ValueError(f"adaptive pool from {h}x{w} to {self.size}x{self.size} needs "
-                                 f"sizes that divide")  # fmt: skip
+                raise ConfigError(
+                    f"the input gives {h}x{w} feature maps, which do not pool evenly to "
+                    f"{self.size}x{self.size}; use an input whose maps divide (224x224 for "
+                    "alexnet; below 224 it builds the CIFAR AlexNet instead)"
+                )
             k = (h // self.size, w // self.size)
             x = nn.avg_pool(x, k, strides=k)
         return dropout(x, self.dropout, keys) if train and self.dropout else x  # torchvision's

@@ -58,6 +58,18 @@ def validate(config, num_devices: int) -> tuple[int, int, int]:
     strategy = STRATEGIES[choose(config, dict(zip(AXES, shape, strict=True)))]
     for reason in (strategy.check(config, shape), sync.check(config, *shape)):
         config_lib.check(reason is None, str(reason))
+    accum = config.get("grad_accum_steps", 1)
+    if accum != 1:
+        per_device = config.global_batch_size // shape[0]
+        config_lib.check(isinstance(accum, int) and accum >= 1,
+                         f"grad_accum_steps must be a positive integer, got {accum!r}")  # fmt: skip
+        config_lib.check(strategy.accumulates,
+                         f"grad_accum_steps={accum} needs data or tensor parallelism, not "
+                         f"strategy={strategy.name}; a pipeline splits its batch with "
+                         "pipeline.num_microbatches")  # fmt: skip
+        config_lib.check(per_device % accum == 0,
+                         f"grad_accum_steps={accum} does not divide each device's batch of "
+                         f"{per_device}; use a divisor of {per_device}")  # fmt: skip
     return shape
 
 

@@ -40,6 +40,7 @@ class DataParallel(Strategy):
     auto_axes = False  # hook: leave the axes other than "data" to the sharding rules
 
     impl = "shard_map"  # the sync.impl this strategy is
+    accumulates = True
 
     @classmethod
     def check(cls, config, shape):
@@ -60,6 +61,13 @@ class DataParallel(Strategy):
         if config.sync.mode != "allreduce":
             self.name = f"{self.name} ({config.sync.mode})"
         shared = jax.eval_shape(functools.partial(init_state, model, tx), jax.random.key(0))
+        self.accum = config.get("grad_accum_steps", 1)
+        if self.accum > 1 and jax.tree.leaves(shared.batch_stats):
+            raise ConfigError(
+                f"grad_accum_steps={self.accum} would compute BatchNorm statistics per slice "
+                f"of the batch, which changes the model {model.name} trains; use "
+                "grad_accum_steps=1 (or a model without BatchNorm)"
+            )
         self._canonical_shapes = jax.eval_shape(self.rule.from_shared, shared)
         device_shapes = jax.eval_shape(self.rule.to_device, self._canonical_shapes)
         self.state_specs = self.rule.specs(device_shapes)
@@ -151,7 +159,7 @@ class DataParallel(Strategy):
         rule = self.rule
         loss, stats, accuracy, grads = loss_and_grads(
             self.model, rule.local_params(state), rule.local_stats(state.batch_stats), batch,
-            bn_axis_name=rule.bn_axis_name, constrain=self.constrain,
+            bn_axis_name=rule.bn_axis_name, constrain=self.constrain, chunks=self.accum,
         )  # fmt: skip
         return rule.update(state, self.grads_in_layout(grads), stats), rule.metrics(loss, accuracy)
 

@@ -68,16 +68,39 @@ def forward_loss(
     return cross_entropy(logits, batch["label"]), (new_stats, accuracy(logits, batch["label"]))
 
 
-def loss_and_grads(model, params, batch_stats, batch, *, bn_axis_name=None, constrain=None):
+def loss_and_grads(
+    model, params, batch_stats, batch, *, bn_axis_name=None, constrain=None, chunks: int = 1
+):
     """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
     across replicas here. `params` must be per-replica values inside shard_map (see
-    sync/base.py) for the gradient to stay local."""
+    sync/base.py) for the gradient to stay local.
+
+    `chunks` > 1 accumulates the gradient over that many equal slices of the batch, one after
+    another (a lax.scan): the same mean loss, gradient and accuracy, with a working set
+    `chunks` times smaller (gradient accumulation). Dropout masks follow the rows' example ids,
+    so they do not change; BatchNorm statistics would (per slice), so callers refuse it there.
+    The scan is unrolled: XLA's CPU backend runs convolutions inside a while loop 3-6x slower
+    than the same ones in straight-line code (LeNet, 512 rows in 32 slices on one device:
+    514 img/s rolled, 3,117 unrolled, 676 in one piece).
+    """
     grad_fn = jax.value_and_grad(
         functools.partial(forward_loss, model, bn_axis_name=bn_axis_name, constrain=constrain),
         has_aux=True,
     )
-    (loss, (stats, acc)), grads = grad_fn(params, batch_stats, batch)
-    return loss, stats, acc, grads
+    if chunks == 1:
+        (loss, (stats, acc)), grads = grad_fn(params, batch_stats, batch)
+        return loss, stats, acc, grads
+    sliced = jax.tree.map(lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:]), batch)
+
+    def one(total, part):
+        (loss, (_, acc)), grads = grad_fn(params, batch_stats, part)
+        return jax.tree.map(jnp.add, total, grads), (loss, acc)
+
+    zero = jax.tree.map(jnp.zeros_like, params)  # keeps the params' per-device type
+    grads, (loss, acc) = jax.lax.scan(one, zero, sliced, unroll=True)
+    grads = jax.tree.map(lambda g: g / chunks, grads)
+    loss, acc = jnp.mean(loss), jnp.mean(acc)
+    return loss, batch_stats, acc, grads
 
 
 def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:

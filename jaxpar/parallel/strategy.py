@@ -78,6 +78,9 @@ class Strategy(abc.ABC):
     schedule: str | None = None
     num_microbatches: int = 1
     bounds: tuple[int, ...] | None = None
+    # Whether the step can accumulate gradients over `grad_accum_steps` slices of each
+    # device's batch (data and tensor parallelism; a pipeline has its micro-batches).
+    accumulates: bool = False
 
     @classmethod
     def check(cls, config, shape: tuple[int, int, int]) -> str | None:

@@ -52,7 +52,7 @@ def predict_rows(
     configs: Sequence[Any], profile: Profile, overlap: float | None = None
 ) -> list[dict[str, Any]]:
     """Predict every config (or (name, config) pair); add speedup and efficiency against the
-    1-device row (the first row on one device), as images/sec ratios."""
+    1-device row of the same model (the first such row), as images/sec ratios."""
     rows = []
     for i, item in enumerate(configs):
         name, config = item if isinstance(item, tuple) else (f"row {i}", item)
@@ -61,8 +61,12 @@ def predict_rows(
         except ValueError as e:  # ConfigError and friends: a refused row, reported
             row = {"status": "failed", "error": oneline.first_line(e), "fits": False}
         rows.append({"name": name, **row})
-    base = next((r for r in rows if r.get("num_devices") == 1 and r["status"] == "ok"), None)
+    bases: dict = {}
     for r in rows:
+        if r.get("num_devices") == 1 and r["status"] == "ok":
+            bases.setdefault(r.get("model"), r)
+    for r in rows:
+        base = bases.get(r.get("model"))
         ok = base is not None and r["status"] == "ok"
         r["speedup"] = r["images_per_sec"] / base["images_per_sec"] if ok else None
         r["efficiency"] = r["speedup"] / r["num_devices"] if ok else None

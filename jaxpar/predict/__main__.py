@@ -47,8 +47,9 @@ def _override(config, overrides: dict) -> None:
 
 
 def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) -> list[tuple]:
-    """[(name, config, reference images/sec or None)] from one config file or a suite, with
-    `overrides` on every row."""
+    """[(name, config, reference)] from one config file or a suite, with `overrides` on every
+    row; a reference is a row's published images/sec, or {"efficiency": x} where only the
+    efficiency is published, or None."""
     if suite_file:
         suite = _load(suite_file)
         base_file, common, rows = suite.base, dict(suite.overrides.items()), list(suite.rows)
@@ -58,17 +59,27 @@ def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) 
     for row in rows:
         config = _load(base_file)
         _override(config, {**common, **overrides, **dict(row.get("config", {}))})
-        out.append((row["name"], config, row.get("reference")))
+        # a bench row's `reference` is the accuracy study's figure, not images/sec
+        ref = None if "scaling" in row else row.get("reference")
+        if ref is None and row.get("reference_efficiency") is not None:
+            ref = {"efficiency": float(row["reference_efficiency"])}
+        out.append((row["name"], config, ref))
     return out
 
 
 def add_reference(rows: list[dict], references: list) -> None:
     """Beside each prediction, a suite's reference images/sec (published or measured) and its
-    efficiency against the reference 1-device row."""
-    base = next(
-        (ref for r, ref in zip(rows, references) if ref and r.get("num_devices") == 1), None
-    )
+    efficiency against the reference 1-device row of the same model; or a published efficiency
+    alone ({"efficiency": x})."""
+    bases = {}
     for r, ref in zip(rows, references):
+        if isinstance(ref, int | float) and r.get("num_devices") == 1:
+            bases.setdefault(r.get("model"), ref)
+    for r, ref in zip(rows, references):
+        if isinstance(ref, dict):
+            r["reference_images_per_sec"], r["reference_efficiency"] = None, ref["efficiency"]
+            continue
+        base = bases.get(r.get("model"))
         r["reference_images_per_sec"] = ref
         r["reference_efficiency"] = (
             ref / base / r["num_devices"] if ref and base and r.get("num_devices") else None
@@ -77,7 +88,7 @@ def add_reference(rows: list[dict], references: list) -> None:
 
 def table(rows: list[dict]) -> str:
     """A markdown table of the predicted rows."""
-    ref = any(r.get("reference_images_per_sec") for r in rows)
+    ref = any(r.get("reference_images_per_sec") or r.get("reference_efficiency") for r in rows)
     head = ("| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
             "GiB/device | fits |" + (" reference img/s | ref. eff. | eff. - ref. |" if ref else ""))  # fmt: skip
     lines = [head, "|" + "---|" * (14 if ref else 11)]
@@ -104,10 +115,11 @@ def _ms(seconds: float) -> str:
 
 def _reference(r: dict) -> str:
     got, eff = r.get("reference_images_per_sec"), r.get("reference_efficiency")
-    if not got:
+    if not got and not eff:
         return " - | - | - |"
     delta = f"{100 * (r['efficiency'] - eff):+.1f} pt" if eff and r["efficiency"] else "-"
-    return f" {got:,.1f} | {100 * eff:.1f}% | {delta} |" if eff else f" {got:,.1f} | - | - |"
+    shown = f"{got:,.1f}" if got else "-"
+    return f" {shown} | {100 * eff:.1f}% | {delta} |" if eff else f" {shown} | - | - |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\npredicted on {profile.name}: compute at {profile.compute_efficiency:.3f} x "
               f"peak ({profile.flops_per_s('float32') / 1e12:.2f} model TFLOP/s float32), "
               f"gradient all-reduce overlap {overlap:g}")  # fmt: skip
+        for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
+            print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
         print(table(rows))
         print(recommend(rows))
     rows = [{"profile_file": f, **r} for f, (_, rs) in zip(args.profile, results) for r in rs]

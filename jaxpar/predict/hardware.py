@@ -60,14 +60,34 @@ class Profile:
     compute_pool: int = 0  # >0: all devices share the compute of this many (simulated CPU)
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Single-device calibration runs of particular models (`calibrations` in the profile):
+    # {model name: run}. A row of such a model computes at that run's efficiency (worked out
+    # when first needed: it compiles the run's step); other models at compute_efficiency.
+    model_runs: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s per device for `dtype`; the float32 figure for a dtype not listed."""
         return self.peak_flops.get(dtype) or self.peak_flops["float32"]
 
-    def flops_per_s(self, dtype: str) -> float:
-        """Achieved model FLOP/s per device for `dtype` (peak x calibrated efficiency)."""
-        return self.peak(dtype) * self.compute_efficiency
+    def efficiency(self, model: str | None = None) -> float:
+        """Achieved over peak: `model`'s own calibration run's if the profile has one, else the
+        profile's compute_efficiency."""
+        run = self.model_runs.get(model)
+        if run is None:
+            return self.compute_efficiency
+        key = (self.peak(run.get("dtype", "float32")), self.step_overhead_s,
+               self.program_overhead_s, repr(sorted(run.items())))  # fmt: skip
+        if key not in _EFFICIENCY:
+            _EFFICIENCY[key] = calibrate(self, run).compute_efficiency
+        return _EFFICIENCY[key]
+
+    def flops_per_s(self, dtype: str, model: str | None = None) -> float:
+        """Achieved model FLOP/s per device for `dtype` (peak x calibrated efficiency, of
+        `model`'s own calibration run where the profile has one)."""
+        return self.peak(dtype) * self.efficiency(model)
+
+
+_EFFICIENCY: dict[tuple, float] = {}  # calibrations worked out so far (each compiles a step)
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -104,6 +124,8 @@ def from_config(c: Any) -> Profile:
         raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1]")
     if calibration:
         profile = calibrate(profile, calibration)
+    runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
+    profile = dataclasses.replace(profile, model_runs=runs)
     if profile.compute_efficiency <= 0:
         raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
     return profile

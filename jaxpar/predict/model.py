@@ -46,7 +46,7 @@ def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int 
 
 
 def _rate(w: Workload, profile: Profile) -> float:
-    rate = profile.flops_per_s(w.dtype)
+    rate = profile.flops_per_s(w.dtype, w.name)
     if profile.compute_pool and not w.schedule:  # N busy devices share the pool
         rate *= min(1.0, profile.compute_pool / w.num_devices)
     return rate
@@ -84,7 +84,7 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
 
 def _total_compute(w: Workload, profile: Profile) -> float:
     """Seconds of the whole step's compute over all devices at the pool's rate."""
-    pool = profile.flops_per_s(w.dtype) * min(profile.compute_pool, w.num_devices)
+    pool = profile.flops_per_s(w.dtype, w.name) * min(profile.compute_pool, w.num_devices)
     per_stage = w.num_devices // len(w.stages)  # devices running each chunk's programs
     return sum(w.stage_flops()) * per_stage / pool
 
@@ -144,6 +144,7 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
     mesh = tuple(w.mesh_shape.values())
     row: dict[str, Any] = {
         "profile": profile.name,
+        "model": w.name,
         "mesh_shape": mesh,
         "num_devices": w.num_devices,
         "global_batch_size": w.global_batch,
