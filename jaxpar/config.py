@@ -12,6 +12,7 @@ import math
 import os
 import re
 
+import jax
 import ml_collections
 
 from jaxpar import models
@@ -94,6 +95,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     choice(config.model.name, models.NAMES, "model.name")
     check(config.model.width > 0, "model.width must be positive (1.0 = published VGG)")
     choice(config.model.dtype, tuple(models.DTYPES), "model.dtype")
+    check(
+        config.model.dtype != "float64" or jax.config.jax_enable_x64,
+        "model.dtype=float64 needs JAX's 64-bit mode: set JAX_ENABLE_X64=1 (it is meant for "
+        "numerical checks; float32 and bfloat16 are the training dtypes)",
+    )
     choice(config.model.head, ("auto", "cifar", "imagenet"), "model.head")
     choice(config.sync.impl, SYNC_IMPLS, "sync.impl")
     choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")

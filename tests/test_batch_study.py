@@ -18,6 +18,14 @@ from jaxpar.bench.runner import Sweep
 from jaxpar.data.base import normalize
 
 
+def test_every_row_of_the_cifar_study_is_accepted():
+    suite = suite_lib.load_suite("batch_size_cifar")
+    for r in suite.rows:
+        config = suite_lib.row_config(suite, r, {})
+        parallel.validate(config, config.num_devices)
+        assert config.model.batch_norm and config.grad_accum_steps == 1
+
+
 def test_every_row_is_its_recipe_for_twelve_epochs():
     suite = suite_lib.load_suite("batch_size")
     names = [r["name"] for r in suite.rows]
@@ -35,6 +43,7 @@ def test_every_row_is_its_recipe_for_twelve_epochs():
             assert (config.optimizer.name, lr) == ("lars", 15.0)
         else:
             assert (config.optimizer.name, lr) == ("sgd", 0.05)
+        assert config.grad_accum_steps * 16 * config.num_devices == max(b, 16 * config.num_devices)
         warm = group.endswith("warmup")
         assert config.warmup_steps == (round(n / 6) if warm else 0)  # 2 of 12 epochs
     labels = {}

@@ -2,8 +2,8 @@
 large-batch recipe recovers what it loses?
 
 Run:  python -m jaxpar.bench --suite batch_size --out runs/batch_size
-Expect 21 rows (85 minutes measured on 2 CPU cores shared with tests: from batch 512 up the
-rows run at 500-1,300 img/s here), then the study table (accuracy.md: the seed's format, its
+Expect 21 rows (39 minutes measured on 2 CPU cores, 2,400-2,900 img/s per row; `--only
+'^(fixed lr|LARS)'` runs 15 of them in about 25), then the study table (accuracy.md: the seed's format, its
 figures beside jaxpar's) and accuracy_vs_batch.png. On the real MNIST: --config.data.name=mnist
 (TFDS, prepared; its first 20,000 train images). The seed's full 60,000 images: set NUM_TRAIN
 below (the rows' step counts are derived from it), about three times as long.
@@ -72,8 +72,9 @@ def steps(batch: int, num_train: int = NUM_TRAIN, epochs: int = EPOCHS) -> int:
 
 
 def recipe(keys: dict, batch: int, devices: int = DEVICES, num_train: int = NUM_TRAIN,
-           epochs: int = EPOCHS) -> dict:  # fmt: skip
-    """The overrides of one recipe at one batch: `epochs` epochs of `num_train` images."""
+           epochs: int = EPOCHS, chunk: int = CHUNK) -> dict:  # fmt: skip
+    """The overrides of one recipe at one batch: `epochs` epochs of `num_train` images, each
+    device's batch in slices of `chunk` rows (0: in one piece)."""
     keys = dict(keys)
     warmup = keys.pop("warmup", False)
     n = steps(batch, num_train, epochs)
@@ -87,12 +88,13 @@ def recipe(keys: dict, batch: int, devices: int = DEVICES, num_train: int = NUM_
         "log_every_steps": max(1, n // 4),
         # The same step in slices of 16 rows per device: on this CPU a convolution over 512
         # rows runs at a quarter of the per-image rate of one over 16 (cache), see README.
-        "grad_accum_steps": max(1, batch // devices // CHUNK),
+        "grad_accum_steps": max(1, batch // devices // chunk) if chunk else 1,
     }
 
 
 def rows(recipes=None, device_counts=(1, 2, 4), num_train: int = NUM_TRAIN,
-         epochs: int = EPOCHS, repeated=REPEATED, references=True) -> tuple[dict, ...]:  # fmt: skip
+         epochs: int = EPOCHS, repeated=REPEATED, references=True,
+         chunk: int = CHUNK) -> tuple[dict, ...]:  # fmt: skip
     """Every recipe at its batches on DEVICES devices (`repeated` settings under every seed),
     then batch 128 on each of `device_counts`; seed 002's figures beside if `references`."""
     out = []
@@ -103,12 +105,13 @@ def rows(recipes=None, device_counts=(1, 2, 4), num_train: int = NUM_TRAIN,
             ref = SEED_BY_BATCH.get(batch) if name == "fixed lr" and references else None
             for seed in seeds:
                 row_name = label if seed == 0 else f"{label} seed {seed}"
-                overrides = {**recipe(keys, batch, DEVICES, num_train, epochs), "seed": seed}
+                overrides = {**recipe(keys, batch, DEVICES, num_train, epochs, chunk),
+                             "seed": seed}  # fmt: skip
                 out.append(row(row_name, overrides, group=name, scaling="none", label=label,
                                reference=ref))  # fmt: skip
     for n in device_counts:  # the seed's GPU counts at batch 128 (8 devices: "fixed lr 128")
         name = f"fixed lr 128, {n} device{'s' * (n > 1)}"
-        overrides = recipe({}, BASE_BATCH, n, num_train, epochs)
+        overrides = recipe({}, BASE_BATCH, n, num_train, epochs, chunk)
         out.append(row(name, overrides, group="devices", scaling="none",
                        reference=SEED_AT_128_BY_GPUS[n]))  # fmt: skip
     return tuple(out)

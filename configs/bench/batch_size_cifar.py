@@ -31,7 +31,9 @@ RECIPES = {
 
 def get_config() -> ml_collections.ConfigDict:
     rows = digits_study.rows(RECIPES, device_counts=(), num_train=NUM_TRAIN, epochs=EPOCHS,
-                             repeated=(), references=False)  # fmt: skip
+                             repeated=(), references=False, chunk=0)  # fmt: skip
+    # chunk=0: each device's batch in one piece (slices would give BatchNorm per-slice
+    # statistics, which grad_accum_steps refuses)
     return suite(
         "configs/base.py",
         {

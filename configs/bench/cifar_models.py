@@ -57,6 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
         "configs/base.py",
         {
             "model.width": 1.0,
+            "sync.batch_norm": "local",  # tf_cnn_benchmarks: BatchNorm over each GPU's batch
             "data.name": "synthetic",
             "data.image_shape": (32, 32, 3),
             "data.num_classes": 10,

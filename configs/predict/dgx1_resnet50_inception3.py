@@ -1,5 +1,6 @@
 """ResNet-50 and Inception-v3 on the DGX-1 P100 at 1, 2, 4 and 8 GPUs, batch 64 per GPU,
-synthetic ImageNet (224x224; 299x299 for Inception-v3), float32: tf_cnn_benchmarks' setup.
+synthetic ImageNet (224x224; 299x299 for Inception-v3), float32, BatchNorm over each GPU's
+batch: tf_cnn_benchmarks' setup.
 
 Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_resnet50_inception3.py
 
@@ -29,6 +30,12 @@ def get_config():
             })  # fmt: skip
     return suite(
         "configs/base.py",
-        {"model.width": 1.0, "data.name": "synthetic", "data.num_classes": 1000},
+        # tf_cnn_benchmarks normalises over each GPU's batch (no synchronised BatchNorm)
+        {
+            "model.width": 1.0,
+            "data.name": "synthetic",
+            "data.num_classes": 1000,
+            "sync.batch_norm": "local",
+        },
         rows,
     )

@@ -10,7 +10,9 @@ from jaxpar.models import alexnet, densenet, inception, lenet, resnet, vgg
 from jaxpar.models.base import Layer, SequentialModel
 
 NAMES = (*vgg.CONFIGS, "lenet", *resnet.NAMES, *densenet.NAMES, *alexnet.NAMES, *inception.NAMES)
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# float64 is for numerical checks (tests compare partitionings in it where float32 rounding
+# grows chaotically); it needs JAX's 64-bit mode (JAX_ENABLE_X64=1).
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
 __all__ = ["NAMES", "Layer", "SequentialModel", "build"]
 

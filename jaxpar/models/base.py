@@ -118,7 +118,11 @@ class SequentialModel:
             if train and layer.name in batch_stats:
                 x, updates = module.apply(variables, x, train=True, keys=keys,
                                           mutable=["batch_stats"])  # fmt: skip
-                new_stats[layer.name] = updates["batch_stats"]
+                # running averages keep their own dtype whatever the compute dtype
+                new_stats[layer.name] = jax.tree.map(
+                    lambda new, old: new.astype(old.dtype), updates["batch_stats"],
+                    batch_stats[layer.name],
+                )  # fmt: skip
             else:
                 x = module.apply(variables, x, train=train, keys=keys)
             if constrain is not None:
