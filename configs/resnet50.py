@@ -8,8 +8,9 @@ Run:  python -m jaxpar.train --config configs/resnet50.py
 
 Expect: the block table (stem, 16 bottlenecks, head), the per-stage table of 4 stages, a
 progress line every 5 steps with images/sec, and a summary with the pipeline bubble. Random
-labels: the loss stays near log(1000), this config measures, it does not learn. (Validated, not
-yet run to the end on a 2-core CPU: its time there is unmeasured.)
+labels: the loss stays near log(1000), this config measures, it does not learn. Measured: 77 s
+on 2 CPU cores shared with another job (compile 21 s, 28 img/s, bubble 0.527 measured against
+0.429 analytic).
 """
 
 from configs import base

@@ -238,3 +238,28 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
     per_image = calibration_flops(dict(run)) / run["batch_size"]
     assert per_image == pytest.approx(24.03e9, rel=1e-3)
     assert m60_x2.P100_RESNET50_EFFICIENCY == pytest.approx(219.0 * per_image / 10.6e12, 1e-3)
+
+
+def test_published_efficiency_sits_beside_the_prediction():
+    """A suite row's `reference_efficiency` (seed 003 publishes speedups, not images/sec) is
+    shown beside the prediction, in the predict table and in the bench's predicted.md."""
+    from jaxpar.bench import results
+    from jaxpar.predict.__main__ import add_reference, table
+
+    rows = [
+        {"name": "m 1", "model": "m", "num_devices": 1, "status": "ok", "efficiency": 1.0},
+        {"name": "m 2", "model": "m", "num_devices": 2, "status": "ok", "efficiency": 0.9},
+    ]
+    add_reference(rows, [None, {"efficiency": 0.587}])
+    assert rows[1]["reference_efficiency"] == 0.587 and rows[1]["reference_images_per_sec"] is None
+    for r in rows:
+        r.update(mesh_shape=(r["num_devices"], 1, 1), images_per_sec=100.0, speedup=1.0,
+                 step_time_s=0.1, compute_s=0.1, comm_s=0.0, bubble_s=0.0,
+                 memory_bytes_per_device=2**30, fits=True)  # fmt: skip
+    assert "| - | 58.7% | +31.3 pt |" in table(rows)
+    bench = [dict.fromkeys(results.KEYS) for _ in range(2)]
+    for b, eff, ref in zip(bench, (None, 0.9), (None, 0.587)):
+        b.update(name="m", num_devices=2, speedup=1.5, predicted_efficiency=eff,
+                 reference_efficiency=ref, predicted_profile="2x M60")  # fmt: skip
+    md = results.predicted_markdown(bench, "configs/hardware/m60_x2.py")
+    assert md.startswith("Predicted on 2x M60") and "| 90.0% | 58.7% | +31.3 pt |" in md
