@@ -38,11 +38,12 @@ def _build(name, input_shape, num_classes, width, batch_norm, dtype, head, dropo
         return lenet.lenet(input_shape, num_classes, dropout=dropout, **kw)
     if name in vgg.CONFIGS:
         return vgg.vgg(name, input_shape, num_classes, head=head, **kw)
-    kw.pop("batch_norm")  # these families have BatchNorm exactly where the originals do
+    # These families have BatchNorm exactly where the originals do; batch_norm=False removes it.
     if name in resnet.NAMES:
         return resnet.resnet(name, input_shape, num_classes, **kw)
     if name in densenet.NAMES:
         return densenet.densenet(name, input_shape, num_classes, **kw)
     if name == "alexnet":
+        kw.pop("batch_norm")  # the original has none
         return alexnet.alexnet(input_shape, num_classes, dropout=dropout, **kw)
     return inception.inception_v3(input_shape, num_classes, **kw)

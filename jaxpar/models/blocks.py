@@ -9,6 +9,8 @@ Every block has the interface of layers.ConvBlock: `__call__(x, train, keys=None
 matmuls, counted from the traced program by `count_flops`, so no hand formula can drift).
 Convolutions have no bias where BatchNorm follows (as in the originals); BatchNorm is torchvision's
 (scale and offset, momentum 0.1 in its convention = 0.9 here, epsilon 1e-5 unless a model says).
+`batch_norm=False` (model.batch_norm) removes every BatchNorm and gives the convolutions it
+followed or preceded a bias instead: one parameter per channel where BatchNorm had two.
 """
 
 from __future__ import annotations
@@ -60,11 +62,14 @@ class Block(nn.Module):
     bn_axis_name: Any = None
     dropout: float = 0.0  # rate (only the AlexNet classifier uses it)
     bn_epsilon: float = 1e-5
+    batch_norm: bool = True
 
     out_axes = ("batch", None, None, "conv_out")
 
-    def conv(self, x, features, kernel, stride=1, padding="SAME", in_axis="conv_in", bias=False):
-        """A convolution whose output channels carry the logical name "conv_out"."""
+    def conv(self, x, features, kernel, stride=1, padding="SAME", in_axis="conv_in", bias=None):
+        """A convolution whose output channels carry the logical name "conv_out"; with a bias
+        where asked, or (bias=None) where the block has no BatchNorm."""
+        bias = not self.batch_norm if bias is None else bias
         k = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
         return nn.Conv(
             features, k, strides=(stride, stride), padding=padding, use_bias=bias,
@@ -77,7 +82,10 @@ class Block(nn.Module):
         statistics follow its scale's logical names (models/base.py logical_names). The
         variance is computed in two passes: E[x^2] - E[x]^2 cancels catastrophically where a
         channel's mean is large against its spread (deep blocks on small maps), and then every
-        partitioning's different summation order trains a different model."""
+        partitioning's different summation order trains a different model. Without BatchNorm
+        (batch_norm=False) the identity."""
+        if not self.batch_norm:
+            return x
         return nn.BatchNorm(
             use_running_average=not train, momentum=0.9, epsilon=self.bn_epsilon,
             dtype=self.dtype, axis_name=self.bn_axis_name if train else None,

@@ -21,8 +21,11 @@ NAMES = tuple(DEPTHS)
 
 
 def densenet(name: str, input_shape: tuple[int, int, int], num_classes: int, *,
-             width: float = 1.0, growth: int = 12, dtype: Any = None):  # fmt: skip
-    kw = {} if dtype is None else {"dtype": dtype}
+             width: float = 1.0, growth: int = 12, batch_norm: bool = True,
+             dtype: Any = None):  # fmt: skip
+    kw: dict[str, Any] = {"batch_norm": batch_norm}
+    if dtype is not None:
+        kw["dtype"] = dtype
     per_block = (DEPTHS[name] - 4) // 3
     k = scaled(growth, width)
     blocks: list[tuple[str, Any]] = [

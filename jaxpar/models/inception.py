@@ -19,14 +19,14 @@ NAMES = ("inception_v3",)
 
 
 def inception_v3(input_shape: tuple[int, int, int], num_classes: int, *, width: float = 1.0,
-                 dtype: Any = None):  # fmt: skip
+                 batch_norm: bool = True, dtype: Any = None):  # fmt: skip
     if min(input_shape[:2]) < 75:
         raise ConfigError(
             f"inception_v3 needs inputs of at least 75x75 pixels, got "
             f"{input_shape[0]}x{input_shape[1]}; use data.name=synthetic with "
             f"data.image_shape='(299,299,3)' (or a CIFAR model: resnet20, densenet40)"
         )
-    kw: dict[str, Any] = {"bn_epsilon": 1e-3, "width": width}
+    kw: dict[str, Any] = {"bn_epsilon": 1e-3, "width": width, "batch_norm": batch_norm}
     if dtype is not None:
         kw["dtype"] = dtype
     modules = [("stem", InceptionStem(**kw))]

@@ -24,8 +24,11 @@ NAMES = (*CIFAR, *IMAGENET)
 
 
 def resnet(name: str, input_shape: tuple[int, int, int], num_classes: int, *,
-           width: float = 1.0, dtype: Any = None) -> SequentialModel:  # fmt: skip
-    kw = {} if dtype is None else {"dtype": dtype}
+           width: float = 1.0, batch_norm: bool = True,
+           dtype: Any = None) -> SequentialModel:  # fmt: skip
+    kw: dict[str, Any] = {"batch_norm": batch_norm}
+    if dtype is not None:
+        kw["dtype"] = dtype
     blocks: list[tuple[str, Any]] = []
     if name in CIFAR:
         blocks.append(("stem", Stem(features=scaled(16, width), **kw)))
