@@ -85,13 +85,17 @@ def get_config() -> ml_collections.ConfigDict:
     config.pipeline = ml_collections.ConfigDict()
     # naive, gpipe, 1f1b, interleaved or zb-h1 (used when mesh stage > 1)
     config.pipeline.schedule = "gpipe"
+    # 0: chosen by timing the model at each count the batch allows (pipeline/balance.py),
+    # kept in the workdir for resumes.
     config.pipeline.num_microbatches = 1
     # True: the backward recomputes its stage's forward from the stored input. False: the
     # forward stores the backward's residuals (more memory, no recomputation; zb-h1 needs it).
     config.pipeline.remat = True
     config.pipeline.virtual_stages = 1  # model chunks per stage (interleaved only)
-    # How layers are cut into stages: "flops" (balance compute), "params" (balance memory),
-    # "uniform" (equal layer counts), or a tuple of the K-1 layer indices where stages begin:
+    # How layers are cut into stages: "flops" (balance compute), "time" (balance the layers'
+    # times measured on this run's devices first, sends included; cached in the workdir),
+    # "params" (balance memory), "uniform" (equal layer counts), or a tuple of the K-1 layer
+    # indices where stages begin:
     # (4, 8, 12) in a config file, --config.pipeline.split='(4,8,12)' on the command line.
     config.pipeline.split = config_dict.FieldReference("flops", field_type=object)
 

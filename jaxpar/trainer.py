@@ -29,6 +29,8 @@ from jaxpar import watchdog as watchdog_lib
 from jaxpar import workdir as workdir_lib
 from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
+from jaxpar.parallel import stages
+from jaxpar.parallel.pipeline import balance
 from jaxpar.parallel.state import add_sums
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
@@ -50,11 +52,16 @@ class Setup:
         return self.mesh.shape["data"]
 
 
-def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None) -> Setup:
+def setup(
+    config: ml_collections.ConfigDict,
+    devices: Sequence[jax.Device] | None = None,
+    workdir: str | None = None,
+) -> Setup:
     """Validate, then build mesh, data, model and strategy (nothing compiled yet).
 
     `config.num_devices` > 0 uses only the first N of the devices (like tf_cnn_benchmarks'
-    --num_gpus): one line says so."""
+    --num_gpus): one line says so. A pipeline split by time (`pipeline.split="time"`) first
+    times the model's layers on these devices (cached in `workdir`, pipeline/balance.py)."""
     devices = list(devices if devices is not None else jax.devices())
     wanted = config_lib.device_count(config, len(devices))
     if wanted < len(devices):
@@ -66,6 +73,15 @@ def setup(config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | Non
     dataset = data_lib.load(config)
     spec = dataset.spec
     model = models.build(config.model, spec.image_shape, spec.num_classes)
+    say = print if jax.process_index() == 0 else (lambda *a, **k: None)
+    if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/balance.py)
+        config = config.copy_and_resolve_references()
+        config.pipeline.num_microbatches = (
+            balance.choose_microbatches(model, config, mesh, workdir, say) if shape[1] > 1 else 1
+        )
+        parallel.validate(config, len(devices))
+    if shape[1] > 1 and stages.parse(config.pipeline.split) == "time":
+        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir, say))
     tx = optim.make_optimizer(config)
     strategy = parallel.build(config, model, mesh, tx)
     return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
@@ -120,7 +136,7 @@ def train_and_evaluate(
     stop), each with a one-line message.
     """
     wall0 = time.perf_counter()
-    s = setup(config, devices)
+    s = setup(config, devices, workdir)
     is_lead = jax.process_index() == 0
     say = print if is_lead else (lambda *a, **k: None)
     if is_lead:

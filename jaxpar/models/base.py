@@ -45,6 +45,9 @@ class SequentialModel:
     layers: tuple[Layer, ...]
     input_shape: tuple[int, ...]
     num_classes: int
+    # Measured per-layer times (pipeline/balance.py LayerTimes) where a run profiled them for
+    # pipeline.split="time"; None otherwise.
+    times: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def num_params(self) -> int:

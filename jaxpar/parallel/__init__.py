@@ -49,7 +49,8 @@ def validate(config, num_devices: int) -> tuple[int, int, int]:
     config_lib.choice(config.get("strategy", "auto"), ("auto", *STRATEGIES), "strategy")
     config_lib.choice(config.pipeline.schedule, schedules.NAMES, "pipeline.schedule")
     config_lib.check(
-        config.pipeline.num_microbatches >= 1, "pipeline.num_microbatches must be >= 1"
+        config.pipeline.num_microbatches >= 0,
+        "pipeline.num_microbatches must be >= 1, or 0 to have a training run choose it",
     )
     config_lib.check(config.pipeline.virtual_stages >= 1, "pipeline.virtual_stages must be >= 1")
     stages.parse(config.pipeline.split)  # a policy name or cut points; bounds checked at build

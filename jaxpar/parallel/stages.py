@@ -1,9 +1,16 @@
 """Cut a model's ordered layers into K contiguous pipeline stages, and describe the cut.
 
-Policies (`pipeline.split`): "uniform" (equal layer counts), "flops" (minimise the largest
-stage's compute), "params" (minimise the largest stage's parameters), or explicit cut points:
-a tuple of K-1 layer indices where stages 1..K-1 begin. VGG's FLOPs sit in its early,
-high-resolution layers and its parameters in its late, wide ones, so the balances differ.
+Policies (`pipeline.split`):
+- "flops": minimise the largest stage's compute. Right where time follows FLOPs (large
+  convolutions on GPUs), and the default: it needs no measurement.
+- "time": minimise the slowest stage's measured time per micro-batch, its sends included
+  (pipeline/balance.py times each layer on the run's devices first). Right where FLOPs are not
+  time: thin early layers on CPUs, memory-bound layers, heterogeneous blocks.
+- "params": minimise the largest stage's parameters: where memory for the state binds.
+- "uniform": equal layer counts; for layers of equal cost (a stack of identical blocks).
+- explicit cut points: a tuple of K-1 layer indices where stages 1..K-1 begin.
+VGG's FLOPs sit in its early, high-resolution layers and its parameters in its late, wide
+ones, so the balances differ.
 """
 
 from __future__ import annotations
@@ -14,19 +21,24 @@ from collections.abc import Sequence
 from jaxpar.errors import ConfigError
 from jaxpar.models import SequentialModel
 
-POLICIES = ("uniform", "flops", "params")
+POLICIES = ("uniform", "flops", "params", "time")
 
 
 class SplitError(ConfigError):
     """A stage split that does not cover every layer exactly once."""
 
 
-def _balanced(costs: Sequence[int], k: int) -> tuple[int, ...]:
-    """Cut points (K+1 of them, from 0 to L) minimising the largest stage cost (exact DP)."""
+def _balanced(
+    costs: Sequence[float], k: int, boundary: Sequence[float] | None = None
+) -> tuple[int, ...]:
+    """Cut points (K+1 of them, from 0 to L) minimising the largest stage cost (exact DP).
+    A stage [p, i) costs the sum of its layers' costs plus `boundary[i-1]` when it ends
+    before the last layer (what sending its output costs)."""
     n = len(costs)
     prefix = [0]
     for c in costs:
         prefix.append(prefix[-1] + c)
+    send = [0] * n if boundary is None else [*boundary[:-1], 0]
     inf = float("inf")
     # best[j][i]: smallest max-stage cost splitting layers [0, i) into j stages.
     best = [[inf] * (n + 1) for _ in range(k + 1)]
@@ -35,7 +47,7 @@ def _balanced(costs: Sequence[int], k: int) -> tuple[int, ...]:
     for j in range(1, k + 1):
         for i in range(j, n - (k - j) + 1):
             for p in range(j - 1, i):
-                cost = max(best[j - 1][p], prefix[i] - prefix[p])
+                cost = max(best[j - 1][p], prefix[i] - prefix[p] + send[i - 1])
                 # ties: prefer the later cut, which keeps earlier stages lighter
                 if cost < best[j][i] or (cost == best[j][i] and p > cut[j][i]):
                     best[j][i], cut[j][i] = cost, p
@@ -97,6 +109,14 @@ def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
             return tuple(bounds)
         if policy in ("flops", "params"):
             return _balanced([getattr(layer, policy) for layer in model.layers], num_stages)
+        if policy == "time":
+            if model.times is None:
+                raise SplitError(
+                    "pipeline.split=time needs the layers' measured times, which a training "
+                    "run (jaxpar.train, the bench) measures first; use flops here"
+                )
+            times = model.times
+            return _balanced(times.layer_costs(), num_stages, times.boundary_costs())
     bounds = (0, *policy, n)
     check(bounds, n, num_stages)
     return bounds

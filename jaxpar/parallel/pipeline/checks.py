@@ -18,6 +18,8 @@ def require(config, shape: tuple[int, int, int]) -> None:
     data, stage, _ = shape
     micro = config.pipeline.num_microbatches
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
+    if micro == 0:  # auto: trainer.setup chooses among the counts these checks accept
+        micro = 1 if schedule == "naive" else stage if schedule == "interleaved" else 1
     check(
         not config.model.get("dropout", False),
         "pipeline stages do not draw dropout masks yet; set --config.model.dropout=False or "

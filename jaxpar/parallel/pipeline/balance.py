@@ -1,0 +1,307 @@
+"""Stages balanced by measured time (`pipeline.split="time"`): a short profiling pass.
+
+FLOPs are not time: on CPUs VGG's first convolutions (few channels, large maps) run at a small
+fraction of the rate of its middle ones, so a FLOP-balanced split leaves stage 0 three times
+slower than the others, and every schedule's bubble inherits that. This pass times each layer
+alone on the run's own devices at the run's micro-batch shape (rows per data replica), each
+boundary's transfer between two of its devices, and hands the times to the exact dynamic
+program of `stages.split`, which then minimises the slowest chunk's time including its sends.
+
+Per layer it times, on one device of stage 0, the compiled forward (training mode) and the
+compiled forward + backward (a VJP with respect to parameters and input): a chunk costs
+forward + (forward + backward) per micro-batch when its backward recomputes (remat), and
+forward + backward otherwise. Per boundary: `device_put` of the layer's output from stage 0's
+device to stage 1's, twice (the activation forward, its gradient back). Tensor parallelism
+inside a stage is not profiled: a layer runs unsplit on one device, which keeps the ratios
+between layers for channel splits of even width.
+
+The times are cached in WORKDIR/layer_times.json with what they were measured for (model,
+shapes, dtype, remat, devices, JAX version); a resumed run reuses them, a changed config or
+micro-batch shape measures again. With several processes, process 0's times are used by all,
+so every process cuts the same stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxpar import models
+
+CACHE_FILE = "layer_times.json"
+REPEATS = 5  # timed calls per program after one warm-up; the fastest is kept (as the bench)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerTimes:
+    """Measured seconds per micro-batch: per layer its forward and forward + backward, and
+    per boundary (after layer i) the transfer of its output one way."""
+
+    forward: tuple[float, ...]
+    forward_backward: tuple[float, ...]
+    send: tuple[float, ...]
+    dispatch: float  # one call of a trivial program: what every program costs besides its work
+    remat: bool
+    rows: int  # rows per data replica per micro-batch that were timed
+    profile_s: float  # what the pass cost (0.0 if nothing was measured)
+    source: str  # "measured" or the cache file it came from
+
+    def layer_costs(self) -> list[float]:
+        """Seconds of one micro-batch's F and B events per layer, as the chunk programs run
+        them (with remat the backward recomputes the forward), less the per-program cost of
+        the timed layer programs: a chunk pays that once per program, not once per layer."""
+        d = self.dispatch
+        if self.remat:
+            return [max(f - d, 0.0) + max(fb - d, 0.0)
+                    for f, fb in zip(self.forward, self.forward_backward)]  # fmt: skip
+        return [max(fb - d, 0.0) for fb in self.forward_backward]
+
+    def boundary_costs(self) -> list[float]:
+        """Seconds a cut after layer i adds to its chunk: the activation sent on and its
+        gradient received back (both move on the chunk's stage's clock in this model)."""
+        return [2 * s for s in self.send]
+
+    def chunk_times(self, bounds) -> list[float]:
+        """Predicted seconds per micro-batch of each chunk [b_c, b_c+1), sends included."""
+        cost, send = self.layer_costs(), self.boundary_costs()
+        out = []
+        for a, b in itertools.pairwise(bounds):
+            sent = send[b - 1] if b < len(cost) else 0.0
+            out.append(sum(cost[a:b]) + sent + 2 * self.dispatch)  # F and B: two programs
+        return out
+
+
+def cache_key(model: models.SequentialModel, config, rows: int, devices) -> dict[str, Any]:
+    """What the times depend on: a changed entry measures again."""
+    return {
+        "model": model.name,
+        "width": float(config.model.width),
+        "batch_norm": bool(config.model.batch_norm),
+        "dtype": str(config.model.dtype),
+        "input_shape": list(model.input_shape),
+        "num_classes": model.num_classes,
+        "layers": [layer.name for layer in model.layers],
+        "rows": rows,
+        "remat": bool(config.pipeline.remat),
+        "device_kind": devices[0].device_kind,
+        "platform": devices[0].platform,
+        "jax": jax.__version__,
+    }
+
+
+def measure(model, config, mesh, workdir: str | None = None, say=print) -> LayerTimes:
+    """The layers' times for `model` under `config` on `mesh` (read from WORKDIR's cache when
+    it was measured for the same things); prints one line saying what it did and cost."""
+    rows = config.global_batch_size // max(config.pipeline.num_microbatches, 1)
+    rows = max(rows // mesh.shape["data"], 1)
+    devices = list(mesh.devices.flat)
+    src = mesh.devices[0, 0, 0]
+    dst = mesh.devices[0, 1, 0] if mesh.shape["stage"] > 1 else src
+    key = cache_key(model, config, rows, devices)
+    path = os.path.join(workdir, CACHE_FILE) if workdir else None
+    times = _read(path, key)
+    if times is None:
+        times = _profile(model, config, rows, src, dst)
+        if path and jax.process_index() == 0:
+            try:
+                _write(path, key, times)
+            except OSError:  # an unwritable workdir is reported by the run in one line
+                path = None
+    times = _agree(times)
+    if times.source == "measured":
+        where = f"; cached in {path}" if path else ""
+        say(f"pipeline.split=time: timed {len(model.layers)} layers at {rows} rows per "
+            f"micro-batch in {times.profile_s:.1f} s{where}")  # fmt: skip
+    else:
+        say(f"pipeline.split=time: layer times reused from {times.source} (measured in "
+            f"{times.profile_s:.1f} s for the same model, shapes and devices)")  # fmt: skip
+    return times
+
+
+def _profile(model, config, rows: int, src, dst) -> LayerTimes:
+    t0 = time.perf_counter()
+    rng = jax.random.key(0)
+    forward, forward_backward, send = [], [], []
+    for i, layer in enumerate(model.layers):
+        layers = slice(i, i + 1)
+        variables = jax.device_put(model.init(rng, layers), src)
+        x = jax.device_put(jnp.zeros((rows, *layer.in_shape), jnp.float32), src)
+
+        def fwd(params, stats, x, layers=layers):
+            return model.apply(params, stats, x, train=True, layers=layers)[0]
+
+        def fwd_bwd(params, stats, x, fwd=fwd, first=i == 0):
+            if first:  # the first chunk takes no gradient with respect to the images
+                y, vjp = jax.vjp(lambda p: fwd(p, stats, x), params)
+            else:
+                y, vjp = jax.vjp(lambda p, a: fwd(p, stats, a), params, x)
+            return vjp(jnp.ones_like(y))
+
+        args = (variables["params"], variables["batch_stats"], x)
+        forward.append(_time(jax.jit(fwd), args))
+        forward_backward.append(_time(jax.jit(fwd_bwd), args))
+        y = jax.block_until_ready(jax.jit(fwd)(*args))
+        send.append(_time(lambda a: jax.device_put(a, dst), (y,)))
+    tiny = jax.device_put(jnp.zeros((8,), jnp.float32), src)
+    dispatch = _time(jax.jit(lambda a: a + 1), (tiny,))
+    return LayerTimes(tuple(forward), tuple(forward_backward), tuple(send), dispatch,
+                      bool(config.pipeline.remat), rows, time.perf_counter() - t0,
+                      "measured")  # fmt: skip
+
+
+def _time(fn, args) -> float:
+    """Smallest wall seconds of `fn(*args)` over REPEATS calls after a warm-up (compile):
+    the least disturbed by other work on shared cores."""
+    jax.block_until_ready(fn(*args))
+    out = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        out.append(time.perf_counter() - t0)
+    return min(out)
+
+
+def _read(path: str | None, key: dict) -> LayerTimes | None:
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+        if saved.get("key") != key:
+            return None
+        return LayerTimes(tuple(saved["forward"]), tuple(saved["forward_backward"]),
+                          tuple(saved["send"]), float(saved["dispatch"]), bool(key["remat"]),
+                          int(key["rows"]), float(saved["profile_s"]), path)  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):  # unreadable: measure again
+        return None
+
+
+def _write(path: str, key: dict, times: LayerTimes) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"key": key, "forward": times.forward,
+                   "forward_backward": times.forward_backward, "send": times.send,
+                   "dispatch": times.dispatch, "profile_s": times.profile_s}, f,
+                  indent=1)  # fmt: skip
+    os.replace(tmp, path)
+
+
+def _agree(times: LayerTimes) -> LayerTimes:
+    """Several processes: everyone takes process 0's times (measurements differ by noise,
+    and every process must cut the same stages)."""
+    if jax.process_count() == 1:
+        return times
+    from jax.experimental import multihost_utils
+
+    n = len(times.forward)
+    packed = np.array([*times.forward, *times.forward_backward, *times.send, times.dispatch])
+    packed = np.asarray(multihost_utils.broadcast_one_to_all(packed), np.float64)
+    return dataclasses.replace(times, forward=tuple(packed[:n]),
+                               forward_backward=tuple(packed[n:2 * n]),
+                               send=tuple(packed[2 * n:3 * n]), dispatch=float(packed[-1]))  # fmt: skip
+
+
+def candidate_microbatches(config, shape: tuple[int, int, int]) -> list[int]:
+    """Micro-batch counts the batch allows: M divides each data replica's rows (so every
+    micro-batch has a whole share per replica; the eval batch too), interleaved needs M a
+    multiple of the stages, and at most 8 candidates (the largest kept)."""
+    data, k, _ = shape
+    rows = config.global_batch_size // data
+    eval_rows = (config.eval_batch_size or config.global_batch_size) // data
+    out = [m for m in range(1, rows + 1) if rows % m == 0 and eval_rows % m == 0]
+    if config.pipeline.schedule == "interleaved":
+        out = [m for m in out if m % k == 0] or out
+    if config.pipeline.schedule == "naive":
+        out = [1]
+    return out[-8:]
+
+
+def choose_microbatches(model, config, mesh, workdir: str | None = None, say=print) -> int:
+    """`_choose`, cached in WORKDIR/microbatches.json with what it was chosen for, so that a
+    resumed run keeps its micro-batches (and its numerics) rather than re-measuring."""
+    shape = tuple(mesh.shape[a] for a in ("data", "stage", "tensor"))
+    key = {**cache_key(model, config, 0, list(mesh.devices.flat)), "rows": None,
+           "mesh": list(shape), "batch": config.global_batch_size,
+           "schedule": config.pipeline.schedule,
+           "virtual_stages": config.pipeline.virtual_stages}  # fmt: skip
+    path = os.path.join(workdir, "microbatches.json") if workdir else None
+    try:
+        with open(path or "", encoding="utf-8") as f:
+            saved = json.load(f)
+        if saved.get("key") == key:
+            say(f"pipeline.num_microbatches=auto: M={saved['m']}, chosen by the first run "
+                f"in this workdir ({path})")  # fmt: skip
+            return int(saved["m"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    m = _choose(model, config, mesh, say)
+    if path and jax.process_index() == 0:
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump({"key": key, "m": m}, f)
+        except OSError:
+            pass
+    return m
+
+
+def _choose(model, config, mesh, say=print) -> int:
+    """The micro-batch count with the shortest predicted step (`pipeline.num_microbatches=0`).
+
+    More micro-batches shrink the bubble ((K-1)/(M+K-1) for 1F1B) but each runs smaller
+    programs, and below some size a program's time stops shrinking with its rows (fixed
+    per-program and per-kernel costs). The pass times the whole model's forward + backward on
+    one device at each candidate's rows per replica, gives each of the schedule's chunks an
+    equal share of it (F : B : W = 1 : 2 : 0, or 1 : 1 : 1 when the schedule splits W off),
+    and places the schedule's events on that clock. Memory does not bound M here: the stored
+    activations of a step hold the same images however they are cut (GPipe), or fewer with
+    more micro-batches (1F1B keeps at most K in flight)."""
+    from jaxpar.parallel import schedules
+
+    shape = tuple(mesh.shape[a] for a in ("data", "stage", "tensor"))
+    data, k = shape[0], shape[1]
+    schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
+    device = mesh.devices[0, 0, 0]
+    variables = jax.device_put(model.init(jax.random.key(0)), device)
+
+    def loss(params, stats, x):
+        return jnp.sum(model.apply(params, stats, x, train=True)[0])
+
+    grad = jax.jit(jax.grad(loss))
+    t0 = time.perf_counter()
+    table = []
+    for m in candidate_microbatches(config, shape):
+        rows = config.global_batch_size // data // m
+        x = jax.device_put(jnp.zeros((rows, *model.input_shape), jnp.float32), device)
+        per_mb = _time(grad, (variables["params"], variables["batch_stats"], x))
+        events = schedules.stage_events(schedule, k, m, v if schedule == "interleaved" else 1)
+        c = schedules.num_chunks(events)
+        split = schedules.split_backward(events)
+        f = [per_mb / 3 / c] * c
+        b = [per_mb / 3 / c if split else 2 * per_mb / 3 / c] * c
+        w = [per_mb / 3 / c if split else 0.0] * c
+        line = schedules.timeline(events, f, b, w)
+        table.append((m, line.makespan, line.bubble, per_mb))
+    best = min(table, key=lambda r: r[1])
+    if jax.process_count() > 1:  # every process must cut the batch the same way
+        from jax.experimental import multihost_utils
+
+        chosen = int(multihost_utils.broadcast_one_to_all(np.int32(best[0])))
+        best = next(r for r in table if r[0] == chosen)
+    shown = ", ".join(f"M={m}: {t * 1e3:.1f} ms" for m, t, _, _ in table)
+    reason = ("the largest the batch allows" if best is table[-1] else
+              f"more micro-batches cost more per program than their smaller bubble saves "
+              f"(bubble {best[2]:.3f} at M={best[0]})")  # fmt: skip
+    say(f"pipeline.num_microbatches=auto: chose M={best[0]}, {reason}; predicted steps "
+        f"{shown} (timed the model at {len(table)} micro-batch sizes in "
+        f"{time.perf_counter() - t0:.1f} s)")  # fmt: skip
+    return best[0]
