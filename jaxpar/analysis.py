@@ -152,6 +152,9 @@ def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, A
         "stage_backward_s": bwd,
         "stage_weight_grad_s": clocks["backward weights"],
         "measured_bubble": line.bubble,
+        "stage_time_s": [
+            f + b + w for f, b, w in zip(clocks["forward"], bwd, clocks["backward weights"])
+        ],  # fmt: skip
         "timeline_step_s": line.makespan,
         "sequential_step_s": sum(line.busy),
         "analytic_bubble": strategy.analytic_bubble(),
@@ -242,7 +245,18 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "num_microbatches": strategy.num_microbatches if pipe else None,
         "stage_bounds": list(strategy.bounds) if pipe else None,
         "analytic_bubble": strategy.analytic_bubble(),
+        "analytic_bubble_formula": (
+            schedules.bubble_formula(strategy.schedule) if pipe else None
+        ),  # fmt: skip
         "measured_bubble": None,
+        # Per chunk, seconds per micro-batch (F + B + W): predicted from the layers' measured
+        # times where the split was by time, measured by timing the chunk programs.
+        "stage_time_predicted_s": (
+            strategy.model.times.chunk_times(strategy.bounds)
+            if pipe and strategy.model.times is not None
+            else None
+        ),
+        "stage_time_measured_s": None,
         "bytes_between_stages_per_step": between,
         "bytes_between_stages_per_replica": between // data_size if pipe else None,
         "peak_stash_bytes_per_device": stash if pipe else None,
@@ -250,5 +264,7 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "stage_program_temp_bytes": temp if pipe else None,
     }
     if pipe and timing:
-        out["measured_bubble"] = measure_pipeline(strategy, batch_size)["measured_bubble"]
+        line = measure_pipeline(strategy, batch_size)
+        out["measured_bubble"] = line["measured_bubble"]
+        out["stage_time_measured_s"] = line["stage_time_s"]
     return out

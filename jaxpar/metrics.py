@@ -296,8 +296,10 @@ def summary_table(summary: dict[str, Any]) -> str:
         (f"input-bound (waits > {INPUT_BOUND_WAIT_SHARE:.0%} of step)", "input_bound"),
         ("pipeline schedule", "pipeline_schedule"),
         ("micro-batches", "num_microbatches"),
-        ("bubble, analytic (K-1)/(M+K-1)", "analytic_bubble"),
+        ("bubble, analytic", "analytic_bubble"),
         ("bubble, measured stage times", "measured_bubble"),
+        ("chunk ms / micro-batch, predicted", "stage_time_predicted_s"),
+        ("chunk ms / micro-batch, measured", "stage_time_measured_s"),
         ("bytes between stages / step", "bytes_between_stages_per_step"),
         ("compile time (s)", "compile_time_s"),
         ("wall time (s)", "wall_time_s"),
@@ -320,7 +322,12 @@ def summary_table(summary: dict[str, Any]) -> str:
             continue
         else:
             value = summary[key]
-            value = _fmt(value) if isinstance(value, float) else str(value)
+            if key.startswith("stage_time"):  # per chunk, seconds -> milliseconds
+                value = " ".join(f"{1e3 * t:.2f}" for t in value)
+            else:
+                value = _fmt(value) if isinstance(value, float) else str(value)
+            if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
+                value = f"{value}  {summary['analytic_bubble_formula']}"
         rows.append((label, value))
     width = max(len(label) for label, _ in rows)
     line = "-" * (width + 2 + max(len(v) for _, v in rows))

@@ -2,9 +2,12 @@
 
 Run:  python -m jaxpar.bench --suite pipeline_efficiency
 Rows: GPipe, 1F1B and interleaved 1F1B (v=2), each recomputing the forward in the backward
-(remat) or storing its residuals, and ZB-H1 (residuals, B/W split). The harness records wall
-step time, stored bytes per stage and the analytic and timeline bubbles; step FLOPs per row
-and the compact table come from `python -m jaxpar.bench.pipeline_efficiency`.
+(remat) or storing its residuals, and ZB-H1 (residuals, B/W split), all with FLOP-balanced
+stages; then 1F1B and ZB-H1 again with stages balanced by measured time
+(`pipeline.split=time`: each row times the layers first, about 12 s). The harness records
+wall step time, stored bytes per stage and the analytic and timeline bubbles; step FLOPs,
+bounds, chunk imbalance and the time/flops wall ratio per row come from
+`python -m jaxpar.bench.pipeline_efficiency --split flops time`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import ml_collections
 from configs.bench import partitionings, row
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+TIME_SPLIT = (("1f1b", True), ("1f1b", False), ("zb-h1", False))
 
 
 def rows() -> tuple[dict, ...]:
@@ -32,6 +36,12 @@ def rows() -> tuple[dict, ...]:
                 }
                 name = f"pipeline 4 {schedule}{f' v={v}' if v > 1 else ''} M={m} remat={remat}"
                 out.append(row(name, overrides, group=f"M={m}", scaling="none"))
+        for schedule, remat in TIME_SPLIT:
+            overrides = {"mesh_shape": (1, 4, 1), "pipeline.schedule": schedule,
+                         "pipeline.num_microbatches": m, "pipeline.remat": remat,
+                         "pipeline.split": "time"}  # fmt: skip
+            name = f"pipeline 4 {schedule} M={m} remat={remat} split=time"
+            out.append(row(name, overrides, group=f"M={m}", scaling="none"))
     return tuple(out)
 
 

@@ -1,12 +1,16 @@
 """Pipeline efficiency table (issue 12): schedule x remat at K stages, M micro-batches.
 
 Run:  python -m jaxpar.bench.pipeline_efficiency [--width 0.125] [--batch 64] [--steps 3]
+          [--split flops time] [--schedules 1f1b zb-h1] [--microbatches 4 8]
 
-Per row: step FLOPs (XLA's cost analysis of the compiled programs, all stages), peak stored
-bytes per stage (live buffers, busiest stage), the analytic bubble, the timeline bubble from
-this machine's measured per-chunk F/B/W times, and the wall step time (median of `--steps`
-timed steps after compilation). The same rows are a harness suite
-(configs/bench/pipeline_efficiency.py) for wall time, memory and bubbles; FLOPs come from here.
+Per row (schedule x remat x split x M): the stage bounds, step FLOPs (XLA's cost analysis of
+the compiled programs, all stages), peak stored bytes per stage (live buffers, busiest
+stage), the analytic bubble, the timeline bubble from this machine's measured per-chunk
+F/B/W times, the slowest chunk over the mean (1.00: balanced), and the wall step time (median
+of `--steps` timed steps after compilation). With both splits, each time-split row also
+gives its wall step time over the flops-split row's, measured in the same run. The same
+rows are a harness suite (configs/bench/pipeline_efficiency.py) for wall time, memory and
+bubbles; FLOPs come from here.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 
 import jax
@@ -24,9 +29,9 @@ ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", Fal
         ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1))  # fmt: skip
 
 
-def measure(config, devices, steps: int) -> dict:
+def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
     """One row's figures."""
-    s = trainer.setup(config, devices)
+    s = trainer.setup(config, devices, workdir)
     strategy = s.strategy
     state = strategy.init_state(jax.random.key(0))
     batch = strategy.put_batch(trainer.local_train_batch(s, 0))
@@ -40,7 +45,16 @@ def measure(config, devices, steps: int) -> dict:
         times.append(time.perf_counter() - t0)
     batch_size = config.global_batch_size
     line = analysis.measure_pipeline(strategy, batch_size)
+    chunk = line["stage_time_s"]
     return {
+        "bounds": list(strategy.bounds),
+        "chunk_ms": [1e3 * t for t in chunk],
+        "predicted_chunk_ms": (
+            [1e3 * t for t in s.model.times.chunk_times(strategy.bounds)]
+            if s.model.times is not None
+            else None
+        ),  # fmt: skip
+        "imbalance": max(chunk) / (sum(chunk) / len(chunk)),
         "step_gflops": analysis.step_flops(strategy, batch_size) / 1e9,
         "stored_mb_per_stage": [b / 2**20 for b in strategy.stored_activation_bytes(batch_size)],
         "analytic_bubble": strategy.analytic_bubble(),
@@ -58,6 +72,8 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--microbatches", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--split", nargs="+", default=["flops"], choices=["flops", "time"])
+    parser.add_argument("--schedules", nargs="+", default=[], help="only these schedules")
     parser.add_argument("--out", default="")
     parser.add_argument("--xla-cache", default="/tmp/jaxpar-xla-cache")
     args = parser.parse_args()
@@ -67,27 +83,38 @@ def main() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     k = args.stages
     configfile.set_host_device_count(k)  # before JAX starts its CPU backend
-    header = "| schedule | remat | M | step GFLOPs | stored MB/stage (max) | analytic | timeline | wall s |"
-    print(header + "\n|" + "---|" * 8, flush=True)
-    records = []
+    header = ("| schedule | remat | split | M | bounds | step GFLOPs | stored MB/stage (max) "
+              "| analytic | timeline | slowest/mean chunk | wall s | wall / flops split |")  # fmt: skip
+    print(header + "\n|" + "---|" * 12, flush=True)
+    records, walls = [], {}
+    cache = tempfile.mkdtemp(prefix="jaxpar-layer-times-")  # one profiling pass per M
+    rows = [r for r in ROWS if not args.schedules or r[0] in args.schedules]
     for m in args.microbatches:
-        for schedule, remat, v in ROWS:
-            config = base.get_config()
-            config.update_from_flattened_dict({
-                "model.name": "vgg19", "model.width": args.width, "data.name": "synthetic",
-                "global_batch_size": args.batch, "mesh_shape": (1, k, 1),
-                "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
-                "pipeline.remat": remat, "pipeline.virtual_stages": v,
-            })  # fmt: skip
-            r = measure(config, jax.devices()[:k], args.steps)
-            name = f"{schedule} v={v}" if v > 1 else schedule
-            records.append({"schedule": name, "remat": remat, "M": m, **r})
-            print(
-                f"| {name} | {remat} | {m} | {r['step_gflops']:.2f} | "
-                f"{max(r['stored_mb_per_stage']):.2f} | {r['analytic_bubble']:.3f} | "
-                f"{r['timeline_bubble']:.3f} | {r['wall_step_s']:.3f} |",
-                flush=True,
-            )
+        for schedule, remat, v in rows:
+            for split in args.split:
+                config = base.get_config()
+                config.update_from_flattened_dict({
+                    "model.name": "vgg19", "model.width": args.width, "data.name": "synthetic",
+                    "global_batch_size": args.batch, "mesh_shape": (1, k, 1),
+                    "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
+                    "pipeline.remat": remat, "pipeline.virtual_stages": v,
+                    "pipeline.split": split,
+                })  # fmt: skip
+                r = measure(config, jax.devices()[:k], args.steps, cache)
+                name = f"{schedule} v={v}" if v > 1 else schedule
+                walls[(name, remat, m, split)] = r["wall_step_s"]
+                base_wall = walls.get((name, remat, m, "flops"))
+                ratio = (
+                    f"{r['wall_step_s'] / base_wall:.2f}" if split != "flops" and base_wall else ""
+                )
+                records.append({"schedule": name, "remat": remat, "split": split, "M": m, **r})
+                print(
+                    f"| {name} | {remat} | {split} | {m} | {tuple(r['bounds'])} | "
+                    f"{r['step_gflops']:.2f} | {max(r['stored_mb_per_stage']):.2f} | "
+                    f"{r['analytic_bubble']:.3f} | {r['timeline_bubble']:.3f} | "
+                    f"{r['imbalance']:.2f} | {r['wall_step_s']:.3f} | {ratio} |",
+                    flush=True,
+                )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)

@@ -216,3 +216,12 @@ def render(events: list[list[Event]]) -> str:
         f"stage {s}: " + " ".join(f"{k}{i}.{c}" if chunks else f"{k}{i}" for k, c, i in ev)
         for s, ev in enumerate(events)
     )
+
+
+FORMULAS = {"naive": "(K-1)/(M+K-1)", "gpipe": "(K-1)/(M+K-1)", "1f1b": "(K-1)/(M+K-1)",
+            "interleaved": "(K-1)/(vM+K-1)", "zb-h1": "(K-1)/(3M+K-1), M >= K"}  # fmt: skip
+
+
+def bubble_formula(name: str) -> str:
+    """The schedule's analytic bubble as a formula, with equal stages (F = B = W)."""
+    return FORMULAS.get(name, "timeline with equal stages")
