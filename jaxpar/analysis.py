@@ -154,7 +154,7 @@ def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, A
         "measured_bubble": line.bubble,
         "stage_time_s": [
             f + b + w for f, b, w in zip(clocks["forward"], bwd, clocks["backward weights"])
-        ],  # fmt: skip
+        ],
         "timeline_step_s": line.makespan,
         "sequential_step_s": sum(line.busy),
         "analytic_bubble": strategy.analytic_bubble(),
@@ -245,9 +245,7 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "num_microbatches": strategy.num_microbatches if pipe else None,
         "stage_bounds": list(strategy.bounds) if pipe else None,
         "analytic_bubble": strategy.analytic_bubble(),
-        "analytic_bubble_formula": (
-            schedules.bubble_formula(strategy.schedule) if pipe else None
-        ),  # fmt: skip
+        "analytic_bubble_formula": (schedules.bubble_formula(strategy.schedule) if pipe else None),
         "measured_bubble": None,
         # Per chunk, seconds per micro-batch (F + B + W): predicted from the layers' measured
         # times where the split was by time, measured by timing the chunk programs.

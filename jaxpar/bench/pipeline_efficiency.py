@@ -53,7 +53,7 @@ def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
             [1e3 * t for t in s.model.times.chunk_times(strategy.bounds)]
             if s.model.times is not None
             else None
-        ),  # fmt: skip
+        ),
         "imbalance": max(chunk) / (sum(chunk) / len(chunk)),
         "step_gflops": analysis.step_flops(strategy, batch_size) / 1e9,
         "stored_mb_per_stage": [b / 2**20 for b in strategy.stored_activation_bytes(batch_size)],
