@@ -182,11 +182,13 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
 # processes (data across them); (1,8,1): 4 stages per process; (2,4,1): the data axis spans
 # the processes, so every transfer crosses them.
 # Interleaved 1F1B sends from the last stage back to the first (chunk 1 -> 2 on K=2); ZB-H1
-# splits each backward into B and W.
+# splits each backward into B and W; ZB-V's V starts and ends on process 0's stage and turns
+# on process 1's (chunks 1 -> 2 on one stage), so images and labels live on one process.
 PIPELINES = [(mesh, schedule) for mesh in [(1, 2, 4), (2, 2, 2), (1, 8, 1), (2, 4, 1)]
              for schedule in ("1f1b", "gpipe")] + [((1, 2, 4), "interleaved"),
-                                                  ((2, 2, 2), "zb-h1")]  # fmt: skip
-EXTRA = {"interleaved": {"pipeline.virtual_stages": 2}, "zb-h1": {"pipeline.remat": False}}
+                                                  ((2, 2, 2), "zb-h1"), ((1, 2, 4), "zb-v")]  # fmt: skip
+EXTRA = {"interleaved": {"pipeline.virtual_stages": 2}, "zb-h1": {"pipeline.remat": False},
+         "zb-v": {"pipeline.remat": False}}  # fmt: skip
 
 
 # Evaluation at steps 2 and 3 over 7 batches of 16 (the last one padded): with 2 micro-batches

@@ -1,5 +1,5 @@
 """Pipeline efficiency (issue 12): backward from stored residuals (remat=False), interleaved
-1F1B and ZB-H1 compute the single-device function; the schedules are data whose timeline
+1F1B, ZB-H1 and ZB-V compute the single-device function; the schedules are data whose timeline
 reproduces their analytic bubbles; residual programs recompute no forward.
 
 The equality grid is representative rather than the full product (the full product of
@@ -30,6 +30,8 @@ CASES = [  # (schedule, remat, K, M, v, data)
     ("zb-h1", False, 2, 1, 1, 1),
     ("zb-h1", False, 2, 4, 1, 2),
     ("zb-h1", False, 4, 8, 1, 1),
+    ("zb-v", False, 2, 2, 1, 2),  # two chunks per stage in a V; data replicas
+    ("zb-v", False, 4, 8, 1, 1),  # 8 chunks of a 9-layer VGG11
 ]
 
 
@@ -112,10 +114,10 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
     size. remat=False under 1F1B: in-flight micro-batches x one micro-batch's residuals (the
     fwd_res program's stored outputs), more than the stage input remat=True stores, and flat
     in M. ZB-H1 is flat in M too, within 1F1B's peak (stage 0's K micro-batches) plus the
-    output gradients that B keeps for W."""
+    output gradients that B keeps for W. ZB-V's stored bytes are what its event walk says."""
     k = 2
     peaks = {}
-    for schedule, remat in (("1f1b", True), ("1f1b", False), ("zb-h1", False)):
+    for schedule, remat in (("1f1b", True), ("1f1b", False), ("zb-h1", False), ("zb-v", False)):
         for m in (2, 4):
             strategy, _, _, peaks[schedule, remat, m] = _peaks(schedule, k, m, remat)
             # What the analysis reports (from shapes, no step run) is what the step stored.
@@ -127,6 +129,8 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
                           for p in progs if p.name == "bwd_res"]  # fmt: skip
                 in_flight = [schedules.in_flight(e) for e in strategy.events]
                 assert peaks[schedule, remat, m] == [n * b for n, b in zip(in_flight, per_mb)]
+    # ZB-V's count of chunk activations is capped (2K per stage, the schedule test), but a
+    # stage's two chunks store different bytes and their mix at the peak depends on M.
     for key in (("1f1b", True), ("1f1b", False), ("zb-h1", False)):
         assert peaks[(*key, 2)] == peaks[(*key, 4)]
     assert all(r > x for r, x in zip(peaks["1f1b", False, 4], peaks["1f1b", True, 4]))
@@ -135,7 +139,8 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
     assert max(peaks["zb-h1", False, 4]) < 2 * stage0
 
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2), ("zb-h1", 1)]
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2), ("zb-h1", 1),
+             ("zb-v", 1)]  # fmt: skip
 
 
 @pytest.mark.parametrize("schedule,v", SCHEDULES, ids=[f"{s}-v{v}" for s, v in SCHEDULES])
@@ -144,10 +149,14 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2), 
 def test_schedule_events_and_bubble(schedule, v, k, m):
     if v > 1 and m % k:
         pytest.skip("interleaved needs M a multiple of K (a ConfigError, tested below)")
+    if schedule == "zb-v" and m < k:
+        pytest.skip("zb-v needs M >= K (a ConfigError, tested below)")
     events = schedules.stage_events(schedule, k, m, v)
-    kinds = "FBW" if schedule == "zb-h1" else "FB"
+    kinds = "FBW" if schedule.startswith("zb") else "FB"
+    stage_of = schedules.placement(schedule, k, v)
     for s, stage in enumerate(events):  # every (kind, chunk, mb) once, in dependency order
-        chunks = [s + j * k for j in range(v)]
+        chunks = [c for c, d in enumerate(stage_of) if d == s]
+        assert len(chunks) == (2 if schedule == "zb-v" else v)
         assert sorted(stage) == sorted((x, c, i) for x in kinds for c in chunks for i in range(m))
         for c in chunks:
             for i in range(m):
@@ -155,13 +164,15 @@ def test_schedule_events_and_bubble(schedule, v, k, m):
                 assert order == sorted(order)
     if schedule == "zb-h1":  # 1F1B's peak (K on stage 0) on every stage, whatever M
         assert [schedules.in_flight(e) for e in events] == [min(k, m)] * k
+    if schedule == "zb-v":  # 2K half-stage chunk activations: 1F1B's peak, K whole stages
+        assert [schedules.in_flight(e) for e in events] == [2 * k] * k
     line = schedules.timeline(events)  # equal stages: F = B = W = 1 per stage
     assert line.bubble == pytest.approx(schedules.analytic_bubble(k, m, schedule, v))
     order = schedules.dispatch_order(events)
     pos = {e: j for j, e in enumerate(order)}
-    assert len(order) == len(kinds) * k * m * v
+    assert len(order) == len(kinds) * k * m * len(stage_of) // k
     for e in order:  # the host never dispatches an event before what it waits on
-        assert all(pos[d] < pos[e] for d in schedules._deps(e, k * v))
+        assert all(pos[d] < pos[e] for d in schedules._deps(e, len(stage_of)))
 
 
 def test_zero_bubble_beats_one_f_one_b_and_renders():
@@ -173,6 +184,10 @@ def test_zero_bubble_beats_one_f_one_b_and_renders():
     assert zb.bubble < schedules.analytic_bubble(k, m, "1f1b")
     text = schedules.render(schedules.stage_events("zb-h1", k, m))
     assert text.splitlines()[0].startswith("stage 0: F0 F1 F2 F3 B0 W0 F4")
+    # ZB-V halves ZB-H1's idle time again: its ramp is K-1 chunks of half a stage.
+    zv = schedules.timeline(schedules.stage_events("zb-v", k, m))
+    assert zv.makespan - 3 * m == pytest.approx((zb.makespan - 3 * m) / 2)
+    assert schedules.placement("zb-v", k) == (0, 1, 2, 3, 3, 2, 1, 0)
     assert "F0.2" in schedules.render(schedules.stage_events("interleaved", 2, 2, 2))
 
 
@@ -189,6 +204,11 @@ def test_zero_bubble_beats_one_f_one_b_and_renders():
             "multiple of the 4 stages",
         ),
         ({"pipeline.schedule": "zb-h1", "pipeline.remat": True}, "pipeline.remat=False"),
+        ({"pipeline.schedule": "zb-v", "pipeline.remat": True}, "pipeline.remat=False"),
+        (
+            {"pipeline.schedule": "zb-v", "pipeline.remat": False, "pipeline.num_microbatches": 2},
+            "at least as many micro-batches as the 4 stages",
+        ),
     ],
 )
 def test_bad_combinations_are_refused(overrides, message):

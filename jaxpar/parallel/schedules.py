@@ -7,7 +7,8 @@ bubble (the fraction of stage-time spent idle) follows.
 Kinds: "F" forward; "B" backward (the whole backward, or with zero-bubble schedules only the
 input gradient, which the previous chunk waits for); "W" weight gradient (zero-bubble only:
 nobody waits for it, so it fills what would be bubbles). The model is cut into chunks; device
-stage d holds chunks d, d + K, ..., d + (v-1)K (v = virtual stages, 1 unless interleaved).
+stage d holds chunks d, d + K, ..., d + (v-1)K (v = virtual stages, 1 unless interleaved),
+except under ZB-V, where it holds chunks d and 2K-1-d (`placement`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,18 @@ from __future__ import annotations
 import dataclasses
 
 Event = tuple[str, int, int]  # (kind, chunk, micro-batch)
-NAMES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
+NAMES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+
+
+def placement(name: str, num_stages: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """The device stage of each chunk: c mod K (v chunks per stage under interleaved, one
+    otherwise), or ZB-V's V: chunks 0..K-1 down the stages, K..2K-1 back up, so that stage d
+    holds chunks d and 2K-1-d and the first and last chunks share stage 0."""
+    k = num_stages
+    if name == "zb-v":
+        return tuple(c if c < k else 2 * k - 1 - c for c in range(2 * k))
+    v = virtual_stages if name == "interleaved" else 1
+    return tuple(c % k for c in range(k * v))
 
 
 def stage_events(
@@ -29,10 +41,13 @@ def stage_events(
     interleaved: Megatron's interleaved 1F1B over v chunks per stage (M a multiple of K).
     zb-h1: 1F1B's forwards and input-gradient backwards, each weight gradient delayed into
     idle time while at most K-s micro-batches are in flight (forwarded, W not yet done).
+    zb-v: two chunks per stage in a V (`placement`), F/B/W as zero-bubble; see _zero_bubble_v.
     """
     k, m, v = num_stages, num_microbatches, virtual_stages
     if name == "zb-h1":
         return _zero_bubble_h1(k, m)
+    if name == "zb-v":
+        return _zero_bubble_v(k, m)
     if name == "interleaved" and v > 1:
         return [_interleaved(k, m, v, s) for s in range(k)]
     if name not in NAMES:
@@ -95,6 +110,36 @@ def _zero_bubble_h1(k: int, m: int) -> list[list[Event]]:
         events += [("W", s, i) for i in range(w, m)]
         out.append(events)
     return out
+
+
+def _zero_bubble_v(k: int, m: int) -> list[list[Event]]:
+    """ZB-V (Qi et al., Pipeline Parallelism with Controllable Memory, 2024): the model in 2K
+    chunks placed in a V, each backward split into B and W. The order is a greedy list
+    schedule on a unit clock (F = B = W per chunk): each stage runs, whenever it is free, the
+    ready B of the earliest micro-batch (others wait on it), else a ready F while it holds
+    fewer than 2K chunk activations (K micro-batches of a whole stage: 1F1B's and ZB-H1's
+    peak), else a deferred W. With M >= K its bubble is (K-1)/(6M+K-1), half of ZB-H1's idle
+    time: the ramp is K-1 half-stage chunks instead of K-1 stages (tested against the clock)."""
+    n, stage_of, cap = 2 * k, placement("zb-v", k), 2 * k
+    todo = {(kind, c, i) for kind in "FBW" for c in range(n) for i in range(m)}
+    done: dict[Event, int] = {}
+    order: list[list[Event]] = [[] for _ in range(k)]
+    live, t = [0] * k, 0
+    while todo:
+        for d in range(k):
+            ready = [e for e in todo if stage_of[e[1]] == d
+                     and all(done.get(x, t + 1) <= t for x in _deps(e, n))]  # fmt: skip
+            first = {kind: min((e for e in ready if e[0] == kind),
+                               key=lambda e: (e[2], -e[1]), default=None)
+                     for kind in "FBW"}  # fmt: skip
+            pick = first["B"] or (first["F"] if live[d] < cap else None) or first["W"]
+            if pick is not None:
+                todo.discard(pick)
+                done[pick] = t + 1
+                order[d].append(pick)
+                live[d] += {"F": 1, "B": 0, "W": -1}[pick[0]]
+        t += 1
+    return order
 
 
 def _deps(event: Event, num_chunks: int) -> list[Event]:
@@ -178,9 +223,9 @@ def dispatch_order(events: list[list[Event]]) -> list[Event]:
     """A global order of (kind, chunk, micro-batch) that respects every dependency: events
     sorted by their start time on the unit-cost timeline (ties by stage). The host dispatches
     in this order; each device then runs its own events in its stage's order."""
-    k = len(events)
+    stage = {e: s for s, mine in enumerate(events) for e in mine}
     spans = timeline(events).spans
-    return sorted(spans, key=lambda e: (spans[e][0], e[1] % k))
+    return sorted(spans, key=lambda e: (spans[e][0], stage[e]))
 
 
 def analytic_bubble(
@@ -188,10 +233,13 @@ def analytic_bubble(
 ) -> float:
     """Idle fraction with equal stages (F = B = W): (K-1)/(M+K-1) for GPipe and 1F1B,
     (K-1)/(vM+K-1) interleaved, (K-1)/(3M+K-1) for ZB-H1 when M >= K (a third of 1F1B's
-    idle time; with fewer micro-batches than stages the W passes cannot fill the ramp)."""
+    idle time; with fewer micro-batches than stages the W passes cannot fill the ramp), and
+    (K-1)/(6M+K-1) for ZB-V (M >= K: half of ZB-H1's)."""
     k, m = num_stages, num_microbatches
     if schedule == "zb-h1":
         return 1 - 3 * m / (max(3 * m, 2 * m + k) + k - 1)
+    if schedule == "zb-v":  # M >= K (checked): the ramp is K-1 chunks of half a stage
+        return (k - 1) / (6 * m + k - 1)
     if schedule == "interleaved":
         m *= virtual_stages
     return (k - 1) / (m + k - 1)
@@ -219,7 +267,8 @@ def render(events: list[list[Event]]) -> str:
 
 
 FORMULAS = {"naive": "(K-1)/(M+K-1)", "gpipe": "(K-1)/(M+K-1)", "1f1b": "(K-1)/(M+K-1)",
-            "interleaved": "(K-1)/(vM+K-1)", "zb-h1": "(K-1)/(3M+K-1), M >= K"}  # fmt: skip
+            "interleaved": "(K-1)/(vM+K-1)", "zb-h1": "(K-1)/(3M+K-1), M >= K",
+            "zb-v": "(K-1)/(6M+K-1), M >= K"}  # fmt: skip
 
 
 def bubble_formula(name: str) -> str:

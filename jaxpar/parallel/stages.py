@@ -142,17 +142,29 @@ def check(bounds: Sequence[int], num_layers: int, num_stages: int) -> None:
         )
 
 
-def stage_table(model: SequentialModel, bounds: Sequence[int], batch_size: int) -> str:
-    """Per stage: layers, parameters, forward GFLOPs per batch, and MB sent onward per batch."""
-    rows = [
-        f"{'stage':>5} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'MB sent/batch':>14}"
-    ]
+def stage_table(
+    model: SequentialModel,
+    bounds: Sequence[int],
+    batch_size: int,
+    stage_of: Sequence[int] | None = None,
+) -> str:
+    """Per stage: layers, parameters, forward GFLOPs per batch, and MB sent onward per batch.
+    With more chunks than device stages (interleaved, V-shaped schedules) one row per chunk,
+    with the device stage `stage_of[c]` that holds it. With measured layer times
+    (split=time) also each chunk's predicted milliseconds per micro-batch, sends included."""
+    chunked = stage_of is not None and len(set(stage_of)) < len(bounds) - 1
+    ms = model.times.chunk_times(bounds) if model.times is not None else None
+    head = f"{'chunk':>5} {'stage':>5}" if chunked else f"{'stage':>5}"
+    rows = [f"{head} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'MB sent/batch':>14}"
+            + (f" {'ms/micro-batch':>15}" if ms else "")]  # fmt: skip
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         layers = model.layers[a:b]
         names = layers[0].name if len(layers) == 1 else f"{layers[0].name}-{layers[-1].name}"
         sent = 0 if b == len(model.layers) else 4 * layers[-1].activation_size * batch_size
+        where = f"{s:>5} {stage_of[s]:>5}" if chunked else f"{s:>5}"
         rows.append(
-            f"{s:>5} {names:<16} {sum(x.params for x in layers):>12,} "
+            f"{where} {names:<16} {sum(x.params for x in layers):>12,} "
             f"{sum(x.flops for x in layers) * batch_size / 1e9:>13.2f} {sent / 1e6:>14.2f}"
+            + (f" {1e3 * ms[s]:>15.2f}" if ms else "")
         )
     return "\n".join(rows)

@@ -113,7 +113,8 @@ def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, flo
     line = schedules.timeline([list(e) for e in w.events], fwd, bwd, wgt)
     finish = [0.0] * k
     for (_, c, _), (_, end) in line.spans.items():
-        finish[c % k] = max(finish[c % k], end)
+        stage = w.chunks[c].stage
+        finish[stage] = max(finish[stage], end)
     grads = [0.0] * k
     for ck in w.chunks:
         grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile, ck.stage * t)
@@ -132,9 +133,9 @@ def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, flo
 
 def _send_time(w: Workload, c: int, profile: Profile) -> float:
     """Seconds for chunk c to send its output activation (per device) to chunk c + 1."""
-    k, t = w.mesh_shape["stage"], w.mesh_shape["tensor"]
-    a, b = c % k, (c + 1) % k
-    if a == b:
+    t = w.mesh_shape["tensor"]
+    a, b = w.chunks[c].stage, w.chunks[c + 1].stage if c + 1 < len(w.chunks) else None
+    if b is None or a == b:
         return 0.0
     link = hardware.transfer_link(a * t, b * t, profile)
     return hardware.p2p_time(w.chunks[c].send_bytes, link)

@@ -7,7 +7,8 @@ parameters and optimizer state live only on its devices, unpadded, laid out by t
 sync rule: every sync mode runs on stages, each stage's data replicas following it. The host
 walks the schedule's events (GPipe, 1F1B, interleaved 1F1B, ZB-H1) in dependency order; JAX's
 asynchronous dispatch lets stages on different devices run at the same time. Chunk c lives on
-device stage c % K (v chunks per stage under the interleaved schedule, one otherwise).
+device stage `stage_of[c]` (schedules.placement): c % K, with v chunks per stage under the
+interleaved schedule and one otherwise, or ZB-V's V (stage d holds chunks d and 2K-1-d).
 
 The package: `layout` (a chunk's placed state), `chunks` (a chunk's programs, from a small
 description), `shapes` (what each program takes: the one description of its arguments),
@@ -73,9 +74,10 @@ class Pipeline(Strategy):
         self.virtual_stages = v = (
             config.pipeline.virtual_stages if self.schedule == "interleaved" else 1
         )
-        self.num_chunks = k * v
+        self.stage_of = schedules.placement(self.schedule, k, v)
+        self.num_chunks = len(self.stage_of)
         self.remat = config.pipeline.remat
-        self.bounds = stages.split(model, k * v, config.pipeline.split)
+        self.bounds = stages.split(model, self.num_chunks, config.pipeline.split)
         self.events = schedules.stage_events(self.schedule, k, self.num_microbatches, v)
         self.order = schedules.dispatch_order(self.events)
         self.split_backward = schedules.split_backward(self.events)
@@ -93,8 +95,8 @@ class Pipeline(Strategy):
             specs = (tensor.variable_specs(model, rules, layers) if self.auto_axes
                      else _unsplit(model, layers))  # fmt: skip
             rule = sync.build(config, self.replicas, tx, specs)
-            lay = ChunkLayout(model, tx, rule, self.meshes[c % k], layers)
-            chunk = Chunk(c, c % k, layers, c == 0, c == self.num_chunks - 1, lay.mesh, model,
+            lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers)
+            chunk = Chunk(c, self.stage_of[c], layers, c == 0, c == self.num_chunks - 1, lay.mesh, model,
                           rule, self.replicas, self.num_microbatches, self.auto_axes, constrain,
                           lay.state_specs, lay.acc_specs)  # fmt: skip
             self.layouts.append(lay)
@@ -118,7 +120,7 @@ class Pipeline(Strategy):
 
     def _each_chunk(self, fn) -> tuple[tuple, tuple]:
         """(states, accumulators) from fn(chunk) -> (state, acc), None off this process."""
-        parts = [fn(c) if self.local[c % self.k] else (None, None)
+        parts = [fn(c) if self.local[self.stage_of[c]] else (None, None)
                  for c in range(self.num_chunks)]  # fmt: skip
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
@@ -139,7 +141,7 @@ class Pipeline(Strategy):
         process calls), so that every process holds the whole state, as Orbax needs."""
         parts = list(state.stages)
         if self.multi:
-            parts = [self.mover.gather_tree(st, lay.device_shapes, c % self.k, lay.state_specs)
+            parts = [self.mover.gather_tree(st, lay.device_shapes, self.stage_of[c], lay.state_specs)
                      for c, (st, lay) in enumerate(zip(parts, self.layouts))]  # fmt: skip
         return merge([lay.canonical(st) for lay, st in zip(self.layouts, parts)])
 
@@ -156,7 +158,7 @@ class Pipeline(Strategy):
     def stage_states(self, state):
         """Per device stage, its chunks' (state, gradient accumulator) pairs."""
         chunks = list(zip(state.stages, state.grad_acc))
-        return [chunks[s :: self.k] for s in range(self.k)]
+        return [[pair for pair, d in zip(chunks, self.stage_of) if d == s] for s in range(self.k)]
 
     # -- batches ----------------------------------------------------------------------------
 
@@ -166,7 +168,8 @@ class Pipeline(Strategy):
         return 0, 1
 
     def _home(self, key: str) -> int:
-        return 0 if key == "image" else self.k - 1  # labels and the eval mask: the last stage
+        # images: the first chunk's stage; labels and the eval mask: the last chunk's
+        return self.stage_of[0] if key == "image" else self.stage_of[-1]
 
     def put_batch(self, local_batch):
         """Split the global batch into M micro-batches, each sharded over its stage's "data".
@@ -275,7 +278,7 @@ class Pipeline(Strategy):
             kept.append(per_device_bytes(args["bwd_w"][2]) if "bwd_w" in args else 0)
         live, peak = [0] * self.k, [0] * self.k
         for kind, c, _ in self.order:
-            d = c % self.k
+            d = self.stage_of[c]
             change = {"F": stash[c], "B": kept[c] - (0 if self.split_backward else stash[c]),
                       "W": -stash[c] - kept[c]}[kind]  # fmt: skip
             if kind == "B" and self.remat:
@@ -288,14 +291,20 @@ class Pipeline(Strategy):
         """The stage table and the schedule, drawn per stage."""
         m = self.num_microbatches
         head = (
-            f"pipeline: {self.k} stages, split {self.config.pipeline.split!r} {self.bounds}, "
-            f"schedule {self.schedule}, {m} micro-batch{'es' if m != 1 else ''}, analytic "
-            f"bubble {self.analytic_bubble():.3f}"
+            f"pipeline: {self.k} stages, {self.num_chunks} chunks, split "
+            f"{self.config.pipeline.split!r} {self.bounds}, schedule {self.schedule}, {m} "
+            f"micro-batch{'es' if m != 1 else ''}, analytic bubble {self.analytic_bubble():.3f} "
+            f"= {schedules.bubble_formula(self.schedule)}"
         )
+        legend = "schedule, per stage: Fi = forward of micro-batch i, Bi = its backward"
+        if self.split_backward:
+            legend += " (input gradient only), Wi = its weight gradient"
+        if self.num_chunks > self.k:
+            legend += "; Fi.c = in chunk c (the table says which stage holds each chunk)"
         return "\n".join([
             head,
-            stages.stage_table(self.model, self.bounds, batch_size),
-            "schedule (per stage: F/B = forward/backward of micro-batch i):",
+            stages.stage_table(self.model, self.bounds, batch_size, self.stage_of),
+            legend + ":",
             schedules.render(self.events),
         ])  # fmt: skip
 

@@ -213,13 +213,15 @@ def _agree(times: LayerTimes) -> LayerTimes:
 def candidate_microbatches(config, shape: tuple[int, int, int]) -> list[int]:
     """Micro-batch counts the batch allows: M divides each data replica's rows (so every
     micro-batch has a whole share per replica; the eval batch too), interleaved needs M a
-    multiple of the stages, and at most 8 candidates (the largest kept)."""
+    multiple of the stages and ZB-V at least K, and at most 8 candidates (the largest kept)."""
     data, k, _ = shape
     rows = config.global_batch_size // data
     eval_rows = (config.eval_batch_size or config.global_batch_size) // data
     out = [m for m in range(1, rows + 1) if rows % m == 0 and eval_rows % m == 0]
     if config.pipeline.schedule == "interleaved":
         out = [m for m in out if m % k == 0] or out
+    if config.pipeline.schedule == "zb-v":
+        out = [m for m in out if m >= k] or out
     if config.pipeline.schedule == "naive":
         out = [1]
     return out[-8:]

@@ -19,7 +19,7 @@ def require(config, shape: tuple[int, int, int]) -> None:
     micro = config.pipeline.num_microbatches
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
     if micro == 0:  # auto: trainer.setup chooses among the counts these checks accept
-        micro = 1 if schedule == "naive" else stage if schedule == "interleaved" else 1
+        micro = stage if schedule in ("interleaved", "zb-v") else 1
     check(
         not config.model.get("dropout", False),
         "pipeline stages do not draw dropout masks yet; set --config.model.dropout=False or "
@@ -44,9 +44,14 @@ def require(config, shape: tuple[int, int, int]) -> None:
         f"multiple of the {stage} stages (Megatron's rule); got {micro}",
     )
     check(
-        schedule != "zb-h1" or not config.pipeline.remat,
-        "pipeline.schedule=zb-h1 splits the backward over stored residuals; "
+        schedule not in ("zb-h1", "zb-v") or not config.pipeline.remat,
+        f"pipeline.schedule={schedule} splits the backward over stored residuals; "
         "set --config.pipeline.remat=False",
+    )
+    check(
+        schedule != "zb-v" or micro >= stage,
+        f"pipeline.schedule=zb-v needs at least as many micro-batches as the {stage} stages "
+        f"(its V fills the ramp with them); got num_microbatches={micro}",
     )
     eval_bs = config.eval_batch_size or config.global_batch_size
     for key, size in (

@@ -64,19 +64,19 @@ class Runner:
             return tree
         template = {key: jax.ShapeDtypeStruct((), jax.numpy.float32) for key in keys}
         specs = {key: P() for key in keys}
-        return pipe.mover.gather_tree(tree, template, (self.n - 1) % self.k, specs)
+        return pipe.mover.gather_tree(tree, template, pipe.stage_of[-1], specs)
 
     # -- the training step ----------------------------------------------------------------
 
     def train_step(self, stages, accs, batch):
         """One step over the schedule; returns (chunk states, accumulators, metrics)."""
-        pipe, k, c_last = self.pipe, self.k, self.n - 1
+        pipe, k, c_last, stage_of = self.pipe, self.k, self.n - 1, self.pipe.stage_of
         st, acc = list(stages), list(accs)
         stats = [None if x is None else x.batch_stats for x in st]
         step = _Step(self, k)
-        rows = batch["image"][0].shape[0] if self.mine[0] else None
+        rows = batch["image"][0].shape[0] if self.mine[stage_of[0]] else None
         for kind, c, m in pipe.order:
-            d = c % k  # the device stage every program of this event runs on
+            d = stage_of[c]  # the device stage every program of this event runs on
             y = g = None  # the output sent forward, the gradient sent backward
             if not self.mine[d]:  # another process's stage: count its program, take part in sends
                 if not (kind == "F" and pipe.remat and c == c_last):  # that one runs nothing
@@ -90,20 +90,20 @@ class Runner:
                 g = self._backward(c, m, st[c].replace(batch_stats=stats[c]), stats, acc, batch,
                                    step)  # fmt: skip
             if kind == "F" and c < c_last:
-                step.sent_f[(c + 1, m)] = self.send(y, d, (c + 1) % k, c, rows)
+                step.sent_f[(c + 1, m)] = self.send(y, d, stage_of[c + 1], c, rows)
             elif kind == "B" and c > 0:
-                step.sent_b[(c - 1, m)] = self.send(g, d, (c - 1) % k, c - 1, rows)
+                step.sent_b[(c - 1, m)] = self.send(g, d, stage_of[c - 1], c - 1, rows)
         for c in range(self.n):
-            st[c], acc[c] = self.on(c % k, lambda c=c: pipe.programs_of[c].programs["update"](
+            st[c], acc[c] = self.on(stage_of[c], lambda c=c: pipe.programs_of[c].programs["update"](
                 st[c].replace(batch_stats=stats[c]), acc[c])) or (None, None)  # fmt: skip
         self.peak_stash_bytes = step.peak
-        metrics = self.on(c_last % k, lambda: _mean_metrics(
+        metrics = self.on(stage_of[c_last], lambda: _mean_metrics(
             {"loss": step.losses, "accuracy": step.accuracies}))  # fmt: skip
         return st, acc, self.to_all(metrics, ("accuracy", "loss"))
 
     def _forward(self, c, m, state, stats, batch, step):
         """One F event of chunk c on this process's stage; returns the output to send on."""
-        c_last, d = self.n - 1, c % self.k
+        c_last, d = self.n - 1, self.pipe.stage_of[c]
         x = batch["image"][m] if c == 0 else step.sent_f.pop((c, m))
         if self.pipe.remat:
             step.store("stash", (c, m), x, d)
@@ -122,7 +122,7 @@ class Runner:
     def _backward(self, c, m, state, stats, acc, batch, step):
         """One B event of chunk c on this process's stage; returns the input gradient to send
         back (None for chunk 0). Updates the accumulators, statistics and stores in place."""
-        c_last, d = self.n - 1, c % self.k
+        c_last, d = self.n - 1, self.pipe.stage_of[c]
         cot = () if c == c_last else (step.sent_b.pop((c, m)),)
         g = None
         if self.pipe.remat:
@@ -151,15 +151,15 @@ class Runner:
     def eval_step(self, stages, batch):
         """Loss and correct-prediction sums over one eval batch, micro-batch by micro-batch
         through the chunks."""
-        pipe, k = self.pipe, self.k
-        rows = batch["image"][0].shape[0] if self.mine[0] else None
-        last = (self.n - 1) % k
+        pipe, stage_of = self.pipe, self.pipe.stage_of
+        rows = batch["image"][0].shape[0] if self.mine[stage_of[0]] else None
+        last = stage_of[-1]
         totals = None
         for m in range(pipe.num_microbatches):
             x = batch["image"][m]
             for c in range(self.n - 1):
-                y = self.on(c % k, lambda c=c, x=x: self._eval(c, stages[c], x))
-                x = self.send(y, c % k, (c + 1) % k, c, rows)
+                y = self.on(stage_of[c], lambda c=c, x=x: self._eval(c, stages[c], x))
+                x = self.send(y, stage_of[c], stage_of[c + 1], c, rows)
             sums = self.on(last, lambda x=x, m=m: self._eval(
                 self.n - 1, stages[-1], x, batch["label"][m], batch["mask"][m]))  # fmt: skip
             if totals is None:
