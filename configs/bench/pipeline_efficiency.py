@@ -2,8 +2,8 @@
 
 Run:  python -m jaxpar.bench --suite pipeline_efficiency
 Rows: GPipe, 1F1B and interleaved 1F1B (v=2), each recomputing the forward in the backward
-(remat) or storing its residuals, and ZB-H1 (residuals, B/W split), all with FLOP-balanced
-stages; then 1F1B and ZB-H1 again with stages balanced by measured time
+(remat) or storing its residuals, ZB-H1 and ZB-V (residuals, B/W split), all with
+FLOP-balanced stages; then 1F1B, ZB-H1 and ZB-V again with stages balanced by measured time
 (`pipeline.split=time`: each row times the layers first, about 12 s). The harness records
 wall step time, stored bytes per stage and the analytic and timeline bubbles; step FLOPs,
 bounds, chunk imbalance and the time/flops wall ratio per row come from
@@ -16,8 +16,8 @@ import ml_collections
 
 from configs.bench import partitionings, row
 
-SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
-TIME_SPLIT = (("1f1b", True), ("1f1b", False), ("zb-h1", False))
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-v", 1))
+TIME_SPLIT = (("1f1b", True), ("1f1b", False), ("zb-h1", False), ("zb-v", False))
 
 
 def rows() -> tuple[dict, ...]:
@@ -25,8 +25,8 @@ def rows() -> tuple[dict, ...]:
     for m in (4, 8):
         for schedule, v in SCHEDULES:
             for remat in (True, False):
-                if schedule == "zb-h1" and remat:
-                    continue  # ZB-H1 splits the backward over stored residuals
+                if schedule.startswith("zb") and remat:
+                    continue  # zero-bubble schedules split the backward over stored residuals
                 overrides = {
                     "mesh_shape": (1, 4, 1),
                     "pipeline.schedule": schedule,

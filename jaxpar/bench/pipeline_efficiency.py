@@ -26,7 +26,8 @@ import jax
 from jaxpar import analysis, configfile, trainer
 
 ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", False, 1),
-        ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1))  # fmt: skip
+        ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1),
+        ("zb-v", False, 1))  # fmt: skip
 
 
 def measure(config, devices, steps: int, workdir: str | None = None) -> dict:

@@ -114,32 +114,46 @@ def _zero_bubble_h1(k: int, m: int) -> list[list[Event]]:
 
 def _zero_bubble_v(k: int, m: int) -> list[list[Event]]:
     """ZB-V (Qi et al., Pipeline Parallelism with Controllable Memory, 2024): the model in 2K
-    chunks placed in a V, each backward split into B and W. The order is a greedy list
-    schedule on a unit clock (F = B = W per chunk): each stage runs, whenever it is free, the
-    ready B of the earliest micro-batch (others wait on it), else a ready F while it holds
-    fewer than 2K chunk activations (K micro-batches of a whole stage: 1F1B's and ZB-H1's
-    peak), else a deferred W. With M >= K its bubble is (K-1)/(6M+K-1), half of ZB-H1's idle
-    time: the ramp is K-1 half-stage chunks instead of K-1 stages (tested against the clock)."""
-    n, stage_of, cap = 2 * k, placement("zb-v", k), 2 * k
-    todo = {(kind, c, i) for kind in "FBW" for c in range(n) for i in range(m)}
-    done: dict[Event, int] = {}
-    order: list[list[Event]] = [[] for _ in range(k)]
-    live, t = [0] * k, 0
-    while todo:
-        for d in range(k):
-            ready = [e for e in todo if stage_of[e[1]] == d
-                     and all(done.get(x, t + 1) <= t for x in _deps(e, n))]  # fmt: skip
-            first = {kind: min((e for e in ready if e[0] == kind),
-                               key=lambda e: (e[2], -e[1]), default=None)
-                     for kind in "FBW"}  # fmt: skip
-            pick = first["B"] or (first["F"] if live[d] < cap else None) or first["W"]
-            if pick is not None:
-                todo.discard(pick)
-                done[pick] = t + 1
-                order[d].append(pick)
-                live[d] += {"F": 1, "B": 0, "W": -1}[pick[0]]
-        t += 1
-    return order
+    chunks placed in a V, each backward split into B and W; micro-batches in groups of K.
+
+    On a unit clock (F = B = W per chunk) stage s runs two lanes of one event every other
+    tick. On ticks of s's parity: a group's K forwards of chunk s, then the K input gradients
+    of chunk 2K-1-s, then their K weight gradients; on the others: the K forwards of chunk
+    2K-1-s, the K input gradients of chunk s, their K weight gradients. Micro-batch i = gK + j
+    starts at tick 6Kg + 2j, and its events follow at these offsets:
+
+        F of chunk s  s         B of chunk 2K-1-s  2K + s      W of chunk 2K-1-s  4K + s
+        F of 2K-1-s   2K-1-s    B of chunk s       4K-1-s      W of chunk s       6K-1-s
+
+    Every F and B runs one tick after what it waits on, the lanes never meet, and from tick
+    2K-1-s (the V's turn reaches stage s) both are full: a stage idles only on the ramp, K-1
+    ticks, the fewest any schedule can (the last stage's first forward waits K-1 ticks). A
+    stage holds at most one group's activations, K of each of its chunks (group g's weight
+    gradients free them as group g+1 forwards): K micro-batches of whole stages, 1F1B's peak.
+
+    With M = GK + q, 0 < q < K (runs refuse it, checks.py; the micro-batch search may time
+    it), the last group is short: it starts 2(K-q) ticks early, and the last K-q weight
+    gradients of each lane of the group before wait 2q ticks, into the gaps the short group
+    leaves before its input gradients. Still 2K activations, but up to K + min(q, K-q) of
+    them of chunk s on the first stages, and the stage idles K-q more ticks; with M < K,
+    3(K-M) more (no group to borrow from).
+    The order is the ticks' order; `timeline` with equal times starts no event after its
+    tick (some ramp forwards before), so its makespan is 6M + K-1 ticks when K divides M."""
+    full, q = divmod(m, k)
+    out = []
+    for s in range(k):
+        a, b = s, 2 * k - 1 - s
+        ticks = []
+        for i in range(m):
+            g, j = divmod(i, k)
+            t = 6 * k * g + 2 * j - (2 * (k - q) if g == full else 0)
+            late = 2 * q if g == full - 1 and j >= q > 0 else 0
+            ticks += [(t + s, ("F", a, i)), (t + 2 * k - 1 - s, ("F", b, i)),
+                      (t + 2 * k + s, ("B", b, i)), (t + 4 * k - 1 - s, ("B", a, i)),
+                      (t + late + 4 * k + s, ("W", b, i)),
+                      (t + late + 6 * k - 1 - s, ("W", a, i))]  # fmt: skip
+        out.append([e for _, e in sorted(ticks)])
+    return out
 
 
 def _deps(event: Event, num_chunks: int) -> list[Event]:
@@ -234,12 +248,15 @@ def analytic_bubble(
     """Idle fraction with equal stages (F = B = W): (K-1)/(M+K-1) for GPipe and 1F1B,
     (K-1)/(vM+K-1) interleaved, (K-1)/(3M+K-1) for ZB-H1 when M >= K (a third of 1F1B's
     idle time; with fewer micro-batches than stages the W passes cannot fill the ramp), and
-    (K-1)/(6M+K-1) for ZB-V (M >= K: half of ZB-H1's)."""
+    (K-1+r)/(6M+K-1+r) for ZB-V, r = (-M) mod K when M >= K: (K-1)/(6M+K-1) when K divides
+    M, half of ZB-H1's idle time and the least possible; a short last group of micro-batches
+    idles r ticks more, at most ZB-H1's bubble (r = K-1). With M < K, r = 3(K-M)."""
     k, m = num_stages, num_microbatches
     if schedule == "zb-h1":
         return 1 - 3 * m / (max(3 * m, 2 * m + k) + k - 1)
-    if schedule == "zb-v":  # M >= K (checked): the ramp is K-1 chunks of half a stage
-        return (k - 1) / (6 * m + k - 1)
+    if schedule == "zb-v":  # per stage 6M chunk events and K-1+r idle ticks (_zero_bubble_v)
+        r = -m % k if m >= k else 3 * (k - m)
+        return (k - 1 + r) / (6 * m + k - 1 + r)
     if schedule == "interleaved":
         m *= virtual_stages
     return (k - 1) / (m + k - 1)
@@ -268,7 +285,7 @@ def render(events: list[list[Event]]) -> str:
 
 FORMULAS = {"naive": "(K-1)/(M+K-1)", "gpipe": "(K-1)/(M+K-1)", "1f1b": "(K-1)/(M+K-1)",
             "interleaved": "(K-1)/(vM+K-1)", "zb-h1": "(K-1)/(3M+K-1), M >= K",
-            "zb-v": "(K-1)/(6M+K-1), M >= K"}  # fmt: skip
+            "zb-v": "(K-1+r)/(6M+K-1+r), r = -M mod K, M >= K"}  # fmt: skip
 
 
 def bubble_formula(name: str) -> str:

@@ -5,10 +5,11 @@ padded SPMD carrier, each chunk of layers is compiled for its own stage's slice 
 `mesh.devices[:, s, :]` (data and tensor parallelism still apply inside a stage). A chunk's
 parameters and optimizer state live only on its devices, unpadded, laid out by the chunk's own
 sync rule: every sync mode runs on stages, each stage's data replicas following it. The host
-walks the schedule's events (GPipe, 1F1B, interleaved 1F1B, ZB-H1) in dependency order; JAX's
-asynchronous dispatch lets stages on different devices run at the same time. Chunk c lives on
-device stage `stage_of[c]` (schedules.placement): c % K, with v chunks per stage under the
-interleaved schedule and one otherwise, or ZB-V's V (stage d holds chunks d and 2K-1-d).
+walks the schedule's events (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V) in dependency order;
+JAX's asynchronous dispatch lets stages on different devices run at the same time. Chunk c
+lives on device stage `stage_of[c]` (schedules.placement): c % K, with v chunks per stage
+under the interleaved schedule and one otherwise, or ZB-V's V (stage d holds chunks d and
+2K-1-d).
 
 The package: `layout` (a chunk's placed state), `chunks` (a chunk's programs, from a small
 description), `shapes` (what each program takes: the one description of its arguments),
@@ -17,7 +18,8 @@ description), `shapes` (what each program takes: the one description of its argu
 `pipeline.remat=True`: backward recomputes the chunk's forward from its stored input, so a
 stage keeps one input activation per micro-batch in flight: M under GPipe, at most K - s under
 1F1B. `remat=False`: the forward stores the backward's residuals instead (more bytes, no
-recomputation), and ZB-H1 splits the backward into B (input gradient) and W (weights).
+recomputation), and ZB-H1 and ZB-V split the backward into B (input gradient) and W
+(weights).
 
 Several processes (jax.distributed): every process builds the whole mesh and walks the same
 events, but runs only the programs of chunks whose stage owns one of its devices (a stage may

@@ -49,9 +49,10 @@ def require(config, shape: tuple[int, int, int]) -> None:
         "set --config.pipeline.remat=False",
     )
     check(
-        schedule != "zb-v" or micro >= stage,
-        f"pipeline.schedule=zb-v needs at least as many micro-batches as the {stage} stages "
-        f"(its V fills the ramp with them); got num_microbatches={micro}",
+        schedule != "zb-v" or micro % stage == 0,
+        f"pipeline.schedule=zb-v runs micro-batches in groups of the {stage} stages: "
+        f"num_microbatches must be a multiple of {stage} (a short group idles and stores "
+        f"more); got {micro}",
     )
     eval_bs = config.eval_batch_size or config.global_batch_size
     for key, size in (

@@ -49,7 +49,7 @@ class Runner:
         pipe = self.pipe
         if not pipe.multi:
             return jax.device_put(x, pipe.batch_sharding[dst])
-        if src == dst:  # an interleaved chunk pair on one stage (K = 1 is not a pipeline)
+        if src == dst:  # two chunks on one stage: ZB-V's turn (chunks K-1 and K)
             return x
         shape = pipe.boundary(rows or pipe.microbatch_rows)[chunk]
         if pipe.auto_axes:
