@@ -50,7 +50,7 @@ class LayerTimes:
     forward: tuple[float, ...]
     forward_backward: tuple[float, ...]
     send: tuple[float, ...]
-    dispatch: float  # one call of a trivial program: what every program costs besides its work
+    dispatch: float  # what every program costs besides its work (see _profile)
     remat: bool
     rows: int  # rows per data replica per micro-batch that were timed
     profile_s: float  # what the pass cost (0.0 if nothing was measured)
@@ -166,7 +166,11 @@ def _profile(model, config, rows: int, src, dst) -> LayerTimes:
             for j, call in enumerate(layer_calls):
                 best[i][j] = min(best[i][j], _time_once(call))
         rounds += 1
-    layers_best, dispatch = best[:-1], best[-1][0]
+    # What a program costs besides its work: at least a trivial program's call, and at most
+    # the cheapest layer's forward (nearly all fixed cost for a small dense head). Timed one
+    # by one, each layer pays it per program; fused into a chunk, once per program.
+    layers_best = best[:-1]
+    dispatch = max(best[-1][0], min(b[0] for b in layers_best))
     return LayerTimes(tuple(b[0] for b in layers_best), tuple(b[1] for b in layers_best),
                       tuple(b[2] for b in layers_best), dispatch, bool(config.pipeline.remat),
                       rows, time.perf_counter() - t0, "measured")  # fmt: skip
