@@ -44,7 +44,7 @@ def make(**overrides):
         ({"optimizer.name": "lamb"}, 8, "unknown optimizer.name"),
         ({"model.dtype": "float16"}, 8, "unknown model.dtype"),
         ({"sync.impl": "horovod"}, 8, "unknown sync.impl"),
-        ({"pipeline.num_microbatches": 0}, 8, "num_microbatches"),
+        ({"pipeline.num_microbatches": -1}, 8, "num_microbatches"),
         ({"learning_rate": 0.0}, 8, "learning_rate must be positive"),
         ({"log_every_steps": 0}, 8, "log_every_steps"),
     ],
