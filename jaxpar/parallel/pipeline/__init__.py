@@ -39,6 +39,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import AXES, DATA, STAGE, TENSOR
 from jaxpar.parallel import schedules, stages, sync, tensor
 from jaxpar.parallel.pipeline import checks, shapes, transfer
@@ -73,6 +74,11 @@ class Pipeline(Strategy):
         self.data = mesh.shape[DATA]
         self.schedule = config.pipeline.schedule
         self.num_microbatches = 1 if self.schedule == "naive" else config.pipeline.num_microbatches
+        if self.num_microbatches == 0:
+            raise ConfigError(
+                "pipeline.num_microbatches=0 is chosen by timing in a training run (jaxpar.train,"
+                " the bench); give a count here"
+            )
         self.virtual_stages = v = (
             config.pipeline.virtual_stages if self.schedule == "interleaved" else 1
         )
