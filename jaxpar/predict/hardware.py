@@ -20,6 +20,7 @@ and device i sits on node i // devices_per_node.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import numpy as np
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import workload
+from jaxpar.predict import opclass, workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +54,23 @@ class Profile:
     memory_bytes: float  # usable per device
     intra: Link
     inter: Link
-    compute_efficiency: float  # achieved model FLOP/s over peak (from a calibration run)
+    compute_efficiency: float  # matmul FLOP/s achieved over peak (from calibration runs)
     overlap: float = 0.0  # fraction of gradient all-reduce time hidden under the backward
     step_overhead_s: float = 0.0  # fixed host/launch time per step
     program_overhead_s: float = 0.0  # per compiled program dispatched (pipelines run many)
-    compute_pool: int = 0  # >0: all devices share the compute of this many (simulated CPU)
+    # Simulated CPU devices sharing cores: N busy devices together run `pool(N)` times one
+    # device's rate. A number (min(N, it)) or ((N, speedup), ...) measured (calibrate.py);
+    # 0 = devices of their own.
+    compute_pool: float | tuple = 0.0
+    # Operation classes (jaxpar.predict.opclass): 3x3 stride-1 convolutions at their own
+    # fraction of peak (cuDNN's Winograd kernels beat their FLOP count; 0 = compute_efficiency),
+    # memory-bound kernels at memory_bandwidth bytes/s (0 = not priced), kernel_s of device
+    # time per kernel, launch_s of host time per kernel (a program takes the longer of its
+    # device time and its host time: launches overlap execution).
+    conv3x3_efficiency: float = 0.0
+    memory_bandwidth: float = 0.0
+    kernel_s: float = 0.0
+    launch_s: float = 0.0
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Single-device calibration runs of particular models (`calibrations` in the profile):
@@ -82,9 +95,38 @@ class Profile:
         return _EFFICIENCY[key]
 
     def flops_per_s(self, dtype: str, model: str | None = None) -> float:
-        """Achieved model FLOP/s per device for `dtype` (peak x calibrated efficiency, of
+        """Achieved matmul FLOP/s per device for `dtype` (peak x calibrated efficiency, of
         `model`'s own calibration run where the profile has one)."""
         return self.peak(dtype) * self.efficiency(model)
+
+    def pool(self, n: int) -> float:
+        """How many times one device's rate n busy devices reach together."""
+        if not isinstance(self.compute_pool, tuple):
+            return min(float(n), self.compute_pool) if self.compute_pool else float(n)
+        points = sorted({(1, 1.0), *((int(k), float(v)) for k, v in self.compute_pool)})
+        for (n0, s0), (n1, s1) in itertools.pairwise(points):
+            if n0 <= n <= n1:
+                return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+        return points[-1][1]
+
+    def device_time(self, ops: opclass.OpClasses, dtype: str, model: str | None = None) -> float:
+        """Seconds one device runs a program of these op classes (alone on it)."""
+        memory = ops.memory_bytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
+        fixed = memory + ops.kernels * self.kernel_s
+        if not ops.flops:
+            return fixed
+        eff = self.efficiency(model)  # a model's own calibration run scales both classes
+        ratio = self.conv3x3_efficiency / self.compute_efficiency if self.conv3x3_efficiency else 1
+        peak = self.peak(dtype) * eff
+        return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
+
+    def host_time(self, ops: opclass.OpClasses) -> float:
+        """Seconds the host spends launching the program's kernels."""
+        return ops.kernels * self.launch_s
+
+    def program_time(self, ops: opclass.OpClasses, dtype: str, model: str | None = None) -> float:
+        """A program's time: the longer of its device time and its host (launch) time."""
+        return max(self.device_time(ops, dtype, model), self.host_time(ops))
 
 
 _EFFICIENCY: dict[tuple, float] = {}  # calibrations worked out so far (each compiles a step)
@@ -116,7 +158,11 @@ def from_config(c: Any) -> Profile:
         overlap=float(get("overlap", 0.0)),
         step_overhead_s=float(get("step_overhead_s", 0.0)),
         program_overhead_s=float(get("program_overhead_s", 0.0)),
-        compute_pool=int(get("compute_pool", 0)),
+        compute_pool=_pool(get("compute_pool", 0.0)),
+        conv3x3_efficiency=float(get("conv3x3_efficiency", 0.0) or 0.0),
+        memory_bandwidth=float(get("memory_bandwidth", 0.0) or 0.0),
+        kernel_s=float(get("kernel_s", 0.0) or 0.0),
+        launch_s=float(get("launch_s", 0.0) or 0.0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )
@@ -124,6 +170,10 @@ def from_config(c: Any) -> Profile:
         raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1]")
     if calibration:
         profile = calibrate(profile, calibration)
+    fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
+    if fitted:
+        names = tuple(get("fit", ("compute_efficiency",)))
+        profile = fit(profile, fitted, names).profile
     runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
     profile = dataclasses.replace(profile, model_runs=runs)
     if profile.compute_efficiency <= 0:
@@ -131,19 +181,101 @@ def from_config(c: Any) -> Profile:
     return profile
 
 
+def _pool(value) -> float | tuple:
+    if isinstance(value, int | float):
+        return float(value)
+    return tuple((int(n), float(speedup)) for n, speedup in value)
+
+
 def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     """Set compute efficiency from one measured single-device run: images/sec of a named model
-    at a batch size. efficiency = FLOPs of that step / step time / peak, after taking the
-    profile's fixed overheads out of the step time. The FLOPs are the compiled single-device
-    step's own (XLA's cost analysis, as the predictor counts every program), so a prediction
-    of the calibration run itself gives back the measured images/sec."""
+    at a batch size. The step's op classes are the compiled single-device step's own (as the
+    predictor counts every program); the profile's other costs (memory bandwidth, per-kernel
+    times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
+    a prediction of the calibration run itself gives back the measured images/sec."""
+    step = _measured_step(profile, run)
+    ops = workload.calibration_ops(run)
+    dtype = run.get("dtype", "float32")
+    rest = step - profile.device_time(dataclasses.replace(ops, matmul_flops=0.0,
+                                                          conv3x3_flops=0.0), dtype)  # fmt: skip
+    if rest <= 0 or profile.host_time(ops) >= step:
+        raise ConfigError(
+            f"profile {profile.name}: the calibration run ({run['model']}, batch "
+            f"{run['batch_size']}) takes {step * 1e3:.2f} ms, no more than the profile's fixed "
+            "and per-kernel costs; calibrate on a larger batch"
+        )
+    peak = profile.peak(dtype)
+    ratio = (profile.conv3x3_efficiency / profile.compute_efficiency
+             if profile.conv3x3_efficiency and profile.compute_efficiency else 1.0)  # fmt: skip
+    eff = (ops.matmul_flops + ops.conv3x3_flops / ratio) / rest / peak
+    return dataclasses.replace(
+        profile, compute_efficiency=eff,
+        conv3x3_efficiency=eff * ratio if profile.conv3x3_efficiency else 0.0,
+    )  # fmt: skip
+
+
+def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
+    """The measured step's time less the profile's fixed step and program costs."""
     batch = int(run["batch_size"])
-    step = (
-        batch / float(run["images_per_sec"]) - profile.step_overhead_s - profile.program_overhead_s
+    return (
+        batch / float(run["images_per_sec"])
+        - profile.step_overhead_s
+        - (profile.program_overhead_s)
     )
-    flops = workload.calibration_flops(run)
-    peak = profile.peak(run.get("dtype", "float32"))
-    return dataclasses.replace(profile, compute_efficiency=flops / step / peak)
+
+
+# Profile costs `fit` may solve for, each positive (fitted in log space).
+FITTABLE = ("compute_efficiency", "conv3x3_efficiency", "memory_bandwidth", "kernel_s",
+            "launch_s", "step_overhead_s")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    profile: Profile
+    rows: list[dict[str, Any]]  # each run with measured and fitted images/sec and the error
+
+
+def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) -> Fit:
+    """Least-squares fit of the profile costs `names` (see FITTABLE) to measured single-device
+    runs (relative error of each run's step time); the other costs stay as the profile gives
+    them, except that a fit without conv3x3_efficiency prices every matmul class at the one
+    compute_efficiency. Needs at least as many runs as costs. The runs' op classes come from their compiled
+    steps (workload.calibration_ops)."""
+    import numpy as np
+    from scipy import optimize
+
+    bad = [n for n in names if n not in FITTABLE]
+    if bad or not names:
+        raise ConfigError(f"profile {profile.name}: fit must name some of {', '.join(FITTABLE)}"
+                          f"{f'; not {bad[0]!r}' if bad else ''}")  # fmt: skip
+    if len(runs) < len(names):
+        raise ConfigError(f"profile {profile.name}: fitting {len(names)} costs needs at least "
+                          f"{len(names)} calibration runs, got {len(runs)}")  # fmt: skip
+    if "conv3x3_efficiency" not in names:
+        profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
+    ops = [workload.calibration_ops(r) for r in runs]
+    measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
+    start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 0.5, "memory_bandwidth": 1e11,
+             "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3}  # fmt: skip
+
+    def with_costs(logs) -> Profile:
+        values = {n: float(np.exp(v)) for n, v in zip(names, logs)}
+        return dataclasses.replace(profile, **values)
+
+    def predicted(p: Profile) -> np.ndarray:
+        return np.array([
+            p.program_time(o, r.get("dtype", "float32")) + p.step_overhead_s + p.program_overhead_s
+            for o, r in zip(ops, runs)
+        ])  # fmt: skip
+
+    x0 = [np.log(getattr(profile, n) or start[n]) for n in names]
+    best = optimize.least_squares(lambda x: predicted(with_costs(x)) / measured - 1, x0)
+    fitted = with_costs(best.x)
+    rows = [
+        {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}
+        for r, t, t_m in zip(runs, predicted(fitted), measured)
+    ]
+    return Fit(fitted, rows)
 
 
 # -- collectives --------------------------------------------------------------------------

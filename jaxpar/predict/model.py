@@ -1,10 +1,12 @@
 """Predict a partitioning's step on a hardware profile: compute, exposed communication, bubble.
 
 Assumptions, all stated (and the switchable one in the profile):
-- Compute: each compiled program's own FLOPs (XLA's cost analysis, per device per call: a
-  recomputing backward counts its forward again, a zero-bubble B and W each their half) at
-  the profile's achieved FLOP/s (peak x a compute efficiency calibrated on one measured
-  single-device run).
+- Compute: each compiled program's own operation classes (jaxpar.predict.opclass, per device
+  per call: a recomputing backward counts its forward again, a zero-bubble B and W each their
+  half): convolution and matmul FLOPs at calibrated fractions of peak (3x3 stride-1
+  convolutions at their own), memory-bound bytes at the memory bandwidth, a device time per
+  kernel; and the host's time to launch the kernels, which overlaps the device's: a program
+  takes the longer of the two (Profile.program_time).
 - Collectives: the compiled programs' own (kind, axes, bytes), priced by hardware.py's ring
   formulas on the links the group spans. Collectives inside forward/backward (tensor
   parallelism, synchronised BatchNorm) sit on the critical path.
@@ -15,9 +17,9 @@ Assumptions, all stated (and the switchable one in the profile):
   (schedules.timeline, any schedule the trainer runs), with durations = compute + in-program
   collectives + the boundary transfer the event sends; a stage's update (and its gradient
   collectives) starts after its last event.
-- compute_pool (simulated CPU devices): the devices share the compute of `compute_pool`
-  devices (cores), so N busy devices each run at min(1, pool/N) of one device's rate, and a
-  pipeline step takes at least the total work of all devices at the pool's rate.
+- compute_pool (simulated CPU devices): N busy devices together reach pool(N) times one
+  device's rate (measured: calibrate.measure_pool), each pool(N)/N of it, and a pipeline
+  step takes at least the total work of all devices at the pool's rate.
 """
 
 from __future__ import annotations
@@ -45,11 +47,16 @@ def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int 
     return total
 
 
-def _rate(w: Workload, profile: Profile) -> float:
-    rate = profile.flops_per_s(w.dtype, w.name)
-    if profile.compute_pool and not w.schedule:  # N busy devices share the pool
-        rate *= min(1.0, profile.compute_pool / w.num_devices)
-    return rate
+def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:
+    """A program's time on one device that gets `share` of a device's compute."""
+    return max(profile.device_time(ops, w.dtype, w.name) / share, profile.host_time(ops))
+
+
+def _share(w: Workload, profile: Profile) -> float:
+    """Each device's share of one device's rate when all N are busy at once (compute_pool)."""
+    if profile.compute_pool and not w.schedule:
+        return profile.pool(w.num_devices) / w.num_devices
+    return 1.0
 
 
 def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
@@ -57,10 +64,9 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
     if w.num_devices > profile.num_devices:
         return _row(w, profile, None, f"needs {w.num_devices} devices, profile has "
                     f"{profile.num_devices}")  # fmt: skip
-    rate = _rate(w, profile)
     if not w.schedule:
         (chunk,) = w.chunks
-        compute = chunk.flops["step"] / rate
+        compute = _seconds(chunk.op_classes("step"), w, profile, _share(w, profile))
         cols = chunk.collectives.get("step", ())
         grad = _comm([c for c in cols if _is_grad_sync(c, "step")], w.mesh_shape, profile)
         other = _comm([c for c in cols if not _is_grad_sync(c, "step")], w.mesh_shape, profile)
@@ -73,7 +79,7 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
             "grad_allreduce_s": grad,
         }
     else:
-        times = _pipeline_times(w, profile, rate)
+        times = _pipeline_times(w, profile)
     if profile.compute_pool and w.schedule:  # the pool is work-conserving: stages that
         # wait lend their cores to the others, but the step is at least all work / pool rate
         total = _total_compute(w, profile)
@@ -83,13 +89,17 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
 
 
 def _total_compute(w: Workload, profile: Profile) -> float:
-    """Seconds of the whole step's compute over all devices at the pool's rate."""
-    pool = profile.flops_per_s(w.dtype, w.name) * min(profile.compute_pool, w.num_devices)
+    """Seconds of the whole step's device work over all devices at the pool's rate."""
     per_stage = w.num_devices // len(w.stages)  # devices running each chunk's programs
-    return sum(w.stage_flops()) * per_stage / pool
+    total = 0.0
+    for c in w.chunks:
+        for phase in c.flops:
+            times = 1 if phase in ("step", "update") else w.num_microbatches
+            total += times * profile.device_time(c.op_classes(phase), w.dtype, w.name)
+    return total * per_stage / profile.pool(w.num_devices)
 
 
-def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, float]:
+def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     k, m, t = w.mesh_shape["stage"], w.num_microbatches, w.mesh_shape["tensor"]
     # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
     # (data, 1, tensor); in the full mesh stage s's devices are those with stage index s,
@@ -104,7 +114,8 @@ def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, flo
                 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         send = _send_time(w, c, profile)
         recv_grad = _send_time(w, c - 1, profile) if c else 0.0
-        flop_s = {phase: ck.flops.get(phase, 0.0) / rate for phase in ("fwd", "bwd", "wgt")}
+        flop_s = {phase: _seconds(ck.op_classes(phase), w, profile) if phase in ck.flops
+                  else 0.0 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
         bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
         wgt[c] = flop_s["wgt"] + coll["wgt"] + (over if "wgt" in ck.flops else 0.0)
@@ -120,7 +131,12 @@ def _pipeline_times(w: Workload, profile: Profile, rate: float) -> dict[str, flo
         grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile, ck.stage * t)
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
-    programs = sum(len(ck.flops) - 1 for ck in w.chunks if ck.stage == busiest)  # per mb
+    if profile.compute_pool:  # one host thread dispatches every stage's programs and
+        # transfers on the cores the devices compute on: all of them cost the step
+        crossings = sum(_send_time(w, ck.chunk, profile) > 0 for ck in w.chunks)
+        programs = sum(len(ck.flops) - 1 for ck in w.chunks) + 2 * crossings  # per mb
+    else:  # dispatch overlaps other stages' work: the busiest stage's programs
+        programs = sum(len(ck.flops) - 1 for ck in w.chunks if ck.stage == busiest)
     return {
         "compute_s": compute[busiest],
         "comm_s": comm[busiest] + step - line.makespan,

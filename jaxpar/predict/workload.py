@@ -22,6 +22,7 @@ import ml_collections
 from jaxpar import analysis, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
+from jaxpar.predict import opclass
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -53,6 +54,13 @@ class ChunkCost:
     flops: dict[str, float]  # by phase ("step", "fwd", "bwd", "wgt", "update")
     collectives: dict[str, tuple[Collective, ...]]  # by phase
     send_bytes: int  # activation sent to the next chunk per micro-batch (0 on the last)
+    # by phase: matmul FLOPs, memory-bound bytes and kernels (opclass); {} = price `flops`
+    # as matmul FLOPs alone
+    ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
+
+    def op_classes(self, phase: str) -> opclass.OpClasses:
+        """The phase's op classes; `flops` as matmul FLOPs where none were read."""
+        return self.ops.get(phase) or opclass.OpClasses(matmul_flops=self.flops.get(phase, 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +123,20 @@ def input_spec(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int],
 
 
 def calibration_flops(run: dict[str, Any]) -> float:
-    """FLOPs of one single-device training step of a profile's calibration run (a model, its
-    input and batch size; see configs/hardware/dgx1_p100.py), from the compiled step."""
+    """Matmul FLOPs (convolutions and dot products) of one single-device training step of a
+    profile's calibration run, from the compiled step."""
+    return calibration_ops(run).flops
+
+
+def calibration_ops(run: dict[str, Any]) -> opclass.OpClasses:
+    """Op classes of one single-device training step of a profile's calibration run (a model,
+    its input and batch size; see configs/hardware/dgx1_p100.py), from the compiled step."""
+    (chunk,) = workload(run_config(run), 1).chunks
+    return chunk.op_classes("step")
+
+
+def run_config(run: dict[str, Any]) -> ml_collections.ConfigDict:
+    """The 1-device experiment config of a calibration run, on synthetic data of its shape."""
     configfile.make_configs_importable()
     from configs import base
 
@@ -131,7 +151,7 @@ def calibration_flops(run: dict[str, Any]) -> float:
     config.data.num_classes = int(run["num_classes"])
     config.global_batch_size = int(run["batch_size"])
     config.mesh_shape = (1, 1, 1)
-    return workload(config, 1).stage_flops()[0]
+    return config
 
 
 def resolve_mesh(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
@@ -161,8 +181,10 @@ def workload(config: ml_collections.ConfigDict, num_devices: int | None = None) 
     return _CACHE[key]
 
 
-def strategy_for(config: ml_collections.ConfigDict, num_devices: int | None = None):
-    """The strategy the trainer would build for `config` (on the first devices jax has)."""
+def strategy_for(config: ml_collections.ConfigDict, num_devices: int | None = None,
+                 devices: list | None = None):  # fmt: skip
+    """The strategy the trainer would build for `config` (on `devices`, or the first devices
+    jax has)."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.sync.impl = "shard_map"  # pmap runs the same collectives; compile one path
     if config.get("strategy", "auto") == "pmap":
@@ -177,7 +199,7 @@ def strategy_for(config: ml_collections.ConfigDict, num_devices: int | None = No
     config.mesh_shape = shape
     image_shape, classes = input_spec(config)
     model = models.build(config.model, image_shape, classes)
-    mesh = mesh_lib.make_mesh(shape, jax.devices()[:n])
+    mesh = mesh_lib.make_mesh(shape, (devices or jax.devices())[:n])
     return parallel.build(config, model, mesh, optim.make_optimizer(config))
 
 
@@ -191,11 +213,14 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
         mine = [p for p in progs if p.chunk == c]
         flops: dict[str, float] = {}
         cols: dict[str, tuple] = {}
+        ops: dict[str, opclass.OpClasses] = {}
         for p in mine:
             phase = PHASE[p.role]
+            text = p.compiled.as_text()
             flops[phase] = flops.get(phase, 0.0) + analysis.program_flops(p.compiled)
             cols[phase] = cols.get(phase, ()) + _rows(p.compiled, dict(p.mesh.shape))
-        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c]))
+            ops[phase] = ops.get(phase, opclass.OpClasses()) + opclass.classify(text)
+        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops))
     report = analysis.stage_memory(strategy, batch, progs)
     stages = tuple(StageCost(*row) for row in zip(*report))
     model = strategy.model

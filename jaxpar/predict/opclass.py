@@ -1,0 +1,203 @@
+"""What a compiled program does, by operation class, read from its optimized HLO text.
+
+One efficiency number per profile does not carry from one model to another: convolutions and
+matrix products run near the device's peak, while BatchNorm, ReLU, pooling, casts and the
+optimizer update are limited by memory bandwidth, and every kernel the program launches costs
+a fixed time however small it is. So a program is summarised as
+
+    conv3x3_flops  FLOPs of its 3x3 stride-1 convolutions and their gradients (2 x MACs,
+                   from their shapes): what cuDNN runs as Winograd transforms, faster than
+                   their FLOP count says
+    matmul_flops   FLOPs of its other convolutions and its dot products
+    memory_bytes   bytes read and written by every other kernel (operands + result)
+    kernels        top-level operations that run as a kernel (fusions, convolutions, dots,
+                   copies, collectives; not parameters, constants, tuples or bitcasts)
+
+and priced by the profile (`Profile.program_time`): the matmul classes at calibrated
+fractions of peak, the memory-bound bytes at the memory bandwidth, a device time per kernel,
+and a host time per kernel launched (the step takes the longer of host and device). The figures are exact for the
+program compiled here; a GPU compiler fuses somewhat differently, so `kernels` is an
+estimate of the GPU program's kernel count, not a count of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from jaxpar import hlo
+
+# Instructions that launch nothing: they name, pack or unpack buffers.
+_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
+         "partition-id", "replica-id", "iota"}  # fmt: skip
+_CONTROL = {"while", "call", "conditional"}  # their bodies' kernels count, not themselves
+_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([%\w.\-, ]+)\}?")
+_DIMS = re.compile(r"\[([\d,]*)\]")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpClasses:
+    """One call of one program, per device."""
+
+    matmul_flops: float = 0.0
+    conv3x3_flops: float = 0.0
+    memory_bytes: float = 0.0
+    kernels: int = 0
+
+    def __add__(self, other: OpClasses) -> OpClasses:
+        return OpClasses(*(a + b for a, b in zip(dataclasses.astuple(self),
+                                                 dataclasses.astuple(other))))  # fmt: skip
+
+    def scaled(self, times: float) -> OpClasses:
+        m, c, b, k = dataclasses.astuple(self)
+        return OpClasses(m * times, c * times, b * times, round(k * times))
+
+    @property
+    def flops(self) -> float:
+        return self.matmul_flops + self.conv3x3_flops
+
+
+def _computations(text: str) -> dict[str, list[tuple[str, str, str, str]]]:
+    """{computation name: [(name, result type, opcode, rest of line)]}; the entry as "ENTRY"."""
+    comps: dict[str, list] = {}
+    current = None
+    for line in text.splitlines():
+        if not line.startswith(" ") and line.rstrip().endswith("{"):
+            head = _HEAD.match(line)
+            if head:
+                current = "ENTRY" if head.group(1) else head.group(2)
+                comps[current] = []
+                continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if current is not None:
+            m = _INSTR.match(line)
+            if m:
+                comps[current].append(m.groups())
+    return comps
+
+
+def _elements(type_text: str) -> int:
+    dims = _DIMS.search(type_text)
+    if not dims:
+        return 1
+    return math.prod(int(d) for d in dims.group(1).split(",") if d)
+
+
+def _dims(type_text: str) -> list[int]:
+    dims = _DIMS.search(type_text)
+    return [int(d) for d in dims.group(1).split(",") if d] if dims else []
+
+
+def _operands(rest: str) -> list[str]:
+    """Operand names of an instruction (the text up to its closing parenthesis)."""
+    depth, end = 1, len(rest)
+    for i, ch in enumerate(rest):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            end = i
+            break
+    return _OPERAND.findall(rest[:end])
+
+
+def _winograd(result: str, rest: str) -> bool:
+    """A 3x3 stride-1 convolution, its input gradient (also a 3x3 stride-1 convolution) or its
+    weight gradient (a convolution whose result has 3x3 spatial dimensions): the three that
+    cuDNN runs as Winograd transforms. No strides, dilations or feature groups."""
+    if re.search(r"stride=|lhs_dilate=|rhs_dilate=|feature_group_count=[02-9]", rest):
+        return False
+    window = re.search(r"window=\{size=(\d+)x(\d+)\b", rest)
+    if not window:
+        return False
+    if window.groups() == ("3", "3"):
+        return True
+    labels = re.search(r"dim_labels=\w+_\w+->(\w+)", rest)
+    dims = _dims(result)
+    if not labels or len(labels.group(1)) != len(dims) or len(dims) != 4:
+        return False
+    out = labels.group(1)
+    return (dims[out.index("0")], dims[out.index("1")]) == (3, 3)
+
+
+def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses:
+    flops = _matmul_flops(op, result, rest, types)
+    if op == "convolution" and _winograd(result, rest):
+        return OpClasses(conv3x3_flops=flops)
+    return OpClasses(matmul_flops=flops)
+
+
+def _matmul_flops(op: str, result: str, rest: str, types: dict[str, str]) -> float:
+    """2 x multiply-adds of one convolution or dot, from its result and operand shapes."""
+    args = _operands(rest)
+    if op == "convolution" and len(args) >= 2 and args[1] in types:
+        kernel = _dims(types[args[1]])
+        labels = re.search(r"dim_labels=\w+_(\w+)->", rest)
+        out_at = labels.group(1).index("o") if labels else len(kernel) - 1
+        per_output = math.prod(kernel) // max(kernel[out_at], 1) if kernel else 1
+        # an input gradient of a strided convolution dilates its input with zeros: only
+        # 1 / prod(dilation) of the window's products are not with a zero
+        dilate = re.search(r"lhs_dilate=([\dx]+)", rest)
+        zeros = math.prod(int(d) for d in dilate.group(1).split("x")) if dilate else 1
+        return 2.0 * _elements(result) * per_output / zeros
+    if op == "dot" and args and args[0] in types:
+        lhs = _dims(types[args[0]])
+        contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+        k = math.prod(lhs[int(d)] for d in contract.group(1).split(",") if d) if contract else 1
+        return 2.0 * _elements(result) * k
+    return 0.0
+
+
+def _called(rest: str) -> list[str]:
+    out = []
+    for group in _CALLS.findall(rest):
+        out += [name.strip().lstrip("%") for name in group.split(",") if name.strip()]
+    return out
+
+
+def classify(text: str) -> OpClasses:
+    """Op classes of one compiled program (its `as_text()`), per device per call."""
+    comps = _computations(text)
+    types = {name: result for body in comps.values() for name, result, _, _ in body}
+
+    def inner(name: str, seen: frozenset = frozenset()) -> OpClasses:
+        total = OpClasses()
+        for _, result, op, rest in comps.get(name, ()):
+            if op in ("convolution", "dot"):
+                total = total + _matmul(op, result, rest, types)
+            for callee in _called(rest):
+                if callee not in seen:
+                    total = total + inner(callee, seen | {name})
+        return total
+
+    def walk(name: str, seen: frozenset = frozenset()) -> OpClasses:
+        out = OpClasses()
+        for _, result, op, rest in comps.get(name, ()):
+            if op in _FREE or op.removesuffix("-start") in hlo.KINDS or op.endswith("-done"):
+                continue  # collectives are priced by their bytes and links, not here
+            if op in _CONTROL:
+                for callee in _called(rest):
+                    if callee not in seen:
+                        out = out + walk(callee, seen | {name})
+                continue
+            if op in ("convolution", "dot"):
+                mm = _matmul(op, result, rest, types)
+            elif op == "fusion":
+                mm = sum((inner(c) for c in _called(rest)), OpClasses())
+            else:
+                mm = OpClasses()
+            if mm.flops:
+                out = out + mm + OpClasses(kernels=1)
+                continue
+            moved = hlo.shape_bytes(result) + sum(
+                hlo.shape_bytes(types[a]) for a in _operands(rest) if a in types
+            )
+            out = out + OpClasses(memory_bytes=float(moved), kernels=1)
+        return out
+
+    return walk("ENTRY")
