@@ -133,7 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
     parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
     parser.add_argument("--out", help="write predictions.json and predictions.csv here")
+    parser.add_argument("--calibrate", nargs="+", metavar="SOURCE", help="fit the profile's "
+                        "costs (--fit) to single-device runs: bench sweeps' 1-device rows, or "
+                        "files listing runs")  # fmt: skip
+    parser.add_argument("--fit", default="compute_efficiency", help="comma-separated costs "
+                        "to fit with --calibrate (hardware.FITTABLE)")  # fmt: skip
+    parser.add_argument("--pool", action="store_true", help="with --calibrate: measure this "
+                        "machine's compute_pool (simulated CPU devices)")  # fmt: skip
     args, rest = parser.parse_known_args(argv)
+    if args.calibrate:
+        return _calibrate(args)
     overrides, unknown = configfile.split_overrides(rest)
     if unknown:
         oneline.print_error(f"unknown argument {unknown[0]!r}; use --config.KEY=VALUE")
@@ -150,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for profile, rows in results:
         overlap = profile.overlap if args.overlap is None else args.overlap
-        print(f"\npredicted on {profile.name}: compute at {profile.compute_efficiency:.3f} x "
-              f"peak ({profile.flops_per_s('float32') / 1e12:.2f} model TFLOP/s float32), "
-              f"gradient all-reduce overlap {overlap:g}")  # fmt: skip
+        conv3x3 = (f", 3x3 convolutions at {profile.conv3x3_efficiency:.3f}"
+                   if profile.conv3x3_efficiency else "")  # fmt: skip
+        per_kernel = (f", host {profile.launch_s * 1e6:.1f} us per kernel launched"
+                      if profile.launch_s else "")  # fmt: skip
+        print(f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
+              f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
+              f"{per_kernel}, gradient all-reduce overlap {overlap:g}")  # fmt: skip
         for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
             print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
         print(table(rows))
@@ -168,6 +181,26 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(rows)
         write_text(str(out / "predictions.csv"), buf.getvalue())
+    return 0
+
+
+def _calibrate(args) -> int:
+    """--calibrate: fit, report each run's fit and the cross-model check, optionally --pool."""
+    from jaxpar.predict import calibrate
+
+    try:
+        (profile,) = [load_profile(p) for p in args.profile[:1]]
+        runs = [r for out in args.calibrate for r in calibrate.runs_from(out)]
+        names = tuple(n.strip() for n in args.fit.split(",") if n.strip())
+        if args.pool:  # first: its one-device runs at smaller batches join the fit
+            pool = calibrate.measure_pool(runs[0])
+            print(calibrate.pool_report(runs[0], pool))
+            runs += calibrate.pool_runs(runs[0], pool)
+            print(calibrate.links_report(calibrate.measure_links()))
+        print(calibrate.report(profile, runs, names))
+    except ValueError as e:
+        oneline.print_error(oneline.first_line(e))
+        return 2
     return 0
 
 

@@ -1,0 +1,253 @@
+"""Calibrate a hardware profile from single-device measurements, and report how well the
+calibration carries to the runs it was not fitted to.
+
+    python -m jaxpar.predict --calibrate SOURCE [SOURCE ...] --profile BASE [--fit a,b] [--pool]
+
+A SOURCE is a bench sweep (`python -m jaxpar.bench --out OUT`), whose measured 1-device rows
+are the runs, or a config file listing published runs (configs/predict/dgx1_single_gpu.py).
+A profile file lists the runs it is fitted to itself (`calibration_runs`, with `fit`). Only
+single-device figures are fitted, so that every multi-device row stays a check.
+
+`--pool` (simulated CPU devices only) measures `compute_pool`: how many times one device's
+rate N simulated devices reach together when each runs its own copy of the 1-device step at
+once (no collectives). It is a property of the machine's cores and of the program's size,
+measured like a link's bandwidth, not fitted to any partitioning's figure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+from jaxpar.errors import ConfigError
+from jaxpar.predict import hardware
+from jaxpar.predict.workload import calibration_ops, input_spec, run_config, strategy_for
+
+_RUN_KEYS = {"model.name": "model", "model.width": "width", "model.batch_norm": "batch_norm",
+             "model.head": "head", "model.dtype": "dtype"}  # fmt: skip
+
+
+def run_of(config, images_per_sec: float) -> dict[str, Any]:
+    """A calibration run (the dict profiles list) for a 1-device config and its measured rate."""
+    image_shape, classes = input_spec(config)
+    run = {short: config[key.split(".")[0]][key.split(".")[1]] for key, short in _RUN_KEYS.items()}
+    return {**run, "image_shape": tuple(image_shape), "num_classes": int(classes),
+            "batch_size": int(config.global_batch_size),
+            "images_per_sec": float(images_per_sec)}  # fmt: skip
+
+
+def runs_from(source: str) -> list[dict[str, Any]]:
+    """Calibration runs from a bench sweep directory (its measured 1-device rows) or from a
+    config file whose get_config() lists `runs` (published single-device figures)."""
+    if os.path.isfile(source) and source.endswith(".py"):
+        from jaxpar import configfile
+
+        runs = [dict(r) for r in configfile.load(source).get("runs", ())]
+        if not runs:
+            raise ConfigError(f"{source!r} lists no `runs`")
+        return runs
+    return runs_from_sweep(source)
+
+
+def runs_from_sweep(out: str) -> list[dict[str, Any]]:
+    """The measured 1-device rows of a bench sweep directory as calibration runs."""
+    from jaxpar.bench import suite as suite_lib
+
+    path = os.path.join(out, "results.json")
+    if not os.path.exists(path):
+        raise ConfigError(f"no bench results in {out!r} (looked for {path})")
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    with open(os.path.join(out, "sweep.json"), encoding="utf-8") as f:
+        sweep = json.load(f)
+    spec = suite_lib.load_suite(os.path.join(suite_lib.ROOT, sweep["suite"]))
+    entries = {r["name"]: r for r in spec.rows}
+    runs = []
+    for row in results["rows"]:
+        if row["status"] != "ok" or row["num_devices"] != 1 or row["name"] not in entries:
+            continue
+        config = suite_lib.row_config(spec, entries[row["name"]], sweep.get("overrides", {}))
+        runs.append({**run_of(config, row["images_per_sec"]), "name": row["name"]})
+    if not runs:
+        raise ConfigError(f"{out!r} has no measured 1-device row to calibrate on")
+    return runs
+
+
+def cross_check(profile: hardware.Profile, runs: list[dict], names: tuple[str, ...]) -> list[dict]:
+    """Each model's runs predicted by a fit on the other models' runs only (where those are
+    enough to fit `names`): how a calibration carries across models."""
+    models = sorted({r["model"] for r in runs})
+    out = []
+    for model in models:
+        others = [r for r in runs if r["model"] != model]
+        if len(others) < len(names):
+            continue
+        fitted = hardware.fit(profile, others, names).profile
+        for r in (r for r in runs if r["model"] == model):
+            step = fitted.program_time(calibration_ops(r), r.get("dtype", "float32"))
+            step += fitted.step_overhead_s + fitted.program_overhead_s
+            out.append({**r, "predicted_images_per_sec": r["batch_size"] / step,
+                        "error": r["batch_size"] / step / r["images_per_sec"] - 1,
+                        "fitted_on": sorted({o["model"] for o in others})})  # fmt: skip
+    return out
+
+
+def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) -> dict[int, dict]:
+    """For each N: one simulated device alone running the run's 1-device step on batch / N
+    (images/sec), and N devices each running its own copy of it at once: their aggregate rate
+    over the one device's (`speedup`). Copies are dispatched round-robin without waiting (JAX's
+    async dispatch), at most 2 in flight per device."""
+    import jax
+
+    from jaxpar import analysis
+
+    if len(jax.devices()) < max(counts):
+        raise ConfigError(f"--pool needs {max(counts)} devices, jax has {len(jax.devices())}")
+    out = {}
+    for n in counts:
+        small = {**run, "batch_size": run["batch_size"] // n}
+        programs = []
+        for d in range(n):
+            strategy = strategy_for(run_config(small), 1, [jax.devices()[d]])
+            (p,) = analysis.programs(strategy, small["batch_size"])
+            programs.append([p.compiled, *jax.block_until_ready(analysis._materialize(p.args))])
+
+        def rate(k: int, programs: list = programs) -> float:
+            calls, start, pending = 0, time.perf_counter(), []
+            while time.perf_counter() - start < seconds or calls < 4 * k:
+                entry = programs[calls % k]
+                compiled, state, batch = entry
+                entry[1], metrics = compiled(state, batch)  # the state is donated: carry it
+                pending.append(metrics)
+                calls += 1
+                if len(pending) > 2 * k:
+                    jax.block_until_ready(pending.pop(0))
+            jax.block_until_ready(pending)
+            return calls / (time.perf_counter() - start)
+
+        rate(1)  # warm-up
+        alone = max(rate(1) for _ in range(2))
+        together = max(rate(n) for _ in range(2))
+        out[n] = {"batch_size": small["batch_size"], "images_per_sec": alone * small["batch_size"],
+                  "speedup": together / alone}  # fmt: skip
+    return out
+
+
+def report(profile: hardware.Profile, runs: list[dict], names: tuple[str, ...]) -> str:
+    """The fitted costs, each run's fit, and the cross-model check, as text."""
+    result = hardware.fit(profile, runs, names)
+    p = result.profile
+    lines = [f"fitted {', '.join(names)} on {len(runs)} single-device run(s):"]
+    for n in names:
+        value = getattr(p, n)
+        lines.append(f"  c.{n} = {value:.4g}")
+    lines.append("")
+    lines.append("| run | model | dtype | batch | measured img/s | fitted img/s | error |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for r in result.rows:
+        lines.append(f"| {r.get('name', '')} | {r['model']} | {r.get('dtype', 'float32')} | "
+                     f"{r['batch_size']} | {r['images_per_sec']:,.1f} | "
+                     f"{r['fitted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% |")  # fmt: skip
+    cross = cross_check(profile, runs, names)
+    if cross:
+        lines += ["", "each model predicted from a fit on the other models only:", "",
+                  "| model | batch | fitted on | measured img/s | predicted | error |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in cross:
+            lines.append(f"| {r['model']} | {r['batch_size']} | {'+'.join(r['fitted_on'])} | "
+                         f"{r['images_per_sec']:,.1f} | {r['predicted_images_per_sec']:,.1f} | "
+                         f"{100 * r['error']:+.1f}% |")  # fmt: skip
+        errors = sorted(abs(r["error"]) for r in cross)
+        lines.append(f"cross-model median |error| {100 * statistics.median(errors):.1f}% "
+                     f"over {len(errors)} run(s)")  # fmt: skip
+    lines.append("")
+    lines.append("calibration_runs for the profile file:")
+    keep = ("model", "width", "batch_norm", "head", "dtype", "image_shape", "num_classes",
+            "batch_size", "images_per_sec")  # fmt: skip
+    for r in runs:
+        lines.append("    " + repr({k: r[k] for k in keep if k in r}) + ",")
+    return "\n".join(lines)
+
+
+def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1.0) -> dict:
+    """This machine's collective costs between simulated devices, as nccl-tests measures a
+    GPU's: the time of one all-reduce (a psum over a shard_map axis) of each per-device size
+    over N devices, and the host's cost of dispatching one small program. Returns
+    {"allreduce_s": {(N, bytes): s}, "latency": s, "bandwidth": bytes/s, "program_s": s}:
+    latency and bandwidth fitted to the ring formula (hardware.ring_allreduce_time) over all
+    (N, bytes)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import PartitionSpec
+
+    def timed(fn, *args) -> float:
+        jax.block_until_ready(fn(*args))  # compile and warm up
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds or calls < 5:
+            jax.block_until_ready(fn(*args))
+            calls += 1
+        return (time.perf_counter() - start) / calls
+
+    found = {}
+    for n in counts:
+        mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+        body = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh,
+                             in_specs=PartitionSpec("x"), out_specs=PartitionSpec("x"))  # fmt: skip
+        fn = jax.jit(body)
+        for size in sizes:
+            x = jax.device_put(jnp.ones(n * size // 4, jnp.float32),
+                               jax.NamedSharding(mesh, PartitionSpec("x")))  # fmt: skip
+            found[n, size] = timed(fn, x)
+    # ring all-reduce: 2(n-1)/n x bytes / bw + 2(n-1) x latency, least squares in (1/bw, lat)
+    a = np.array([[2 * (n - 1) / n * b, 2 * (n - 1)] for n, b in found])
+    t = np.array(list(found.values()))
+    (inv_bw, latency), *_ = np.linalg.lstsq(a / t[:, None], np.ones(len(t)), rcond=None)
+    small = jax.jit(lambda v: v + 1)
+    one = jax.device_put(jnp.ones(16), jax.devices()[0])
+    jax.block_until_ready(small(one))
+    calls, start, out = 0, time.perf_counter(), one
+    while time.perf_counter() - start < seconds:
+        out = small(out)  # dispatched without waiting, as the trainer dispatches
+        calls += 1
+    jax.block_until_ready(out)
+    return {"allreduce_s": found, "latency": float(latency), "bandwidth": float(1 / inv_bw),
+            "program_s": (time.perf_counter() - start) / calls}  # fmt: skip
+
+
+def links_report(links: dict) -> str:
+    lines = ["links between simulated devices (psum over N devices, per-device bytes):"]
+    for (n, size), t in links["allreduce_s"].items():
+        lines.append(f"  N={n} {size:>9,} B: {t * 1e3:.3f} ms")
+    lines.append(f"  ring fit: latency {links['latency'] * 1e6:.1f} us per step, bandwidth "
+                 f"{links['bandwidth'] / 1e9:.2f} GB/s; one small program dispatched "
+                 f"{links['program_s'] * 1e6:.0f} us")  # fmt: skip
+    lines.append(f"  c.intra = {{'bandwidth': {links['bandwidth']:.3g}, 'latency': "
+                 f"{links['latency']:.3g}, 'rings': 1}}; c.program_overhead_s = "
+                 f"{links['program_s']:.3g}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def pool_runs(run: dict[str, Any], pool: dict[int, dict]) -> list[dict[str, Any]]:
+    """The one-device measurements `measure_pool` made, as calibration runs."""
+    return [{**run, "name": f"1 device, batch {m['batch_size']} (pool)",
+             "batch_size": m["batch_size"], "images_per_sec": m["images_per_sec"]}
+            for m in pool.values()]  # fmt: skip
+
+
+def pool_report(run: dict[str, Any], pool: dict[int, dict]) -> str:
+    lines = [
+        (
+            f"compute pool ({run['model']} width {run.get('width', 1.0)}, batch "
+            f"{run['batch_size']} / N, N copies of the 1-device step at once):"
+        )
+    ]
+    for n, m in pool.items():
+        lines.append(f"  N={n}: one device alone {m['images_per_sec']:,.1f} img/s at batch "
+                     f"{m['batch_size']}; {n} at once {m['speedup']:.2f}x its rate")  # fmt: skip
+    pairs = tuple((n, round(m["speedup"], 2)) for n, m in pool.items())
+    lines.append(f"  c.compute_pool = {pairs!r}")
+    return "\n".join(lines)
