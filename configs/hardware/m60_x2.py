@@ -17,8 +17,9 @@ Sources and assumptions:
   kernel launch).
 - Compute: no measured M60 figure at hand. Reasoned calibration: the M60 reaches the same
   fraction of its peak on ResNet-50 as the P100 does in tf_cnn_benchmarks (219 images/sec at
-  10.6 TFLOP/s, the DGX-1 profile's ResNet-50 calibration): 219 x 24.03 GFLOP / 10.6 TFLOP/s =
-  0.496 of peak (24.03 GFLOP: jaxpar's compiled ResNet-50 training step per image at batch 64;
+  10.6 TFLOP/s, the DGX-1 profile's ResNet-50 calibration): 219 x 24.30 GFLOP / 10.6 TFLOP/s =
+  0.502 of peak (24.30 GFLOP: the convolutions and matmuls of jaxpar's compiled ResNet-50
+  training step per image at batch 64;
   tests/test_perfmodel.py checks the figure), i.e. 100 images/sec of ResNet-50 on one M60.
   Every model gets that fraction: small CIFAR models at batch 64-128 reach less of the peak on
   a real GPU, which one efficiency cannot show.
@@ -47,6 +48,6 @@ def get_config():
     return c
 
 
-# The DGX-1 profile's ResNet-50 calibration (219 images/sec, 24.03 GFLOP per image) over the
+# The DGX-1 profile's ResNet-50 figure (219 images/sec, 24.30 GFLOP per image) over the
 # P100's 10.6 TFLOP/s: the fraction of peak the M60 is assumed to reach.
-P100_RESNET50_EFFICIENCY = 219.0 * 24.03e9 / 10.6e12
+P100_RESNET50_EFFICIENCY = 219.0 * 24.30e9 / 10.6e12
