@@ -61,8 +61,11 @@ def mesh_axes_of(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
 def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> dict:
     """{(kind, axes): [count, bytes]} per step for a program run `times` times a step."""
     rows: dict[tuple[str, str], list[int]] = {}
+    every = "+".join(n for n, size in mesh_shape.items() if size > 1) or "none"
     for c in hlo.collectives(text):
-        axes = mesh_axes_of(parse_groups(c.groups), mesh_shape) if c.groups else "?"
+        # no groups printed (`replica_groups={}`): one group of every device
+        groups = parse_groups(c.groups) if c.groups else []
+        axes = mesh_axes_of(groups, mesh_shape) if any(groups) else every
         entry = rows.setdefault((c.kind, axes), [0, 0])
         entry[0] += times
         entry[1] += times * c.bytes

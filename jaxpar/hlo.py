@@ -28,14 +28,15 @@ _DTYPE_BYTES = {
 }
 _OP = re.compile(r"=\s*(.+?)\s+(" + "|".join(KINDS) + r")(-start)?\(")
 _SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
-_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)")
+_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)"
+                     r"|source_target_pairs=(\{[\d,{}]*\})")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
     kind: str
     bytes: int  # result bytes per device
-    groups: str  # replica groups as printed by XLA
+    groups: str  # replica groups as printed by XLA (a permute's source-target pairs)
 
 
 def shape_bytes(type_text: str) -> int:
@@ -60,7 +61,8 @@ def collectives(hlo_text: str) -> list[Collective]:
             parts = _top_level(result_type)
             result_type = parts[1] if len(parts) > 1 else result_type
         groups = _GROUPS.search(line)
-        found.append(Collective(kind, shape_bytes(result_type), groups.group(1) if groups else ""))
+        text = (groups.group(1) or groups.group(2)) if groups else ""
+        found.append(Collective(kind, shape_bytes(result_type), text))
     return found
 
 
