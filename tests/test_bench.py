@@ -368,3 +368,178 @@ def test_an_edited_row_is_measured_again_and_its_old_record_kept(fake, capsys):
     new = json.loads((out / "rows" / "data_2.r0.json").read_text())
     assert new["fingerprint"] != old["fingerprint"]
     assert _stored_rows(out)["data 2"] == new["images_per_sec"]
+
+
+# --- predictions beside the measurement (pure functions on known rows; no JAX program) ---
+
+
+def test_spearman_on_known_inputs():
+    assert results.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert results.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # one swapped pair in five: 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 120
+    assert results.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    # ties share the average rank: x ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
+    assert results._ranks([10, 20, 20, 5]) == [2.0, 3.5, 3.5, 1.0]
+    assert results.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / 22.5**0.5)
+    assert results.spearman([5, 5, 5], [1, 2, 3]) is None  # no ranking on one side
+    assert results.spearman([1.0], [2.0]) is None
+    with pytest.raises(ValueError):
+        results.spearman([1, 2], [1])
+
+
+def _predicted_row(name, rate, status="ok", **extra):
+    """A row of jaxpar.predict's predictions.json (model._row's keys)."""
+    if status != "ok":
+        return {"name": name, "profile": "fake", "status": status, "error": extra["error"],
+                "memory_bytes_per_device": 1 << 20, "fits": True}  # fmt: skip
+    return {
+        "name": name, "profile": "fake", "status": "ok", "images_per_sec": rate,
+        "step_time_s": 64 / rate, "compute_s": 0.5 * 64 / rate, "comm_s": 0.25 * 64 / rate,
+        "bubble_s": 0.125 * 64 / rate, "overhead_s": 0.125 * 64 / rate,
+        "schedule_bubble": extra.get("schedule_bubble"),
+        "memory_bytes_per_device": extra.get("memory", 8 << 20), "fits": True,
+        "speedup": extra.get("speedup"), "efficiency": extra.get("efficiency"),
+    }  # fmt: skip
+
+
+def _measured_rows():
+    return [
+        _row("one", 1, 100.0, mesh_shape=[1, 1, 1], memory_bytes_per_device=8 << 20, collective_bytes_per_device=0,
+             step_time_median_s=0.64),
+        _row("two", 2, 200.0, mesh_shape=[2, 1, 1], memory_bytes_per_device=4 << 20, collective_bytes_per_device=1 << 20,
+             step_time_median_s=0.32),
+        _row("pipe", 2, 50.0, mesh_shape=[1, 2, 1], memory_bytes_per_device=4 << 20, collective_bytes_per_device=0,
+             measured_bubble=0.4, analytic_bubble=0.2, num_microbatches=4, pipeline_schedule="gpipe", step_time_median_s=1.28),
+        _row("broken", 4, None, status="failed", error="out of memory", mesh_shape=[4, 1, 1],
+             memory_bytes_per_device=None),
+        _row("too big", 16, 400.0, mesh_shape=[16, 1, 1], memory_bytes_per_device=1 << 20,
+             collective_bytes_per_device=1 << 20),
+    ]  # fmt: skip
+
+
+def _predictions():
+    return [
+        _predicted_row("one", 110.0, efficiency=1.0),  # +10%
+        _predicted_row("two", 160.0, memory=5 << 20, efficiency=0.8),  # -20%, memory +25%
+        _predicted_row("pipe", 75.0, schedule_bubble=0.25),  # +50%
+        _predicted_row("broken", 300.0),  # measured failed: no error
+        _predicted_row("too big", None, status="failed", error="needs 16 devices, fake has 8"),
+    ]
+
+
+def test_predictions_merged_with_their_errors():
+    rows = results.merge_predictions(_measured_rows(), _predictions())
+    got = {r["name"]: r for r in rows}
+    assert got["one"]["predicted_error"] == pytest.approx(0.1)
+    assert got["two"]["predicted_error"] == pytest.approx(-0.2)
+    assert got["two"]["predicted_memory_error"] == pytest.approx(0.25)
+    assert got["one"]["predicted_memory_error"] == 0.0
+    assert got["pipe"]["predicted_error"] == pytest.approx(0.5)
+    assert got["pipe"]["predicted_bubble"] == 0.25 and got["one"]["predicted_bubble"] is None
+    assert got["pipe"]["measured_bubble"] == 0.4  # the measurement is left as it was
+    assert got["two"]["predicted_step_time_s"] == pytest.approx(0.4)
+    assert got["two"]["predicted_compute_s"] == pytest.approx(0.2)
+    assert got["two"]["predicted_overhead_s"] == pytest.approx(0.05)
+    assert got["two"]["predicted_memory_bytes_per_device"] == 5 << 20
+    assert got["broken"]["predicted_images_per_sec"] == 300.0
+    assert got["broken"]["predicted_error"] is None  # nothing measured to compare with
+    big = got["too big"]
+    assert big["predicted_status"] == "failed" and big["predicted_error"] is None
+    assert big["predicted_failure"] == "needs 16 devices, fake has 8"
+    assert big["predicted_memory_bytes_per_device"] is None  # a failed prediction: no figures
+    assert got["one"]["predicted_failure"] is None and got["one"]["predicted_profile"] == "fake"
+    new = set(results.PREDICTED.values()) | {"predicted_error", "predicted_memory_error"}
+    assert new <= set(results.KEYS)
+    header = results.to_csv(rows).splitlines()[0].split(",")
+    assert "predicted_error" in header and "predicted_memory_error" in header
+
+
+def test_prediction_summary_and_table_on_known_rows():
+    rows = results.merge_predictions(_measured_rows(), _predictions())
+    s = results.prediction_summary(rows)
+    assert s["n"] == 3  # one, two, pipe: the failed measurement and prediction are left out
+    assert s["median_abs_error"] == pytest.approx(0.2)
+    assert s["mean_abs_error"] == pytest.approx(0.8 / 3)
+    assert (s["worst"], s["worst_error"]) == ("pipe", pytest.approx(0.5))
+    # measured 100, 200, 50 against predicted 110, 160, 75: the same order
+    assert s["spearman"] == pytest.approx(1.0)
+    line = results.summary_line(rows)
+    assert line == (
+        "images/sec error over the 3 rows with both figures: median |error| 20.0%, mean "
+        "|error| 26.7%, worst pipe (+50.0%); Spearman rank correlation of predicted against "
+        "measured images/sec: 1.00"
+    )
+    md = results.predicted_markdown(rows, "fake.py")
+    lines = md.splitlines()
+    assert "| one | (1,1,1) | 100.0 | 110.0 | +10.0% | 640.0 | 581.8 (290.9 / 145.5 / 72.7 / 72.7) |  | 8.00 / 8.00 (+0.0%) |" in lines  # fmt: skip
+    assert "| two | (2,1,1) | 200.0 | 160.0 | -20.0% | 320.0 | 400.0 (200.0 / 100.0 / 50.0 / 50.0) |  | 4.00 / 5.00 (+25.0%) |" in lines  # fmt: skip
+    assert "| pipe | (1,2,1) | 50.0 | 75.0 | +50.0% | 1280.0 |" in md and "| 0.400 / 0.250 |" in md
+    assert "| broken | (4,1,1) | failed: out of memory | 300.0 |  |  |" in md
+    assert "| too big | (16,1,1) | 400.0 | failed: needs 16 devices, fake has 8 |  |" in md
+    assert md.rstrip().endswith(line) and "published eff." not in md
+    assert "[clock]" in md and "[exact]" in md
+    rows[1]["reference_efficiency"] = 0.9  # a published figure: three more columns
+    md = results.predicted_markdown(rows, "fake.py")
+    assert "| predicted eff. | published eff. | predicted - published |" in md
+    assert "| 80.0% | 90.0% | -10.0 pt |" in md
+
+
+def test_prediction_summary_without_any_pair():
+    rows = results.merge_predictions(_measured_rows()[3:], _predictions()[3:])
+    assert results.prediction_summary(rows)["n"] == 0
+    assert results.summary_line(rows) == (
+        "images/sec error: no row has both a measured and a predicted images/sec"
+    )
+    assert "| broken |" in results.predicted_markdown(rows, "fake.py")
+
+
+def test_predicted_vs_measured_plot(tmp_path):
+    rows = results.merge_predictions(_measured_rows(), _predictions())
+    made = plots.plot_all(rows, str(tmp_path))
+    path = tmp_path / "predicted_vs_measured.png"
+    assert str(path) in made and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    made = plots.plot_all(_measured_rows(), str(bare))  # no predictions: no such plot
+    assert not (bare / "predicted_vs_measured.png").exists()
+    assert "predicted_vs_measured.png" not in [os.path.basename(p) for p in made]
+    assert "bubble.png" in [os.path.basename(p) for p in made]  # the other plots still drawn
+
+
+def test_repredicting_a_measured_sweep_measures_nothing(fake, monkeypatch, capsys):
+    """A rerun with --predict (another profile each time) runs no row and is not refused by
+    the manifest; the predictions and their errors land in results.json / .csv and
+    predicted.md. The predictor's process is faked: it writes a known predictions.json."""
+    from jaxpar.bench import runner
+
+    suite, out, ran = fake
+    _sweep(suite, out, overrides={"model.width": 0.125})
+    calls = []
+
+    def predictor(cmd, **kwargs):
+        calls.append(cmd)
+        dest = cmd[cmd.index("--out") + 1]
+        profile = cmd[cmd.index("--profile") + 1]
+        rows = [_predicted_row(n, 202.0) for n in ("1 device", "data 2", "data 3", "tensor 2")]
+        write_json(os.path.join(dest, "predictions.json"),
+                   {"rows": [{**r, "profile": profile} for r in rows]})  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(runner.subprocess, "call", predictor)
+    for profile in ("a.py", "b.py"):
+        _sweep(suite, out, overrides={"model.width": 0.125}, predict=profile)
+        assert ran == ["1 device", "data 2", "data 3", "tensor 2"]  # nothing measured again
+        stored = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+        assert stored["1 device"]["predicted_profile"] == profile
+        assert stored["1 device"]["predicted_error"] == pytest.approx(202.0 / 101.0 - 1)
+        assert stored["tensor 2"]["predicted_error"] == pytest.approx(202.0 / 104.0 - 1)
+        assert f"Predicted on {profile} ({profile})" in (out / "predicted.md").read_text()
+    assert [c[c.index("--profile") + 1] for c in calls] == ["a.py", "b.py"]
+    assert "--config.model.width=0.125" in calls[0]
+    assert "predicted_error" in (out / "results.csv").read_text().splitlines()[0]
+    said = capsys.readouterr().out
+    assert said.count("(4 already measured: skipped)") == 2 and "predicting 4 rows" in said
+    # --out alone (no --suite, no --config) takes both from OUT/sweep.json
+    assert bench_main(["--out", str(out), "--predict", "c.py", "--no_plots"]) == 0
+    assert ran == ["1 device", "data 2", "data 3", "tensor 2"] and len(calls) == 3
+    assert "(4 already measured: skipped)" in capsys.readouterr().out

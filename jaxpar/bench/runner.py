@@ -272,6 +272,7 @@ class Sweep:
             ]
         )
         machine = _machine(records)
+        predicted = final and bool(self.predict) and self._predicted(table)
         write_json(
             os.path.join(self.out, "results.json"),
             {"suite": self.suite, "machine": machine, "note": results_lib.HEADER, "rows": table},
@@ -281,16 +282,14 @@ class Sweep:
         study = accuracy_lib.markdown(accuracy_lib.study(table), self._reference)
         if any(r["scaling"] == "none" for r in table):
             write_text(os.path.join(self.out, "accuracy.md"), study)
-        if final and self.predict:
-            predicted = self._predicted(table)
-            if predicted:
-                write_text(os.path.join(self.out, "predicted.md"), predicted)
-                write_json(os.path.join(self.out, "results.json"),
-                           {"suite": self.suite, "machine": machine,
-                            "note": results_lib.HEADER, "rows": table})  # fmt: skip
+        if predicted:
+            write_text(
+                os.path.join(self.out, "predicted.md"),
+                results_lib.predicted_markdown(table, self.predict),
+            )
         if final:  # the end of the sweep: the table, and the plots unless turned off
             print("\n" + results_lib.markdown(table, machine))
-            if self.predict and os.path.exists(os.path.join(self.out, "predicted.md")):
+            if predicted:
                 print(_read_text(os.path.join(self.out, "predicted.md")))
             if any(r["scaling"] == "none" for r in table):
                 print("accuracy study (rows of one setting under several seeds folded):\n" + study)
@@ -299,18 +298,21 @@ class Sweep:
 
                 made = plots_lib.plot_all(table, self.out)
                 print("plots: " + ", ".join(made) if made else "plots: none for these rows")
-            print(f"results: {self.out}/results.json, results.csv, results.md")
+            print(f"results: {self.out}/results.json, results.csv, results.md"
+                  + (", predicted.md" if predicted else ""))  # fmt: skip
         return table
 
-    def _predicted(self, table: list[dict]) -> str:
-        """Every row predicted on the `predict` profile (python -m jaxpar.predict in its own
-        process: it compiles for the profile's device count), merged into `table` as
-        predicted_* keys; the markdown of measured against predicted, or "" if it failed."""
+    def _predicted(self, table: list[dict]) -> bool:
+        """Predict the table's rows on the `predict` profile (python -m jaxpar.predict in its
+        own process: it compiles for the profile's device count) and merge the predictions and
+        their errors into `table` (results.merge_predictions). False if the predictor failed.
+        Only the rows OUT holds are predicted (a suite file of those rows in OUT/predicted)."""
         out = os.path.join(self.out, "predicted")
-        cmd = [sys.executable, "-m", "jaxpar.predict", "--suite", self.suite,
+        os.makedirs(out, exist_ok=True)
+        cmd = [sys.executable, "-m", "jaxpar.predict", "--suite", self._subset(table, out),
                "--profile", self.predict, "--out", out]  # fmt: skip
         cmd += [f"--config.{k}={v!r}" for k, v in self.overrides.items()]
-        print(f"predicting every row on {self.predict} ...", flush=True)
+        print(f"predicting {len(table)} rows on {self.predict} ...", flush=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([suite_lib.ROOT,
                                                            os.environ.get("PYTHONPATH", "")]))  # fmt: skip
         env.pop("XLA_FLAGS", None)  # the predictor sets its own device count
@@ -320,14 +322,33 @@ class Sweep:
                                  cwd=suite_lib.ROOT)  # fmt: skip
         if rc != 0:
             print(f"prediction failed (exit {rc}); see {log}", flush=True)
-            return ""
-        predicted = {r["name"]: r for r in _read(os.path.join(out, "predictions.json"))["rows"]}
-        for r in table:
-            p = predicted.get(r["name"], {})
-            r["predicted_profile"] = p.get("profile")
-            for key in ("images_per_sec", "speedup", "efficiency", "comm_s", "compute_s"):
-                r[f"predicted_{key}"] = p.get(key)
-        return results_lib.predicted_markdown(table, self.predict)
+            return False
+        rows = _read(os.path.join(out, "predictions.json"))["rows"]
+        results_lib.merge_predictions(table, rows)
+        return True
+
+    def _subset(self, table: list[dict], out: str) -> str:
+        """The suite file to predict: the sweep's own, or, when OUT holds only some of its
+        rows (--only), OUT/predicted/suite.py with those rows alone (nothing compiled for
+        rows that have no measurement to compare with)."""
+        names = [r["name"] for r in table]
+        if len(names) == len(suite_lib.load_suite(self.suite).rows):
+            return self.suite
+        path = os.path.join(out, "suite.py")
+        write_text(path, _SUBSET.format(suite=self.suite, names=names))
+        return path
+
+
+_SUBSET = '''"""The rows of {suite} that this OUT holds (written by python -m jaxpar.bench --predict)."""
+
+from jaxpar.bench import suite as suite_lib
+
+
+def get_config():
+    suite = suite_lib.load_suite({suite!r})
+    suite.rows = tuple(r for r in suite.rows if r["name"] in {names!r})
+    return suite
+'''
 
 
 def _read_text(path: str) -> str:
