@@ -1,0 +1,316 @@
+"""`python -m jaxpar.plan --config FILE --profile PROFILE [--memory_gib G] [--top N] [--devices N]
+[--all_sync] [--splits flops,params] [--expand 3] [--max_candidates 40] [--measure K] [--out DIR]
+[--config.KEY=VALUE ...]`
+
+Ranks the partitionings of one config on a hardware profile by predicted step time: every
+(data, stage, tensor) mesh of the profile's devices, the pipeline schedules, micro-batch
+counts, recomputation and virtual stages the trainer runs, and the synchronisation modes that
+compute the single-device function (with --all_sync also the approximate ones, flagged).
+Round 1 predicts one default setting per mesh, round 2 expands the best --expand meshes,
+round 3 combines their best settings; at most --max_candidates predictions. Prints the top
+--top that fit the memory limit, the fastest that do not, and the command that runs the best.
+--measure K runs the top K on this machine (the bench) and compares. Nothing runs on the
+predicted hardware: programs are compiled with abstract inputs on simulated CPU devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from jaxpar import configfile, oneline
+from jaxpar.errors import ConfigError
+from jaxpar.files import write_json, write_text
+
+
+def _load_config(path: str, overrides: dict):
+    try:
+        config = configfile.load(path)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        configfile.override(config, overrides)
+    except (KeyError, TypeError) as e:
+        raise ConfigError(oneline.joined(e)) from None
+    return config
+
+
+def _profile_devices(path: str) -> int:
+    """The profile's device count, read without starting JAX (to size the simulated devices)."""
+    try:
+        return int(configfile.load(path).num_devices)
+    except FileNotFoundError:
+        raise ConfigError(f"no such profile file {path!r} (see configs/hardware/)") from None
+
+
+def _ms(s: float) -> str:
+    return f"{1e3 * s:.1f}" if s >= 1e-3 or s == 0 else f"{1e3 * s:.3f}"
+
+
+def table(rows: list[dict], profile) -> str:
+    """The ranked candidates as a markdown table."""
+    from jaxpar.plan import why
+
+    head = ("| rank | mesh | schedule | M | remat | v | sync | img/s | speedup | step ms | "
+            "compute | comm | bubble | overhead | GiB/device | why |")  # fmt: skip
+    lines = [head, "|" + "---|" * 16]
+    for i, r in enumerate(rows, 1):
+        c = r["candidate"]
+        piped = bool(c["schedule"])
+        sync = c["sync"] if c["mesh"][0] > 1 else "-"
+        sync += "" if c["exact"] else "*"
+        speed = f"{r['speedup']:.2f}" if r.get("speedup") else "-"
+        lines.append(
+            f"| {i} | ({','.join(map(str, c['mesh']))}) | {c['schedule'] or '-'} | "
+            f"{c['microbatches'] if piped else '-'} | "
+            f"{('yes' if c['remat'] else 'no') if piped else '-'} | "
+            f"{c['virtual'] if piped else '-'} | {sync} | {r['images_per_sec']:,.0f} | {speed} | "
+            f"{_ms(r['step_time_s'])} | {_ms(r['compute_s'])} | {_ms(r['comm_s'])} | "
+            f"{_ms(r['bubble_s'])} | {_ms(r['overhead_s'])} | "
+            f"{r['memory_bytes_per_device'] / 2**30:.2f} | {why(r, profile)} |"
+        )
+    return "\n".join(lines)
+
+
+def _measure(
+    args, config_file, config, overrides, top, profile_path, profile, out: Path
+) -> list[dict]:
+    """Run `top` through the bench on this machine; print predicted against measured."""
+    from jaxpar.bench.runner import Sweep
+    from jaxpar.plan import candidate_of
+
+    this_machine = Path(profile_path).name == "cpu_2core.py" or profile.compute_pool > 0
+    if not this_machine:
+        print(f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "
+              f"devices), not {profile.name}'s: compare the order, not the numbers")  # fmt: skip
+    rows = []
+    for r in top:
+        c = candidate_of(r)
+        rows.append({"name": f"plan {c.name}", "config": c.overrides(config), "group": "",
+                     "scaling": "strong", "baseline": "", "label": "", "reference": None,
+                     "reference_efficiency": None})  # fmt: skip
+    common = {
+        **overrides,
+        "num_train_steps": args.measure_steps,
+        "log_every_steps": max(1, args.measure_steps // 4),
+        "eval_every_steps": 0,
+        "checkpoint_every_steps": 0,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    suite_file = out / "measure_suite.py"
+    write_text(
+        str(suite_file),
+        '"""The top candidates of `python -m jaxpar.plan`, measured by the bench."""\n\n'
+        "from configs.bench import suite\n\n\n"
+        f"def get_config():\n    return suite({os.path.abspath(config_file)!r}, {common!r}, "
+        f"{tuple(rows)!r})\n",
+    )
+    print(f"\nmeasuring the top {len(rows)} on this machine: python -m jaxpar.bench --suite "
+          f"{suite_file} --out {out / 'measured'}", flush=True)  # fmt: skip
+    table_rows = Sweep(suite=str(suite_file), out=str(out / "measured"), plots=False).run()
+    got = {t["name"]: t for t in table_rows}
+    result = []
+    for r, spec in zip(top, rows):
+        m = got.get(spec["name"], {})
+        measured = m.get("images_per_sec") if m.get("status") == "ok" else None
+        err = (r["images_per_sec"] / measured - 1) if measured else None
+        result.append({"name": r["name"], "predicted_images_per_sec": r["images_per_sec"],
+                       "measured_images_per_sec": measured, "error": err,
+                       "measured_status": m.get("status"), "measured_error": m.get("error")})  # fmt: skip
+    print("\n| predicted rank | candidate | predicted img/s | measured img/s | prediction error |")
+    print("|---|---|---|---|---|")
+    for i, x in enumerate(result, 1):
+        meas = f"{x['measured_images_per_sec']:,.1f}" if x["measured_images_per_sec"] else (
+            f"failed: {x['measured_error']}")  # fmt: skip
+        err = f"{100 * x['error']:+.0f}%" if x["error"] is not None else "-"
+        print(f"| {i} | {x['name']} | {x['predicted_images_per_sec']:,.1f} | {meas} | {err} |")
+    ok = [x for x in result if x["measured_images_per_sec"]]
+    pairs = [(a, b) for i, a in enumerate(ok) for b in ok[i + 1 :]]
+    same = sum(a["measured_images_per_sec"] >= b["measured_images_per_sec"] for a, b in pairs)
+    if pairs:
+        verdict = "agrees with" if same == len(pairs) else "differs from"
+        print(f"measured order {verdict} the predicted one: {same} of {len(pairs)} pairs in the "
+              "same order")  # fmt: skip
+    return result
+
+
+def extra_overrides(overrides: dict, n: int, profile) -> dict:
+    """The command line's own overrides, plus num_devices when planning for fewer devices."""
+    extra = dict(overrides)
+    if n < profile.num_devices:
+        extra["num_devices"] = n
+    return extra
+
+
+def report(
+    result,
+    profile,
+    limit: float,
+    top: int,
+    config_file: str,
+    config,
+    extra: dict,
+    expand: int = 3,
+    max_candidates: int = 40,
+) -> tuple[str, str | None, str | None]:
+    """(the printed report, the recommendation line, its command) for a Plan."""
+    from jaxpar.plan import command, commonest, rank, unpriced, why
+
+    lines: list[str] = []
+    say = lines.append
+    fitting, too_big = rank(result.rows, limit)
+    failed = [r for r in result.rows if r.get("status") != "ok"]
+    reasons = commonest(result.refused, 1)
+    common = f" (commonest, {reasons[0][1]}x: {reasons[0][0]})" if reasons else ""
+    say(
+        f"\n{result.considered + len(result.refused)} candidates: {len(result.refused)} refused "
+        f"by the trainer{common}"
+        + f"; {len(result.rows)} predicted ({len(fitting)} fit, {len(too_big)} do not"
+        + (f", {len(failed)} failed" if failed else "")
+        + f"); {result.skipped} not predicted (round 2 expands the best {expand} meshes; "
+        f"--max_candidates {max_candidates})"
+    )
+    for r in failed:
+        say(f"  failed: {r['name']}: {r.get('error')}")
+    if fitting:
+        say(
+            f"\nTop {min(top, len(fitting))} of {len(fitting)} that fit "
+            f"{limit / 2**30:.2f} GiB per device (speedup: against the 1-device row):\n"
+        )
+        say(table(fitting[:top], profile))
+        if any(unpriced(r) for r in fitting[:top]):
+            say(
+                "\nNOT priced: the predictor prices collectives it cannot place on mesh axes "
+                "(shown as '?') at 0 s, so those rows are optimistic"
+            )
+        if any(not r["candidate"]["exact"] for r in fitting[:top]):
+            say("\n* not the same function as one device (approximate synchronisation)")
+    else:
+        need = min((r["memory_bytes_per_device"] for r in too_big), default=0)
+        say(
+            f"\nnone of the predicted candidates fits {limit / 2**30:.2f} GiB per device"
+            + (f"; the smallest needs {need / 2**30:.2f} GiB" if too_big else "")
+        )
+    faster = [r for r in too_big if not fitting or r["step_time_s"] < fitting[0]["step_time_s"]]
+    if faster:
+        say("\nFaster, but do not fit:")
+        for r in faster[:3]:
+            say(
+                f"  {r['name']}: {r['images_per_sec']:,.0f} img/s, needs "
+                f"{r['memory_bytes_per_device'] / 2**30:.2f} GiB per device, limit "
+                f"{limit / 2**30:.2f} GiB"
+            )
+    recommendation = cmd = None
+    priced = [r for r in fitting if not unpriced(r)]
+    if fitting and priced and priced[0] is not fitting[0]:
+        say(
+            f"\n(recommending {priced[0]['name']}, not {fitting[0]['name']}: the latter's "
+            "prediction leaves some of its traffic unpriced)"
+        )
+    if fitting:
+        best = (priced or fitting)[0]
+        speed = f", {best['speedup']:.2f}x one device" if best.get("speedup") else ""
+        recommendation = (
+            f"{best['name']}: {best['images_per_sec']:,.0f} img/s predicted{speed}, "
+            f"{best['memory_bytes_per_device'] / 2**30:.2f} GiB per device; "
+            f"{why(best, profile)}"
+        )
+        cmd = command(config_file, best, config, extra)
+        say(f"\nrecommendation: {recommendation}\n  {cmd}")
+    else:
+        say(
+            "\nrecommendation: none fits; raise --memory_gib, lower global_batch_size or the "
+            "model's width, or plan for more devices"
+        )
+    return "\n".join(lines), recommendation, cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jaxpar.plan",
+                                     description=__doc__.split("\n\n")[1])  # fmt: skip
+    parser.add_argument("--config", required=True, help="experiment config file")
+    parser.add_argument("--profile", required=True, help="configs/hardware/*.py")
+    parser.add_argument("--devices", type=int, help="plan for N devices (<= the profile's)")
+    parser.add_argument("--memory_gib", type=float, help="memory limit per device (GiB)")
+    parser.add_argument("--top", type=int, default=5, help="rows of the ranked table")
+    parser.add_argument("--all_sync", action="store_true",
+                        help="also approximate sync modes (local_sgd, async, independent)")  # fmt: skip
+    parser.add_argument("--splits", default="flops",
+                        help="pipeline split policies, comma-separated (flops,params,uniform)")  # fmt: skip
+    parser.add_argument("--expand", type=int, default=3, help="meshes round 2 expands")
+    parser.add_argument("--max_candidates", type=int, default=40, help="predictions at most")
+    parser.add_argument("--measure", type=int, default=0, help="run the top K on this machine")
+    parser.add_argument("--measure_steps", type=int, default=20, help="steps per measured row")
+    parser.add_argument("--out", help="write OUT/plan.json (and the measurement) here")
+    args, rest = parser.parse_known_args(argv)
+    overrides, unknown = configfile.split_overrides(rest)
+    if unknown:
+        oneline.print_error(f"unknown argument {unknown[0]!r}; use --config.KEY=VALUE")
+        return 2
+    try:
+        return _main(args, overrides)
+    except ValueError as e:  # ConfigError and friends
+        oneline.print_error(oneline.first_line(e))
+        return 2
+
+
+def _main(args, overrides: dict) -> int:
+    from jaxpar.plan import SPLITS
+
+    n_profile = _profile_devices(args.profile)
+    splits = tuple(s for s in args.splits.split(",") if s)
+    for s in splits:
+        if s not in SPLITS:
+            raise ConfigError(f"--splits {s!r}: use {', '.join(SPLITS)} ('time' needs a timed run)")
+    if args.devices is not None and not 1 <= args.devices <= n_profile:
+        raise ConfigError(f"--devices {args.devices}: the profile has {n_profile} devices")
+    for flag in ("top", "expand", "max_candidates", "measure_steps"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag} must be >= 1")
+    # Before JAX starts its backends: enough simulated CPU devices for the profile.
+    configfile.set_host_device_count(max(16, n_profile))
+    configfile.cpu_only()
+    config = _load_config(args.config, overrides)
+
+    from jaxpar.plan import plan, rank
+    from jaxpar.predict import load_profile
+
+    profile = load_profile(args.profile)
+    n = args.devices or profile.num_devices
+    limit = args.memory_gib * 2**30 if args.memory_gib else profile.memory_bytes
+    print(f"planning {args.config} ({config.model.name} width {config.model.width:g}, global "
+          f"batch {config.global_batch_size}) on {profile.name}: {n} devices, "
+          f"{limit / 2**30:.2f} GiB per device", flush=True)  # fmt: skip
+    result = plan(config, profile, n, args.all_sync, splits, args.expand, args.max_candidates,
+                  limit)  # fmt: skip
+    text, recommendation, cmd = report(result, profile, limit, args.top, args.config, config,
+                                       extra_overrides(overrides, n, profile), args.expand,
+                                       args.max_candidates)  # fmt: skip
+    print(text)
+    fitting, too_big = rank(result.rows, limit)
+    out = Path(args.out) if args.out else None
+    measured = None
+    if args.measure and fitting:
+        out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
+        runnable = [r for r in fitting if r["num_devices"] <= config.host_device_count]
+        top = runnable[: args.measure]
+        measured = _measure(args, args.config, config, overrides, top, args.profile, profile, out)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(str(out / "plan.json"), {
+            "config": args.config, "overrides": overrides, "profile": args.profile,
+            "num_devices": n, "memory_limit_bytes": limit, "rows": result.rows,
+            "ranked": [r["name"] for r in fitting], "not_fitting": [r["name"] for r in too_big],
+            "refused": [{"candidate": c.as_dict(), "reason": why_not}
+                        for c, why_not in result.refused],
+            "recommendation": recommendation, "command": cmd, "measured": measured,
+        }, default=str)  # fmt: skip
+        print(f"\nwrote {out / 'plan.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

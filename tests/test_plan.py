@@ -1,0 +1,235 @@
+"""python -m jaxpar.plan: the enumeration and the trainer's refusals (pure, no compile), the
+ranking and the report (a stand-in predictor), and one real prediction of three candidates."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+
+import pytest
+
+from jaxpar import configfile, parallel
+from jaxpar.errors import ConfigError
+from jaxpar.plan import (
+    APPROX_SYNC,
+    EXACT_SYNC,
+    Candidate,
+    candidate_of,
+    command,
+    commonest,
+    enumerate_candidates,
+    factorisations,
+    microbatch_counts,
+    plan,
+    rank,
+)
+from jaxpar.plan import __main__ as cli
+from jaxpar.predict import hardware
+from tests.util import tiny_config
+
+GIB = 2**30
+
+
+def _profile(n: int = 8, memory: float = 1e9):
+    return hardware.from_config({
+        "name": "tiny", "num_devices": n, "devices_per_node": n,
+        "peak_flops": {"float32": 1e12}, "memory_bytes": memory,
+        "intra": {"bandwidth": 10e9, "latency": 1e-5}, "compute_efficiency": 0.5,
+    })  # fmt: skip
+
+
+def _config(**kw):
+    return tiny_config(**{"model.batch_norm": True, **kw})  # batch 16, vgg11 at 1/16 width
+
+
+def test_factorisations_of_8_are_the_ten_meshes():
+    meshes = factorisations(8)
+    assert len(meshes) == 10 == len(set(meshes))
+    assert all(math.prod(m) == 8 for m in meshes)
+    assert meshes[0] == (8, 1, 1) and (2, 2, 2) in meshes and (1, 1, 8) in meshes
+    assert len(factorisations(12)) == 18 and factorisations(1) == [(1, 1, 1)]
+
+
+def test_microbatch_counts_divide_the_replica_batch_up_to_4k():
+    assert microbatch_counts(16, 2) == [1, 2, 4, 8]  # 4K = 8
+    assert microbatch_counts(16, 4) == [1, 2, 4, 8, 16]
+    assert microbatch_counts(4, 8) == [1, 2, 4]  # the batch limits it
+    assert microbatch_counts(24, 3) == [1, 2, 3, 4, 6, 8, 12]  # multiples of K=3 too
+
+
+def test_enumerator_keeps_what_the_trainer_runs_and_refuses_the_rest():
+    config = _config()
+    valid, refused = enumerate_candidates(config, 8)
+    assert {c.mesh for c in valid} == set(factorisations(8)) | {(1, 1, 1)}
+    assert (len(valid), len(refused)) == (415, 254)
+    for c in valid[::25]:  # the kept ones validate (as the trainer checks them)
+        assert parallel.validate(c.apply(config), 8 if c.mesh != (1, 1, 1) else 1) == c.mesh
+    why = {c: reason for c, reason in refused}
+    zb = Candidate((1, 8, 1), "zb-h1", 8, True, 1, "flops", "allreduce")
+    assert "set --config.pipeline.remat=False" in why[zb]
+    assert dataclasses.replace(zb, remat=False) in valid
+    naive = Candidate((2, 4, 1), "naive", 4, True, 1, "flops", "allreduce")
+    assert "naive runs one micro-batch" in why[naive]
+    inter = Candidate((1, 4, 2), "interleaved", 2, True, 2, "flops", "allreduce")
+    assert "multiple of the 4 stages" in why[inter]
+    assert Candidate((1, 4, 2), "interleaved", 4, True, 2, "flops", "allreduce") in valid
+    # data 2 of batch 16: 8 images per replica, so M=16 is never offered on (2,4,1)
+    assert max(c.microbatches for c in valid if c.mesh == (2, 4, 1)) == 8
+    # reasons that differ only in their numbers count as one
+    (reason, count), (_, count2) = commonest(refused, 2)
+    assert count == 72 and "virtual_stages=2 needs num_microbatches a multiple" in reason
+    assert count2 < count and len({r for _, r in refused if "Megatron" in r}) > 1
+
+
+def test_data_meshes_list_only_exact_sync_unless_all_sync():
+    config = _config()
+    valid, _ = enumerate_candidates(config, 8)
+    assert {c.sync for c in valid if c.mesh == (8, 1, 1)} == set(EXACT_SYNC)
+    assert {c.sync for c in valid if c.mesh[0] == 1} == {"allreduce"}
+    assert all(c.exact for c in valid)
+    more, refused = enumerate_candidates(config, 8, all_sync=True)
+    assert {c.sync for c in more if c.mesh == (8, 1, 1)} == set(EXACT_SYNC + APPROX_SYNC)
+    assert not any(c.exact for c in more if c.sync in APPROX_SYNC)
+    assert len(more) - len(valid) == 201
+    # independent replicas: allowed on data meshes with local BatchNorm, refused on stages
+    for mode in ("local_sgd", "independent"):  # replicas trained apart: their own statistics
+        assert Candidate((8, 1, 1), sync=mode).overrides(config)["sync.batch_norm"] == "local"
+    assert any(c.sync == "independent" and "pipeline stages" in r for c, r in refused)
+
+
+def _fake_predict(config, profile):
+    """Step time and memory made up from the mesh: data is fast, stages save memory."""
+    d, s, t = config.mesh_shape
+    n = d * s * t
+    step = 1e-3 * (8 / n + 0.3 * math.log2(n) + (0.5 if s > 1 else 0) + 0.1 * t)
+    if s > 1:
+        step += 1e-3 / config.pipeline.num_microbatches
+    if config.sync.mode == "sharded":
+        step += 0.2e-3
+    memory = 4 * GIB / (s * t) + 0.1 * GIB * d
+    return {"status": "ok", "step_time_s": step, "images_per_sec": 16 / step,
+            "compute_s": step / 2, "comm_s": step / 4, "bubble_s": step / 8,
+            "overhead_s": step / 8, "memory_bytes_per_device": memory,
+            "num_devices": n, "mesh_shape": (d, s, t)}  # fmt: skip
+
+
+def test_rounds_rank_by_step_time_within_the_memory_limit():
+    config = _config()
+    lines = []
+    result = plan(config, _profile(), max_candidates=30, expand=2, predict=_fake_predict,
+                  log=lines.append)  # fmt: skip
+    assert len(result.rows) == len(lines) == 30  # the bound, with progress and ETA per row
+    assert "ETA" in lines[-1] and "round 2" in lines[-1]
+    assert result.baseline["candidate"]["mesh"] == (1, 1, 1)
+    assert result.considered == 415 and result.skipped == 415 - 30
+    # round 1: one setting per mesh (11 with the baseline), 1F1B at M = min(4K, batch limit)
+    first = [r["candidate"] for r in result.rows[:11]]
+    assert len({c["mesh"] for c in first}) == 11
+    assert all(c["schedule"] in (None, "1f1b") for c in first)
+    assert {c["mesh"]: c["microbatches"] for c in first}[(2, 4, 1)] == 8
+    fitting, too_big = rank(result.rows, 2.5 * GIB)
+    steps = [r["step_time_s"] for r in fitting]
+    assert steps == sorted(steps) and len(fitting) + len(too_big) == 30
+    assert all(r["memory_bytes_per_device"] <= 2.5 * GIB for r in fitting)
+    assert all(r["memory_bytes_per_device"] > 2.5 * GIB for r in too_big)
+    assert fitting[0]["candidate"]["mesh"] == (4, 1, 2)  # (8,1,1) is faster but needs 4.8 GiB
+    assert too_big[0]["candidate"]["mesh"] == (8, 1, 1)
+    best = fitting[0]
+    assert best["speedup"] == pytest.approx(result.baseline["step_time_s"] / best["step_time_s"])
+    text, rec, cmd = cli.report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config,
+                                {})  # fmt: skip
+    assert text.count("\n| ") == 6  # header and 5 rows
+    assert "Faster, but do not fit:\n  (8,1,1) allreduce" in text and "needs 4.80 GiB" in text
+    assert rec.startswith("(4,1,2) allreduce:") and "--config.mesh_shape=(4,1,2)" in cmd
+    # a limit below every candidate: none fits, and the report says so
+    assert rank(result.rows, 0.1 * GIB)[0] == []
+    text, rec, cmd = cli.report(result, _profile(), 0.1 * GIB, 5, "x.py", config, {})
+    assert "none of the predicted candidates fits 0.10 GiB per device" in text
+    need = min(r["memory_bytes_per_device"] for r in result.rows)
+    assert need > 0.1 * GIB and f"the smallest needs {need / GIB:.2f} GiB" in text
+    assert rec is None and cmd is None
+
+
+def test_a_config_nothing_runs_is_one_line():
+    with pytest.raises(ConfigError, match="no partitioning of 8 devices.*must be positive"):
+        plan(_config(global_batch_size=0), _profile(), predict=_fake_predict, log=print)
+
+
+@pytest.mark.parametrize(
+    "candidate",
+    [
+        Candidate((4, 2, 1), "zb-v", 2, False, 1, "flops", "sharded"),
+        Candidate((2, 2, 2), "interleaved", 4, True, 2, "params", "parameter_server"),
+        Candidate((8, 1, 1), sync="independent"),
+        Candidate((1, 1, 1)),
+    ],
+)
+def test_recommended_command_gives_a_config_the_trainer_accepts(candidate):
+    config = configfile.load("configs/vgg19_data.py")
+    row = {"candidate": candidate.as_dict()}
+    assert candidate_of(row) == candidate
+    extra = {"model.width": 0.0625, "global_batch_size": 16}
+    cmd = command("configs/vgg19_data.py", row, config, extra)
+    args = shlex.split(cmd)
+    assert args[:5] == ["python", "-m", "jaxpar.train", "--config", "configs/vgg19_data.py"]
+    overrides, rest = configfile.split_overrides(args[5:])
+    assert rest == [] and overrides["mesh_shape"] == candidate.mesh
+    fresh = configfile.override(configfile.load(args[4]), overrides)
+    assert parallel.validate(fresh, math.prod(candidate.mesh)) == candidate.mesh
+    if candidate.schedule:
+        assert fresh.pipeline.num_microbatches == candidate.microbatches
+        assert fresh.pipeline.remat == candidate.remat
+
+
+def test_cli_errors_are_one_line(capsys):
+    assert cli.main(["--config", "nope.py", "--profile", "configs/hardware/cpu_2core.py"]) == 2
+    assert capsys.readouterr().err == "error: no such config file 'nope.py'\n"
+    assert cli.main(["--config", "configs/vgg19_data.py", "--profile", "nope.py"]) == 2
+    assert "error: no such profile file 'nope.py'" in capsys.readouterr().err
+    argv = ["--config", "configs/vgg19_data.py", "--profile", "configs/hardware/cpu_2core.py"]
+    assert cli.main([*argv, "--config.model.nope=1"]) == 2
+    assert capsys.readouterr().err == "error: unknown config key 'model.nope'\n"
+
+
+def test_real_predictions_of_three_candidates():
+    """Compiles three candidates (about 4 s each here) on a 2-device tiny profile."""
+    result = plan(tiny_config(), _profile(n=2), max_candidates=3, log=lambda s: None)
+    names = [r["name"] for r in result.rows]
+    assert names == ["(1,1,1)", "(2,1,1) allreduce", "(1,2,1) 1f1b M=8 remat"]
+    assert all(r["status"] == "ok" and r["step_time_s"] > 0 for r in result.rows)
+    base, data, pipe = result.rows
+    assert base["speedup"] == 1.0
+    assert data["collective_calls_per_step"]["all-reduce data"] >= 1
+    # a pipeline stage holds about half the parameters; two replicas hold all of them each
+    assert pipe["memory_bytes_per_device"] < base["memory_bytes_per_device"]
+    fitting, _ = rank(result.rows, 1e9)
+    assert [r["step_time_s"] for r in fitting] == sorted(r["step_time_s"] for r in result.rows)
+
+
+def test_unplaced_collectives_are_flagged_and_not_recommended():
+    """A collective the predictor could not place on mesh axes ("?") would be priced at 0 s:
+    the planner flags such a row and recommends a fully priced one."""
+    from jaxpar.plan import unpriced, why
+
+    ps = {
+        **_fake_predict(_config(mesh_shape=(8, 1, 1)), None),
+        "name": "(8,1,1) ps",
+        "candidate": Candidate((8, 1, 1), sync="parameter_server").as_dict(),
+        "collective_bytes_per_device": {"collective-permute ?": 240e6, "all-reduce data": 1e3},
+    }
+    ar = {**_fake_predict(_config(mesh_shape=(4, 1, 2)), None), "name": "(4,1,2)",
+          "candidate": Candidate((4, 1, 2)).as_dict(),
+          "collective_bytes_per_device": {"all-reduce data": 40e6, "all-gather ?": 2560}}  # fmt: skip
+    assert unpriced(ps) == {"collective-permute ?": 240e6} and unpriced(ar) == {}
+    assert "NOT priced: collective-permute ? 240.0 MB" in why(ps, _profile())
+    assert ps["step_time_s"] < ar["step_time_s"]
+    result = plan_of([ps, ar])
+    text, rec, _ = cli.report(result, _profile(), 10 * GIB, 5, "x.py", _config(), {})
+    assert rec.startswith("(4,1,2)") and "leaves some of its traffic unpriced" in text
+
+
+def plan_of(rows):
+    from jaxpar.plan import Plan
+
+    return Plan(rows, [], None, 8, len(rows), 0)
