@@ -543,3 +543,18 @@ def test_repredicting_a_measured_sweep_measures_nothing(fake, monkeypatch, capsy
     assert bench_main(["--out", str(out), "--predict", "c.py", "--no_plots"]) == 0
     assert ran == ["1 device", "data 2", "data 3", "tensor 2"] and len(calls) == 3
     assert "(4 already measured: skipped)" in capsys.readouterr().out
+
+
+def test_results_table_shows_mfu_only_where_a_peak_is_known():
+    """On a GPU (a device whose peak jaxpar knows) the table carries model FLOPs utilisation;
+    on simulated CPU devices (mfu None) the column is left out."""
+    gpu = dict.fromkeys(results.KEYS)
+    gpu.update(name="data 8", mesh_shape=[8, 1, 1], num_devices=8, images_per_sec=1000.0,
+               status="ok", mfu=0.4123, input_bound=False)  # fmt: skip
+    cpu = {**gpu, "mfu": None}
+    with_mfu = results.markdown([gpu])
+    assert "| MFU [clock] |" in with_mfu and "| 41.2% |" in with_mfu
+    assert "MFU" not in results.markdown([cpu])
+    header = next(line for line in with_mfu.splitlines() if line.startswith("| row"))
+    row = next(line for line in with_mfu.splitlines() if line.startswith("| data 8"))
+    assert header.count("|") == row.count("|")

@@ -178,7 +178,11 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         "coll. MiB/dev/step [exact] | data AR / params | stages MiB/step [exact] | "
         "bubble analytic / measured | eval acc | status |"
     )
-    lines = [f"*{machine}*\n" if machine else "", HEADER, "", head, "|" + "---|" * 14]
+    mfu = any(r.get("mfu") is not None for r in rows)  # a device whose peak jaxpar knows (GPUs)
+    if mfu:
+        head = head.replace(" | eval acc |", " | MFU [clock] | eval acc |")
+    lines = [f"*{machine}*\n" if machine else "", HEADER, "", head,
+             "|" + "---|" * (15 if mfu else 14)]  # fmt: skip
     for r in rows:
         rate = _f(r["images_per_sec"], ".1f")
         if r["images_per_sec_stderr"] is not None:
@@ -194,6 +198,8 @@ def markdown(rows: list[dict], machine: str = "") -> str:
             _mib(r["collective_bytes_per_device"]), _f(r["data_allreduce_over_params"], ".3f"),
             _mib(r["bytes_between_stages"]), bubble, _f(r["eval_accuracy"], ".3f"), status,
         ]  # fmt: skip
+        if mfu:  # model FLOPs per second over the devices' peak
+            cells.insert(12, "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines).lstrip("\n") + "\n"
 
