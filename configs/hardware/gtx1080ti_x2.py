@@ -8,9 +8,10 @@ Sources and assumptions:
 - Link: PCIe 3.0 x16 per card; GeForce drivers disable peer-to-peer, and on a two-socket board
   the cards may sit on different sockets (QPI), so NCCL stages through host memory. We take
   5 GB/s per direction and 20 us per ring step.
-- Compute: no measured run; we assume the P100's calibrated VGG16 rate per peak FLOP (1.35,
-  cuDNN Winograd) reduced by a tenth for the slower memory: compute_efficiency 1.2.
-  Replace with a calibration run (see dgx1_p100.py) when you have one.
+- Compute: no measured run; we assume the P100's fitted rates per peak FLOP (dgx1_p100.py:
+  3x3 convolutions 1.38, cuDNN Winograd; other matmuls 0.37) reduced by a tenth for the
+  slower memory: conv3x3_efficiency 1.24, compute_efficiency 0.33. Replace with your own
+  measurement (`python -m jaxpar.predict --calibrate`) when you have one.
 - overlap = 0 (all-reduce after the backward).
 """
 
@@ -28,7 +29,8 @@ def get_config():
     c.memory_bytes = 10.5 * GB
     c.intra = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
     c.inter = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
-    c.compute_efficiency = 1.2
+    c.compute_efficiency = 0.33
+    c.conv3x3_efficiency = 1.24
     c.overlap = 0.0
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c

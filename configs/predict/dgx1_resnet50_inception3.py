@@ -6,9 +6,10 @@ Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite c
 
 Expect each model's predicted images/sec, speedup and efficiency, with seed 003's median
 efficiency over tf_cnn_benchmarks' published runs beside (96.42% at 2 GPUs, 96.84% at 4,
-93.02% at 8; medians over models and machines, DGX-1 and K80 clouds). The 1-GPU rows are the
-profile's per-model calibrations, so they match by construction; nothing multi-GPU was fitted.
-About 4 minutes on 2 CPU cores (8 abstract compiles of the full-size models).
+93.02% at 8; medians over models and machines, DGX-1 and K80 clouds). ResNet-50's 1-GPU
+figure is one of the two the profile is fitted to, so its row matches by construction;
+Inception-v3's is predicted from its op classes; nothing multi-GPU was fitted. About 1.5
+minutes on 2 CPU cores (8 abstract compiles of the full-size models).
 """
 
 from configs.bench import suite

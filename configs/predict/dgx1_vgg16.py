@@ -4,7 +4,7 @@ synthetic 224x224 images, float32, no BatchNorm: tf_cnn_benchmarks' published DG
 Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_vgg16.py
 
 Expect predicted images/sec against the published 154 / 295 / 584 / 1081 (the 1-GPU figure is
-the profile's calibration, so that row matches by construction).
+one of the two the profile is fitted to, so that row matches by construction).
 """
 
 from configs.bench import suite
