@@ -335,3 +335,32 @@ def test_parameter_server_permutes_are_priced_on_the_data_axis():
     allreduce = predict_config(tiny_config(mesh_shape=(4, 1, 1)),
                                _profile(intra=hardware.Link(0.01 * GB, 0.0)))  # fmt: skip
     assert row["comm_s"] > 0.5 * allreduce["comm_s"] > 0
+
+
+def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
+    """Runs timed by a known profile (matmuls at 0.3 of peak, 20 us per kernel): the fit
+    finds those two costs again from other starting values, reproduces every run, and the
+    cross-model check (each model from a fit on the other) is exact; `--calibrate FILE`
+    reads such runs from a file."""
+    from jaxpar.predict import calibrate
+    from jaxpar.predict.workload import calibration_ops
+
+    truth = _profile(compute_efficiency=0.3, kernel_s=20e-6)
+    runs = []
+    for model, batch in (("lenet", 8), ("lenet", 64), ("vgg11", 16)):
+        run = _tiny_run(model, 1.0) | {"batch_size": batch}
+        seconds = truth.program_time(calibration_ops(run), "float32")
+        runs.append({**run, "images_per_sec": batch / seconds})
+    fit = hardware.fit(_profile(), runs, ("compute_efficiency", "kernel_s"))
+    assert fit.profile.compute_efficiency == pytest.approx(0.3, rel=1e-3)
+    assert fit.profile.kernel_s == pytest.approx(20e-6, rel=1e-3)
+    assert max(abs(r["error"]) for r in fit.rows) < 1e-4
+    cross = calibrate.cross_check(_profile(), runs, ("compute_efficiency", "kernel_s"))
+    assert [r["model"] for r in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
+    assert abs(cross[0]["error"]) < 1e-3
+    path = tmp_path / "runs.py"
+    path.write_text(f"import ml_collections\n\ndef get_config():\n    c = ml_collections."
+                    f"ConfigDict()\n    c.runs = {runs!r}\n    return c\n")  # fmt: skip
+    assert [r["batch_size"] for r in calibrate.runs_from(str(path))] == [8, 64, 16]
+    with pytest.raises(ConfigError, match="no bench results"):
+        calibrate.runs_from(str(tmp_path))
