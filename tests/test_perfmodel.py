@@ -229,6 +229,9 @@ def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
     assert table[2]["speedup"] == pytest.approx(
         table[2]["images_per_sec"] / table[1]["images_per_sec"]
     )
+    # another 1-device row of the same model (another batch) is its own baseline
+    bigger = predict_rows([*rows, ("lenet b32", _tiny("lenet", global_batch_size=32))], p)
+    assert bigger[2]["speedup"] == 1.0 and bigger[2]["efficiency"] == 1.0
 
 
 def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():

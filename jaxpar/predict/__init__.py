@@ -52,7 +52,8 @@ def predict_rows(
     configs: Sequence[Any], profile: Profile, overlap: float | None = None
 ) -> list[dict[str, Any]]:
     """Predict every config (or (name, config) pair); add speedup and efficiency against the
-    1-device row of the same model (the first such row), as images/sec ratios."""
+    1-device row of the same model (the first such row; a 1-device row against itself), as
+    images/sec ratios."""
     rows = []
     for i, item in enumerate(configs):
         name, config = item if isinstance(item, tuple) else (f"row {i}", item)
@@ -65,8 +66,8 @@ def predict_rows(
     for r in rows:
         if r.get("num_devices") == 1 and r["status"] == "ok":
             bases.setdefault(r.get("model"), r)
-    for r in rows:
-        base = bases.get(r.get("model"))
+    for r in rows:  # a 1-device row is its own baseline (rows of other batches or dtypes)
+        base = r if r.get("num_devices") == 1 else bases.get(r.get("model"))
         ok = base is not None and r["status"] == "ok"
         r["speedup"] = r["images_per_sec"] / base["images_per_sec"] if ok else None
         r["efficiency"] = r["speedup"] / r["num_devices"] if ok else None

@@ -79,7 +79,7 @@ def add_reference(rows: list[dict], references: list) -> None:
         if isinstance(ref, dict):
             r["reference_images_per_sec"], r["reference_efficiency"] = None, ref["efficiency"]
             continue
-        base = bases.get(r.get("model"))
+        base = ref if r.get("num_devices") == 1 else bases.get(r.get("model"))
         r["reference_images_per_sec"] = ref
         r["reference_efficiency"] = (
             ref / base / r["num_devices"] if ref and base and r.get("num_devices") else None
