@@ -16,7 +16,9 @@ bubbles; FLOPs come from here.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -89,6 +91,7 @@ def main() -> None:
     print(header + "\n|" + "---|" * 12, flush=True)
     records, walls = [], {}
     cache = tempfile.mkdtemp(prefix="jaxpar-layer-times-")  # one profiling pass per M
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
     rows = [r for r in ROWS if not args.schedules or r[0] in args.schedules]
     for m in args.microbatches:
         for schedule, remat, v in rows:
