@@ -18,3 +18,48 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # ours: removed when the sess
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+# Tests of ~10 s or more on 2 cores (pytest --durations), kept out of the fast subset
+# `python -m pytest -q -m "not slow"`; the full suite (CI) runs them. Every module keeps fast
+# tests. Patterns are node ids (fnmatch); tests/slow_tests.txt lists the 2-10 s ones; the
+# multi-process launches are marked in their file.
+SLOW = (
+    "tests/test_model_zoo.py::test_every_family_partitioned_equals_one_device[[]inception_v3*",
+    "tests/test_model_zoo.py::test_every_family_partitioned_equals_one_device[[]resnet*",
+    "tests/test_model_zoo.py::test_resnet20_learns_shapes10",
+    "tests/test_model_zoo.py::test_densenet_blocks_partitioned_equal_one_device",
+    "tests/test_checkpoint.py::test_kill_and_sigterm_resume_exactly",
+    "tests/test_checkpoint.py::test_restore_across_meshes*",
+    "tests/test_checkpoint.py::test_continuing_a_finished_run_keeps_its_learning_rate_schedule",
+    "tests/test_bench.py::test_sweep_writes_results_table_and_plots",
+    "tests/test_pipeline.py::test_batch_norm_statistics_per_micro_batch*",
+    "tests/test_perfmodel.py::test_profiles_load[[]h100_sxm_2nodes_ib]",
+    "tests/test_perfmodel.py::test_profiles_load[[]cpu_2core]",
+    "tests/test_perfmodel.py::test_profiles_load[[]dgx1_p100]",
+    "tests/test_pipeline_efficiency.py::test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat",
+    "tests/test_pipeline_efficiency.py::test_batch_norm_micro_batch_policy_with_residuals",
+    "tests/test_hardening.py::test_cut_points_on_the_command_line",
+    "tests/test_hardening.py::test_cut_points_in_a_config_file",
+    "tests/test_hardening.py::test_ten_thousand_image_evaluation_under_load*",
+    "tests/test_sync.py::test_cli_sigterm_with_gradients_pending_resumes_exactly",
+    "tests/test_sync.py::test_other_modes_on_hybrid_meshes_equal_data_parallel*",
+    "tests/test_sync.py::test_local_sgd_averages_every_period",
+    "tests/test_tensor.py::test_tensor_split_with_synchronised_batch_norm",
+    "tests/test_balance.py::test_layer_times_are_cached_and_measured_again_when_the_shape_changes",
+    "tests/test_train_cli.py::test_cli_hybrid_pipeline_run_reports_the_bubble",
+    "tests/test_batch_study.py::test_a_two_row_study_runs_end_to_end",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    import fnmatch
+
+    import pytest
+
+    listed = os.path.join(os.path.dirname(__file__), "slow_tests.txt")
+    with open(listed, encoding="utf-8") as f:
+        ids = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+    for item in items:
+        if item.nodeid in ids or any(fnmatch.fnmatchcase(item.nodeid, p) for p in SLOW):
+            item.add_marker(pytest.mark.slow)

@@ -40,6 +40,11 @@ TINY = {  # tests.util.tiny_config, as command-line overrides of configs/base.py
 }
 
 
+def MULTIPROCESS(test):
+    """Every launch of several processes: in the multiprocess set, and slow."""
+    return pytest.mark.slow(pytest.mark.multiprocess(test))
+
+
 def _flag(key, value):
     text = str(tuple(value)).replace(" ", "") if isinstance(value, tuple) else value
     return f"--config.{key}={text}"
@@ -135,6 +140,7 @@ def launch_local(*args, env=None, timeout=600):
     )  # fmt: skip
 
 
+@MULTIPROCESS
 def test_two_processes_match_one(tmp_path):
     """Data parallelism over both processes, BatchNorm on, through launch/local.py."""
     steps = 3
@@ -154,6 +160,7 @@ def test_two_processes_match_one(tmp_path):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
+@MULTIPROCESS
 def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     """The README's main job (configs/vgg19_hybrid.py: (2,2,2), 1F1B over 4 micro-batches,
     BatchNorm, the embedded dataset) at a small width, evaluated twice during training over
@@ -199,6 +206,7 @@ EVAL = {"data.num_eval": 100, "eval_batch_size": 16, "eval_every_steps": 2}
 @pytest.mark.parametrize(
     "mesh,schedule", PIPELINES, ids=[f"{m}-{s}".replace(" ", "") for m, s in PIPELINES]
 )
+@MULTIPROCESS
 def test_pipeline_across_processes_matches_one_process(tmp_path, mesh, schedule):
     overrides = {
         "mesh_shape": mesh,
@@ -226,6 +234,7 @@ def test_pipeline_across_processes_matches_one_process(tmp_path, mesh, schedule)
 PIPE = {"mesh_shape": (1, 2, 4), "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2}
 
 
+@MULTIPROCESS
 def test_pipeline_checkpoint_moves_between_process_counts(tmp_path):
     """A 2-process pipeline checkpoint resumes in 1 process, and the other way round; both
     end where 4 uninterrupted steps in one process do."""
@@ -262,6 +271,7 @@ def wait_for_step(workdir, procs, step: int, timeout=240) -> None:
         time.sleep(0.2)
 
 
+@MULTIPROCESS
 @pytest.mark.parametrize("victim", [1, 0])
 def test_a_killed_process_stops_the_other_within_a_minute(tmp_path, victim):
     workdir = tmp_path / "run"
@@ -283,6 +293,7 @@ def test_a_killed_process_stops_the_other_within_a_minute(tmp_path, victim):
         assert "another task died" in text or "coordinator" in text, text[-2000:]
 
 
+@MULTIPROCESS
 def test_sigterm_to_one_process_checkpoints_both_and_resumes_exactly(tmp_path):
     steps, overrides = 30, {**PIPE, "mesh_shape": (2, 2, 2)}
     full_losses = run_two(tmp_path / "full", steps, **overrides)
@@ -328,6 +339,7 @@ def last_line(text: str) -> str:
     return [line for line in text.splitlines() if line.strip()][-1]
 
 
+@MULTIPROCESS
 def test_a_hung_process_ends_every_process_with_one_line(tmp_path):
     """Process 1 sleeps inside step 3 (a test-only hook): both processes stop making progress;
     each prints its threads' stacks and one line, and exits 1, within the configured time."""
@@ -385,6 +397,7 @@ def wait_for_line(path, pattern: str, proc, timeout=240) -> None:
         time.sleep(0.2)
 
 
+@MULTIPROCESS
 def test_workers_die_with_a_killed_launcher(tmp_path):
     launcher = start_launcher(tmp_path / "run", 5000, **PIPE)
     try:
@@ -401,6 +414,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         launcher.kill()
 
 
+@MULTIPROCESS
 def test_ctrl_c_ends_a_hung_run_after_the_grace_period(tmp_path):
     """Ctrl-C to the launcher asks every process to save at the end of the step; process 1
     never gets there (it sleeps in step 3), so after stop_grace_s both say so and exit 1."""
