@@ -58,17 +58,29 @@ def mesh_axes_of(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
     return "+".join(n for n in names if n in varying) or "none"
 
 
-def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> dict:
-    """{(kind, axes): [count, bytes]} per step for a program run `times` times a step."""
-    rows: dict[tuple[str, str], list[int]] = {}
+def _placed(text: str, mesh_shape: dict[str, int]) -> list[tuple[str, str, bool, int]]:
+    """Every collective of a program as (kind, mesh axes, in a conditional branch, bytes
+    per device per call)."""
     every = "+".join(n for n, size in mesh_shape.items() if size > 1) or "none"
-    for c in hlo.collectives(text):
-        # no groups printed (`replica_groups={}`): one group of every device
-        groups = parse_groups(c.groups) if c.groups else []
-        axes = mesh_axes_of(groups, mesh_shape) if any(groups) else every
-        entry = rows.setdefault((c.kind, axes), [0, 0])
+    branch = hlo.branch_lines(text)
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        for c in hlo.collectives(line):
+            # no groups printed (`replica_groups={}`): one group of every device
+            groups = parse_groups(c.groups) if c.groups else []
+            axes = mesh_axes_of(groups, mesh_shape) if any(groups) else every
+            out.append((c.kind, axes, i in branch, c.bytes))
+    return out
+
+
+def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> dict:
+    """{(kind, axes): [count, bytes]} per call of a program run `times` times a step,
+    collectives in conditional branches counted as if taken."""
+    rows: dict[tuple[str, str], list[int]] = {}
+    for kind, axes, _, nbytes in _placed(text, mesh_shape):
+        entry = rows.setdefault((kind, axes), [0, 0])
         entry[0] += times
-        entry[1] += times * c.bytes
+        entry[1] += times * nbytes
     return rows
 
 
@@ -96,16 +108,29 @@ def step_flops(strategy, batch_size: int) -> float:
                for p in programs(strategy, batch_size))  # fmt: skip
 
 
-def collectives(progs) -> dict[tuple[str, str, str], list[int]]:
-    """{(where, kind, axes): [count, bytes per device]} per step, over every program."""
+def collectives(progs, period: int = 1) -> dict[tuple[str, str, str, int], list[int]]:
+    """{(where, kind, axes, every): [count, bytes per device]} over every program, per run:
+    `every` is 1 for collectives that run every step, and `period` for those in conditional
+    branches (local_sgd's average runs once every sync.period steps)."""
     rows: dict = {}
     for p in progs:
-        found = collective_rows(p.compiled.as_text(), dict(p.mesh.shape), p.times)
-        for (kind, axes), (count, nbytes) in found.items():
-            entry = rows.setdefault((program_group(p), kind, axes), [0, 0])
-            entry[0] += count
-            entry[1] += nbytes
+        for kind, axes, branch, nbytes in _placed(p.compiled.as_text(), dict(p.mesh.shape)):
+            every = period if branch and period > 1 else 1
+            entry = rows.setdefault((program_group(p), kind, axes, every), [0, 0])
+            entry[0] += p.times
+            entry[1] += p.times * nbytes
     return rows
+
+
+def per_step_rows(rows: dict) -> list[list]:
+    """The report's collective rows, [where, kind, axes, count, bytes per step, every], from
+    `collectives`: a collective that runs once every `every` steps shows its per-step average
+    (bytes / every; `count` stays per run)."""
+    out = []
+    for (where, kind, axes, every), (count, nbytes) in sorted(rows.items()):
+        per_step = nbytes // every if nbytes % every == 0 else nbytes / every
+        out.append([where, kind, axes, count, per_step, every])
+    return out
 
 
 def ring_allreduce_wire_bytes(payload: int, n: int) -> float:
@@ -165,17 +190,19 @@ def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, A
 
 
 def collective_summary(rows: list[list], data_size: int) -> dict[str, Any]:
-    """Totals from [where, kind, axes, count, bytes] rows: bytes per device per step of the
-    busiest program group, its breakdown by kind and by mesh axis, and the all-reduce over
-    "data" (the gradient average) beside its ring wire estimate 2(N-1)/N x payload."""
+    """Totals from [where, kind, axes, count, bytes per step, every] rows (`per_step_rows`):
+    bytes per device per step of the busiest program group (collectives that run once every
+    K steps at their per-step average), its breakdown by kind and by mesh axis, and the
+    all-reduce over "data" (the gradient average) beside its ring wire estimate
+    2(N-1)/N x payload."""
     crossing = [r for r in rows if r[2] != "none"]
     groups: dict[str, int] = {}
-    for where, _, _, _, nbytes in crossing:
+    for where, _, _, _, nbytes, *_ in crossing:
         groups[where] = groups.get(where, 0) + nbytes
     busiest = max(groups, key=groups.get) if groups else None
     by_kind: dict[str, int] = {}
     by_axis: dict[str, int] = {}
-    for where, kind, axes, _, nbytes in crossing:
+    for where, kind, axes, _, nbytes, *_ in crossing:
         if where == busiest:
             by_kind[kind] = by_kind.get(kind, 0) + nbytes
             by_axis[axes] = by_axis.get(axes, 0) + nbytes
@@ -210,6 +237,23 @@ def stage_memory(strategy, batch_size: int, progs) -> tuple[list[int], list[int]
     return state, temp, stash
 
 
+def stage_transfer_bytes(strategy, batch_size: int, progs) -> int:
+    """The most stage-to-stage bytes any one device receives per step: each device of a chunk
+    gets its share (the batch split over "data", as the pipeline places it) of the
+    activations from the chunk before and of the gradients from the chunk after, every
+    micro-batch, unless that chunk is on its own stage. Per device, like the collectives: the
+    stage-transfer part of the communication per device (memory_vs_bytes.png)."""
+    sent = strategy.sent_bytes_per_device(batch_size)  # per chunk, per micro-batch, per device
+    stage_of = {p.chunk: p.stage for p in progs}
+    received: dict[int, int] = {}
+    for c, d in stage_of.items():
+        here = (sent[c - 1] if c > 0 and stage_of.get(c - 1) != d else 0) + (
+            sent[c] if c + 1 in stage_of and stage_of[c + 1] != d else 0
+        )
+        received[d] = received.get(d, 0) + strategy.num_microbatches * here
+    return max(received.values(), default=0)
+
+
 def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
     """Every figure of one step, with the same keys for every strategy (None: not applicable),
     read from the strategy's abstract state and its compiled programs only, so that any
@@ -222,7 +266,7 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
     `timing` adds the measured bubble (pipelines, run in one process).
     """
     progs = programs(strategy, batch_size)
-    rows = collectives(progs)
+    rows = collectives(progs, strategy.conditional_period())
     k, pipe = strategy.num_stages, strategy.schedule is not None
     per_stage = strategy.stage_states(strategy.state_shapes())
     params = [per_device_bytes([st.params for st, _ in pairs]) for pairs in per_stage]
@@ -240,9 +284,7 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "stored_activation_bytes_per_device": max(stash) if pipe else None,
         "memory_bytes_per_device": max(memory),
         "memory_per_device_bytes": memory,  # per stage for pipelines, one entry otherwise
-        **collective_summary(
-            [[w, kind, a, c, b] for (w, kind, a), (c, b) in sorted(rows.items())], data_size
-        ),
+        **collective_summary(per_step_rows(rows), data_size),
         "num_stages": k,
         "pipeline_schedule": strategy.schedule,
         "num_microbatches": strategy.num_microbatches if pipe else None,
@@ -258,8 +300,12 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
             else None
         ),
         "stage_time_measured_s": None,
+        # the stage-to-stage bytes / step (activations forward + gradients back, whole
+        # global batch), and the most any one device receives of them per step
         "bytes_between_stages_per_step": between,
-        "bytes_between_stages_per_replica": between // data_size if pipe else None,
+        "stage_transfer_bytes_per_device": stage_transfer_bytes(strategy, batch_size, progs)
+        if pipe
+        else None,
         "peak_stash_bytes_per_device": stash if pipe else None,
         "stage_state_bytes_per_device": state_b if pipe else None,
         "stage_program_temp_bytes": temp if pipe else None,

@@ -57,6 +57,14 @@ def parse_value(text: str) -> Any:
         return text
 
 
+# The --help epilog of the entry points that take `--config.KEY=VALUE` besides argparse's options.
+OVERRIDES_HELP = (
+    "--config.KEY=VALUE (any number) sets one key of the experiment config (of every row, for\n"
+    "a suite), e.g. --config.global_batch_size=256 --config.mesh_shape='(4,1,1)'\n"
+    "--config.model.dtype=bfloat16; every key, and what it means, is in configs/base.py."
+)
+
+
 def split_overrides(args: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
     """The `--config.KEY=VALUE` arguments as {KEY: parsed VALUE}, and the other arguments."""
     overrides, rest = {}, []

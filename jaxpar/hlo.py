@@ -88,3 +88,26 @@ def count_ops(hlo_text: str, opcode: str) -> int:
     """How many `opcode` instructions (e.g. "convolution") the program text holds, fused
     computations included: what a program computes, independent of timing."""
     return len(re.findall(rf"\s{re.escape(opcode)}\(", hlo_text))
+
+
+def branch_lines(hlo_text: str) -> set[int]:
+    """Line numbers of the instructions in computations that are conditional branches."""
+    lines = hlo_text.splitlines()
+    branches: set[str] = set()
+    for line in lines:
+        if " conditional(" in line:
+            for key in ("true_computation", "false_computation"):
+                m = re.search(key + r"=(%?[\w.\-]+)", line)
+                if m:
+                    branches.add(m.group(1).lstrip("%"))
+            m = re.search(r"branch_computations=\{([^}]*)\}", line)
+            if m:
+                branches |= {b.strip().lstrip("%") for b in m.group(1).split(",")}
+    inside, current = set(), None
+    for i, line in enumerate(lines):
+        head = re.match(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if head:
+            current = head.group(1)
+        elif current in branches:
+            inside.add(i)
+    return inside

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpar import metrics as metrics_lib
+from jaxpar import units
 from jaxpar import watchdog as watchdog_lib
 from jaxpar.checkpoint import Checkpointer
 from jaxpar.data.prefetch import InputStats
@@ -131,14 +132,13 @@ class LogWindow:
         self.writer.write(info.step, "train", **self.last)
         if self.progress is not None:
             shown = {"img/s": self.last["images_per_sec"]}
-            if "input_s_per_step" in self.last:
+            if "input_s_per_step" in self.last:  # host time per batch, and the wait for it
                 shown.update(
-                    input_s=self.last["input_s_per_step"],
-                    wait_s=self.last["input_wait_s_per_step"],
+                    input=units.seconds(self.last["input_s_per_step"]),
+                    wait=units.seconds(self.last["input_wait_s_per_step"]),
                 )
-            self.progress.update(
-                info.step, loss=self.last["loss"], lr=self.last["learning_rate"], **shown
-            )
+            lr = units.rate(self.last["learning_rate"])
+            self.progress.update(info.step, loss=self.last["loss"], lr=lr, **shown)
         stop_if_diverged(fetched, info.step, self.ckpt)
         self._restart()
 

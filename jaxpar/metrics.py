@@ -12,9 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from jaxpar import units
+
 # The one rule for `input_bound` (README "What the input pipeline costs"): after warm-up the
 # training loop spent more than this share of its step time waiting for the next batch.
 INPUT_BOUND_WAIT_SHARE = 0.1
+
+# The one definition of the bytes between pipeline stages (metric key
+# bytes_between_stages_per_step), as the summary, `--explain` and the stage table print it.
+STAGE_TO_STAGE_LABEL = "stage-to-stage bytes / step"
+STAGE_TO_STAGE_MEANING = "activations forward + gradients back, whole global batch"
 
 
 def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> dict[str, float]:
@@ -83,6 +90,7 @@ def summary(
     *,
     strategy: str,
     mesh_shape: tuple[int, ...],
+    partitioning: str = "",
     steps: int,
     global_batch_size: int,
     step_times: list[float],
@@ -106,6 +114,7 @@ def summary(
     nan = float("nan")
     record = {
         "strategy": strategy,
+        "partitioning": partitioning or None,
         "num_devices": math.prod(mesh_shape),
         "mesh_shape": tuple(mesh_shape),
         "steps": steps,
@@ -220,18 +229,19 @@ class MetricWriter:
 
 
 class Progress:
-    """One console line per log step: step, loss, learning rate, images/sec and ETA."""
+    """One console line per log step: step, loss, learning rate, images/sec and ETA. Values
+    given as text (a duration or a rate formatted by jaxpar.units) print as they are."""
 
     def __init__(self, total_steps: int, start_step: int = 0, stream=sys.stdout):
         self.total, self.stream = total_steps, stream
         self.t0, self.s0 = time.perf_counter(), start_step
 
-    def update(self, step: int, **values: float) -> str:
+    def update(self, step: int, **values: float | str) -> str:
         elapsed = time.perf_counter() - self.t0
         done = step - self.s0
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
         parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
-        parts += [f"{k} {_fmt(v)}" for k, v in values.items()]
+        parts += [f"{k} {v if isinstance(v, str) else _fmt(v)}" for k, v in values.items()]
         parts.append(f"ETA {format_seconds(eta)}")
         line = "  ".join(parts)
         print(line, file=self.stream, flush=True)
@@ -278,56 +288,61 @@ def format_seconds(seconds: float) -> str:
 
 
 def summary_table(summary: dict[str, Any]) -> str:
-    """A two-column table of the final summary, in a fixed, readable order."""
+    """A two-column table of the final summary, in a fixed, readable order: durations,
+    sizes and meshes in the one format each has everywhere (jaxpar.units)."""
+    secs, each = units.seconds, lambda ts: ", ".join(units.seconds(t) for t in ts)
     order = [
-        ("mesh (data, stage, tensor)", "mesh_shape"),
-        ("devices", "num_devices"),
-        ("strategy", "strategy"),
-        ("steps", "steps"),
-        ("global batch", "global_batch_size"),
-        ("images/sec (median)", "images_per_sec"),
-        ("step time median (s)", "step_time_median_s"),
-        ("step time p10-p90 (s)", None),
-        ("model TFLOP/s", "model_tflops_per_sec"),
-        ("host batch time median (s)", "input_s_per_step"),
-        ("  of which copy to devices (s)", "input_put_s_per_step"),
-        ("wait for data / step, mean (s)", "input_wait_s_per_step"),
-        ("loader capacity images/sec", "loader_images_per_sec"),
-        (f"input-bound (waits > {INPUT_BOUND_WAIT_SHARE:.0%} of step)", "input_bound"),
-        ("pipeline schedule", "pipeline_schedule"),
-        ("micro-batches", "num_microbatches"),
-        ("bubble, analytic", "analytic_bubble"),
-        ("bubble, measured stage times", "measured_bubble"),
-        ("chunk ms / micro-batch, predicted", "stage_time_predicted_s"),
-        ("chunk ms / micro-batch, measured", "stage_time_measured_s"),
-        ("bytes between stages / step", "bytes_between_stages_per_step"),
-        ("compile time (s)", "compile_time_s"),
-        ("wall time (s)", "wall_time_s"),
-        ("epochs", "epochs"),
-        ("seconds per epoch", "seconds_per_epoch"),
-        ("final train loss", "final_loss"),
-        ("eval loss", "eval_loss"),
-        ("eval accuracy", "eval_accuracy"),
-        ("train-split accuracy (inference)", "train_eval_accuracy"),
-        ("train - test accuracy gap", "generalization_gap"),
+        ("mesh (data, stage, tensor)", "mesh_shape", units.mesh),
+        ("devices", "num_devices", None),
+        ("partitioning", "partitioning", None),
+        ("strategy", "strategy", None),
+        ("steps", "steps", None),
+        ("global batch", "global_batch_size", None),
+        ("images/sec (median)", "images_per_sec", None),
+        ("step time, median", "step_time_median_s", secs),
+        ("step time, p10 - p90", None, None),
+        ("model TFLOP/s", "model_tflops_per_sec", None),
+        ("host batch time, median", "input_s_per_step", secs),
+        ("  of which copy to devices", "input_put_s_per_step", secs),
+        ("wait for data / step, mean", "input_wait_s_per_step", secs),
+        ("loader capacity images/sec", "loader_images_per_sec", None),
+        (f"input-bound (waits > {INPUT_BOUND_WAIT_SHARE:.0%} of step)", "input_bound", None),
+        ("pipeline schedule", "pipeline_schedule", None),
+        ("micro-batches", "num_microbatches", None),
+        ("bubble, analytic", "analytic_bubble", None),
+        ("bubble, measured stage times", "measured_bubble", None),
+        ("chunk time / micro-batch, predicted", "stage_time_predicted_s", each),
+        ("chunk time / micro-batch, measured", "stage_time_measured_s", each),
+        (STAGE_TO_STAGE_LABEL, "bytes_between_stages_per_step", units.mib),
+        ("compile time", "compile_time_s", secs),
+        ("wall time", "wall_time_s", secs),
+        ("epochs", "epochs", None),
+        ("time per epoch", "seconds_per_epoch", secs),
+        ("final train loss", "final_loss", None),
+        ("eval loss", "eval_loss", None),
+        ("eval accuracy", "eval_accuracy", None),
+        ("train-split accuracy (inference)", "train_eval_accuracy", None),
+        ("train - test accuracy gap", "generalization_gap", None),
     ]
     rows = []
-    for label, key in order:
+    for label, key, show in order:
         if key is None:
             if "step_time_p10_s" in summary:
-                value = f"{summary['step_time_p10_s']:.4f} - {summary['step_time_p90_s']:.4f}"
+                value = f"{secs(summary['step_time_p10_s'])} - {secs(summary['step_time_p90_s'])}"
             else:
                 continue
         elif summary.get(key) is None:  # absent, or not applicable to this strategy
             continue
         else:
             value = summary[key]
-            if key.startswith("stage_time"):  # per chunk, seconds -> milliseconds
-                value = " ".join(f"{1e3 * t:.2f}" for t in value)
+            if show is not None:
+                value = show(value)
             else:
                 value = _fmt(value) if isinstance(value, float) else str(value)
             if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
                 value = f"{value}  {summary['analytic_bubble_formula']}"
+            if key == "bytes_between_stages_per_step":
+                value = f"{value}  ({STAGE_TO_STAGE_MEANING})"
         rows.append((label, value))
     width = max(len(label) for label, _ in rows)
     line = "-" * (width + 2 + max(len(v) for _, v in rows))

@@ -2,9 +2,11 @@
 are present, so any suite gets the plots that make sense for it.
 
 - scaling_strong.png / scaling_weak.png: images/sec and efficiency against devices, one line
-  per partitioning (rows with a `group`; the 1-device baseline starts every line);
-- memory_vs_bytes.png: memory per device against communication per device per step, one
-  point per row: the trade-off in one picture;
+  per partitioning (rows with a `group`; the 1-device baseline starts every line); rows it
+  cannot place (failed, no group, no baseline) are named on the figure and printed;
+- memory_vs_bytes.png: memory per device against communication per device per step (the
+  collectives plus, for pipelines, the stage-to-stage bytes one device receives), one point
+  per row: the trade-off in one picture;
 - bubble.png: pipeline bubble against micro-batches, analytic curve per K, measured points
   per schedule;
 - accuracy_vs_batch.png: test error against global batch, one line per recipe (group), seeds'
@@ -55,12 +57,44 @@ def _family(r: dict) -> str:
     return "hybrid" if len(used) > 1 else {"stage": "pipeline"}.get(used[0], used[0])
 
 
-def scaling(rows: list[dict], kind: str, path: str) -> bool:
-    rows = [r for r in _ok(rows) if r["scaling"] == kind and r["group"]]
+def unplaced(rows: list[dict], kind: str) -> dict[str, str]:
+    """The rows of a `kind` ("strong"/"weak") scaling study that its plot cannot place, or
+    places only in part, with why: failed rows, rows without a group (not on a scaling line:
+    e.g. a bubble study's), rows without images/sec, baseline rows after the first (the first
+    starts every line), and rows without an efficiency (no baseline: their throughput is
+    drawn, their efficiency is not)."""
+    out: dict[str, str] = {}
+    base_seen = False
+    for r in rows:
+        if r.get("scaling") != kind:
+            continue
+        if r["status"] != "ok":
+            out[r["name"]] = "failed"
+        elif not r["group"]:
+            out[r["name"]] = "no group in the suite"
+        elif not r["images_per_sec"]:
+            out[r["name"]] = "no images/sec"
+        elif r["group"] == "baseline":
+            if base_seen:
+                out[r["name"]] = "a second baseline; the first starts every line"
+            base_seen = True
+        elif r["efficiency"] is None:
+            out[r["name"]] = "no baseline: images/sec drawn, not efficiency"
+    return out
+
+
+def scaling(rows: list[dict], kind: str, path: str, left_out: dict | None = None) -> bool:
+    """Images/sec and efficiency against devices, one line per group. Rows it cannot place
+    (`unplaced`) are named in a note on the figure and in `left_out`, never dropped
+    silently."""
+    missing = unplaced(rows, kind)
+    rows = [r for r in _ok(rows) if r["scaling"] == kind and r["group"] and r["images_per_sec"]]
     base = [r for r in rows if r["group"] == "baseline"]
     groups = sorted({r["group"] for r in rows} - {"baseline"})
     if not groups:
         return False
+    if left_out is not None:
+        left_out.update(missing)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for g in groups:
         line = sorted(
@@ -75,11 +109,14 @@ def scaling(rows: list[dict], kind: str, path: str) -> bool:
             capsize=3,
             yerr=[r["images_per_sec_stderr"] or 0 for r in line],
         )
-        ax2.plot(n, [r["efficiency"] or 0 for r in line], marker="o", label=g)
+        rated = [r for r in line if r["efficiency"] is not None]
+        ax2.plot([r["num_devices"] for r in rated], [r["efficiency"] for r in rated], marker="o",
+                 label=g)  # fmt: skip
     top = max(r["num_devices"] for r in rows)
     ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
+        ax.set_xlim(0.8, top * 1.25)  # also where no row has an efficiency to draw
         ax.set_xticks(
             [n for n in (1, 2, 4, 8, 16, 32) if n <= top],
             [str(n) for n in (1, 2, 4, 8, 16, 32) if n <= top],
@@ -94,19 +131,40 @@ def scaling(rows: list[dict], kind: str, path: str) -> bool:
     fig.suptitle(
         f"{kind} scaling ({'same global batch' if kind == 'strong' else 'same batch per device'})"
     )
+    if missing:
+        names = list(missing)
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        fig.text(0.01, 0.01, f"not placed ({len(names)} rows, named in the sweep's output): "
+                 f"{shown}", fontsize=7, color="dimgrey")  # fmt: skip
+        fig.tight_layout(rect=(0, 0.05, 1, 1))
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return True
     return _save(fig, path)
 
 
 def _comm(r: dict) -> int:
-    """Bytes a device sends or receives per step: collectives plus, for pipelines, the stage
-    transfers of one data replica."""
-    return r["collective_bytes_per_device"] + (r["bytes_between_stages_per_replica"] or 0)
+    """Bytes per device per step: the collectives of the busiest program group plus, for
+    pipelines, the most stage-to-stage bytes one device receives (both per device)."""
+    return r["collective_bytes_per_device"] + (r.get("stage_transfer_bytes_per_device") or 0)
 
 
-def memory_vs_bytes(rows: list[dict], path: str) -> bool:
+def _staged(r: dict) -> bool:
+    return (r.get("mesh_shape") or (1, 1, 1))[1] > 1
+
+
+def memory_vs_bytes(rows: list[dict], path: str, left_out: dict | None = None) -> bool:
+    """Memory per device against communication per device per step (`_comm`). Pipeline rows
+    recorded before their per-device stage transfers were (no
+    stage_transfer_bytes_per_device) are left out and named in `left_out`."""
     rows = [r for r in _ok(rows) if r["memory_bytes_per_device"] is not None]
+    old = {r["name"]: "recorded without stage_transfer_bytes_per_device: measure it again"
+           for r in rows if _staged(r) and r.get("stage_transfer_bytes_per_device") is None}  # fmt: skip
+    rows = [r for r in rows if r["name"] not in old]
     if len(rows) < 2:
         return False
+    if left_out is not None:
+        left_out.update(old)
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = {"1 device": "*", "data": "o", "pipeline": "s", "tensor": "^", "hybrid": "D"}
     for fam, marker in markers.items():
@@ -127,7 +185,10 @@ def memory_vs_bytes(rows: list[dict], path: str) -> bool:
                 )
     positive = [v for v in (_comm(r) / MIB for r in rows) if v > 0]
     ax.set_xscale("symlog", linthresh=min(positive) / 2 if positive else 1.0)
-    ax.set_xlabel("communication per device per step, MiB [exact]\n(collectives + stage transfers)")
+    ax.set_xlabel(
+        "communication per device per step, MiB [exact]\n(collectives + stage-to-stage "
+        "bytes received, each the busiest device's)"
+    )
     ax.set_ylabel("memory per device, MiB [exact]\n(state + temporaries + stored activations)")
     return _finish(fig, ax, path, "memory against communication, one point per partitioning", 8)
 
@@ -261,13 +322,16 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     return _finish(fig, ax, path, title, 8, loc="upper left")
 
 
-def plot_all(rows: list[dict], out: str) -> list[str]:
-    """Draw every plot these rows support into `out`; return the files written."""
+def plot_all(rows: list[dict], out: str, say=print) -> list[str]:
+    """Draw every plot these rows support into `out`; return the files written. Rows a
+    scaling or memory plot cannot place are named through `say`, one line per plot."""
     made = []
+    left_out: dict[str, dict[str, str]] = {"scaling_strong": {}, "scaling_weak": {},
+                                           "memory_vs_bytes": {}}  # fmt: skip
     for name, draw in (
-        ("scaling_strong.png", lambda p: scaling(rows, "strong", p)),
-        ("scaling_weak.png", lambda p: scaling(rows, "weak", p)),
-        ("memory_vs_bytes.png", lambda p: memory_vs_bytes(rows, p)),
+        ("scaling_strong.png", lambda p: scaling(rows, "strong", p, left_out["scaling_strong"])),
+        ("scaling_weak.png", lambda p: scaling(rows, "weak", p, left_out["scaling_weak"])),
+        ("memory_vs_bytes.png", lambda p: memory_vs_bytes(rows, p, left_out["memory_vs_bytes"])),
         ("bubble.png", lambda p: bubble(rows, p)),
         ("accuracy_vs_batch.png", lambda p: accuracy_vs_batch(rows, p)),
         ("predicted_vs_measured.png", lambda p: predicted_vs_measured(rows, p)),
@@ -275,4 +339,8 @@ def plot_all(rows: list[dict], out: str) -> list[str]:
         path = os.path.join(out, name)
         if draw(path):
             made.append(path)
+    for plot, missing in left_out.items():
+        if missing:
+            named = "; ".join(f"{row} ({why})" for row, why in missing.items())
+            say(f"{plot}.png does not place {len(missing)} rows: {named}")
     return made

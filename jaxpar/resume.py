@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpar import metrics as metrics_lib
-from jaxpar import optim
+from jaxpar import optim, units
 from jaxpar.errors import ConfigError
 
 
@@ -61,7 +61,8 @@ def check_schedule(config, restored_meta: dict, start: int, say) -> None:
     if differ.size == 0:  # e.g. a constant rate over a longer run: nothing changes
         return
     at = int(differ[0])
-    rates = f"the rate at step {at + 1} is {new[at]:.3g} instead of {old[at]:.3g}"
+    rates = (f"the rate at step {at + 1} is {units.rate(float(new[at]))} instead of "
+             f"{units.rate(float(old[at]))}")  # fmt: skip
     if config.schedule_steps:  # asked for explicitly: go on, and say what changes
         say(f"learning-rate schedule changed on resuming at step {start}: {rates}")
         return

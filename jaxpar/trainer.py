@@ -19,7 +19,18 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxpar import analysis, cluster, hooks, models, optim, parallel, preemption, profiling, resume
+from jaxpar import (
+    analysis,
+    cluster,
+    hooks,
+    models,
+    optim,
+    parallel,
+    preemption,
+    profiling,
+    resume,
+    units,
+)
 from jaxpar import checkpoint as checkpoint_lib
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
@@ -191,8 +202,8 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
         s.strategy.compile(state, first)
         watch.beat("compiling the train step")
         say(
-            f"compiled the train step in {s.strategy.compile_time_s:.1f} s; training steps "
-            f"{start + 1}-{total} of {config.global_batch_size} images"
+            f"compiled the train step in {units.seconds(s.strategy.compile_time_s)}; training "
+            f"steps {start + 1}-{total} of {config.global_batch_size} images"
         )
         outcome = _train(run, state, first, start, writer, ckpt)
         if ckpt is not None:  # the last save is complete (or its failure raised) before the report
@@ -268,6 +279,7 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
     summary = metrics_lib.summary(
         strategy=s.strategy.name,
         mesh_shape=tuple(int(v) for v in s.mesh.devices.shape),
+        partitioning=s.strategy.partitioning(),
         steps=s.config.num_train_steps,
         global_batch_size=s.config.global_batch_size,
         step_times=outcome.step_times,
@@ -332,11 +344,11 @@ def _strategy_report(s: Setup) -> dict[str, Any]:
 
 
 def _announce(s: Setup, say) -> None:
-    mesh_shape = tuple(int(v) for v in s.mesh.devices.shape)
     say(
         f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
-        f"mesh (data, stage, tensor) = {mesh_shape} over {s.mesh.devices.size} "
-        f"{jax.default_backend()} devices, strategy {s.strategy.name}"
+        f"mesh (data, stage, tensor) = {units.mesh(s.mesh.devices.shape)} over "
+        f"{s.mesh.devices.size} {jax.default_backend()} devices: {s.strategy.partitioning()}, "
+        f"run by strategy {s.strategy.name}"
     )
     say(s.model.summary())
     if described := s.strategy.describe(s.config.global_batch_size):

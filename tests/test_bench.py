@@ -214,7 +214,7 @@ def test_every_plot_from_known_rows(tmp_path):
                 measured_bubble=1.2 / (m + 1),
                 memory_bytes_per_device=2 << 20,
                 collective_bytes_per_device=0,
-                bytes_between_stages_per_replica=1 << 16,
+                stage_transfer_bytes_per_device=1 << 16,
             )
         )
     for lr in ("fixed lr", "linear lr"):
@@ -241,6 +241,37 @@ def test_every_plot_from_known_rows(tmp_path):
         "scaling_weak.png",
     ]
     assert all(os.path.getsize(p) > 10_000 for p in made)
+
+
+def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
+    """Failed rows, rows without a group, a second baseline and rows without an efficiency
+    are named (printed, and noted on the figure), never dropped silently."""
+    rows = [
+        _row("1 device", 1, 100.0, group="baseline", efficiency=1.0),
+        _row("1 device again", 1, 99.0, group="baseline", efficiency=1.0),
+        _row("data 2", 2, 180.0, efficiency=0.9),
+        _row("data 4", 4, None, status="failed"),
+        _row("pipe M=4", 2, 80.0, group="", efficiency=0.4),
+        _row("data 8", 8, 500.0, efficiency=None),
+    ]
+    said = []
+    made = plots.plot_all(rows, str(tmp_path), say=said.append)
+    assert [os.path.basename(p) for p in made] == ["scaling_strong.png"]
+    (line,) = said
+    assert line.startswith("scaling_strong.png does not place 4 rows: ")
+    for name, why in (("1 device again", "a second baseline"), ("data 4", "failed"),
+                      ("pipe M=4", "no group"), ("data 8", "no baseline")):  # fmt: skip
+        assert f"{name} ({why}" in line
+    assert plots.unplaced(rows, "weak") == {}
+    # memory against communication: a pipeline row recorded without its per-device stage
+    # transfers is named, not drawn at its collectives alone
+    sized = {"memory_bytes_per_device": 1 << 20, "collective_bytes_per_device": 1 << 20}
+    rows = [_row("data 2", 2, 1.0, mesh_shape=(2, 1, 1), **sized),
+            _row("tensor 2", 2, 1.0, mesh_shape=(1, 1, 2), **sized),
+            _row("old pipe", 2, 1.0, mesh_shape=(1, 2, 1), **sized)]  # fmt: skip
+    left = {}
+    assert plots.memory_vs_bytes(rows, str(tmp_path / "m.png"), left)
+    assert list(left) == ["old pipe"]
 
 
 def test_num_devices_uses_the_first_n(capsys):

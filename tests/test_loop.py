@@ -248,8 +248,9 @@ def test_the_summary_record():
         flops_per_example=1e9,
         report={"pipeline_schedule": None},
     )
-    assert list(summary)[:5] == [
+    assert list(summary)[:6] == [
         "strategy",
+        "partitioning",
         "num_devices",
         "mesh_shape",
         "steps",

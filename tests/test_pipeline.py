@@ -99,7 +99,7 @@ def test_flops_and_params_balances_differ():
         assert worst(by_flops, "flops") <= worst(stages.split(model, 4, other), "flops")
     for other in ("uniform", "flops"):
         assert worst(by_params, "params") <= worst(stages.split(model, 4, other), "params")
-    assert "MB sent/batch" in stages.stage_table(model, by_flops, 128)
+    assert "to next, MiB/step" in stages.stage_table(model, by_flops, 128)
 
 
 @pytest.mark.parametrize(
@@ -172,3 +172,67 @@ def test_schedule_events_and_bubble(schedule, k, m):
     assert line.bubble == pytest.approx(schedules.analytic_bubble(k, m))
     order = schedules.dispatch_order(events)
     assert len(order) == 2 * k * m and len(set(order)) == len(order)
+
+
+def test_stage_to_stage_bytes_are_one_number_everywhere():
+    """The stage table, --explain and the summary print one figure, the metric
+    bytes_between_stages_per_step: activations forward + gradients back over every boundary,
+    whole global batch, in MiB; the parameter layouts are in layer order with the stage that
+    holds each; the hybrid is named by what it composes."""
+    from jaxpar import explain, metrics, units
+
+    config = pipeline_config("1f1b", 2, 2, data=2, **{"model.name": "vgg13",
+                             "mesh_shape": (2, 2, 1)})  # fmt: skip
+    s = trainer.setup(config, jax.devices()[:4])  # builds; compiles nothing
+    batch, cut = config.global_batch_size, s.strategy.bounds[1]
+    total = 2 * 4 * batch * s.model.layers[cut - 1].activation_size  # float32, fwd + bwd
+    assert s.strategy.bytes_between_stages(batch) == total  # the metric's value
+    shown = units.mib(total)
+    text = explain.explain(config, jax.devices()[:4])
+    table = text.splitlines()
+    head = next(i for i, x in enumerate(table) if x.startswith("stage layers"))
+    column = [float(x.split()[-1]) for x in table[head + 1 : head + 3]]
+    assert f"{sum(column):.2f} MiB" == shown and table[head + 3].endswith(f"total {shown}")
+    line = next(x for x in text.splitlines() if x.startswith("  " + metrics.STAGE_TO_STAGE_LABEL))
+    assert f" {shown} " in line
+    # each device receives its data share of one direction's activations (K = 2)
+    line = next(x for x in text.splitlines() if "most one device receives" in x)
+    assert f" {units.mib(total // 2 // 2)} " in line
+    summary = metrics.summary(strategy=s.strategy.name, mesh_shape=(2, 2, 1), steps=1,
+                              global_batch_size=batch, step_times=[1.0], warmup=0,
+                              compile_time_s=6.0299, wall_time_s=9.0, train={}, evaluation={},
+                              num_params=1, flops_per_example=1.0,
+                              report={"bytes_between_stages_per_step": total})  # fmt: skip
+    line = next(x for x in metrics.summary_table(summary).splitlines()
+                if x.startswith(metrics.STAGE_TO_STAGE_LABEL))  # fmt: skip
+    assert f" {shown} " in line
+    # the hybrid by its composition; parameters in layer order (conv8 before conv10) with
+    # the stage holding each
+    assert "hybrid data 2 x pipeline 2 (1f1b), run by strategy pipeline" in text
+    names = [x.split()[1] for x in text.splitlines() if "/kernel " in x]
+    assert names == [f"conv{i}/Conv_0/kernel" for i in range(1, 11)] + ["fc1/Dense_0/kernel"]
+    stage_of = {x.split()[1].split("/")[0]: int(x.split()[0])
+                for x in text.splitlines() if "/kernel " in x}  # fmt: skip
+    assert stage_of == {layer.name: int(i >= cut) for i, layer in enumerate(s.model.layers)}
+
+
+def test_partitioning_names_what_the_mesh_composes():
+    from jaxpar.parallel.strategy import partitioning
+
+    mesh = lambda d, s, t: {"data": d, "stage": s, "tensor": t}
+    assert partitioning(mesh(1, 1, 1)) == "1 device"
+    assert partitioning(mesh(8, 1, 1), sync_mode="local_sgd") == "data parallel over 8 (local_sgd)"
+    assert partitioning(mesh(1, 4, 1), "gpipe") == "pipeline over 4 stages (gpipe)"
+    assert partitioning(mesh(1, 1, 8)) == "tensor parallel over 8"
+    assert partitioning(mesh(2, 1, 4)) == "hybrid data 2 x tensor 4"
+    assert (partitioning(mesh(2, 2, 2), "interleaved", chunks_per_stage=2)
+            == "hybrid data 2 x pipeline 2 (interleaved, 2 chunks per stage) x tensor 2")  # fmt: skip
+
+
+def test_natural_order_reads_numbers():
+    from jaxpar.explain import natural
+
+    names = ["conv10/Conv_0", "conv8/Conv_0", "conv9/BatchNorm_0", "conv9/Conv_0", "fc1"]
+    assert sorted(names, key=natural) == [
+        "conv8/Conv_0", "conv9/BatchNorm_0", "conv9/Conv_0", "conv10/Conv_0", "fc1"
+    ]  # fmt: skip

@@ -234,6 +234,24 @@ def test_local_sgd_once_a_period_independent_never_async_once():
     assert len(big) == 1 and param_bytes <= big[0] <= param_bytes + 8
 
 
+def test_local_sgd_average_is_listed_once_a_period():
+    """The report and --explain count local_sgd's average at its per-step average (P/period)
+    and say it runs once every `period` steps."""
+    from jaxpar import explain
+
+    config = sync_config("local_sgd", **{"sync.period": 4})
+    s = trainer.setup(config, jax.devices()[:N])
+    fig = analysis.report(s.strategy, config.global_batch_size, timing=False)
+    (row,) = [r for r in fig["collectives"] if r[2] == "data"]
+    assert row[5] == 4 and row[4] * 4 == 4 * s.model.num_params  # every 4 steps; per-step avg
+    assert fig["collective_bytes_per_device"] == row[4]
+    text = explain.explain(config, jax.devices()[:N])
+    line = next(x for x in text.splitlines() if x.startswith("  step     all-reduce"))
+    assert f"{4 * s.model.num_params // 4:,}" in line
+    assert f"once every 4 steps: {4 * s.model.num_params:,} bytes each time" in line
+    assert "data parallel over 4 (local_sgd)" in text
+
+
 def test_refusals_are_one_line():
     cases = [
         (

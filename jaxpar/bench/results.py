@@ -35,7 +35,7 @@ KEYS = (
     "stored_activation_bytes_per_device", "memory_bytes_per_device",
     "collective_bytes_per_device", "collective_bytes_by_kind", "collective_bytes_by_axis",
     "data_allreduce_bytes", "data_allreduce_over_params", "ring_allreduce_wire_bytes",
-    "bytes_between_stages", "bytes_between_stages_per_replica", "analytic_bubble",
+    "bytes_between_stages", "stage_transfer_bytes_per_device", "analytic_bubble",
     "measured_bubble", "model_flops_per_image", "model_flops_per_sec", "mfu", "final_loss",
     "eval_accuracy",
     # the accuracy study (jaxpar.bench.accuracy): the setting a row repeats under another seed,
@@ -175,7 +175,7 @@ def markdown(rows: list[dict], machine: str = "") -> str:
     head = (
         "| row | mesh | dev | img/s [clock] | speedup | eff. | loader img/s [clock] | "
         "memory/dev MiB [exact] | "
-        "coll. MiB/dev/step [exact] | data AR / params | stages MiB/step [exact] | "
+        "coll. MiB/dev/step [exact] | data AR / params | stage-to-stage MiB/step [exact] | "
         "bubble analytic / measured | eval acc | status |"
     )
     mfu = any(r.get("mfu") is not None for r in rows)  # a device whose peak jaxpar knows (GPUs)

@@ -424,6 +424,7 @@ def _why(rc: int | None, log: str, timeout: float) -> str:
 
 
 def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record: dict) -> str:
+    from jaxpar import units
     from jaxpar.metrics import format_seconds
 
     width = 20
@@ -438,8 +439,8 @@ def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record
     nan = float("nan")
     return head + (
         f"ok  {record.get('images_per_sec', nan):,.1f} img/s  "
-        f"step {record.get('step_time_median_s', nan):.3f} s  "
-        f"compile {record['compile_time_s']:.1f} s  eval acc {record['eval_accuracy']:.3f}"
+        f"step {units.seconds(record.get('step_time_median_s'))}  "
+        f"compile {units.seconds(record['compile_time_s'])}  eval acc {record['eval_accuracy']:.3f}"
         + _loader(record)
     )
 

@@ -147,24 +147,36 @@ def stage_table(
     bounds: Sequence[int],
     batch_size: int,
     stage_of: Sequence[int] | None = None,
+    sent: Sequence[int] | None = None,
 ) -> str:
-    """Per stage: layers, parameters, forward GFLOPs per batch, and MB sent onward per batch.
-    With more chunks than device stages (interleaved, V-shaped schedules) one row per chunk,
-    with the device stage `stage_of[c]` that holds it. With measured layer times
-    (split=time) also each chunk's predicted milliseconds per micro-batch, sends included."""
+    """Per stage: layers, parameters, forward GFLOPs per batch, and the stage-to-stage bytes
+    per step across the boundary after it, in MiB: its activations forward and their gradients
+    back, for the whole global batch of `batch_size` (`sent`, per chunk, as the pipeline
+    carries them; by default float32). The column sums to the summary's and `--explain`'s
+    stage-to-stage bytes / step. With more chunks than device stages (interleaved, V-shaped
+    schedules) one row per chunk, with the device stage `stage_of[c]` that holds it. With
+    measured layer times (split=time) also each chunk's predicted milliseconds per
+    micro-batch, sends included."""
     chunked = stage_of is not None and len(set(stage_of)) < len(bounds) - 1
     ms = model.times.chunk_times(bounds) if model.times is not None else None
+    if sent is None:
+        sent = [0 if b == len(model.layers) else 2 * 4 * model.layers[b - 1].activation_size
+                * batch_size for b in bounds[1:]]  # fmt: skip
     head = f"{'chunk':>5} {'stage':>5}" if chunked else f"{'stage':>5}"
-    rows = [f"{head} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'MB sent/batch':>14}"
+    rows = [f"{head} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'to next, MiB/step':>18}"
             + (f" {'ms/micro-batch':>15}" if ms else "")]  # fmt: skip
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         layers = model.layers[a:b]
         names = layers[0].name if len(layers) == 1 else f"{layers[0].name}-{layers[-1].name}"
-        sent = 0 if b == len(model.layers) else 4 * layers[-1].activation_size * batch_size
         where = f"{s:>5} {stage_of[s]:>5}" if chunked else f"{s:>5}"
         rows.append(
             f"{where} {names:<16} {sum(x.params for x in layers):>12,} "
-            f"{sum(x.flops for x in layers) * batch_size / 1e9:>13.2f} {sent / 1e6:>14.2f}"
+            f"{sum(x.flops for x in layers) * batch_size / 1e9:>13.2f} {sent[s] / 2**20:>18.2f}"
             + (f" {1e3 * ms[s]:>15.2f}" if ms else "")
         )
+    rows.append(
+        f"to next: the stage-to-stage bytes / step after each {'chunk' if chunked else 'stage'}"
+        f" (activations forward + gradients back, whole global batch), total "
+        f"{sum(sent) / 2**20:.2f} MiB"
+    )
     return "\n".join(rows)

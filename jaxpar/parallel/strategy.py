@@ -43,6 +43,34 @@ def per_device_bytes(tree: Any) -> int:
     return max(per.values()) if per else 0
 
 
+def partitioning(
+    shape: dict[str, int],
+    schedule: str | None = None,
+    sync_mode: str = "allreduce",
+    chunks_per_stage: int = 1,
+) -> str:
+    """A (data, stage, tensor) mesh's split of the step in words, by what it composes:
+    "1 device", "data parallel over 8", "pipeline over 2 stages (gpipe)", "tensor parallel
+    over 8", "hybrid data 2 x pipeline 2 (1f1b) x tensor 2". A sync mode other than allreduce
+    follows the data part ("data 2 (local_sgd)"); chunks per stage follow the schedule."""
+    data, stage, width = shape.get("data", 1), shape.get("stage", 1), shape.get("tensor", 1)
+    sync = f" ({sync_mode})" if sync_mode and sync_mode != "allreduce" else ""
+    how = f" ({schedule})" if schedule else ""
+    if schedule and chunks_per_stage > 1 and schedule == "interleaved":
+        how = f" ({schedule}, {chunks_per_stage} chunks per stage)"
+    parts = {
+        "data": (data, f"data {data}{sync}", f"data parallel over {data}{sync}"),
+        "stage": (stage, f"pipeline {stage}{how}", f"pipeline over {stage} stages{how}"),
+        "tensor": (width, f"tensor {width}", f"tensor parallel over {width}"),
+    }
+    used = [(short, alone) for size, short, alone in parts.values() if size > 1]
+    if not used:
+        return "1 device"
+    if len(used) == 1:
+        return used[0][1]
+    return "hybrid " + " x ".join(short for short, _ in used)
+
+
 @dataclasses.dataclass(eq=False)
 class Program:
     """One compiled program of a training step."""
@@ -94,6 +122,15 @@ class Strategy(abc.ABC):
         # Every dispatch loop (eval batches, pipeline events) registers its computations here,
         # so that no device has too many queued (see dispatch.py).
         self.inflight = dispatch.InFlight()
+
+    def partitioning(self) -> str:
+        """How this strategy splits the step, in words (`partitioning`): the mesh's axes in
+        use, the pipeline schedule and the sync mode, e.g. "hybrid data 2 x pipeline 2 (1f1b)
+        x tensor 2". `name` is the implementation (config.strategy), this is what it does."""
+        sync = self.config.get("sync") or {}
+        chunks = len(self.bounds) - 1 if self.bounds else 1
+        return partitioning(dict(self.mesh.shape), self.schedule, sync.get("mode", "allreduce"),
+                            chunks // max(self.num_stages, 1))  # fmt: skip
 
     # -- state ------------------------------------------------------------------------------
 
@@ -179,6 +216,13 @@ class Strategy(abc.ABC):
 
     def analytic_bubble(self) -> float | None:
         return None
+
+    def conditional_period(self) -> int:
+        """Steps between runs of the collectives its programs hold in conditional branches:
+        local_sgd averages when the step count reaches a multiple of sync.period; 1 (every
+        step) for every other sync mode."""
+        sync = self.config.get("sync") or {}
+        return int(sync.get("period", 1)) if sync.get("mode") == "local_sgd" else 1
 
     def bytes_between_stages(self, batch_size: int) -> int | None:
         """Bytes crossing stage boundaries per step (activations and their gradients)."""

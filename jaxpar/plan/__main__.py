@@ -229,8 +229,13 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxpar.plan",
-                                     description=__doc__.split("\n\n")[1])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxpar.plan",
+        usage="%(prog)s --config FILE --profile PROFILE [--config.KEY=VALUE ...] [options]",
+        description=__doc__.split("\n\n")[1],
+        epilog=configfile.OVERRIDES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", required=True, help="experiment config file")
     parser.add_argument("--profile", required=True, help="configs/hardware/*.py")
     parser.add_argument("--devices", type=int, help="plan for N devices (<= the profile's)")

@@ -124,7 +124,12 @@ def _reference(r: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m jaxpar.predict", description=__doc__.split("\n")[2]
+        prog="python -m jaxpar.predict",
+        usage="%(prog)s --profile PROFILE [--config FILE | --suite FILE] [--config.KEY=VALUE ...]"
+        " [options]",
+        description=__doc__.split("\n\n", 1)[1],  # all of it but the usage line
+        epilog=configfile.OVERRIDES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--profile", required=True, action="append", help="configs/hardware/*.py (repeatable)"

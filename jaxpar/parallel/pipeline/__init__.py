@@ -259,11 +259,21 @@ class Pipeline(Strategy):
         return schedules.analytic_bubble(self.k, self.num_microbatches, self.schedule,
                                          self.virtual_stages)  # fmt: skip
 
+    def boundary_bytes(self, batch_size: int) -> list[int]:
+        """Per chunk, the stage-to-stage bytes per step across the boundary after it: its
+        output activation forward and that activation's gradient back, for the whole global
+        batch (in the dtype carried). 0 after the last chunk, and where the next chunk is on
+        the same device stage (ZB-V's turn: nothing moves)."""
+        out = self.boundary(batch_size)
+        crosses = [c + 1 < len(out) and self.stage_of[c + 1] != self.stage_of[c]
+                   for c in range(len(out))]  # fmt: skip
+        return [2 * int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize if cross else 0
+                for x, cross in zip(out, crosses)]  # fmt: skip
+
     def bytes_between_stages(self, batch_size: int) -> int:
-        """Bytes crossing chunk boundaries per step: each boundary activation forward and its
-        gradient backward, for the whole global batch (in the dtype carried)."""
-        out = self.boundary(batch_size)[:-1]
-        return sum(2 * int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in out)
+        """Stage-to-stage bytes per step: every boundary's activations forward and their
+        gradients back, for the whole global batch (in the dtype carried)."""
+        return sum(self.boundary_bytes(batch_size))
 
     def sent_bytes_per_device(self, batch_size: int) -> list[int]:
         rows = batch_size // self.num_microbatches
@@ -311,7 +321,8 @@ class Pipeline(Strategy):
             legend += "; Fi.c = in chunk c (the table says which stage holds each chunk)"
         return "\n".join([
             head,
-            stages.stage_table(self.model, self.bounds, batch_size, self.stage_of),
+            stages.stage_table(self.model, self.bounds, batch_size, self.stage_of,
+                               self.boundary_bytes(batch_size)),
             legend + ":",
             schedules.render(self.events),
         ])  # fmt: skip

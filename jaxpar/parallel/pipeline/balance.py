@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import models
+from jaxpar import models, units
 
 CACHE_FILE = "layer_times.json"
 REPEATS = 7  # timed calls per program after a warm-up; the fastest is kept (as the bench)
@@ -120,10 +120,10 @@ def measure(model, config, mesh, workdir: str | None = None, say=print) -> Layer
     if times.source == "measured":
         where = f"; cached in {path}" if path else ""
         say(f"pipeline.split=time: timed {len(model.layers)} layers at {rows} rows per "
-            f"micro-batch in {times.profile_s:.1f} s{where}")  # fmt: skip
+            f"micro-batch in {units.seconds(times.profile_s)}{where}")  # fmt: skip
     else:
         say(f"pipeline.split=time: layer times reused from {times.source} (measured in "
-            f"{times.profile_s:.1f} s for the same model, shapes and devices)")  # fmt: skip
+            f"{units.seconds(times.profile_s)} for the same model, shapes and devices)")  # fmt: skip
     return times
 
 
@@ -319,11 +319,11 @@ def _choose(model, config, mesh, say=print) -> int:
 
         chosen = int(multihost_utils.broadcast_one_to_all(np.int32(best[0])))
         best = next(r for r in table if r[0] == chosen)
-    shown = ", ".join(f"M={m}: {t * 1e3:.1f} ms" for m, t, _, _ in table)
+    shown = ", ".join(f"M={m}: {units.seconds(t)}" for m, t, _, _ in table)
     reason = ("the largest the batch allows" if best is table[-1] else
               f"more micro-batches cost more per program than their smaller bubble saves "
               f"(bubble {best[2]:.3f} at M={best[0]})")  # fmt: skip
     say(f"pipeline.num_microbatches=auto: chose M={best[0]}, {reason}; predicted steps "
         f"{shown} (timed the model at {len(table)} micro-batch sizes in "
-        f"{time.perf_counter() - t0:.1f} s)")  # fmt: skip
+        f"{units.seconds(time.perf_counter() - t0)})")  # fmt: skip
     return best[0]

@@ -25,33 +25,10 @@ def permute_bytes(hlo_text: str, n: int) -> tuple[list[int], list[int]]:
     return sent, received
 
 
-def _branch_lines(hlo_text: str) -> set[int]:
-    """Line numbers of the instructions in computations that are conditional branches."""
-    lines = hlo_text.splitlines()
-    branches: set[str] = set()
-    for line in lines:
-        if " conditional(" in line:
-            for key in ("true_computation", "false_computation"):
-                m = re.search(key + r"=(%?[\w.\-]+)", line)
-                if m:
-                    branches.add(m.group(1).lstrip("%"))
-            m = re.search(r"branch_computations=\{([^}]*)\}", line)
-            if m:
-                branches |= {b.strip().lstrip("%") for b in m.group(1).split(",")}
-    inside, current = set(), None
-    for i, line in enumerate(lines):
-        head = re.match(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
-        if head:
-            current = head.group(1)
-        elif current in branches:
-            inside.add(i)
-    return inside
-
-
 def conditional_collectives(hlo_text: str) -> int:
     """How many collectives lie in computations called only from a conditional's branches."""
     lines = hlo_text.splitlines()
-    return sum(1 for i in _branch_lines(hlo_text) if hlo.collectives(lines[i]))
+    return sum(1 for i in hlo.branch_lines(hlo_text) if hlo.collectives(lines[i]))
 
 
 def bytes_per_step(hlo_text: str, n: int, period: int = 1) -> list[int]:
@@ -59,7 +36,7 @@ def bytes_per_step(hlo_text: str, n: int, period: int = 1) -> list[int]:
     bytes per device): collective-permutes count only at their targets, and collectives in a
     conditional branch (local_sgd's average) count 1/period."""
     lines = hlo_text.splitlines()
-    branch = _branch_lines(hlo_text)
+    branch = hlo.branch_lines(hlo_text)
     _, received = permute_bytes(hlo_text, n)
     per_device = [float(r) for r in received]
     for i, line in enumerate(lines):
