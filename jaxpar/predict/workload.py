@@ -13,6 +13,7 @@ programs, and the schedule's events say when each runs.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -128,11 +129,19 @@ def calibration_flops(run: dict[str, Any]) -> float:
     return calibration_ops(run).flops
 
 
+_CALIBRATION_OPS: dict[str, opclass.OpClasses] = {}  # compiled once per run and process
+
+
 def calibration_ops(run: dict[str, Any]) -> opclass.OpClasses:
     """Op classes of one single-device training step of a profile's calibration run (a model,
-    its input and batch size; see configs/hardware/dgx1_p100.py), from the compiled step."""
-    (chunk,) = workload(run_config(run), 1).chunks
-    return chunk.op_classes("step")
+    its input and batch size; see configs/hardware/dgx1_p100.py), from the compiled step.
+    Loading a profile fits it to its runs, so each run's step is compiled once per process."""
+    key = json.dumps({k: v for k, v in run.items() if k != "images_per_sec"}, sort_keys=True,
+                     default=str)  # fmt: skip
+    if key not in _CALIBRATION_OPS:
+        (chunk,) = workload(run_config(run), 1).chunks
+        _CALIBRATION_OPS[key] = chunk.op_classes("step")
+    return _CALIBRATION_OPS[key]
 
 
 def run_config(run: dict[str, Any]) -> ml_collections.ConfigDict:
