@@ -11,6 +11,12 @@ from jaxpar import configfile
 configfile.set_host_device_count(8, replace=True)
 configfile.cpu_only()
 
+# XLA's CPU backend without LLVM's optimisation passes: the same HLO programs (XLA's own passes
+# all run), compiled in about half the time, which is most of this suite's time; a test's two
+# programs (partitioned and reference) always compile alike. The CLI subprocesses inherit it.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+
 # One XLA compilation cache for the session (and the CLI subprocesses it starts): schedules that
 # differ only in event order compile identical stage programs, and runs repeat references.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # ours: removed when the session ends

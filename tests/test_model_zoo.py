@@ -124,12 +124,37 @@ CASES = [(name, True, FAMILIES[name][5]) for name in FAMILIES]
 CASES += [("resnet20", False, "float32"), ("inception_v3", False, "float32")]
 
 
+@pytest.fixture
+def every_block_kind_once(monkeypatch, request):
+    """Each family with every kind of block it has, each as often as needed to meet all of its
+    shapes, and no more (compiling the pipeline's stage programs and the reference dominates
+    these tests, and grows with depth): a CIFAR ResNet of one basic block per stage (an
+    identity block, and two with stride-2 shortcut A), a ResNet-50 of stages (2, 1, 1, 1)
+    (projections with stride 1 and 2, and an identity bottleneck), an Inception-v3 of one
+    module of each kind A-E. tests/test_model_zoo.py::test_published_parameter_counts_and_work
+    builds the full depths."""
+    from jaxpar.models import inception, resnet
+
+    monkeypatch.setitem(resnet.CIFAR, "resnet20", 1)
+    monkeypatch.setitem(resnet.IMAGENET, "resnet50", (2, 1, 1, 1))
+    keep = {"stem", "mixed5b", "mixed6a", "mixed6b", "mixed7a", "mixed7b", "head"}
+    full = inception.sequential
+    monkeypatch.setattr(inception, "sequential",
+                        lambda name, modules, *a: full(name, [m for m in modules if m[0] in keep],
+                                                       *a))  # fmt: skip
+    name = request.node.callspec.params["name"]
+    units = {"resnet20": 5, "resnet50": 7, "inception_v3": 7, "alexnet": None}[name]
+    if units is not None:  # stem, the blocks kept, head
+        assert len(build(name, FAMILIES[name][1], 10, FAMILIES[name][0]).layers) == units
+
+
 @pytest.mark.parametrize(("name", "batch_norm", "dtype"), CASES,
                          ids=[f"{n}-{'bn' if bn else 'nobn'}" for n, bn, _ in CASES])  # fmt: skip
-def test_every_family_partitioned_equals_one_device(name, batch_norm, dtype):
+def test_every_family_partitioned_equals_one_device(name, batch_norm, dtype, every_block_kind_once):
     """A hybrid (2 data x 2 stages x 2 tensor, 1F1B; with micro-batches, BatchNorm statistics
     per micro-batch, the documented policy, synchronised over `data`) or data x tensor mesh
-    trains the one-device program: losses, parameters and BatchNorm statistics to 1e-5."""
+    trains the one-device program: losses, parameters and BatchNorm statistics to 1e-5. Every
+    block kind of the family is in the model (fixture every_block_kind_once)."""
     _, _, steps, mesh, m, _ = FAMILIES[name]
     keys = {"mesh_shape": mesh, "pipeline.schedule": "1f1b", "pipeline.num_microbatches": m,
             "model.dtype": dtype}  # fmt: skip
