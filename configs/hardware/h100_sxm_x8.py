@@ -10,7 +10,7 @@ Sources and assumptions:
 - NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU into the NVSwitches; NCCL
   all-reduce reaches ~360 GB/s bus bandwidth on 8 GPUs (nccl-tests on DGX H100, without
   NVLink SHARP). We take 360 GB/s as one "ring" and 5 us per step.
-- Compute: fitted to the four measured single-GPU runs (issue 24's figures: one H100 80GB
+- Compute: fitted to the four measured single-GPU runs (one H100 80GB
   HBM3, JAX 0.11.2, CUDA 13, jaxpar at e58f54e, configs/vgg19_data.py at full width,
   synthetic CIFAR-shaped data, images/sec): float32 batch 128: 31,784; bfloat16 batch 128:
   27,789; float32 batch 512: 55,925; bfloat16 batch 512: 100,044. Two costs are fitted
