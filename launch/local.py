@@ -53,6 +53,13 @@ def _pump(proc: subprocess.Popen, index: int) -> None:
         sys.stdout.flush()
 
 
+def _xla_flags(devices: int) -> str:
+    """XLA_FLAGS for a worker: the caller's own flags, with `devices` simulated devices."""
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+
+
 def launch(num_processes: int, devices_per_process: int, train_args: list[str]) -> int:
     """Run the processes to completion; return the first non-zero exit code, else 0."""
     coordinator = f"127.0.0.1:{free_port()}"
@@ -60,7 +67,7 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
         **os.environ,
         "PYTHONPATH": ROOT,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}",
+        "XLA_FLAGS": _xla_flags(devices_per_process),
         "JAXPAR_LAUNCHER_PID": str(os.getpid()),  # the workers' check (jaxpar.watchdog)
     }
     procs = []

@@ -45,15 +45,11 @@ SLOW = (
     "tests/test_perfmodel.py::test_profiles_load[[]dgx1_p100]",
     "tests/test_pipeline_efficiency.py::test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat",
     "tests/test_pipeline_efficiency.py::test_batch_norm_micro_batch_policy_with_residuals",
-    "tests/test_hardening.py::test_cut_points_on_the_command_line",
-    "tests/test_hardening.py::test_cut_points_in_a_config_file",
-    "tests/test_hardening.py::test_ten_thousand_image_evaluation_under_load*",
     "tests/test_sync.py::test_cli_sigterm_with_gradients_pending_resumes_exactly",
     "tests/test_sync.py::test_other_modes_on_hybrid_meshes_equal_data_parallel*",
     "tests/test_sync.py::test_local_sgd_averages_every_period",
     "tests/test_tensor.py::test_tensor_split_with_synchronised_batch_norm",
     "tests/test_balance.py::test_layer_times_are_cached_and_measured_again_when_the_shape_changes",
-    "tests/test_train_cli.py::test_cli_hybrid_pipeline_run_reports_the_bubble",
     "tests/test_batch_study.py::test_a_two_row_study_runs_end_to_end",
 )
 

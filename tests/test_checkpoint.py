@@ -3,20 +3,23 @@
 import json
 import os
 import random
-import shutil
 import signal
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, trainer
+from jaxpar import checkpoint, configfile, trainer
 from jaxpar import config as config_lib
-from tests.util import tiny_config
+from tests.util import (
+    max_rel_error,
+    run_steps,
+    start_cli,
+    tiny_config,
+    train_losses,
+    wait_for_step,
+)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = [
     "--config", "configs/vgg19_data.py", "--config.model.name=vgg11",
     "--config.model.width=0.0625", "--config.global_batch_size=16",
@@ -24,13 +27,6 @@ ARGS = [
     "--config.data.num_train=256", "--config.data.num_eval=32", "--config.warmup_steps=2",
     "--config.checkpoint_every_steps=2",
 ]  # fmt: skip
-ENV = {**os.environ, "PYTHONPATH": ROOT}
-
-
-def train_losses(workdir) -> list[float]:
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        records = [json.loads(line) for line in f]
-    return [r["loss"] for r in records if r["split"] == "train"]
 
 
 def final_params(workdir, config):
@@ -42,66 +38,49 @@ def final_params(workdir, config):
 
 
 def start(workdir):
-    return subprocess.Popen(
-        [sys.executable, "-u", "-m", "jaxpar.train", *ARGS, "--workdir", str(workdir)],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-
-
-def run_until(proc, step: int) -> None:
-    for line in proc.stdout:
-        if line.startswith(f"step {step:>2}/12"):
-            return
-    raise AssertionError("the run ended before the step")
+    return start_cli(*ARGS, "--workdir", str(workdir))
 
 
 def test_kill_and_sigterm_resume_exactly(tmp_path):
-    ref = tmp_path / "ref"
-    proc = start(ref)
-    assert proc.wait(timeout=600) == 0, proc.stdout.read()[-2000:]
-
+    """One run of the command line stopped twice: SIGKILL at a random step, the same command
+    again, SIGTERM (save and exit cleanly), the same command again. Every step's loss and the
+    final parameters are those of the uninterrupted run, bit for bit (run in this process: the
+    same programs on the same 8 devices, while the last command runs)."""
     # SIGKILL at a random step, then the same command again. Saves run every 2 steps and a
     # save waits for the previous one to finish, so from step 5 on a complete checkpoint
     # exists (an earlier kill would rightly restart from scratch).
-    killed = tmp_path / "killed"
-    proc = start(killed)
-    run_until(proc, random.Random(os.getpid()).randint(5, 9))
+    run = tmp_path / "run"
+    proc = start(run)
+    wait_for_step(proc, random.Random(os.getpid()).randint(5, 7))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    proc = start(killed)
+
+    # SIGTERM to the resumed run: it saves, exits cleanly, and the next run resumes there.
+    proc = start(run)
+    out = wait_for_step(proc, 9)
+    proc.send_signal(signal.SIGTERM)
+    out += proc.stdout.read()
+    assert proc.wait(timeout=120) == 0, out[-2000:]
+    assert "resumed from the checkpoint of step" in out
+    assert "SIGTERM: saved the checkpoint of step" in out
+    saved = sorted(int(d) for d in os.listdir(run / "checkpoints") if d.isdigit())
+    assert saved and saved[-1] >= 9
+    proc = start(run)
+    overrides, rest = configfile.split_overrides(ARGS)
+    config = configfile.override(configfile.load(rest[rest.index("--config") + 1]), overrides)
+    ref = tmp_path / "ref"
+    trainer.train_and_evaluate(config, str(ref))
     out = proc.stdout.read()
     assert proc.wait(timeout=600) == 0, out[-2000:]
-    assert "resumed from the checkpoint of step" in out
-
-    # SIGTERM: save, exit cleanly, and resume.
-    termed = tmp_path / "termed"
-    proc = start(termed)
-    run_until(proc, 5)
-    proc.send_signal(signal.SIGTERM)
-    out = proc.stdout.read()
-    assert proc.wait(timeout=120) == 0
-    assert "SIGTERM: saved the checkpoint of step" in out
-    saved = sorted(int(d) for d in os.listdir(termed / "checkpoints") if d.isdigit())
-    assert saved and saved[-1] >= 5
-    proc = start(termed)
-    assert proc.wait(timeout=600) == 0
+    assert f"resumed from the checkpoint of step {saved[-1]}" in out
 
     expected = train_losses(ref)
     assert len(expected) == 12
-    for workdir in (killed, termed):
-        assert train_losses(workdir) == expected  # bit-identical, one line per step
-    config = _cli_config()
+    assert train_losses(run) == expected  # bit-identical, one line per step
+    params, step = final_params(run, config)
+    assert step == 12
     ref_params, _ = final_params(ref, config)
-    for workdir in (killed, termed):
-        params, step = final_params(workdir, config)
-        assert step == 12
-        jax.tree.map(np.testing.assert_array_equal, params, ref_params)
-
-
-def _cli_config():
-    """The model and optimizer of ARGS, to read its checkpoints back."""
-    return tiny_config(**{"model.width": 0.0625, "model.batch_norm": True,
-                          "data.name": "shapes10", "data.num_train": 256})  # fmt: skip
+    jax.tree.map(np.testing.assert_array_equal, params, ref_params)
 
 
 def cross_config(mesh_shape, steps=4):
@@ -110,21 +89,27 @@ def cross_config(mesh_shape, steps=4):
                           "pipeline.num_microbatches": 2})  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def one_device():
+    """cross_config's 4 steps on one device: losses and final state."""
+    return run_steps(cross_config((1, 1, 1)), 1, 4)
+
+
 @pytest.mark.parametrize(
     "before,after,devices_after",
     [((8, 1, 1), (1, 4, 2), 8), ((2, 2, 2), (1, 1, 1), 1), ((1, 8, 1), (4, 1, 2), 8)],
 )
-def test_restore_across_meshes(tmp_path, before, after, devices_after):
-    ref = trainer.train_and_evaluate(cross_config(before), str(tmp_path / "ref"))
-    assert ref["steps"] == 4
-    ref_losses = train_losses(tmp_path / "ref")
-    moved = tmp_path / "moved"
-    trainer.train_and_evaluate(cross_config(before), str(moved))
-    shutil.rmtree(moved / "checkpoints" / "4")  # as if stopped after step 2
-    trainer.train_and_evaluate(cross_config(after), str(moved), jax.devices()[:devices_after])
+def test_restore_across_meshes(tmp_path, capsys, one_device, before, after, devices_after):
+    """Steps 1-2 on one mesh, 3-4 from its checkpoint on another: the 4 steps of one device."""
+    ref_losses, ref_state = one_device
+    moved = str(tmp_path / "moved")
+    trainer.train_and_evaluate(cross_config(before, steps=2), moved)
+    result = trainer.train_and_evaluate(cross_config(after), moved, jax.devices()[:devices_after])
+    assert "resumed from the checkpoint of step 2" in capsys.readouterr().out
     losses = train_losses(moved)
     assert len(losses) == 4
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert max_rel_error(result["state"].params, ref_state.params) < 1e-5
 
 
 def test_corrupt_newest_checkpoint_falls_back(tmp_path, caplog):

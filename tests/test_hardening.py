@@ -1,7 +1,7 @@
 """What a new user's tries exposed: bounded dispatch on CPU, explicit cut points, divergence,
 Ctrl-C, silent misconfiguration, and one-line errors. Mostly through the command line."""
 
-import json
+import io
 import os
 import re
 import signal
@@ -16,24 +16,30 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxpar import optim, trainer, watchdog, workdir
-from tests.test_train_cli import ROOT, TINY, run_cli
-from tests.util import max_rel_error, reference_run, run_steps, tiny_config
+from jaxpar import configfile, explain, metrics, optim, trainer, watchdog, workdir
+from jaxpar.config import ConfigError
+from tests.util import (
+    ROOT,
+    SHORT_RUN,
+    cli_env,
+    max_rel_error,
+    one_error_line,
+    records,
+    reference_run,
+    run_cli,
+    run_steps,
+    start_cli,
+    tiny_config,
+    wait_for_step,
+)
 
-ENV = {**os.environ, "PYTHONPATH": ROOT}
 DATA = ["--config", "configs/vgg19_data.py"]
 
 
-def one_error_line(proc, status: int = 2) -> str:
-    """The run failed with `status` and printed exactly one line on stderr, no traceback."""
-    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
-    return lines[0]
-
-
-def records(path) -> list[dict]:
-    return [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+def short_run_config(path="configs/vgg19_data.py", *args):
+    """The config `python -m jaxpar.train --config PATH *SHORT_RUN *ARGS` runs."""
+    overrides, _ = configfile.split_overrides([*SHORT_RUN, *args])
+    return configfile.override(configfile.load(path), overrides)
 
 
 # -- 1. bounded work in flight ------------------------------------------------------------
@@ -58,7 +64,7 @@ def test_many_queued_collectives_do_not_abort():
     )
     proc = subprocess.run(
         [sys.executable, "-c", script],
-        env=ENV,
+        env=cli_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -82,18 +88,20 @@ def cpu_load():
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2)])
-def test_ten_thousand_image_evaluation_under_load(mesh_shape, cpu_load):
-    config = tiny_config(mesh_shape=mesh_shape, **{"data.num_eval": 10_000})
+def test_a_long_evaluation_under_load_stays_bounded(mesh_shape, cpu_load):
+    """64 eval batches back to back on a loaded machine: far more computations than XLA's 32
+    per device can queue, held back by the dispatch window, every one counted."""
+    config = tiny_config(mesh_shape=mesh_shape, **{"data.num_eval": 4_096})
     config.eval_batch_size = 64
     config.pipeline.schedule, config.pipeline.num_microbatches = "1f1b", 2
     s = trainer.setup(config)
     state = s.strategy.init_state(jax.random.key(0))
     result = trainer.evaluate(s, state)
-    assert result["count"] == 10_000
+    assert result["count"] == 4_096
     assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
     assert s.strategy.inflight.waits > 100  # the window held the dispatch back
-    if mesh_shape == (8, 1, 1):  # every computation was counted: 157 evals and 156 sums
-        assert s.strategy.inflight.position == 157 + 156
+    if mesh_shape == (8, 1, 1):  # every computation was counted: 64 evals and 63 sums
+        assert s.strategy.inflight.position == 64 + 63
 
 
 def test_pipeline_with_many_microbatches_is_bounded_and_exact():
@@ -111,19 +119,25 @@ def test_pipeline_with_many_microbatches_is_bounded_and_exact():
 
 
 def test_cut_points_on_the_command_line(tmp_path):
-    args = [*DATA, *TINY, "--config.num_train_steps=1", "--config.mesh_shape=(4,2,1)"]
-    proc = run_cli(*args, "--config.pipeline.split=(3,)", "--workdir", str(tmp_path / "ok"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "split (3,) (0, 3, 9)" in proc.stdout
-    assert records(tmp_path / "ok")[-1]["stage_bounds"] == [0, 3, 9]
+    """Cut points as the command line gives them (text): the stages a run gets, and every
+    mistake refused with what is wrong, in one line (checked here where the run is set up);
+    then one mistake through the command line, to show that the line reaches the user."""
+    mesh = "--config.mesh_shape=(4,2,1)"
+    config = short_run_config("configs/vgg19_data.py", mesh, "--config.pipeline.split=(3,)")
+    assert trainer.setup(config).strategy.bounds == (0, 3, 9)  # vgg11: 9 layers
     for split, message in [
         ("(0,4)", "needs 1 cut point for 2 stages"),
         ("(40,)", "must increase strictly within 1..8"),
         ("(2,4,6)", "got 3: (2, 4, 6)"),
         ("fast", "unknown pipeline.split 'fast'"),
     ]:
-        proc = run_cli(*args, f"--config.pipeline.split={split}", "--workdir", str(tmp_path))
-        assert message in one_error_line(proc), split
+        config = short_run_config("configs/vgg19_data.py", mesh, f"--config.pipeline.split={split}")
+        with pytest.raises(ConfigError) as refused:
+            trainer.setup(config)
+        assert message in str(refused.value) and "\n" not in str(refused.value), split
+    proc = run_cli(*DATA, *SHORT_RUN, mesh, "--config.pipeline.split=(0,4)",
+                   "--workdir", str(tmp_path))  # fmt: skip
+    assert "needs 1 cut point for 2 stages" in one_error_line(proc)
 
 
 def test_cut_points_in_a_config_file(tmp_path):
@@ -135,10 +149,12 @@ def test_cut_points_in_a_config_file(tmp_path):
         "    config.pipeline.split = (2, 4, 6)\n"
         "    return config\n"
     )
-    proc = run_cli("--config", str(path), *TINY, "--config.num_train_steps=1",
-                   "--config.pipeline.num_microbatches=2", "--workdir", str(tmp_path / "run"))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "split (2, 4, 6) (0, 2, 4, 6, 9)" in proc.stdout
+    config = short_run_config(str(path), "--config.pipeline.num_microbatches=2")
+    assert trainer.setup(config).strategy.bounds == (0, 2, 4, 6, 9)
+    # The file's cut points reach a run of it: with 2 stages instead of 4, they are refused.
+    args = ["--config.mesh_shape=(4,2,1)", "--config.pipeline.num_microbatches=2"]
+    proc = run_cli("--config", str(path), *SHORT_RUN, *args, "--workdir", str(tmp_path / "run"))
+    assert "got 3: (2, 4, 6)" in one_error_line(proc)
 
 
 # -- 3. divergence ----------------------------------------------------------------------------
@@ -146,7 +162,7 @@ def test_cut_points_in_a_config_file(tmp_path):
 
 def test_nan_stops_with_one_line_and_saves_only_finite_states(tmp_path):
     run = tmp_path / "nan"
-    proc = run_cli(*DATA, *TINY, "--config.num_train_steps=30", "--config.learning_rate=1e6",
+    proc = run_cli(*DATA, *SHORT_RUN, "--config.num_train_steps=30", "--config.learning_rate=1e6",
                    "--config.lr_schedule=constant", "--config.warmup_steps=0",
                    "--config.checkpoint_every_steps=1", "--workdir", str(run))  # fmt: skip
     line = one_error_line(proc, status=1)
@@ -166,30 +182,20 @@ def test_nan_stops_with_one_line_and_saves_only_finite_states(tmp_path):
 def _start(run, steps=400):
     args = [
         *DATA,
-        *TINY,
+        *SHORT_RUN,
         f"--config.num_train_steps={steps}",
         "--config.log_every_steps=1",
         "--config.checkpoint_every_steps=5",
         "--config.eval_every_steps=0",
         "--config.schedule_steps=400",
     ]  # fmt: skip  (a shorter rerun keeps the schedule)
-    return subprocess.Popen(
-        [sys.executable, "-u", "-m", "jaxpar.train", *args, "--workdir", str(run)],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-
-
-def _wait_for_step(proc, step: int) -> None:
-    for line in proc.stdout:
-        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= step:
-            return
-    raise AssertionError("the run ended early: " + proc.stderr.read()[-2000:])
+    return start_cli(*args, "--workdir", str(run), stderr=subprocess.PIPE)
 
 
 def test_ctrl_c_saves_and_resumes(tmp_path):
     run = tmp_path / "run"
     proc = _start(run)
-    _wait_for_step(proc, 7)
+    wait_for_step(proc, 7)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
@@ -204,7 +210,7 @@ def test_ctrl_c_saves_and_resumes(tmp_path):
 
 def test_second_ctrl_c_aborts_at_once(tmp_path):
     proc = _start(tmp_path / "run")
-    _wait_for_step(proc, 3)
+    wait_for_step(proc, 3)
     proc.send_signal(signal.SIGINT)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
@@ -232,12 +238,9 @@ def test_the_hang_limit_follows_the_step_time():
 def test_a_hung_run_ends_with_its_stacks_and_one_line(tmp_path):
     """A test-only hook makes the run sleep inside step 3: after hang_timeout_s without a
     step, the stacks of its threads and one line, exit 1."""
-    proc = subprocess.run(
-        [sys.executable, "-u", "-m", "jaxpar.train", *DATA, *TINY, "--config.num_train_steps=9",
-         "--config.hang_timeout_s=4", "--config.log_every_steps=1", "--workdir", str(tmp_path)],
-        cwd=ROOT, env={**ENV, "JAXPAR_TEST_HANG": "0:3"}, capture_output=True, text=True,
-        timeout=300, check=False,
-    )  # fmt: skip
+    proc = run_cli(*DATA, *SHORT_RUN, "--config.num_train_steps=9", "--config.hang_timeout_s=4",
+                   "--config.log_every_steps=1", "--workdir", str(tmp_path),
+                   env={"JAXPAR_TEST_HANG": "0:3"}, timeout=300)  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     # After 4 s, or 20x the median step time if a loaded machine made that longer.
@@ -250,13 +253,10 @@ def test_a_hung_run_ends_with_its_stacks_and_one_line(tmp_path):
 def test_second_ctrl_c_stops_a_hung_run_at_once(tmp_path):
     """The main thread sleeps inside step 3 and never returns to the loop; the first Ctrl-C
     asks for a save, the second stops the run at once all the same."""
-    env = {**ENV, "JAXPAR_TEST_HANG": "0:3"}
-    args = [*DATA, *TINY, "--config.num_train_steps=9", "--config.log_every_steps=1"]
-    proc = subprocess.Popen(
-        [sys.executable, "-u", "-m", "jaxpar.train", *args, "--workdir", str(tmp_path)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    _wait_for_step(proc, 2)
+    args = [*DATA, *SHORT_RUN, "--config.num_train_steps=9", "--config.log_every_steps=1"]
+    proc = start_cli(*args, "--workdir", str(tmp_path), env={"JAXPAR_TEST_HANG": "0:3"},
+                     stderr=subprocess.PIPE)  # fmt: skip
+    wait_for_step(proc, 2)
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
     time.sleep(1)
@@ -296,29 +296,40 @@ def test_weight_decay(name, expected):
 
 def test_a_workdir_in_use_is_refused(tmp_path):
     with workdir.Lock(str(tmp_path)):
-        proc = run_cli(*DATA, *TINY, "--workdir", str(tmp_path))
+        proc = run_cli(*DATA, *SHORT_RUN, "--workdir", str(tmp_path))
     assert "another run (pid" in one_error_line(proc, status=1)
 
 
-def test_rerun_without_checkpoints_keeps_earlier_metrics(tmp_path):
-    args = [*DATA, *TINY, "--config.num_train_steps=2", "--config.checkpoint_every_steps=0",
-            "--config.eval_every_steps=0", "--workdir", str(tmp_path)]  # fmt: skip
-    assert run_cli(*args).returncode == 0
+def test_rerun_without_checkpoints_keeps_earlier_metrics(tmp_path, capsys):
+    """A rerun in a workdir whose run left no checkpoint starts again, keeping that run's
+    metrics in metrics.1.jsonl, and says so (trainer.train_and_evaluate, in this process, as
+    jaxpar.train calls it)."""
+    args = ["--config.checkpoint_every_steps=0", "--config.eval_every_steps=0"]
+    config = short_run_config("configs/vgg19_data.py", "--config.num_train_steps=2", *args)
+    trainer.train_and_evaluate(config, str(tmp_path))
     first = (tmp_path / "metrics.jsonl").read_text()
-    proc = run_cli(*args)
-    assert proc.returncode == 0 and "metrics.1.jsonl" in proc.stdout
+    capsys.readouterr()
+    trainer.train_and_evaluate(config, str(tmp_path))
+    assert "metrics.1.jsonl" in capsys.readouterr().out
     assert (tmp_path / "metrics.1.jsonl").read_text() == first
     assert records(tmp_path)[-1]["split"] == "summary"
 
 
-def test_a_finished_run_says_so_and_changes_nothing(tmp_path):
-    args = [*DATA, *TINY, "--config.num_train_steps=2", "--workdir", str(tmp_path)]
-    assert run_cli(*args).returncode == 0
+def test_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    """A rerun of a finished run says so and trains nothing; --eval_only evaluates its last
+    checkpoint as the run did; neither writes metrics (trainer.train_and_evaluate, in this
+    process, as jaxpar.train calls it)."""
+    config = short_run_config("configs/vgg19_data.py", "--config.num_train_steps=2")
+    trainer.train_and_evaluate(config, str(tmp_path))
     before = (tmp_path / "metrics.jsonl").read_text()
-    proc = run_cli(*args)
-    assert proc.returncode == 0 and "is finished" in proc.stdout and "nan" not in proc.stdout
-    proc = run_cli(*args, "--eval_only")
-    assert proc.returncode == 0 and "eval of the checkpoint of step 2" in proc.stdout
+    capsys.readouterr()
+    assert trainer.train_and_evaluate(config, str(tmp_path))["finished"]
+    out = capsys.readouterr().out
+    assert "is finished" in out and "nan" not in out
+    result = trainer.train_and_evaluate(config, str(tmp_path), eval_only=True)
+    assert "eval of the checkpoint of step 2" in capsys.readouterr().out
+    summary = records(tmp_path, "summary")[-1]  # the run's own evaluation of that state
+    assert result["step"] == 2 and result["eval_loss"] == pytest.approx(summary["eval_loss"])
     assert (tmp_path / "metrics.jsonl").read_text() == before
 
 
@@ -335,7 +346,7 @@ def test_one_line_errors(tmp_path):
         (["--workdir", str(tmp_path / "file" / "sub")], "is a file, not a directory"),
     ]  # fmt: skip
     for args, message in cases:
-        proc = run_cli(*DATA, *TINY, *args)
+        proc = run_cli(*DATA, *SHORT_RUN, *args)
         status = 1 if "--workdir" in args else 2
         assert message in one_error_line(proc, status), args
     proc = run_cli("--config", "configs/nope.py")
@@ -343,11 +354,8 @@ def test_one_line_errors(tmp_path):
 
 
 def test_device_count_error_names_xla_flags(tmp_path):
-    env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "jaxpar.train", "--config", f"{ROOT}/configs/vgg19_hybrid.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    proc = run_cli("--config", f"{ROOT}/configs/vgg19_hybrid.py", cwd=tmp_path, env=env)
     assert "XLA_FLAGS already sets 4 simulated devices" in one_error_line(proc)
 
 
@@ -362,7 +370,7 @@ def test_read_only_workdir_is_one_line(tmp_path):
     if not _immutable(ro, True):
         pytest.skip("chattr +i is not supported here (root ignores permissions)")
     try:
-        proc = run_cli(*DATA, *TINY, "--workdir", str(ro))
+        proc = run_cli(*DATA, *SHORT_RUN, "--workdir", str(ro))
     finally:
         _immutable(ro, False)
     assert "is not writable" in one_error_line(proc, status=1)
@@ -371,7 +379,7 @@ def test_read_only_workdir_is_one_line(tmp_path):
 def test_workdir_unwritable_mid_run_is_one_line(tmp_path):
     run = tmp_path / "run"
     proc = _start(run)
-    _wait_for_step(proc, 6)  # the checkpoint of step 5 is on its way
+    wait_for_step(proc, 6)  # the checkpoint of step 5 is on its way
     if not _immutable(run / "checkpoints", True):
         proc.kill()
         pytest.skip("chattr +i is not supported here")
@@ -388,14 +396,33 @@ def test_workdir_unwritable_mid_run_is_one_line(tmp_path):
 
 
 def test_pmap_explain_reports_working_memory():
-    proc = run_cli(*DATA, *TINY, "--config.sync.impl=pmap", "--explain")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    line = next(x for x in proc.stdout.splitlines() if "activations, working" in x)
-    assert float(line.split()[2]) > 0
+    """`--explain` of a pmap run reads its compiled step like any other strategy's: on every
+    device the whole model's parameters and momentum (pmap replicates them), and as working
+    memory the compiled step's temporaries (XLA's memory analysis of the pmap program)."""
+    config = short_run_config("configs/vgg19_data.py", "--config.sync.impl=pmap")
+    text = explain.explain(config)
+    s = trainer.setup(config)
+    (program,) = s.strategy.programs(s.strategy.batch_shapes(config.global_batch_size))
+    temp = program.compiled.memory_analysis().temp_size_in_bytes
+
+    def mib(label: str) -> float:
+        line = next(x for x in text.splitlines() if x.strip().startswith(label))
+        return float(re.search(r"([\d,.]+) MiB", line).group(1).replace(",", ""))
+
+    params = s.model.num_params * 4  # float32
+    assert mib("parameters") == pytest.approx(params / 2**20, abs=0.005)
+    assert mib("optimizer state") == pytest.approx(params / 2**20, abs=0.005)  # SGD momentum
+    assert temp > 2**16 and mib("activations, working") == pytest.approx(temp / 2**20, abs=0.005)
 
 
 def test_progress_numbers_are_readable():
-    from jaxpar.metrics import _fmt
-
-    assert _fmt(24.4672) == "24.5" and _fmt(2.30312) == "2.3031" and _fmt(0.05) == "0.0500"
-    assert _fmt(1e-5) == "1e-05" and _fmt(1234.5) == "1,234.5" and _fmt(3) == "3"
+    """The progress line shows each number readably: integers as they are, large values with
+    one decimal and thousands separators, others with 4 decimals, tiny ones in 3 significant
+    digits; text (a formatted rate) as given."""
+    stream = io.StringIO()
+    progress = metrics.Progress(400, stream=stream)
+    line = progress.update(12, loss=2.30312, big=24.4672, rate=1234.5, small=0.05, tiny=1e-5,
+                           count=3, lr="5.00e-02")  # fmt: skip
+    assert stream.getvalue() == line + "\n"
+    assert line.startswith("step  12/400  loss 2.3031  big 24.5  rate 1,234.5  small 0.0500")
+    assert "  tiny 1e-05  count 3  lr 5.00e-02  ETA " in line

@@ -118,11 +118,39 @@ def test_overlap_hides_at_most_the_backward():
     assert full["comm_s"] == pytest.approx(none["comm_s"] - backward)
 
 
+# What each shipped profile says, worked out by hand from its file. "allreduce": seconds to
+# all-reduce 1 GB over all its devices, 2(n-1)/n x 1 GB / bandwidth + 2(n-1) x latency in one
+# node; over two nodes of 8 H100s, reduce-scatter (7 x 1/8 GB) and all-gather (7/8 GB) at 360
+# GB/s in the node, 7 x 5 us each, and a 2-node all-reduce of 1/8 GB at 45 GB/s + 2 x 10 us.
+# The other keys: costs the file sets, or fitted ones as its docstring reports them (2 or 3
+# significant digits).
+PROFILE_FIGURES = {
+    "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.497,
+                  "kernel_s": 7.8e-6},
+    "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
+    "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.33,
+                     "conv3x3_efficiency": 1.24},
+    "h100_sxm_2nodes_ib": {"allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
+                           "compute_efficiency": 0.26, "launch_s": 6.6e-6},
+    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.26,
+                    "launch_s": 6.6e-6},
+    "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
+    "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
 def test_profiles_load(path):
+    """Every shipped profile loads (fitting or calibrating where it says so) to the figures
+    its file gives."""
     p = load_profile(path)
-    assert p.num_devices >= 1 and p.memory_bytes > 0 and p.compute_efficiency > 0
-    assert p.intra.bandwidth > 0 and p.inter.bandwidth > 0 and 0 <= p.overlap <= 1
+    expected = dict(PROFILE_FIGURES[path.stem])
+    everyone = list(range(p.num_devices))
+    allreduce = hardware.collective_time("all-reduce", 1 * GB, everyone, p)
+    assert allreduce == pytest.approx(expected.pop("allreduce"), rel=1e-9)
+    for name, value in expected.items():  # to the digits the file gives
+        assert getattr(p, name) == pytest.approx(value, rel=0.01), name
+    assert 0 < p.compute_efficiency < 2 and 0 <= p.overlap <= 1
 
 
 def test_dgx1_calibration_reproduces_the_one_gpu_figure():
@@ -367,3 +395,17 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     assert [r["batch_size"] for r in calibrate.runs_from(str(path))] == [8, 64, 16]
     with pytest.raises(ConfigError, match="no bench results"):
         calibrate.runs_from(str(tmp_path))
+
+
+def test_predict_help_is_whole_and_names_config_overrides(capsys):
+    from jaxpar.predict import __main__ as predict_main
+
+    with pytest.raises(SystemExit) as info:
+        predict_main.main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "[--config.KEY=VALUE ...]" in out.splitlines()[0]
+    # every paragraph of the module's description, not its first line cut off
+    assert "memory per device against the profile's capacity; then prints" in out
+    assert "`--config.KEY=VALUE` applies to every row." in out
+    assert "--config.global_batch_size=256" in out and "configs/base.py" in out

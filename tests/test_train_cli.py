@@ -1,42 +1,26 @@
 """The command line end to end: the metrics contract, and one-line errors."""
 
+import io
 import json
 import os
-import subprocess
-import sys
+import re
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = [
-    "--config.num_train_steps=6",
-    "--config.model.name=vgg11",
-    "--config.model.width=0.0625",
-    "--config.global_batch_size=16",
-    "--config.log_every_steps=2",
-    "--config.eval_every_steps=3",
-    "--config.warmup_steps=1",
-    "--config.data.num_train=256",
-    "--config.data.num_eval=40",
-]
-
-
-def run_cli(*args, cwd=ROOT):
-    return subprocess.run(
-        [sys.executable, "-m", "jaxpar.train", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        env={**os.environ, "PYTHONPATH": ROOT},
-    )
+from tests.util import ROOT, SHORT_RUN, run_cli
 
 
 def test_cli_run_writes_the_metrics_contract(tmp_path):
-    workdir = tmp_path / "run"
-    proc = run_cli("--config", "configs/vgg19_data.py", "--workdir", str(workdir), *TINY)
+    """A run of a shipped config without --workdir (from another directory): it says where it
+    writes (runs/<config>-<time>, in the current directory), and writes there the metrics
+    every run writes."""
+    proc = run_cli("--config", os.path.join(ROOT, "configs/vgg19_data.py"), *SHORT_RUN,
+                   cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = re.search(r"^workdir: (runs/vgg19_data-\S+)", proc.stdout, re.MULTILINE)
+    assert printed, proc.stdout[:2000]
+    workdir = tmp_path / printed.group(1)
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [workdir.name]
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]
     evals = [r for r in records if r["split"] == "eval"]
@@ -55,42 +39,6 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
     assert s["final_loss"] == pytest.approx(train[-1]["loss"])
     assert list((workdir / "tensorboard").iterdir())  # TensorBoard event files exist
     assert "ETA" in proc.stdout and "images/sec" in proc.stdout
-
-
-def test_cli_hybrid_pipeline_run_reports_the_bubble(tmp_path):
-    """The main job's config ((2, 2, 2): data x stage x tensor, 1F1B) end to end, shrunk."""
-    workdir = tmp_path / "hybrid"
-    args = [a for a in TINY if "width" not in a] + ["--config.model.width=0.125"]
-    proc = run_cli("--config", "configs/vgg19_hybrid.py", "--workdir", str(workdir), *args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    s = records[-1]
-    assert s["split"] == "summary" and s["strategy"] == "pipeline"
-    assert s["mesh_shape"] == [2, 2, 2] and s["pipeline_schedule"] == "1f1b"
-    assert s["analytic_bubble"] == pytest.approx(1 / (4 + 1))
-    assert 0 < s["measured_bubble"] < 1
-    assert s["bytes_between_stages_per_step"] > 0
-    assert len(s["memory_per_device_bytes"]) == 2 and min(s["memory_per_device_bytes"]) > 0
-    assert [r["step"] for r in records if r["split"] == "eval"] == [3, 6]
-    assert "stage layers" in proc.stdout  # the per-stage table
-
-
-def test_cli_default_workdir_is_printed(tmp_path):
-    proc = run_cli(
-        "--config",
-        os.path.join(ROOT, "configs/vgg19_data.py"),
-        *TINY[:1],
-        "--config.num_train_steps=1",
-        "--config.model.name=lenet",
-        "--config.data.name=synthetic",
-        "--config.data.image_shape=(28,28,1)",
-        "--config.global_batch_size=8",
-        "--config.data.num_eval=8",
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "workdir: runs/vgg19_data-" in proc.stdout
-    assert list((tmp_path / "runs").iterdir())
 
 
 @pytest.mark.parametrize(
@@ -113,3 +61,32 @@ def test_cli_misspelt_key_fails_at_once(tmp_path):
     proc = run_cli("--config", "configs/vgg19_data.py", "--config.global_batchsize=8")
     assert proc.returncode != 0
     assert "global_batchsize" in proc.stderr
+
+
+def test_numbers_print_in_one_format_each():
+    """Durations, learning rates and meshes read the same wherever they print; a summary read
+    back from metrics.jsonl (a finished run's) shows its mesh as configs write it."""
+    from jaxpar import metrics, units
+
+    assert [units.seconds(t) for t in (6.0299, 0.5843, 0.00095, 5.2e-05, 0.9997, 1234.5)] == [
+        "6.03 s", "584 ms", "950 us", "52.0 us", "1.00 s", "1,234 s"
+    ]  # fmt: skip
+    assert [units.rate(x) for x in (0.05, 0.00095, 5.2e-05)] == [
+        "5.00e-02", "9.50e-04", "5.20e-05"
+    ]  # fmt: skip
+    summary = json.loads(json.dumps(metrics.summary(
+        strategy="data", mesh_shape=(8, 1, 1), partitioning="data parallel over 8", steps=4,
+        global_batch_size=16, step_times=[0.5, 0.25], warmup=0, compile_time_s=6.0299,
+        wall_time_s=9.5, train={"loss": 2.3}, evaluation={}, num_params=10,
+        flops_per_example=1.0, report={}, made=[(0.00095, 0.0001)] * 2, waited=[5.2e-05] * 2,
+    )))  # fmt: skip
+    rows = dict(line.rsplit("  ", 1) for line in metrics.summary_table(summary).splitlines()
+                if "  " in line and not line.startswith("-"))  # fmt: skip
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["mesh (data, stage, tensor)"] == "(8, 1, 1)"
+    assert rows["partitioning"] == "data parallel over 8"
+    assert rows["compile time"] == "6.03 s" and rows["step time, median"] == "375 ms"
+    assert rows["wait for data / step, mean"] == "52.0 us"
+    assert rows["host batch time, median"] == "1.05 ms"
+    line = metrics.Progress(4, stream=io.StringIO()).update(2, loss=2.3, lr=units.rate(5e-4))
+    assert "lr 5.00e-04" in line

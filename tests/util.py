@@ -1,8 +1,16 @@
-"""Shared test helpers: tiny configs and a driver that runs real training steps."""
+"""Shared test helpers: tiny configs, a driver that runs real training steps, and the command
+line run in subprocesses (one process, or several joined as a cluster)."""
 
 from __future__ import annotations
 
 import functools
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -123,3 +131,157 @@ def max_rel_error(got, ref, floor: float = 1e-3) -> float:
         ref,
     )
     return max(jax.tree.leaves(errors), default=0.0)
+
+
+def run_and_evaluate(config, num_devices: int, steps: int, evaluate_at=()):
+    """`run_steps`, and the whole eval split evaluated (trainer.evaluate) after each step in
+    `evaluate_at`, as a training run evaluates it. Returns (losses per step, canonical final
+    state, [evaluation dict per step in evaluate_at]) on the host."""
+    s = trainer.setup(config, jax.devices()[:num_devices])
+    state = s.strategy.init_state(jax.random.key(config.seed))
+    losses, evaluations = [], []
+    for i in range(steps):
+        batch = s.strategy.put_batch(trainer.local_train_batch(s, i))
+        state, metrics = s.strategy.train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+        if i + 1 in evaluate_at:
+            evaluations.append(trainer.evaluate(s, state))
+    return np.array(losses), jax.device_get(s.strategy.canonical(state)), evaluations
+
+
+# -- the command line, in subprocesses ---------------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# tiny_config() as command-line settings of configs/base.py
+TINY = {
+    "model.name": "vgg11",
+    "model.width": 0.0625,
+    "model.batch_norm": False,
+    "global_batch_size": 16,
+    "learning_rate": 0.05,
+    "warmup_steps": 0,
+    "lr_schedule": "constant",
+    "data.name": "synthetic",
+    "data.num_train": 64,
+    "data.num_eval": 20,
+    "log_every_steps": 1,
+    "eval_every_steps": 0,
+}
+
+
+def flag(key: str, value) -> str:
+    """--config.KEY=VALUE as a user types it (tuples without spaces)."""
+    text = str(tuple(value)).replace(" ", "") if isinstance(value, (tuple, list)) else value
+    return f"--config.{key}={text}"
+
+
+def flags(settings: dict) -> list[str]:
+    return [flag(k, v) for k, v in settings.items()]
+
+
+# A short run of a shipped config on its own data (configs/vgg19_data.py: BatchNorm, shapes10)
+# at a small width: 6 steps, logged every 2, evaluated at steps 3 and 6.
+SHORT_RUN = flags({
+    "num_train_steps": 6, "model.name": "vgg11", "model.width": 0.0625,
+    "global_batch_size": 16, "log_every_steps": 2, "eval_every_steps": 3, "warmup_steps": 1,
+    "data.num_train": 256, "data.num_eval": 40,
+})  # fmt: skip
+
+
+def cli_env(extra: dict | None = None) -> dict:
+    return {**os.environ, "PYTHONPATH": ROOT, **(extra or {})}
+
+
+def run_cli(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """`python -m jaxpar.train ARGS` to its end; output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "jaxpar.train", *args], cwd=cwd, env=cli_env(env),
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def start_cli(*args, env=None, log=None, stderr=subprocess.STDOUT, module="jaxpar.train"):
+    """`python -u -m MODULE ARGS` (jaxpar.train by default) in the background. Its output goes
+    to the file `log` (appended), else to a text pipe; stderr joins stdout unless `stderr`
+    says otherwise (subprocess.PIPE: a pipe of its own)."""
+    out = open(log, "a") if log else subprocess.PIPE
+    return subprocess.Popen(
+        [sys.executable, "-u", "-m", module, *args], cwd=ROOT, env=cli_env(env), stdout=out,
+        stderr=stderr, text=True,
+    )  # fmt: skip
+
+
+def start_processes(workdir, args, env=None, module="jaxpar.train", num=2, devices=4) -> list:
+    """The `num` processes of one run with `devices` simulated CPU devices each, started as a
+    cluster starts them (--coordinator/--num_processes/--process_id over loopback, without
+    launch/local.py's help), with this process's other XLA_FLAGS. Process i writes its output
+    to WORKDIR.proc{i}.log."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
+    xla = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla, **(env or {})}
+    joined = [f"--coordinator=127.0.0.1:{port}", f"--num_processes={num}"]
+    return [start_cli(*args, *joined, f"--process_id={i}", env=env, log=f"{workdir}.proc{i}.log",
+                      module=module) for i in range(num)]  # fmt: skip
+
+
+def wait_all(procs, timeout=300) -> list[int]:
+    """Every process's exit status; all are killed if any is still running at `timeout`."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(deadline - time.monotonic(), 1)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+STEP_LINE = re.compile(r"^(?:\[\d+\] )?step +(\d+)/")
+
+
+def wait_for_step(proc, step: int) -> str:
+    """Read `proc`'s output pipe until a progress line of `step` or later; returns what it
+    read."""
+    read = []
+    for line in proc.stdout:
+        read.append(line)
+        match = STEP_LINE.match(line)
+        if match and int(match.group(1)) >= step:
+            return "".join(read)
+    rest = proc.stderr.read() if proc.stderr else "".join(read)
+    raise AssertionError(f"the run ended before step {step}: {rest[-2000:]}")
+
+
+def wait_in_log(path, pattern: str, procs, timeout=240, after: str = "") -> None:
+    """Poll the file `path` until `pattern` (a regex, multi-line) occurs after the last
+    occurrence of `after`; fails if any of `procs` ends first or at `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = open(path).read()
+        if re.search(pattern, text[text.rfind(after) if after else 0 :], re.MULTILINE):
+            return
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), text[-3000:]
+        time.sleep(0.2)
+
+
+def one_error_line(proc, status: int = 2) -> str:
+    """The run failed with `status` and printed exactly one line on stderr, no traceback."""
+    assert proc.returncode == status, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def records(workdir, split: str | None = None) -> list[dict]:
+    """WORKDIR/metrics.jsonl, of one split if given."""
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [r for r in rows if split is None or r["split"] == split]
+
+
+def train_losses(workdir) -> list[float]:
+    return [r["loss"] for r in records(workdir, "train")]
