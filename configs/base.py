@@ -65,7 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_devices = 0
 
     config.model = ml_collections.ConfigDict()
-    config.model.name = "vgg19"  # vgg11, vgg13, vgg16, vgg19, lenet
+    # vgg11/13/16/19, lenet, resnet20/32/44/56/110, resnet50/152, densenet40/100, alexnet,
+    # inception_v3
+    config.model.name = "vgg19"
     config.model.width = 0.25  # channel multiplier: 1.0 is the published VGG
     config.model.batch_norm = True  # False: no BatchNorm (convs take a bias); AlexNet has none
     config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
@@ -83,7 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.num_eval = 0
 
     config.pipeline = ml_collections.ConfigDict()
-    # naive, gpipe, 1f1b, interleaved or zb-h1 (used when mesh stage > 1)
+    # naive, gpipe, 1f1b, interleaved, zb-h1 or zb-v (used when mesh stage > 1)
     config.pipeline.schedule = "gpipe"
     # 0: chosen by timing the model at each count the batch allows (pipeline/balance.py),
     # kept in the workdir for resumes.

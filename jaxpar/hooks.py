@@ -55,7 +55,7 @@ class Hooks:
 
 
 class StepTimer:
-    """Step times without stalling the device (README "Metrics"): once step s is dispatched,
+    """Step times without stalling the device (docs/config.md, "Metrics"): once step s is dispatched,
     wait for step s-1, beat the watchdog and time it. `off_clock` work is in no step time."""
 
     def __init__(self, watch: watchdog_lib.Watchdog):

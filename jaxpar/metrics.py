@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxpar import units
 
-# The one rule for `input_bound` (README "What the input pipeline costs"): after warm-up the
+# The one rule for `input_bound` (docs/results.md, "What the input pipeline costs"): after warm-up the
 # training loop spent more than this share of its step time waiting for the next batch.
 INPUT_BOUND_WAIT_SHARE = 0.1
 
@@ -105,7 +105,7 @@ def summary(
     made: Sequence[tuple[float, float]] = (),
     waited: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """The run's final {"split": "summary"} record (README "Metrics"): throughput from the
+    """The run's final {"split": "summary"} record (docs/config.md, "Metrics"): throughput from the
     `step_times` after `warmup`, what the input pipeline cost (`made`, `waited`: see
     `input_pipeline`), the last `train` line and `evaluation`, the model's size and work, then
     the strategy's `report` (memory, collectives, pipeline figures)."""

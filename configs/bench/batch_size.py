@@ -87,7 +87,7 @@ def recipe(keys: dict, batch: int, devices: int = DEVICES, num_train: int = NUM_
         "warmup_steps": max(1, round(n * WARMUP_EPOCHS / epochs)) if warmup else 0,
         "log_every_steps": max(1, n // 4),
         # The same step in slices of 16 rows per device: on this CPU a convolution over 512
-        # rows runs at a quarter of the per-image rate of one over 16 (cache), see README.
+        # rows runs at a quarter of the per-image rate of one over 16 (cache), see docs/results.md.
         "grad_accum_steps": max(1, batch // devices // chunk) if chunk else 1,
     }
 

@@ -4,7 +4,7 @@ A cheap model (LeNet at width 0.25) on three loaders, at 1, 2, 4 and 8 data-para
 `synthetic` (a pool of random images: one gather per batch), `shapes10 augmented` (the embedded
 dataset with pad-crop-flip on the host) and `cifar10` from TFDS (records read and PNG-decoded
 per batch). Each row reports its loader's capacity (global batch / host batch time) against
-the images/sec it reached and whether it was input-bound (README "What the input pipeline
+the images/sec it reached and whether it was input-bound (docs/results.md, "What the input pipeline
 costs"). The cifar10 rows need it prepared (`--config.data.data_dir=DIR`); where it is not,
 they are recorded as failed with the one-line reason and the other rows run.
 

@@ -5,7 +5,7 @@ Run:  python -m jaxpar.bench --out bench-out --predict configs/hardware/cpu_2cor
       (the default suite measured here, every row predicted beside its measurement)
 
 Calibrated from single-device measurements only, so that every multi-device row of a sweep is
-a check (README, "This machine: predicted against measured"). Made with
+a check (docs/predict.md, "This machine: predicted against measured"). Made with
 
     python -m jaxpar.bench --out /tmp/bench_q --repeat 2
     python -m jaxpar.predict --calibrate /tmp/bench_q --profile configs/hardware/cpu_2core.py \

@@ -22,9 +22,9 @@ Sources and assumptions:
   matmul (ResNet-50's 1x1 and 7x7, the weight gradients of strided convolutions, the dense
   layers) 0.37x. VGG16 is 99% 3x3 convolutions, ResNet-50 37%: one efficiency number cannot
   price both. Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is
-  not fitted: the profile predicts it (README, "Carrying a calibration across models").
+  not fitted: the profile predicts it (docs/predict.md, "Carrying a calibration across models").
 - overlap = 0: gradient all-reduce after the backward, as jaxpar's own step does. In
-  tf_cnn_benchmarks' replicated mode the all-reduce partly overlaps the backward; the README's
+  tf_cnn_benchmarks' replicated mode the all-reduce partly overlaps the backward; docs/predict.md's
   validation table shows the prediction at overlap 0 and 1, with the published figures between.
 """
 

@@ -19,7 +19,7 @@ Sources and assumptions:
   work and the host's launches (JAX dispatches asynchronously), so a small batch is bound by
   the launches: bfloat16 at batch 128 is slower than float32 because its program has more
   kernels (704 against 630: the casts), not because its convolutions are slower. Fitted:
-  0.26 of peak and 6.6 us per kernel; the four rows come back within 9% (README, "One H100").
+  0.26 of peak and 6.6 us per kernel; the four rows come back within 9% (docs/predict.md, "One H100").
 - Memory-bound kernels are not priced separately here (memory_bandwidth 0): the bytes they
   move are counted from the program XLA compiles for the CPU, which fuses less than XLA's GPU
   compiler, and at 3.35 TB/s they alone would take longer than the measured bfloat16 step at

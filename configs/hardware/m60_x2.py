@@ -24,7 +24,7 @@ Sources and assumptions:
   Every model gets that fraction: small CIFAR models at batch 64-128 reach less of the peak on
   a real GPU, which one efficiency cannot show.
 - overlap = 0 and no fixed per-step cost: what the prediction leaves out (TensorFlow 1.3's
-  per-variable copies to and from the CPU, its CPU-side update) is what the README's table
+  per-variable copies to and from the CPU, its CPU-side update) is what docs/predict.md's table
   shows it missing.
 """
 
