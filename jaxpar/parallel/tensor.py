@@ -82,9 +82,12 @@ def variable_specs(model: SequentialModel, rules: Rules, layers: slice = slice(N
     """{"params": {...}, "batch_stats": {...}} of PartitionSpecs for `layers`' variables."""
     out: dict[str, dict] = {"params": {}, "batch_stats": {}}
     for layer in model.layers[layers]:
-        for coll, tree in layer_specs(layer, rules).items():
-            if tree:
-                out[coll][layer.name] = tree
+        specs = layer_specs(layer, rules)
+        # Like model.init: every layer has a params entry, empty for a layer without
+        # parameters (a pool); batch statistics only where the layer keeps some.
+        out["params"][layer.name] = specs.get("params", {})
+        if specs.get("batch_stats"):
+            out["batch_stats"][layer.name] = specs["batch_stats"]
     return out
 
 

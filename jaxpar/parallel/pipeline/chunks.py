@@ -113,6 +113,7 @@ class ChunkPrograms:
         self.names = [ck.model.layers[i].name for i in self.layer_ids]
         self.inv_m = 1.0 / ck.num_microbatches
         self.residuals: tuple | None = None  # (treedef, kinds), set when fwd_res is traced
+        self.loss_dtype = None  # the last chunk's loss dtype, also set then
         self.programs = self._build()
 
     # -- helpers ------------------------------------------------------------------------
@@ -205,6 +206,7 @@ class ChunkPrograms:
         if self.ck.last:
             loss, pullback, correct = jax.vjp(lambda y: self.loss(y, *target), x, has_aux=True)
             pullbacks.append(pullback)
+            self.loss_dtype = loss.dtype  # the backward's cotangent takes it (float64 runs)
             out = (r.pmean(loss), r.pmean(correct))
         else:
             out = x
@@ -242,7 +244,8 @@ class ChunkPrograms:
         layer's output gradient, and the parameter gradients (dropped by XLA where unused)."""
         pullbacks = self.pullbacks(state, stored)
         if self.ck.last:  # the loss's pullback, with d(step loss)/d(micro-batch loss) = 1/M
-            (cot,) = pullbacks.pop()(self.ck.replicas.varying(jnp.asarray(self.inv_m, jnp.float32)))
+            one = jnp.asarray(self.inv_m, self.loss_dtype)
+            (cot,) = pullbacks.pop()(self.ck.replicas.varying(one))
         grads, outs = {}, []
         for name, pullback in reversed(list(zip(self.names, pullbacks))):
             outs.insert(0, cot)
