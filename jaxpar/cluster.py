@@ -19,6 +19,8 @@ for a loss.
 A preemption notice (SIGTERM) to any one process reaches all of them through JAX's preemption
 sync manager (`multihost_utils.reached_preemption_sync_point`): they agree on one step, save it
 together and exit 0 (see preemption.Preemption).
+
+The JAX internals used here are in jaxpar.jax_internals, checked before joining.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import select
 import sys
 import threading
 import time
+
+from jaxpar import jax_internals
 
 DEFAULT_HEARTBEAT_S = 15  # a lost process is declared after this long without heartbeats
 
@@ -55,18 +59,21 @@ def initialize(
     process_id: int,
     heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_S,
 ) -> None:
-    """Join the job's processes (before any computation); a no-op for a one-process run."""
+    """Join the job's processes (before any computation); a no-op for a one-process run.
+    Raises jax_internals.JaxInternalsError for a JAX whose internals moved."""
     auto = coordinator == "auto" or (coordinator is None and detected_cluster())
     if not auto and num_processes <= 1:
         return
     import jax
 
+    jax_internals.check()
     global _heartbeat_s
     _heartbeat_s = heartbeat_timeout_s
     if not os.environ.get("JAXPAR_DEBUG"):
         _QuietGloo.start()
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.config.update("jax_enable_recoverability", True)  # report lost processes, not abort
+    jax_internals.set_option("jax_cpu_collectives_implementation", "gloo")
+    # report lost processes instead of aborting every process
+    jax_internals.set_option("jax_enable_recoverability", True)
     if auto:
         jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
     else:
@@ -89,13 +96,12 @@ class _Watchdog:
     @classmethod
     def _run(cls) -> None:
         import jax
-        from jax._src import distributed
 
-        client, n = distributed.global_state.client, jax.process_count()
+        coordination, n = jax_internals.Coordination(), jax.process_count()
         everyone = list(range(n))
         while not cls.stopped.wait(1.0):
             try:
-                live = client.get_live_nodes(everyone)
+                live = coordination.live_processes(everyone)
             except Exception:  # noqa: BLE001 - the service, in process 0, is unreachable
                 if not cls.stopped.is_set():
                     lost(
@@ -129,17 +135,16 @@ def finish(timeout_s: int = 600) -> None:
     if not is_multiprocess():
         return
     import jax
-    from jax._src import distributed
 
-    client = distributed.global_state.client
-    client.wait_at_barrier("jaxpar_finish", timeout_s * 1000)
+    coordination = jax_internals.Coordination()
+    coordination.wait_at_barrier("jaxpar_finish", timeout_s)
     _Watchdog.stopped.set()
     if jax.process_index() != 0:
         jax.distributed.shutdown()
         return
     everyone = list(range(jax.process_count()))
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and len(client.get_live_nodes(everyone)) > 1:
+    while time.monotonic() < deadline and len(coordination.live_processes(everyone)) > 1:
         time.sleep(0.1)
 
 
@@ -152,9 +157,9 @@ def is_multiprocess() -> bool:
     """Whether this process has joined a multi-process run."""
     if "jax" not in sys.modules:
         return False
-    from jax._src import distributed
+    import jax
 
-    return distributed.global_state.client is not None
+    return jax.distributed.is_initialized()
 
 
 def settle(error: BaseException) -> None:
@@ -172,15 +177,15 @@ def leave(message: str, status: int) -> None:
     `heartbeat_timeout` + 5 s."""
     if is_multiprocess():
         import jax
-        from jax._src import distributed
 
         if jax.process_index() == 0:
             _Watchdog.stopped.set()  # the others leaving now is expected, not a loss
+            coordination = jax_internals.Coordination()
             everyone = list(range(jax.process_count()))
             deadline = time.monotonic() + _heartbeat_s + 5
             while time.monotonic() < deadline:
                 try:
-                    if len(distributed.global_state.client.get_live_nodes(everyone)) <= 1:
+                    if len(coordination.live_processes(everyone)) <= 1:
                         break
                 except Exception:  # noqa: BLE001 - the service is going: nothing to wait for
                     break

@@ -153,13 +153,13 @@ def _started_count() -> int | None:
     (or JAX has no CPU backend here)."""
     if "jax" not in sys.modules:
         return None
+    from jaxpar import jax_internals  # JAX has no public way to ask without starting them
+
+    if not jax_internals.backends_started():
+        return None
+    import jax
+
     try:
-        from jax._src import xla_bridge  # private, but the only way to ask without starting
-
-        if not xla_bridge.backends_are_initialized():
-            return None
-        import jax
-
         return len(jax.local_devices(backend="cpu"))
-    except (ImportError, AttributeError, RuntimeError):
+    except RuntimeError:  # no CPU backend
         return None

@@ -112,9 +112,14 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("--num_processes > 1 needs --coordinator host:port of process 0")
     if not 0 <= _PROCESS_ID.value < max(_NUM_PROCESSES.value, 1):
         raise app.UsageError(f"--process_id must be in [0, {_NUM_PROCESSES.value})")
-    cluster.initialize(
-        _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
-    )
+    from jaxpar.jax_internals import JaxInternalsError
+
+    try:
+        cluster.initialize(
+            _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
+        )
+    except JaxInternalsError as e:
+        fail(str(e), 1)
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
     from jaxpar.errors import TrainingError

@@ -40,7 +40,6 @@ from jaxpar import cluster
 FACTOR = 20  # a beat interval this many times the recent median counts as a hang
 COMPILE_S = 600  # the least time allowed for work that compiles programs (first step, eval)
 POLL_S = 0.5
-_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"  # set by JAX's preemption sync manager on SIGTERM
 LAUNCHER_ENV = "JAXPAR_LAUNCHER_PID"
 HANG_ENV = "JAXPAR_TEST_HANG"
 
@@ -63,6 +62,7 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._previous_fd: int | None = None
         self._launcher = int(os.environ.get(LAUNCHER_ENV, "0") or 0)
+        self._coordination = None  # jax_internals.Coordination, once multi-process
 
     # -- what the loop calls ------------------------------------------------------------------
 
@@ -171,13 +171,15 @@ class Watchdog:
         process through the coordination service, where it is read here."""
         if self.asked or not cluster.is_multiprocess():
             return
-        from jax._src import distributed
+        if self._coordination is None:
+            from jaxpar import jax_internals
 
-        try:
-            distributed.global_state.client.key_value_try_get(_NOTICE_KEY)
-        except Exception:  # noqa: BLE001 - not set (NOT_FOUND), or the service is gone
-            return
-        self._ask("preemption notice (SIGTERM)")
+            try:
+                self._coordination = jax_internals.Coordination()
+            except RuntimeError:  # shut down meanwhile (cluster.finish)
+                return
+        if self._coordination.preemption_notice():
+            self._ask("preemption notice (SIGTERM)")
 
     def _check_launcher(self) -> None:
         if self._launcher and os.getppid() != self._launcher:
