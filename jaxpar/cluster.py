@@ -20,12 +20,20 @@ A preemption notice (SIGTERM) to any one process reaches all of them through JAX
 sync manager (`multihost_utils.reached_preemption_sync_point`): they agree on one step, save it
 together and exit 0 (see preemption.Preemption).
 
-The JAX internals used here are in jaxpar.jax_internals, checked before joining.
+What listens. Process 0 hosts the coordination service, a gRPC server on the coordinator's
+port, which JAX binds to every interface ([::]:PORT) unless told otherwise: here it binds to
+the coordinator's own address when that is a loopback one, else where
+--coordinator_bind_address says, else JAX's default (`bind_address`). Every process's gloo
+listens on a few ports of its own, on the address its machine's name resolves to; with a
+loopback coordinator, on that address instead. So a run on one machine (launch/local.py, the
+tests) listens on loopback only. The JAX internals used here are in jaxpar.jax_internals,
+checked before joining.
 """
 
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import os
 import re
 import select
@@ -45,6 +53,49 @@ _lock = threading.Lock()
 _heartbeat_s = DEFAULT_HEARTBEAT_S
 
 
+class ClusterError(ValueError):
+    """A coordinator or bind address that cannot work (the message is one line)."""
+
+
+_ADDRESS = re.compile(r"(?:\[(?P<ipv6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:\[\]]+)):(?P<port>\d{1,5})")
+
+
+def split_address(address: str, flag: str) -> tuple[str, int]:
+    """(host, port) of HOST:PORT or [IPV6]:PORT; ClusterError naming `flag` otherwise."""
+    match = _ADDRESS.fullmatch(address)
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise ClusterError(
+            f"{flag} {address!r} is not HOST:PORT with a port in 1..65535 "
+            "(e.g. 10.0.0.1:12345, host0:12345, [::1]:12345)"
+        )
+    return match["ipv6"] or match["host"], int(match["port"])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or IP address) is this machine's loopback: localhost, 127.0.0.0/8
+    or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def bind_address(coordinator: str | None, given: str | None = None) -> str | None:
+    """HOST:PORT where process 0's coordination service listens: `given` (after checking it);
+    else None, JAX's own choice, where JAX_COORDINATOR_BIND_ADDRESS is set (JAX reads it); else
+    the coordinator's own address when it is a loopback one, so that a run on one machine
+    listens on loopback only; else None: JAX's default, every interface ([::]:PORT)."""
+    host = None if coordinator in (None, "auto") else split_address(coordinator, "--coordinator")[0]
+    if given:
+        split_address(given, "--coordinator_bind_address")
+        return given
+    if os.environ.get("JAX_COORDINATOR_BIND_ADDRESS") or host is None:
+        return None
+    return coordinator if is_loopback(host) else None
+
+
 def detected_cluster() -> str | None:
     """The launcher that started this process as one of several, if any."""
     for var, name in _CLUSTER_ENV.items():
@@ -58,12 +109,16 @@ def initialize(
     num_processes: int,
     process_id: int,
     heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_S,
+    bind: str | None = None,
 ) -> None:
     """Join the job's processes (before any computation); a no-op for a one-process run.
-    Raises jax_internals.JaxInternalsError for a JAX whose internals moved."""
+    `bind`: where process 0's coordination service listens (see `bind_address`). Raises
+    ClusterError for an address that cannot work, jax_internals.JaxInternalsError for a JAX
+    whose internals moved."""
     auto = coordinator == "auto" or (coordinator is None and detected_cluster())
     if not auto and num_processes <= 1:
         return
+    listen = bind_address(None if auto else coordinator, bind)
     import jax
 
     jax_internals.check()
@@ -74,11 +129,20 @@ def initialize(
     jax_internals.set_option("jax_cpu_collectives_implementation", "gloo")
     # report lost processes instead of aborting every process
     jax_internals.set_option("jax_enable_recoverability", True)
+    host = None if auto else split_address(coordinator, "--coordinator")[0]
+    if host is not None and is_loopback(host):  # one machine: gloo on loopback too
+        jax_internals.gloo_listen_on(host)
     if auto:
-        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout_s)
+        jax.distributed.initialize(
+            heartbeat_timeout_seconds=heartbeat_timeout_s, coordinator_bind_address=listen
+        )
     else:
         jax.distributed.initialize(
-            coordinator, num_processes, process_id, heartbeat_timeout_seconds=heartbeat_timeout_s
+            coordinator,
+            num_processes,
+            process_id,
+            heartbeat_timeout_seconds=heartbeat_timeout_s,
+            coordinator_bind_address=listen,
         )
     _Watchdog.start()
 

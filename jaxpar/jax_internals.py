@@ -11,6 +11,11 @@ JAX 0.10.2 has no public API for these, so jaxpar reaches into `jax._src`:
   `wait_at_barrier` (cluster.finish) and `key_value_try_get` of the key JAX's preemption sync
   manager sets on a SIGTERM (`RECEIVED_PREEMPTION_NOTICE`, a name in JAX's C++: the watchdog
   reads it so that a run too stuck to reach a step boundary still sees the notice);
+- where gloo listens: JAX 0.10.2 creates gloo's TCP device (`jax._src.lib._jax
+  .make_gloo_tcp_collectives`, called by `jax._src.xla_bridge` when the CPU backend starts)
+  without a host name, so gloo listens on the address this machine's name resolves to, which
+  may face the network; `gloo_listen_on` makes that call pass one (cluster.initialize: the
+  loopback coordinator's host, for a run on one machine);
 - two configuration options of jax.distributed set by name (`jax.config.update`), which a later
   JAX may rename: gloo for CPU collectives, and the recoverable mode in which the coordination
   service reports a lost process instead of aborting every process.
@@ -38,6 +43,7 @@ WRITTEN_FOR = "0.10.2"  # the JAX whose internals this module reads; requirement
 PREEMPTION_NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
 
 _CLIENT = "jax._src.lib._jax.DistributedRuntimeClient"
+_GLOO = "jax._src.lib._jax.make_gloo_tcp_collectives"
 # Every internal used here, with what jaxpar needs it for (named in the error).
 INTERNALS = {
     "jax._src.xla_bridge.backends_are_initialized": "to know whether JAX's backends started",
@@ -45,6 +51,7 @@ INTERNALS = {
     f"{_CLIENT}.get_live_nodes": "to see which processes are alive",
     f"{_CLIENT}.wait_at_barrier": "to wait for every process at the end",
     f"{_CLIENT}.key_value_try_get": "to read the preemption notice",
+    _GLOO: "to choose where gloo listens",
 }
 # jax.config options set by name (cluster.initialize).
 OPTIONS = {
@@ -95,6 +102,8 @@ def check() -> None:
     import jax
 
     missing = {p: why for p, why in INTERNALS.items() if not _resolves(p)}
+    if _GLOO not in missing and not _takes_hostname(resolve(_GLOO)):
+        missing[f"{_GLOO}(hostname=...)"] = INTERNALS[_GLOO]
     missing |= {f"jax.config option {o}": why for o, why in OPTIONS.items()
                 if o not in jax.config.values}  # fmt: skip
     if len(missing) == 1:
@@ -111,6 +120,11 @@ def _resolves(path: str) -> bool:
     return True
 
 
+def _takes_hostname(function: Any) -> bool:
+    """Whether jaxlib's function has a `hostname` argument (its signature is in its doc)."""
+    return "hostname" in (getattr(function, "__doc__", None) or "")
+
+
 def set_option(name: str, value: Any) -> None:
     """jax.config.update(name, value) for an option in OPTIONS, with JaxInternalsError if this
     JAX has no such option."""
@@ -125,6 +139,24 @@ def backends_started() -> bool:
     """Whether JAX's backends have started (the first jax.devices() or computation), without
     starting them."""
     return bool(resolve("jax._src.xla_bridge.backends_are_initialized")())
+
+
+def gloo_listen_on(host: str) -> None:
+    """Make gloo (CPU collectives across processes) listen on `host` (an address of this
+    machine) instead of the address the machine's name resolves to. Before the CPU backend
+    starts; process-wide."""
+    lib, make = resolve("jax._src.lib._jax"), resolve(_GLOO)
+    original = getattr(make, "jaxpar_original", make)
+    if not _takes_hostname(original):
+        raise _moved(f"{_GLOO}(hostname=...)", INTERNALS[_GLOO])
+
+    def make_on_host(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("hostname", host)
+        return original(*args, **kwargs)
+
+    make_on_host.jaxpar_original = original  # type: ignore[attr-defined]
+    make_on_host.jaxpar_host = host  # type: ignore[attr-defined]
+    lib.make_gloo_tcp_collectives = make_on_host
 
 
 class Coordination:

@@ -39,6 +39,15 @@ _COORDINATOR = flags.DEFINE_string(
     "read the cluster from the environment (SLURM's srun and Open MPI's mpirun are detected "
     "without it).",
 )
+_BIND = flags.DEFINE_string(
+    "coordinator_bind_address",
+    None,
+    "Multi-process runs: HOST:PORT where process 0's coordination service listens, normally "
+    "with the coordinator's port (e.g. one interface's address, 10.0.0.1:12345). Default: the "
+    "--coordinator address itself when it is a loopback one (127.0.0.1, localhost, ::1), so a "
+    "run on one machine listens on loopback only; otherwise JAX's default, every interface "
+    "([::]:PORT), or JAX_COORDINATOR_BIND_ADDRESS if set.",
+)
 _HEARTBEAT = flags.DEFINE_integer(
     "heartbeat_timeout",
     15,
@@ -116,8 +125,14 @@ def main(argv: list[str]) -> None:
 
     try:
         cluster.initialize(
-            _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, _HEARTBEAT.value
+            _COORDINATOR.value,
+            _NUM_PROCESSES.value,
+            _PROCESS_ID.value,
+            _HEARTBEAT.value,
+            bind=_BIND.value,
         )
+    except cluster.ClusterError as e:
+        fail(str(e), 2)
     except JaxInternalsError as e:
         fail(str(e), 1)
     from jaxpar import config as config_lib

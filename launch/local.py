@@ -4,7 +4,9 @@ Run:  python launch/local.py --num_processes 2 -- --config configs/vgg19_data.py
 
 Each process gets its own simulated CPU devices (host_device_count / num_processes of them),
 joins the coordinator at 127.0.0.1, and reads only its share of every batch; together they
-form one mesh. Output lines are prefixed with the process index. Ctrl-C or SIGTERM to the
+form one mesh. Everything listens on loopback only: process 0's coordination service is bound
+to 127.0.0.1 (--coordinator_bind_address; JAX's default would be every interface), and gloo's
+sockets are on the coordinator's address. Output lines are prefixed with the process index. Ctrl-C or SIGTERM to the
 launcher is passed on as a preemption notice: every process saves the same step and exits 0
 (a process that cannot reach a step boundary within --config.stop_grace_s says so in one line
 and exits 1). A second Ctrl-C stops every process at once. If a process dies, the others stop
@@ -60,9 +62,20 @@ def _xla_flags(devices: int) -> str:
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
+def worker_commands(num_processes: int, train_args: list[str], port: int) -> list[list[str]]:
+    """The command line of every process: jaxpar.train joined to the coordinator at
+    127.0.0.1:PORT, whose service listens there only (loopback, not the network)."""
+    coordinator = f"127.0.0.1:{port}"
+    joined = [f"--coordinator={coordinator}", f"--coordinator_bind_address={coordinator}"]
+    return [
+        [sys.executable, "-u", "-m", "jaxpar.train", *train_args, *joined,
+         f"--num_processes={num_processes}", f"--process_id={i}"]
+        for i in range(num_processes)
+    ]  # fmt: skip
+
+
 def launch(num_processes: int, devices_per_process: int, train_args: list[str]) -> int:
     """Run the processes to completion; return the first non-zero exit code, else 0."""
-    coordinator = f"127.0.0.1:{free_port()}"
     env = {
         **os.environ,
         "PYTHONPATH": ROOT,
@@ -71,17 +84,7 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
         "JAXPAR_LAUNCHER_PID": str(os.getpid()),  # the workers' check (jaxpar.watchdog)
     }
     procs = []
-    for i in range(num_processes):
-        cmd = [
-            sys.executable,
-            "-u",
-            "-m",
-            "jaxpar.train",
-            *train_args,
-            f"--coordinator={coordinator}",
-            f"--num_processes={num_processes}",
-            f"--process_id={i}",
-        ]
+    for cmd in worker_commands(num_processes, train_args, free_port()):
         # Own session: a terminal's Ctrl-C reaches the launcher only. preexec_fn is safe here:
         # the output threads start after every process has started.
         proc = subprocess.Popen(
