@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import struct
 import sys
 import time
 from collections.abc import Sequence
@@ -146,40 +148,59 @@ def _jsonable(value: Any) -> Any:
 
 class MetricWriter:
     """Appends one JSON object per line to WORKDIR/metrics.jsonl and mirrors scalars to
-    TensorBoard (tensorboardX: event files without TensorFlow). Only process 0 writes. A
-    context manager: closed on the way out."""
+    TensorBoard event files in WORKDIR/tensorboard (`EventFile`). Only process 0 writes.
+
+    The two agree across restarts: a run resumed at `resume_step` drops the lines after it
+    from metrics.jsonl and marks its event file so that TensorBoard drops the events after it
+    (the steps are replayed); a run starting from step 0 moves an earlier run's files aside.
+    Each write is in the operating system's hands when it returns, so a kill loses neither
+    what a checkpoint covers. A context manager: closed on the way out."""
 
     def __init__(self, workdir: str, enabled: bool = True, resume_step: int = 0):
         self.enabled = enabled
-        self._tb = None
+        self._tb: EventFile | None = None
         self._file = None
         self.archived: str | None = None  # where an earlier run's metrics were moved
         if not enabled:
             return
         os.makedirs(workdir, exist_ok=True)
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.tensorboard = os.path.join(workdir, "tensorboard")
         if resume_step == 0:
             self.archived = self._archive()
         else:
             self._keep_until(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
+        purge = resume_step + 1 if resume_step else None  # replayed: their old events go
         try:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb = EventFile(self.tensorboard, purge_step=purge)
         except ImportError:  # TensorBoard files are a convenience; metrics.jsonl is the contract
             self._tb = None
 
     def _archive(self) -> str | None:
-        """A run starting from step 0 where metrics exist (checkpoints were off, or none was
-        saved yet) moves them to metrics.N.jsonl instead of overwriting them."""
-        if not os.path.exists(self.path) or os.path.getsize(self.path) == 0:
+        """A run starting from step 0 where metrics exist (checkpoints were off, none was saved
+        yet, or none read back) moves them to metrics.N.jsonl, and the TensorBoard files to
+        tensorboard.N, instead of overwriting them or mixing its curves with theirs. Returns
+        what was moved where, or None."""
+        jsonl = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        events = os.path.isdir(self.tensorboard) and bool(os.listdir(self.tensorboard))
+        if not (jsonl or events):
             return None
+        folder, name = os.path.split(self.path)
+        stem, ext = os.path.splitext(name)  # only the file's name changes, never a folder's
         n = 1
-        while os.path.exists(target := self.path.replace(".jsonl", f".{n}.jsonl")):
+        while os.path.lexists(os.path.join(folder, f"{stem}.{n}{ext}")) or os.path.lexists(
+            f"{self.tensorboard}.{n}"
+        ):
             n += 1
-        os.replace(self.path, target)
-        return target
+        moved = []
+        if jsonl:
+            os.replace(self.path, target := os.path.join(folder, f"{stem}.{n}{ext}"))
+            moved.append(target)
+        if events:
+            os.rename(self.tensorboard, target := f"{self.tensorboard}.{n}")
+            moved.append(target)
+        return " and ".join(moved)
 
     def _keep_until(self, step: int) -> None:
         """Drop records after `step` (and old summaries): a resumed run replays those steps,
@@ -209,9 +230,14 @@ class MetricWriter:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float, np.number)) and math.isfinite(float(value)):
-                    self._tb.add_scalar(f"{split}/{key}", float(value), step)
+            self._tb.scalars(
+                int(step),
+                {
+                    f"{split}/{key}": float(value)
+                    for key, value in values.items()
+                    if isinstance(value, (int, float, np.number)) and math.isfinite(float(value))
+                },
+            )
 
     def __enter__(self) -> MetricWriter:
         return self
@@ -226,6 +252,98 @@ class MetricWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+class EventFile:
+    """One TensorBoard event file in `logdir`, written as TensorFlow writes them (TFRecord
+    framing, tensorboardX's protocol buffers), synchronously: each `scalars` call is in the
+    operating system's hands when it returns, like a line of metrics.jsonl. (tensorboardX's
+    SummaryWriter queues events for a thread that flushes every two minutes: a killed run lost
+    them.)
+
+    `purge_step`: the run restarts at that step. The file then begins with TensorBoard's
+    restart marker (SessionLog.START at `purge_step`), on which TensorBoard drops every event
+    of the files before it at that step or later: the steps a resumed run replays appear once.
+    `read_scalars` reads the files back the same way."""
+
+    def __init__(self, logdir: str, purge_step: int | None = None):
+        from tensorboardX.proto import event_pb2, summary_pb2  # before any file is made
+        from tensorboardX.record_writer import masked_crc32c
+
+        self._pb, self._crc = (event_pb2, summary_pb2), masked_crc32c
+        os.makedirs(logdir, exist_ok=True)
+        # TensorBoard reads a folder's files in name order: the start time leads the name.
+        base = os.path.join(
+            logdir, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+        )
+        name, n = f"{base}.{os.getpid()}", 1
+        while os.path.lexists(name):  # never overwrite another run's file
+            n += 1
+            name = f"{base}.{os.getpid()}.{n}"
+        self.path = name
+        self._file = open(name, "xb")
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:
+            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+            self._write(event_pb2.Event(wall_time=time.time(), step=purge_step, session_log=start))
+        self._file.flush()
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """One event at `step` holding the scalar `values` (tag -> value)."""
+        if not values:
+            return
+        event_pb2, summary_pb2 = self._pb
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in values.items()]
+        )
+        self._write(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+        self._file.flush()
+
+    def _write(self, event) -> None:
+        """One TFRecord: length, its masked CRC-32C, the serialised event, its masked CRC."""
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        crc = self._crc
+        self._file.write(
+            header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data))
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """The scalars TensorBoard shows from the event files in `logdir`: tag -> [(step, value)]
+    in the order written. Files are read in name order and a restart marker (SessionLog.START
+    at step s) drops the points at step s or later read before it, as TensorBoard does (its
+    `purge_orphaned_data`); a record cut short by a kill, or failing its checksum, ends its
+    file, as it does in TensorBoard."""
+    from tensorboardX.proto import event_pb2
+    from tensorboardX.record_writer import masked_crc32c
+
+    points: dict[str, list[tuple[int, float]]] = {}
+    names = os.listdir(logdir) if os.path.isdir(logdir) else []
+    for name in sorted(n for n in names if ".tfevents." in n):
+        with open(os.path.join(logdir, name), "rb") as f:
+            data = f.read()
+        at = 0
+        while at + 12 <= len(data):
+            header, (header_crc,) = data[at : at + 8], struct.unpack("<I", data[at + 8 : at + 12])
+            (length,) = struct.unpack("<Q", header)
+            body = data[at + 12 : at + 12 + length]
+            tail = data[at + 12 + length : at + 16 + length]
+            if len(tail) < 4 or header_crc != masked_crc32c(header):
+                break
+            if struct.unpack("<I", tail)[0] != masked_crc32c(body):
+                break
+            at += 16 + length
+            event = event_pb2.Event.FromString(body)
+            if event.session_log.status == event_pb2.SessionLog.START:
+                for tag, kept in points.items():
+                    points[tag] = [(s, v) for s, v in kept if s < event.step]
+            for value in event.summary.value:
+                points.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return points
 
 
 class Progress:
@@ -287,6 +405,12 @@ def format_seconds(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+def _by_axis(rows: dict[str, float]) -> str | None:
+    """Collective bytes per device per step by mesh axis: "fsdp 4.79 MiB, data 1.20 MiB"."""
+    shown = [(axis, n) for axis, n in sorted(rows.items(), key=lambda kv: -kv[1]) if n]
+    return ", ".join(f"{axis} {units.mib(n)}" for axis, n in shown) or "none"
+
+
 def summary_table(summary: dict[str, Any]) -> str:
     """A two-column table of the final summary, in a fixed, readable order: durations,
     sizes and meshes in the one format each has everywhere (jaxpar.units)."""
@@ -314,6 +438,10 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("chunk time / micro-batch, predicted", "stage_time_predicted_s", each),
         ("chunk time / micro-batch, measured", "stage_time_measured_s", each),
         (STAGE_TO_STAGE_LABEL, "bytes_between_stages_per_step", units.mib),
+        ("parameters / device", "param_bytes_per_device", units.mib),
+        ("optimizer state / device", "opt_state_bytes_per_device", units.mib),
+        ("activations, working / device", "program_temp_bytes_per_device", units.mib),
+        ("collectives / device / step", "collective_bytes_by_axis", _by_axis),
         ("compile time", "compile_time_s", secs),
         ("wall time", "wall_time_s", secs),
         ("epochs", "epochs", None),
