@@ -11,17 +11,18 @@ from the step, so the step is all the position a run needs.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxpar import oneline
 from jaxpar.errors import ConfigError, TrainingError
 
-log = logging.getLogger("jaxpar")
 _CPU_HANDLER: list = []  # registered once per process
 
 
@@ -52,13 +53,27 @@ class Checkpointer:
     InitialSavePolicy, which saves the first step of every fresh run. `due(force=True)` adds
     the saves jaxpar always makes: after the last step and at a stop.
 
+    A checkpoint that does not read back is moved aside to `unreadable-STEP` in the same folder
+    (`restore`), so that it is never in the way of the saves that follow and never deleted.
+
     As a context manager it closes on the way out, letting a save in progress finish (it is
     a good checkpoint); on an exception a failure to finish is not raised over it."""
 
-    def __init__(self, workdir: str, config, model, every: int, max_to_keep: int):
+    def __init__(
+        self,
+        workdir: str,
+        config,
+        model,
+        every: int,
+        max_to_keep: int,
+        say: Callable | None = None,
+    ):
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.meta = fingerprint(config, model)
         self.restored_meta: dict = {}  # the JSON record of the checkpoint `restore` returned
+        self.saved_step: int | None = None  # the last save this run started
+        # What the user is told (an unreadable checkpoint): print in process 0 by default.
+        self.say = say or (print if jax.process_index() == 0 else lambda *a, **k: None)
         if jax.default_backend() == "cpu" and not _CPU_HANDLER:
             # Replica-parallel saving slices every replicated array across its replicas, which
             # compiles a slice program per shape and stalls the first save for seconds; simulated
@@ -76,7 +91,11 @@ class Checkpointer:
             create=True,
             save_decision_policy=ocp.checkpoint_managers.AnySavePolicy(policies),
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # Handlers named up front, so that a checkpoint's tree can be read before its arrays.
+        handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options, item_handlers=handlers
+        )
         self._closed = False
 
     def due(self, step: int, force: bool = False) -> bool:
@@ -92,7 +111,7 @@ class Checkpointer:
         learning-rate `schedule` it was trained with (optim.schedule_meta)."""
         meta = {**self.meta, "schedule": schedule} if schedule else self.meta
         with _writing(self.directory):
-            self.manager.save(
+            started = self.manager.save(
                 step,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(canonical_state),
@@ -100,6 +119,8 @@ class Checkpointer:
                 ),
                 force=True,
             )
+        if started:
+            self.saved_step = step
 
     def wait(self) -> None:
         """Wait for a save in progress to be complete on disk."""
@@ -110,31 +131,101 @@ class Checkpointer:
         """The newest complete checkpoint's step, or None."""
         return self.manager.latest_step()
 
-    def restore(self, target) -> tuple[Any, int] | None:
-        """The newest checkpoint that reads back whole, as host arrays shaped like `target`;
-        None if there is none. A newer one that fails to read is reported and skipped (never
-        deleted); a checkpoint of another model is a one-line ConfigError."""
+    def restore(self, target, set_aside: bool = True) -> tuple[Any, int] | None:
+        """The newest checkpoint, as host arrays shaped like `target`, and its step; None if
+        there is none.
+
+        A checkpoint of another model, or one whose state has another structure (e.g. written
+        with another synchronisation mode), is a one-line ConfigError, and nothing is moved.
+        A checkpoint that does not read back (corrupt or incomplete files) is said in one line
+        and, with `set_aside`, moved to `unreadable-STEP` in the same folder (kept, never
+        deleted), then the next older one is tried: the unreadable one must not stay the
+        newest, or every save at or below its step would be refused. Without `set_aside`
+        (`--eval_only`, which writes nothing) it is left in place and skipped."""
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                meta = self.manager.restore(
-                    step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())
-                ).meta
-            except Exception as e:  # noqa: BLE001 - any unreadable checkpoint is skipped
-                log.warning("checkpoint %d in %s is unreadable (%s); trying an older one",
-                            step, self.directory, type(e).__name__)  # fmt: skip
+                meta = self._read(step, ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+            except _Unreadable as e:
+                self._unreadable(step, e.__cause__, set_aside)
                 continue
             self._check(meta, step)
             try:
-                restored = self.manager.restore(
-                    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+                self._check_structure(step, target)
+                restored = self._read(
+                    step, ocp.args.Composite(state=ocp.args.StandardRestore(target))
                 ).state
-            except Exception as e:  # noqa: BLE001
-                log.warning("checkpoint %d in %s is corrupt (%s); trying an older one",
-                            step, self.directory, type(e).__name__)  # fmt: skip
+            except _Unreadable as e:
+                self._unreadable(step, e.__cause__, set_aside)
                 continue
             self.restored_meta = dict(meta)
             return jax.tree.map(np.asarray, restored), step
         return None
+
+    def _read(self, step: int, args):
+        """`manager.restore(step, args)`; any failure to read is `_Unreadable`."""
+        try:
+            return self.manager.restore(step, args=args)
+        except Exception as e:  # whatever the files do, they do not read back
+            raise _Unreadable from e
+
+    def _check_structure(self, step: int, target) -> None:
+        """A one-line ConfigError if checkpoint `step` holds a state of another structure or
+        shapes than `target`; `_Unreadable` if its tree cannot be read."""
+        try:
+            tree = self.manager.item_metadata(step)["state"].tree
+        except Exception as e:  # missing or corrupt tree metadata
+            raise _Unreadable from e
+        saved = ocp.tree.to_flat_dict(tree)
+        wanted = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
+        extra, missing = sorted(set(saved) - set(wanted)), sorted(set(wanted) - set(saved))
+        if extra or missing:
+            parts = [f"holds {_entries(extra)}, which this config's state lacks"] if extra else []
+            if missing:
+                parts.append(f"lacks {_entries(missing)}, which this config's state has")
+            raise ConfigError(
+                f"checkpoint {step} in {self.directory} holds another state: it "
+                f"{' and '.join(parts)} (written with another synchronisation mode or "
+                "optimizer?); use another --workdir or the settings it was written with"
+            )
+        for key, value in wanted.items():
+            shape = tuple(getattr(saved[key], "shape", None) or ())
+            if shape != tuple(np.shape(value)):
+                raise ConfigError(
+                    f"checkpoint {step} in {self.directory} holds {'.'.join(map(str, key))} "
+                    f"of shape {shape}, this config's is {tuple(np.shape(value))}; use "
+                    "another --workdir or the settings it was written with"
+                )
+
+    def _unreadable(self, step: int, error: BaseException | None, set_aside: bool) -> None:
+        """Say that checkpoint `step` does not read back and, with `set_aside`, move it to
+        `unreadable-STEP` (process 0 moves it; every process then lists the folder again)."""
+        older = [s for s in self.manager.all_steps() if s < step]
+        then = f"trying the checkpoint of step {max(older)}" if older else "no older checkpoint"
+        _quiet_closed_loops()
+        why = _short(oneline.first_line(error) if error else "", 120)
+        why = f"{type(error).__name__}: {why}" if error else "unknown error"
+        source = os.path.join(self.directory, str(step))
+        if not set_aside:
+            self.say(f"checkpoint {step} in {self.directory} does not read back ({why}); left "
+                     f"in place, {then}")  # fmt: skip
+            return
+        aside = _free_path(os.path.join(self.directory, f"unreadable-{step}"))
+        if jax.process_index() == 0:
+            try:
+                os.rename(source, aside)
+            except OSError as e:
+                raise TrainingError(
+                    f"checkpoint {step} in {self.directory} does not read back ({why}) and "
+                    f"cannot be moved aside to {aside}: {e.strerror or e}. Move {source} out of "
+                    "the way yourself and rerun"
+                ) from None
+            self.say(
+                f"checkpoint {step} does not read back ({why}); moved it aside to {aside} "
+                f"(kept, not deleted), {then if older else then + ', so the run starts anew'}"
+            )
+        if jax.process_count() > 1:
+            ocp.multihost.sync_global_processes(f"jaxpar_checkpoint_{step}_set_aside")
+        self.manager.reload()
 
     def _check(self, meta: dict, step: int) -> None:
         for key, value in self.meta.items():
@@ -178,6 +269,45 @@ def _writing(directory: str):
         ) from None
 
 
-def _short(value: Any) -> str:
+def _quiet_closed_loops() -> None:
+    """Drop the "Event loop is closed" errors a failed read leaves behind: TensorStore still
+    completes the other reads of the checkpoint that failed and calls back into the asyncio
+    loop Orbax has closed, and Python prints each as a traceback (up to hundreds, after the
+    one line that said the checkpoint does not read back). Nothing else is dropped."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_jaxpar_quiet", False):
+        return
+
+    def hook(unraisable) -> None:
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._jaxpar_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+class _Unreadable(Exception):
+    """A checkpoint's files do not read back (the cause says why)."""
+
+
+def _free_path(path: str) -> str:
+    """`path`, or `path.2`, `path.3`, ... : the first that does not exist."""
+    candidate, n = path, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{path}.{n}"
+    return candidate
+
+
+def _entries(keys: list[tuple]) -> str:
+    """State entries by their dotted paths: the first three, then how many more."""
+    names = [".".join(map(str, key)) for key in keys]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return ", ".join(names[:3]) + more
+
+
+def _short(value: Any, limit: int = 40) -> str:
     text = str(value)
-    return text if len(text) < 40 else text[:37] + "..."
+    return text if len(text) < limit else text[: limit - 3] + "..."

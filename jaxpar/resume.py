@@ -2,7 +2,8 @@
 
 A rerun resumes from the newest checkpoint (`initial_state`). It must not change the
 learning rate of the steps behind the user's back (`check_schedule`), and a rerun of a
-finished run leaves it as it is (`finished`).
+finished run, or one asking for fewer steps than the run has done, leaves it as it is
+(`finished`).
 """
 
 from __future__ import annotations
@@ -31,16 +32,28 @@ def initial_state(strategy, config, ckpt, restored, say) -> tuple[Any, int]:
 
 
 def finished(workdir: str, step: int, config, say) -> dict[str, Any]:
-    """A rerun of a finished run: say so, show its summary, change nothing."""
+    """A rerun of a finished run: say so, show its summary, change nothing. A checkpoint past
+    `num_train_steps` (the rerun asks for fewer steps than the run has done) is the same case:
+    a run never goes back to an earlier step, which would mean saving checkpoints below newer
+    ones (Orbax lists steps by number: the newer ones would still be resumed from)."""
     summary = metrics_lib.last_summary(workdir) or {}
     span = optim.schedule_steps(config)
-    say(
-        f"the run in {workdir} is finished: its checkpoint is at step {step} of "
-        f"{config.num_train_steps}; nothing to train. To continue, raise "
-        f"--config.num_train_steps and add --config.schedule_steps={span} to keep its "
-        "learning-rate schedule (the rate stays at its end value) or a larger value to stretch "
-        "it; or add --eval_only to evaluate"
-    )
+    total = config.num_train_steps
+    if step > total:
+        say(
+            f"the run in {workdir} is already past step {total}: its newest checkpoint is at "
+            f"step {step}, and a run never goes back to an earlier step; nothing to train. To "
+            f"continue it, raise --config.num_train_steps above {step}; to train from an "
+            "earlier checkpoint, copy its folder (checkpoints/STEP) into the checkpoints "
+            "folder of a new --workdir; or add --eval_only to evaluate"
+        )
+    else:
+        say(
+            f"the run in {workdir} is finished: its checkpoint is at step {step} of {total}; "
+            "nothing to train. To continue, raise --config.num_train_steps and add "
+            f"--config.schedule_steps={span} to keep its learning-rate schedule (the rate stays "
+            "at its end value) or a larger value to stretch it; or add --eval_only to evaluate"
+        )
     if summary:
         say(metrics_lib.summary_table(summary))
     return {**summary, "finished": True}

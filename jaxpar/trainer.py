@@ -183,7 +183,7 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
             ckpt = checkpoint_lib.Checkpointer(run.workdir, config, s.model, every, keep)
             cleanup.enter_context(ckpt)
             watch.doing("restoring the newest checkpoint", compiling=True)
-            restored = ckpt.restore(s.strategy.host_target())
+            restored = ckpt.restore(s.strategy.host_target(), set_aside=not eval_only)
         if eval_only:
             return _evaluate_only(run, restored)
         if restored is not None and restored[1] >= total:
