@@ -187,7 +187,8 @@ class Checkpoints:
     """Saves when Orbax's policy says so (every `checkpoint_every_steps`, or the step the
     processes agreed to stop at) and always after the last step or at a stop. A state is saved
     only if it is finite: the losses since the last log line and the parameters are checked
-    first."""
+    first. At a stop the save is waited for, so that the line saying it was saved is true
+    (`Checkpointer.saved_step`; preemption.Preemption.stopped_line)."""
 
     def __init__(
         self,
@@ -211,6 +212,8 @@ class Checkpoints:
             if not all_finite((canonical.params, canonical.batch_stats)):
                 raise diverged(step, "the parameters", self.ckpt)
             self.ckpt.save(step, canonical, self.schedule_meta)
+            if info.stopping and not info.final:  # the run ends here: say so once it is on disk
+                self.ckpt.wait()
             self.timer.watch.beat(f"the checkpoint of step {step}")
 
 

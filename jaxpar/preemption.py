@@ -72,17 +72,28 @@ class Preemption:
             self.watch.stopping()  # saving now is progress, not a stall
         return stopping
 
-    def stopped_line(self, step: int, saved: bool) -> str:
-        """What the run says when it stops after `step` (`saved`: with a checkpoint)."""
-        if not saved:
+    def stopped_line(self, step: int, saved) -> str:
+        """What the run says when it stops after `step`: which step it saved, if any. `saved`
+        is the run's Checkpointer (its `saved_step` and newest checkpoint say what was saved;
+        None or False: checkpoints are off), or True where the caller knows `step` was saved."""
+        if saved is None or saved is False:
             return (
                 f"{self.signal_name}: stopped at step {step} (checkpoints are off, so a rerun "
                 "starts again)"
             )
-        return (
-            f"{self.signal_name}: saved the checkpoint of step {step}; stopped. Run the same "
-            "command again to resume."
+        if saved is True or saved.saved_step == step:
+            where = "" if saved is True else f" in {saved.directory}"
+            return (
+                f"{self.signal_name}: saved the checkpoint of step {step}; stopped. Run the "
+                f"same command again to resume from it{where}."
+            )
+        newest = saved.latest_step()
+        resumes = (
+            f"a rerun resumes from the checkpoint of step {newest} in {saved.directory}"
+            if newest is not None
+            else "there is no checkpoint, so a rerun starts again"
         )
+        return f"{self.signal_name}: stopped at step {step} without saving it; {resumes}"
 
     def restore(self) -> None:
         """Put back the signal handlers that were there before."""

@@ -265,7 +265,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
             info = hooks.StepInfo(i + 1, state, final=i + 1 == total, stopping=stop.check(i + 1))
             after_step.run(info)
             if info.stopping and not info.final:
-                say(stop.stopped_line(info.step, saved=ckpt is not None))
+                say(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
                 break
     stopped = info.stopping and not info.final
     return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped)
