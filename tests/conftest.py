@@ -38,6 +38,7 @@ SLOW = (
     "tests/test_checkpoint.py::test_kill_and_sigterm_resume_exactly",
     "tests/test_checkpoint.py::test_restore_across_meshes*",
     "tests/test_checkpoint.py::test_continuing_a_finished_run_keeps_its_learning_rate_schedule",
+    "tests/test_chaos.py::*",
     "tests/test_bench.py::test_sweep_writes_results_table_and_plots",
     "tests/test_pipeline.py::test_batch_norm_statistics_per_micro_batch*",
     "tests/test_perfmodel.py::test_profiles_load[[]h100_sxm_2nodes_ib]",
