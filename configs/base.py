@@ -50,8 +50,11 @@ def get_config() -> ml_collections.ConfigDict:
     # long (it is stuck), it says so in one line and exits 1 (0: wait for ever).
     config.stop_grace_s = 120
 
-    # Devices are arranged as (data, stage, tensor); the product must equal the device count.
-    # One entry may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).
+    # The mesh's named axes (jaxpar/axes/: data, node, fsdp, stage, tensor, or one you
+    # register) and their sizes, one per axis; the product must equal the device count. One
+    # size may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).
+    # E.g. --config.mesh_axes='("node","data")' --config.mesh_shape='(2,4)'.
+    config.mesh_axes = ("data", "stage", "tensor")
     config.mesh_shape = (-1, 1, 1)
     # Which partitioning runs it (jaxpar/parallel/__init__.py: STRATEGIES). "auto": a pipeline
     # when the mesh has stages, tensor parallelism with a tensor axis, else data parallelism

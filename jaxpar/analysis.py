@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import axes as axes_lib
 from jaxpar import hlo
 from jaxpar.parallel import schedules
 from jaxpar.parallel.strategy import per_device_bytes
@@ -189,12 +190,13 @@ def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, A
     }
 
 
-def collective_summary(rows: list[list], data_size: int) -> dict[str, Any]:
+def collective_summary(rows: list[list], data_size: int, replica_axes: str = "data"
+                       ) -> dict[str, Any]:  # fmt: skip
     """Totals from [where, kind, axes, count, bytes per step, every] rows (`per_step_rows`):
     bytes per device per step of the busiest program group (collectives that run once every
     K steps at their per-step average), its breakdown by kind and by mesh axis, and the
-    all-reduce over "data" (the gradient average) beside its ring wire estimate
-    2(N-1)/N x payload."""
+    all-reduce over the replica axes (`replica_axes`, "+"-joined: the gradient average)
+    beside its ring wire estimate 2(N-1)/N x payload."""
     crossing = [r for r in rows if r[2] != "none"]
     groups: dict[str, int] = {}
     for where, _, _, _, nbytes, *_ in crossing:
@@ -206,7 +208,7 @@ def collective_summary(rows: list[list], data_size: int) -> dict[str, Any]:
         if where == busiest:
             by_kind[kind] = by_kind.get(kind, 0) + nbytes
             by_axis[axes] = by_axis.get(axes, 0) + nbytes
-    payload = by_kind_axis(crossing, busiest, "all-reduce", "data")
+    payload = by_kind_axis(crossing, busiest, "all-reduce", replica_axes)
     return {
         "collectives": rows,
         "collective_bytes_per_device": groups[busiest] if busiest else 0,
@@ -239,7 +241,7 @@ def stage_memory(strategy, batch_size: int, progs) -> tuple[list[int], list[int]
 
 def stage_transfer_bytes(strategy, batch_size: int, progs) -> int:
     """The most stage-to-stage bytes any one device receives per step: each device of a chunk
-    gets its share (the batch split over "data", as the pipeline places it) of the
+    gets its share (the batch split over the batch axes, as the pipeline places it) of the
     activations from the chunk before and of the gradients from the chunk after, every
     micro-batch, unless that chunk is on its own stage. Per device, like the collectives: the
     stage-transfer part of the communication per device (memory_vs_bytes.png)."""
@@ -273,7 +275,8 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
     opt = [per_device_bytes([st.opt_state for st, _ in pairs]) for pairs in per_stage]
     state_b, temp, stash = stage_memory(strategy, batch_size, progs)
     memory = [a + b + c for a, b, c in zip(state_b, temp, stash)]
-    data_size = strategy.mesh.shape["data"]
+    shape = dict(strategy.mesh.shape)
+    data_size = axes_lib.num_replicas(shape)
     between = strategy.bytes_between_stages(batch_size)
     out: dict[str, Any] = {
         "param_bytes": int(strategy.model.num_params * 4),
@@ -284,7 +287,9 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "stored_activation_bytes_per_device": max(stash) if pipe else None,
         "memory_bytes_per_device": max(memory),
         "memory_per_device_bytes": memory,  # per stage for pipelines, one entry otherwise
-        **collective_summary(per_step_rows(rows), data_size),
+        **collective_summary(
+            per_step_rows(rows), data_size, "+".join(axes_lib.replica_axes(shape)) or "data"
+        ),
         "num_stages": k,
         "pipeline_schedule": strategy.schedule,
         "num_microbatches": strategy.num_microbatches if pipe else None,

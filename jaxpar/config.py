@@ -15,9 +15,10 @@ import re
 import jax
 import ml_collections
 
-from jaxpar import models
+from jaxpar import axes, models
+from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import AXES, resolve_shape
+from jaxpar.mesh import resolve_shape
 
 OPTIMIZERS = ("sgd", "adam", "lars")
 LR_SCHEDULES = ("cosine", "constant")
@@ -44,40 +45,59 @@ def device_count(config: ml_collections.ConfigDict, present: int) -> int:
     return wanted or present
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
-    """Check the keys every run shares against `num_devices`; return the resolved
-    (data, stage, tensor) shape. Use `jaxpar.parallel.validate` for the whole check."""
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+    """Check the keys every run shares against `num_devices`; return the resolved mesh,
+    {axis: size} in mesh order. Use `jaxpar.parallel.validate` for the whole check."""
+    names = mesh_lib.axis_names(config)
     shape = tuple(config.mesh_shape)
+    known = ", ".join(axes.names())
+    for name in names:
+        check(axes.registered(name),
+              f"mesh_axes names {name!r}, which is not a mesh axis; choose from {known} "
+              "(a new axis is one module that registers it: jaxpar/axes/)")  # fmt: skip
+    check(len(set(names)) == len(names), f"mesh_axes {names} names an axis twice")
+    fix = mesh_lib.example(names, num_devices)
     check(
-        len(shape) == len(AXES) and all(isinstance(s, int) for s in shape),
-        f"mesh_shape must be three integers (data, stage, tensor), got {shape!r}; "
-        "e.g. --config.mesh_shape='(8,1,1)'",
+        len(shape) == len(names) and all(isinstance(s, int) for s in shape),
+        f"mesh_shape must be {len(names)} integers, one per axis of mesh_axes {names}, got "
+        f"{shape!r}; e.g. {fix}",
     )
     check(
         shape.count(-1) <= 1 and all(s > 0 or s == -1 for s in shape),
         f"mesh_shape {shape} must hold positive sizes and at most one -1",
     )
+    for name in names[1:]:
+        check(not axes.get(name).outermost,
+              f"the {name} axis must come first in mesh_axes (its indices are blocks of "
+              f"consecutive devices: processes, nodes), got {names}; e.g. "
+              f"--config.mesh_axes='{_tuple((name, *[a for a in names if a != name]))}'")  # fmt: skip
     resolved = resolve_shape(shape, num_devices)
     check(
         -1 not in resolved and math.prod(resolved) == num_devices,
-        f"mesh_shape {shape} needs {math.prod(s for s in shape if s > 0)}"
-        f"{'*k' if -1 in shape else ''} devices but {num_devices} are present; "
-        f"choose sizes whose product is {num_devices} (e.g. ({num_devices},1,1) or (-1,1,1))"
+        f"mesh {axes.spelled(dict(zip(names, shape)))} needs "
+        f"{math.prod(s for s in shape if s > 0)}{'*k' if -1 in shape else ''} devices but "
+        f"{num_devices} are present; choose sizes whose product is {num_devices}, e.g. {fix}"
         + _fewer_devices_hint(shape, num_devices)
         + _device_count_note(config),
     )
-    data = resolved[0]
+    sizes = dict(zip(names, resolved))
+    for name in names:
+        reason = axes.get(name).check(config, sizes)
+        check(reason is None, str(reason))
+    data = axes.num_replicas(sizes)
+    over = "the batch axes " + " x ".join(axes.batch_axes(sizes)) if len(
+        axes.batch_axes(sizes)) > 1 else "the data axis"  # fmt: skip
     check(config.num_train_steps > 0, "num_train_steps must be positive")
     check(config.global_batch_size > 0, "global_batch_size must be positive")
     check(
         config.global_batch_size % data == 0,
-        f"global_batch_size {config.global_batch_size} is not divisible by the data axis "
-        f"({data} devices); use a multiple of {data}",
+        f"global_batch_size {config.global_batch_size} is not divisible by {over} "
+        f"({data} replicas); use a multiple of {data}",
     )
     eval_bs = config.eval_batch_size or config.global_batch_size
     check(
         eval_bs > 0 and eval_bs % data == 0,
-        f"eval_batch_size {eval_bs} is not divisible by the data axis ({data}); "
+        f"eval_batch_size {eval_bs} is not divisible by {over} ({data} replicas); "
         f"use a multiple of {data}",
     )
     check(config.learning_rate > 0, "learning_rate must be positive")
@@ -105,7 +125,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, 
     choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
     check(config.host_device_count >= 1, "host_device_count must be >= 1")
     check(config.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep must be >= 1")
-    return resolved
+    return sizes
+
+
+def _tuple(names) -> str:
+    return "(" + ",".join(f'"{n}"' for n in names) + ")"
 
 
 def _fewer_devices_hint(shape: tuple[int, ...], num_devices: int) -> str:

@@ -12,6 +12,7 @@ import re
 import jax
 
 from jaxpar import analysis, metrics, trainer, units
+from jaxpar import axes as axes_lib
 
 
 def _key(entry) -> str:
@@ -84,7 +85,7 @@ def _between_stages(fig) -> list[str]:
     total, mine = fig["bytes_between_stages_per_step"], fig["stage_transfer_bytes_per_device"]
     label, meaning = metrics.STAGE_TO_STAGE_LABEL, metrics.STAGE_TO_STAGE_MEANING
     whole = f"({meaning}: the stage table's column, summed)"
-    share = '(its share of them: the batch is split over "data")'
+    share = "(its share of them: the batch is split over the batch axes)"
     return [
         "\nbetween pipeline stages (device_put, not collectives):",
         f"  {label:<31} {units.mib(total):>12}  {whole}",
@@ -96,15 +97,17 @@ def explain(config, devices=None) -> str:
     s = trainer.setup(config, devices)
     strategy, mesh = s.strategy, s.mesh
     head = (
-        f"mesh (data, stage, tensor) = {units.mesh(tuple(mesh.shape.values()))} over "
+        f"mesh {units.named_mesh(mesh.axis_names, tuple(mesh.shape.values()))} over "
         f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
         f"run by strategy {strategy.name}; global batch {config.global_batch_size}"
     )
+    roles = [f"  {a:<8} {mesh.shape[a]:>3}  {axes_lib.get(a).role:<7} {axes_lib.get(a).doc}"
+             for a in mesh.axis_names]  # fmt: skip
     model = (
         f"model {s.model.name}: {s.model.num_params:,} parameters, "
         f"{s.model.flops_per_example / 1e6:,.1f} forward MFLOPs per image"
     )
-    out = [head, model]
+    out = [head, "axes (name, size, role, what it splits):", *roles, model]
     if described := strategy.describe(config.global_batch_size):
         out.append(described)
     out.append("")

@@ -1,4 +1,7 @@
-"""The device mesh over the axes ("data", "stage", "tensor")."""
+"""The device mesh over a run's named axes (`config.mesh_axes`, sized by `config.mesh_shape`).
+
+The axes and what each does are in jaxpar/axes/; this module only lays devices out.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,15 @@ import math
 from collections.abc import Sequence
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh
 
-DATA, STAGE, TENSOR = "data", "stage", "tensor"
-AXES = (DATA, STAGE, TENSOR)
+from jaxpar import axes as axes_lib
+
+
+def axis_names(config) -> tuple[str, ...]:
+    """The run's mesh axes: config.mesh_axes, or the default (data, stage, tensor)."""
+    return tuple(config.get("mesh_axes", None) or axes_lib.DEFAULT)
 
 
 def resolve_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
@@ -22,8 +30,44 @@ def resolve_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...
     return shape
 
 
-def make_mesh(mesh_shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+def shape_of(config, num_devices: int) -> dict[str, int]:
+    """{axis: size} of a config's mesh with its -1 resolved for `num_devices` (unchecked)."""
+    return dict(zip(axis_names(config), resolve_shape(config.mesh_shape, num_devices),
+                    strict=True))  # fmt: skip
+
+
+def make_mesh(shape: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh with automatic (GSPMD) axis types, so shardings propagate where not explicit."""
     devices = list(devices if devices is not None else jax.devices())
-    shape = resolve_shape(mesh_shape, len(devices))
-    return jax.make_mesh(shape, AXES, axis_types=(AxisType.Auto,) * len(AXES), devices=devices)
+    names = tuple(shape)
+    return jax.make_mesh(tuple(shape.values()), names, axis_types=(AxisType.Auto,) * len(names),
+                         devices=devices)  # fmt: skip
+
+
+def index_along(mesh: Mesh, axis: str, index: int) -> Mesh:
+    """The slice of `mesh` at `index` along `axis`, that axis kept with size 1 (a pipeline
+    stage's devices: the other axes still apply there)."""
+    position = mesh.axis_names.index(axis)
+    devices = np.take(mesh.devices, [index], axis=position)
+    return Mesh(devices, mesh.axis_names, axis_types=mesh.axis_types)
+
+
+def first_device(shape: dict[str, int], at: dict[str, int]) -> int:
+    """The mesh-order index of the device at coordinates `at` (other axes at 0)."""
+    coords = tuple(at.get(a, 0) for a in shape)
+    return int(np.ravel_multi_index(coords, tuple(shape.values()))) if shape else 0
+
+
+def spelled_shape(names: Sequence[str], sizes: Sequence[int]) -> str:
+    """--config.mesh_shape as a user writes it: "'(8,1,1)'"."""
+    return "'(" + ",".join(str(s) for s in sizes) + ("," if len(sizes) == 1 else "") + ")'"
+
+
+def example(names: Sequence[str], num_devices: int) -> str:
+    """One mesh of these axes that fits `num_devices`: every device on the first batch axis
+    (else the first axis), the rest 1; as the flag that sets it."""
+    names = tuple(names)
+    batch = [a for a in names if axes_lib.registered(a) and axes_lib.get(a).role == "batch"]
+    first = batch[0] if batch else names[0]
+    sizes = [num_devices if a == first else 1 for a in names]
+    return f"--config.mesh_shape={spelled_shape(names, sizes)}"

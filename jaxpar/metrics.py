@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxpar import units
+from jaxpar import axes, units
 
 # The one rule for `input_bound` (docs/results.md, "What the input pipeline costs"): after warm-up the
 # training loop spent more than this share of its step time waiting for the next batch.
@@ -92,6 +92,7 @@ def summary(
     *,
     strategy: str,
     mesh_shape: tuple[int, ...],
+    mesh_axes: tuple[str, ...] = axes.DEFAULT,
     partitioning: str = "",
     steps: int,
     global_batch_size: int,
@@ -119,6 +120,8 @@ def summary(
         "partitioning": partitioning or None,
         "num_devices": math.prod(mesh_shape),
         "mesh_shape": tuple(mesh_shape),
+        "mesh_axes": tuple(mesh_axes),
+        "mesh": units.named_mesh(mesh_axes, mesh_shape),
         "steps": steps,
         "global_batch_size": global_batch_size,
         **stats,
@@ -416,7 +419,7 @@ def summary_table(summary: dict[str, Any]) -> str:
     sizes and meshes in the one format each has everywhere (jaxpar.units)."""
     secs, each = units.seconds, lambda ts: ", ".join(units.seconds(t) for t in ts)
     order = [
-        ("mesh (data, stage, tensor)", "mesh_shape", units.mesh),
+        ("mesh", "mesh", None),
         ("devices", "num_devices", None),
         ("partitioning", "partitioning", None),
         ("strategy", "strategy", None),

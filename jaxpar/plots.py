@@ -27,7 +27,23 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from jaxpar import axes
+
 MIB = 2**20
+# One marker per family of partitioning (`_family`); an axis registered later gets a spare.
+MARKERS = {"1 device": "*", "data": "o", "pipeline": "s", "tensor": "^", "fsdp": "v",
+           "node": "P", "hybrid": "D"}  # fmt: skip
+_SPARE = ("X", "h", "<", ">", "p", "d")
+
+
+def _markers(rows: list[dict]) -> dict[str, str]:
+    """MARKERS for the families in `rows`, with a spare marker for any other."""
+    out = dict(MARKERS)
+    spare = iter(_SPARE)
+    for fam in dict.fromkeys(_family(r) for r in rows):
+        if fam not in out:
+            out[fam] = next(spare, "o")
+    return out
 
 
 def _ok(rows: list[dict]) -> list[dict]:
@@ -49,12 +65,22 @@ def _save(fig, path: str) -> bool:
     return True
 
 
+def _shape(r: dict) -> dict[str, int]:
+    """A row's mesh, {axis: size} (rows written before mesh_axes: (data, stage, tensor))."""
+    sizes = r.get("mesh_shape") or (1, 1, 1)
+    names = r.get("mesh_axes") or axes.DEFAULT
+    return dict(zip(names, sizes))
+
+
 def _family(r: dict) -> str:
-    shape = r.get("mesh_shape") or (1, 1, 1)
-    used = [name for name, size in zip(("data", "stage", "tensor"), shape) if size > 1]
+    """ "1 device", one axis' word ("data", "pipeline", "tensor", "fsdp", "node", ...), or
+    "hybrid"."""
+    used = [a for a, n in _shape(r).items() if n > 1]
     if not used:
         return "1 device"
-    return "hybrid" if len(used) > 1 else {"stage": "pipeline"}.get(used[0], used[0])
+    if len(used) > 1:
+        return "hybrid"
+    return axes.get(used[0]).label if axes.registered(used[0]) else used[0]
 
 
 def unplaced(rows: list[dict], kind: str) -> dict[str, str]:
@@ -149,8 +175,13 @@ def _comm(r: dict) -> int:
     return r["collective_bytes_per_device"] + (r.get("stage_transfer_bytes_per_device") or 0)
 
 
+def _stages(r: dict) -> int:
+    shape = _shape(r)
+    return axes.num_stages(shape) if all(axes.registered(a) for a in shape) else 1
+
+
 def _staged(r: dict) -> bool:
-    return (r.get("mesh_shape") or (1, 1, 1))[1] > 1
+    return _stages(r) > 1
 
 
 def memory_vs_bytes(rows: list[dict], path: str, left_out: dict | None = None) -> bool:
@@ -166,7 +197,7 @@ def memory_vs_bytes(rows: list[dict], path: str, left_out: dict | None = None) -
     if left_out is not None:
         left_out.update(old)
     fig, ax = plt.subplots(figsize=(8, 5.5))
-    markers = {"1 device": "*", "data": "o", "pipeline": "s", "tensor": "^", "hybrid": "D"}
+    markers = _markers(rows)
     for fam, marker in markers.items():
         sel = [r for r in rows if _family(r) == fam]
         if not sel:
@@ -198,7 +229,7 @@ def bubble(rows: list[dict], path: str) -> bool:
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    stages = sorted({r["mesh_shape"][1] for r in rows})
+    stages = sorted({_stages(r) for r in rows})
     colors = dict(zip(stages, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     top = max(r["num_microbatches"] for r in rows)
     ms = [m / 4 for m in range(4, 4 * top + 1)]
@@ -216,7 +247,7 @@ def bubble(rows: list[dict], path: str) -> bool:
                 r
                 for r in rows
                 if r["pipeline_schedule"] == schedule
-                and r["mesh_shape"][1] == k
+                and _stages(r) == k
                 and r["measured_bubble"] is not None
             ]
             if sel:
@@ -296,7 +327,7 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     ax.plot(line, line, color="black", lw=0.8, label="predicted = measured")
     ax.fill_between(line, [v * (1 - BAND) for v in line], [v * (1 + BAND) for v in line],
                     color="grey", alpha=0.2, label=f"±{100 * BAND:.0f}%")  # fmt: skip
-    markers = {"1 device": "*", "data": "o", "pipeline": "s", "tensor": "^", "hybrid": "D"}
+    markers = _markers(rows)
     for fam, marker in markers.items():
         sel = [r for r in rows if _family(r) == fam]
         if sel:

@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxpar import (
     analysis,
+    axes,
     cluster,
     hooks,
     models,
@@ -60,7 +61,8 @@ class Setup:
 
     @property
     def data_size(self) -> int:
-        return self.mesh.shape["data"]
+        """Data replicas: the product of the batch axes (data, node, fsdp, ...)."""
+        return axes.num_replicas(dict(self.mesh.shape))
 
 
 def setup(
@@ -84,14 +86,17 @@ def setup(
     dataset = data_lib.load(config)
     spec = dataset.spec
     model = models.build(config.model, spec.image_shape, spec.num_classes)
+    parallel.check_model(config, shape, model)  # the refusals only the model tells
     say = print if jax.process_index() == 0 else (lambda *a, **k: None)
     if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/balance.py)
         config = config.copy_and_resolve_references()
         config.pipeline.num_microbatches = (
-            balance.choose_microbatches(model, config, mesh, workdir, say) if shape[1] > 1 else 1
+            balance.choose_microbatches(model, config, mesh, workdir, say)
+            if axes.num_stages(shape) > 1
+            else 1
         )
         parallel.validate(config, len(devices))
-    if shape[1] > 1 and stages.parse(config.pipeline.split) == "time":
+    if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
         model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir, say))
     tx = optim.make_optimizer(config)
     strategy = parallel.build(config, model, mesh, tx)
@@ -279,6 +284,7 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
     summary = metrics_lib.summary(
         strategy=s.strategy.name,
         mesh_shape=tuple(int(v) for v in s.mesh.devices.shape),
+        mesh_axes=tuple(s.mesh.axis_names),
         partitioning=s.strategy.partitioning(),
         steps=s.config.num_train_steps,
         global_batch_size=s.config.global_batch_size,

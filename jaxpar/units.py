@@ -7,13 +7,16 @@ and the bench.
 - learning rates and other small rates: `rate` (3 significant digits, always scientific:
   "5.00e-04", "5.00e-02");
 - sizes: `mib` (binary MiB, 2 decimals: "4.00 MiB");
-- meshes: `mesh` ("(2, 2, 2)", as configs write `mesh_shape`, whatever sequence it is given).
+- meshes: `mesh` ("(2, 2, 2)", as configs write `mesh_shape`, whatever sequence it is given);
+  `named_mesh` ("(data=2, stage=2, tensor=2)").
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+from jaxpar import axes
 
 MIB = 2**20
 
@@ -58,7 +61,19 @@ def mib(nbytes: float | None) -> str:
 
 
 def mesh(shape: Sequence[int] | None) -> str:
-    """A (data, stage, tensor) shape as configs write it: "(2, 2, 2)" (a list from JSON too)."""
+    """A mesh's sizes as configs write mesh_shape: "(2, 2, 2)" (a list from JSON too)."""
     if shape is None:
         return "n/a"
     return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+
+
+def named_mesh(names: Sequence[str] | None, shape: Sequence[int] | None) -> str:
+    """A mesh with its axes' names: "(data=2, stage=2, tensor=2)"; sizes alone without names
+    (results written before mesh_axes existed are (data, stage, tensor))."""
+    if shape is None:
+        return "n/a"
+    if not names:
+        names = axes.DEFAULT if len(shape) == 3 else None
+    if not names:
+        return mesh(shape)
+    return "(" + ", ".join(f"{n}={int(s)}" for n, s in zip(names, shape)) + ")"

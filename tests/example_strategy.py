@@ -1,7 +1,7 @@
 """An example strategy, written as a user would add one: one module and one registry line.
 
 `GSPMDData` is data parallelism left entirely to XLA's SPMD partitioner: plain `jax.jit` over
-a batch sharded along "data" and a replicated state, no shard_map and no explicit collective
+a batch sharded along the mesh's batch axes and a replicated state, no shard_map and no explicit collective
 (XLA inserts the gradient all-reduce itself). It implements the protocol of
 jaxpar/parallel/strategy.py and nothing else; the trainer, `--explain`, the analysis and the
 predictor use it unchanged.
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import axes
 from jaxpar.parallel.state import eval_sums, init_state, loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
 
@@ -30,7 +31,7 @@ class GSPMDData(Strategy):
     def __init__(self, config, model, mesh, tx):
         super().__init__(config, model, mesh, tx)
         self.replicated = NamedSharding(mesh, P())
-        self.rows = NamedSharding(mesh, P("data"))
+        self.rows = NamedSharding(mesh, P(axes.batch_axes(dict(mesh.shape))))
         self.shapes = jax.eval_shape(functools.partial(init_state, model, tx), jax.random.key(0))
         self._train = None
         self._eval = jax.jit(self._sums)
@@ -55,7 +56,7 @@ class GSPMDData(Strategy):
             self.shapes,
         )
 
-    # -- batches: rows split over "data" ---------------------------------------------------
+    # -- batches: rows split over the batch axes ---------------------------------------------------
     def put_batch(self, local_batch):
         return {k: jax.make_array_from_process_local_data(self.rows, v)
                 for k, v in local_batch.items()}  # fmt: skip

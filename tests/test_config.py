@@ -20,7 +20,7 @@ def make(**overrides):
     [
         ({"mesh_shape": (4, 1, 1)}, 8, "needs 4 devices but 8 are present"),
         ({"mesh_shape": (3, -1, 1)}, 8, "present"),
-        ({"mesh_shape": (8, 1)}, 8, "three integers"),
+        ({"mesh_shape": (8, 1)}, 8, "must be 3 integers, one per axis of mesh_axes"),
         ({"mesh_shape": (0, 1, 1)}, 8, "positive"),
         ({"mesh_shape": (2, 1, 4), "sync.impl": "pmap"}, 8, "tensor axis needs sync.impl"),
         (
@@ -67,9 +67,7 @@ def apply_hints(config, text: str) -> list:
     """Each `mesh_shape=(...)` fix a message offers, applied to a copy of `config`, with the
     `--config.num_devices=N` that follows it (if any)."""
     fixes = []
-    for mesh, n in re.findall(
-        r"mesh_shape=\(([\d,]+)\)(?: with --config.num_devices=(\d+))?", text
-    ):
+    for mesh, n in re.findall(r"mesh_shape='\(([\d,]+)\)'(?: --config.num_devices=(\d+))?", text):
         fix = {"mesh_shape": tuple(int(x) for x in mesh.split(","))}
         fixes.append(
             override(config.copy_and_resolve_references(), fix | {"num_devices": int(n or 0)})
@@ -80,16 +78,17 @@ def apply_hints(config, text: str) -> list:
 def test_a_smaller_mesh_is_offered_the_first_devices():
     text = refusal(make(mesh_shape=(4, 1, 1)), 8)
     assert text == (
-        "mesh_shape (4, 1, 1) needs 4 devices but 8 are present; choose sizes whose product is 8 "
-        "(e.g. (8,1,1) or (-1,1,1)), or keep this mesh on the first 4 devices: "
-        "--config.num_devices=4"
+        "mesh (data=4, stage=1, tensor=1) needs 4 devices but 8 are present; choose sizes whose "
+        "product is 8, e.g. --config.mesh_shape='(8,1,1)', or keep this mesh on the first 4 "
+        "devices: --config.num_devices=4"
     )
     kept = make(mesh_shape=(4, 1, 1), num_devices=4)
-    assert parallel.validate(kept, config_lib.device_count(kept, 8)) == (4, 1, 1)
-    assert parallel.validate(make(mesh_shape=(8, 1, 1)), 8) == (8, 1, 1)
+    assert sizes(parallel.validate(kept, config_lib.device_count(kept, 8))) == (4, 1, 1)
+    assert sizes(parallel.validate(make(mesh_shape=(8, 1, 1)), 8)) == (8, 1, 1)
     assert "--config.num_devices=6" in refusal(make(mesh_shape=(-1, 1, 3)), 8)  # 2*3 of 8
     kept = make(mesh_shape=(-1, 1, 3), num_devices=6)
-    assert parallel.validate(kept, config_lib.device_count(kept, 8)) == (2, 1, 3)
+    assert parallel.validate(kept, config_lib.device_count(kept, 8)) == {
+        "data": 2, "stage": 1, "tensor": 3}  # fmt: skip
     assert "num_devices" not in refusal(make(mesh_shape=(16, 1, 1)), 8)  # too few: no subset
 
 
@@ -102,19 +101,23 @@ def test_sync_mode_hints_name_meshes_that_validate():
     assert text == (
         "sync.mode=independent cannot combine with pipeline stages (every replica evaluates "
         "the whole eval set on its own, which a pipeline's micro-batched evaluation over the "
-        "replicas' rows does not do); use sync.mode=allreduce, or mesh_shape=(8,1,1), or "
-        "mesh_shape=(2,1,1) with --config.num_devices=2"
+        "replicas' rows does not do); use sync.mode=allreduce, or "
+        "--config.mesh_shape='(8,1,1)', or --config.mesh_shape='(2,1,1)' --config.num_devices=2"
     )
     fixes = apply_hints(config, text)
     assert len(fixes) == 2
     for fixed in fixes:
         n = config_lib.device_count(fixed, 8)
-        assert parallel.validate(fixed, n) == tuple(fixed.mesh_shape)
+        assert sizes(parallel.validate(fixed, n)) == tuple(fixed.mesh_shape)
+
+
+def sizes(shape: dict) -> tuple:
+    return tuple(shape.values())
 
 
 def test_valid_configs_resolve_the_mesh():
-    assert parallel.validate(make(), 8) == (8, 1, 1)
-    assert parallel.validate(make(mesh_shape=(4, 1, 1)), 4) == (4, 1, 1)
+    assert parallel.validate(make(), 8) == {"data": 8, "stage": 1, "tensor": 1}
+    assert sizes(parallel.validate(make(mesh_shape=(4, 1, 1)), 4)) == (4, 1, 1)
     assert mesh_lib.resolve_shape((-1, 1, 1), 2) == (2, 1, 1)
 
 
@@ -146,7 +149,7 @@ def test_config_files_load_and_validate():
     for name, (mesh, model) in SHIPPED.items():
         config = configfile.load(str(Path(configfile.ROOT, "configs", f"{name}.py")))
         assert config.host_device_count == 8 and config.model.name == model, name
-        assert parallel.validate(config, config.host_device_count) == mesh, name
+        assert sizes(parallel.validate(config, config.host_device_count)) == mesh, name
 
 
 def test_unknown_dataset_is_one_line():

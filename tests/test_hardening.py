@@ -273,7 +273,7 @@ def test_second_ctrl_c_stops_a_hung_run_at_once(tmp_path):
     "rules,message",
     [
         ('(("channels","tensor"),)', "tensor.rules names 'channels', which no layer uses"),
-        ('(("conv_out","model"),)', "mesh axis 'model', which does not exist"),
+        ('(("conv_out","model"),)', "mesh axis 'model', which is not a rules axis"),
     ],
 )
 def test_bad_sharding_rules_are_refused(tmp_path, rules, message):

@@ -248,14 +248,17 @@ def test_the_summary_record():
         flops_per_example=1e9,
         report={"pipeline_schedule": None},
     )
-    assert list(summary)[:6] == [
+    assert list(summary)[:8] == [
         "strategy",
         "partitioning",
         "num_devices",
         "mesh_shape",
+        "mesh_axes",
+        "mesh",
         "steps",
         "global_batch_size",
     ]
+    assert summary["mesh"] == "(data=2, stage=2, tensor=1)"
     assert summary["num_devices"] == 4 and summary["timed_steps"] == 3
     assert summary["images_per_sec"] == 64 / 0.5 and summary["final_loss"] == 1.25
     assert math.isnan(summary["eval_loss"]) and math.isnan(summary["eval_accuracy"])

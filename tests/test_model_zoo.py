@@ -187,7 +187,7 @@ def test_float64_needs_jax_64_bit_mode_in_one_line():
         parallel.validate(config, 1)
     assert "\n" not in str(info.value)
     with jax.enable_x64(True):
-        assert parallel.validate(config, 1) == (1, 1, 1)
+        assert tuple(parallel.validate(config, 1).values()) == (1, 1, 1)
 
 
 def test_resnet20_learns_shapes10():

@@ -29,6 +29,7 @@ from tests.util import (
     max_rel_error,
     override,
     records,
+    reference_run,
     run_and_evaluate,
     run_steps,
     start_processes,
@@ -127,18 +128,23 @@ def finished_local(log, launcher, timeout=600) -> str:
 
 @MULTIPROCESS
 def test_two_processes_match_one(tmp_path):
-    """Data parallelism over both processes, BatchNorm on, through launch/local.py."""
+    """Two-level data parallelism, node x data = (2, 4), through launch/local.py: each process
+    is a node (4 devices), the gradient reduced inside it, across the two, and gathered back;
+    BatchNorm on. The 3 steps of one device."""
     steps = 3
-    overrides = {**TINY, "model.batch_norm": True, "num_train_steps": steps}
+    mesh = {"mesh_axes": ("node", "data"), "mesh_shape": (2, 4)}
+    overrides = {**TINY, "model.batch_norm": True, "num_train_steps": steps, **mesh}
     args = ["--config", "configs/vgg19_data.py", "--workdir", str(tmp_path)]
     log = f"{tmp_path}.log"
     launcher = start_local(log, *args, *flags(overrides))
-    config = tiny_config(**{"model.batch_norm": True, "mesh_shape": (8, 1, 1)})
-    ref_losses, _ = run_steps(config, 8, steps)
+    config = tiny_config(**{"model.batch_norm": True, **mesh})
+    ref_losses, _ = reference_run(config, steps)
     out = finished_local(log, launcher)
     losses = train_losses(tmp_path)
     summary = records(tmp_path, "summary")[0]
-    assert summary["num_devices"] == 8 and summary["mesh_shape"] == [8, 1, 1]
+    assert summary["num_devices"] == 8 and summary["mesh"] == "(node=2, data=4)"
+    # what crosses the processes per device: a quarter of the gradient (an all-reduce on node)
+    assert summary["collective_bytes_by_axis"]["node"] < summary["param_bytes"] / 3
     # Only process 0 writes metrics (and prints); the mesh spans both processes.
     assert len(losses) == steps
     assert "Gloo" not in out and "peer ranks" not in out

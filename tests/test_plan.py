@@ -29,6 +29,9 @@ from jaxpar.predict import hardware
 from tests.util import tiny_config
 
 GIB = 2**30
+# The tests of the search itself plan over the original three axes (their counts are exact);
+# tests/test_axes.py checks that fsdp and node meshes are enumerated too.
+THREE = ("data", "stage", "tensor")
 
 
 def _profile(n: int = 8, memory: float = 1e9):
@@ -60,11 +63,13 @@ def test_microbatch_counts_divide_the_replica_batch_up_to_4k():
 
 def test_enumerator_keeps_what_the_trainer_runs_and_refuses_the_rest():
     config = _config()
-    valid, refused = enumerate_candidates(config, 8)
-    assert {c.mesh for c in valid} == set(factorisations(8)) | {(1, 1, 1)}
-    assert (len(valid), len(refused)) == (415, 254)
+    valid, refused = enumerate_candidates(config, 8, axes=THREE)
+    # tensor 8 splits 4 channels nowhere at this width: refused before anything is built
+    assert {c.mesh for c in valid} == set(factorisations(8)) - {(1, 1, 8)} | {(1, 1, 1)}
+    assert (len(valid), len(refused)) == (386, 283)
     for c in valid[::25]:  # the kept ones validate (as the trainer checks them)
-        assert parallel.validate(c.apply(config), 8 if c.mesh != (1, 1, 1) else 1) == c.mesh
+        shape = parallel.validate(c.apply(config), 8 if c.mesh != (1, 1, 1) else 1)
+        assert tuple(shape.values()) == c.mesh
     why = {c: reason for c, reason in refused}
     zb = Candidate((1, 8, 1), "zb-h1", 8, True, 1, "flops", "allreduce")
     assert "set --config.pipeline.remat=False" in why[zb]
@@ -73,6 +78,10 @@ def test_enumerator_keeps_what_the_trainer_runs_and_refuses_the_rest():
     assert "naive runs one micro-batch" in why[naive]
     inter = Candidate((1, 4, 2), "interleaved", 2, True, 2, "flops", "allreduce")
     assert "multiple of the 4 stages" in why[inter]
+    # refusals only the model tells, counted before trying (they used to come while building)
+    assert why[Candidate((1, 1, 8))].startswith("conv1/BatchNorm_0/bias has 4 along")
+    deep = Candidate((1, 8, 1), "interleaved", 8, True, 4, "flops", "allreduce")
+    assert why[deep] == "32 stages but vgg11 has 9 layers; use 1 to 9 stages"
     assert Candidate((1, 4, 2), "interleaved", 4, True, 2, "flops", "allreduce") in valid
     # data 2 of batch 16: 8 images per replica, so M=16 is never offered on (2,4,1)
     assert max(c.microbatches for c in valid if c.mesh == (2, 4, 1)) == 8
@@ -84,14 +93,14 @@ def test_enumerator_keeps_what_the_trainer_runs_and_refuses_the_rest():
 
 def test_data_meshes_list_only_exact_sync_unless_all_sync():
     config = _config()
-    valid, _ = enumerate_candidates(config, 8)
+    valid, _ = enumerate_candidates(config, 8, axes=THREE)
     assert {c.sync for c in valid if c.mesh == (8, 1, 1)} == set(EXACT_SYNC)
     assert {c.sync for c in valid if c.mesh[0] == 1} == {"allreduce"}
     assert all(c.exact for c in valid)
-    more, refused = enumerate_candidates(config, 8, all_sync=True)
+    more, refused = enumerate_candidates(config, 8, all_sync=True, axes=THREE)
     assert {c.sync for c in more if c.mesh == (8, 1, 1)} == set(EXACT_SYNC + APPROX_SYNC)
     assert not any(c.exact for c in more if c.sync in APPROX_SYNC)
-    assert len(more) - len(valid) == 201
+    assert len(more) - len(valid) == 193
     # independent replicas: allowed on data meshes with local BatchNorm, refused on stages
     for mode in ("local_sgd", "independent"):  # replicas trained apart: their own statistics
         assert Candidate((8, 1, 1), sync=mode).overrides(config)["sync.batch_norm"] == "local"
@@ -118,14 +127,15 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     config = _config()
     lines = []
     result = plan(config, _profile(), max_candidates=30, expand=2, predict=_fake_predict,
-                  log=lines.append)  # fmt: skip
+                  log=lines.append, axes=THREE)  # fmt: skip
     assert len(result.rows) == len(lines) == 30  # the bound, with progress and ETA per row
     assert "ETA" in lines[-1] and "round 2" in lines[-1]
     assert result.baseline["candidate"]["mesh"] == (1, 1, 1)
-    assert result.considered == 415 and result.skipped == 415 - 30
-    # round 1: one setting per mesh (11 with the baseline), 1F1B at M = min(4K, batch limit)
-    first = [r["candidate"] for r in result.rows[:11]]
-    assert len({c["mesh"] for c in first}) == 11
+    assert result.considered == 386 and result.skipped == 386 - 30
+    # round 1: one setting per mesh (10 with the baseline; (1,1,8) is refused at this width),
+    # 1F1B at M = min(4K, batch limit)
+    first = [r["candidate"] for r in result.rows[:10]]
+    assert len({c["mesh"] for c in first}) == 10
     assert all(c["schedule"] in (None, "1f1b") for c in first)
     assert {c["mesh"]: c["microbatches"] for c in first}[(2, 4, 1)] == 8
     fitting, too_big = rank(result.rows, 2.5 * GIB)
@@ -176,7 +186,7 @@ def test_recommended_command_gives_a_config_the_trainer_accepts(candidate):
     overrides, rest = configfile.split_overrides(args[5:])
     assert rest == [] and overrides["mesh_shape"] == candidate.mesh
     fresh = configfile.override(configfile.load(args[4]), overrides)
-    assert parallel.validate(fresh, math.prod(candidate.mesh)) == candidate.mesh
+    assert tuple(parallel.validate(fresh, math.prod(candidate.mesh)).values()) == candidate.mesh
     if candidate.schedule:
         assert fresh.pipeline.num_microbatches == candidate.microbatches
         assert fresh.pipeline.remat == candidate.remat
@@ -194,7 +204,7 @@ def test_cli_errors_are_one_line(capsys):
 
 def test_real_predictions_of_three_candidates():
     """Compiles three candidates (about 4 s each here) on a 2-device tiny profile."""
-    result = plan(tiny_config(), _profile(n=2), max_candidates=3, log=lambda s: None)
+    result = plan(tiny_config(), _profile(n=2), max_candidates=3, log=lambda s: None, axes=THREE)
     names = [r["name"] for r in result.rows]
     assert names == ["(1,1,1)", "(2,1,1) allreduce", "(1,2,1) 1f1b M=8 remat"]
     assert all(r["status"] == "ok" and r["step_time_s"] > 0 for r in result.rows)

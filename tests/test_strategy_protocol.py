@@ -54,7 +54,9 @@ def test_analysis_explain_and_predictor_read_an_added_strategy(gspmd):
 
 
 def test_strategy_names_are_checked_against_the_mesh():
-    with pytest.raises(ConfigError, match="strategy=data runs on a data-only mesh"):
+    with pytest.raises(ConfigError, match=r"strategy=data splits the batch only, but the mesh "
+                       r"\(data=2, stage=2, tensor=1\) has stage > 1; use "
+                       r"--config.mesh_shape='\(4,1,1\)'"):  # fmt: skip
         parallel.validate(tiny_config(strategy="data", mesh_shape=(2, 2, 1)), 4)
     with pytest.raises(ConfigError, match="unknown strategy 'gspmd'"):
         parallel.validate(tiny_config(strategy="gspmd"), 8)

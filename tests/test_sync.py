@@ -341,12 +341,12 @@ def test_example_config_and_study_suite_validate():
 
     config = vgg19_sync.get_config()
     assert "python -m jaxpar.train --config configs/vgg19_sync.py" in vgg19_sync.__doc__
-    assert parallel.validate(config, 8) == (8, 1, 1)
+    assert tuple(parallel.validate(config, 8).values()) == (8, 1, 1)
     suite = suite_file.get_config()
     for row in suite.rows:
         config = override(vgg19_sync.get_config(), dict(suite.overrides))
         config = override(config, dict(row["config"]))
-        assert parallel.validate(config, 4) == (4, 1, 1)
+        assert tuple(parallel.validate(config, 4).values()) == (4, 1, 1)
 
 
 # Hybrid meshes: every stage's and every tensor shard's data replicas follow the rule. The

@@ -44,7 +44,10 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--config.mesh_shape=(3,1,1)"], "error: mesh_shape (3, 1, 1) needs 3 devices"),
+        (
+            ["--config.mesh_shape=(3,1,1)"],
+            "error: mesh (data=3, stage=1, tensor=1) needs 3 devices",
+        ),
         (["--config.global_batch_size=12"], "error: global_batch_size 12 is not divisible"),
         (["--config.data.name=cifar10", "--config.data.data_dir=/nonexistent"], "shapes10"),
     ],
@@ -83,7 +86,7 @@ def test_numbers_print_in_one_format_each():
     rows = dict(line.rsplit("  ", 1) for line in metrics.summary_table(summary).splitlines()
                 if "  " in line and not line.startswith("-"))  # fmt: skip
     rows = {k.strip(): v.strip() for k, v in rows.items()}
-    assert rows["mesh (data, stage, tensor)"] == "(8, 1, 1)"
+    assert rows["mesh"] == "(data=8, stage=1, tensor=1)"
     assert rows["partitioning"] == "data parallel over 8"
     assert rows["compile time"] == "6.03 s" and rows["step time, median"] == "375 ms"
     assert rows["wait for data / step, mean"] == "52.0 us"

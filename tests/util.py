@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import re
 import socket
@@ -18,7 +19,8 @@ import numpy as np
 import optax
 
 from configs import base
-from jaxpar import configfile, trainer
+from jaxpar import axes, configfile, trainer
+from jaxpar import mesh as mesh_lib
 from jaxpar.parallel.state import forward_loss, init_state
 
 
@@ -70,13 +72,15 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
     micro-batching policy: the batch is split in M equal parts, each normalised with its own
     BatchNorm statistics and updating the running averages in order; the step's loss and
     gradient are the means over the parts, applied once. Part m holds the m-th 1/M of every
-    data replica's share of the batch (config.mesh_shape's data size; with one replica, the
+    data replica's share of the batch (the product of the mesh's batch axes; with one replica, the
     m-th 1/M of the batch), as a pipeline's micro-batch does.
     Returns (losses per step, final state) on the host.
     """
-    replicas = max(int(config.mesh_shape[0]), 1)
+    names = mesh_lib.axis_names(config)
+    shape = dict(zip(names, config.mesh_shape, strict=True))
+    replicas = math.prod(max(int(shape[a]), 1) for a in axes.batch_axes(shape))
     config = config.copy_and_resolve_references()
-    config.mesh_shape = (1, 1, 1)
+    config.mesh_shape = (1,) * len(names)
     s = trainer.setup(config, jax.devices()[:1])
     model, tx = s.model, s.strategy.tx
     # jit, as every strategy initialises: eager initialisers round some parameters 1 ulp

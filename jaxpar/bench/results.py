@@ -11,6 +11,7 @@ import math
 import statistics
 from typing import Any
 
+from jaxpar import axes
 from jaxpar.metrics import INPUT_BOUND_WAIT_SHARE
 
 HEADER = (
@@ -24,7 +25,8 @@ HEADER = (
 
 # Keys every row carries (None where a figure does not apply or the row failed).
 KEYS = (
-    "name", "group", "scaling", "status", "error", "mesh_shape", "num_devices", "strategy",
+    "name", "group", "scaling", "status", "error", "mesh_shape", "mesh_axes", "num_devices",
+    "strategy",
     "pipeline_schedule", "num_microbatches", "global_batch_size", "repeats",
     "images_per_sec", "images_per_sec_stderr", "images_per_sec_p10", "images_per_sec_p90",
     "speedup", "efficiency", "baseline", "step_time_median_s", "compile_time_s",
@@ -97,6 +99,7 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out["bytes_between_stages"] = first.get("bytes_between_stages_per_step")
     if out["mesh_shape"] is None and "mesh_shape" in spec.get("config", {}):
         out["mesh_shape"] = list(spec["config"]["mesh_shape"])  # a failed row: as asked
+        out["mesh_axes"] = list(spec["config"].get("mesh_axes") or axes.DEFAULT)
         out["num_devices"] = math.prod(out["mesh_shape"]) if -1 not in out["mesh_shape"] else None
     if out["global_batch_size"] is None:  # a failed row: as asked
         out["global_batch_size"] = spec.get("config", {}).get("global_batch_size")
@@ -114,8 +117,12 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out["images_per_sec_p90"], _ = mean_stderr(fast)
     out["step_time_median_s"], _ = mean_stderr([r["step_time_median_s"] for r in repeats])
     out.update(_input(repeats, batch))
-    shape = out["mesh_shape"] or [1, 1, 1]
-    data_only = shape[0] > 1 and shape[1] == shape[2] == 1
+    shape = dict(zip(out["mesh_axes"] or axes.DEFAULT, out["mesh_shape"] or [1, 1, 1]))
+    used = [a for a, n in shape.items() if n > 1]
+    data_only = bool(used) and all(  # replicas of the whole model, nothing else split
+        axes.registered(a) and axes.get(a).role == "batch" and not axes.get(a).shards_params
+        for a in used
+    )
     if data_only and out["param_bytes"]:  # the gradient all-reduce against the parameters
         out["data_allreduce_over_params"] = out["data_allreduce_bytes"] / out["param_bytes"]
     if out["images_per_sec"] and out["model_flops_per_image"]:
@@ -162,6 +169,17 @@ def add_scaling(rows: list[dict]) -> list[dict]:
     return rows
 
 
+def mesh_cell(r: dict) -> str:
+    """A row's mesh in a table: "(2,1,1)" on the default (data, stage, tensor) axes, else
+    named, "(node=2,data=4)"."""
+    sizes, names = r.get("mesh_shape"), tuple(r.get("mesh_axes") or axes.DEFAULT)
+    if not sizes:
+        return ""
+    if names == axes.DEFAULT:
+        return "(" + ",".join(str(x) for x in sizes) + ")"
+    return "(" + ",".join(f"{a}={n}" for a, n in zip(names, sizes)) + ")"
+
+
 def _mib(n) -> str:
     return "" if n is None else f"{n / 2**20:.2f}"
 
@@ -190,7 +208,7 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         bubble = ""
         if r["analytic_bubble"] is not None:
             bubble = f"{r['analytic_bubble']:.3f} / {_f(r['measured_bubble'], '.3f')}"
-        mesh = "(" + ",".join(str(x) for x in r["mesh_shape"]) + ")" if r["mesh_shape"] else ""
+        mesh = mesh_cell(r)
         status = "ok" if r["status"] == "ok" else f"failed: {r['error']}"
         cells = [
             r["name"], mesh, str(r["num_devices"] or ""), rate, _f(r["speedup"], ".2f"),
@@ -358,9 +376,8 @@ def predicted_markdown(rows: list[dict], profile: str) -> str:
                       f"{_mib(r.get('predicted_memory_bytes_per_device'))}")  # fmt: skip
             if r.get("predicted_memory_error") is not None:
                 memory += f" ({_signed(r['predicted_memory_error'])})"
-        mesh = r.get("mesh_shape")
         cells = [
-            r["name"], "(" + ",".join(map(str, mesh)) + ")" if mesh else "", measured, guess,
+            r["name"], mesh_cell(r), measured, guess,
             _signed(r.get("predicted_error")),
             _ms(r.get("step_time_median_s")) if ok else "", step, bubble, memory,
         ]  # fmt: skip

@@ -9,6 +9,7 @@ without tracing. Variables are stored per layer: {"params": {layer_name: ...},
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -87,6 +88,7 @@ class SequentialModel:
         layers: slice = slice(None),
         constrain: Any = None,
         example: jax.Array | None = None,
+        gather: Any = None,
     ) -> tuple[jax.Array, dict[str, Any]]:
         """Run `layers` (default: all) on x; return output and updated batch statistics.
 
@@ -97,6 +99,10 @@ class SequentialModel:
         `example`: per-row ids of the batch (uint32, see data.Dataset.train_batch), from which
         dropout layers draw their masks in training: layer i's key for a row is
         fold_in(key(i), id), the same on any device.
+        `gather`: runs layers from this device's parameter shards (fsdp): `gather.wrap(name,
+        run)` turns a layer's run(params, stats, x, keys) into the same function of its
+        shards (jaxpar/parallel/variables.py: gathered in the forward and again in the
+        backward); None: the parameters are whole.
         """
         new_stats = dict(batch_stats)
         first = range(len(self.layers))[layers].start
@@ -112,22 +118,18 @@ class SequentialModel:
                 # otherwise rematerialise out of sight.
                 x = constrain(x, (None,) * x.ndim)
             module = layer.module.clone(bn_axis_name=bn_axis_name)
-            variables = {"params": params[layer.name]}
-            if layer.name in batch_stats:
-                variables["batch_stats"] = batch_stats[layer.name]
             keys = None
             if train and layer.module.dropout and example is not None:
                 keys = jax.vmap(lambda e, i=i: jax.random.fold_in(jax.random.key(i), e))(example)
-            if train and layer.name in batch_stats:
-                x, updates = module.apply(variables, x, train=True, keys=keys,
-                                          mutable=["batch_stats"])  # fmt: skip
+            run = functools.partial(_run_layer, module, train)
+            if gather is not None:
+                run = gather.wrap(layer.name, run)
+            x, updates = run(params[layer.name], batch_stats.get(layer.name), x, keys)
+            if updates is not None:
                 # running averages keep their own dtype whatever the compute dtype
                 new_stats[layer.name] = jax.tree.map(
-                    lambda new, old: new.astype(old.dtype), updates["batch_stats"],
-                    batch_stats[layer.name],
-                )  # fmt: skip
-            else:
-                x = module.apply(variables, x, train=train, keys=keys)
+                    lambda new, old: new.astype(old.dtype), updates, batch_stats[layer.name]
+                )
             if constrain is not None:
                 x = constrain(x, layer.module.out_axes)
         return x, new_stats
@@ -144,6 +146,17 @@ class SequentialModel:
             f"{'total':<10} {'':>16} {self.num_params:>12,} {self.flops_per_example / 1e6:>10.2f}"
         )
         return "\n".join(rows)
+
+
+def _run_layer(module, train, params, stats, x, keys):
+    """One layer: (output, its new batch statistics or None)."""
+    variables = {"params": params}
+    if stats is not None:
+        variables["batch_stats"] = stats
+    if train and stats is not None:
+        y, updates = module.apply(variables, x, train=True, keys=keys, mutable=["batch_stats"])
+        return y, updates["batch_stats"]
+    return module.apply(variables, x, train=train, keys=keys), None
 
 
 def count_params(tree: Any) -> int:

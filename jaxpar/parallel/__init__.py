@@ -6,8 +6,8 @@ know which one it has.
 
 from __future__ import annotations
 
+from jaxpar import axes
 from jaxpar import config as config_lib
-from jaxpar.mesh import AXES, STAGE, TENSOR
 from jaxpar.parallel import schedules, stages, sync, tensor
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.pipeline import Pipeline
@@ -23,28 +23,30 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "pipeline": Pipeline,
 }
 
-__all__ = ["STRATEGIES", "Program", "Strategy", "TrainState", "build", "choose", "validate"]
+__all__ = ["STRATEGIES", "Program", "Strategy", "TrainState", "build", "check_model", "choose",
+           "validate"]  # fmt: skip
 
 
 def choose(config, mesh_shape: dict[str, int]) -> str:
     """The strategy for a config on a mesh: config.strategy when it names one; with "auto", a
-    pipeline when the mesh has stages, tensor parallelism when it has a tensor axis, else data
-    parallelism (shard_map, or pmap with sync.impl=pmap)."""
+    pipeline when the mesh has stages, tensor parallelism when an axis is left to the sharding
+    rules, else data parallelism over the batch axes (shard_map, or pmap with
+    sync.impl=pmap)."""
     wanted = config.get("strategy", "auto")
     if wanted != "auto":
         return wanted
-    if mesh_shape[STAGE] > 1:
+    if axes.num_stages(mesh_shape) > 1:
         return "pipeline"
-    if mesh_shape[TENSOR] > 1:
+    if axes.auto_axes(mesh_shape):
         return "tensor"
     return "pmap" if config.sync.impl == "pmap" else "data"
 
 
-def validate(config, num_devices: int) -> tuple[int, int, int]:
+def validate(config, num_devices: int) -> dict[str, int]:
     """Every check of `config` before anything is built, each failing in one line: the keys
     every run shares (config.validate), the partitioning's own keys (schedule, split, tensor
     rules, sync mode), then the chosen strategy's and sync rule's fit to the mesh. Returns the
-    resolved (data, stage, tensor) shape."""
+    resolved mesh, {axis: size} in mesh order."""
     shape = config_lib.validate(config, num_devices)
     config_lib.choice(config.get("strategy", "auto"), ("auto", *STRATEGIES), "strategy")
     config_lib.choice(config.pipeline.schedule, schedules.NAMES, "pipeline.schedule")
@@ -54,14 +56,14 @@ def validate(config, num_devices: int) -> tuple[int, int, int]:
     )
     config_lib.check(config.pipeline.virtual_stages >= 1, "pipeline.virtual_stages must be >= 1")
     stages.parse(config.pipeline.split)  # a policy name or cut points; bounds checked at build
-    tensor.check_rules(config.tensor.rules)
+    tensor.check_rules(config.tensor.rules, tuple(shape))
     config_lib.choice(config.sync.mode, tuple(sync.MODES), "sync.mode")
-    strategy = STRATEGIES[choose(config, dict(zip(AXES, shape, strict=True)))]
-    for reason in (strategy.check(config, shape), sync.check(config, *shape)):
+    strategy = STRATEGIES[choose(config, shape)]
+    for reason in (strategy.check(config, shape), sync.check(config, shape)):
         config_lib.check(reason is None, str(reason))
     accum = config.get("grad_accum_steps", 1)
     if accum != 1:
-        per_device = config.global_batch_size // shape[0]
+        per_device = config.global_batch_size // axes.num_replicas(shape)
         config_lib.check(isinstance(accum, int) and accum >= 1,
                          f"grad_accum_steps must be a positive integer, got {accum!r}")  # fmt: skip
         config_lib.check(strategy.accumulates,
@@ -74,5 +76,15 @@ def validate(config, num_devices: int) -> tuple[int, int, int]:
     return shape
 
 
+def check_model(config, shape: dict[str, int], model) -> None:
+    """The chosen strategy's refusals that need the model (channels that do not divide, too
+    few layers to cut), in one line, before anything is compiled."""
+    reason = STRATEGIES[choose(config, shape)].check_model(config, shape, model)
+    config_lib.check(reason is None, str(reason))
+
+
 def build(config, model, mesh, tx) -> Strategy:
+    """The config's strategy on `mesh` (every refusal, the model's included, is one line
+    before anything is built)."""
+    check_model(config, dict(mesh.shape), model)
     return STRATEGIES[choose(config, dict(mesh.shape))](config, model, mesh, tx)

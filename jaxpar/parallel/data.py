@@ -1,12 +1,14 @@
-"""Data parallelism with jax.shard_map over "data"; how replicas agree is a pluggable
-synchronisation rule (`sync.mode`, jaxpar/parallel/sync/).
+"""Data parallelism with jax.shard_map over the batch axes (data, node x data, data x fsdp, ...);
+how replicas agree is a pluggable synchronisation rule (`sync.mode`, jaxpar/parallel/sync/).
 
 Every device holds a replica (or, by the rule, a slice) of the state and a 1/d slice of the
 global batch. The step body is the same for every rule: the replica's gradient at
 `rule.local_params` (per-device values, so that under the default `allreduce` rule
 `average_gradients` is exactly one all-reduce of the parameter bytes), then `rule.update`.
 (Without the per-device cast, shard_map's check_vma would already sum the gradient of a
-replicated parameter over "data", and a pmean on top would return d times the true gradient.)
+replicated parameter over the replica axes, and a pmean on top would return d times the true
+gradient.) Parameters an axis shards (fsdp) are gathered layer by layer inside the model
+(`variables.gather_fn`), and their gradients arrive reduce-scattered.
 
 TensorParallel (tensor_parallel.py) is this strategy with the other axes left to the sharding
 rules; it overrides the few hooks marked below.
@@ -15,6 +17,7 @@ rules; it overrides the few hooks marked below.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +25,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import axes
+from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import DATA
-from jaxpar.parallel import sync
+from jaxpar.parallel import sync, tensor, variables
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import eval_sums, init_state, loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
@@ -34,40 +38,51 @@ _shapes = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dt
 
 
 class DataParallel(Strategy):
-    """shard_map over "data" with the config's sync rule."""
+    """shard_map over the batch axes with the config's sync rule."""
 
     name = "data"
-    auto_axes = False  # hook: leave the axes other than "data" to the sharding rules
+    auto_axes = False  # hook: leave the axes other than the batch axes to the sharding rules
 
     impl = "shard_map"  # the sync.impl this strategy is
     accumulates = True
 
     @classmethod
     def check(cls, config, shape):
-        data, stage, tensor = shape
         if config.sync.impl != cls.impl:
             return (f"strategy={cls.name} runs with sync.impl={cls.impl}, not "
                     f"{config.sync.impl}; change one of them (strategy=auto follows sync.impl)")  # fmt: skip
-        if stage > 1 or tensor > 1:
-            return (f"strategy={cls.name} runs on a data-only mesh, not {shape}; use "
-                    f"mesh_shape=({data * stage * tensor},1,1) or strategy=auto")  # fmt: skip
+        other = [a for a, n in shape.items() if n > 1 and a not in axes.batch_axes(shape)]
+        if other:
+            names, n = tuple(shape), math.prod(shape.values())
+            first = axes.batch_axes(shape)[0] if axes.batch_axes(shape) else names[0]
+            sizes = [shape[a] * math.prod(shape[o] for o in other) if a == first
+                     else 1 if a in other else shape[a] for a in names]  # fmt: skip
+            return (f"strategy={cls.name} splits the batch only, but the mesh "
+                    f"{axes.spelled(shape)} has {'/'.join(other)} > 1; use "
+                    f"--config.mesh_shape={mesh_lib.spelled_shape(names, sizes)} (all {n} "
+                    "devices on the batch) or strategy=auto")  # fmt: skip
+        return None
+
+    @classmethod
+    def check_model(cls, config, shape, model):
+        accum = config.get("grad_accum_steps", 1)
+        if accum > 1 and any(layer.names.get("batch_stats") for layer in model.layers):
+            return (f"grad_accum_steps={accum} would compute BatchNorm statistics per slice "
+                    f"of the batch, which changes the model {model.name} trains; use "
+                    "grad_accum_steps=1 (or a model without BatchNorm)")  # fmt: skip
         return None
 
     def __init__(self, config, model, mesh, tx):
         super().__init__(config, model, mesh, tx)
-        self.replicas = self.make_replicas(mesh.shape[DATA])
-        self.batch_sharding = NamedSharding(mesh, P(DATA))
+        self.replicas = self.make_replicas(dict(mesh.shape))
+        self.batch_spec = self.replicas.spec
+        self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.rule = sync.build(config, self.replicas, tx, self.variable_specs())
+        self.gather = variables.gather_fn(self.rule.variable_specs["params"], dict(mesh.shape))
         if config.sync.mode != "allreduce":
             self.name = f"{self.name} ({config.sync.mode})"
         shared = jax.eval_shape(functools.partial(init_state, model, tx), jax.random.key(0))
         self.accum = config.get("grad_accum_steps", 1)
-        if self.accum > 1 and jax.tree.leaves(shared.batch_stats):
-            raise ConfigError(
-                f"grad_accum_steps={self.accum} would compute BatchNorm statistics per slice "
-                f"of the batch, which changes the model {model.name} trains; use "
-                "grad_accum_steps=1 (or a model without BatchNorm)"
-            )
         self._canonical_shapes = jax.eval_shape(self.rule.from_shared, shared)
         device_shapes = jax.eval_shape(self.rule.to_device, self._canonical_shapes)
         self.state_specs = self.rule.specs(device_shapes)
@@ -80,13 +95,13 @@ class DataParallel(Strategy):
 
     # -- hooks TensorParallel overrides ------------------------------------------------------
 
-    def make_replicas(self, n: int) -> Replicas:
-        return Replicas(n)
+    def make_replicas(self, shape: dict[str, int]) -> Replicas:
+        return Replicas(shape)
 
     def variable_specs(self) -> dict:
-        """(Tensor) specs of the variables over the axes other than "data": none here."""
-        shapes = jax.eval_shape(lambda: self.model.init(jax.random.key(0)))
-        return {k: jax.tree.map(lambda _: P(), v) for k, v in shapes.items()}
+        """Specs of the variables over the mesh: by the sharding rules over the rules axes
+        (none here) and by the parameter-sharding axes (fsdp); variables.py."""
+        return variables.specs(self.model, tensor.rules_from(self.config), dict(self.mesh.shape))
 
     constrain = None  # activations' layout inside the step (model.apply's `constrain`)
 
@@ -127,7 +142,7 @@ class DataParallel(Strategy):
             return jax.tree.map(np.asarray, self.rule.from_shared(shared))
         raise ConfigError(
             f"the checkpoint's state does not fit sync.mode={self.config.sync.mode} with "
-            f"{self.mesh.shape[DATA]} replicas (it was written by another mode or replica "
+            f"{self.replicas.n} replicas (it was written by another mode or replica "
             "count); resume with the settings it was written with"
         )
 
@@ -160,6 +175,7 @@ class DataParallel(Strategy):
         loss, stats, accuracy, grads = loss_and_grads(
             self.model, rule.local_params(state), rule.local_stats(state.batch_stats), batch,
             bn_axis_name=rule.bn_axis_name, constrain=self.constrain, chunks=self.accum,
+            gather=self.gather,
         )  # fmt: skip
         return rule.update(state, self.grads_in_layout(grads), stats), rule.metrics(loss, accuracy)
 
@@ -167,9 +183,9 @@ class DataParallel(Strategy):
         return self.replicas.shard_map(fn, self.mesh, in_specs, out_specs, self.auto_axes)
 
     def _jit_train(self):
-        specs = manual(self.state_specs)
-        metric_spec = P(DATA) if self.rule.per_replica_metrics else P()
-        step = self._sm(self._train_body, (specs, P(DATA)), (specs, metric_spec))
+        specs = manual(self.state_specs, self.replicas)
+        metric_spec = self.batch_spec if self.rule.per_replica_metrics else P()
+        step = self._sm(self._train_body, (specs, self.batch_spec), (specs, metric_spec))
         return jax.jit(step, donate_argnums=0, out_shardings=(self.state_sharding, None))
 
     def _compile(self, state, batch):
@@ -197,12 +213,13 @@ class DataParallel(Strategy):
         if self.rule.eval_kind == "each":  # independent: every replica evaluates every image
             batch = jax.tree.map(lambda x: self.replicas.all_gather(x, 0), batch)
             return jax.tree.map(lambda x: x[None], eval_sums(self.model, params, stats, batch))
-        return self.replicas.psum(eval_sums(self.model, params, stats, batch, self.constrain))
+        return self.replicas.psum(eval_sums(self.model, params, stats, batch, self.constrain,
+                                            self.gather))  # fmt: skip
 
     def _jit_eval(self):
         each = self.rule.eval_kind == "each"
-        fn = self._sm(self._eval_body, (manual(self.state_specs), P(DATA)),
-                      P(DATA) if each else P())  # fmt: skip
+        fn = self._sm(self._eval_body, (manual(self.state_specs, self.replicas), self.batch_spec),
+                      self.batch_spec if each else P())  # fmt: skip
 
         @jax.jit  # one computation (dispatch.py counts computations)
         def evaluate(state, batch):

@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
+from jaxpar import axes
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import init_state
@@ -32,15 +32,26 @@ class PmapDataParallel(DataParallel):
     name = "pmap"
     impl = "pmap"
 
+    @classmethod
+    def check(cls, config, shape):
+        reason = super().check(config, shape)
+        if reason is None and len(axes.replica_axes(shape)) > 1:
+            reason = (f"sync.impl=pmap maps over one axis, but the mesh {axes.spelled(shape)} "
+                      "splits the batch over several; use sync.impl=shard_map")  # fmt: skip
+        if reason is None and axes.sharding_axes(shape):
+            reason = "sync.impl=pmap keeps whole replicas; fsdp needs sync.impl=shard_map"
+        return reason
+
     def __init__(self, config, model, mesh, tx):
         self.devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
         super().__init__(config, model, mesh, tx)
         self.name = "pmap"
         # One replica per local device along a leading axis: the layout pmap consumes.
-        self.stacked = NamedSharding(Mesh(np.array(self.devices), (DATA,)), P(DATA))
+        self.axis = (self.replicas.axes or axes.batch_axes(dict(mesh.shape)))[0]
+        self.stacked = NamedSharding(Mesh(np.array(self.devices), (self.axis,)), P(self.axis))
 
-    def make_replicas(self, n: int) -> Replicas:
-        return PmapReplicas(n)
+    def make_replicas(self, shape: dict[str, int]) -> Replicas:
+        return PmapReplicas(shape)
 
     def _stack(self, tree, xp=jnp):
         n = len(self.devices)
@@ -76,7 +87,7 @@ class PmapDataParallel(DataParallel):
                                         sharding=self.stacked) for k, v in flat.items()}  # fmt: skip
 
     def _jit_train(self):
-        return jax.pmap(self._train_body, DATA, devices=self.devices, donate_argnums=0)
+        return jax.pmap(self._train_body, self.axis, devices=self.devices, donate_argnums=0)
 
     def _compile(self, state, batch):
         self._train = self._jit_train().lower(state, batch).compile()
@@ -96,7 +107,7 @@ class PmapDataParallel(DataParallel):
         """Replica 0's sums (every replica holds the psum): two computations, both counted in
         the dispatch window."""
         if self._eval is None:
-            self._eval = jax.pmap(self._eval_body, DATA, devices=self.devices)
+            self._eval = jax.pmap(self._eval_body, self.axis, devices=self.devices)
         sums = self.inflight.add(self._eval(state, batch))  # no context mesh: pmap has its own
         return self.inflight.add(_first_replica(sums))
 

@@ -1,68 +1,121 @@
-"""The data axis as a step body sees it: the collectives a sync rule and a stage program use.
+"""The data replicas as a step body sees them: the collectives a sync rule and a stage program
+use, over every batch axis of the mesh at once (data; node x data; data x fsdp; ...).
 
-Inside `jax.shard_map` over "data" each device is one replica and these are the usual
-`lax` collectives. A step with one replica beside automatic (GSPMD) axes cannot be a shard_map
-over "data" (XLA 0.10.2 refuses a manual all-reduce over a size-1 axis next to automatic ones,
-and none is needed), so it runs under plain `jit`, and every collective here is the identity.
-This is the only place that knows about that case.
+Inside `jax.shard_map` over the replica axes (the batch axes of size > 1, jaxpar/axes/) each
+device is one replica and these are the usual `lax` collectives over that tuple of axes;
+replica indices are row-major in mesh order. A step with one replica beside automatic (GSPMD)
+axes cannot be a shard_map (XLA 0.10.2 refuses a manual all-reduce over a size-1 axis next to
+automatic ones, and none is needed), so it runs under plain `jit`, and every collective here
+is the identity. This is the only place that knows about that case.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
+from jaxpar import axes as axes_lib
 
 
 class Replicas:
-    """`n` data replicas; n == 1 means no shard_map over "data" and no collectives."""
+    """The data replicas over `shape`'s batch axes; one replica means no shard_map and no
+    collectives."""
 
-    def __init__(self, n: int):
-        self.n = n
+    def __init__(self, shape: dict[str, int]):
+        self.axes = axes_lib.replica_axes(shape)  # batch axes of size > 1, in mesh order
+        self.sizes = {a: shape[a] for a in self.axes}
+        self.n = math.prod(self.sizes.values())
 
     @property
     def manual(self) -> bool:
-        """Whether step bodies run inside shard_map over "data"."""
+        """Whether step bodies run inside shard_map over the replica axes."""
         return self.n > 1
 
+    @property
+    def spec(self) -> P:
+        """The batch's PartitionSpec: rows split over every replica axis, in mesh order."""
+        return P(self.axes) if self.manual else P()
+
     def pmean(self, tree: Any) -> Any:
-        return lax.pmean(tree, DATA) if self.manual else tree
+        return lax.pmean(tree, self.axes) if self.manual else tree
 
     def psum(self, tree: Any) -> Any:
-        return lax.psum(tree, DATA) if self.manual else tree
+        return lax.psum(tree, self.axes) if self.manual else tree
+
+    def mean_grads(self, grads: Any, specs: Any = None) -> Any:
+        """The gradient average over the replicas: per leaf, a mean over the replica axes the
+        leaf is not split over (a leaf split over fsdp arrives summed over fsdp already, by
+        its all-gather's transpose, and is divided by that axis' size); an axis in the group
+        may average its own way (node: hierarchically, `Axis.mean`)."""
+        if not self.manual:
+            return grads
+        if specs is None:
+            return jax.tree.map(lambda g: self._mean(g, self.axes), grads)
+
+        def one(g, spec):
+            split = {a for part in spec if part for a in (part if isinstance(part, tuple)
+                                                          else (part,))}  # fmt: skip
+            over = tuple(a for a in self.axes if a not in split)
+            summed = math.prod(self.sizes[a] for a in self.axes if a in split)
+            g = g / summed if summed > 1 else g
+            return self._mean(g, over) if over else g
+
+        return jax.tree.map(one, grads, specs)
+
+    def mean(self, x: jax.Array) -> jax.Array:
+        """One leaf's mean over every replica axis, the way the axes average (node:
+        hierarchically)."""
+        return self._mean(x, self.axes) if self.manual else x
+
+    def _mean(self, x, group: tuple[str, ...]):
+        for a in group:
+            out = axes_lib.get(a).mean(x, group, tuple(b for b in group if b != a))
+            if out is not None:
+                return out
+        return lax.pmean(x, group)
 
     def varying(self, tree: Any) -> Any:
         """Replicated values cast to per-device ones, so that a gradient taken at them stays
         local (without it, shard_map's check_vma already sums the gradient of a replicated
-        parameter over "data", and a pmean on top gives n times the true gradient)."""
-        return lax.pcast(tree, DATA, to="varying") if self.manual else tree
+        parameter over the replica axes, and a pmean on top gives n times the true gradient).
+        Leaves already varying over some replica axes (shards) are cast over the others."""
+        if not self.manual:
+            return tree
+
+        def cast(x):
+            missing = tuple(a for a in self.axes if a not in jax.typeof(x).mat.varying)
+            return lax.pcast(x, missing, to="varying") if missing else x
+
+        return jax.tree.map(cast, tree)
 
     def index(self) -> jax.Array | int:
-        return lax.axis_index(DATA) if self.manual else 0
+        """This replica's index, row-major over the replica axes."""
+        return lax.axis_index(self.axes) if self.manual else 0
 
     def reduce_scatter(self, x: jax.Array, dim: int) -> jax.Array:
         """Sum over replicas; replica i keeps block i of dimension `dim`."""
         if not self.manual:
             return x
-        return lax.psum_scatter(x, DATA, scatter_dimension=dim, tiled=True)
+        return lax.psum_scatter(x, self.axes, scatter_dimension=dim, tiled=True)
 
     def all_gather(self, x: jax.Array, dim: int) -> jax.Array:
         """Every replica's block of dimension `dim`, concatenated, on every replica."""
         if not self.manual:
             return x
-        return lax.all_gather(x, DATA, axis=dim, tiled=True, to="invarying")
+        return lax.all_gather(x, self.axes, axis=dim, tiled=True, to="invarying")
 
     def ppermute(self, tree: Any, pairs: list[tuple[int, int]]) -> Any:
-        return lax.ppermute(tree, DATA, pairs) if self.manual else tree
+        return lax.ppermute(tree, self.axes, pairs) if self.manual else tree
 
     def shard_map(self, fn, mesh, in_specs, out_specs, auto_axes: bool):
-        """`fn` over the data axis (manual over "data" only when `auto_axes`, the others left
-        to GSPMD's sharding rules), or `fn` itself with one replica."""
+        """`fn` over the replica axes (manual over those only when `auto_axes`, the others
+        left to GSPMD's sharding rules), or `fn` itself with one replica."""
         if not self.manual:
             return fn
-        names = frozenset({DATA}) if auto_axes else frozenset(mesh.axis_names)
+        names = frozenset(self.axes) if auto_axes else frozenset(mesh.axis_names)
         return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                              axis_names=names)  # fmt: skip

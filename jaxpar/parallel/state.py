@@ -59,17 +59,32 @@ def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def forward_loss(
-    model: SequentialModel, params, batch_stats, batch, *, bn_axis_name=None, constrain=None
+    model: SequentialModel,
+    params,
+    batch_stats,
+    batch,
+    *,
+    bn_axis_name=None,
+    constrain=None,
+    gather=None,
 ) -> tuple[jax.Array, tuple[Any, jax.Array]]:
     """Training-mode loss on `batch`; aux = (updated batch stats, accuracy)."""
     logits, new_stats = model.apply(params, batch_stats, batch["image"], train=True,
                                     bn_axis_name=bn_axis_name, constrain=constrain,
-                                    example=batch.get("example"))  # fmt: skip
+                                    example=batch.get("example"), gather=gather)  # fmt: skip
     return cross_entropy(logits, batch["label"]), (new_stats, accuracy(logits, batch["label"]))
 
 
 def loss_and_grads(
-    model, params, batch_stats, batch, *, bn_axis_name=None, constrain=None, chunks: int = 1
+    model,
+    params,
+    batch_stats,
+    batch,
+    *,
+    bn_axis_name=None,
+    constrain=None,
+    chunks: int = 1,
+    gather=None,
 ):
     """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
     across replicas here. `params` must be per-replica values inside shard_map (see
@@ -84,7 +99,9 @@ def loss_and_grads(
     514 img/s rolled, 3,117 unrolled, 676 in one piece).
     """
     grad_fn = jax.value_and_grad(
-        functools.partial(forward_loss, model, bn_axis_name=bn_axis_name, constrain=constrain),
+        functools.partial(
+            forward_loss, model, bn_axis_name=bn_axis_name, constrain=constrain, gather=gather
+        ),
         has_aux=True,
     )
     if chunks == 1:
@@ -114,9 +131,11 @@ def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:
     }
 
 
-def eval_sums(model: SequentialModel, params, batch_stats, batch, constrain=None) -> dict:
+def eval_sums(model: SequentialModel, params, batch_stats, batch, constrain=None,
+              gather=None) -> dict:  # fmt: skip
     """Masked sums of loss and correct predictions over a (local) eval batch."""
-    logits, _ = model.apply(params, batch_stats, batch["image"], train=False, constrain=constrain)
+    logits, _ = model.apply(params, batch_stats, batch["image"], train=False, constrain=constrain,
+                            gather=gather)  # fmt: skip
     return logit_sums(logits, batch["label"], batch["mask"])
 
 

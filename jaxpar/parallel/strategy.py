@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxpar import dispatch
+from jaxpar import axes, dispatch
 from jaxpar.models import SequentialModel
 from jaxpar.parallel.state import TrainState
 
@@ -49,26 +49,27 @@ def partitioning(
     sync_mode: str = "allreduce",
     chunks_per_stage: int = 1,
 ) -> str:
-    """A (data, stage, tensor) mesh's split of the step in words, by what it composes:
+    """A mesh's split of the step in words, by what it composes ({axis: size} in mesh order):
     "1 device", "data parallel over 8", "pipeline over 2 stages (gpipe)", "tensor parallel
-    over 8", "hybrid data 2 x pipeline 2 (1f1b) x tensor 2". A sync mode other than allreduce
-    follows the data part ("data 2 (local_sgd)"); chunks per stage follow the schedule."""
-    data, stage, width = shape.get("data", 1), shape.get("stage", 1), shape.get("tensor", 1)
+    over 8", "hybrid data 2 x pipeline 2 (1f1b) x tensor 2", "hybrid node 2 x data 4". A sync
+    mode other than allreduce follows the last batch axis ("data 2 (local_sgd)"); chunks per
+    stage follow the schedule."""
     sync = f" ({sync_mode})" if sync_mode and sync_mode != "allreduce" else ""
     how = f" ({schedule})" if schedule else ""
     if schedule and chunks_per_stage > 1 and schedule == "interleaved":
         how = f" ({schedule}, {chunks_per_stage} chunks per stage)"
-    parts = {
-        "data": (data, f"data {data}{sync}", f"data parallel over {data}{sync}"),
-        "stage": (stage, f"pipeline {stage}{how}", f"pipeline over {stage} stages{how}"),
-        "tensor": (width, f"tensor {width}", f"tensor parallel over {width}"),
-    }
-    used = [(short, alone) for size, short, alone in parts.values() if size > 1]
-    if not used:
+    used = axes.used(shape)
+    batch = [a for a in used if axes.get(a).role == "batch"]
+    parts = []
+    for name, n in used.items():
+        axis = axes.get(name)
+        after = sync if batch and name == batch[-1] else how if axis.role == "layers" else ""
+        parts.append((f"{axis.label} {n}{after}", axis.phrase.format(n=n) + after))
+    if not parts:
         return "1 device"
-    if len(used) == 1:
-        return used[0][1]
-    return "hybrid " + " x ".join(short for short, _ in used)
+    if len(parts) == 1:
+        return parts[0][1]
+    return "hybrid " + " x ".join(short for short, _ in parts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -111,9 +112,17 @@ class Strategy(abc.ABC):
     accumulates: bool = False
 
     @classmethod
-    def check(cls, config, shape: tuple[int, int, int]) -> str | None:
-        """Why this strategy cannot run `config` on a (data, stage, tensor) mesh `shape` (one
-        line that says how to fix it), or None. Called before anything is built."""
+    def check(cls, config, shape: dict[str, int]) -> str | None:
+        """Why this strategy cannot run `config` on the mesh `shape` ({axis: size}, in mesh
+        order; one line that says how to fix it), or None. Called before anything is
+        built."""
+        return None
+
+    @classmethod
+    def check_model(cls, config, shape: dict[str, int], model: SequentialModel) -> str | None:
+        """Why this strategy cannot run `model` under `config` on the mesh `shape` (what only
+        the model tells: channel counts that do not divide, too few layers to cut), or None.
+        Called once the model is built, before anything is compiled or placed."""
         return None
 
     def __init__(self, config, model: SequentialModel, mesh, tx):

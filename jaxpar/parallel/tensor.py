@@ -14,7 +14,8 @@ axes, e.g. (("conv_out", "tensor"), ("mlp", "tensor")): conv kernels split by ou
 (each device computes c_out / t channels; BatchNorm statistics of a channel stay with its
 shard), the first hidden dense layer column-wise and the next row-wise (Megatron).
 
-The rules are applied inside the step (manual over "data", automatic over "tensor"): XLA's
+The rules are applied inside the step (manual over the batch axes, automatic over the rules
+axes such as "tensor"): XLA's
 SPMD partitioner then inserts the collectives at layer boundaries (an all-gather of the
 channels before a conv that needs them all, a reduce of the partial sums after a row-parallel
 layer). `--explain` reads them from the compiled program. Channel counts that do not divide by
@@ -26,12 +27,12 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 from jax import lax
-from jax.sharding import NamedSharding
+from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import axes
 from jaxpar import config as config_lib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import AXES
 from jaxpar.models import SequentialModel
 from jaxpar.models.layers import LOGICAL_AXES
 
@@ -43,8 +44,10 @@ def rules_from(config) -> Rules:
     return tuple((str(name), axis) for name, axis in config.tensor.rules)
 
 
-def check_rules(rules) -> None:
-    """Sharding rules name known logical axes and existing mesh axes (or None)."""
+def check_rules(rules, mesh_axes: tuple[str, ...] = ()) -> None:
+    """Sharding rules name known logical axes and registered rules axes (or None). An axis
+    the run's mesh (`mesh_axes`) lacks splits nothing; that is allowed (the default rules
+    name tensor, and a mesh without it simply keeps channels whole)."""
     for rule in rules:
         config_lib.check(
             isinstance(rule, tuple) and len(rule) == 2,
@@ -57,10 +60,11 @@ def check_rules(rules) -> None:
             f"tensor.rules names {name!r}, which no layer uses; choose from "
             f"{', '.join(LOGICAL_AXES)}",
         )
+        ruled = [a for a in axes.names() if axes.get(a).role == "rules"]
         config_lib.check(
-            axis is None or axis in AXES,
-            f"tensor.rules maps {name!r} to mesh axis {axis!r}, which does not exist; use "
-            f"{', '.join(AXES)} or None",
+            axis is None or axis in ruled,
+            f"tensor.rules maps {name!r} to mesh axis {axis!r}, which is not a rules axis; "
+            f"use {', '.join(ruled)} or None",
         )
 
 
@@ -96,10 +100,16 @@ def _is_spec(x) -> bool:
 
 
 def constrain_tree(tree, specs):
-    """Pin every array of `tree` (inside shard_map) to its spec over the automatic axes."""
+    """Pin every array of `tree` (inside shard_map) to its spec over the automatic axes (the
+    manual ones, e.g. fsdp's split of a parameter, are shard_map's already)."""
     mesh = jax.sharding.get_abstract_mesh()
+    auto = {a for a, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Auto}
+
+    def only_auto(s: P) -> P:
+        return P(*[p if p in auto else None for p in s])
+
     return jax.tree.map(
-        lambda s, x: lax.with_sharding_constraint(x, NamedSharding(mesh, s)),
+        lambda s, x: lax.with_sharding_constraint(x, NamedSharding(mesh, only_auto(s))),
         specs,
         tree,
         is_leaf=lambda x: isinstance(x, P),
@@ -109,7 +119,7 @@ def constrain_tree(tree, specs):
 def constrain_fn(rules: Rules):
     """`constrain(x, logical_axes)` for model.apply: pins an activation's sharding over the
     automatic mesh axes inside shard_map. The batch dimension is left alone (it is split by
-    the manual "data" axis already)."""
+    the manual batch axes already)."""
 
     def constrain(x, names):
         names = tuple(None if n == "batch" else n for n in names)
@@ -117,6 +127,24 @@ def constrain_fn(rules: Rules):
         return lax.with_sharding_constraint(x, NamedSharding(mesh, spec(names, rules)))
 
     return constrain
+
+
+def problem(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> str | None:
+    """Why the rules cannot split `model` on this mesh (a dimension that does not divide by
+    its axis' size; one line), or None. Remembered per model, rules and sizes: the planner
+    asks for thousands of candidates."""
+    sizes = tuple(sorted((a, n) for a, n in mesh_shape.items() if n > 1))
+    key = (id(model), model.name, tuple(rules), sizes)
+    if key not in _PROBLEMS:
+        try:
+            check(model, rules, mesh_shape)
+            _PROBLEMS[key] = None
+        except ConfigError as e:
+            _PROBLEMS[key] = str(e)
+    return _PROBLEMS[key]
+
+
+_PROBLEMS: dict = {}
 
 
 def check(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> None:
@@ -130,9 +158,9 @@ def check(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> N
         for coll, tree in layer_specs(layer, rules).items():
             shapes = nn.unbox(variables.get(coll, {}))
             named = jax.tree_util.tree_leaves_with_path(tree, is_leaf=_is_spec)
-            for (path, axes), leaf in zip(named, jax.tree.leaves(shapes), strict=True):
+            for (path, split), leaf in zip(named, jax.tree.leaves(shapes), strict=True):
                 keys = [k.key for k in path]
-                for dim, axis in zip(leaf.shape, axes):
+                for dim, axis in zip(leaf.shape, split):
                     size = mesh_shape.get(axis, 1) if isinstance(axis, str) else 1
                     if dim % size:
                         raise ConfigError(

@@ -1,5 +1,6 @@
-"""Choose a partitioning: enumerate every (data, stage, tensor) mesh of a profile's devices and
-the settings the trainer runs on it, predict each on the profile (jaxpar.predict), rank them.
+"""Choose a partitioning: enumerate every mesh of a profile's devices over the registered axes
+(data, fsdp, stage, tensor, and node on a profile of several nodes; jaxpar/axes/) and the
+settings the trainer runs on it, predict each on the profile (jaxpar.predict), rank them.
 
     from jaxpar.plan import enumerate_candidates, plan, rank
     valid, refused = enumerate_candidates(config, 8)          # pure: no compile
@@ -29,8 +30,11 @@ from typing import Any
 
 import ml_collections
 
+from jaxpar import axes as axes_lib
 from jaxpar import configfile, oneline
 from jaxpar.errors import ConfigError
+
+DEFAULT_AXES = axes_lib.DEFAULT
 
 # Synchronisation modes that compute the single-device function (README "Synchronisation
 # modes": tested equal to one device), and those that do not (periodic averaging, stale
@@ -62,17 +66,46 @@ __all__ = [
 class Candidate:
     """One partitioning: a mesh and the settings that matter on it (None where they do not)."""
 
-    mesh: tuple[int, int, int]
+    mesh: tuple[int, ...]  # sizes of `axes`
     schedule: str | None = None  # stage > 1 only
     microbatches: int | None = None
     remat: bool | None = None
     virtual: int = 1
     split: str | None = None
     sync: str = "allreduce"  # data > 1 only (else allreduce, which then does nothing)
+    axes: tuple[str, ...] = DEFAULT_AXES
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(zip(self.axes, self.mesh, strict=True))
 
     @property
     def num_devices(self) -> int:
         return math.prod(self.mesh)
+
+    @property
+    def stages(self) -> int:
+        return axes_lib.num_stages(self.shape)
+
+    @property
+    def replicas(self) -> int:
+        """Data replicas where the sync mode matters: the batch axes but fsdp's (which runs
+        allreduce only)."""
+        shape = self.shape
+        return math.prod(shape[a] for a in axes_lib.batch_axes(shape)
+                         if not axes_lib.get(a).shards_params)  # fmt: skip
+
+    @property
+    def named_axes(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The axes and sizes a command names: the default three when they suffice, else the
+        axes of size > 1 (in the registry's order)."""
+        if self.axes == DEFAULT_AXES:
+            return self.axes, self.mesh
+        used = [(a, n) for a, n in zip(self.axes, self.mesh) if n > 1] or [(self.axes[0], 1)]
+        if {a for a, _ in used} <= set(DEFAULT_AXES):
+            shape = self.shape
+            return DEFAULT_AXES, tuple(shape.get(a, 1) for a in DEFAULT_AXES)
+        return tuple(a for a, _ in used), tuple(n for _, n in used)
 
     @property
     def exact(self) -> bool:
@@ -81,7 +114,11 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        parts = [f"({','.join(map(str, self.mesh))})"]
+        names, sizes = self.named_axes
+        if names == DEFAULT_AXES:
+            parts = [f"({','.join(map(str, sizes))})"]
+        else:
+            parts = ["(" + ",".join(f"{a}={n}" for a, n in zip(names, sizes)) + ")"]
         if self.schedule:
             parts.append(f"{self.schedule} M={self.microbatches}")
             parts.append("remat" if self.remat else "no-remat")
@@ -89,13 +126,18 @@ class Candidate:
                 parts.append(f"v={self.virtual}")
             if self.split and self.split != "flops":
                 parts.append(f"split={self.split}")
-        if self.mesh[0] > 1:
+        if self.replicas > 1:
             parts.append(self.sync)
         return " ".join(parts)
 
     def overrides(self, config: ml_collections.ConfigDict | None = None) -> dict[str, Any]:
         """The `--config.KEY=VALUE` settings that make `config` this candidate."""
-        out: dict[str, Any] = {"mesh_shape": tuple(self.mesh)}
+        names, sizes = self.named_axes
+        out: dict[str, Any] = {}
+        if names != DEFAULT_AXES or (config is not None and tuple(
+                config.get("mesh_axes", DEFAULT_AXES)) != DEFAULT_AXES):  # fmt: skip
+            out["mesh_axes"] = names
+        out["mesh_shape"] = tuple(sizes)
         if self.schedule:
             out["pipeline.schedule"] = self.schedule
             out["pipeline.num_microbatches"] = self.microbatches
@@ -103,7 +145,7 @@ class Candidate:
             out["pipeline.virtual_stages"] = self.virtual
             if self.split:
                 out["pipeline.split"] = self.split
-        if self.mesh[0] > 1 or (config is not None and config.sync.mode != self.sync):
+        if self.replicas > 1 or (config is not None and config.sync.mode != self.sync):
             out["sync.mode"] = self.sync
         if (
             self.sync in ("local_sgd", "independent")
@@ -122,11 +164,31 @@ class Candidate:
         return {**dataclasses.asdict(self), "name": self.name, "exact": self.exact}
 
 
-def factorisations(n: int) -> list[tuple[int, int, int]]:
-    """Every (data, stage, tensor) with product n, data-heavy first."""
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    out = [(d, s, n // (d * s)) for d in divisors for s in divisors if (n // d) % s == 0]
-    return sorted(out, key=lambda m: (-m[0], -m[1]))
+def factorisations(n: int, k: int = 3) -> list[tuple[int, ...]]:
+    """Every k sizes with product n, the first axes' largest first ((data, stage, tensor):
+    data-heavy first)."""
+    if k == 1:
+        return [(n,)]
+    out = [(d, *rest) for d in range(1, n + 1) if n % d == 0
+           for rest in factorisations(n // d, k - 1)]  # fmt: skip
+    return sorted(out, key=lambda m: tuple(-x for x in m))
+
+
+def meshes(n: int, nodes: int = 1, names: Sequence[str] | None = None
+           ) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:  # fmt: skip
+    """(axes, sizes) of every mesh of n devices the planner tries: every factorisation over
+    `names` (default: every registered axis, a user's own included, but those placed across
+    nodes); with `nodes` > 1 (a profile of several nodes that the run spans), also every one
+    with an across-nodes axis (node) of that size first."""
+    if names is None:
+        names = [a for a in axes_lib.names() if not axes_lib.get(a).across_nodes]
+    names = [a for a in names if not axes_lib.get(a).across_nodes]
+    out = [(tuple(names), m) for m in factorisations(n, len(names))]
+    across = [a for a in axes_lib.names() if axes_lib.get(a).across_nodes]
+    if nodes > 1 and n % nodes == 0:
+        for a in across[:1]:
+            out += [((a, *names), (nodes, *m)) for m in factorisations(n // nodes, len(names))]
+    return out
 
 
 def microbatch_counts(per_replica: int, stages: int) -> list[int]:
@@ -137,21 +199,29 @@ def microbatch_counts(per_replica: int, stages: int) -> list[int]:
     return sorted(m for m in wanted if m <= per_replica and per_replica % m == 0)
 
 
+BASELINE = Candidate((1, 1, 1))
+
+
 def space(
     config: ml_collections.ConfigDict,
     n: int,
     all_sync: bool = False,
     splits: Sequence[str] = ("flops",),
+    nodes: int = 1,
+    axes: Sequence[str] | None = None,
 ) -> list[Candidate]:
-    """Every candidate on n devices, before the trainer's refusals; plus the 1-device row."""
+    """Every candidate on n devices (spanning `nodes` nodes) over `axes` (`meshes`), before
+    the trainer's refusals; plus the 1-device row."""
     syncs = EXACT_SYNC + (APPROX_SYNC if all_sync else ())
     eval_batch = config.eval_batch_size or config.global_batch_size
-    out = [Candidate((1, 1, 1))] if n > 1 else []
-    for mesh in factorisations(n):
-        data, stage, _ = mesh
-        modes = syncs if data > 1 else ("allreduce",)
+    out = [BASELINE] if n > 1 else []
+    for names, mesh in meshes(n, nodes, axes):
+        shape = dict(zip(names, mesh))
+        data, stage = axes_lib.num_replicas(shape), axes_lib.num_stages(shape)
+        sharded = bool(axes_lib.sharding_axes(shape))
+        modes = syncs if data > 1 and not sharded else ("allreduce",)
         if stage == 1:
-            out += [Candidate(mesh, sync=s) for s in modes]
+            out += [Candidate(mesh, sync=s, axes=names) for s in modes]
             continue
         per_replica = math.gcd(config.global_batch_size, eval_batch) // data if (
             config.global_batch_size % data == 0 and eval_batch % data == 0
@@ -163,19 +233,39 @@ def space(
                     for v in VIRTUAL_STAGES if schedule == "interleaved" else (1,):
                         for split in splits:
                             for s in modes:
-                                out.append(Candidate(mesh, schedule, m, remat, v, split, s))
+                                out.append(Candidate(mesh, schedule, m, remat, v, split, s,
+                                                     names))  # fmt: skip
     return out
 
 
 def check(config: ml_collections.ConfigDict, candidate: Candidate) -> str | None:
-    """Why the trainer refuses `candidate` for `config` (its one line), or None."""
+    """Why the trainer refuses `candidate` for `config` (its one line), or None: every
+    refusal of the config and the mesh, and those only the model tells (channels that do not
+    divide, too few layers to cut); nothing is compiled."""
     from jaxpar import parallel
 
     try:
-        parallel.validate(candidate.apply(config), candidate.num_devices)
+        applied = candidate.apply(config)
+        shape = parallel.validate(applied, candidate.num_devices)
+        parallel.check_model(applied, shape, _model(config))
     except (ValueError, KeyError, TypeError) as e:  # ConfigError is a ValueError
         return oneline.first_line(e)
     return None
+
+
+_MODELS: dict = {}
+
+
+def _model(config: ml_collections.ConfigDict):
+    """The config's model (built once per model config: layers and shapes, nothing run)."""
+    from jaxpar import models
+    from jaxpar.predict.workload import input_spec
+
+    spec = input_spec(config)
+    key = (config.model.to_json(), repr(spec))
+    if key not in _MODELS:
+        _MODELS[key] = models.build(config.model, *spec)
+    return _MODELS[key]
 
 
 def enumerate_candidates(
@@ -183,10 +273,13 @@ def enumerate_candidates(
     n: int,
     all_sync: bool = False,
     splits: Sequence[str] = ("flops",),
+    nodes: int = 1,
+    axes: Sequence[str] | None = None,
 ) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
-    """(candidates the trainer accepts, [(refused candidate, reason)]) on n devices."""
+    """(candidates the trainer accepts, [(refused candidate, reason)]) on n devices spanning
+    `nodes` nodes, over `axes` (default: every registered one)."""
     valid, refused = [], []
-    for c in space(config, n, all_sync, splits):
+    for c in space(config, n, all_sync, splits, nodes, axes):
         reason = check(config, c)
         if reason is None:
             valid.append(c)
@@ -213,7 +306,7 @@ def default_of(config, candidates: Sequence[Candidate], all_sync: bool = False) 
     own = config.sync.mode if config.sync.mode in EXACT_SYNC or all_sync else "allreduce"
 
     def key(c: Candidate):
-        k = c.mesh[1]
+        k = c.stages
         m = c.microbatches or 1
         return (
             c.sync != own,
@@ -255,6 +348,7 @@ def plan(
     memory_bytes: float | None = None,
     predict: Callable | None = None,
     log: Callable[[str], None] | None = None,
+    axes: Sequence[str] | None = None,
 ) -> Plan:
     """Predict the candidates of `config` on `profile` in rounds, at most `max_candidates`
     predictions (the 1-device baseline included). `predict(config, profile) -> row` defaults to
@@ -265,15 +359,16 @@ def plan(
     if n > profile.num_devices:
         raise ConfigError(f"--devices {n}: profile {profile.name} has {profile.num_devices}")
     limit = profile.memory_bytes if memory_bytes is None else memory_bytes
-    valid, refused = enumerate_candidates(config, n, all_sync, splits)
-    meshes = [m for m in factorisations(n) if any(c.mesh == m for c in valid)]
+    nodes = -(-n // max(profile.devices_per_node, 1))
+    valid, refused = enumerate_candidates(config, n, all_sync, splits, nodes, axes)
+    meshes = list(dict.fromkeys((c.axes, c.mesh) for c in valid if c != BASELINE or n == 1))
     if not meshes:
         (reason, _), *_ = commonest(refused, 1) or [("nothing to try", 0)]
         raise ConfigError(
             f"no partitioning of {n} devices runs this config (global_batch_size "
             f"{config.global_batch_size}); commonest refusal: {reason}"
         )
-    by_mesh = {m: [c for c in valid if c.mesh == m] for m in meshes}
+    by_mesh = {m: [c for c in valid if (c.axes, c.mesh) == m] for m in meshes}
     rows: list[dict] = []
     done: dict[Candidate, dict] = {}
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
@@ -295,20 +390,20 @@ def plan(
             say(_progress_line(len(done), total_planned, round_name, c, row, limit,
                                time.perf_counter() - t, rate, eta))  # fmt: skip
 
-    baseline_c = Candidate((1, 1, 1))
+    baseline_c = BASELINE
     first = ([baseline_c] if n > 1 and baseline_c in valid else []) + [
-        default_of(config, by_mesh[m], all_sync) for m in meshes if m != (1, 1, 1)
+        default_of(config, by_mesh[m], all_sync) for m in meshes
     ]
     run(first, "round 1")
     baseline = done.get(baseline_c) or (done.get(first[0]) if n == 1 else None)
 
     def order(m):  # fitting first, then predicted step time
-        row = next((r for r in rows if tuple(r["mesh_shape"]) == m), None)
+        row = done.get(default_of(config, by_mesh[m], all_sync))
         if row is None or row.get("status") != "ok":
             return (2, math.inf)
         return (0 if row["memory_bytes_per_device"] <= limit else 1, row["step_time_s"])
 
-    best_meshes = sorted((m for m in meshes if m != (1, 1, 1) or n == 1), key=order)[:expand]
+    best_meshes = sorted(meshes, key=order)[:expand]
     defaults = {m: default_of(config, by_mesh[m], all_sync) for m in best_meshes}
     lanes = []
     for m in best_meshes:
@@ -461,7 +556,8 @@ def _why(row: dict, profile) -> str:
         return f"{head}: {kind} {nbytes / 1e6:,.1f} MB/step over {where} ({link / 1e9:g} GB/s)"
     if worst == "bubble":
         c = row.get("candidate") or {}
-        return f"{head}: {c.get('schedule')} K={c.get('mesh', (0, 0))[1]} M={c.get('microbatches')}"
+        k = candidate_of(row).stages if c else 0
+        return f"{head}: {c.get('schedule')} K={k} M={c.get('microbatches')}"
     return f"{head}: host dispatch of the step's programs"
 
 
@@ -489,6 +585,7 @@ def command(config_file: str, row_or_candidate, config=None, extra: dict | None 
 
 def candidate_of(row: dict) -> Candidate:
     fields = {k: v for k, v in row["candidate"].items() if k not in ("name", "exact")}
+    fields["axes"] = tuple(fields.get("axes") or DEFAULT_AXES)
     return Candidate(**{**fields, "mesh": tuple(fields["mesh"])})
 
 
@@ -496,5 +593,6 @@ def _flag(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, tuple):
-        return "(" + ",".join(map(str, value)) + ("," if len(value) == 1 else "") + ")"
+        items = [f'"{v}"' if isinstance(v, str) else str(v) for v in value]
+        return "(" + ",".join(items) + ("," if len(value) == 1 else "") + ")"
     return str(value)

@@ -1,9 +1,10 @@
 """`python -m jaxpar.plan --config FILE --profile PROFILE [--memory_gib G] [--top N] [--devices N]
-[--all_sync] [--splits flops,params] [--expand 3] [--max_candidates 40] [--measure K] [--out DIR]
+[--all_sync] [--splits flops,params] [--expand 3] [--axes data,fsdp,stage,tensor]
+[--max_candidates 40] [--measure K] [--out DIR]
 [--config.KEY=VALUE ...]`
 
 Ranks the partitionings of one config on a hardware profile by predicted step time: every
-(data, stage, tensor) mesh of the profile's devices, the pipeline schedules, micro-batch
+mesh of the profile's devices over the registered axes, the pipeline schedules, micro-batch
 counts, recomputation and virtual stages the trainer runs, and the synchronisation modes that
 compute the single-device function (with --all_sync also the approximate ones, flagged).
 Round 1 predicts one default setting per mesh, round 2 expands the best --expand meshes,
@@ -52,19 +53,19 @@ def _ms(s: float) -> str:
 
 def table(rows: list[dict], profile) -> str:
     """The ranked candidates as a markdown table."""
-    from jaxpar.plan import why
+    from jaxpar.plan import candidate_of, why
 
     head = ("| rank | mesh | schedule | M | remat | v | sync | img/s | speedup | step ms | "
             "compute | comm | bubble | overhead | GiB/device | why |")  # fmt: skip
     lines = [head, "|" + "---|" * 16]
     for i, r in enumerate(rows, 1):
-        c = r["candidate"]
+        c, cand = r["candidate"], candidate_of(r)
         piped = bool(c["schedule"])
-        sync = c["sync"] if c["mesh"][0] > 1 else "-"
+        sync = c["sync"] if cand.replicas > 1 else "-"
         sync += "" if c["exact"] else "*"
         speed = f"{r['speedup']:.2f}" if r.get("speedup") else "-"
         lines.append(
-            f"| {i} | ({','.join(map(str, c['mesh']))}) | {c['schedule'] or '-'} | "
+            f"| {i} | {cand.name.split(' ')[0]} | {c['schedule'] or '-'} | "
             f"{c['microbatches'] if piped else '-'} | "
             f"{('yes' if c['remat'] else 'no') if piped else '-'} | "
             f"{c['virtual'] if piped else '-'} | {sync} | {r['images_per_sec']:,.0f} | {speed} | "
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", default="flops",
                         help="pipeline split policies, comma-separated (flops,params,uniform)")  # fmt: skip
     parser.add_argument("--expand", type=int, default=3, help="meshes round 2 expands")
+    parser.add_argument("--axes", default="",
+                        help="mesh axes to enumerate, comma-separated (default: every registered "
+                             "axis; node is added on a profile of several nodes)")  # fmt: skip
     parser.add_argument("--max_candidates", type=int, default=40, help="predictions at most")
     parser.add_argument("--measure", type=int, default=0, help="run the top K on this machine")
     parser.add_argument("--measure_steps", type=int, default=20, help="steps per measured row")
@@ -275,6 +279,12 @@ def _main(args, overrides: dict) -> int:
     for flag in ("top", "expand", "max_candidates", "measure_steps"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1")
+    names = [a.strip() for a in args.axes.split(",") if a.strip()] or None
+    from jaxpar import axes as axes_lib
+
+    for a in names or ():
+        if not axes_lib.registered(a):
+            raise ConfigError(f"--axes {a!r}: choose from {', '.join(axes_lib.names())}")
     # Before JAX starts its backends: enough simulated CPU devices for the profile.
     configfile.set_host_device_count(max(16, n_profile))
     configfile.cpu_only()
@@ -290,7 +300,7 @@ def _main(args, overrides: dict) -> int:
           f"batch {config.global_batch_size}) on {profile.name}: {n} devices, "
           f"{limit / 2**30:.2f} GiB per device", flush=True)  # fmt: skip
     result = plan(config, profile, n, args.all_sync, splits, args.expand, args.max_candidates,
-                  limit)  # fmt: skip
+                  limit, axes=names)  # fmt: skip
     text, recommendation, cmd = report(result, profile, limit, args.top, args.config, config,
                                        extra_overrides(overrides, n, profile), args.expand,
                                        args.max_candidates)  # fmt: skip

@@ -38,9 +38,11 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
     if overlap is not None:
         profile = dataclasses.replace(profile, overlap=float(overlap))
     shape = resolve_mesh(config, profile.num_devices)
-    if math.prod(shape) > profile.num_devices:  # refuse before compiling anything
-        return {"status": "failed", "mesh_shape": shape, "num_devices": math.prod(shape),
-                "fits": False, "error": f"needs {math.prod(shape)} devices, profile "
+    n = math.prod(shape.values())
+    if n > profile.num_devices:  # refuse before compiling anything
+        return {"status": "failed", "mesh_shape": tuple(shape.values()),
+                "mesh_axes": tuple(shape), "num_devices": n,
+                "fits": False, "error": f"needs {n} devices, profile "
                 f"{profile.name} has {profile.num_devices}"}  # fmt: skip
     w = workload(config, profile.num_devices)
     row = predict_workload(w, profile)

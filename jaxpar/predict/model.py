@@ -24,23 +24,31 @@ Assumptions, all stated (and the switchable one in the profile):
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from jaxpar import axes
+from jaxpar import mesh as mesh_lib
 from jaxpar.parallel import schedules
 from jaxpar.predict import hardware
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import Workload
 
 
-def _is_grad_sync(c, phase: str) -> bool:
-    """The data-parallel gradient all-reduce (what `overlap` applies to)."""
-    return c.kind == "all-reduce" and c.axes == "data" and phase in ("step", "update")
+def _is_grad_sync(c, phase: str, mesh_shape: dict[str, int]) -> bool:
+    """The data-parallel gradient reduction (what `overlap` applies to): an all-reduce or
+    reduce-scatter over batch axes only (data; node x data's three steps but the final
+    all-gather; fsdp's reduce-scatters), in a whole step or a stage's update."""
+    batch = set(axes.batch_axes(mesh_shape))
+    return (c.kind in ("all-reduce", "reduce-scatter") and set(c.axes.split("+")) <= batch
+            and phase in ("step", "update"))  # fmt: skip
 
 
 def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0) -> float:
     total = 0.0
+    place = _placement(mesh_shape, profile)
     for c in cols:
-        group = [first_device + i for i in hardware.group_of(c.axes, mesh_shape)]
+        group = [place(first_device + i) for i in hardware.group_of(c.axes, mesh_shape)]
         total += (
             hardware.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile) * c.count
         )
@@ -64,12 +72,18 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
     if w.num_devices > profile.num_devices:
         return _row(w, profile, None, f"needs {w.num_devices} devices, profile has "
                     f"{profile.num_devices}")  # fmt: skip
+    last = _placement(w.mesh_shape, profile)(w.num_devices - 1)
+    if last >= profile.num_devices:
+        nodes = profile.num_devices // profile.devices_per_node
+        return _row(w, profile, None, f"places each node index on nodes of its own: needs "
+                    f"{last // profile.devices_per_node + 1} nodes, profile has {nodes}")  # fmt: skip
     if not w.schedule:
         (chunk,) = w.chunks
         compute = _seconds(chunk.op_classes("step"), w, profile, _share(w, profile))
         cols = chunk.collectives.get("step", ())
-        grad = _comm([c for c in cols if _is_grad_sync(c, "step")], w.mesh_shape, profile)
-        other = _comm([c for c in cols if not _is_grad_sync(c, "step")], w.mesh_shape, profile)
+        sync = [_is_grad_sync(c, "step", w.mesh_shape) for c in cols]
+        grad = _comm([c for c, g in zip(cols, sync) if g], w.mesh_shape, profile)
+        other = _comm([c for c, g in zip(cols, sync) if not g], w.mesh_shape, profile)
         hidden = min(profile.overlap * grad, compute * 2 / 3)  # the backward's share
         times = {
             "compute_s": compute,
@@ -100,17 +114,18 @@ def _total_compute(w: Workload, profile: Profile) -> float:
 
 
 def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
-    k, m, t = w.mesh_shape["stage"], w.num_microbatches, w.mesh_shape["tensor"]
+    k, m = axes.num_stages(w.mesh_shape), w.num_microbatches
     # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
-    # (data, 1, tensor); in the full mesh stage s's devices are those with stage index s,
-    # the first of them s * t in (data, stage, tensor) order.
+    # (the stage axis at size 1); in the full mesh stage s's devices are those with stage
+    # index s, the first of them `first(s)` in mesh order.
     full, over = w.mesh_shape, profile.program_overhead_s
+    first = lambda s: _first(w, s)
     n = len(w.chunks)
     fwd, bwd, wgt = [0.0] * n, [0.0] * n, [0.0] * n
     compute, comm = [0.0] * k, [0.0] * k
     for ck in w.chunks:
-        c, first = ck.chunk, ck.stage * t
-        coll = {phase: _comm(ck.collectives.get(phase, ()), full, profile, first)
+        c = ck.chunk
+        coll = {phase: _comm(ck.collectives.get(phase, ()), full, profile, first(ck.stage))
                 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         send = _send_time(w, c, profile)
         recv_grad = _send_time(w, c - 1, profile) if c else 0.0
@@ -128,7 +143,8 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         finish[stage] = max(finish[stage], end)
     grads = [0.0] * k
     for ck in w.chunks:
-        grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile, ck.stage * t)
+        grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile,
+                                 first(ck.stage))  # fmt: skip
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
     if profile.compute_pool:  # one host thread dispatches every stage's programs and
@@ -149,12 +165,31 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
 
 def _send_time(w: Workload, c: int, profile: Profile) -> float:
     """Seconds for chunk c to send its output activation (per device) to chunk c + 1."""
-    t = w.mesh_shape["tensor"]
     a, b = w.chunks[c].stage, w.chunks[c + 1].stage if c + 1 < len(w.chunks) else None
     if b is None or a == b:
         return 0.0
-    link = hardware.transfer_link(a * t, b * t, profile)
+    place = _placement(w.mesh_shape, profile)
+    link = hardware.transfer_link(place(_first(w, a)), place(_first(w, b)), profile)
     return hardware.p2p_time(w.chunks[c].send_bytes, link)
+
+
+def _placement(mesh_shape: dict[str, int], profile: Profile):
+    """Mesh device index -> the profile's device index (device i is on node i //
+    devices_per_node): mesh order, except that each index of an axis placed across nodes
+    (node) starts a node of its own."""
+    across = [a for a in mesh_shape if axes.get(a).across_nodes and mesh_shape[a] > 1]
+    if not across:
+        return lambda i: i
+    block = math.prod(mesh_shape.values()) // mesh_shape[across[0]]
+    per = profile.devices_per_node
+    span = -(-block // per) * per  # whole nodes per index
+    return lambda i: (i // block) * span + i % block
+
+
+def _first(w: Workload, stage: int) -> int:
+    """The mesh-order index of stage `stage`'s first device."""
+    axis = axes.stage_axis(w.mesh_shape)
+    return mesh_lib.first_device(w.mesh_shape, {axis: stage} if axis else {})
 
 
 def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> dict[str, Any]:
@@ -163,6 +198,7 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
         "profile": profile.name,
         "model": w.name,
         "mesh_shape": mesh,
+        "mesh_axes": tuple(w.mesh_shape),
         "num_devices": w.num_devices,
         "global_batch_size": w.global_batch,
         "schedule": w.schedule or None,
@@ -184,10 +220,10 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
         "images_per_sec": w.global_batch / step,
         "analytic_bubble": (
             schedules.analytic_bubble(
-                w.mesh_shape["stage"],
+                axes.num_stages(w.mesh_shape),
                 w.num_microbatches,
                 w.schedule,
-                len(w.chunks) // w.mesh_shape["stage"],
+                len(w.chunks) // axes.num_stages(w.mesh_shape),
             )
             if w.schedule
             else None

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxpar import analysis, configfile, models, optim, parallel
+from jaxpar import analysis, axes, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.predict import opclass
@@ -159,14 +159,17 @@ def run_config(run: dict[str, Any]) -> ml_collections.ConfigDict:
     config.data.image_shape = tuple(run["image_shape"])
     config.data.num_classes = int(run["num_classes"])
     config.global_batch_size = int(run["batch_size"])
+    config.mesh_axes = axes.DEFAULT
     config.mesh_shape = (1, 1, 1)
     return config
 
 
-def resolve_mesh(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
-    """The (data, stage, tensor) sizes a row asks for; a -1 fills the profile's devices."""
-    shape = mesh_lib.resolve_shape(tuple(config.mesh_shape), num_devices)
-    return parallel.validate(config, math.prod(shape)) if -1 not in shape else shape
+def resolve_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+    """The mesh a row asks for, {axis: size}; a -1 fills the profile's devices."""
+    shape = mesh_lib.shape_of(config, num_devices)
+    if -1 in shape.values():
+        return shape
+    return parallel.validate(config, math.prod(shape.values()))
 
 
 def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
@@ -199,13 +202,13 @@ def strategy_for(config: ml_collections.ConfigDict, num_devices: int | None = No
     if config.get("strategy", "auto") == "pmap":
         config.strategy = "data"
     shape = resolve_mesh(config, num_devices or len(jax.devices()))
-    n = math.prod(shape)
+    n = math.prod(shape.values())
     if n > len(jax.devices()):
         raise ConfigError(
             f"predicting a {n}-device mesh compiles on {n} devices but jax has "
             f"{len(jax.devices())}; set XLA_FLAGS=--xla_force_host_platform_device_count={n}"
         )
-    config.mesh_shape = shape
+    config.mesh_shape = tuple(shape.values())
     image_shape, classes = input_spec(config)
     model = models.build(config.model, image_shape, classes)
     mesh = mesh_lib.make_mesh(shape, (devices or jax.devices())[:n])

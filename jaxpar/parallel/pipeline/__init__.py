@@ -1,8 +1,9 @@
-"""Layer-wise (pipeline) partitioning over the "stage" axis: one program per chunk (MPMD).
+"""Layer-wise (pipeline) partitioning over the stage axis: one program per chunk (MPMD).
 
 VGG's stages differ in shape (channels 64..512, resolution 32..1), so instead of the stacked,
-padded SPMD carrier, each chunk of layers is compiled for its own stage's slice of the mesh,
-`mesh.devices[:, s, :]` (data and tensor parallelism still apply inside a stage). A chunk's
+padded SPMD carrier, each chunk of layers is compiled for its own stage's slice of the mesh, the devices at
+index s of the stage axis (every other axis, data, fsdp, tensor..., still applies inside a
+stage). A chunk's
 parameters and optimizer state live only on its devices, unpadded, laid out by the chunk's own
 sync rule: every sync mode runs on stages, each stage's data replicas following it. The host
 walks the schedule's events (GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V) in dependency order;
@@ -36,12 +37,12 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding
 
+from jaxpar import axes
+from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.mesh import AXES, DATA, STAGE, TENSOR
-from jaxpar.parallel import schedules, stages, sync, tensor
+from jaxpar.parallel import schedules, stages, sync, tensor, variables
 from jaxpar.parallel.pipeline import checks, shapes, transfer
 from jaxpar.parallel.pipeline.chunks import Chunk, ChunkPrograms, OnMesh
 from jaxpar.parallel.pipeline.layout import ChunkLayout, merge
@@ -58,7 +59,7 @@ class PipelineState:
     """Per-chunk train states, plus per-device unreduced gradient accumulators."""
 
     stages: tuple  # per chunk: its TrainState (None in a process that owns none of its stage)
-    grad_acc: tuple  # per chunk: params-shaped, leading axis = data replicas
+    grad_acc: tuple  # per chunk: params-shaped, a leading axis over the data replicas
 
 
 class Pipeline(Strategy):
@@ -68,10 +69,15 @@ class Pipeline(Strategy):
     def check(cls, config, shape):
         return checks.problem(config, shape)
 
+    @classmethod
+    def check_model(cls, config, shape, model):
+        return checks.model_problem(config, shape, model)
+
     def __init__(self, config, model, mesh, tx):
         super().__init__(config, model, mesh, tx)
-        self.k = k = mesh.shape[STAGE]
-        self.data = mesh.shape[DATA]
+        shape = dict(mesh.shape)
+        self.stage_axis = axes.stage_axis(shape)
+        self.k = k = shape[self.stage_axis]
         self.schedule = config.pipeline.schedule
         self.num_microbatches = 1 if self.schedule == "naive" else config.pipeline.num_microbatches
         if self.num_microbatches == 0:
@@ -89,24 +95,25 @@ class Pipeline(Strategy):
         self.events = schedules.stage_events(self.schedule, k, self.num_microbatches, v)
         self.order = schedules.dispatch_order(self.events)
         self.split_backward = schedules.split_backward(self.events)
-        self.meshes = [Mesh(mesh.devices[:, s : s + 1, :], AXES) for s in range(k)]
-        self.batch_sharding = [NamedSharding(m, P(DATA)) for m in self.meshes]
-        self.auto_axes = mesh.shape[TENSOR] > 1  # tensor parallelism inside each stage
-        rules = tensor.rules_from(config)
-        if self.auto_axes:
-            tensor.check(model, rules, dict(mesh.shape))
+        self.meshes = [mesh_lib.index_along(mesh, self.stage_axis, s) for s in range(k)]
+        self.replicas = Replicas(shape)
+        self.data = self.replicas.n
+        self.batch_spec = self.replicas.spec
+        self.batch_sharding = [NamedSharding(m, self.batch_spec) for m in self.meshes]
+        # the rules axes (tensor parallelism) inside each stage
+        self.auto_axes = bool(axes.auto_axes(shape))
+        rules = variables.rules_on(tensor.rules_from(config), shape)
         constrain = tensor.constrain_fn(rules) if self.auto_axes else None
-        self.replicas = Replicas(self.data)
         self.layouts, self.chunks, self.programs_of = [], [], []
         for c in range(self.num_chunks):
             layers = slice(self.bounds[c], self.bounds[c + 1])
-            specs = (tensor.variable_specs(model, rules, layers) if self.auto_axes
-                     else _unsplit(model, layers))  # fmt: skip
+            specs = variables.specs(model, rules, shape, layers)
             rule = sync.build(config, self.replicas, tx, specs)
             lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers)
-            chunk = Chunk(c, self.stage_of[c], layers, c == 0, c == self.num_chunks - 1, lay.mesh, model,
-                          rule, self.replicas, self.num_microbatches, self.auto_axes, constrain,
-                          lay.state_specs, lay.acc_specs)  # fmt: skip
+            chunk = Chunk(c, self.stage_of[c], layers, c == 0, c == self.num_chunks - 1,
+                          lay.mesh, model, rule, self.replicas, self.num_microbatches,
+                          self.auto_axes, constrain, lay.state_specs, lay.acc_specs,
+                          variables.gather_fn(specs["params"], shape))  # fmt: skip
             self.layouts.append(lay)
             self.chunks.append(chunk)
             self.programs_of.append(ChunkPrograms(chunk))
@@ -115,7 +122,7 @@ class Pipeline(Strategy):
         # Which stages own a device of this process (all of them in one process), and the
         # mover for transfers that cross processes.
         self.multi = jax.process_count() > 1
-        self.local = [transfer.owns(mesh.devices[:, s, :]) for s in range(k)]
+        self.local = [transfer.owns(m.devices) for m in self.meshes]
         self.mover = transfer.Mover(mesh, self.inflight) if self.multi else None
         self.relayout = [OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
                          for sh, m in zip(self.batch_sharding, self.meshes)]  # fmt: skip
@@ -180,7 +187,7 @@ class Pipeline(Strategy):
         return self.stage_of[0] if key == "image" else self.stage_of[-1]
 
     def put_batch(self, local_batch):
-        """Split the global batch into M micro-batches, each sharded over its stage's "data".
+        """Split the global batch into M micro-batches, each sharded over its stage's batch axes.
 
         Data replica r trains on the same rows as under data parallelism (its share, the r-th
         1/d of the global batch), in M micro-batches: micro-batch m holds the m-th 1/M of every
@@ -326,9 +333,3 @@ class Pipeline(Strategy):
             legend + ":",
             schedules.render(self.events),
         ])  # fmt: skip
-
-
-def _unsplit(model, layers: slice) -> dict:
-    """Variable specs of `layers` with nothing split over the other axes."""
-    shapes_ = jax.eval_shape(lambda: model.init(jax.random.key(0), layers))
-    return {k: jax.tree.map(lambda _: P(), v) for k, v in shapes_.items()}

@@ -35,7 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import models, units
+from jaxpar import axes, models, units
+from jaxpar import mesh as mesh_lib
 
 CACHE_FILE = "layer_times.json"
 REPEATS = 7  # timed calls per program after a warm-up; the fastest is kept (as the bench)
@@ -102,10 +103,13 @@ def measure(model, config, mesh, workdir: str | None = None, say=print) -> Layer
     """The layers' times for `model` under `config` on `mesh` (read from WORKDIR's cache when
     it was measured for the same things); prints one line saying what it did and cost."""
     rows = config.global_batch_size // max(config.pipeline.num_microbatches, 1)
-    rows = max(rows // mesh.shape["data"], 1)
+    shape = dict(mesh.shape)
+    rows = max(rows // axes.num_replicas(shape), 1)
     devices = list(mesh.devices.flat)
-    src = mesh.devices[0, 0, 0]
-    dst = mesh.devices[0, 1, 0] if mesh.shape["stage"] > 1 else src
+    src = devices[0]
+    stage = axes.stage_axis(shape)
+    # the first device of stage 1: a stage-to-stage move is timed between src and it
+    dst = devices[mesh_lib.first_device(shape, {stage: 1})] if axes.num_stages(shape) > 1 else src
     key = cache_key(model, config, rows, devices)
     path = os.path.join(workdir, CACHE_FILE) if workdir else None
     times = _read(path, key, bool(config.pipeline.remat))
@@ -230,11 +234,11 @@ def _agree(times: LayerTimes) -> LayerTimes:
                                send=tuple(packed[2 * n:3 * n]), dispatch=float(packed[-1]))  # fmt: skip
 
 
-def candidate_microbatches(config, shape: tuple[int, int, int]) -> list[int]:
-    """Micro-batch counts the batch allows: M divides each data replica's rows (so every
-    micro-batch has a whole share per replica; the eval batch too), interleaved needs M a
-    multiple of the stages and ZB-V at least K, and at most 8 candidates (the largest kept)."""
-    data, k, _ = shape
+def candidate_microbatches(config, data: int, k: int) -> list[int]:
+    """Micro-batch counts the batch allows with `data` replicas on `k` stages: M divides each
+    data replica's rows (so every micro-batch has a whole share per replica; the eval batch
+    too), interleaved needs M a multiple of the stages and ZB-V at least K, and at most 8
+    candidates (the largest kept)."""
     rows = config.global_batch_size // data
     eval_rows = (config.eval_batch_size or config.global_batch_size) // data
     out = [m for m in range(1, rows + 1) if rows % m == 0 and eval_rows % m == 0]
@@ -250,9 +254,8 @@ def candidate_microbatches(config, shape: tuple[int, int, int]) -> list[int]:
 def choose_microbatches(model, config, mesh, workdir: str | None = None, say=print) -> int:
     """`_choose`, cached in WORKDIR/microbatches.json with what it was chosen for, so that a
     resumed run keeps its micro-batches (and its numerics) rather than re-measuring."""
-    shape = tuple(mesh.shape[a] for a in ("data", "stage", "tensor"))
     key = {**cache_key(model, config, 0, list(mesh.devices.flat)), "rows": None,
-           "mesh": list(shape), "batch": config.global_batch_size,
+           "mesh": dict(mesh.shape), "batch": config.global_batch_size,
            "schedule": config.pipeline.schedule,
            "virtual_stages": config.pipeline.virtual_stages}  # fmt: skip
     path = os.path.join(workdir, "microbatches.json") if workdir else None
@@ -289,10 +292,10 @@ def _choose(model, config, mesh, say=print) -> int:
     more micro-batches (1F1B keeps at most K in flight)."""
     from jaxpar.parallel import schedules
 
-    shape = tuple(mesh.shape[a] for a in ("data", "stage", "tensor"))
-    data, k = shape[0], shape[1]
+    shape = dict(mesh.shape)
+    data, k = axes.num_replicas(shape), axes.num_stages(shape)
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
-    device = mesh.devices[0, 0, 0]
+    device = mesh.devices.flat[0]
     variables = jax.device_put(model.init(jax.random.key(0)), device)
 
     def loss(params, stats, x):
@@ -301,7 +304,7 @@ def _choose(model, config, mesh, say=print) -> int:
     grad = jax.jit(jax.grad(loss))
     t0 = time.perf_counter()
     table = []
-    for m in candidate_microbatches(config, shape):
+    for m in candidate_microbatches(config, data, k):
         rows = config.global_batch_size // data // m
         x = jax.device_put(jnp.zeros((rows, *model.input_shape), jnp.float32), device)
         per_mb = _time(grad, (variables["params"], variables["batch_stats"], x))

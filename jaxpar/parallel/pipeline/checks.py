@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from jaxpar import axes
 from jaxpar.config import check
+from jaxpar.parallel import schedules, stages, tensor, variables
 
 
-def problem(config, shape: tuple[int, int, int]) -> str | None:
-    """Why a pipeline cannot run `config` on the (data, stage, tensor) mesh `shape`, or None."""
+def model_problem(config, shape: dict[str, int], model) -> str | None:
+    """Why `model` cannot be cut and split as `config` says on this mesh, or None: too few
+    layers for the chunks (interleaved and ZB-V cut more chunks than stages), cut points out of
+    range, channels that do not divide over the rules axes."""
+    schedule = config.pipeline.schedule
+    v = config.pipeline.virtual_stages if schedule == "interleaved" else 1
+    chunks = len(schedules.placement(schedule, axes.num_stages(shape), v))
+    try:
+        stages.split(model, chunks, config.pipeline.split)
+    except ValueError as e:  # SplitError
+        return str(e)
+    if axes.auto_axes(shape):
+        return tensor.problem(model, variables.rules_on(tensor.rules_from(config), shape), shape)
+    return None
+
+
+def problem(config, shape: dict[str, int]) -> str | None:
+    """Why a pipeline cannot run `config` on the mesh `shape` ({axis: size}), or None."""
     try:
         require(config, shape)
     except ValueError as e:  # ConfigError is a ValueError
@@ -14,8 +32,13 @@ def problem(config, shape: tuple[int, int, int]) -> str | None:
     return None
 
 
-def require(config, shape: tuple[int, int, int]) -> None:
-    data, stage, _ = shape
+def require(config, shape: dict[str, int]) -> None:
+    data, stage = axes.num_replicas(shape), axes.num_stages(shape)
+    check(
+        axes.stage_axis(shape) is not None,
+        f"strategy=pipeline needs a stage axis, but mesh_axes is {tuple(shape)}; add one, "
+        "e.g. --config.mesh_axes='(" + ",".join(f'"{a}"' for a in (*shape, "stage")) + ")'",
+    )
     micro = config.pipeline.num_microbatches
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
     if micro == 0:  # auto: trainer.setup chooses among the counts these checks accept
@@ -62,5 +85,5 @@ def require(config, shape: tuple[int, int, int]) -> None:
         check(
             size % (data * micro) == 0,
             f"{key} {size} must divide into {micro} micro-batches of a multiple of "
-            f"{data} (the data axis); use a multiple of {data * micro}",
+            f"{data} (the data replicas); use a multiple of {data * micro}",
         )

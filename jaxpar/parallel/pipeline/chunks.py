@@ -16,14 +16,14 @@ keep the backward's residuals instead of recomputing the forward:
 - bwd_w (zero-bubble W): each layer's parameter gradient from its residuals and its output
   gradient, into the accumulator. XLA drops the half of each layer's pullback a program does
   not return, so B and W together cost one backward.
-- update: the chunk's sync rule combines the accumulated gradients over "data" and applies
+- update: the chunk's sync rule combines the accumulated gradients over the replicas and applies
   them (TrainState.apply_gradients), the only place replicas meet.
 
 Every program takes the chunk's placed TrainState (the runner puts the current BatchNorm
 statistics in); what a replica computes with is its sync rule's `local_params`/`local_stats`.
-Inside shard_map every residual keeps its varying-ness over "data" (what the pullback was
-traced with): varying leaves leave the program stacked per replica (P(data)), invariant ones
-replicated. Which is which is read by tracing the forward once abstractly before compiling it.
+Inside shard_map every residual keeps its varying-ness over the replica axes (what the
+pullback was traced with): a leaf varying over some of them leaves the program stacked along
+those (P(axes)), an invariant one replicated. Which is which is read by tracing the forward once abstractly before compiling it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
 from jaxpar.parallel import tensor
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import accuracy, cross_entropy, logit_sums
@@ -54,15 +53,16 @@ class Chunk:
     layers: slice  # its layers of the model
     first: bool
     last: bool
-    mesh: Mesh  # its stage's devices: (data, 1, tensor)
+    mesh: Mesh  # its stage's devices: the mesh at one index of the stage axis
     model: Any
     rule: SyncRule  # how its data replicas agree
     replicas: Replicas
     num_microbatches: int
-    auto_axes: bool  # "tensor" left to the sharding rules (tensor parallelism)
+    auto_axes: bool  # rules axes (tensor) left to the sharding rules
     constrain: Any  # model.apply's activation layout under tensor parallelism, or None
     state_specs: Any  # PartitionSpecs of its placed TrainState, every mesh axis
     acc_specs: Any  # of its per-replica gradient accumulator
+    gather: Any = None  # model.apply's gather of sharded parameters (fsdp), or None
 
     @property
     def param_specs(self):
@@ -125,7 +125,8 @@ class ChunkPrograms:
     def apply(self, params, stats, x, layers, train=True):
         bn = self.ck.rule.bn_axis_name if train else None
         return self.ck.model.apply(params, stats, x, train=train, layers=layers,
-                                   bn_axis_name=bn, constrain=self.ck.constrain)  # fmt: skip
+                                   bn_axis_name=bn, constrain=self.ck.constrain,
+                                   gather=self.ck.gather)  # fmt: skip
 
     def loss(self, y, target):
         return cross_entropy(y, target), accuracy(y, target)
@@ -217,14 +218,17 @@ class ChunkPrograms:
             if id(leaf) in param_pos:
                 kinds.append(("param", param_pos[id(leaf)]))
                 continue
-            stacked = r.manual and DATA in jax.typeof(leaf).mat.varying
-            kinds.append(("stored", stacked))
-            stored.append(leaf[None] if stacked else leaf)
+            along = (
+                tuple(a for a in r.axes if a in jax.typeof(leaf).mat.varying) if r.manual else ()
+            )
+            kinds.append(("stored", along))
+            stored.append(leaf[None] if along else leaf)
         self.residuals = (treedef, tuple(kinds))
         return out, self.ck.rule.placed_stats(new_stats), stored
 
     def stored_specs(self) -> list:
-        return [P(DATA) if flag else P() for kind, flag in self.residuals[1] if kind == "stored"]
+        return [P(along) if along else P() for kind, along in self.residuals[1]
+                if kind == "stored"]  # fmt: skip
 
     def pullbacks(self, state, stored):
         treedef, kinds = self.residuals
@@ -272,15 +276,16 @@ class ChunkPrograms:
 
     def _build(self) -> dict[str, Any]:
         ck, first, last = self.ck, self.ck.first, self.ck.last
-        data, st = P(DATA), manual(ck.state_specs)
+        r = ck.replicas
+        data, st, acc = r.spec, manual(ck.state_specs, r), manual(ck.acc_specs, r)
         out: dict[str, Any] = {}
         stats_spec = st.batch_stats
         out["fwd"] = self.on(self.sm(self.fwd, (st, data), (data, stats_spec)))
-        bwd_out = (data, data, stats_spec, (P(), P())) if last else (
-            data if first else (data, data))  # fmt: skip
-        out["bwd"] = self.on(self.sm(self.bwd, (st, data, data, data), bwd_out),
+        bwd_out = (data, acc, stats_spec, (P(), P())) if last else (
+            acc if first else (data, acc))  # fmt: skip
+        out["bwd"] = self.on(self.sm(self.bwd, (st, data, data, acc), bwd_out),
                              donate_argnums=3)  # fmt: skip
-        out["update"] = self.on(self.sm(self.update, (st, data), (st, data)),
+        out["update"] = self.on(self.sm(self.update, (st, acc), (st, acc)),
                                 donate_argnums=(0, 1), out_shardings=self.placed())  # fmt: skip
         eval_in = (st, data, data, data) if last else (st, data)
         out["eval"] = self.on(self.sm(self.evaluate, eval_in, P() if last else data))
@@ -303,15 +308,15 @@ class ChunkPrograms:
         res, n = self.stored_specs, len(self.names)
         out["fwd_res"] = Deferred(make_fwd)
         out["bwd_res"] = Deferred(
-            make(self.bwd_res, lambda: (st, res(), *cot_in, data),
-                 lambda: data if first else (data, data), donate_argnums=3 - last)
+            make(self.bwd_res, lambda: (st, res(), *cot_in, acc),
+                 lambda: acc if first else (data, acc), donate_argnums=3 - last)
         )  # fmt: skip
         out["bwd_in"] = Deferred(
             make(self.bwd_in, lambda: (st, res(), *cot_in),
                  lambda: [data] * n if first else (data, [data] * n))
         )  # fmt: skip
         out["bwd_w"] = Deferred(
-            make(self.bwd_w, lambda: (st, res(), [data] * n, data), lambda: data,
+            make(self.bwd_w, lambda: (st, res(), [data] * n, acc), lambda: acc,
                  donate_argnums=3)
         )  # fmt: skip
         return out

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.state import init_state
-from jaxpar.parallel.sync.base import _is_spec, stacked
+from jaxpar.parallel.sync.base import _is_spec, stacked, stacked_size
 
 
 def merge(trees: list[Any]) -> Any:
@@ -54,7 +54,8 @@ def select(tree: Any, keep: set[str], layer_names: set[str]) -> Any:
 
 class ChunkLayout:
     """One chunk's placed state: its sync rule's layout of the chunk's layers on its stage's
-    devices, plus a per-replica gradient accumulator (params-shaped, a leading "data" axis)."""
+    devices, plus a per-replica gradient accumulator (params-shaped, with a leading axis over
+    the replica axes each leaf is not already split over: fsdp's shards arrive summed)."""
 
     def __init__(self, model, tx, rule, mesh, layers: slice):
         self.model, self.tx, self.rule, self.mesh, self.layers = model, tx, rule, mesh, layers
@@ -63,10 +64,12 @@ class ChunkLayout:
         self.canonical_shapes = jax.eval_shape(rule.from_shared, shared)
         self.device_shapes = jax.eval_shape(rule.to_device, self.canonical_shapes)
         self.state_specs = rule.specs(self.device_shapes)
-        self.acc_specs = stacked(rule.variable_specs["params"])
+        self.acc_specs = stacked(rule.variable_specs["params"], rule.replicas)
         self.acc_shapes = jax.tree.map(
-            lambda p: jax.ShapeDtypeStruct((rule.n, *p.shape), p.dtype), shared.params
-        )
+            lambda p, s: jax.ShapeDtypeStruct((stacked_size(s, rule.replicas), *p.shape),
+                                              p.dtype),
+            shared.params, rule.variable_specs["params"],
+        )  # fmt: skip
         named = lambda s: NamedSharding(mesh, s)
         self.shardings = (
             jax.tree.map(named, self.state_specs, is_leaf=_is_spec),

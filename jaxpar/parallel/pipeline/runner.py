@@ -16,7 +16,6 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
 from jaxpar.parallel.state import add_sums
 
 
@@ -45,7 +44,7 @@ class Runner:
         """Move chunk `chunk`'s output (or the gradient with respect to it) from stage `src`'s
         devices to stage `dst`'s. Several processes: x is None where this process owns none of
         src's devices, the result None where it owns none of dst's. A tensor-parallel stage's
-        output is first laid out over "data" only: one more program on src's devices."""
+        output is first laid out over the batch axes only: one more program on src's devices."""
         pipe = self.pipe
         if not pipe.multi:
             return jax.device_put(x, pipe.batch_sharding[dst])
@@ -54,7 +53,7 @@ class Runner:
         shape = pipe.boundary(rows or pipe.microbatch_rows)[chunk]
         if pipe.auto_axes:
             x = self.on(src, lambda: pipe.relayout[src](x))
-        return pipe.mover.send(x, src, dst, shape.shape, shape.dtype, P(DATA))
+        return pipe.mover.send(x, src, dst, shape.shape, shape.dtype, pipe.batch_spec)
 
     def to_all(self, tree, keys: tuple[str, ...]):
         """Metrics or eval sums (scalars named `keys`, replicated on the last chunk's stage)

@@ -17,8 +17,6 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
-
 
 def boundary_shapes(model, chunks, rows: int) -> list[jax.ShapeDtypeStruct]:
     """Per chunk, its output for a micro-batch of `rows` images (global shape, no sharding)."""
@@ -61,7 +59,7 @@ def program_args(pipe, c: int, rows: int, names: list[str]) -> dict[str, tuple]:
     `pipe` gives the chunk descriptions, their programs, placed-state shapes and boundaries."""
     ck, progs = pipe.chunks[c], pipe.programs_of[c].programs
     boundary = pipe.boundary(rows)
-    data = lambda shape: _on(ck.mesh, P(DATA), shape)
+    data = lambda shape: _on(ck.mesh, ck.replicas.spec, shape)
     image = jax.ShapeDtypeStruct((rows, *pipe.model.input_shape), jnp.float32)
     x = data(image if ck.first else boundary[c - 1])
     label = data(jax.ShapeDtypeStruct((rows,), jnp.int32))

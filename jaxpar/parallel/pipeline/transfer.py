@@ -7,12 +7,13 @@ process that owns one of them, in the same global order everywhere (a process th
 would leave its peers waiting in the collective):
 
 - `send`: stage a's activation (or gradient) to stage b. Both sides' shards are stacked along
-  dim 0 into one array over the pair's mesh `(data, 2, tensor)`, sender blocks first; the
-  receiving devices supply zero buffers. `lax.ppermute` over "stage" moves each data replica's
+  dim 0 into one array over the pair's mesh (the run's axes, the stage axis of size 2),
+  sender blocks first; the receiving devices supply zero buffers. `lax.ppermute` over the
+  stage axis moves each data replica's
   block to the same replica on the other side, and the received shards are re-wrapped as an
   array on stage b's devices. No copies besides the transfer itself.
 - `gather`: an array held by stage s's devices made available on every device of the mesh (a
-  psum over "stage" of the stacked array, every other stage contributing zeros): the step's loss
+  psum over the stage axis of the stacked array, every other stage contributing zeros): the step's loss
   for logging on process 0, and the layout-free state that checkpoints store.
 """
 
@@ -27,8 +28,9 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import axes
+from jaxpar import mesh as mesh_lib
 from jaxpar.dispatch import InFlight
-from jaxpar.mesh import AXES
 
 
 def owns(devices) -> bool:
@@ -37,12 +39,13 @@ def owns(devices) -> bool:
     return any(d.process_index == me for d in np.ravel(devices))
 
 
-def _stacked_spec(spec: P, ndim: int) -> P:
-    """`spec` with "stage" added as the major axis of dim 0 (dim 0 added for scalars)."""
+def _stacked_spec(spec: P, ndim: int, stage: str) -> P:
+    """`spec` with the stage axis added as the major axis of dim 0 (dim 0 added for
+    scalars)."""
     parts = list(spec) + [None] * (max(ndim, 1) - len(spec))
     first = parts[0]
     first = () if first is None else (first if isinstance(first, tuple) else (first,))
-    return P(("stage", *first), *parts[1:])
+    return P((stage, *first), *parts[1:])
 
 
 class Mover:
@@ -55,12 +58,15 @@ class Mover:
 
     def __init__(self, mesh: Mesh, inflight: InFlight):
         self.mesh = mesh
+        self.stage = axes.stage_axis(dict(mesh.shape))
+        self.position = mesh.axis_names.index(self.stage)
         self.inflight = inflight
         self.me = jax.process_index()
         self._zeros: dict = {}
 
     def _stage_devices(self, s: int) -> np.ndarray:
-        return self.mesh.devices[:, s, :]
+        """Stage s's devices, the stage axis kept (size 1)."""
+        return np.take(self.mesh.devices, [s], axis=self.position)
 
     def _zero(self, device, shape, dtype) -> jax.Array:
         key = (device, tuple(shape), np.dtype(dtype))
@@ -93,21 +99,24 @@ class Mover:
         """Move `x` (sharded `spec` over stage a's devices; None where this process owns none
         of them) to stage b's devices with the same spec; None where this process owns none
         of stage b's devices. Every process calls it (one position in the program order)."""
-        devices = np.stack([self._stage_devices(a), self._stage_devices(b)], axis=1)
+        devices = np.concatenate([self._stage_devices(a), self._stage_devices(b)],
+                                 axis=self.position)  # fmt: skip
         if not owns(devices):
             self.inflight.skip()
             return None
-        pair = Mesh(devices, AXES)
-        stacked = _stacked_spec(spec, len(shape))
+        pair = Mesh(devices, self.mesh.axis_names)
+        stacked = _stacked_spec(spec, len(shape), self.stage)
         sharding = NamedSharding(pair, stacked)
         big = (2 * shape[0], *shape[1:])
         # Registered whole: a process that only sends must wait for its sends too.
-        out = self.inflight.add(_permute(pair, stacked)(self._stack(x, sharding, big, dtype)))
+        out = self.inflight.add(
+            _permute(pair, stacked, self.stage)(self._stack(x, sharding, big, dtype))
+        )
         target = set(self._stage_devices(b).flat)
         got = [s.data for s in out.addressable_shards if s.device in target]
         if not got:
             return None
-        stage_mesh = Mesh(self.mesh.devices[:, b : b + 1, :], AXES)
+        stage_mesh = mesh_lib.index_along(self.mesh, self.stage, b)
         return jax.make_array_from_single_device_arrays(
             tuple(shape), NamedSharding(stage_mesh, spec), got
         )
@@ -117,43 +126,44 @@ class Mover:
     def gather_tree(self, tree: Any, template: Any, s: int, specs: Any) -> Any:
         """Every leaf of `tree` (sharded by its spec in `specs` over stage s's devices; None
         where this process owns none of them) as an array over the whole mesh with the same
-        spec, replicated over "stage". `template` gives shapes and dtypes (eval_shape output).
-        One program for the whole tree: a psum over "stage" of the stacked leaves, every
+        spec, replicated over the stage axis. `template` gives shapes and dtypes (eval_shape output).
+        One program for the whole tree: a psum over the stage axis of the stacked leaves, every
         other stage contributing zeros."""
         leaves, treedef = jax.tree.flatten(template)
         spec_leaves = tuple(treedef.flatten_up_to(specs))
         values = [None] * len(leaves) if tree is None else treedef.flatten_up_to(tree)
-        k = self.mesh.shape["stage"]
+        k = self.mesh.shape[self.stage]
         stacked, ndims = [], []
         for x, t, spec in zip(values, leaves, spec_leaves, strict=True):
             shape = tuple(t.shape)
             big = (k * shape[0], *shape[1:]) if shape else (k,)
-            sharding = NamedSharding(self.mesh, _stacked_spec(spec, len(shape)))
+            sharding = NamedSharding(self.mesh, _stacked_spec(spec, len(shape), self.stage))
             stacked.append(self._stack(x, sharding, big, t.dtype))  # x's shards: block s
             ndims.append(len(shape))
-        out = self.inflight.add(_psum_stage(self.mesh, spec_leaves, tuple(ndims))(stacked))
+        gather = _psum_stage(self.mesh, spec_leaves, tuple(ndims), self.stage)
+        out = self.inflight.add(gather(stacked))
         return treedef.unflatten(out)
 
 
 @functools.cache
-def _permute(pair: Mesh, spec: P):
+def _permute(pair: Mesh, spec: P, stage: str):
     """The pair program: every block moves from the pair's stage 0 side to its stage 1 side."""
     return jax.jit(
         jax.shard_map(
-            lambda v: lax.ppermute(v, "stage", [(0, 1)]), mesh=pair, in_specs=spec, out_specs=spec
+            lambda v: lax.ppermute(v, stage, [(0, 1)]), mesh=pair, in_specs=spec, out_specs=spec
         )
     )
 
 
 @functools.cache
-def _psum_stage(mesh: Mesh, specs: tuple, ndims: tuple):
+def _psum_stage(mesh: Mesh, specs: tuple, ndims: tuple, stage: str):
     """The gather program for leaves with these specs and ranks."""
 
     def body(values):
-        out = [lax.psum(v, "stage") for v in values]
+        out = [lax.psum(v, stage) for v in values]
         return [v.reshape(()) if n == 0 else v for v, n in zip(out, ndims, strict=True)]
 
-    in_specs = [_stacked_spec(p, n) for p, n in zip(specs, ndims, strict=True)]
+    in_specs = [_stacked_spec(p, n, stage) for p, n in zip(specs, ndims, strict=True)]
     out_specs = [p if n else P() for p, n in zip(specs, ndims, strict=True)]
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs))
 

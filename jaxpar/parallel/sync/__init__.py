@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 
+from jaxpar import axes
+from jaxpar import mesh as mesh_lib
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.sync.allreduce import AllReduce, average_gradients
 from jaxpar.parallel.sync.async_sgd import Async
-from jaxpar.parallel.sync.base import AXIS, SyncRule
+from jaxpar.parallel.sync.base import SyncRule
 from jaxpar.parallel.sync.local_sgd import Independent, LocalSGD
 from jaxpar.parallel.sync.parameter_server import ParameterServer
 from jaxpar.parallel.sync.sharded import Sharded
@@ -23,31 +25,40 @@ MODES: dict[str, type[SyncRule]] = {
     rule.name: rule for rule in (AllReduce, ParameterServer, Sharded, LocalSGD, Async, Independent)
 }
 
-__all__ = ["AXIS", "MODES", "SyncRule", "average_gradients", "build", "check"]
+__all__ = ["MODES", "SyncRule", "average_gradients", "build", "check"]
 
 
-def check(config, data: int, stage: int, tensor: int) -> str | None:
-    """Why `config`'s sync mode cannot run on this mesh (one line), or None."""
+def check(config, shape: dict[str, int]) -> str | None:
+    """Why `config`'s sync mode cannot run on this mesh ({axis: size}; one line), or None."""
     rule = MODES[config.sync.mode]
     mode = f"sync.mode={rule.name}"
     if config.sync.impl not in rule.impls:
         return f"{mode} runs with sync.impl={'/'.join(rule.impls)}, not {config.sync.impl}"
-    if tensor > 1 and rule.refuses_tensor:
-        fix = _mesh_hint((data * stage * tensor, 1, 1), (data * tensor, 1, 1))
-        return f"{mode} cannot combine with a tensor axis ({rule.refuses_tensor}); use {fix}"
-    if stage > 1 and rule.refuses_stages:
-        fix = _mesh_hint((data * stage, 1, tensor), (data, 1, tensor))
+    ruled = axes.auto_axes(shape)
+    if ruled and rule.refuses_tensor:
+        fix = _mesh_hint(shape, ruled)
+        return (f"{mode} cannot combine with the {'/'.join(ruled)} axis "
+                f"({rule.refuses_tensor}); use {fix}")  # fmt: skip
+    if axes.num_stages(shape) > 1 and rule.refuses_stages:
+        fix = _mesh_hint(shape, (axes.stage_axis(shape),))
         return (f"{mode} cannot combine with pipeline stages ({rule.refuses_stages}); use "
                 f"sync.mode=allreduce, or {fix}")  # fmt: skip
-    return rule.check(config, data)
+    return rule.check(config, axes.num_replicas(shape))
 
 
-def _mesh_hint(every: tuple[int, ...], fewer: tuple[int, ...]) -> str:
-    """Meshes that work: `every` on all the devices in use, else `fewer` on the first few."""
-    hint = f"mesh_shape=({','.join(map(str, every))})"
+def _mesh_hint(shape: dict[str, int], drop: tuple[str, ...]) -> str:
+    """Meshes that work without the `drop` axes: their devices moved to the first batch axis,
+    else those axes set to 1 on the first few devices."""
+    names = tuple(shape)
+    first = axes.batch_axes(shape)[0] if axes.batch_axes(shape) else names[0]
+    moved = math.prod(shape[a] for a in drop)
+    every = [shape[a] * moved if a == first else 1 if a in drop else shape[a] for a in names]
+    fewer = [1 if a in drop else shape[a] for a in names]
+    hint = f"--config.mesh_shape={mesh_lib.spelled_shape(names, every)}"
     n = math.prod(fewer)
     if n < math.prod(every):
-        hint += f", or mesh_shape=({','.join(map(str, fewer))}) with --config.num_devices={n}"
+        hint += (f", or --config.mesh_shape={mesh_lib.spelled_shape(names, fewer)} "
+                 f"--config.num_devices={n}")  # fmt: skip
     return hint
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 from jaxpar.parallel.sync.base import SyncRule
 
 
-def average_gradients(grads, replicas):
-    """Mean of per-replica gradients: one all-reduce of the parameter bytes over "data"."""
-    return replicas.pmean(grads)
+def average_gradients(grads, replicas, specs=None):
+    """Mean of per-replica gradients: one all-reduce of the parameter bytes over the replica
+    axes (node x data: reduce-scatter, all-reduce across nodes, all-gather; a leaf split over
+    fsdp: over the other replica axes only, Replicas.mean_grads)."""
+    return replicas.mean_grads(grads, specs)
 
 
 class AllReduce(SyncRule):
@@ -17,5 +19,5 @@ class AllReduce(SyncRule):
     impls = ("shard_map", "pmap")
 
     def update(self, state, grads, stats):
-        grads = average_gradients(grads, self.replicas)
+        grads = average_gradients(grads, self.replicas, self.variable_specs["params"])
         return state.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))

@@ -18,8 +18,8 @@ replica, so it shows none of asynchrony's speed-up from not waiting for straggle
 staleness pattern is fixed where real delays vary from step to step.
 
 Layout and canonical form: the model state is replicated (the single-device state); the
-pending gradients, `state.sync["pending"]` of shape [N, S, *param], are split over "data", one
-queue per device, and checkpointed, so a resume with gradients in flight is exact.
+pending gradients, `state.sync["pending"]` of shape [N, S, *param], are split over the replica axes,
+one queue per device, and checkpointed, so a resume with gradients in flight is exact.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
 from jaxpar.parallel.sync.base import SyncRule, _is_spec, block, unblock
 
 
@@ -64,7 +63,8 @@ class Async(SyncRule):
         specs = super().specs(shapes)
         if not self.depth:
             return specs
-        queues = jax.tree.map(lambda s: P(DATA, None, *s), self.variable_specs["params"],
+        lead = self.replicas.axes or None
+        queues = jax.tree.map(lambda s: P(lead, None, *s), self.variable_specs["params"],
                               is_leaf=_is_spec)  # fmt: skip
         return specs.replace(sync={"pending": queues})
 

@@ -4,10 +4,11 @@ A rule decides how the data replicas of one model part (the whole model, or one 
 chunk) agree. It is the only place where gradients or parameters are combined across
 replicas, and it owns three things:
 
-- the *device layout* (`to_device`, `specs`): leaves replicated over "data", leaves with a
-  leading replica axis split over "data", or (`sharded`) optimizer state split over "data"
-  along one dimension. Under tensor parallelism every leaf also keeps its split over "tensor"
-  (`variable_specs`, from the sharding rules): a rule adds "data" to those specs.
+- the *device layout* (`to_device`, `specs`): leaves replicated over the replica axes (the
+  batch axes: data, or node x data, ...), leaves with a leading replica axis split over them,
+  or (`sharded`) optimizer state split over them along one dimension. Every leaf also keeps
+  its split over the other axes (`variable_specs`: tensor by the sharding rules, fsdp's
+  parameter shards): a rule adds the replica axes to those specs.
 - the *canonical form* (`canonical`, `from_shared`): what checkpoints store. Modes whose
   replicas agree after every step store the single-device state; modes whose replicas drift
   (`local_sgd`, `independent`) store every replica along a leading axis, and `async` adds its
@@ -29,11 +30,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
-
-AXIS = DATA
 
 
 def _is_spec(x) -> bool:
@@ -44,7 +42,7 @@ class SyncRule:
     """Base rule (replicated state); subclasses override what differs.
 
     `variable_specs`: {"params": ..., "batch_stats": ...} PartitionSpecs of the part's
-    variables over the other mesh axes (all `P()` without tensor parallelism)."""
+    variables over the other mesh axes (all `P()` without tensor parallelism or fsdp)."""
 
     name = "?"
     eval_kind = "shared"  # shared: every replica holds the model; average; each: per replica
@@ -57,7 +55,8 @@ class SyncRule:
     def __init__(self, config, replicas: Replicas, tx, variable_specs: dict):
         self.config, self.replicas, self.n, self.tx = config, replicas, replicas.n, tx
         self.variable_specs = variable_specs
-        self.bn_axis_name = DATA if config.sync.batch_norm == "global" and self.n > 1 else None
+        global_bn = config.sync.batch_norm == "global" and self.n > 1
+        self.bn_axis_name = replicas.axes if global_bn else None
 
     @classmethod
     def check(cls, config, data: int) -> str | None:
@@ -79,7 +78,8 @@ class SyncRule:
 
     def specs(self, device_shapes: TrainState) -> TrainState:
         """PartitionSpecs of the device layout over every mesh axis: the variables' own
-        (tensor) specs, replicated over "data" unless the rule says otherwise."""
+        (tensor, fsdp) specs, replicated over the replica axes unless the rule says
+        otherwise."""
         params = self.variable_specs["params"]
         return device_shapes.replace(
             step=P(),
@@ -145,19 +145,44 @@ def unblock(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[None], tree)
 
 
-def stacked(specs: Any) -> Any:
-    """Specs of replica-stacked leaves: "data" on the new leading axis, then each leaf's own."""
-    return jax.tree.map(lambda s: P(DATA, *s), specs, is_leaf=_is_spec)
+def spec_axes(spec: P) -> set[str]:
+    """The mesh axes a PartitionSpec splits over."""
+    return {a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))}
 
 
-def manual(specs: Any) -> Any:
-    """The "data" part of specs only: what shard_map's in/out specs name when the other axes
-    are left to the sharding rules."""
+def stacked(specs: Any, replicas: Replicas) -> Any:
+    """Specs of replica-stacked leaves: the replica axes a leaf is not split over already on
+    the new leading axis, then the leaf's own."""
+
+    def one(s: P) -> P:
+        lead = tuple(a for a in replicas.axes if a not in spec_axes(s))
+        return P(lead or None, *s)
+
+    return jax.tree.map(one, specs, is_leaf=_is_spec)
+
+
+def stacked_size(spec: P, replicas: Replicas) -> int:
+    """The leading axis' length of a leaf stacked by `stacked`."""
+    n = 1
+    for a in replicas.axes:
+        if a not in spec_axes(spec):
+            n *= replicas.sizes[a]
+    return n
+
+
+def manual(specs: Any, replicas: Replicas) -> Any:
+    """The replica-axes part of specs only: what shard_map's in/out specs name when the other
+    axes are left to the sharding rules."""
+    names = set(replicas.axes)
 
     def keep(spec: P) -> P:
-        parts = [p if p == DATA or (isinstance(p, tuple) and DATA in p) else None for p in spec]
+        parts = []
+        for p in spec:
+            group = p if isinstance(p, tuple) else (p,) if p else ()
+            mine = tuple(a for a in group if a in names)
+            parts.append(mine if len(mine) > 1 else mine[0] if mine else None)
         while parts and parts[-1] is None:
             parts.pop()
-        return P(*[DATA if p is not None else None for p in parts])
+        return P(*parts)
 
     return jax.tree.map(keep, specs, is_leaf=_is_spec)

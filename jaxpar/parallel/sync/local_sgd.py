@@ -17,7 +17,7 @@ With `period=1` and plain SGD the average of the replicas' updates is exactly th
 step. Per-step metrics come back per replica and are averaged outside the step.
 
 Layout and canonical form: parameters, batch statistics and optimizer state carry a leading
-replica axis split over "data" (before their own split over "tensor", if any); checkpoints
+replica axis split over the replica axes (before their own split over "tensor", if any); checkpoints
 store every replica, so a resume in the middle of a period is exact. On pipeline stages every
 stage's replicas follow the rule for that stage's layers, all averaging at the same steps.
 """
@@ -57,9 +57,9 @@ class Independent(SyncRule):
     def specs(self, shapes):
         specs = super().specs(shapes)
         return specs.replace(
-            params=stacked(specs.params),
-            batch_stats=stacked(specs.batch_stats),
-            opt_state=stacked(specs.opt_state),
+            params=stacked(specs.params, self.replicas),
+            batch_stats=stacked(specs.batch_stats, self.replicas),
+            opt_state=stacked(specs.opt_state, self.replicas),
         )
 
     def local_params(self, state):
@@ -106,7 +106,8 @@ class LocalSGD(Independent):
         return super().check(config, data)
 
     def average(self, tree):
-        """One all-reduce over "data" of the float leaves (counters are equal already)."""
+        """One all-reduce over the replicas of the float leaves (counters are equal
+        already)."""
         floats = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
         mean = lambda x: self.replicas.varying(self.replicas.pmean(x)) if floats(x) else x
         return jax.tree.map(mean, tree)

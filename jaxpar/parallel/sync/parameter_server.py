@@ -8,7 +8,8 @@ That fan-in at one device is what makes a parameter server the bottleneck, where
 spreads ~2 x P evenly. (Metrics add two scalar all-reduces; with per-replica BatchNorm the
 running averages are averaged too, as under `allreduce`.)
 
-Layout: parameters and optimizer state carry a leading replica axis over "data". Only the
+Layout: parameters and optimizer state carry a leading replica axis over the replica axes
+(data; node x data counts as one flat group, the server being replica `sync.server` of it). Only the
 server's slot of the optimizer state is ever read or written: workers' slots stay zero. (One
 SPMD program gives every device the same buffers, so the workers' slots are allocated but
 unused; on a real parameter server they would not exist.) The canonical form is the server's
@@ -56,7 +57,8 @@ class ParameterServer(SyncRule):
 
     def specs(self, shapes):
         specs = super().specs(shapes)
-        return specs.replace(params=stacked(specs.params), opt_state=stacked(specs.opt_state))
+        return specs.replace(params=stacked(specs.params, self.replicas),
+                             opt_state=stacked(specs.opt_state, self.replicas))  # fmt: skip
 
     def local_params(self, state):
         return block(state.params)

@@ -2,8 +2,9 @@
 gradients, let each replica update its 1/N slice of the parameters with its 1/N slice of the
 optimizer state, all-gather the parameters.
 
-Layout: parameters and batch statistics replicated over "data"; every parameter-shaped part
-of the optimizer state is split over "data" along one dimension of its own (per parameter:
+Layout: parameters and batch statistics replicated over the replica axes (data, or node x
+data as one flat group); every parameter-shaped part of the optimizer state is split over
+them along one dimension of its own (per parameter:
 the largest dimension that is not split over "tensor" and divides by N; a parameter with none,
 every dimension odd under 2 replicas say, keeps its optimizer state replicated and is updated
 as under `allreduce`). So the optimizer state per
@@ -24,7 +25,6 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.mesh import DATA
 from jaxpar.parallel.sync.base import SyncRule, _is_spec
 
 
@@ -56,7 +56,9 @@ class Sharded(SyncRule):
             if dim is None:
                 return spec
             parts = list(spec) + [None] * (len(shape.shape) - len(spec))
-            parts[dim] = DATA
+            parts[dim] = (
+                self.replicas.axes if len(self.replicas.axes) > 1 else self.replicas.axes[0]
+            )
             return P(*parts)
 
         param_specs = jax.tree.map(add_data, self.variable_specs["params"], dims, shapes.params,
@@ -70,7 +72,7 @@ class Sharded(SyncRule):
         size = lambda x, d: x.shape[d] // self.n
 
         def my_grad(g, d):  # reduce-scatter: device i receives the sum of every replica's slice i
-            return r.pmean(g) if d is None else r.reduce_scatter(g, d) / self.n
+            return r.mean(g) if d is None else r.reduce_scatter(g, d) / self.n
 
         def my_param(p, d):
             return p if d is None else lax.dynamic_slice_in_dim(p, r.index() * size(p, d),

@@ -1,0 +1,180 @@
+"""How a run lays its model's variables out over the mesh, and gathers them where a layer runs.
+
+Two kinds of axes split variables (jaxpar/axes/):
+
+- rules axes (tensor): the sharding rules map each variable's logical dimension names to
+  them (parallel/tensor.py); rules naming an axis the run lacks, or has at size 1, split
+  nothing;
+- parameter-sharding batch axes (fsdp): each picks one more dimension of every parameter
+  leaf (`Axis.param_dim`), among those the rules left whole. Batch statistics stay whole.
+
+`specs` is the one place these combine: the strategies and the pipeline's chunks build their
+sync rules from it, so every layout, the canonical state and the analysis follow it.
+`gather_fn` is what a step gives `model.apply` to run a layer from its parameters' shards.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxpar import axes
+from jaxpar.models import SequentialModel
+from jaxpar.parallel import tensor
+
+
+def rules_on(rules: tensor.Rules, shape: dict[str, int]) -> tensor.Rules:
+    """The rules that split something on this mesh: those naming one of its rules axes of
+    size > 1 (the others map their names to None: unsplit)."""
+    present = set(axes.auto_axes(shape))
+    return tuple((name, axis if axis in present else None) for name, axis in rules)
+
+
+def specs(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int],
+          layers: slice = slice(None)) -> dict:  # fmt: skip
+    """{"params": {...}, "batch_stats": {...}} PartitionSpecs of `layers`' variables over the
+    mesh `shape` ({axis: size})."""
+    out = jax.tree.map(_trim, tensor.variable_specs(model, rules_on(rules, shape), layers),
+                       is_leaf=lambda x: isinstance(x, P))  # fmt: skip
+    sharding = axes.sharding_axes(shape)
+    if not sharding:
+        return out
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), layers))["params"]
+    for layer in model.layers[layers]:
+        names = layer.names.get("params", {})
+        out["params"][layer.name] = jax.tree.map(
+            lambda spec, leaf, logical: _shard(spec, leaf.shape, tuple(logical), sharding, shape),
+            out["params"][layer.name], shapes[layer.name], names,
+            is_leaf=lambda x: isinstance(x, P),
+        )  # fmt: skip
+    return out
+
+
+def _trim(spec: P) -> P:
+    """The same split without trailing unsplit dimensions: P(None, None, "tensor") stays,
+    P(None, None) is P()."""
+    parts = list(spec)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return P(*parts)
+
+
+def _shard(spec: P, shape: tuple, names: tuple, sharding, sizes) -> P:
+    parts = list(spec) + [None] * (len(shape) - len(spec))
+    for name in sharding:
+        dim = axes.get(name).param_dim(shape, names, tuple(p is not None for p in parts),
+                                       sizes[name])  # fmt: skip
+        if dim is not None:
+            parts[dim] = name
+    while parts and parts[-1] is None:
+        parts.pop()
+    return P(*parts)
+
+
+class Split(tuple):
+    """A leaf's (axis, dimension) pairs of parameter-sharding axes (a pytree leaf)."""
+
+
+jax.tree_util.register_pytree_node(Split, lambda s: ((), tuple(s)), lambda aux, _: Split(aux))
+
+
+def sharded_leaves(param_specs: dict, shape: dict[str, int]) -> dict:
+    """Per parameter leaf, the (axis, dimension) pairs of parameter-sharding axes it is split
+    along (empty for a whole leaf)."""
+    sharding = set(axes.sharding_axes(shape))
+    return jax.tree.map(
+        lambda s: Split((p, d) for d, p in enumerate(s) if p in sharding), param_specs,
+        is_leaf=lambda x: isinstance(x, P),
+    )  # fmt: skip
+
+
+def gather_fn(param_specs: dict, shape: dict[str, int]) -> Gathered | None:
+    """What a step gives model.apply (`gathered`) to run each layer from its parameters'
+    shards, or None when the mesh shards no parameters."""
+    where = sharded_leaves(param_specs, shape)
+    if not any(jax.tree.leaves(where, is_leaf=_is_split)):
+        return None
+    return Gathered(where)
+
+
+def _is_split(x) -> bool:
+    return isinstance(x, Split)
+
+
+class Gathered:
+    """Layers run from parameter shards (fsdp): `wrap(layer_name, run)` turns
+    `run(params, stats, x, keys) -> (y, new_stats)` into the same function of the layer's
+    shards.
+
+    Forward: the shards are all-gathered (`Axis.gather`), the layer runs, and what its
+    backward needs is kept except the gathered parameters. Backward: the shards are gathered
+    again, the layer's pullback runs, and the parameters' gradients are reduce-scattered back
+    to shards (the all-gather's transpose: a sum over the axis). The second gather takes its
+    shards through a zero that depends on the output gradient, so that no compiler can merge
+    it with the forward's (XLA:CPU removes optimisation barriers before common-subexpression
+    elimination, which merged the two gathers of a plain `jax.checkpoint` and kept every
+    layer's gathered parameters alive from forward to backward)."""
+
+    def __init__(self, where: dict):
+        self.where = where
+
+    def wrap(self, name: str, run):
+        where = self.where.get(name, {})
+        if not any(jax.tree.leaves(where, is_leaf=_is_split)):
+            return run
+        return _gathered_layer(run, where)
+
+
+def _gather(shards, where):
+    return jax.tree.map(lambda pairs, x: _gather_leaf(x, pairs), where, shards, is_leaf=_is_split)
+
+
+def _gather_leaf(x, pairs):
+    for axis, dim in pairs:
+        x = axes.get(axis).gather(x, dim)
+    return x
+
+
+def _scatter(grads, where):
+    """The gathers' transpose: each leaf's gradient summed over its axes, this device keeping
+    its shard (a reduce-scatter per axis, in reverse order)."""
+
+    def one(pairs, g):
+        for axis, dim in reversed(pairs):
+            g = lax.psum_scatter(g, axis, scatter_dimension=dim, tiled=True)
+        return g
+
+    return jax.tree.map(one, where, grads, is_leaf=_is_split)
+
+
+def _gathered_layer(run, where):
+    static: dict = {}  # the pullback's structure, from the forward's trace to the backward's
+
+    @jax.custom_vjp
+    def layer(shards, stats, x, keys):
+        return run(_gather(shards, where), stats, x, keys)
+
+    def fwd(shards, stats, x, keys):
+        full = _gather(shards, where)
+        out, pullback = jax.vjp(lambda p, x: run(p, stats, x, keys), full, x)
+        leaves, static["tree"] = jax.tree.flatten(pullback)
+        position = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(full))}
+        static["kinds"] = [position.get(id(leaf)) for leaf in leaves]
+        kept = [leaf for leaf, kind in zip(leaves, static["kinds"]) if kind is None]
+        return out, (shards, stats, kept)
+
+    def bwd(residuals, cotangent):
+        shards, stats, kept = residuals
+        zero = jnp.ravel(jax.tree.leaves(cotangent)[0])[0] * 0  # ties the gather to the backward
+        again = jax.tree.leaves(_gather(jax.tree.map(lambda s: s + zero.astype(s.dtype), shards),
+                                        where))  # fmt: skip
+        stored = iter(kept)
+        leaves = [next(stored) if k is None else again[k] for k in static["kinds"]]
+        grads, dx = jax.tree.unflatten(static["tree"], leaves)(cotangent)
+        no_stats = jax.tree.map(jnp.zeros_like, stats)
+        return _scatter(grads, where), no_stats, dx, None
+
+    layer.defvjp(fwd, bwd)
+    return layer

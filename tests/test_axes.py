@@ -1,0 +1,199 @@
+"""The open mesh: axes as a registry (jaxpar/axes/). fsdp, node x data and a user's own axis
+(tests/example_axis.py) each compute the single-device function with BatchNorm on, alone and
+beside a pipeline and a tensor axis; what each moves and stores is read from the compiled
+programs and checked against what the docs say; checkpoints move between them; the predictor
+and the planner take them like any other mesh."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from jaxpar import analysis, axes, explain, parallel, plan, trainer
+from jaxpar.errors import ConfigError
+from jaxpar.predict.workload import describe, workload
+from tests import example_axis
+from tests.util import max_rel_error, reference_run, run_steps, tiny_config, train_losses
+
+STEPS = 4
+RTOL = 1e-5
+
+
+def mesh_config(names, sizes, **extra):
+    """tiny_config (VGG11 at width 1/16) with BatchNorm on, on the mesh `names` = `sizes`."""
+    settings = {"model.batch_norm": True, "num_train_steps": STEPS, **extra}
+    return tiny_config(mesh_axes=tuple(names), mesh_shape=tuple(sizes), **settings)
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    """The single-device program (no micro-batches: every data-parallel mesh's reference)."""
+    return reference_run(mesh_config(("data",), (1,)))
+
+
+def assert_equal(got, ref):
+    (losses, state), (ref_losses, ref_state) = got, ref
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    assert max_rel_error(state.params, ref_state.params) < RTOL
+    assert max_rel_error(state.batch_stats, ref_state.batch_stats) < RTOL
+
+
+@pytest.mark.parametrize("names,sizes", [(("data", "fsdp"), (2, 4)), (("node", "data"), (2, 4))])
+def test_batch_axes_equal_one_device(one_device, names, sizes):
+    """FSDP beside data (HSDP) and two-level data parallelism: one device's 4 steps."""
+    assert_equal(run_steps(mesh_config(names, sizes), 8), one_device)
+
+
+def test_fsdp_beside_a_pipeline_and_a_tensor_axis_equals_one_device():
+    """(data, fsdp, stage, tensor) = (1, 2, 2, 2), 1F1B over 2 micro-batches: each stage's
+    parameters sharded over its own fsdp devices, channels over tensor."""
+    config = mesh_config(("data", "fsdp", "stage", "tensor"), (1, 2, 2, 2), **{
+        "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2})  # fmt: skip
+    assert_equal(run_steps(config, 8), reference_run(config, microbatches=2))
+
+
+def _leaves(strategy):
+    """(global bytes, PartitionSpec) of every parameter leaf as placed."""
+    state = strategy.state_shapes()
+    return [(math.prod(x.shape) * x.dtype.itemsize, x.sharding.spec)
+            for x in jax.tree.leaves(state.params)]  # fmt: skip
+
+
+def _bytes(report, kind, axis) -> float:
+    return sum(r[4] for r in report["collectives"] if r[1] == kind and r[2] == axis)
+
+
+def test_fsdp_stores_a_quarter_and_moves_what_the_docs_say():
+    """Under (data, fsdp) = (2, 4), from the placed state and the compiled step: parameters
+    and optimizer state per device are the leaves split over fsdp at 1/4 plus the few that
+    divide nowhere; per step the gradients' reduce-scatter on fsdp receives one shard of every
+    split leaf; the all-gathers on fsdp bring every split leaf whole for the forward, and
+    again those the backward needs (at most twice in all); the data axis all-reduces only
+    shards."""
+    s = trainer.setup(mesh_config(("data", "fsdp"), (2, 4)), jax.devices())
+    leaves = _leaves(s.strategy)
+    split = [b for b, spec in leaves if "fsdp" in tuple(spec)]
+    whole = [b for b, spec in leaves if "fsdp" not in tuple(spec)]
+    assert sum(whole) < 0.01 * sum(split)  # only a 10-class bias or so stays whole
+    report = analysis.report(s.strategy, 16, timing=False)
+    per_device = sum(split) / 4 + sum(whole)
+    assert report["param_bytes_per_device"] == per_device
+    opt = jax.tree.leaves(s.strategy.canonical_shapes().opt_state)
+    total_opt = sum(math.prod(x.shape) * x.dtype.itemsize for x in opt)
+    counters = total_opt - sum(b for b, _ in leaves)  # momentum: one trace per parameter
+    assert report["opt_state_bytes_per_device"] == per_device + counters
+    assert _bytes(report, "reduce-scatter", "fsdp") == sum(split) / 4
+    gathered = _bytes(report, "all-gather", "fsdp")
+    assert sum(split) < gathered < 2 * sum(split)
+    assert _bytes(report, "all-reduce", "data") == sum(split) / 4
+    text = explain.explain(mesh_config(("data", "fsdp"), (2, 4)))
+    assert "fsdp       4  batch" in text and "all-gather" in text and "reduce-scatter" in text
+
+
+def test_node_carries_a_quarter_of_the_gradient():
+    """(node, data) = (2, 4): the gradient mean is a reduce-scatter over data, an all-reduce
+    over node of each device's quarter (each leaf padded to a multiple of 4), an all-gather
+    over data; what crosses node per device is 1/4 of the gradient bytes."""
+    s = trainer.setup(mesh_config(("node", "data"), (2, 4)), jax.devices())
+    report = analysis.report(s.strategy, 16, timing=False)
+    quarter = sum(-(-b // 4 // 4) * 4 for b, _ in _leaves(s.strategy))  # padded to 4 floats
+    assert _bytes(report, "all-reduce", "node") == quarter
+    assert _bytes(report, "reduce-scatter", "data") == quarter
+    grads = sum(b for b, _ in _leaves(s.strategy))
+    assert _bytes(report, "all-gather", "data") == pytest.approx(grads, rel=0.01)
+    assert s.strategy.partitioning() == "hybrid node 2 x data 4"
+
+
+def test_checkpoint_of_fsdp_and_tensor_continues_on_data(tmp_path, one_device):
+    """2 steps on (data, fsdp, tensor) = (2, 2, 2), saved; 2 more on (data,) = (8,): the
+    4 steps of one device."""
+    run = str(tmp_path / "run")
+    first = mesh_config(("data", "fsdp", "tensor"), (2, 2, 2), checkpoint_every_steps=2,
+                        num_train_steps=2)  # fmt: skip
+    trainer.train_and_evaluate(first, run)
+    result = trainer.train_and_evaluate(mesh_config(("data",), (8,)), run)
+    losses = train_losses(run)
+    np.testing.assert_allclose(losses, one_device[0], rtol=RTOL)
+    assert max_rel_error(result["state"].params, one_device[1].params) < RTOL
+
+
+def test_a_new_axis_is_one_module(one_device):
+    """tests/example_axis.py's `ring`, registered from here: (data, ring) = (2, 4) trains as
+    one device does; --explain and the predictor read its collective-permutes unchanged."""
+    example_axis.register()
+    try:
+        config = mesh_config(("data", "ring"), (2, 4))
+        assert_equal(run_steps(config, 8), one_device)
+        text = explain.explain(config)
+        assert "ring       4  batch" in text and "collective-permute" in text
+        assert "hybrid data 2 x ring 4" in text
+        w = workload(config, 8)
+        assert any(c.kind == "collective-permute" and c.axes == "ring"
+                   for c in w.chunks[0].collectives["step"])  # fmt: skip
+    finally:
+        example_axis.unregister()
+    with pytest.raises(ConfigError, match="not a mesh axis"):
+        parallel.validate(mesh_config(("data", "ring"), (2, 4)), 8)
+
+
+@pytest.mark.parametrize("names,sizes", [(("data", "fsdp"), (2, 4)), (("node", "data"), (2, 4))])
+def test_predicted_collective_bytes_are_the_compiled_programs(names, sizes):
+    """The predictor's per-step bytes by (kind, axes) are what the compiled step moves."""
+    config = mesh_config(names, sizes)
+    w = workload(config, 8)
+    s = trainer.setup(config, jax.devices())
+    report = analysis.report(s.strategy, 16, timing=False)
+    compiled = {f"{r[1]} {r[2]}": r[4] for r in report["collectives"] if r[2] != "none"}
+    assert describe(w) == compiled
+
+
+def test_the_planner_enumerates_fsdp_and_node_meshes():
+    """16 devices on 2 nodes: meshes over data, fsdp, stage and tensor, and each again with
+    node = 2 first; the trainer's refusals are counted, nothing compiles."""
+    config = tiny_config(global_batch_size=64)
+    valid, refused = plan.enumerate_candidates(config, 16, nodes=2)
+    names = {c.name.split(" ")[0] for c in valid}
+    assert "(fsdp=16)" in names and "(data=2,fsdp=8)" in names
+    assert "(node=2,data=8)" in names and "(node=2,fsdp=8)" in names
+    assert len(valid) + len(refused) < 5000
+    node = next(c for c in valid if c.name.startswith("(node=2,data=8)"))
+    assert node.overrides() == {"mesh_axes": ("node", "data"), "mesh_shape": (2, 8),
+                                "sync.mode": "allreduce"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "names,sizes,extra,message",
+    [
+        (("data", "expert"), (4, 2), {}, "mesh_axes names 'expert', which is not a mesh axis"),
+        (("data", "data"), (4, 2), {}, "names an axis twice"),
+        (("data", "node"), (4, 2), {}, "the node axis must come first"),
+        (("data", "fsdp"), (2, 2, 2), {}, "must be 2 integers, one per axis"),
+        (("data", "fsdp"), (2, 4), {"sync.mode": "sharded"}, "runs with sync.mode=allreduce"),
+        (("data", "fsdp"), (2, 4), {"optimizer.name": "lars"}, "elementwise optimizer"),
+        (("data", "fsdp"), (3, 4), {}, "needs 12 devices but 8 are present"),
+        (("node", "data"), (2, 4), {"sync.impl": "pmap"}, "maps over one axis"),
+        (("fsdp", "tensor"), (4, 2), {"strategy": "data"}, "splits the batch only"),
+    ],
+)
+def test_refusals_name_the_axes(names, sizes, extra, message):
+    with pytest.raises(ConfigError) as info:
+        parallel.validate(mesh_config(names, sizes, **extra), 8)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_registry_is_the_only_speller():
+    """Every built-in axis is registered once, with a role; the defaults are the three."""
+    assert axes.DEFAULT == ("data", "stage", "tensor")
+    assert {a: axes.get(a).role for a in ("data", "node", "fsdp", "stage", "tensor")} == {
+        "data": "batch",
+        "node": "batch",
+        "fsdp": "batch",
+        "stage": "layers",
+        "tensor": "rules",
+    }
+    shape = {"node": 2, "data": 1, "fsdp": 4, "stage": 1, "tensor": 1}
+    assert axes.replica_axes(shape) == ("node", "fsdp") and axes.num_replicas(shape) == 8
+    assert axes.sharding_axes(shape) == ("fsdp",)
