@@ -60,7 +60,11 @@ def test_strategy_names_are_checked_against_the_mesh():
         parallel.validate(tiny_config(strategy="data", mesh_shape=(2, 2, 1)), 4)
     with pytest.raises(ConfigError, match="unknown strategy 'gspmd'"):
         parallel.validate(tiny_config(strategy="gspmd"), 8)
-    assert parallel.validate(tiny_config(strategy="tensor", mesh_shape=(4, 1, 1)), 4)
+    # a named strategy on a mesh it fits: the resolved mesh comes back, -1 filled in, in order
+    shape = parallel.validate(tiny_config(strategy="tensor", mesh_shape=(-1, 1, 1)), 4)
+    assert list(shape.items()) == [("data", 4), ("stage", 1), ("tensor", 1)]
+    shape = parallel.validate(tiny_config(strategy="pipeline", mesh_shape=(1, -1, 2)), 8)
+    assert list(shape.items()) == [("data", 1), ("stage", 4), ("tensor", 2)]
 
 
 def _modules() -> dict[str, ast.Module]:
