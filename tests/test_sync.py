@@ -335,13 +335,34 @@ def test_cli_sigterm_with_gradients_pending_resumes_exactly(tmp_path):
 
 
 def test_example_config_and_study_suite_validate():
+    """configs/vgg19_sync.py does what its docstring says: every command of its "Run:" block is
+    a run of 8 data replicas (the file loads, every --config key exists, the mesh validates on
+    8 devices), the plain one local SGD averaging every 4 steps, the second async with
+    staleness 4, staleness-aware; and every row of the sync study validates on 4 devices."""
+    import shlex
+
     from configs import vgg19_sync
     from configs.bench import sync as suite_file
-    from tests.util import override
+    from jaxpar import configfile
+    from tests.util import ROOT, override
 
-    config = vgg19_sync.get_config()
-    assert "python -m jaxpar.train --config configs/vgg19_sync.py" in vgg19_sync.__doc__
-    assert tuple(parallel.validate(config, 8).values()) == (8, 1, 1)
+    block = vgg19_sync.__doc__.split("Run:", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    commands = [shlex.split(line, comments=True) for line in block.splitlines()]
+    configs = []
+    for argv in commands:
+        assert argv[:4] == ["python", "-m", "jaxpar.train", "--config"], argv
+        config = configfile.load(os.path.join(ROOT, argv[4]))
+        settings, rest = configfile.split_overrides(argv[5:])
+        configfile.override(config, settings)  # KeyError: a key the config does not have
+        assert rest in ([], ["--explain"]), rest
+        assert list(parallel.validate(config, 8).items()) == [("data", 8), ("stage", 1),
+                                                               ("tensor", 1)]  # fmt: skip
+        configs.append(config)
+    assert len(configs) == 3
+    plain, stale, _ = configs  # the third: the first with --explain
+    assert (plain.sync.mode, plain.sync.period) == ("local_sgd", 4)
+    sync = stale.sync
+    assert (sync.mode, sync.max_staleness, sync.staleness_aware_lr) == ("async", 4, True)
     suite = suite_file.get_config()
     for row in suite.rows:
         config = override(vgg19_sync.get_config(), dict(suite.overrides))
