@@ -9,7 +9,9 @@ import subprocess
 import textwrap
 
 import jax
+import numpy as np
 import pytest
+from matplotlib.collections import PathCollection
 
 from jaxpar import config as config_lib
 from jaxpar import plots, trainer
@@ -170,77 +172,94 @@ def test_speedup_and_efficiency_from_known_inputs():
     assert results.mean_stderr([5.0]) == (5.0, None)
 
 
-def test_every_plot_from_known_rows(tmp_path):
-    rows = [
-        _row(
-            "1 device",
-            1,
-            100.0,
-            group="baseline",
-            mesh_shape=(1, 1, 1),
-            speedup=1.0,
-            efficiency=1.0,
-            memory_bytes_per_device=4 << 20,
-            collective_bytes_per_device=0,
-            global_batch_size=64,
-            eval_accuracy=0.5,
-        )
-    ]
-    for n in (2, 4):
-        for kind in ("strong", "weak"):
-            rows.append(
-                _row(
-                    f"{kind} data {n}",
-                    n,
-                    90.0 * n,
-                    scaling=kind,
-                    mesh_shape=(n, 1, 1),
-                    efficiency=0.9,
-                    memory_bytes_per_device=4 << 20,
-                    collective_bytes_per_device=1 << 20,
-                )
-            )
+def _drawn(monkeypatch) -> dict:
+    """Every figure jaxpar.plots saves from now on, by file name, kept to read back what it
+    drew (matplotlib's Figure.savefig, wrapped; the files are still written)."""
+    from matplotlib.figure import Figure
+
+    figures = {}
+    save = Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        figures[os.path.basename(str(path))] = fig
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
+def _series(ax) -> dict[str, list[list[float]]]:
+    """What one Axes shows, by legend label: the points of each line, error-bar line and
+    scatter (matplotlib's public artists; unlabelled ones, such as reference lines, left out)."""
+    out = {c.get_label(): c.lines[0].get_xydata().tolist() for c in ax.containers}
+    for line in ax.get_lines():
+        if not line.get_label().startswith("_"):
+            out[line.get_label()] = line.get_xydata().tolist()
+    for points in ax.collections:
+        if isinstance(points, PathCollection) and not points.get_label().startswith("_"):
+            out[points.get_label()] = points.get_offsets().tolist()  # a scatter's points
+    return out
+
+
+def _assert_series(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for label, points in want.items():
+        np.testing.assert_allclose(got[label], points, err_msg=label)
+
+
+def test_every_plot_from_known_rows(tmp_path, monkeypatch):
+    """Each picture, read back from the figure: the series it draws and their points, worked
+    out from the rows by hand."""
+    sized = {"memory_bytes_per_device": 4 << 20, "collective_bytes_per_device": 1 << 20}
+    rows = [_row("1 device", 1, 100.0, group="baseline", mesh_shape=(1, 1, 1), speedup=1.0,
+                 efficiency=1.0, global_batch_size=64, eval_accuracy=0.5,
+                 **{**sized, "collective_bytes_per_device": 0})]  # fmt: skip
+    for n in (2, 4):  # strong: 90 img/s per device; weak: 95
+        rows.append(_row(f"strong data {n}", n, 90.0 * n, "strong", mesh_shape=(n, 1, 1),
+                         efficiency=0.9, **sized))  # fmt: skip
+        rows.append(_row(f"weak data {n}", n, 95.0 * n, "weak", mesh_shape=(n, 1, 1),
+                         efficiency=0.95, **sized))  # fmt: skip
     for m in (1, 4):
-        rows.append(
-            _row(
-                f"pipe M={m}",
-                2,
-                80.0,
-                mesh_shape=(1, 2, 1),
-                group="",
-                num_microbatches=m,
-                pipeline_schedule="gpipe",
-                analytic_bubble=1 / (m + 1),
-                measured_bubble=1.2 / (m + 1),
-                memory_bytes_per_device=2 << 20,
-                collective_bytes_per_device=0,
-                stage_transfer_bytes_per_device=1 << 16,
-            )
-        )
-    for lr in ("fixed lr", "linear lr"):
+        rows.append(_row(f"pipe M={m}", 2, 80.0, mesh_shape=(1, 2, 1), group="",
+                         num_microbatches=m, pipeline_schedule="gpipe",
+                         analytic_bubble=1 / (m + 1), measured_bubble=1.2 / (m + 1),
+                         memory_bytes_per_device=2 << 20, collective_bytes_per_device=0,
+                         stage_transfer_bytes_per_device=1 << 16))  # fmt: skip
+    for lr, accuracy in (("fixed lr", {32: 0.7, 64: 0.6}), ("linear lr", {32: 0.75, 64: 0.7})):
         for b in (32, 64):
-            rows.append(
-                _row(
-                    f"{lr} {b}",
-                    8,
-                    10.0,
-                    group=lr,
-                    global_batch_size=b,
-                    eval_accuracy=0.7,
-                    mesh_shape=(8, 1, 1),
-                    scaling="none",
-                )
-            )
-    made = plots.plot_all(rows, str(tmp_path))
-    names = sorted(os.path.basename(p) for p in made)
-    assert names == [
-        "accuracy_vs_batch.png",
-        "bubble.png",
-        "memory_vs_bytes.png",
-        "scaling_strong.png",
-        "scaling_weak.png",
-    ]
-    assert all(os.path.getsize(p) > 10_000 for p in made)
+            rows.append(_row(f"{lr} {b}", 8, 10.0, "none", group=lr, global_batch_size=b,
+                             eval_accuracy=accuracy[b], mesh_shape=(8, 1, 1)))  # fmt: skip
+    figures = _drawn(monkeypatch)
+    said = []
+    made = plots.plot_all(rows, str(tmp_path), say=said.append)
+    (line,) = said
+    assert line == ("scaling_strong.png does not place 2 rows: pipe M=1 (no group in the suite); "
+                    "pipe M=4 (no group in the suite)")  # fmt: skip
+    names = ["scaling_strong.png", "scaling_weak.png", "memory_vs_bytes.png", "bubble.png",
+             "accuracy_vs_batch.png"]  # fmt: skip
+    assert made == [str(tmp_path / n) for n in names] and sorted(figures) == sorted(names)
+    assert all((tmp_path / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
+    # strong: the baseline starts the data line; efficiency as recorded
+    rate, efficiency = figures["scaling_strong.png"].axes
+    _assert_series(_series(rate), {"data": [[1, 100], [2, 180], [4, 360]]})
+    _assert_series(_series(efficiency), {"data": [[1, 1.0], [2, 0.9], [4, 0.9]]})
+    # weak: its own rows only (the one baseline is a strong-scaling row)
+    rate, efficiency = figures["scaling_weak.png"].axes
+    _assert_series(_series(rate), {"data": [[2, 190], [4, 380]]})
+    _assert_series(_series(efficiency), {"data": [[2, 0.95], [4, 0.95]]})
+    # MiB communicated (collectives + stage-to-stage bytes: 2^16 B = 1/16 MiB) against MiB held
+    (ax,) = figures["memory_vs_bytes.png"].axes
+    _assert_series(_series(ax), {"1 device": [[0, 4]], "data": [[1, 4]] * 4,
+                                 "pipeline": [[1 / 16, 2]] * 2})  # fmt: skip
+    # the analytic curve (K-1)/(M+K-1) at K=2 every quarter micro-batch, the measured points
+    (ax,) = figures["bubble.png"].axes
+    curve = [[m / 4, 1 / (m / 4 + 1)] for m in range(4, 17)]
+    _assert_series(_series(ax), {"K=2 analytic (K-1)/(M+K-1)": curve,
+                                 "K=2 gpipe measured": [[1, 0.6], [4, 0.24]]})  # fmt: skip
+    # test error 1 - accuracy against the batch, one line per recipe
+    (ax,) = figures["accuracy_vs_batch.png"].axes
+    _assert_series(_series(ax), {"fixed lr": [[32, 0.3], [64, 0.4]],
+                                 "linear lr": [[32, 0.25], [64, 0.3]]})  # fmt: skip
 
 
 def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
@@ -409,9 +428,12 @@ def test_spearman_on_known_inputs():
     assert results.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     # one swapped pair in five: 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 120
     assert results.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
-    # ties share the average rank: x ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
-    assert results._ranks([10, 20, 20, 5]) == [2.0, 3.5, 3.5, 1.0]
+    # ties share the average rank: x ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4); Pearson's r
+    # of the ranks: deviations (-1.5, 0, 0, 1.5) and (-1.5, -0.5, 0.5, 1.5), 4.5 / sqrt(4.5 * 5)
     assert results.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / 22.5**0.5)
+    # unsorted, with a tie: x ranks (2, 3.5, 3.5, 1), deviations (-0.5, 1, 1, -1.5) against
+    # (-1.5, -0.5, 0.5, 1.5): -1.5 / sqrt(4.5 * 5) (ordinal ranks (2, 3, 4, 1) would give -0.2)
+    assert results.spearman([10, 20, 20, 5], [1, 2, 3, 4]) == pytest.approx(-1.5 / 22.5**0.5)
     assert results.spearman([5, 5, 5], [1, 2, 3]) is None  # no ranking on one side
     assert results.spearman([1.0], [2.0]) is None
     with pytest.raises(ValueError):
@@ -524,11 +546,24 @@ def test_prediction_summary_without_any_pair():
     assert "| broken |" in results.predicted_markdown(rows, "fake.py")
 
 
-def test_predicted_vs_measured_plot(tmp_path):
+def test_predicted_vs_measured_plot(tmp_path, monkeypatch):
     rows = results.merge_predictions(_measured_rows(), _predictions())
+    figures = _drawn(monkeypatch)
     made = plots.plot_all(rows, str(tmp_path))
     path = tmp_path / "predicted_vs_measured.png"
     assert str(path) in made and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # (measured, predicted) per family, the rows that have both; y = x from 50 / 1.5 to 200 x 1.5
+    (ax,) = figures["predicted_vs_measured.png"].axes
+    _assert_series(_series(ax), {"1 device": [[100, 110]], "data": [[200, 160]],
+                                 "pipeline": [[50, 75]],
+                                 "predicted = measured": [[100 / 3, 100 / 3], [300, 300]]})  # fmt: skip
+    (band,) = [c for c in ax.collections if c.get_label() == "±15%"]  # around y = x
+    x, y = np.concatenate([p.vertices for p in band.get_paths()]).T
+    assert sorted({round(v, 6) for v in y / x}) == [0.85, 1.15]
+    # the worst three named with their errors; median |error| of 10%, 20%, 50%; the predicted
+    # order (75, 110, 160) is the measured one (50, 100, 200)
+    assert sorted(t.get_text() for t in ax.texts) == ["one (+10%)", "pipe (+50%)", "two (-20%)"]
+    assert ax.get_title().endswith("3 rows: median |error| 20.0%, Spearman rho 1.00")
     bare = tmp_path / "bare"
     bare.mkdir()
     made = plots.plot_all(_measured_rows(), str(bare))  # no predictions: no such plot
