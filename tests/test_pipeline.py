@@ -236,3 +236,18 @@ def test_natural_order_reads_numbers():
     assert sorted(names, key=natural) == [
         "conv8/Conv_0", "conv9/BatchNorm_0", "conv9/Conv_0", "conv10/Conv_0", "fc1"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])
+def test_zero_bubble_schedules_run_in_float64(schedule):
+    """The split backward's loss cotangent takes the loss's dtype (it was a float32 constant:
+    float64 runs failed to trace): ZB-H1 and ZB-V on 2 stages in float64 equal one device to
+    1e-12."""
+    settings = {"model.dtype": "float64", "pipeline.remat": False, "num_train_steps": 2}
+    config = pipeline_config(schedule, 2, 2, **settings)
+    with jax.enable_x64(True):
+        losses, state = run_steps(config, 2)
+        ref_losses, ref_state = reference_run(config, microbatches=2)
+    assert state.params["conv1"]["Conv_0"]["kernel"].dtype == np.float64
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
+    assert max_rel_error(state.params, ref_state.params) < 1e-12

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxpar.errors import ConfigError
-from jaxpar.models.layers import CONV_INIT, DENSE_INIT, dropout, named
+from jaxpar.models.layers import CONV_INIT, DENSE_INIT, dropout, named, wide
 
 
 def count_flops(module: nn.Module, in_shape: tuple[int, ...]) -> int:
@@ -73,7 +73,8 @@ class Block(nn.Module):
         k = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
         return nn.Conv(
             features, k, strides=(stride, stride), padding=padding, use_bias=bias,
-            dtype=self.dtype, kernel_init=named(CONV_INIT, (None, None, in_axis, "conv_out")),
+            dtype=self.dtype, param_dtype=wide(self.dtype),
+            kernel_init=named(CONV_INIT, (None, None, in_axis, "conv_out")),
             bias_init=named(nn.initializers.zeros_init(), ("conv_out",)),
         )(x)  # fmt: skip
 
@@ -88,7 +89,8 @@ class Block(nn.Module):
             return x
         return nn.BatchNorm(
             use_running_average=not train, momentum=0.9, epsilon=self.bn_epsilon,
-            dtype=self.dtype, axis_name=self.bn_axis_name if train else None,
+            dtype=self.dtype, param_dtype=wide(self.dtype),
+            axis_name=self.bn_axis_name if train else None,
             use_fast_variance=False,  # two passes: E[(x - mean)^2] does not cancel
             scale_init=named(nn.initializers.ones_init(), ("conv_out",)),
             bias_init=named(nn.initializers.zeros_init(), ("conv_out",)),
@@ -194,7 +196,8 @@ class Transition(Block):
 
 class PooledHead(Block):
     """The classifier of ResNets, DenseNets and Inception: (optional BN -> ReLU, the DenseNet
-    ending) global average pool -> dense to the classes (float32 logits)."""
+    ending) global average pool -> dense to the classes (float32 logits; float64 in float64
+    runs: layers.wide)."""
 
     num_classes: int = 10
     pre_bn: bool = False
@@ -207,11 +210,11 @@ class PooledHead(Block):
             x = nn.relu(self.bn(x, train))
         x = jnp.mean(x, axis=(1, 2))
         x = nn.Dense(
-            self.num_classes, dtype=self.dtype,
+            self.num_classes, dtype=self.dtype, param_dtype=wide(self.dtype),
             kernel_init=named(DENSE_INIT, ("embed", "classes")),
             bias_init=named(nn.initializers.zeros_init(), ("classes",)),
         )(x)  # fmt: skip
-        return x.astype(jnp.float32)
+        return x.astype(wide(self.dtype))
 
 
 def lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75):

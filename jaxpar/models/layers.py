@@ -23,6 +23,17 @@ DENSE_HE_INIT = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 LOGICAL_AXES = ("batch", "image", "conv_in", "conv_out", "embed", "mlp", "hidden", "classes")
 
 
+def wide(dtype) -> Any:
+    """The dtype of a model's parameters (so of its gradients and updates) and of its logits,
+    for a compute `dtype`: float32 for float32 and bfloat16 compute, float64 for float64.
+    A float64 run is a numerical check, so it is float64 throughout: with float32 parameters
+    each data replica's gradient would round to float32 before the all-reduce while one device
+    rounds the whole batch's once, and float32 logits would give a float32 loss summed in
+    different orders; chaotic models (Inception-v3, ResNet-50 at tiny widths) grow those
+    ulps to 1e-2 in three steps."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def named(init, names: tuple):
     """flax's logical partitioning: the variable is created boxed with its dimensions' logical
     names (`nn.get_partition_spec` reads them; sharding rules map them to mesh axes)."""
@@ -62,6 +73,7 @@ class ConvBlock(nn.Module):
             (self.kernel, self.kernel),
             padding=self.padding,
             dtype=self.dtype,
+            param_dtype=wide(self.dtype),
             kernel_init=named(CONV_INIT, (None, None, self.in_axis, "conv_out")),
             bias_init=named(nn.initializers.zeros_init(), channel),
         )(x)
@@ -73,6 +85,7 @@ class ConvBlock(nn.Module):
                 momentum=0.9,
                 epsilon=1e-5,
                 dtype=self.dtype,
+                param_dtype=wide(self.dtype),
                 axis_name=self.bn_axis_name if train else None,
                 scale_init=named(nn.initializers.ones_init(), channel),
                 bias_init=named(nn.initializers.zeros_init(), channel),
@@ -96,7 +109,7 @@ class ConvBlock(nn.Module):
 
 class DenseBlock(nn.Module):
     """Flatten (if needed) -> Dense -> optional ReLU -> optional dropout (training only). The
-    last one emits float32 logits."""
+    last one emits float32 logits (float64 in float64 runs: `wide`)."""
 
     features: int
     relu: bool = True
@@ -114,11 +127,12 @@ class DenseBlock(nn.Module):
         x = nn.Dense(
             self.features,
             dtype=self.dtype,
+            param_dtype=wide(self.dtype),
             kernel_init=named(init, (self.in_axis, self.out_axis)),
             bias_init=named(nn.initializers.zeros_init(), (self.out_axis,)),
         )(x)
         if not self.relu:
-            return x.astype(jnp.float32)
+            return x.astype(wide(self.dtype))
         x = nn.relu(x)
         return dropout(x, self.dropout, keys) if train and self.dropout else x
 
