@@ -107,6 +107,17 @@ def test_node_carries_a_quarter_of_the_gradient():
     assert s.strategy.partitioning() == "hybrid node 2 x data 4"
 
 
+def test_other_sync_modes_treat_node_x_data_as_one_flat_group():
+    """Every mode but allreduce combines node x data = (2, 4) as one group of 8 replicas,
+    exactly as data = 8: the parameter server (replica 0 of the flattened group) receives and
+    sends with collective-permutes over both axes at once."""
+    settings = {"sync.mode": "parameter_server", "num_train_steps": 3}
+    flat = run_steps(mesh_config(("data",), (8,), **settings), 8)
+    got = run_steps(mesh_config(("node", "data"), (2, 4), **settings), 8)
+    np.testing.assert_array_equal(got[0], flat[0])
+    assert max_rel_error(got[1].params, flat[1].params) < RTOL
+
+
 def test_checkpoint_of_fsdp_and_tensor_continues_on_data(tmp_path, one_device):
     """2 steps on (data, fsdp, tensor) = (2, 2, 2), saved; 2 more on (data,) = (8,): the
     4 steps of one device."""

@@ -119,9 +119,12 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
     out.update(_input(repeats, batch))
     shape = dict(zip(out["mesh_axes"] or axes.DEFAULT, out["mesh_shape"] or [1, 1, 1]))
     used = [a for a, n in shape.items() if n > 1]
-    data_only = bool(used) and all(  # replicas of the whole model, nothing else split
-        axes.registered(a) and axes.get(a).role == "batch" and not axes.get(a).shards_params
-        for a in used
+    # replicas of the whole model over one batch axis, nothing else split (node x data's
+    # gradient mean is three collectives, fsdp's is reduce-scatters: not one all-reduce)
+    data_only = (
+        len(used) == 1
+        and axes.registered(used[0])
+        and (axes.get(used[0]).role == "batch" and not axes.get(used[0]).shards_params)
     )
     if data_only and out["param_bytes"]:  # the gradient all-reduce against the parameters
         out["data_allreduce_over_params"] = out["data_allreduce_bytes"] / out["param_bytes"]
