@@ -1,0 +1,155 @@
+"""Single-device training speed and memory of several models on the device at hand, with what
+its compiler made of each step: what the predictor needs to calibrate on a GPU (issue 36).
+
+    python benchmarks/single_device.py --out runs/single.json            # the default rows
+    python benchmarks/single_device.py --rows 'resnet50:224:bfloat16:256' --seconds 5
+
+Each row is MODEL:IMAGE:DTYPE:BATCH (IMAGE: the side of a square RGB input, 10 classes of
+synthetic data). Per row: the training step jaxpar runs on one device (trainer.setup on a
+(1, 1, 1) mesh, the data-parallel strategy), compiled once, run for a warm-up and then timed
+for about --seconds with the device synchronised at the end (images/sec over the timed steps,
+and the median of per-step times synchronised each step); the device's peak memory in use
+(`memory_stats`, where the device reports it: GPUs) against what the compiled program says it
+needs (arguments + outputs - aliases + temporaries); and the compiled program's operation
+classes as jaxpar's predictor reads them (jaxpar/predict/opclass.py): convolution and matmul
+FLOPs, bytes of memory-bound kernels, kernels launched. Writes one JSON record per row to
+--out and prints a table. Rows that fail (out of memory, say) are recorded with their error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT_ROWS = (
+    "vgg19:32:float32:128", "vgg19:32:float32:512", "vgg19:32:bfloat16:128",
+    "vgg19:32:bfloat16:512", "resnet20:32:float32:128", "densenet40:32:float32:64",
+    "resnet50:224:bfloat16:64", "resnet50:224:bfloat16:128", "resnet50:224:bfloat16:256",
+    "resnet50:224:float32:128", "alexnet:224:float32:128", "alexnet:224:bfloat16:256",
+    "vgg16:224:bfloat16:64", "inception_v3:299:bfloat16:64", "resnet152:224:bfloat16:64",
+)  # fmt: skip
+
+
+def config_for(model: str, image: int, dtype: str, batch: int):
+    from configs import base
+
+    config = base.get_config()
+    config.model.name = model
+    config.model.width = 1.0
+    config.model.dtype = dtype
+    config.model.batch_norm = True
+    config.data.name = "synthetic"
+    config.data.image_shape = (image, image, 3)
+    config.data.num_classes = 10
+    config.global_batch_size = batch
+    config.eval_batch_size = batch
+    config.mesh_shape = (1, 1, 1)
+    config.optimizer.name = "sgd"
+    return config
+
+
+def run_row(spec: str, seconds: float) -> dict:
+    import jax
+    import numpy as np
+
+    from jaxpar import analysis, trainer
+    from jaxpar.predict import opclass
+
+    model, image, dtype, batch = spec.split(":")
+    image, batch = int(image), int(batch)
+    row = {"row": spec, "model": model, "image": image, "dtype": dtype, "batch_size": batch}
+    device = jax.devices()[0]
+    config = config_for(model, image, dtype, batch)
+    s = trainer.setup(config, [device])
+    state = s.strategy.init_state(jax.random.key(0))
+    batch_data = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+    t0 = time.perf_counter()
+    s.strategy.compile(state, batch_data)
+    row["compile_s"] = time.perf_counter() - t0
+    for _ in range(3):  # warm-up
+        state, metrics = s.strategy.train_step(state, batch_data)
+    jax.block_until_ready(state)
+    each = []
+    for _ in range(5):  # synchronised per step
+        t = time.perf_counter()
+        state, metrics = s.strategy.train_step(state, batch_data)
+        jax.block_until_ready(state)
+        each.append(time.perf_counter() - t)
+    steps = max(5, int(seconds / max(statistics.median(each), 1e-4)))
+    t = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = s.strategy.train_step(state, batch_data)
+    jax.block_until_ready(state)
+    elapsed = time.perf_counter() - t
+    row.update(
+        steps=steps,
+        images_per_sec=batch * steps / elapsed,
+        step_time_s=elapsed / steps,
+        step_time_synced_median_s=statistics.median(each),
+        loss=float(np.asarray(metrics["loss"])),
+    )
+    stats = device.memory_stats() or {}
+    row["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
+    row["bytes_limit"] = stats.get("bytes_limit")
+    report = analysis.report(s.strategy, batch, timing=False)
+    row["memory_bytes_predicted"] = report["memory_bytes_per_device"]
+    row["state_bytes"] = report["state_bytes_per_device"]
+    row["temp_bytes"] = report["program_temp_bytes_per_device"]
+    (program,) = analysis.programs(s.strategy, batch)
+    ops = opclass.classify(program.compiled.as_text())
+    row.update(matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops,
+               memory_bound_bytes=ops.memory_bytes, kernels=ops.kernels,
+               xla_flops=analysis.program_flops(program.compiled),
+               model_flops_per_image=3 * s.model.flops_per_example)  # fmt: skip
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--rows", default=",".join(DEFAULT_ROWS), help="MODEL:IMAGE:DTYPE:BATCH,..."
+    )
+    parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per row")
+    parser.add_argument("--out", help="write the records (JSON) here")
+    args = parser.parse_args(argv)
+    import jax
+
+    device = jax.devices()[0]
+    head = {"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
+            "python": platform.python_version(), "argv": sys.argv}  # fmt: skip
+    print(json.dumps(head), flush=True)
+    records = []
+    for spec in [r for r in args.rows.split(",") if r]:
+        try:
+            row = run_row(spec, args.seconds)
+        except Exception as e:  # noqa: BLE001 - one row's failure is its record
+            row = {"row": spec, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        records.append(row)
+        print(json.dumps(row), flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({**head, "rows": records}, f, indent=1)
+    print(f"\n{'row':<32} {'img/s':>10} {'step ms':>9} {'peak GiB':>9} {'pred GiB':>9} "
+          f"{'kernels':>8}")  # fmt: skip
+    for r in records:
+        if "error" in r:
+            print(f"{r['row']:<32} {r['error']}")
+            continue
+        peak = r["peak_bytes_in_use"] / 2**30 if r["peak_bytes_in_use"] else float("nan")
+        print(
+            f"{r['row']:<32} {r['images_per_sec']:>10,.0f} {1e3 * r['step_time_s']:>9.2f} "
+            f"{peak:>9.2f} {r['memory_bytes_predicted'] / 2**30:>9.2f} {r['kernels']:>8}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
