@@ -61,8 +61,8 @@ def test_a_slow_loader_makes_the_loop_wait_and_is_flagged_input_bound():
     assert len(stats.made) == len(stats.waited) == 8
     figures = metrics.input_pipeline(stats.made, stats.waited, times, 64, WARMUP)
     host = figures["input_s_per_step"]
-    assert make_s + put_s <= host < make_s + put_s + 0.025
-    assert put_s <= figures["input_put_s_per_step"] < put_s + 0.015
+    assert make_s + put_s <= host < make_s + put_s + 0.04
+    assert put_s <= figures["input_put_s_per_step"] < put_s + 0.03
     # the loop waits for the loader's pace less its own work (the sleeps' excess included)
     assert (host - work_s) / 2 < figures["input_wait_s_per_step"] < host - work_s + 0.01
     assert figures["input_wait_share"] == pytest.approx(1 / 3, abs=0.2)
