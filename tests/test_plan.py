@@ -146,7 +146,10 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     assert fitting[0]["candidate"]["mesh"] == (4, 1, 2)  # (8,1,1) is faster but needs 4.8 GiB
     assert too_big[0]["candidate"]["mesh"] == (8, 1, 1)
     best = fitting[0]
-    assert best["speedup"] == pytest.approx(result.baseline["step_time_s"] / best["step_time_s"])
+    # _fake_predict by hand: (1,1,1) takes 1e-3 (8 + 0.1) s, (4,1,2) 1e-3 (1 + 0.3 x 3 + 0.2)
+    assert result.baseline["step_time_s"] == pytest.approx(8.1e-3)
+    assert best["step_time_s"] == pytest.approx(2.1e-3)
+    assert best["speedup"] == pytest.approx(8.1 / 2.1)
     text, rec, cmd = cli.report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config,
                                 {})  # fmt: skip
     assert text.count("\n| ") == 6  # header and 5 rows
@@ -156,8 +159,9 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     assert rank(result.rows, 0.1 * GIB)[0] == []
     text, rec, cmd = cli.report(result, _profile(), 0.1 * GIB, 5, "x.py", config, {})
     assert "none of the predicted candidates fits 0.10 GiB per device" in text
-    need = min(r["memory_bytes_per_device"] for r in result.rows)
-    assert need > 0.1 * GIB and f"the smallest needs {need / GIB:.2f} GiB" in text
+    # the least of _fake_predict's 4/(s t) + 0.1 d GiB: d = 1, s t = 8 (round 1 has (1,8,1))
+    assert min(r["memory_bytes_per_device"] for r in result.rows) == pytest.approx(0.6 * GIB)
+    assert "the smallest needs 0.60 GiB" in text
     assert rec is None and cmd is None
 
 
@@ -200,6 +204,23 @@ def test_cli_errors_are_one_line(capsys):
     argv = ["--config", "configs/vgg19_data.py", "--profile", "configs/hardware/cpu_2core.py"]
     assert cli.main([*argv, "--config.model.nope=1"]) == 2
     assert capsys.readouterr().err == "error: unknown config key 'model.nope'\n"
+
+
+def test_a_bound_below_the_mesh_count_says_which_meshes_were_not_reached():
+    """Round 1 predicts one setting per mesh within --max_candidates: with 5, the baseline and
+    4 of the 9 meshes the trainer accepts (of 8's 10 factorisations, (1,1,8) is refused at this
+    width), and the report says so and what bound reaches them all (9 meshes + the baseline)."""
+    config = _config()
+    result = plan(config, _profile(), max_candidates=5, expand=2, predict=_fake_predict,
+                  log=lambda s: None, axes=THREE)  # fmt: skip
+    assert (result.meshes, result.meshes_unseen, len(result.rows)) == (9, 5, 5)
+    text, _, _ = cli.report(result, _profile(), 2.5 * GIB, 5, "x.py", config, {})
+    assert "round 1 reached 4 of 9 meshes: --max_candidates 10 or more tries each once" in text
+    full = plan(config, _profile(), max_candidates=10, expand=2, predict=_fake_predict,
+                log=lambda s: None, axes=THREE)  # fmt: skip
+    assert full.meshes_unseen == 0
+    assert "round 1 reached" not in cli.report(full, _profile(), 2.5 * GIB, 5, "x.py", config,
+                                               {})[0]  # fmt: skip
 
 
 def test_real_predictions_of_three_candidates():

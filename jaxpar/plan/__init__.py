@@ -331,6 +331,8 @@ class Plan:
     num_devices: int
     considered: int  # candidates the trainer accepts (predicted or not)
     skipped: int  # accepted but not predicted (not in round 2's meshes, or over the bound)
+    meshes: int = 0  # meshes the trainer accepts
+    meshes_unseen: int = 0  # of those, meshes round 1 did not reach (--max_candidates)
 
 
 def _fast(row: dict) -> float:
@@ -395,6 +397,7 @@ def plan(
         default_of(config, by_mesh[m], all_sync) for m in meshes
     ]
     run(first, "round 1")
+    unseen = sum(default_of(config, by_mesh[m], all_sync) not in done for m in meshes)
     baseline = done.get(baseline_c) or (done.get(first[0]) if n == 1 else None)
 
     def order(m):  # fitting first, then predicted step time
@@ -436,7 +439,8 @@ def plan(
         ok = base_step and r.get("status") == "ok"
         r["speedup"] = base_step / r["step_time_s"] if ok else None
         r["fits_limit"] = r.get("status") == "ok" and r["memory_bytes_per_device"] <= limit
-    return Plan(rows, refused, baseline, n, len(valid), len(valid) - len(done))
+    return Plan(rows, refused, baseline, n, len(valid), len(valid) - len(done), len(meshes),
+                unseen)  # fmt: skip
 
 
 def _same_pipeline(a: Candidate, b: Candidate, split: bool = True) -> bool:

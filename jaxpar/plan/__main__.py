@@ -174,6 +174,11 @@ def report(
         + f"); {result.skipped} not predicted (round 2 expands the best {expand} meshes; "
         f"--max_candidates {max_candidates})"
     )
+    if result.meshes_unseen:
+        say(
+            f"round 1 reached {result.meshes - result.meshes_unseen} of {result.meshes} meshes: "
+            f"--max_candidates {result.meshes + 1} or more tries each once"
+        )
     for r in failed:
         say(f"  failed: {r['name']}: {r.get('error')}")
     if fitting:
