@@ -14,6 +14,8 @@ needs (arguments + outputs - aliases + temporaries); and the compiled program's 
 classes as jaxpar's predictor reads them (jaxpar/predict/opclass.py): convolution and matmul
 FLOPs, bytes of memory-bound kernels, kernels launched. Writes one JSON record per row to
 --out and prints a table. Rows that fail (out of memory, say) are recorded with their error.
+The peak is the process's since it started (JAX cannot reset it): list rows by growing
+memory, or run one per process, to read each row's own.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.name = "vgg19"
     config.model.width = 0.25  # channel multiplier: 1.0 is the published VGG
     config.model.batch_norm = True  # False: no BatchNorm (convs take a bias); AlexNet has none
-    config.model.dtype = "float32"  # compute dtype: float32 or bfloat16 (params stay float32)
+    config.model.dtype = "float32"  # compute: float32 or bfloat16 (float32 params); float64 checks
     config.model.dropout = False  # lenet: Keras mnist_cnn's dropouts (0.25, 0.5) in training
     config.model.head = "auto"  # "cifar" (one dense), "imagenet" (three dense), "auto" by input
 
