@@ -14,8 +14,13 @@ def model_problem(config, shape: dict[str, int], model) -> str | None:
     schedule = config.pipeline.schedule
     v = config.pipeline.virtual_stages if schedule == "interleaved" else 1
     chunks = len(schedules.placement(schedule, axes.num_stages(shape), v))
+    policy = config.pipeline.split
+    if model.times is None and stages.parse(policy) == "time":
+        # trainer.setup times the layers after this check; what can be refused before (too
+        # few layers for the chunks) does not depend on where the cuts fall
+        policy = "uniform"
     try:
-        stages.split(model, chunks, config.pipeline.split)
+        stages.split(model, chunks, policy)
     except ValueError as e:  # SplitError
         return str(e)
     if axes.auto_axes(shape):
