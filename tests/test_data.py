@@ -447,7 +447,11 @@ def test_prefetcher_yields_steps_in_order_with_put_applied():
 
 
 def test_prefetcher_reraises_producer_errors():
+    made, producers = [], set()  # the steps made, and by which thread (as make_batch sees it)
+
     def make_batch(step):
+        producers.add(threading.current_thread())
+        made.append(step)
         if step == 2:
             raise RuntimeError("bad batch 2")
         return {"step": step}
@@ -458,21 +462,29 @@ def test_prefetcher_reraises_producer_errors():
         next(it)
     with pytest.raises(StopIteration):
         next(it)
-    it._thread.join(2)
-    assert not it._thread.is_alive()
+    (producer,) = producers
+    assert producer is not threading.main_thread() and producer.name == "jaxpar-prefetch"
+    producer.join(2)
+    assert not producer.is_alive() and made == [0, 1, 2]  # the error ended it
 
 
 def test_prefetcher_close_after_partial_consumption_stops_the_thread():
-    made = []
-    it = Prefetcher(lambda s: made.append(s) or {"s": s}, lambda b: b, 0, 10**9, depth=2)
+    made, producers = [], set()
+
+    def make_batch(step):
+        producers.add(threading.current_thread())
+        made.append(step)
+        return {"s": step}
+
+    it = Prefetcher(make_batch, lambda b: b, 0, 10**9, depth=2)
     for step, _ in it:
         if step == 3:
             break
-    start = time.perf_counter()
-    it.close()
-    assert time.perf_counter() - start < 2
-    assert not it._thread.is_alive()
-    assert len(made) <= 4 + 2 + 1  # Consumed, queued, and at most one in flight.
+    it.close(timeout=2)  # waits at most 2 s for the thread to end
+    (producer,) = producers
+    assert producer is not threading.main_thread() and not producer.is_alive()
+    # Made in order: the 4 consumed, the 2 queued, and at most one in flight.
+    assert made == list(range(len(made))) and len(made) <= 4 + 2 + 1
     with pytest.raises(StopIteration):
         next(it)
 
