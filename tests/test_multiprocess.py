@@ -170,7 +170,16 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     args = ["--config", "configs/vgg19_hybrid.py", "--workdir", str(two), *flags(overrides)]
     launcher = start_local(log, *args)
     config = override(vgg19_hybrid.get_config(), overrides)
-    losses, _, evaluations = run_and_evaluate(config, 8, 4, evaluate_at=(2, 4))
+    losses, final, evaluations = run_and_evaluate(config, 8, 4, evaluate_at=(2, 4))
+    built = trainer.setup(config)
+    # One device's bytes of each stage's state (parameters, Adam's moments, the gradient
+    # accumulator, BatchNorm statistics), counted from the shards one process places
+    state_bytes = []
+    for pairs in built.strategy.stage_states(built.strategy.place(final)):
+        per_device = {}
+        for shard in (sh for leaf in jax.tree.leaves(pairs) for sh in leaf.addressable_shards):
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+        state_bytes.append(max(per_device.values()))
     out = finished_local(log, launcher)
     got = records(two, "eval")
     assert [r["step"] for r in got] == [2, 4] and got[0]["count"] == 200
@@ -178,16 +187,32 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     np.testing.assert_allclose(train_losses(two), losses, rtol=RTOL)
 
     s = records(two, "summary")[-1]
-    built = trainer.setup(config)
     bounds, model = built.strategy.bounds, built.model
     assert s["strategy"] == "pipeline" and s["mesh_shape"] == [2, 2, 2]
     assert s["pipeline_schedule"] == "1f1b" and s["stage_bounds"] == list(bounds)
     assert s["analytic_bubble"] == pytest.approx(1 / (4 + 1))  # (K-1)/(M+K-1)
-    assert 0 < s["measured_bubble"] < 1
+    # The measured bubble is the timeline of 1F1B (K=2, M=4) with the measured chunk times
+    # T0, T1 (F + B per micro-batch): busy 4 (T0 + T1) over 2 stages x the makespan. By hand,
+    # the makespan is at least T0 + 4 T1 (stage 0's first forward, all of stage 1, stage 0's
+    # last backward) and 4 T0 (all of stage 0), and at most T0 + T1 + 3 max(T0, T1) (each
+    # later micro-batch waits for the slower stage once): one value when T1 >= T0.
+    t0, t1 = s["stage_time_measured_s"]
+    busy = 4 * (t0 + t1)
+    low, high = max(t0 + 4 * t1, 4 * t0), t0 + t1 + 3 * max(t0, t1)
+    assert 1 - busy / (2 * low) - 1e-9 <= s["measured_bubble"] <= 1 - busy / (2 * high) + 1e-9
     # activations forward and their gradients back across the one boundary, whole batch
     sent = 2 * 4 * config.global_batch_size * model.layers[bounds[1] - 1].activation_size
     assert s["bytes_between_stages_per_step"] == sent
-    assert len(s["memory_per_device_bytes"]) == 2 and min(s["memory_per_device_bytes"]) > 0
+    # Memory per stage = state + the compiled programs' temporaries + stored chunk inputs.
+    # The state as one process holds it; the stored inputs at 1F1B's peak (remat: each chunk
+    # keeps its input until its backward): stage 0 holds 2 micro-batches of images, stage 1
+    # one of the boundary activation, each 128 / 4 micro-batches / 2 replicas = 16 rows of
+    # float32, whole on every tensor device.
+    assert s["stage_state_bytes_per_device"] == state_bytes
+    stash = [2 * 16 * 32 * 32 * 3 * 4, 1 * 16 * model.layers[bounds[1] - 1].activation_size * 4]
+    assert s["peak_stash_bytes_per_device"] == stash
+    temp = s["stage_program_temp_bytes"]
+    assert s["memory_per_device_bytes"] == [a + b + c for a, b, c in zip(state_bytes, temp, stash)]
     assert "stage layers" in out  # the per-stage table
 
 
