@@ -95,15 +95,19 @@ def test_fsdp_stores_a_quarter_and_moves_what_the_docs_say():
 
 def test_node_carries_a_quarter_of_the_gradient():
     """(node, data) = (2, 4): the gradient mean is a reduce-scatter over data, an all-reduce
-    over node of each device's quarter (each leaf padded to a multiple of 4), an all-gather
-    over data; what crosses node per device is 1/4 of the gradient bytes."""
+    over node of each device's quarter, an all-gather over data, each once a step on every
+    gradient leaf as one buffer (padded to a multiple of 4 floats); what crosses node per
+    device is 1/4 of the gradient bytes."""
     s = trainer.setup(mesh_config(("node", "data"), (2, 4)), jax.devices())
     report = analysis.report(s.strategy, 16, timing=False)
-    quarter = sum(-(-b // 4 // 4) * 4 for b, _ in _leaves(s.strategy))  # padded to 4 floats
+    grads = sum(b for b, _ in _leaves(s.strategy))
+    quarter = -(-grads // 4 // 4) * 4  # the float32 buffer padded to 4 floats, over 4
     assert _bytes(report, "all-reduce", "node") == quarter
     assert _bytes(report, "reduce-scatter", "data") == quarter
-    grads = sum(b for b, _ in _leaves(s.strategy))
-    assert _bytes(report, "all-gather", "data") == pytest.approx(grads, rel=0.01)
+    assert _bytes(report, "all-gather", "data") == 4 * quarter
+    calls = {(r[1], r[2]): r[3] for r in report["collectives"]}
+    assert calls[("reduce-scatter", "data")] == calls[("all-gather", "data")] == 1
+    assert calls[("all-reduce", "node")] == 1
     assert s.strategy.partitioning() == "hybrid node 2 x data 4"
 
 
