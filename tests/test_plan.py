@@ -264,3 +264,26 @@ def plan_of(rows):
     from jaxpar.plan import Plan
 
     return Plan(rows, [], None, 8, len(rows), 0)
+
+
+def test_why_names_the_links_a_collective_runs_on():
+    """On 2 nodes of 8: node x data's all-gather over `data` stays inside a node (NVLink,
+    360 GB/s), its all-reduce over `node` crosses (InfiniBand, 45 GB/s), and a flat data 16
+    crosses; the line names the collective that costs the most time there, not the most
+    bytes (80 MB inside a node take 0.22 ms, 20 MB across 0.44 ms)."""
+    from jaxpar.plan import why
+
+    profile = hardware.load_profile("configs/hardware/h100_sxm_2nodes_ib.py")
+    row = {"step_time_s": 10e-3, "compute_s": 5e-3, "comm_s": 5e-3, "num_devices": 16,
+           "mesh_axes": ["node", "data"], "mesh_shape": [2, 8]}  # fmt: skip
+    inside = {**row, "collective_bytes_per_device": {"all-gather data": 80e6,
+                                                     "all-reduce node": 20e6}}  # fmt: skip
+    assert why(inside, profile).endswith("all-reduce node 20.0 MB/step over 2 nodes (45 GB/s)")
+    mostly = {**row, "collective_bytes_per_device": {"all-gather data": 800e6,
+                                                     "all-reduce node": 20e6}}  # fmt: skip
+    assert why(mostly, profile).endswith(
+        "all-gather data 800.0 MB/step over intra-node links (360 GB/s)"
+    )
+    flat = {**row, "mesh_axes": ["data", "stage", "tensor"], "mesh_shape": [16, 1, 1],
+            "collective_bytes_per_device": {"all-reduce data": 200e6}}  # fmt: skip
+    assert why(flat, profile).endswith("all-reduce data 200.0 MB/step over 2 nodes (45 GB/s)")

@@ -549,10 +549,11 @@ def _why(row: dict, profile) -> str:
         if not cols:
             return f"{head}: stage-boundary sends"
         priced = {k: v for k, v in cols.items() if k not in unpriced(row)} or cols
-        kind, nbytes = max(priced.items(), key=lambda kv: kv[1])
-        link, where = _link(row, profile)
+        on = {k: _link(row, profile, k) for k in priced}
+        kind, nbytes = max(priced.items(), key=lambda kv: kv[1] / on[kv[0]][0])
+        link, where = on[kind]
         calls = row.get("collective_calls_per_step") or {}
-        moved = sum(cols.values()) / link  # seconds at full bandwidth, no latency
+        moved = sum(v / on[k][0] for k, v in priced.items())  # seconds at full bandwidth
         if calls and moved < 0.5 * row["comm_s"]:  # the per-call latency dominates
             top, n = max(calls.items(), key=lambda kv: kv[1])
             return (f"{head}: latency-bound, {sum(calls.values())} collective calls/step "
@@ -570,8 +571,19 @@ def _latency(row: dict, profile) -> float:
     return (profile.inter if nodes > 1 else profile.intra).latency
 
 
-def _link(row: dict, profile) -> tuple[float, str]:
-    nodes = math.ceil(row.get("num_devices", 1) / max(profile.devices_per_node, 1))
+def _link(row: dict, profile, collective: str = "") -> tuple[float, str]:
+    """(bandwidth, where) of the links a collective ("kind axes", e.g. "all-gather data")
+    runs on: the inter-node ones when its group of devices spans nodes (devices numbered in
+    mesh order, `devices_per_node` to a node), else the intra-node ones."""
+    per_node = max(profile.devices_per_node, 1)
+    nodes = math.ceil(row.get("num_devices", 1) / per_node)
+    names, sizes = row.get("mesh_axes") or (), row.get("mesh_shape") or ()
+    group = collective.rpartition(" ")[2].split("+")
+    if nodes > 1 and len(names) == len(sizes) and set(group) <= set(names):
+        strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
+        last = sum((n - 1) * st for a, n, st in zip(names, sizes, strides) if a in group)
+        if last < per_node:  # the group's devices all sit in one node
+            nodes = 1
     if nodes > 1:
         return profile.inter.ring_bandwidth, f"{nodes} nodes"
     return profile.intra.ring_bandwidth, "intra-node links"
