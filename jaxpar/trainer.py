@@ -352,7 +352,7 @@ def _strategy_report(s: Setup) -> dict[str, Any]:
 def _announce(s: Setup, say) -> None:
     say(
         f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
-        f"mesh (data, stage, tensor) = {units.mesh(s.mesh.devices.shape)} over "
+        f"mesh {units.named_mesh(s.mesh.axis_names, s.mesh.devices.shape)} over "
         f"{s.mesh.devices.size} {jax.default_backend()} devices: {s.strategy.partitioning()}, "
         f"run by strategy {s.strategy.name}"
     )

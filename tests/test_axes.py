@@ -122,14 +122,16 @@ def test_other_sync_modes_treat_node_x_data_as_one_flat_group():
     assert max_rel_error(got[1].params, flat[1].params) < RTOL
 
 
-def test_checkpoint_of_fsdp_and_tensor_continues_on_data(tmp_path, one_device):
+def test_checkpoint_of_fsdp_and_tensor_continues_on_data(tmp_path, one_device, capsys):
     """2 steps on (data, fsdp, tensor) = (2, 2, 2), saved; 2 more on (data,) = (8,): the
-    4 steps of one device."""
+    4 steps of one device. Each run's first line names its own mesh."""
     run = str(tmp_path / "run")
     first = mesh_config(("data", "fsdp", "tensor"), (2, 2, 2), checkpoint_every_steps=2,
                         num_train_steps=2)  # fmt: skip
     trainer.train_and_evaluate(first, run)
+    assert "mesh (data=2, fsdp=2, tensor=2) over 8 cpu devices" in capsys.readouterr().out
     result = trainer.train_and_evaluate(mesh_config(("data",), (8,)), run)
+    assert "mesh (data=8) over 8 cpu devices" in capsys.readouterr().out
     losses = train_losses(run)
     np.testing.assert_allclose(losses, one_device[0], rtol=RTOL)
     assert max_rel_error(result["state"].params, one_device[1].params) < RTOL
