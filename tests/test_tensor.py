@@ -123,4 +123,7 @@ def test_worked_example_rule_trains_like_one_device():
     assert max_rel_error(state.params, ref_state.params) < RTOL
     s = trainer.setup(config, jax.devices())
     kernel = s.strategy.init_state(jax.random.key(0)).params["conv2"]["Conv_0"]["kernel"]
-    assert kernel.sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor", None)
+    # split by input channels (dimension 2 of HWIO), as one sharding (trailing Nones aside)
+    want = jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, None, "tensor"))
+    assert kernel.sharding.is_equivalent_to(want, kernel.ndim)
+    assert kernel.addressable_shards[0].data.shape[2] == kernel.shape[2] // 4
