@@ -147,12 +147,11 @@ def family_config(family, batch_norm=True, **overrides):
                           **overrides})  # fmt: skip
 
 
-# Every family with BatchNorm where it has one (LeNet and AlexNet have none); without it
-# (convolutions with biases, no statistics) where the blocks differ: basic residual blocks and
-# Inception's concatenated branches, in float32 (without BatchNorm at lr 0.001 the tiny
-# Inception is not chaotic: 6e-7).
+# Every family with BatchNorm where it has one (LeNet and AlexNet have none), and ResNet-20
+# without it too (residual blocks whose convolutions take biases and keep no statistics).
+# Inception's branches without BatchNorm add nothing those two do not cover, for 54 s.
 CASES = [(name, name not in ("lenet", "alexnet", "alexnet224")) for name in FAMILIES]
-CASES += [("resnet20", False), ("inception_v3", False)]
+CASES += [("resnet20", False)]
 
 
 @pytest.fixture
