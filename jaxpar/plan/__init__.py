@@ -228,8 +228,13 @@ def space(
         ) else 0  # fmt: skip
         counts = microbatch_counts(per_replica, stage) or [1]  # refused below, with the reason
         for schedule in SCHEDULES:
-            for m in counts:
-                for remat in (True, False):
+            # what the trainer always refuses is not offered: naive runs one micro-batch,
+            # interleaved and ZB-V take M in multiples of the stages (when the batch allows
+            # one), the zero-bubble schedules keep their residuals (no remat)
+            grouped = [m for m in counts if m % stage == 0] or counts
+            ms = {"naive": [1], "interleaved": grouped, "zb-v": grouped}.get(schedule, counts)
+            for m in ms:
+                for remat in (True, False) if not schedule.startswith("zb") else (False,):
                     for v in VIRTUAL_STAGES if schedule == "interleaved" else (1,):
                         for split in splits:
                             for s in modes:
