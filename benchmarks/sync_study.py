@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -35,14 +36,15 @@ def run_row(name: str, config, devices) -> dict:
     import jax
     import numpy as np
 
-    from jaxpar import trainer
+    from jaxpar import analysis, axes, trainer
     from jaxpar.parallel.sync import traffic
 
     s = trainer.setup(config, devices)
-    n = s.mesh.shape["data"]
+    n = axes.num_replicas(dict(s.mesh.shape))
     state = s.strategy.init_state(jax.random.key(config.seed))
     batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    text = s.strategy.compile(state, batch).as_text()
+    programs = analysis.programs(s.strategy, config.global_batch_size)
+    text = "\n".join(p.compiled.as_text() for p in programs)
     period = config.sync.period if config.sync.mode == "local_sgd" else 1
     received = traffic.bytes_per_step(text, n, period)
     opt = {}
@@ -166,7 +168,9 @@ def main() -> None:
             if args.steps:
                 config.num_train_steps = args.steps
             config.eval_every_steps = 0
-            result = run_row(name, config, jax.devices()[: config.mesh_shape[0]])
+            sizes = tuple(config.mesh_shape)  # the devices the row's mesh names, any axes
+            n = math.prod(sizes) if -1 not in sizes else len(jax.devices())
+            result = run_row(name, config, jax.devices()[:n])
             print(json.dumps(result), flush=True)
             with open(results_path, "a") as f:
                 f.write(json.dumps(result) + "\n")
