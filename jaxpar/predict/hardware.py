@@ -71,6 +71,11 @@ class Profile:
     memory_bandwidth: float = 0.0
     kernel_s: float = 0.0
     launch_s: float = 0.0
+    # Whose program is priced: "cpu" (the program compiled here, as it is) or "gpu" (the same
+    # program as XLA:GPU would fuse it: gpufusion.py). On "gpu" with a memory_bandwidth, every
+    # matrix kernel is priced on a roofline: the longer of its FLOPs at its class's rate and
+    # its bytes at the bandwidth.
+    compiler: str = "cpu"
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Single-device calibration runs of particular models (`calibrations` in the profile):
@@ -110,7 +115,12 @@ class Profile:
         return points[-1][1]
 
     def device_time(self, ops: opclass.OpClasses, dtype: str, model: str | None = None) -> float:
-        """Seconds one device runs a program of these op classes (alone on it)."""
+        """Seconds one device runs a program of these op classes (alone on it): every kernel
+        costs kernel_s, so a kernel of f FLOPs reaches f / (f + kernel_s x rate) of its class's
+        rate (small kernels are slower); memory-bound kernels take their bytes at the
+        bandwidth; matrix kernels their FLOPs at their class's rate, or on a roofline (the
+        longer of that and their bytes at the bandwidth) where the profile prices a GPU's
+        program with a bandwidth."""
         memory = ops.memory_bytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
         fixed = memory + ops.kernels * self.kernel_s
         if not ops.flops:
@@ -118,6 +128,10 @@ class Profile:
         eff = self.efficiency(model)  # a model's own calibration run scales both classes
         ratio = self.conv3x3_efficiency / self.compute_efficiency if self.conv3x3_efficiency else 1
         peak = self.peak(dtype) * eff
+        if self.compiler == "gpu" and self.memory_bandwidth and ops.matmuls:
+            bw = self.memory_bandwidth
+            return fixed + sum(max(f / (peak * ratio if w else peak), b / bw)
+                               for f, b, w in ops.matmuls)  # fmt: skip
         return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
 
     def host_time(self, ops: opclass.OpClasses) -> float:
@@ -163,11 +177,15 @@ def from_config(c: Any) -> Profile:
         memory_bandwidth=float(get("memory_bandwidth", 0.0) or 0.0),
         kernel_s=float(get("kernel_s", 0.0) or 0.0),
         launch_s=float(get("launch_s", 0.0) or 0.0),
+        compiler=str(get("compiler", "cpu")),
         notes=str(get("notes", "")),
         calibration=calibration,
     )
     if not 0.0 <= profile.overlap <= 1.0:
         raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1]")
+    if profile.compiler not in ("cpu", "gpu"):
+        raise ConfigError(f"profile {profile.name}: compiler must be 'cpu' or 'gpu', "
+                          f"not {profile.compiler!r}")  # fmt: skip
     if calibration:
         profile = calibrate(profile, calibration)
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
@@ -194,7 +212,7 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
     a prediction of the calibration run itself gives back the measured images/sec."""
     step = _measured_step(profile, run)
-    ops = workload.calibration_ops(run)
+    ops = workload.calibration_ops(run, profile.compiler)
     dtype = run.get("dtype", "float32")
     rest = step - profile.device_time(dataclasses.replace(ops, matmul_flops=0.0,
                                                           conv3x3_flops=0.0), dtype)  # fmt: skip
@@ -208,10 +226,33 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     ratio = (profile.conv3x3_efficiency / profile.compute_efficiency
              if profile.conv3x3_efficiency and profile.compute_efficiency else 1.0)  # fmt: skip
     eff = (ops.matmul_flops + ops.conv3x3_flops / ratio) / rest / peak
+    if profile.compiler == "gpu" and profile.memory_bandwidth:  # on a roofline: solved
+        return _solve_efficiency(profile, ops, dtype, step, eff, ratio)
     return dataclasses.replace(
         profile, compute_efficiency=eff,
         conv3x3_efficiency=eff * ratio if profile.conv3x3_efficiency else 0.0,
     )  # fmt: skip
+
+
+def _solve_efficiency(profile: Profile, ops, dtype: str, step: float, eff: float,
+                      ratio: float) -> Profile:  # fmt: skip
+    """The matmul efficiency (3x3 convolutions at `ratio` times it) whose program time is
+    `step`, by bisection in log space: on a roofline a kernel bound by its bytes does not
+    speed up with a higher rate, so the time is not inversely proportional to it."""
+
+    def at(e: float) -> Profile:
+        return dataclasses.replace(profile, compute_efficiency=e,
+                                   conv3x3_efficiency=e * ratio if profile.conv3x3_efficiency
+                                   else 0.0)  # fmt: skip
+
+    lo, hi = math.log(eff) - 3.0, math.log(eff) + 12.0
+    if at(math.exp(hi)).program_time(ops, dtype) > step:
+        raise ConfigError(f"profile {profile.name}: the calibration run's memory-bound work "
+                          f"alone takes longer than its measured {step * 1e3:.2f} ms")  # fmt: skip
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(math.exp(mid)).program_time(ops, dtype) > step else (lo, mid)
+    return at(math.exp(hi))
 
 
 def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
@@ -253,7 +294,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
                           f"{len(names)} calibration runs, got {len(runs)}")  # fmt: skip
     if "conv3x3_efficiency" not in names:
         profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
-    ops = [workload.calibration_ops(r) for r in runs]
+    ops = [workload.calibration_ops(r, profile.compiler) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 0.5, "memory_bandwidth": 1e11,
              "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3}  # fmt: skip
@@ -268,8 +309,16 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
             for o, r in zip(ops, runs)
         ])  # fmt: skip
 
-    x0 = [np.log(getattr(profile, n) or start[n]) for n in names]
-    best = optimize.least_squares(lambda x: predicted(with_costs(x)) / measured - 1, x0)
+    x0 = np.array([np.log(getattr(profile, n) or start[n]) for n in names])
+    # the step is a max of device and host time: a cost on the side that does not bind has no
+    # gradient, so start from a few scales of the first guess and keep the best
+    # a fraction of peak is at most 1 (3x3 convolutions: 3, Winograd does fewer products)
+    top = {"compute_efficiency": 0.0, "conv3x3_efficiency": np.log(3.0)}
+    upper = np.array([top.get(n, np.inf) for n in names])
+    tries = [optimize.least_squares(lambda x: predicted(with_costs(x)) / measured - 1,
+                                    np.minimum(x0 + d, upper - 1e-6), bounds=(-np.inf, upper))
+             for d in (0.0, np.log(10.0), -np.log(10.0))]  # fmt: skip
+    best = min(tries, key=lambda t: t.cost)
     fitted = with_costs(best.x)
     rows = [
         {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}

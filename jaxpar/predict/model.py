@@ -79,7 +79,9 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
                     f"{last // profile.devices_per_node + 1} nodes, profile has {nodes}")  # fmt: skip
     if not w.schedule:
         (chunk,) = w.chunks
-        compute = _seconds(chunk.op_classes("step"), w, profile, _share(w, profile))
+        compute = _seconds(
+            chunk.op_classes("step", profile.compiler), w, profile, _share(w, profile)
+        )
         cols = chunk.collectives.get("step", ())
         sync = [_is_grad_sync(c, "step", w.mesh_shape) for c in cols]
         grad = _comm([c for c, g in zip(cols, sync) if g], w.mesh_shape, profile)
@@ -109,7 +111,9 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     for c in w.chunks:
         for phase in c.flops:
             times = 1 if phase in ("step", "update") else w.num_microbatches
-            total += times * profile.device_time(c.op_classes(phase), w.dtype, w.name)
+            total += times * profile.device_time(
+                c.op_classes(phase, profile.compiler), w.dtype, w.name
+            )
     return total * per_stage / profile.pool(w.num_devices)
 
 
@@ -129,7 +133,7 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
                 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         send = _send_time(w, c, profile)
         recv_grad = _send_time(w, c - 1, profile) if c else 0.0
-        flop_s = {phase: _seconds(ck.op_classes(phase), w, profile) if phase in ck.flops
+        flop_s = {phase: _seconds(ck.op_classes(phase, profile.compiler), w, profile) if phase in ck.flops
                   else 0.0 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
         bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
@@ -203,9 +207,9 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
         "global_batch_size": w.global_batch,
         "schedule": w.schedule or None,
         "num_microbatches": w.num_microbatches if w.schedule else None,
-        "memory_bytes_per_device": w.memory_bytes_per_device,
+        "memory_bytes_per_device": w.memory_per_device(profile.compiler),
         "memory_capacity_bytes": profile.memory_bytes,
-        "fits": w.memory_bytes_per_device <= profile.memory_bytes,
+        "fits": w.memory_per_device(profile.compiler) <= profile.memory_bytes,
         "param_bytes": w.param_bytes,
         "overlap": profile.overlap,
     }

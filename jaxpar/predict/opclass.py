@@ -47,14 +47,14 @@ class OpClasses:
     conv3x3_flops: float = 0.0
     memory_bytes: float = 0.0
     kernels: int = 0
+    # every matrix kernel: (FLOPs, bytes it reads and writes, a Winograd 3x3), for a roofline
+    matmuls: tuple[tuple[float, float, bool], ...] = ()
 
     def __add__(self, other: OpClasses) -> OpClasses:
-        return OpClasses(*(a + b for a, b in zip(dataclasses.astuple(self),
-                                                 dataclasses.astuple(other))))  # fmt: skip
-
-    def scaled(self, times: float) -> OpClasses:
-        m, c, b, k = dataclasses.astuple(self)
-        return OpClasses(m * times, c * times, b * times, round(k * times))
+        return OpClasses(self.matmul_flops + other.matmul_flops,
+                         self.conv3x3_flops + other.conv3x3_flops,
+                         self.memory_bytes + other.memory_bytes, self.kernels + other.kernels,
+                         self.matmuls + other.matmuls)  # fmt: skip
 
     @property
     def flops(self) -> float:
@@ -127,9 +127,11 @@ def _winograd(result: str, rest: str) -> bool:
 
 def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses:
     flops = _matmul_flops(op, result, rest, types)
+    moved = float(hlo.shape_bytes(result) + sum(hlo.shape_bytes(types[a])
+                                                for a in _operands(rest) if a in types))  # fmt: skip
     if op == "convolution" and _winograd(result, rest):
-        return OpClasses(conv3x3_flops=flops)
-    return OpClasses(matmul_flops=flops)
+        return OpClasses(conv3x3_flops=flops, matmuls=((flops, moved, True),))
+    return OpClasses(matmul_flops=flops, matmuls=((flops, moved, False),))
 
 
 def _matmul_flops(op: str, result: str, rest: str, types: dict[str, str]) -> float:

@@ -23,7 +23,7 @@ import ml_collections
 from jaxpar import analysis, axes, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.predict import opclass
+from jaxpar.predict import gpufusion, opclass
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -58,10 +58,14 @@ class ChunkCost:
     # by phase: matmul FLOPs, memory-bound bytes and kernels (opclass); {} = price `flops`
     # as matmul FLOPs alone
     ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
+    # the same, as XLA:GPU would fuse the programs (gpufusion)
+    gpu_ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
 
-    def op_classes(self, phase: str) -> opclass.OpClasses:
-        """The phase's op classes; `flops` as matmul FLOPs where none were read."""
-        return self.ops.get(phase) or opclass.OpClasses(matmul_flops=self.flops.get(phase, 0.0))
+    def op_classes(self, phase: str, compiler: str = "cpu") -> opclass.OpClasses:
+        """The phase's op classes as `compiler` ("cpu": the program compiled here; "gpu": as
+        XLA:GPU would fuse it); `flops` as matmul FLOPs where none were read."""
+        found = (self.gpu_ops if compiler == "gpu" else self.ops).get(phase)
+        return found or opclass.OpClasses(matmul_flops=self.flops.get(phase, 0.0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +75,16 @@ class StageCost:
     state_bytes: int  # parameters, optimizer state, batch statistics (+ gradient accumulator)
     temp_bytes: int  # largest temporary of the stage's compiled programs
     stash_bytes: int  # stored activations at the schedule's peak (pipelines)
+    gpu_temp_bytes: int = 0  # the largest temporary as XLA:GPU would fuse them (gpufusion)
 
     @property
     def memory_bytes(self) -> int:
         return self.state_bytes + self.temp_bytes + self.stash_bytes
+
+    def memory(self, compiler: str = "cpu") -> int:
+        """Bytes per device: the CPU program's, or with the GPU's temporaries (gpufusion)."""
+        temp = self.gpu_temp_bytes if compiler == "gpu" else self.temp_bytes
+        return self.state_bytes + temp + self.stash_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +109,10 @@ class Workload:
     @property
     def memory_bytes_per_device(self) -> int:
         return max(s.memory_bytes for s in self.stages)
+
+    def memory_per_device(self, compiler: str = "cpu") -> int:
+        """The busiest stage's bytes per device as `compiler` would allocate them."""
+        return max(s.memory(compiler) for s in self.stages)
 
     def stage_flops(self) -> list[float]:
         """FLOPs of one training step per device of each stage (every call of every program)."""
@@ -129,19 +143,26 @@ def calibration_flops(run: dict[str, Any]) -> float:
     return calibration_ops(run).flops
 
 
-_CALIBRATION_OPS: dict[str, opclass.OpClasses] = {}  # compiled once per run and process
+_CALIBRATION_RUNS: dict[str, Workload] = {}  # compiled once per run and process
+_RUN_ONLY = ("images_per_sec", "name", "source", "memory_bytes")  # what a run measured, not is
 
 
-def calibration_ops(run: dict[str, Any]) -> opclass.OpClasses:
-    """Op classes of one single-device training step of a profile's calibration run (a model,
-    its input and batch size; see configs/hardware/dgx1_p100.py), from the compiled step.
-    Loading a profile fits it to its runs, so each run's step is compiled once per process."""
-    key = json.dumps({k: v for k, v in run.items() if k != "images_per_sec"}, sort_keys=True,
+def calibration_workload(run: dict[str, Any]) -> Workload:
+    """The single-device workload of a calibration run (a model, its input and batch size; see
+    configs/hardware/dgx1_p100.py). Loading a profile fits it to its runs, so each run's step
+    is compiled once per process."""
+    key = json.dumps({k: v for k, v in run.items() if k not in _RUN_ONLY}, sort_keys=True,
                      default=str)  # fmt: skip
-    if key not in _CALIBRATION_OPS:
-        (chunk,) = workload(run_config(run), 1).chunks
-        _CALIBRATION_OPS[key] = chunk.op_classes("step")
-    return _CALIBRATION_OPS[key]
+    if key not in _CALIBRATION_RUNS:
+        _CALIBRATION_RUNS[key] = workload(run_config(run), 1)
+    return _CALIBRATION_RUNS[key]
+
+
+def calibration_ops(run: dict[str, Any], compiler: str = "cpu") -> opclass.OpClasses:
+    """Op classes of one single-device training step of a calibration run, from its compiled
+    step, as `compiler` runs it (opclass for "cpu", gpufusion for "gpu")."""
+    (chunk,) = calibration_workload(run).chunks
+    return chunk.op_classes("step", compiler)
 
 
 def run_config(run: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -221,20 +242,25 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
     progs = analysis.programs(strategy, batch)
     sent = strategy.sent_bytes_per_device(batch)
     chunks = []
+    gpu_temp: dict[int, int] = {}
     for c in sorted({p.chunk for p in progs}):
         mine = [p for p in progs if p.chunk == c]
         flops: dict[str, float] = {}
         cols: dict[str, tuple] = {}
         ops: dict[str, opclass.OpClasses] = {}
+        gpu: dict[str, opclass.OpClasses] = {}
         for p in mine:
             phase = PHASE[p.role]
             text = p.compiled.as_text()
             flops[phase] = flops.get(phase, 0.0) + analysis.program_flops(p.compiled)
             cols[phase] = cols.get(phase, ()) + _rows(p.compiled, dict(p.mesh.shape))
             ops[phase] = ops.get(phase, opclass.OpClasses()) + opclass.classify(text)
-        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops))
+            fused = gpufusion.analyse(text, config.model.dtype)
+            gpu[phase] = gpu.get(phase, opclass.OpClasses()) + fused.ops
+            gpu_temp[p.stage] = max(gpu_temp.get(p.stage, 0), fused.temp_bytes)
+        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops, gpu))
     report = analysis.stage_memory(strategy, batch, progs)
-    stages = tuple(StageCost(*row) for row in zip(*report))
+    stages = tuple(StageCost(*row, gpu_temp.get(s, 0)) for s, row in enumerate(zip(*report)))
     model = strategy.model
     return Workload(
         name=model.name,

@@ -1,0 +1,255 @@
+"""A GPU's program, modelled from the CPU-compiled one: kernels, bytes and memory as XLA:GPU
+would make them.
+
+The predictor compiles every program on simulated CPU devices, so it can run anywhere. Compiling
+the step for a GPU target ahead of time on a machine without one is not possible with the
+pinned JAX (0.10.2): the CUDA compiler lives in the jax-cuda plugin, which needs a GPU and its
+driver to create a client, and JAX exposes no deviceless GPU target. XLA:CPU and XLA:GPU start
+from the same optimised HLO but lower it differently, and the difference is large on the
+figures a GPU's time depends on: ResNet-50 at 224x224 in bfloat16, batch 256, is 1,822 kernels
+and 313 GB of memory-bound traffic in the CPU program, where the H200 ran it as 1,327 kernels
+(measured: benchmarks/single_device.py) and the CPU program asks for 39.1 GB of memory where
+the GPU program needs 10.65 GB (10.81 GB peak in use). So the CPU program is re-fused here as
+XLA:GPU would fuse it, by rules that each name what the GPU compiler does:
+
+1. A convolution or dot (alone or in a fusion) is one kernel (cuDNN or cuBLAS) and reads its
+   operands in the program's compute dtype. XLA:CPU runs bfloat16 convolutions in float32
+   (YNNPACK): it converts each activation to float32, transposes the weight gradient's
+   operands and writes float32 results. A kernel that only moves or converts data (convert,
+   copy, transpose, broadcast, reshape, slice) and feeds only matrix kernels is absorbed into
+   them: cuDNN reads the source's layout and dtype directly. A conversion that narrows (float32
+   weights to bfloat16) stays a kernel, as it does on the GPU.
+2. An elementwise or reduction kernel whose result is used by exactly one other such kernel
+   is fused into it (XLA:GPU's producer-consumer fusion; its result never reaches memory).
+3. A kernel with no operands (an iota) is generated inside its consumers, and an integer
+   tensor of an activation's size (the window indices XLA:CPU materialises for a max-pool's
+   gradient) costs nothing: the GPU's select-and-scatter recomputes it from the input.
+4. In a bfloat16 (float16) program a float32 tensor that is not shaped like a parameter
+   crosses memory in the compute dtype: the CPU's float32 activations are the GPU's bfloat16.
+
+What a kernel moves is the bytes of its distinct inputs plus its outputs that anything outside
+it uses. Memory is the state the program is given plus the peak of its live intermediate
+results, each alive from the kernel that writes it to the last kernel that reads it, in the
+CPU program's order (XLA schedules both for memory the same way); XLA:GPU's buffer reuse and
+cuDNN's workspaces are not modelled. tests/test_gpufusion.py pins the rules on small programs;
+docs/predict.md ("How close the GPU model is") gives its errors against the GPU programs
+measured on an H100 and an H200.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+
+from jaxpar import hlo
+from jaxpar.predict import opclass
+
+_MOVE = {"parameter", "convert", "copy", "transpose", "bitcast", "reshape", "broadcast",
+         "constant", "tuple", "get-tuple-element", "slice"}  # fmt: skip
+_REDUCING = {"reduce", "reduce-window", "scatter", "select-and-scatter", "sort", "concatenate",
+             "pad", "gather", "dynamic-slice", "dynamic-update-slice"}  # fmt: skip
+_ALIAS = {"get-tuple-element", "bitcast"}
+_NONE = {"parameter", "constant", "tuple", "after-all", "partition-id", "replica-id"}
+_INT = re.compile(r"^\(?\s*(?:[su](?:8|16|32|64)|pred)\[")
+_BIG = 1 << 20  # bytes: below this a tensor is a parameter's, a statistic's or a scalar's
+
+
+@dataclasses.dataclass
+class _Node:
+    kind: str  # "matmul", "memory", "move", "iota", "absorbed", "inlined"
+    result: str
+    args: list[str]
+    ops: opclass.OpClasses  # the CPU's reading: FLOPs of a matrix kernel
+    reduces: bool = False  # holds a reduction, a window, a scatter: not duplicated
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuProgram:
+    """One program as XLA:GPU would run it, per device per call."""
+
+    ops: opclass.OpClasses  # FLOPs, memory-bound bytes, kernels, each matrix kernel's bytes
+    temp_bytes: int  # peak of live intermediate results
+    state_bytes: int  # the program's parameters (arguments)
+
+
+def _body_ops(rest: str, comps: dict) -> set[str]:
+    out: set[str] = set()
+    for callee in opclass._called(rest):
+        for _, _, op, inner in comps.get(callee, ()):
+            out.add(op)
+            if op == "fusion":
+                out |= _body_ops(inner, comps)
+    return out
+
+
+def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
+    """The program `text` (a CPU-compiled module's as_text()) as XLA:GPU would fuse it."""
+    comps = opclass._computations(text)
+    types = {name: result for body in comps.values() for name, result, _, _ in body}
+    lowp = compute_dtype in ("bfloat16", "float16")
+    entry = comps["ENTRY"]
+    param_shapes = {_shape(r) for _, r, op, _ in entry  # float32 state: weights, their moments
+                    if op == "parameter" and r.lstrip("(").startswith("f32[")}  # fmt: skip
+    nodes: dict[str, _Node] = {}
+    order: list[str] = []
+    alias: dict[str, str] = {}
+    params: set[str] = set()
+    root: set[str] = set()
+    state = 0
+    for name, result, op, rest in entry:
+        args = [alias.get(a, a) for a in opclass._operands(rest)]
+        if op in _ALIAS:
+            alias[name] = args[0] if args else name
+            continue
+        if op == "parameter":
+            params.add(name)
+            state += hlo.shape_bytes(result)
+        if op == "tuple":  # the entry's result
+            root |= set(args)
+        if op in _NONE:
+            continue
+        body = _body_ops(rest, comps) if op == "fusion" else {op}
+        mm = opclass.OpClasses()
+        if body & {"convolution", "dot"}:
+            kind = "matmul"
+            if op in ("convolution", "dot"):
+                mm = opclass._matmul(op, result, rest, types)
+            else:
+                for callee in opclass._called(rest):
+                    for _, r2, op2, rest2 in comps.get(callee, ()):
+                        if op2 in ("convolution", "dot"):
+                            mm = mm + opclass._matmul(op2, r2, rest2, types)
+        elif op in opclass._CONTROL:
+            kind = "memory"  # a loop's body is not re-fused: priced as one kernel's traffic
+        elif op.removesuffix("-start") in hlo.KINDS or op.endswith("-done"):
+            continue  # collectives are priced by their bytes and links
+        elif op == "fusion" and not args:
+            kind = "iota"
+        elif body <= _MOVE:
+            kind = "move"
+        else:
+            kind = "memory"
+        nodes[name] = _Node(kind, result, args, mm, bool(body & _REDUCING))
+        order.append(name)
+    users: dict[str, set[str]] = collections.defaultdict(set)
+    for n in order:
+        for a in nodes[n].args:
+            users[a].add(n)
+    # rule 1: data movement that feeds only matrix kernels is absorbed, unless it narrows
+    for n in order:
+        node = nodes[n]
+        narrows = hlo.shape_bytes(node.result) < sum(hlo.shape_bytes(types.get(a, ""))
+                                                     for a in node.args)  # fmt: skip
+        if (node.kind == "move" and n not in root and users[n] and not narrows
+                and all(nodes[u].kind == "matmul" for u in users[n])):  # fmt: skip
+            node.kind = "absorbed"
+    # rule 2: an elementwise kernel that reads one activation-sized tensor and whose users are
+    # all elementwise or reduction kernels is computed inside each of them (XLA:GPU duplicates
+    # a cheap producer into its consumers when that reads no more from memory)
+    for n in order:
+        node = nodes[n]
+        big = [a for a in node.args if hlo.shape_bytes(types.get(a, "")) >= _BIG]
+        if (node.kind == "memory" and n not in root and len(users[n]) > 1 and not node.reduces
+                and len(big) <= 1 and all(nodes[u].kind in ("memory", "move") for u in users[n])
+                and not any(a in nodes and nodes[a].kind == "inlined" for a in node.args)):  # fmt: skip
+            node.kind = "inlined"
+
+    # rule 2: producer-consumer fusion of memory-bound kernels
+    group = {n: n for n in order}
+
+    def find(n: str) -> str:
+        while group[n] != n:
+            group[n] = group[group[n]]
+            n = group[n]
+        return n
+
+    fusible = ("memory", "move")
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(order):
+            if nodes[n].kind not in fusible or n in root or find(n) != n:
+                continue
+            targets = {find(u) for u in users[n] if nodes[u].kind not in ("absorbed", "inlined")}
+            if len(targets) == 1:
+                (g,) = targets
+                if g != n and nodes[g].kind in fusible:
+                    group[n] = g
+                    changed = True
+
+    def sources(a: str) -> set[str]:
+        """What reading `a` reads from memory: through absorbed and inlined kernels."""
+        if a in nodes and nodes[a].kind in ("absorbed", "inlined"):
+            return set().union(*(sources(b) for b in nodes[a].args)) if nodes[a].args else set()
+        return {a}
+
+    def size(a: str) -> int:
+        t = types.get(a, "")
+        b = hlo.shape_bytes(t)
+        if b >= _BIG and _INT.match(t.strip()):
+            return 0  # rule 3: window indices
+        if (
+            lowp
+            and b >= _BIG
+            and t.lstrip("(").startswith("f32[")
+            and _shape(t) not in param_shapes
+        ):
+            return b // 2  # rule 4
+        return b
+
+    members: dict[str, list[str]] = collections.defaultdict(list)
+    for n in order:
+        members[find(n)].append(n)
+    total = opclass.OpClasses()
+    position = {n: i for i, n in enumerate(order)}
+    written: dict[str, int] = {}  # each result that reaches memory: the kernel writing it
+    last_read: dict[str, int] = {}
+    for g, group_nodes in members.items():
+        kind = nodes[g].kind
+        if kind in ("iota", "absorbed", "inlined"):
+            continue
+        inside = set(group_nodes)
+        ins = set().union(*(sources(a) for m in group_nodes for a in nodes[m].args
+                            if a not in inside))  # fmt: skip
+        ins = {a for a in ins if not (a in nodes and nodes[a].kind == "iota")}
+        outs = [m for m in group_nodes if m in root or any(find(u) != g for u in users[m])]
+        moved = sum(size(a) for a in ins) + sum(size(m) for m in outs)
+        if kind == "matmul":
+            mm = nodes[g].ops
+            total = total + dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
+        else:
+            total = total + opclass.OpClasses(memory_bytes=float(moved), kernels=1)
+        at = max(position[m] for m in group_nodes)  # a group runs where its last member did
+        for m in outs:
+            written[m] = at
+            if m in root:
+                last_read[m] = len(order)
+        for a in ins:
+            last_read[a] = max(last_read.get(a, 0), at)
+    buffers = [(at, last_read.get(m, at), size(m)) for m, at in written.items()]
+    return GpuProgram(total, _peak(buffers, len(order)), state)
+
+
+def _split(per: tuple, moved: float) -> tuple:
+    """One kernel's matrix operations with its bytes, shared in proportion to their FLOPs."""
+    flops = sum(f for f, _, _ in per) or 1.0
+    return tuple((f, moved * f / flops, w) for f, _, w in per)
+
+
+def _peak(buffers: list[tuple[int, int, int]], length: int) -> int:
+    """Largest sum of live buffers at any kernel (each live from its write to its last read)."""
+    delta = [0] * (length + 2)
+    for start, end, nbytes in buffers:
+        delta[start] += nbytes
+        delta[min(end, length) + 1] -= nbytes
+    peak = live = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
+def _shape(type_text: str) -> str:
+    m = re.search(r"\[[\d,]*\]", type_text)
+    return m.group(0) if m else ""

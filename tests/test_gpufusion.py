@@ -1,0 +1,111 @@
+"""The GPU program modelled from a CPU-compiled one (jaxpar/predict/gpufusion.py): each rule
+pinned on a small hand-written program, where kernels and bytes can be counted by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxpar.predict import gpufusion, opclass
+
+# A bfloat16 convolution as XLA:CPU compiles it: the activation converted to float32 for the
+# convolution (rule 1 absorbs the convert), the weight converted once (a parameter: stays a
+# kernel), a float32 result (rule 4: bfloat16 on the GPU), then a chain of three elementwise
+# kernels (rule 2 fuses them into one), an iota with no operands (rule 3) feeding a window's
+# integer indices (rule 3: free), and the root tuple.
+PROGRAM = """HloModule m, is_scheduled=true
+
+%cvt_x (p: bf16[8,32,32,64]) -> f32[8,32,32,64] {
+  %p = bf16[8,32,32,64]{3,2,1,0} parameter(0)
+  ROOT %c = f32[8,32,32,64]{3,2,1,0} convert(%p)
+}
+
+%cvt_w (p: f32[3,3,64,64]) -> bf16[3,3,64,64] {
+  %p = f32[3,3,64,64]{3,2,1,0} parameter(0)
+  ROOT %c = bf16[3,3,64,64]{3,2,1,0} convert(%p)
+}
+
+%conv (a: f32[8,32,32,64], b: bf16[3,3,64,64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %b = bf16[3,3,64,64]{3,2,1,0} parameter(1)
+  %bc = f32[3,3,64,64]{3,2,1,0} convert(%b)
+  ROOT %y = f32[8,32,32,64]{3,2,1,0} convolution(%a, %bc), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+
+%mul (a: f32[8,32,32,64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  ROOT %m = f32[8,32,32,64]{3,2,1,0} multiply(%a, %a)
+}
+
+%relu (a: f32[8,32,32,64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %z = f32[] constant(0)
+  %zb = f32[8,32,32,64]{3,2,1,0} broadcast(%z), dimensions={}
+  ROOT %r = f32[8,32,32,64]{3,2,1,0} maximum(%a, %zb)
+}
+
+%down (a: f32[8,32,32,64], i: s32[8,32,32,64]) -> bf16[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %i = s32[8,32,32,64]{3,2,1,0} parameter(1)
+  %f = f32[8,32,32,64]{3,2,1,0} convert(%i)
+  %s = f32[8,32,32,64]{3,2,1,0} add(%a, %f)
+  ROOT %d = bf16[8,32,32,64]{3,2,1,0} convert(%s)
+}
+
+%make_iota () -> s32[8,32,32,64] {
+  ROOT %io = s32[8,32,32,64]{3,2,1,0} iota(), iota_dimension=3
+}
+
+ENTRY %main (x: bf16[8,32,32,64], w: f32[3,3,64,64]) -> (bf16[8,32,32,64], bf16[3,3,64,64]) {
+  %x = bf16[8,32,32,64]{3,2,1,0} parameter(0)
+  %w = f32[3,3,64,64]{3,2,1,0} parameter(1)
+  %cx = f32[8,32,32,64]{3,2,1,0} fusion(%x), kind=kLoop, calls=%cvt_x
+  %cw = bf16[3,3,64,64]{3,2,1,0} fusion(%w), kind=kLoop, calls=%cvt_w
+  %y = f32[8,32,32,64]{3,2,1,0} fusion(%cx, %cw), kind=kCustom, calls=%conv
+  %m = f32[8,32,32,64]{3,2,1,0} fusion(%y), kind=kLoop, calls=%mul
+  %r = f32[8,32,32,64]{3,2,1,0} fusion(%m), kind=kLoop, calls=%relu
+  %io = s32[8,32,32,64]{3,2,1,0} fusion(), kind=kLoop, calls=%make_iota
+  %d = bf16[8,32,32,64]{3,2,1,0} fusion(%r, %io), kind=kLoop, calls=%down
+  ROOT %t = (bf16[8,32,32,64]{3,2,1,0}, bf16[3,3,64,64]{3,2,1,0}) tuple(%d, %cw)
+}
+"""
+
+ACT = 8 * 32 * 32 * 64  # elements of one activation
+W = 3 * 3 * 64 * 64  # elements of the weight
+
+
+def test_each_rule_on_a_small_program():
+    cpu = opclass.classify(PROGRAM)
+    gpu = gpufusion.analyse(PROGRAM, "bfloat16")
+    # the CPU runs 7 kernels: two converts, the convolution, three elementwise, the iota
+    assert cpu.kernels == 7
+    # the GPU: the weight's convert, the convolution, one fused elementwise kernel
+    assert gpu.ops.kernels == 3
+    assert gpu.ops.flops == cpu.flops == 2 * ACT * 9 * 64
+    # the convolution reads x (bf16, not its float32 copy) and the bf16 weight, writes bf16
+    ((flops, moved, winograd),) = gpu.ops.matmuls
+    assert flops == cpu.flops
+    assert winograd and moved == 2 * ACT + 2 * W + 2 * ACT
+    # the weight's convert reads float32 and writes bfloat16; the fused kernel reads the
+    # convolution's result and writes the output, both bfloat16 on the GPU; the indices cost 0
+    assert gpu.ops.memory_bytes == (4 * W + 2 * W) + (2 * ACT + 2 * ACT)
+    # live at once at most: the weight's bfloat16 copy (an output), the convolution's result
+    # and the fused kernel's output
+    assert gpu.temp_bytes == 2 * W + 2 * ACT + 2 * ACT
+    assert gpu.state_bytes == 2 * ACT + 4 * W
+
+
+def test_float32_keeps_its_bytes_and_a_shared_producer_is_duplicated():
+    """In float32 nothing is halved; an elementwise kernel read by two elementwise kernels is
+    computed inside both (one big input: no more traffic), so it launches no kernel."""
+    text = PROGRAM.replace("%d = bf16[8,32,32,64]{3,2,1,0} fusion(%r, %io)",
+                           "%d = bf16[8,32,32,64]{3,2,1,0} fusion(%m, %io)")  # fmt: skip
+    text = text.replace("tuple(%d, %cw)", "tuple(%d, %cw, %r)").replace(
+        "-> (bf16[8,32,32,64], bf16[3,3,64,64])",
+        "-> (bf16[8,32,32,64], bf16[3,3,64,64], f32[8,32,32,64])",
+    )
+    gpu = gpufusion.analyse(text, "float32")
+    # %m feeds %r (an output) and %d: inlined into both; %r and %d stay two kernels
+    assert gpu.ops.kernels == 4  # weight convert, convolution, %r, %d
+    # each of %r and %d reads the convolution's float32 result itself
+    assert gpu.ops.memory_bytes == pytest.approx((4 * W + 2 * W) + 2 * (4 * ACT) + 4 * ACT
+                                                 + 2 * ACT)  # fmt: skip
