@@ -133,9 +133,9 @@ PROFILE_FIGURES = {
     "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.33,
                      "conv3x3_efficiency": 1.24},
     "h100_sxm_2nodes_ib": {"allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
-                           "compute_efficiency": 0.26, "launch_s": 6.6e-6},
-    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.26,
-                    "launch_s": 6.6e-6},
+                           "compute_efficiency": 0.46, "launch_s": 10.5e-6, "kernel_s": 0.89e-6},
+    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.46,
+                    "launch_s": 10.5e-6, "kernel_s": 0.89e-6},
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
     "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},
 }  # fmt: skip
@@ -168,7 +168,7 @@ def test_dgx1_calibration_reproduces_the_one_gpu_figure():
     assert row["images_per_sec"] == pytest.approx(154.0, rel=1e-3)
     # Winograd 3x3 convolutions beat the direct-convolution FLOP count (> 1); ResNet-50's
     # 1x1 convolutions and other matmuls do not
-    assert 1.2 < p.conv3x3_efficiency < 1.5 and 0.2 < p.compute_efficiency < 0.6
+    assert 1.2 < p.conv3x3_efficiency < 1.7 and 0.2 < p.compute_efficiency < 0.7
 
 
 def test_unknown_profile_is_one_line():
@@ -344,8 +344,9 @@ def test_pool_of_shared_cores():
 
 
 def test_h100_fit_reproduces_the_four_measured_rows():
-    """configs/hardware/h100_sxm_x8.py fits two costs (the convolutions' fraction of peak, the
-    host's time per kernel launched) to four measured single-GPU rows: all within 10%, and
+    """configs/hardware/h100_sxm_x8.py fits three costs (the convolutions' fraction of peak,
+    the host's time per kernel launched, the device's per kernel) to four measured single-GPU
+    rows, priced as XLA:GPU would run them: all within 10%, and
     bfloat16 at batch 128 slower than float32, as measured (more kernels to launch)."""
     from jaxpar import configfile
 
@@ -355,7 +356,7 @@ def test_h100_fit_reproduces_the_four_measured_rows():
     assert max(abs(r["error"]) for r in fit.rows) < 0.10
     rate = {(r["dtype"], r["batch_size"]): r["fitted_images_per_sec"] for r in fit.rows}
     assert rate["bfloat16", 128] < rate["float32", 128] < rate["float32", 512]
-    assert 3e-6 < fit.profile.launch_s < 1e-5
+    assert 3e-6 < fit.profile.launch_s < 2e-5
 
 
 def test_parameter_server_permutes_are_priced_on_the_data_axis():

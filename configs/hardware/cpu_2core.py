@@ -61,4 +61,5 @@ def get_config():
         for batch, rate in ((64, 333.9), (32, 317.7), (16, 302.9), (8, 271.2))
     ]
     c.fit = ("compute_efficiency", "kernel_s")
+    c.validation = ["configs/predict/cpu_measured.py"]  # measured here: --validate
     return c

@@ -17,12 +17,21 @@ Sources and assumptions:
   only, so that every multi-GPU point stays a check: tf_cnn_benchmarks VGG16, batch 64,
   synthetic ImageNet, float32: 154 images/sec; ResNet-50, batch 64: 219 images/sec (its
   published DGX-1 1-GPU figure). Two costs (`fit`): 3x3 stride-1 convolutions and their
-  gradients (what cuDNN runs as Winograd transforms) reach 1.38x the float32 peak in direct-
+  gradients (what cuDNN runs as Winograd transforms) reach 1.51x the float32 peak in direct-
   convolution FLOPs, the fewer multiplications of the transform; every other convolution and
   matmul (ResNet-50's 1x1 and 7x7, the weight gradients of strided convolutions, the dense
-  layers) 0.37x. VGG16 is 99% 3x3 convolutions, ResNet-50 37%: one efficiency number cannot
+  layers) 0.58x (both as priced on the GPU program, gpufusion.py). VGG16 is 99% 3x3 convolutions, ResNet-50 37%: one efficiency number cannot
   price both. Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is
   not fitted: the profile predicts it (docs/predict.md, "Carrying a calibration across models").
+- Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): memory-bound
+  kernels at 0.9 x the 732 GB/s datasheet rate (streaming kernels reach about that on HBM2),
+  matrix kernels on a roofline.
+- Calibration candidates, never fitted by this profile: the other single-GPU figures
+  tf_cnn_benchmarks published for the DGX-1 (tensorflow.org/performance/benchmarks, 2017;
+  synthetic ImageNet, float32): Inception-v3 142 images/sec (batch 64), ResNet-152 91.8
+  (batch 64), AlexNet 2,987 (batch 512). `python -m jaxpar.predict --validate` predicts each
+  from a fit on the others (their AlexNet has 384 channels in conv4 where jaxpar's, torchvision's,
+  has 256: 5% fewer of its FLOPs).
 - overlap = 0: gradient all-reduce after the backward, as jaxpar's own step does. In
   tf_cnn_benchmarks' replicated mode the all-reduce partly overlaps the backward; docs/predict.md's
   validation table shows the prediction at overlap 0 and 1, with the published figures between.
@@ -51,6 +60,14 @@ def get_config():
     ]
     c.fit = ("compute_efficiency", "conv3x3_efficiency")
     c.conv3x3_efficiency = 1.0  # a start for the fit: Winograd 3x3 at its own rate
+    c.compiler = "gpu"
+    c.memory_bandwidth = 0.9 * 732 * GB
+    c.calibration_candidates = [
+        tf_cnn_benchmarks_run("inception_v3", 299, batch_size=64, images_per_sec=142.0),
+        tf_cnn_benchmarks_run("resnet152", 224, batch_size=64, images_per_sec=91.8),
+        {**tf_cnn_benchmarks_vgg16(batch_size=512, images_per_sec=2987.0), "model": "alexnet"},
+    ]
+    c.validation = ["configs/predict/dgx1_vgg16.py", "configs/predict/dgx1_resnet50_inception3.py"]
     return c
 
 

@@ -20,10 +20,13 @@ Sources and assumptions:
   the launches: bfloat16 at batch 128 is slower than float32 because its program has more
   kernels (704 against 630: the casts), not because its convolutions are slower. Fitted:
   0.26 of peak and 6.6 us per kernel; the four rows come back within 9% (docs/predict.md, "One H100").
-- Memory-bound kernels are not priced separately here (memory_bandwidth 0): the bytes they
-  move are counted from the program XLA compiles for the CPU, which fuses less than XLA's GPU
-  compiler, and at 3.35 TB/s they alone would take longer than the measured bfloat16 step at
-  batch 512. Their time is inside the fitted convolution rate.
+- Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): the CPU
+  program re-fused as the GPU compiler fuses, memory-bound kernels at 0.9 x 3.35 TB/s
+  (streaming kernels reach about that on HBM), matrix kernels on a roofline, and a device
+  time per kernel (`kernel_s`) fitted with the other two.
+- Calibration candidate, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on
+  an H100 80GB HBM3 with benchmarks/single_device.py: 4,745 images/sec (docs/predict.md, "Measured
+  later"). `python -m jaxpar.predict --validate` predicts it from the VGG19 rows alone.
 - overlap = 0 (jaxpar's step: all-reduce after the backward).
 """
 
@@ -51,7 +54,14 @@ def get_config():
         for dtype, batch, rate in (("float32", 128, 31_784.0), ("bfloat16", 128, 27_789.0),
                                    ("float32", 512, 55_925.0), ("bfloat16", 512, 100_044.0))
     ]  # fmt: skip
-    c.fit = ("compute_efficiency", "launch_s")
+    c.fit = ("compute_efficiency", "launch_s", "kernel_s")
+    c.compiler = "gpu"
+    c.memory_bandwidth = 0.9 * 3.35e12
+    c.calibration_candidates = [
+        {"model": "resnet50", "width": 1.0, "batch_norm": True, "head": "auto",
+         "image_shape": (224, 224, 3), "num_classes": 10, "dtype": "bfloat16",
+         "batch_size": 128, "images_per_sec": 4745.0},
+    ]  # fmt: skip
     c.overlap = 0.0
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c
