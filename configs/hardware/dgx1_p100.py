@@ -20,8 +20,8 @@ Sources and assumptions:
   gradients (what cuDNN runs as Winograd transforms) reach 1.51x the float32 peak in direct-
   convolution FLOPs, the fewer multiplications of the transform; every other convolution and
   matmul (ResNet-50's 1x1 and 7x7, the weight gradients of strided convolutions, the dense
-  layers) 0.58x (both as priced on the GPU program, gpufusion.py). VGG16 is 99% 3x3 convolutions, ResNet-50 37%: one efficiency number cannot
-  price both. Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is
+  layers) 0.58x (both as priced on the GPU program, gpufusion.py). VGG16 is 99% 3x3
+  convolutions, ResNet-50 37%: one efficiency number cannot price both. Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is
   not fitted: the profile predicts it (docs/predict.md, "Carrying a calibration across models").
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): memory-bound
   kernels at 0.9 x the 732 GB/s datasheet rate (streaming kernels reach about that on HBM2),
