@@ -49,7 +49,6 @@ _MOVE = {"parameter", "convert", "copy", "transpose", "bitcast", "reshape", "bro
          "constant", "tuple", "get-tuple-element", "slice"}  # fmt: skip
 _REDUCING = {"reduce", "reduce-window", "scatter", "select-and-scatter", "sort", "concatenate",
              "pad", "gather", "dynamic-slice", "dynamic-update-slice"}  # fmt: skip
-_ALIAS = {"get-tuple-element", "bitcast"}
 _NONE = {"parameter", "constant", "tuple", "after-all", "partition-id", "replica-id"}
 _INT = re.compile(r"^\(?\s*(?:[su](?:8|16|32|64)|pred)\[")
 _BIG = 1 << 20  # bytes: below this a tensor is a parameter's, a statistic's or a scalar's
@@ -71,6 +70,7 @@ class GpuProgram:
     ops: opclass.OpClasses  # FLOPs, memory-bound bytes, kernels, each matrix kernel's bytes
     temp_bytes: int  # peak of live intermediate results
     state_bytes: int  # the program's parameters (arguments)
+    kernels: tuple[tuple[str, str, int], ...] = ()  # each: (its CPU instructions, kind, bytes)
 
 
 def _body_ops(rest: str, comps: dict) -> set[str]:
@@ -93,20 +93,24 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
                     if op == "parameter" and r.lstrip("(").startswith("f32[")}  # fmt: skip
     nodes: dict[str, _Node] = {}
     order: list[str] = []
-    alias: dict[str, str] = {}
+    alias: dict[str, str] = {}  # a bitcast: the same buffer
+    view: dict[str, str] = {}  # an element of a tuple (get-tuple-element): whose, sized its own
     params: set[str] = set()
     root: set[str] = set()
     state = 0
     for name, result, op, rest in entry:
         args = [alias.get(a, a) for a in opclass._operands(rest)]
-        if op in _ALIAS:
+        if op == "bitcast":
             alias[name] = args[0] if args else name
+            continue
+        if op == "get-tuple-element":
+            view[name] = view.get(args[0], args[0]) if args else name
             continue
         if op == "parameter":
             params.add(name)
             state += hlo.shape_bytes(result)
         if op == "tuple":  # the entry's result
-            root |= set(args)
+            root |= {view.get(a, a) for a in args}
         if op in _NONE:
             continue
         body = _body_ops(rest, comps) if op == "fusion" else {op}
@@ -132,10 +136,11 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
             kind = "memory"
         nodes[name] = _Node(kind, result, args, mm, bool(body & _REDUCING))
         order.append(name)
+    base = lambda a: view.get(a, a)  # the kernel whose result `a` reads
     users: dict[str, set[str]] = collections.defaultdict(set)
     for n in order:
         for a in nodes[n].args:
-            users[a].add(n)
+            users[base(a)].add(n)
     # rule 1: data movement that feeds only matrix kernels is absorbed, unless it narrows
     for n in order:
         node = nodes[n]
@@ -152,7 +157,8 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
         big = [a for a in node.args if hlo.shape_bytes(types.get(a, "")) >= _BIG]
         if (node.kind == "memory" and n not in root and len(users[n]) > 1 and not node.reduces
                 and len(big) <= 1 and all(nodes[u].kind in ("memory", "move") for u in users[n])
-                and not any(a in nodes and nodes[a].kind == "inlined" for a in node.args)):  # fmt: skip
+                and not any(base(a) in nodes and nodes[base(a)].kind == "inlined"
+                            for a in node.args)):  # fmt: skip
             node.kind = "inlined"
 
     # rule 2: producer-consumer fusion of memory-bound kernels
@@ -180,8 +186,9 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
 
     def sources(a: str) -> set[str]:
         """What reading `a` reads from memory: through absorbed and inlined kernels."""
-        if a in nodes and nodes[a].kind in ("absorbed", "inlined"):
-            return set().union(*(sources(b) for b in nodes[a].args)) if nodes[a].args else set()
+        b = base(a)
+        if b in nodes and nodes[b].kind in ("absorbed", "inlined"):
+            return set().union(*(sources(c) for c in nodes[b].args)) if nodes[b].args else set()
         return {a}
 
     def size(a: str) -> int:
@@ -203,6 +210,7 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
         members[find(n)].append(n)
     total = opclass.OpClasses()
     position = {n: i for i, n in enumerate(order)}
+    listed = []
     written: dict[str, int] = {}  # each result that reaches memory: the kernel writing it
     last_read: dict[str, int] = {}
     for g, group_nodes in members.items():
@@ -211,10 +219,11 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
             continue
         inside = set(group_nodes)
         ins = set().union(*(sources(a) for m in group_nodes for a in nodes[m].args
-                            if a not in inside))  # fmt: skip
-        ins = {a for a in ins if not (a in nodes and nodes[a].kind == "iota")}
+                            if base(a) not in inside))  # fmt: skip
+        ins = {a for a in ins if not (base(a) in nodes and nodes[base(a)].kind == "iota")}
         outs = [m for m in group_nodes if m in root or any(find(u) != g for u in users[m])]
         moved = sum(size(a) for a in ins) + sum(size(m) for m in outs)
+        listed.append(("+".join(group_nodes), kind, moved))
         if kind == "matmul":
             mm = nodes[g].ops
             total = total + dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
@@ -226,9 +235,9 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
             if m in root:
                 last_read[m] = len(order)
         for a in ins:
-            last_read[a] = max(last_read.get(a, 0), at)
+            last_read[base(a)] = max(last_read.get(base(a), 0), at)
     buffers = [(at, last_read.get(m, at), size(m)) for m, at in written.items()]
-    return GpuProgram(total, _peak(buffers, len(order)), state)
+    return GpuProgram(total, _peak(buffers, len(order)), state, tuple(listed))
 
 
 def _split(per: tuple, moved: float) -> tuple:

@@ -5,9 +5,9 @@ matrix products run near the device's peak, while BatchNorm, ReLU, pooling, cast
 optimizer update are limited by memory bandwidth, and every kernel the program launches costs
 a fixed time however small it is. So a program is summarised as
 
-    conv3x3_flops  FLOPs of its 3x3 stride-1 convolutions and their gradients (2 x MACs,
-                   from their shapes): what cuDNN runs as Winograd transforms, faster than
-                   their FLOP count says
+    conv3x3_flops  FLOPs of its 3x3 (and 5x5) stride-1 convolutions and their gradients
+                   (2 x MACs, from their shapes): what cuDNN runs as Winograd transforms,
+                   faster than their FLOP count says
     matmul_flops   FLOPs of its other convolutions and its dot products
     memory_bytes   bytes read and written by every other kernel (operands + result)
     kernels        top-level operations that run as a kernel (fusions, convolutions, dots,
@@ -15,9 +15,9 @@ a fixed time however small it is. So a program is summarised as
 
 and priced by the profile (`Profile.program_time`): the matmul classes at calibrated
 fractions of peak, the memory-bound bytes at the memory bandwidth, a device time per kernel,
-and a host time per kernel launched (the step takes the longer of host and device). The figures are exact for the
-program compiled here; a GPU compiler fuses somewhat differently, so `kernels` is an
-estimate of the GPU program's kernel count, not a count of it.
+and a host time per kernel launched (the step takes the longer of host and device). The
+figures are exact for the program compiled here; a GPU compiler fuses differently, which
+gpufusion.py models (the profile's `compiler`).
 """
 
 from __future__ import annotations
@@ -106,23 +106,28 @@ def _operands(rest: str) -> list[str]:
     return _OPERAND.findall(rest[:end])
 
 
+_WINOGRAD = {"3", "5"}  # window sides cuDNN's Winograd kernels take (3x3, and 5x5 non-fused)
+
+
 def _winograd(result: str, rest: str) -> bool:
-    """A 3x3 stride-1 convolution, its input gradient (also a 3x3 stride-1 convolution) or its
-    weight gradient (a convolution whose result has 3x3 spatial dimensions): the three that
-    cuDNN runs as Winograd transforms. No strides, dilations or feature groups."""
+    """A 3x3 or 5x5 stride-1 convolution, its input gradient (also a stride-1 convolution of
+    that window) or its weight gradient (a convolution whose result has those spatial
+    dimensions): what cuDNN runs as Winograd transforms. No strides, dilations or feature
+    groups."""
     if re.search(r"stride=|lhs_dilate=|rhs_dilate=|feature_group_count=[02-9]", rest):
         return False
     window = re.search(r"window=\{size=(\d+)x(\d+)\b", rest)
     if not window:
         return False
-    if window.groups() == ("3", "3"):
+    if window.group(1) == window.group(2) in _WINOGRAD:
         return True
     labels = re.search(r"dim_labels=\w+_\w+->(\w+)", rest)
     dims = _dims(result)
     if not labels or len(labels.group(1)) != len(dims) or len(dims) != 4:
         return False
     out = labels.group(1)
-    return (dims[out.index("0")], dims[out.index("1")]) == (3, 3)
+    side = dims[out.index("0")], dims[out.index("1")]
+    return side[0] == side[1] and str(side[0]) in _WINOGRAD
 
 
 def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses:
