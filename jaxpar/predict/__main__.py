@@ -25,9 +25,11 @@ from jaxpar.files import write_json, write_text
 from jaxpar.predict import load_profile, predict_rows, recommend
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
-# XLA_FLAGS or JAX_PLATFORMS already say otherwise, 16 simulated CPU devices, no accelerator.
+# XLA_FLAGS or JAX_PLATFORMS already say otherwise, 16 simulated CPU devices, no accelerator
+# (but --calibrate-here, which measures the device this machine has).
 configfile.set_host_device_count(16)
-configfile.cpu_only()
+if "--calibrate-here" not in sys.argv:  # that one times this machine's own device
+    configfile.cpu_only()
 
 
 def _load(path: str):
@@ -131,9 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog=configfile.OVERRIDES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--profile", required=True, action="append", help="configs/hardware/*.py (repeatable)"
-    )
+    parser.add_argument("--profile", action="append", default=[],
+                        help="configs/hardware/*.py (repeatable)")  # fmt: skip
     parser.add_argument("--config", help="one experiment config file")
     parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
     parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
@@ -145,9 +146,21 @@ def main(argv: list[str] | None = None) -> int:
                         "to fit with --calibrate (hardware.FITTABLE)")  # fmt: skip
     parser.add_argument("--pool", action="store_true", help="with --calibrate: measure this "
                         "machine's compute_pool (simulated CPU devices)")  # fmt: skip
+    parser.add_argument("--validate", action="store_true", help="report every profile's (or "
+                        "each --profile's) errors on figures it was not fitted to")  # fmt: skip
+    from jaxpar.predict import here
+
+    here.add_arguments(parser)
     args, rest = parser.parse_known_args(argv)
     if args.calibrate:
         return _calibrate(args)
+    if args.validate:
+        return _validate(args)
+    if args.calibrate_here:
+        return here.run(args)
+    if not args.profile:
+        oneline.print_error("--profile is required (configs/hardware/*.py)")
+        return 2
     overrides, unknown = configfile.split_overrides(rest)
     if unknown:
         oneline.print_error(f"unknown argument {unknown[0]!r}; use --config.KEY=VALUE")
@@ -186,6 +199,22 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(rows)
         write_text(str(out / "predictions.csv"), buf.getvalue())
+    return 0
+
+
+def _validate(args) -> int:
+    """--validate: the leave-one-model-out, published-table and measured-here report."""
+    from jaxpar.predict import validate
+
+    try:
+        text = validate.run(args.profile or None)
+    except ValueError as e:
+        oneline.print_error(oneline.first_line(e))
+        return 2
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_text(str(Path(args.out) / "validation.md"), text + "\n")
     return 0
 
 

@@ -1,0 +1,298 @@
+"""`python -m jaxpar.predict --calibrate-here OUT.py`: a hardware profile of this machine
+(configs/hardware/*.py format) from microbenchmarks of its first device (matmul FLOP/s, memory
+bandwidth, a small kernel's and a program dispatch's cost, memory) and jaxpar's one-device
+training step timed on a few models (`--here-rows`): its `calibration_runs`, fitted on loading.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+import os
+import platform
+import pprint
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxpar import configfile, models, oneline
+from jaxpar.errors import ConfigError
+from jaxpar.predict import calibrate, hardware, opclass
+from jaxpar.predict.workload import run_config
+
+CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
+GPU_ROWS = ("vgg19:1.0:32:float32:128", "vgg19:1.0:32:bfloat16:512",
+            "resnet50:1.0:224:bfloat16:128", "resnet20:1.0:32:float32:128")  # fmt: skip
+DEFAULT_FIT = ("compute_efficiency", "kernel_s")
+
+
+def add_arguments(parser) -> None:
+    """--calibrate-here OUT.py, --here-rows, --here-seconds, --here-fit."""
+    say = "with --calibrate-here: "
+    parser.add_argument("--calibrate-here", metavar="OUT.py", help="time this machine's device "
+                        "and its one-device training step; write a hardware profile to OUT.py")  # fmt: skip
+    parser.add_argument("--here-rows", help=say + "MODEL:WIDTH:IMAGE:DTYPE:BATCH,... to time "
+                        "(default: two small rows on a CPU, four full-width ones on a GPU)")  # fmt: skip
+    parser.add_argument("--here-seconds", type=float, default=2.0, help=say + "seconds per row")
+    parser.add_argument("--here-fit", help=say + "costs to fit (hardware.FITTABLE; default "
+                        "compute_efficiency,kernel_s, or compute_efficiency for one row)")  # fmt: skip
+
+
+def _plan(args) -> tuple[list[str], tuple[str, ...]]:
+    """The rows to time and the costs to fit, checked before anything is timed."""
+    gpu = jax.devices()[0].platform == "gpu"
+    rows = [r for r in (args.here_rows or "").split(",") if r] or list(GPU_ROWS if gpu else CPU_ROWS)  # fmt: skip
+    given = (getattr(args, "here_fit", None) or "").split(",")
+    names = tuple(n.strip() for n in given if n.strip()) or DEFAULT_FIT[: len(rows)]
+    if bad := [n for n in names if n not in hardware.FITTABLE]:
+        raise ConfigError(f"--here-fit: no cost {bad[0]!r}; one of {', '.join(hardware.FITTABLE)}")
+    if len(rows) < len(names):
+        raise ConfigError(f"fitting {len(names)} costs needs {len(names)} rows, not "
+                          f"{len(rows)}: add --here-rows or name fewer in --here-fit")  # fmt: skip
+    if not args.here_seconds > 0:
+        raise ConfigError("--here-seconds must be positive")
+    return [parse_row(r)["name"] for r in rows], names
+
+
+def run(args) -> int:
+    """--calibrate-here: measure, write the profile, print the report; 2 on a refusal."""
+    try:
+        rows, names = _plan(args)
+        t0 = time.perf_counter()
+        micro = microbenchmarks(min(0.5, args.here_seconds))
+        t1 = time.perf_counter()
+        runs = model_runs(rows, args.here_seconds)
+        t2 = time.perf_counter()
+        text = write_profile(args.calibrate_here, micro, runs, names)
+    except ValueError as e:  # ConfigError and friends
+        oneline.print_error(oneline.first_line(e))
+        return 2
+    print(text)
+    print(f"\ntook {time.perf_counter() - t0:.1f} s: microbenchmarks {t1 - t0:.1f} s, model "
+          f"runs {t2 - t1:.1f} s, links, fit and report {time.perf_counter() - t2:.1f} s")  # fmt: skip
+    return 0
+
+
+def _per_call(fn, args: tuple, seconds: float, sync_each: bool = False) -> float:
+    """Seconds per call of fn(*args) on the device: compiled and warmed up first, then 3
+    repeats of about seconds / 3 each (calls dispatched without waiting unless `sync_each`,
+    the device synchronised at the end), the best of them. A one-argument fn is chained,
+    its result the next call's argument (a donated buffer is written in place)."""
+    chained = len(args) == 1
+    out = jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*((out,) if chained else args)))
+    calls = max(2, min(200_000, int(seconds / 3 / max(time.perf_counter() - start, 1e-7))))
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = fn(*((out,) if chained else args))
+            if sync_each:
+                jax.block_until_ready(out)
+        jax.block_until_ready(out)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def _kernel_s(device, seconds: float) -> float:
+    """One small kernel's time inside a program: chains of tiny matmuls (kernels XLA does not
+    fuse away, as it fuses elementwise chains), the longer's extra time over its extra kernels."""
+
+    def chain(x, w, k: int):
+        for _ in range(k):
+            x = jnp.tanh(x @ w)
+        return x
+
+    x, w = (jax.device_put(a, device) for a in (jnp.ones((32, 32)), jnp.eye(32) * 0.5))
+    found = []
+    for k in (16, 256):
+        fn = jax.jit(functools.partial(chain, k=k))
+        kernels = opclass.classify(fn.lower(x, w).compile().as_text()).kernels
+        found.append((kernels, _per_call(fn, (x, w), seconds, sync_each=True)))
+    (k0, t0), (k1, t1) = found
+    return (t1 - t0) / (k1 - k0) if t1 > t0 and k1 > k0 else t1 / max(k1, 1)
+
+
+def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
+    """This machine's first device: float32 (and on a GPU bfloat16) matmul FLOP/s at a few
+    sizes, memory bandwidth (x * 2 + 1: bytes read + written per second), one small kernel's
+    time inside a program (`kernel_s`), one tiny program's host dispatch without waiting
+    (`launch_s`) and with a wait after each (`sync_call_s`), and the memory per device."""
+    gpu = (device := jax.devices()[0]).platform == "gpu"
+    put = lambda a: jax.device_put(a, device)
+    out: dict[str, Any] = {"platform": device.platform, "device_kind": device.device_kind,
+                           "jax": jax.__version__, "seconds": seconds,  # simulated CPU devices:
+                           "num_devices": jax.local_device_count() if gpu else len(jax.devices())}  # fmt: skip
+    matmul = jax.jit(lambda a, b: a @ b)
+    for dtype in ("float32", "bfloat16") if gpu else ("float32",):
+        rates = {}
+        for n in (1024, 4096, 8192) if gpu else (256, 512):
+            a = put(jnp.ones((n, n), dtype))
+            rates[n] = 2 * n**3 / _per_call(matmul, (a, a), seconds)
+        out[f"matmul_{dtype}"] = rates
+        out[f"{dtype}_flops_per_s"] = rates[max(rates)]
+    out["matmul_flops_per_s"] = out["float32_flops_per_s"]
+    x = put(jnp.ones((1 << 28 if gpu else 1 << 24), jnp.float32))  # 1 GiB / 64 MiB
+    out["memory_bandwidth_array_bytes"] = x.nbytes
+    elementwise = jax.jit(lambda v: v * 2 + 1, donate_argnums=0)  # in place: no page faults
+    out["memory_bandwidth"] = 2 * x.nbytes / _per_call(elementwise, (x,), seconds)
+    tiny, small = jax.jit(lambda v: v + 1), put(jnp.ones(16, jnp.float32))
+    out["launch_s"] = _per_call(tiny, (small,), seconds)
+    out["sync_call_s"] = _per_call(tiny, (small,), seconds, sync_each=True)
+    out["kernel_s"] = _kernel_s(device, seconds)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / len(jax.local_devices())
+    limit = (device.memory_stats() or {}).get("bytes_limit")  # a GPU's; a CPU shares the RAM
+    out["peak_memory_bytes"] = float(limit or ram)
+    return out
+
+
+def parse_row(spec: str) -> dict[str, Any]:
+    """A calibration run (without its rate) from MODEL:WIDTH:IMAGE:DTYPE:BATCH."""
+    try:
+        model, width, image, dtype, batch = spec.split(":")
+        width, image, batch = float(width), int(image), int(batch)
+    except ValueError:
+        raise ConfigError(f"row {spec!r}: expected MODEL:WIDTH:IMAGE:DTYPE:BATCH, "
+                          "e.g. vgg19:0.25:32:float32:32") from None  # fmt: skip
+    if model not in models.NAMES:
+        raise ConfigError(f"row {spec!r}: no model {model!r}; one of {', '.join(models.NAMES)}")
+    if dtype not in ("float32", "bfloat16") or min(width, image, batch) <= 0:
+        raise ConfigError(f"row {spec!r}: dtype float32 or bfloat16; width, image, batch > 0")
+    return {"name": spec, "model": model, "width": width, "batch_norm": True, "head": "auto",
+            "image_shape": (image, image, 3), "num_classes": 10, "dtype": dtype,
+            "batch_size": batch}  # fmt: skip
+
+
+def _images_per_sec(run: dict[str, Any], seconds: float) -> float:
+    """jaxpar's one-device training step of `run` (trainer.setup on the first device, as
+    benchmarks/single_device.py times it): compiled and warmed up, then timed for about
+    `seconds`, dispatched without waiting and the device synchronised at the end."""
+    from jaxpar import trainer
+
+    s = trainer.setup(run_config(run), [jax.devices()[0]])
+    state = s.strategy.init_state(jax.random.key(0))
+    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+
+    def steps(n: int) -> float:
+        nonlocal state
+        start = time.perf_counter()
+        for _ in range(n):
+            state, _ = s.strategy.train_step(state, batch)  # the state is donated: carry it
+        jax.block_until_ready(state)
+        return time.perf_counter() - start
+
+    steps(3)  # compile and warm up
+    n = max(3, int(seconds / steps(1)))
+    return run["batch_size"] * n / steps(n)
+
+
+def model_runs(rows: list[str], seconds: float) -> list[dict[str, Any]]:
+    """Each row (MODEL:WIDTH:IMAGE:DTYPE:BATCH) as a calibration run with its measured
+    `images_per_sec` on this machine's first device."""
+    return [{**r, "images_per_sec": _images_per_sec(r, seconds)} for r in map(parse_row, rows)]
+
+
+def _links(micro: dict[str, Any]) -> tuple[dict, str]:
+    """The profile's link ({bandwidth, latency, rings}) and what its docstring says of it."""
+    if micro["platform"] == "gpu":
+        return {"bandwidth": 100e9, "latency": 5e-6, "rings": 1}, (
+            "PLACEHOLDER: NVLink unknown, 100 GB/s and 5 us assumed; replace with nccl-tests' "
+            "bus bandwidth")  # fmt: skip
+    n, placeholder = len(jax.devices()), {"bandwidth": 5e9, "latency": 25e-6, "rings": 1}
+    if n < 2:
+        return placeholder, "PLACEHOLDER: one device here, no link to measure (5 GB/s, 25 us)"
+    found = calibrate.measure_links(tuple(k for k in (2, 4, 8) if k <= n), seconds=micro["seconds"])  # fmt: skip
+    bw, lat = found["bandwidth"], found["latency"]
+    times = ", ".join(f"N={k} {b:,} B: {t * 1e3:.3f} ms"
+                      for (k, b), t in found["allreduce_s"].items())  # fmt: skip
+    if not (0 < bw < math.inf and 0 < lat < math.inf):
+        return placeholder, f"PLACEHOLDER: the ring fit of psum times ({times}) was not positive"
+    return {"bandwidth": bw, "latency": lat, "rings": 1}, (
+        f"psum between simulated devices ({times}) fitted to the ring formula "
+        f"(calibrate.measure_links): {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per step")  # fmt: skip
+
+
+def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) -> str:
+    """Where, when and how the profile was measured, and the figures."""
+    gpu = m["platform"] == "gpu"
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    kernel = "launch_s" if gpu else "kernel_s (its fit's start; XLA:CPU runs kernels on the host: launch_s 0)"  # fmt: skip
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((i.split(":", 1)[1].strip() for i in info if i.startswith("model name")), platform.machine())  # fmt: skip
+    lines = [
+        (f"{m['num_devices']} x {m['device_kind']} ({m['platform']}), measured {when}, JAX "
+         f"{m['jax']}; host {platform.node()}: {cpu}, {os.cpu_count()} cores."),
+        "", f"Made with:  python -m jaxpar.predict --calibrate-here {path}", "",
+        "Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):",
+        *(f"- {d} matmul GFLOP/s by size: " + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in
+          m[f"matmul_{d}"].items()) for d in ("float32", "bfloat16") if f"matmul_{d}" in m),
+        "  peak_flops: the largest size's rate (the fitted compute_efficiency scales it)",
+        (f"- memory bandwidth (x * 2 + 1 in place over {m['memory_bandwidth_array_bytes'] >> 20:,}"
+         f" MiB): {m['memory_bandwidth'] / 1e9:.2f} GB/s read + written"),
+        (f"- one small kernel inside a program (chains of 32x32 matmuls): "
+         f"{m['kernel_s'] * 1e6:.2f} us -> {kernel}"),
+        (f"- one tiny jitted program: {m['launch_s'] * 1e6:.1f} us dispatched without waiting "
+         f"(-> program_overhead_s), {m['sync_call_s'] * 1e6:.1f} us with a wait after each"),
+        f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB", f"- links: {link_note}",
+        "", "Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:",
+        *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
+        f"Fitted when the profile loads: {', '.join(names)}.",
+    ]  # fmt: skip
+    if not gpu and m["num_devices"] > 1:
+        lines += ["", ("compute_pool is not measured (0: each simulated device computes as if "
+                       "alone): measure it (--calibrate SWEEP --pool) before trusting "
+                       "multi-device rows.")]  # fmt: skip
+    return "\n".join(textwrap.fill(line, 96, subsequent_indent="  ") for line in lines)
+
+
+def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT) -> str:
+    """Write a profile of this machine (the measured figures, links, `calibration_runs` = runs,
+    `fit` = fit_names) to `path`, load it back (which fits it) and return a text report."""
+    gpu, names = micro["platform"] == "gpu", tuple(fit_names)
+    link, link_note = _links(micro)
+    f32 = micro["float32_flops_per_s"]
+    values = {
+        "name": f"{micro['num_devices']} x {micro['device_kind']} (measured here)",
+        "num_devices": micro["num_devices"], "devices_per_node": micro["num_devices"],
+        "peak_flops": {"float32": f32, "bfloat16": micro.get("bfloat16_flops_per_s", f32)},
+        "memory_bytes": micro["peak_memory_bytes"], "memory_bandwidth": micro["memory_bandwidth"],
+        "kernel_s": 0.0 if gpu else micro["kernel_s"], "launch_s": micro["kernel_s"] * gpu,
+        "program_overhead_s": micro["launch_s"], "compiler": "gpu" if gpu else "cpu",
+        "intra": link, "inter": link, "overlap": 0.0, "fit": names,
+    }  # fmt: skip
+    fmt = lambda v: pprint.pformat(v, width=96, sort_dicts=False)
+    source = "".join([
+        f'"""{_docstring(path, micro, runs, names, link_note)}\n"""\n\nimport ml_collections\n\n',
+        f"MEASURED = {fmt(micro)}\nRUNS = [\n", *(textwrap.indent(f"{fmt(r)},\n", "    ") for r in runs),
+        "]\n\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n",
+        *(f"    c.{k} = {fmt(v)}\n" for k, v in values.items()),
+        "    c.calibration_runs = RUNS\n    return c\n",
+    ])  # fmt: skip
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(source, encoding="utf-8")
+    cmd = f"--profile {path} --config configs/vgg19_hybrid.py"
+    return "\n".join([f"wrote {path}", source.split('"""')[1].strip(), "", fit_report(path), "", "next:",
+                      f"  python -m jaxpar.plan {cmd}", f"  python -m jaxpar.predict {cmd}"])  # fmt: skip
+
+
+def fit_report(path) -> str:
+    """Load the profile (which fits it) and report its fit, its programs compiled for the CPU
+    as the predictor compiles them: on an accelerator, in a CPU-only subprocess."""
+    if jax.devices()[0].platform == "cpu":
+        profile, c = hardware.load_profile(path), configfile.load(str(path))
+        return calibrate.report(profile, [dict(r) for r in c.calibration_runs], tuple(c.fit))
+    code = "import sys; from jaxpar.predict import here; print(here.fit_report(sys.argv[1]))"
+    done = subprocess.run([sys.executable, "-c", code, str(Path(path).resolve())], check=False,
+                          cwd=configfile.ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise ConfigError(f"fitting {path}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+    return done.stdout.rstrip()

@@ -1,0 +1,195 @@
+"""`python -m jaxpar.predict --validate`: how far each profile's predictions are from figures it
+was not fitted to, as a report (nothing is fitted to these checks).
+
+For every profile (`--profile`, repeatable; default every file in configs/hardware):
+
+1. **Leave one model out.** The profile's single-device runs (`calibration_runs`, the ones it
+   is fitted to) and its `calibration_candidates` (published single-device figures of other
+   models on the same device, never fitted by the shipped profile) together; for each model,
+   the profile's `fit` costs are fitted on every other model's runs and the left-out model's
+   images/sec predicted. Target: within 15% wherever two or more models remain to fit on.
+2. **Published multi-device tables** (`validation` in the profile: suite files whose rows
+   carry a published images/sec or efficiency): each row's predicted efficiency against the
+   published one, in points. Target: within 5 points.
+3. **Measured here** (a suite whose rows carry images/sec measured on this machine, such as
+   configs/predict/cpu_measured.py on configs/hardware/cpu_2core.py): the median |error| of
+   images/sec and the Spearman rank correlation of predicted against measured. Target: median
+   at most 10%, rank correlation at least 0.8.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from jaxpar import configfile
+from jaxpar.predict import hardware
+from jaxpar.predict.workload import calibration_ops
+
+TARGETS = {"single": 0.15, "points": 5.0, "median": 0.10, "rank": 0.8}
+
+
+def profiles_to_check(paths: list[str] | None) -> list[str]:
+    """The profile files named, or every shipped one."""
+    if paths:
+        return list(paths)
+    root = Path(configfile.ROOT, "configs", "hardware")
+    return sorted(str(p) for p in root.glob("*.py") if not p.stem.startswith("_"))
+
+
+def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, list[str]]:
+    """(the profile with nothing fitted, its fitted runs, its candidates, fit names, suites)."""
+    c = configfile.load(path)
+    fitted = [dict(r) for r in c.get("calibration_runs", ()) or ()]
+    if c.get("calibration"):
+        fitted.append(dict(c.calibration))
+    candidates = [dict(r) for r in c.get("calibration_candidates", ()) or ()]
+    names = tuple(c.get("fit", ("compute_efficiency",)) or ("compute_efficiency",))
+    suites = list(c.get("validation", ()) or ())
+    bare = hardware.from_config({k: v for k, v in c.items()
+                                 if k not in ("calibration_runs", "calibration", "calibrations")}
+                                | {"compute_efficiency": c.get("compute_efficiency") or 0.4})  # fmt: skip
+    return bare, fitted, candidates, names, suites
+
+
+def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple) -> list[dict]:
+    """Each model's runs predicted by the `names` costs fitted on the other models' runs."""
+    out = []
+    for model in sorted({r["model"] for r in runs}):
+        rest = [r for r in runs if r["model"] != model]
+        if len(rest) < len(names) or not rest:
+            continue
+        fitted = hardware.fit(profile, rest, names).profile
+        for r in (r for r in runs if r["model"] == model):
+            ops = calibration_ops(r, fitted.compiler)
+            step = fitted.program_time(ops, r.get("dtype", "float32"))
+            step += fitted.step_overhead_s + fitted.program_overhead_s
+            predicted = r["batch_size"] / step
+            out.append({**r, "predicted_images_per_sec": predicted,
+                        "error": predicted / float(r["images_per_sec"]) - 1,
+                        "fitted_on": sorted({o["model"] for o in rest}),
+                        "models_left": len({o["model"] for o in rest})})  # fmt: skip
+    return out
+
+
+def suite_rows(profile_path: str, suite: str) -> list[dict]:
+    """A suite's rows predicted on the (fully fitted) profile, with their references."""
+    from jaxpar.predict import load_profile, predict_rows
+    from jaxpar.predict.__main__ import add_reference, load_rows
+
+    profile = load_profile(profile_path)
+    configs = load_rows(None, suite, {})
+    rows = predict_rows([(name, config) for name, config, _ in configs], profile)
+    add_reference(rows, [ref for _, _, ref in configs])
+    return rows
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(xs: list[float]) -> list[float]:
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        out = [0.0] * len(xs)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def _mark(ok: bool) -> str:
+    return "meets" if ok else "MISSES"
+
+
+def report_profile(path: str) -> tuple[list[str], dict[str, Any]]:
+    """Report lines for one profile and its figures ({"single": worst |error| with >= 2
+    models left, "points": worst |points|, "median", "rank"}; None where not checked)."""
+    profile, fitted, candidates, names, suites = _spec(path)
+    title = f"## {profile.name} ({Path(path).name}; fit {', '.join(names)}; compiler "
+    lines = [title + f"{profile.compiler})", ""]
+    figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
+    runs = fitted + candidates
+    if len({r["model"] for r in runs}) >= 2:
+        loo = leave_one_out(profile, runs, names)
+        head = "| left out | dtype | batch | published/measured img/s | predicted | error | "
+        lines += [head + "fitted on |", "|---|---|---|---|---|---|---|"]
+        for r in loo:
+            lines.append(f"| {r['model']} | {r.get('dtype', 'float32')} | {r['batch_size']} | "
+                         f"{float(r['images_per_sec']):,.1f} | "
+                         f"{r['predicted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% | "
+                         f"{'+'.join(r['fitted_on'])} |")  # fmt: skip
+        counted = [abs(r["error"]) for r in loo if r["models_left"] >= 2]
+        if counted:
+            figures["single"] = max(counted)
+            lines.append(f"\nworst single-device error with two or more models fitted on: "
+                         f"{100 * max(counted):.1f}% ({_mark(max(counted) <= TARGETS['single'])}"
+                         f" the 15% target)")  # fmt: skip
+    else:
+        lines.append(f"one model in its runs ({len(runs)} run(s)): no model to leave out")
+    for suite in suites:
+        lines += ["", *_suite_lines(path, suite, figures)]
+    return lines, figures
+
+
+def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
+    rows = [r for r in suite_rows(path, suite) if r.get("status") == "ok"]
+    head = "| row | predicted img/s | reference img/s | error | predicted eff. | reference eff. "
+    lines = [f"{suite}:", "", head + "| points |", "|---|---|---|---|---|---|---|"]
+    errors, pred, meas, points = [], [], [], []
+    for r in rows:
+        ref, eff = r.get("reference_images_per_sec"), r.get("reference_efficiency")
+        err = r["images_per_sec"] / ref - 1 if ref else None
+        pt = 100 * (r["efficiency"] - eff) if eff and r.get("efficiency") is not None else None
+        if err is not None:
+            errors.append(abs(err))
+            pred.append(r["images_per_sec"])
+            meas.append(ref)
+        if pt is not None and r["num_devices"] > 1:
+            points.append(abs(pt))
+        mine = r.get("efficiency")
+        cells = [f"{ref:,.1f}" if ref else "-", f"{100 * err:+.1f}%" if err is not None else "-",
+                 f"{100 * mine:.1f}%" if mine else "-", f"{100 * eff:.1f}%" if eff else "-",
+                 f"{pt:+.1f}" if pt is not None else "-"]  # fmt: skip
+        lines.append(f"| {r['name']} | {r['images_per_sec']:,.1f} | " + " | ".join(cells) + " |")
+    if points:
+        worst = max(points)
+        figures["points"] = max(worst, figures["points"] or 0.0)
+        lines.append(f"\nworst efficiency difference: {worst:.1f} points "
+                     f"({_mark(worst <= TARGETS['points'])} the 5-point target)")  # fmt: skip
+    if len(errors) >= 3 and not points:  # measured rows: the median and the ranking
+        med, rank = statistics.median(errors), spearman(pred, meas)
+        figures["median"], figures["rank"] = med, rank
+        lines.append(f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
+                     f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.2f} "
+                     f"({_mark(rank >= TARGETS['rank'])} 0.8) over {len(errors)} rows")  # fmt: skip
+    return lines
+
+
+def run(paths: list[str] | None) -> str:
+    """The whole report, as markdown text."""
+    out = ["# Validation: predictions against figures no profile was fitted to", ""]
+    summary = []
+    for path in profiles_to_check(paths):
+        lines, figures = report_profile(path)
+        out += [*lines, ""]
+        summary.append((Path(path).name, figures))
+    head = "| profile | worst single-device (left out) | worst efficiency points | median error "
+    out += ["## Summary", "", head + "here | rank correlation here |", "|---|---|---|---|---|"]
+    for name, f in summary:
+        cells = [f"{100 * f['single']:.1f}%" if f["single"] is not None else "-",
+                 f"{f['points']:.1f}" if f["points"] is not None else "-",
+                 f"{100 * f['median']:.1f}%" if f["median"] is not None else "-",
+                 f"{f['rank']:.2f}" if f["rank"] is not None else "-"]  # fmt: skip
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)

@@ -1,0 +1,44 @@
+"""`python -m jaxpar.predict --calibrate-here`: this machine's device timed into a profile that
+loads, reproduces its calibration run and predicts (one tiny row, short timings)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import jax
+import pytest
+
+from configs import base
+from jaxpar.predict import hardware, here, predict_config
+from jaxpar.predict.workload import calibration_ops
+
+
+@pytest.mark.slow  # ~16 s on 2 cores: two compiles of the step, one of the 8-device program
+def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    here.add_arguments(parser)
+    bad = parser.parse_args(["--calibrate-here", str(tmp_path / "x.py"), "--here-rows", "vgg9:1:32:float32:8"])  # fmt: skip
+    assert here.run(bad) == 2 and "no model 'vgg9'" in capsys.readouterr().err
+    assert not (tmp_path / "x.py").exists()  # refused before anything was timed
+
+    micro = here.microbenchmarks(seconds=0.1)
+    assert micro["platform"] == "cpu" and micro["num_devices"] == len(jax.devices()) == 8
+    assert 0 < micro["launch_s"] <= micro["sync_call_s"] * 2 and micro["kernel_s"] > 0
+    (run,) = here.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
+    assert run["images_per_sec"] > 0 and run["image_shape"] == (32, 32, 3)
+    path = tmp_path / "here_profile.py"
+    report = here.write_profile(str(path), micro, [run], ("compute_efficiency",))
+    assert "measured img/s" in report and f"--profile {path}" in report
+
+    profile = hardware.load_profile(path)  # fitted to its one run as it loads
+    assert profile.name == "8 x cpu (measured here)" and profile.num_devices == 8
+    assert 0 < profile.memory_bandwidth < math.inf
+    assert all(0 < v < math.inf for v in profile.peak_flops.values())
+    assert 0 < profile.intra.bandwidth < math.inf and 0 < profile.intra.latency < math.inf
+    step = profile.program_time(calibration_ops(run, profile.compiler), run["dtype"])
+    step += profile.step_overhead_s + profile.program_overhead_s
+    assert abs(run["batch_size"] / step / run["images_per_sec"] - 1) < 0.01
+
+    row = predict_config(base.get_config(), profile)  # 8 simulated devices, data parallel
+    assert row["status"] == "ok" and row["num_devices"] == 8 and row["images_per_sec"] > 0
