@@ -463,3 +463,20 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
     assert predict_main.main([*args, "--config.model.widht=0.5"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: unknown config key 'model.widht'"), line
+
+
+def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
+    """overlap None: gradients sent from where each is ready in the compiled program hide
+    some of the all-reduce, never more than a full overlap; a loader slower than the step
+    caps the rate at the loader's and says the row is input-bound."""
+    config = tiny_config(mesh_shape=(8, 1, 1))
+    slow = _profile(intra=hardware.Link(0.01 * GB, 0.0))
+    none = predict_config(config, slow, overlap=0.0)
+    program = predict_config(config, dataclasses.replace(slow, overlap=None))
+    full = predict_config(config, slow, overlap=1.0)
+    assert full["comm_s"] <= program["comm_s"] < none["comm_s"]
+    rate = none["images_per_sec"] / 2
+    capped = predict_config(config, dataclasses.replace(slow, overlap=0.0,
+                                                        loader_images_per_sec=rate))  # fmt: skip
+    assert capped["input_bound"] and capped["images_per_sec"] == pytest.approx(rate)
+    assert not none["input_bound"]

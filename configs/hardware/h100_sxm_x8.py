@@ -27,7 +27,11 @@ Sources and assumptions:
 - Calibration candidate, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on
   an H100 80GB HBM3 with benchmarks/single_device.py: 4,745 images/sec (docs/predict.md, "Measured
   later"). `python -m jaxpar.predict --validate` predicts it from the VGG19 rows alone.
-- overlap = 0 (jaxpar's step: all-reduce after the backward).
+- overlap = None: as XLA:GPU schedules jaxpar's step. Its collectives are asynchronous and the
+  latency-hiding scheduler starts each gradient's all-reduce once the gradient is computed, so
+  the predictor sends the gradients one after another from where each is ready in the program
+  (jaxpar/predict/overlap.py) and exposes only what outlasts the compute. `--overlap 0`
+  prices the all-reduce after the backward instead.
 """
 
 import ml_collections
@@ -62,6 +66,6 @@ def get_config():
          "image_shape": (224, 224, 3), "num_classes": 10, "dtype": "bfloat16",
          "batch_size": 128, "images_per_sec": 4745.0},
     ]  # fmt: skip
-    c.overlap = 0.0
+    c.overlap = None
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c

@@ -229,7 +229,8 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
     """Merge predictions.json's rows (jaxpar.predict, by name) into the bench rows as the
     predicted_* keys of PREDICTED, and the errors against the measurement: `predicted_error`
     = predicted / measured images/sec - 1 [clock], `predicted_memory_error` = predicted /
-    measured memory per device - 1 (the measured one is the compiled program's, exact). A row
+    measured memory per device - 1 (the measured one is the compiled program's, exact); the
+    predicted images/sec is capped at the row's measured loader capacity. A row
     the predictor did not return keeps None; one it failed on gets its status and message."""
     by_name = {p["name"]: p for p in predicted}
     for r in rows:
@@ -242,6 +243,9 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
                     r[mine] = None
         else:
             r["predicted_failure"] = None
+        loader = r.get("loader_images_per_sec")  # measured: no step outruns its input
+        if r["predicted_images_per_sec"] and loader and r["predicted_images_per_sec"] > loader:
+            r["predicted_images_per_sec"] = loader
         measured_ok = r.get("status") == "ok"
         r["predicted_error"] = _ratio(r["predicted_images_per_sec"],
                                       r.get("images_per_sec") if measured_ok else None)  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import sys
 from pathlib import Path
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="one experiment config file")
     parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
     parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
+    parser.add_argument("--loader_images_per_sec", type=float, help="cap every row at the "
+                        "input pipeline's images/sec (the bench measures it per row)")  # fmt: skip
     parser.add_argument("--out", help="write predictions.json and predictions.csv here")
     parser.add_argument("--calibrate", nargs="+", metavar="SOURCE", help="fit the profile's "
                         "costs (--fit) to single-device runs: bench sweeps' 1-device rows, or "
@@ -167,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         profiles = [load_profile(p) for p in args.profile]
+        if args.loader_images_per_sec:
+            profiles = [dataclasses.replace(p, loader_images_per_sec=args.loader_images_per_sec)
+                        for p in profiles]  # fmt: skip
         configs = load_rows(args.config, args.suite, overrides)
         named = [(name, config) for name, config, _ in configs]
         results = [(p, predict_rows(named, p, args.overlap)) for p in profiles]
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                       if profile.launch_s else "")  # fmt: skip
         print(f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
               f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
-              f"{per_kernel}, gradient all-reduce overlap {overlap:g}")  # fmt: skip
+              f"{per_kernel}, gradient all-reduce overlap "
+              f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}")  # fmt: skip
         for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
             print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
         print(table(rows))

@@ -55,7 +55,9 @@ class Profile:
     intra: Link
     inter: Link
     compute_efficiency: float  # matmul FLOP/s achieved over peak (from calibration runs)
-    overlap: float = 0.0  # fraction of gradient all-reduce time hidden under the backward
+    # fraction of the gradient reduction that hides under the backward; None: as the compiled
+    # program and its compiler schedule it (jaxpar/predict/overlap.py)
+    overlap: float | None = 0.0
     step_overhead_s: float = 0.0  # fixed host/launch time per step
     program_overhead_s: float = 0.0  # per compiled program dispatched (pipelines run many)
     # Simulated CPU devices sharing cores: N busy devices together run `pool(N)` times one
@@ -76,6 +78,9 @@ class Profile:
     # matrix kernel is priced on a roofline: the longer of its FLOPs at its class's rate and
     # its bytes at the bandwidth.
     compiler: str = "cpu"
+    # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
+    # it for every row (loader_images_per_sec)
+    loader_images_per_sec: float = 0.0
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Single-device calibration runs of particular models (`calibrations` in the profile):
@@ -169,7 +174,7 @@ def from_config(c: Any) -> Profile:
         intra=Link(**dict(get("intra"))),
         inter=Link(**dict(get("inter") or get("intra"))),
         compute_efficiency=float(get("compute_efficiency", 0.0) or 0.0),
-        overlap=float(get("overlap", 0.0)),
+        overlap=None if get("overlap", 0.0) is None else float(get("overlap", 0.0)),
         step_overhead_s=float(get("step_overhead_s", 0.0)),
         program_overhead_s=float(get("program_overhead_s", 0.0)),
         compute_pool=_pool(get("compute_pool", 0.0)),
@@ -178,11 +183,12 @@ def from_config(c: Any) -> Profile:
         kernel_s=float(get("kernel_s", 0.0) or 0.0),
         launch_s=float(get("launch_s", 0.0) or 0.0),
         compiler=str(get("compiler", "cpu")),
+        loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )
-    if not 0.0 <= profile.overlap <= 1.0:
-        raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1]")
+    if profile.overlap is not None and not 0.0 <= profile.overlap <= 1.0:
+        raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1] or None")
     if profile.compiler not in ("cpu", "gpu"):
         raise ConfigError(f"profile {profile.name}: compiler must be 'cpu' or 'gpu', "
                           f"not {profile.compiler!r}")  # fmt: skip

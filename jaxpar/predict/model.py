@@ -10,9 +10,13 @@ Assumptions, all stated (and the switchable one in the profile):
 - Collectives: the compiled programs' own (kind, axes, bytes), priced by hardware.py's ring
   formulas on the links the group spans. Collectives inside forward/backward (tensor
   parallelism, synchronised BatchNorm) sit on the critical path.
-- Gradient all-reduce over `data`: a fraction `overlap` of it may hide under the backward
-  pass (never more than the backward lasts, taken as 2/3 of the step's compute); the rest is
-  exposed. 0 = all-reduce after the backward (what jaxpar's step does), 1 = perfect overlap.
+- Gradient reduction over the batch axes: read from the compiled program (overlap.py): under
+  the work between an asynchronous collective's start and done where the program has such
+  pairs (XLA:CPU's have none: nothing hides, as jaxpar's step measures); with the profile's
+  `overlap = None` (a GPU compiler, which starts each collective when its operand is ready),
+  what of the gradients, sent one after another from their ready points, ends before the
+  compute does; else a fixed fraction `overlap` of it, at most 2/3 of the step's compute
+  (0 = after the backward, 1 = all of it).
 - Pipelines: every chunk's F, B and W events on the schedule's own timeline
   (schedules.timeline, any schedule the trainer runs), with durations = compute + in-program
   collectives + the boundary transfer the event sends; a stage's update (and its gradient
@@ -30,7 +34,7 @@ from typing import Any
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
 from jaxpar.parallel import schedules
-from jaxpar.predict import hardware
+from jaxpar.predict import hardware, overlap
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import Workload
 
@@ -42,6 +46,25 @@ def _is_grad_sync(c, phase: str, mesh_shape: dict[str, int]) -> bool:
     batch = set(axes.batch_axes(mesh_shape))
     return (c.kind in ("all-reduce", "reduce-scatter") and set(c.axes.split("+")) <= batch
             and phase in ("step", "update"))  # fmt: skip
+
+
+def _hidden(windows, grad: float, compute: float, w: Workload, profile: Profile) -> float:
+    """Seconds of the gradient reduction (`grad` in all) that run under the step's compute:
+    under the work between an asynchronous collective's start and done where the program has
+    such pairs; where the profile says `overlap = None` (a GPU's compiler: asynchronous
+    collectives started once their operand is ready), what of the gradients, sent one after
+    another from their ready points, ends before the compute does; else the profile's fixed
+    fraction `overlap` of it, at most the backward (2/3 of the compute)."""
+    mine = [x for x in windows if _is_grad_sync(x, "step", w.mesh_shape)]
+    total = sum(x.bytes for x in mine)
+    if not grad or not total:
+        return 0.0
+    times = [grad * x.bytes / total for x in mine]
+    if any(x.between is not None for x in mine):
+        return sum(min(t, (x.between or 0.0) * compute) for t, x in zip(times, mine))
+    if profile.overlap is None:
+        return grad - overlap.exposed(times, [x.ready for x in mine], compute)
+    return min(profile.overlap * grad, compute * 2 / 3)
 
 
 def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0) -> float:
@@ -86,7 +109,7 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
         sync = [_is_grad_sync(c, "step", w.mesh_shape) for c in cols]
         grad = _comm([c for c, g in zip(cols, sync) if g], w.mesh_shape, profile)
         other = _comm([c for c, g in zip(cols, sync) if not g], w.mesh_shape, profile)
-        hidden = min(profile.overlap * grad, compute * 2 / 3)  # the backward's share
+        hidden = _hidden(chunk.windows.get("step", ()), grad, compute, w, profile)
         times = {
             "compute_s": compute,
             "comm_s": other + grad - hidden,
@@ -216,11 +239,17 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
     if times is None:
         return {**row, "status": "failed", "error": why}
     step = times["compute_s"] + times["comm_s"] + times["bubble_s"] + times["overhead_s"]
+    loader = profile.loader_images_per_sec
+    input_bound = bool(loader) and w.global_batch / step > loader
+    if input_bound:  # the devices wait for the loader: the step lasts as long as its batch
+        times["input_wait_s"] = w.global_batch / loader - step
+        step = w.global_batch / loader
     return {
         **row,
         "status": "ok",
         "step_time_s": step,
         **times,
+        "input_bound": input_bound,
         "images_per_sec": w.global_batch / step,
         "analytic_bubble": (
             schedules.analytic_bubble(

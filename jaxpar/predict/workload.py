@@ -23,7 +23,7 @@ import ml_collections
 from jaxpar import analysis, axes, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.predict import gpufusion, opclass
+from jaxpar.predict import gpufusion, opclass, overlap
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -60,6 +60,8 @@ class ChunkCost:
     ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
     # the same, as XLA:GPU would fuse the programs (gpufusion)
     gpu_ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
+    # by phase: where each collective (element) stands in its program (overlap.windows)
+    windows: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
     def op_classes(self, phase: str, compiler: str = "cpu") -> opclass.OpClasses:
         """The phase's op classes as `compiler` ("cpu": the program compiled here; "gpu": as
@@ -249,6 +251,7 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
         cols: dict[str, tuple] = {}
         ops: dict[str, opclass.OpClasses] = {}
         gpu: dict[str, opclass.OpClasses] = {}
+        wins: dict[str, tuple] = {}
         for p in mine:
             phase = PHASE[p.role]
             text = p.compiled.as_text()
@@ -258,7 +261,8 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
             fused = gpufusion.analyse(text, config.model.dtype)
             gpu[phase] = gpu.get(phase, opclass.OpClasses()) + fused.ops
             gpu_temp[p.stage] = max(gpu_temp.get(p.stage, 0), fused.temp_bytes)
-        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops, gpu))
+            wins[phase] = wins.get(phase, ()) + overlap.windows(text, dict(p.mesh.shape))
+        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops, gpu, wins))
     report = analysis.stage_memory(strategy, batch, progs)
     stages = tuple(StageCost(*row, gpu_temp.get(s, 0)) for s, row in enumerate(zip(*report)))
     model = strategy.model
