@@ -82,7 +82,8 @@ def test_each_rule_on_a_small_program():
     assert gpu.ops.kernels == 3
     assert gpu.ops.flops == cpu.flops == 2 * ACT * 9 * 64
     # the convolution reads x (bf16, not its float32 copy) and the bf16 weight, writes bf16
-    ((flops, moved, winograd),) = gpu.ops.matmuls
+    ((flops, moved, winograd, narrow),) = gpu.ops.matmuls
+    assert narrow == 64  # 64 output features, 576 products each, 8192 output rows
     assert flops == cpu.flops
     assert winograd and moved == 2 * ACT + 2 * W + 2 * ACT
     # the weight's convert reads float32 and writes bfloat16; the fused kernel reads the

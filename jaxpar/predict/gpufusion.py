@@ -242,8 +242,8 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
 
 def _split(per: tuple, moved: float) -> tuple:
     """One kernel's matrix operations with its bytes, shared in proportion to their FLOPs."""
-    flops = sum(f for f, _, _ in per) or 1.0
-    return tuple((f, moved * f / flops, w) for f, _, w in per)
+    flops = sum(f for f, *_ in per) or 1.0
+    return tuple((f, moved * f / flops, w, n) for f, _, w, n in per)
 
 
 def _peak(buffers: list[tuple[int, int, int]], length: int) -> int:

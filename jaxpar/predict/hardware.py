@@ -78,6 +78,9 @@ class Profile:
     # matrix kernel is priced on a roofline: the longer of its FLOPs at its class's rate and
     # its bytes at the bandwidth.
     compiler: str = "cpu"
+    # On "gpu": a matrix kernel whose narrowest GEMM dimension (output rows, output features or
+    # products per output) is n runs at n / (n + narrow_width) of its class's rate (0: off)
+    narrow_width: float = 0.0
     # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
     # it for every row (loader_images_per_sec)
     loader_images_per_sec: float = 0.0
@@ -134,9 +137,9 @@ class Profile:
         ratio = self.conv3x3_efficiency / self.compute_efficiency if self.conv3x3_efficiency else 1
         peak = self.peak(dtype) * eff
         if self.compiler == "gpu" and self.memory_bandwidth and ops.matmuls:
-            bw = self.memory_bandwidth
-            return fixed + sum(max(f / (peak * ratio if w else peak), b / bw)
-                               for f, b, w in ops.matmuls)  # fmt: skip
+            bw, d0 = self.memory_bandwidth, self.narrow_width
+            return fixed + sum(max(f / (peak * (ratio if w else 1) * n / (n + d0)), b / bw)
+                               for f, b, w, n in ops.matmuls)  # fmt: skip
         return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
 
     def host_time(self, ops: opclass.OpClasses) -> float:
@@ -184,6 +187,7 @@ def from_config(c: Any) -> Profile:
         launch_s=float(get("launch_s", 0.0) or 0.0),
         compiler=str(get("compiler", "cpu")),
         loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
+        narrow_width=float(get("narrow_width", 0.0) or 0.0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )
@@ -273,7 +277,7 @@ def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
 
 # Profile costs `fit` may solve for, each positive (fitted in log space).
 FITTABLE = ("compute_efficiency", "conv3x3_efficiency", "memory_bandwidth", "kernel_s",
-            "launch_s", "step_overhead_s")  # fmt: skip
+            "launch_s", "step_overhead_s", "narrow_width")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +307,8 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     ops = [workload.calibration_ops(r, profile.compiler) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 0.5, "memory_bandwidth": 1e11,
-             "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3}  # fmt: skip
+             "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3,
+             "narrow_width": 32.0}  # fmt: skip
 
     def with_costs(logs) -> Profile:
         values = {n: float(np.exp(v)) for n, v in zip(names, logs)}

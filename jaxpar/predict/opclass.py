@@ -47,8 +47,9 @@ class OpClasses:
     conv3x3_flops: float = 0.0
     memory_bytes: float = 0.0
     kernels: int = 0
-    # every matrix kernel: (FLOPs, bytes it reads and writes, a Winograd 3x3), for a roofline
-    matmuls: tuple[tuple[float, float, bool], ...] = ()
+    # every matrix kernel: (FLOPs, bytes it reads and writes, a Winograd 3x3 or 5x5, its
+    # narrowest GEMM dimension), for a roofline on a GPU
+    matmuls: tuple[tuple[float, float, bool, int], ...] = ()
 
     def __add__(self, other: OpClasses) -> OpClasses:
         return OpClasses(self.matmul_flops + other.matmul_flops,
@@ -134,9 +135,35 @@ def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses
     flops = _matmul_flops(op, result, rest, types)
     moved = float(hlo.shape_bytes(result) + sum(hlo.shape_bytes(types[a])
                                                 for a in _operands(rest) if a in types))  # fmt: skip
+    narrow = _narrow(op, result, rest, types)
     if op == "convolution" and _winograd(result, rest):
-        return OpClasses(conv3x3_flops=flops, matmuls=((flops, moved, True),))
-    return OpClasses(matmul_flops=flops, matmuls=((flops, moved, False),))
+        return OpClasses(conv3x3_flops=flops, matmuls=((flops, moved, True, narrow),))
+    return OpClasses(matmul_flops=flops, matmuls=((flops, moved, False, narrow),))
+
+
+def _narrow(op: str, result: str, rest: str, types: dict[str, str]) -> int:
+    """The narrowest dimension of the matrix product a convolution or dot is (M: output rows,
+    N: output features, K: products summed per output): a GPU's tiles are 64-128 wide in each,
+    so a narrow one wastes part of every tile."""
+    args = _operands(rest)
+    out = _dims(result)
+    if not out or len(args) < 2 or args[0] not in types or args[1] not in types:
+        return 1 << 30
+    if op == "convolution":
+        kernel = _dims(types[args[1]])
+        labels = re.search(r"dim_labels=\w+_(\w+)->(\w+)", rest)
+        if not labels or not kernel or "f" not in labels.group(2):
+            return 1 << 30
+        n = out[labels.group(2).index("f")]
+        k = math.prod(kernel) // max(kernel[labels.group(1).index("o")], 1)
+    else:
+        lhs = _dims(types[args[0]])
+        contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+        idx = [int(d) for d in contract.group(1).split(",") if d] if contract else []
+        k = math.prod(lhs[i] for i in idx) if idx else 1
+        n = out[-1]
+    m = math.prod(out) // max(n, 1)
+    return max(1, min(m, n, k))
 
 
 def _matmul_flops(op: str, result: str, rest: str, types: dict[str, str]) -> float:

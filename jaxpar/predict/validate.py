@@ -11,8 +11,8 @@ For every profile (`--profile`, repeatable; default every file in configs/hardwa
 2. **Published multi-device tables** (`validation` in the profile: suite files whose rows
    carry a published images/sec or efficiency): each row's predicted efficiency against the
    published one, in points. Target: within 5 points.
-3. **Measured here** (a suite whose rows carry images/sec measured on this machine, such as
-   configs/predict/cpu_measured.py on configs/hardware/cpu_2core.py): the median |error| of
+3. **Measured here** (a suite marked `measured_here` whose rows carry images/sec measured on
+   this machine: configs/predict/cpu_measured.py on configs/hardware/cpu_2core.py): the median |error| of
    images/sec and the Spearman rank correlation of predicted against measured. Target: median
    at most 10%, rank correlation at least 0.8.
 """
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar import configfile
+from jaxpar.bench.results import spearman
 from jaxpar.predict import hardware
 from jaxpar.predict.workload import calibration_ops
 
@@ -85,29 +86,6 @@ def suite_rows(profile_path: str, suite: str) -> list[dict]:
     return rows
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-
-    def ranks(xs: list[float]) -> list[float]:
-        order = sorted(range(len(xs)), key=xs.__getitem__)
-        out = [0.0] * len(xs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else float("nan")
-
-
 def _mark(ok: bool) -> str:
     return "meets" if ok else "MISSES"
 
@@ -162,13 +140,14 @@ def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
                  f"{100 * mine:.1f}%" if mine else "-", f"{100 * eff:.1f}%" if eff else "-",
                  f"{pt:+.1f}" if pt is not None else "-"]  # fmt: skip
         lines.append(f"| {r['name']} | {r['images_per_sec']:,.1f} | " + " | ".join(cells) + " |")
-    if points:
+    here = bool(configfile.load(suite).get("measured_here", False))
+    if points and not here:
         worst = max(points)
         figures["points"] = max(worst, figures["points"] or 0.0)
         lines.append(f"\nworst efficiency difference: {worst:.1f} points "
                      f"({_mark(worst <= TARGETS['points'])} the 5-point target)")  # fmt: skip
-    if len(errors) >= 3 and not points:  # measured rows: the median and the ranking
-        med, rank = statistics.median(errors), spearman(pred, meas)
+    if len(errors) >= 3 and here:  # measured on this machine: the median and the ranking
+        med, rank = statistics.median(errors), spearman(meas, pred)
         figures["median"], figures["rank"] = med, rank
         lines.append(f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
                      f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.2f} "
