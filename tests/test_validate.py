@@ -6,7 +6,7 @@ from __future__ import annotations
 from jaxpar.predict import hardware, validate
 
 # Three runs of two tiny models: fit on vgg11's two runs, predict resnet20, and back.
-PROFILE = '''
+PROFILE = """
 import ml_collections
 
 def run(model, batch, rate):
@@ -27,7 +27,7 @@ def get_config():
     c.calibration_candidates = [run("resnet20", 8, 500.0)]
     c.fit = ("compute_efficiency",)
     return c
-'''
+"""
 
 
 def test_leave_one_model_out_report(tmp_path):
