@@ -11,7 +11,7 @@ import ml_collections
 
 def run(model, batch, rate):
     return {"model": model, "width": 0.0625, "batch_norm": False, "head": "auto",
-            "image_shape": (16, 16, 3), "num_classes": 10, "dtype": "float32",
+            "image_shape": (32, 32, 3), "num_classes": 10, "dtype": "float32",
             "batch_size": batch, "images_per_sec": rate}
 
 def get_config():
