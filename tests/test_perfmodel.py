@@ -280,7 +280,8 @@ def test_published_efficiency_sits_beside_the_prediction():
     """A suite row's `reference_efficiency` (seed 003 publishes speedups, not images/sec) is
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
     from jaxpar.bench import results
-    from jaxpar.predict.__main__ import add_reference, table
+    from jaxpar.predict.__main__ import table
+    from jaxpar.predict.suites import add_reference
 
     rows = [
         {"name": "m 1", "model": "m", "num_devices": 1, "status": "ok", "efficiency": 1.0},
@@ -346,8 +347,7 @@ def test_pool_of_shared_cores():
 def test_h100_fit_reproduces_the_four_measured_rows():
     """configs/hardware/h100_sxm_x8.py fits three costs (the convolutions' fraction of peak,
     the host's time per kernel launched, the device's per kernel) to four measured single-GPU
-    rows, priced as XLA:GPU would run them: all within 10%, and
-    bfloat16 at batch 128 slower than float32, as measured (more kernels to launch)."""
+    rows, priced as XLA:GPU would run them: all within 10%."""
     from jaxpar import configfile
 
     c = configfile.load("configs/hardware/h100_sxm_x8.py")
@@ -355,7 +355,10 @@ def test_h100_fit_reproduces_the_four_measured_rows():
                        [dict(r) for r in c.calibration_runs], tuple(c.fit))  # fmt: skip
     assert max(abs(r["error"]) for r in fit.rows) < 0.10
     rate = {(r["dtype"], r["batch_size"]): r["fitted_images_per_sec"] for r in fit.rows}
-    assert rate["bfloat16", 128] < rate["float32", 128] < rate["float32", 512]
+    # launch-bound at batch 128 (about the same rate in both dtypes), device-bound at 512,
+    # where bfloat16's doubled convolution rate shows
+    assert rate["float32", 128] < rate["float32", 512] < rate["bfloat16", 512]
+    assert abs(rate["bfloat16", 128] / rate["float32", 128] - 1) < 0.1
     assert 3e-6 < fit.profile.launch_s < 2e-5
 
 

@@ -72,9 +72,8 @@ def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int 
     place = _placement(mesh_shape, profile)
     for c in cols:
         group = [place(first_device + i) for i in hardware.group_of(c.axes, mesh_shape)]
-        total += (
-            hardware.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile) * c.count
-        )
+        each = hardware.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
+        total += each * c.count
     return total
 
 

@@ -77,7 +77,7 @@ def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple) -> 
 def suite_rows(profile_path: str, suite: str) -> list[dict]:
     """A suite's rows predicted on the (fully fitted) profile, with their references."""
     from jaxpar.predict import load_profile, predict_rows
-    from jaxpar.predict.__main__ import add_reference, load_rows
+    from jaxpar.predict.suites import add_reference, load_rows
 
     profile = load_profile(profile_path)
     configs = load_rows(None, suite, {})
