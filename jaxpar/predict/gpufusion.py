@@ -26,6 +26,11 @@ XLA:GPU would fuse it, by rules that each name what the GPU compiler does:
    gradient) costs nothing: the GPU's select-and-scatter recomputes it from the input.
 4. In a bfloat16 (float16) program a float32 tensor that is not shaped like a parameter
    crosses memory in the compute dtype: the CPU's float32 activations are the GPU's bfloat16.
+5. A memory-bound kernel reads at most three activation-sized tensors (a BatchNorm or residual
+   backward: the output gradient, the residual's and the input): XLA:CPU fuses the whole
+   residual stream of a stage into one kernel that recomputes it from every convolution's
+   output (ResNet-152's 14x14 stage: kernels with up to 39 such inputs), where XLA:GPU's cost
+   model stores the stream and reads it once; the most recently computed three are kept.
 
 What a kernel moves is the bytes of its distinct inputs plus its outputs that anything outside
 it uses. Memory is the state the program is given plus the peak of its live intermediate
@@ -52,6 +57,7 @@ _REDUCING = {"reduce", "reduce-window", "scatter", "select-and-scatter", "sort",
 _NONE = {"parameter", "constant", "tuple", "after-all", "partition-id", "replica-id"}
 _INT = re.compile(r"^\(?\s*(?:[su](?:8|16|32|64)|pred)\[")
 _BIG = 1 << 20  # bytes: below this a tensor is a parameter's, a statistic's or a scalar's
+_MAX_BIG_INPUTS = 3  # activation-sized inputs of one memory-bound GPU kernel (rule 5)
 
 
 @dataclasses.dataclass
@@ -221,6 +227,10 @@ def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
         ins = set().union(*(sources(a) for m in group_nodes for a in nodes[m].args
                             if base(a) not in inside))  # fmt: skip
         ins = {a for a in ins if not (base(a) in nodes and nodes[base(a)].kind == "iota")}
+        if kind != "matmul":  # rule 5: what the CPU recomputes, the GPU reads once stored
+            big = sorted((a for a in ins if size(a) >= _BIG),
+                         key=lambda a: position.get(base(a), -1), reverse=True)  # fmt: skip
+            ins -= set(big[_MAX_BIG_INPUTS:])
         outs = [m for m in group_nodes if m in root or any(find(u) != g for u in users[m])]
         moved = sum(size(a) for a in ins) + sum(size(m) for m in outs)
         listed.append(("+".join(group_nodes), kind, moved))
