@@ -91,163 +91,190 @@ def _body_ops(rest: str, comps: dict) -> set[str]:
 
 def analyse(text: str, compute_dtype: str = "float32") -> GpuProgram:
     """The program `text` (a CPU-compiled module's as_text()) as XLA:GPU would fuse it."""
-    comps = opclass._computations(text)
-    types = {name: result for body in comps.values() for name, result, _, _ in body}
-    lowp = compute_dtype in ("bfloat16", "float16")
-    entry = comps["ENTRY"]
-    param_shapes = {_shape(r) for _, r, op, _ in entry  # float32 state: weights, their moments
-                    if op == "parameter" and r.lstrip("(").startswith("f32[")}  # fmt: skip
-    nodes: dict[str, _Node] = {}
-    order: list[str] = []
-    alias: dict[str, str] = {}  # a bitcast: the same buffer
-    view: dict[str, str] = {}  # an element of a tuple (get-tuple-element): whose, sized its own
-    params: set[str] = set()
-    root: set[str] = set()
-    state = 0
-    for name, result, op, rest in entry:
-        args = [alias.get(a, a) for a in opclass._operands(rest)]
-        if op == "bitcast":
-            alias[name] = args[0] if args else name
-            continue
-        if op == "get-tuple-element":
-            view[name] = view.get(args[0], args[0]) if args else name
-            continue
-        if op == "parameter":
-            params.add(name)
-            state += hlo.shape_bytes(result)
-        if op == "tuple":  # the entry's result
-            root |= {view.get(a, a) for a in args}
-        if op in _NONE:
-            continue
-        body = _body_ops(rest, comps) if op == "fusion" else {op}
-        mm = opclass.OpClasses()
+    g = _Graph(text, compute_dtype)
+    g.absorb()  # rule 1
+    g.inline()  # rule 2, duplicated producers
+    g.fuse()  # rule 2, producer-consumer
+    return g.price()  # rules 3-5 and the memory
+
+
+class _Graph:
+    """The entry computation's kernels, their operands and users, and what each rule did."""
+
+    def __init__(self, text: str, compute_dtype: str):
+        self.comps = opclass._computations(text)
+        self.types = {n: r for body in self.comps.values() for n, r, _, _ in body}
+        self.lowp = compute_dtype in ("bfloat16", "float16")
+        entry = self.comps["ENTRY"]
+        self.param_shapes = {_shape(r) for _, r, op, _ in entry  # float32 state
+                             if op == "parameter" and r.lstrip("(").startswith("f32[")}  # fmt: skip
+        self.nodes: dict[str, _Node] = {}
+        self.order: list[str] = []
+        self.view: dict[str, str] = {}  # a tuple's element (get-tuple-element): whose, own size
+        self.root: set[str] = set()
+        self.state = 0
+        alias: dict[str, str] = {}  # a bitcast: the same buffer
+        for name, result, op, rest in entry:
+            args = [alias.get(a, a) for a in opclass._operands(rest)]
+            if op == "bitcast":
+                alias[name] = args[0] if args else name
+            elif op == "get-tuple-element":
+                self.view[name] = self.view.get(args[0], args[0]) if args else name
+            elif op == "parameter":
+                self.state += hlo.shape_bytes(result)
+            elif op == "tuple":  # the entry's result
+                self.root |= {self.base(a) for a in args}
+            elif op not in _NONE and (node := self._node(op, result, rest, args)):
+                self.nodes[name] = node
+                self.order.append(name)
+        self.users: dict[str, set[str]] = collections.defaultdict(set)
+        for n in self.order:
+            for a in self.nodes[n].args:
+                self.users[self.base(a)].add(n)
+        self.group = {n: n for n in self.order}
+        self.position = {n: i for i, n in enumerate(self.order)}
+
+    def _node(self, op: str, result: str, rest: str, args: list[str]) -> _Node | None:
+        """One top-level instruction as a kernel; None for a collective (priced by its bytes
+        and links, not here)."""
+        body = _body_ops(rest, self.comps) if op == "fusion" else {op}
         if body & {"convolution", "dot"}:
-            kind = "matmul"
+            mm = opclass.OpClasses()
             if op in ("convolution", "dot"):
-                mm = opclass._matmul(op, result, rest, types)
-            else:
-                for callee in opclass._called(rest):
-                    for _, r2, op2, rest2 in comps.get(callee, ()):
-                        if op2 in ("convolution", "dot"):
-                            mm = mm + opclass._matmul(op2, r2, rest2, types)
-        elif op in opclass._CONTROL:
+                mm = opclass._matmul(op, result, rest, self.types)
+            for callee in opclass._called(rest) if op == "fusion" else ():
+                for _, r2, op2, rest2 in self.comps.get(callee, ()):
+                    if op2 in ("convolution", "dot"):
+                        mm = mm + opclass._matmul(op2, r2, rest2, self.types)
+            return _Node("matmul", result, args, mm)
+        if op.removesuffix("-start") in hlo.KINDS or op.endswith("-done"):
+            return None
+        if op in opclass._CONTROL:
             kind = "memory"  # a loop's body is not re-fused: priced as one kernel's traffic
-        elif op.removesuffix("-start") in hlo.KINDS or op.endswith("-done"):
-            continue  # collectives are priced by their bytes and links
         elif op == "fusion" and not args:
             kind = "iota"
-        elif body <= _MOVE:
-            kind = "move"
         else:
-            kind = "memory"
-        nodes[name] = _Node(kind, result, args, mm, bool(body & _REDUCING))
-        order.append(name)
-    base = lambda a: view.get(a, a)  # the kernel whose result `a` reads
-    users: dict[str, set[str]] = collections.defaultdict(set)
-    for n in order:
-        for a in nodes[n].args:
-            users[base(a)].add(n)
-    # rule 1: data movement that feeds only matrix kernels is absorbed, unless it narrows
-    for n in order:
-        node = nodes[n]
-        narrows = hlo.shape_bytes(node.result) < sum(hlo.shape_bytes(types.get(a, ""))
-                                                     for a in node.args)  # fmt: skip
-        if (node.kind == "move" and n not in root and users[n] and not narrows
-                and all(nodes[u].kind == "matmul" for u in users[n])):  # fmt: skip
-            node.kind = "absorbed"
-    # rule 2: an elementwise kernel that reads one activation-sized tensor and whose users are
-    # all elementwise or reduction kernels is computed inside each of them (XLA:GPU duplicates
-    # a cheap producer into its consumers when that reads no more from memory)
-    for n in order:
-        node = nodes[n]
-        big = [a for a in node.args if hlo.shape_bytes(types.get(a, "")) >= _BIG]
-        if (node.kind == "memory" and n not in root and len(users[n]) > 1 and not node.reduces
-                and len(big) <= 1 and all(nodes[u].kind in ("memory", "move") for u in users[n])
-                and not any(base(a) in nodes and nodes[base(a)].kind == "inlined"
-                            for a in node.args)):  # fmt: skip
-            node.kind = "inlined"
+            kind = "move" if body <= _MOVE else "memory"
+        return _Node(kind, result, args, opclass.OpClasses(), bool(body & _REDUCING))
 
-    # rule 2: producer-consumer fusion of memory-bound kernels
-    group = {n: n for n in order}
+    def base(self, a: str) -> str:
+        """The kernel whose result `a` reads."""
+        return self.view.get(a, a)
 
-    def find(n: str) -> str:
-        while group[n] != n:
-            group[n] = group[group[n]]
-            n = group[n]
+    def kind(self, a: str) -> str | None:
+        node = self.nodes.get(self.base(a))
+        return node.kind if node else None
+
+    def absorb(self) -> None:
+        """Rule 1: data movement that feeds only matrix kernels is absorbed, unless it narrows."""
+        for n in self.order:
+            node = self.nodes[n]
+            narrows = hlo.shape_bytes(node.result) < sum(hlo.shape_bytes(self.types.get(a, ""))
+                                                         for a in node.args)  # fmt: skip
+            if (node.kind == "move" and n not in self.root and self.users[n] and not narrows
+                    and all(self.nodes[u].kind == "matmul" for u in self.users[n])):  # fmt: skip
+                node.kind = "absorbed"
+
+    def inline(self) -> None:
+        """Rule 2: an elementwise kernel that reads one activation-sized tensor and whose users
+        are all elementwise or reduction kernels is computed inside each of them (XLA:GPU
+        duplicates a cheap producer into its consumers when that reads no more memory)."""
+        for n in self.order:
+            node = self.nodes[n]
+            big = [a for a in node.args if hlo.shape_bytes(self.types.get(a, "")) >= _BIG]
+            if (node.kind == "memory" and n not in self.root and len(self.users[n]) > 1
+                    and not node.reduces and len(big) <= 1
+                    and all(self.nodes[u].kind in ("memory", "move") for u in self.users[n])
+                    and not any(self.kind(a) == "inlined" for a in node.args)):  # fmt: skip
+                node.kind = "inlined"
+
+    def find(self, n: str) -> str:
+        while self.group[n] != n:
+            self.group[n] = self.group[self.group[n]]
+            n = self.group[n]
         return n
 
-    fusible = ("memory", "move")
-    changed = True
-    while changed:
-        changed = False
-        for n in reversed(order):
-            if nodes[n].kind not in fusible or n in root or find(n) != n:
-                continue
-            targets = {find(u) for u in users[n] if nodes[u].kind not in ("absorbed", "inlined")}
-            if len(targets) == 1:
-                (g,) = targets
-                if g != n and nodes[g].kind in fusible:
-                    group[n] = g
-                    changed = True
+    def fuse(self) -> None:
+        """Rule 2: a memory-bound kernel whose result one other such kernel reads is fused
+        into it (its result never reaches memory)."""
+        fusible = ("memory", "move")
+        changed = True
+        while changed:
+            changed = False
+            for n in reversed(self.order):
+                if self.nodes[n].kind not in fusible or n in self.root or self.find(n) != n:
+                    continue
+                targets = {self.find(u) for u in self.users[n]
+                           if self.nodes[u].kind not in ("absorbed", "inlined")}  # fmt: skip
+                if len(targets) == 1:
+                    (g,) = targets
+                    if g != n and self.nodes[g].kind in fusible:
+                        self.group[n] = g
+                        changed = True
 
-    def sources(a: str) -> set[str]:
+    def sources(self, a: str) -> set[str]:
         """What reading `a` reads from memory: through absorbed and inlined kernels."""
-        b = base(a)
-        if b in nodes and nodes[b].kind in ("absorbed", "inlined"):
-            return set().union(*(sources(c) for c in nodes[b].args)) if nodes[b].args else set()
+        b = self.base(a)
+        if self.kind(a) in ("absorbed", "inlined"):
+            return set().union(*(self.sources(c) for c in self.nodes[b].args))
         return {a}
 
-    def size(a: str) -> int:
-        t = types.get(a, "")
+    def size(self, a: str) -> int:
+        """Bytes of `a` as it crosses the GPU's memory (rules 3 and 4)."""
+        t = self.types.get(a, "")
         b = hlo.shape_bytes(t)
         if b >= _BIG and _INT.match(t.strip()):
             return 0  # rule 3: window indices
-        if (
-            lowp
-            and b >= _BIG
-            and t.lstrip("(").startswith("f32[")
-            and _shape(t) not in param_shapes
-        ):
+        if (self.lowp and b >= _BIG and t.lstrip("(").startswith("f32[")
+                and _shape(t) not in self.param_shapes):  # fmt: skip
             return b // 2  # rule 4
         return b
 
-    members: dict[str, list[str]] = collections.defaultdict(list)
-    for n in order:
-        members[find(n)].append(n)
-    total = opclass.OpClasses()
-    position = {n: i for i, n in enumerate(order)}
-    listed = []
-    written: dict[str, int] = {}  # each result that reaches memory: the kernel writing it
-    last_read: dict[str, int] = {}
-    for g, group_nodes in members.items():
-        kind = nodes[g].kind
-        if kind in ("iota", "absorbed", "inlined"):
-            continue
+    def inputs(self, group_nodes: list[str], kind: str) -> set[str]:
+        """What a kernel reads from memory (rule 5: at most three activation-sized tensors for
+        a memory-bound one, the most recently computed)."""
         inside = set(group_nodes)
-        ins = set().union(*(sources(a) for m in group_nodes for a in nodes[m].args
-                            if base(a) not in inside))  # fmt: skip
-        ins = {a for a in ins if not (base(a) in nodes and nodes[base(a)].kind == "iota")}
-        if kind != "matmul":  # rule 5: what the CPU recomputes, the GPU reads once stored
-            big = sorted((a for a in ins if size(a) >= _BIG),
-                         key=lambda a: position.get(base(a), -1), reverse=True)  # fmt: skip
+        ins = set().union(*(self.sources(a) for m in group_nodes for a in self.nodes[m].args
+                            if self.base(a) not in inside))  # fmt: skip
+        ins = {a for a in ins if self.kind(a) != "iota"}
+        if kind != "matmul":
+            big = sorted((a for a in ins if self.size(a) >= _BIG),
+                         key=lambda a: self.position.get(self.base(a), -1), reverse=True)  # fmt: skip
             ins -= set(big[_MAX_BIG_INPUTS:])
-        outs = [m for m in group_nodes if m in root or any(find(u) != g for u in users[m])]
-        moved = sum(size(a) for a in ins) + sum(size(m) for m in outs)
-        listed.append(("+".join(group_nodes), kind, moved))
-        if kind == "matmul":
-            mm = nodes[g].ops
-            total = total + dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
-        else:
-            total = total + opclass.OpClasses(memory_bytes=float(moved), kernels=1)
-        at = max(position[m] for m in group_nodes)  # a group runs where its last member did
-        for m in outs:
-            written[m] = at
-            if m in root:
-                last_read[m] = len(order)
-        for a in ins:
-            last_read[base(a)] = max(last_read.get(base(a), 0), at)
-    buffers = [(at, last_read.get(m, at), size(m)) for m, at in written.items()]
-    return GpuProgram(total, _peak(buffers, len(order)), state, tuple(listed))
+        return ins
+
+    def price(self) -> GpuProgram:
+        """Each kernel's bytes (its inputs plus the outputs used outside it), and the peak of
+        live results, each from the kernel writing it to the last kernel reading it."""
+        members: dict[str, list[str]] = collections.defaultdict(list)
+        for n in self.order:
+            members[self.find(n)].append(n)
+        total, listed = opclass.OpClasses(), []
+        written: dict[str, int] = {}
+        last_read: dict[str, int] = {}
+        for g, group_nodes in members.items():
+            kind = self.nodes[g].kind
+            if kind in ("iota", "absorbed", "inlined"):
+                continue
+            ins = self.inputs(group_nodes, kind)
+            outs = [m for m in group_nodes
+                    if m in self.root or any(self.find(u) != g for u in self.users[m])]  # fmt: skip
+            moved = sum(self.size(a) for a in ins) + sum(self.size(m) for m in outs)
+            listed.append(("+".join(group_nodes), kind, moved))
+            if kind == "matmul":
+                mm = self.nodes[g].ops
+                total += dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
+            else:
+                total += opclass.OpClasses(memory_bytes=float(moved), kernels=1)
+            at = max(self.position[m] for m in group_nodes)  # where its last member ran
+            for m in outs:
+                written[m] = at
+                if m in self.root:
+                    last_read[m] = len(self.order)
+            for a in ins:
+                last_read[self.base(a)] = max(last_read.get(self.base(a), 0), at)
+        buffers = [(at, last_read.get(m, at), self.size(m)) for m, at in written.items()]
+        return GpuProgram(total, _peak(buffers, len(self.order)), self.state, tuple(listed))
 
 
 def _split(per: tuple, moved: float) -> tuple:
