@@ -37,8 +37,7 @@ it uses. Memory is the state the program is given plus the peak of its live inte
 results, each alive from the kernel that writes it to the last kernel that reads it, in the
 CPU program's order (XLA schedules both for memory the same way); XLA:GPU's buffer reuse and
 cuDNN's workspaces are not modelled. tests/test_gpufusion.py pins the rules on small programs;
-docs/predict.md ("How close the GPU model is") gives its errors against the GPU programs
-measured on an H100 and an H200.
+docs/predict.md ("Pricing the GPU's program") gives its errors against GPU programs measured.
 """
 
 from __future__ import annotations
@@ -162,8 +161,7 @@ class _Graph:
         return self.view.get(a, a)
 
     def kind(self, a: str) -> str | None:
-        node = self.nodes.get(self.base(a))
-        return node.kind if node else None
+        return self.nodes[self.base(a)].kind if self.base(a) in self.nodes else None
 
     def absorb(self) -> None:
         """Rule 1: data movement that feeds only matrix kernels is absorbed, unless it narrows."""
