@@ -136,6 +136,8 @@ PROFILE_FIGURES = {
                            "compute_efficiency": 0.46, "launch_s": 10.5e-6, "kernel_s": 0.89e-6},
     "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.46,
                     "launch_s": 10.5e-6, "kernel_s": 0.89e-6},
+    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.44,
+                    "memory_bandwidth": 0.9 * 4.8e12},
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
     "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},
 }  # fmt: skip

@@ -1,0 +1,50 @@
+"""One node of 8x H200 SXM 141 GB (HGX H200): the H100's compute and NVLink, more and faster
+memory.
+
+Run:  python -m jaxpar.predict --validate --profile configs/hardware/h200_sxm_x8.py
+
+Sources and assumptions:
+- H200 SXM: the H100 SXM's tensor cores (989.4 TFLOP/s dense bfloat16, 494.7 TF32:
+  jaxpar/peak_flops.py), 141 GB HBM3e (~139 GB usable) at 4.8 TB/s (NVIDIA H200 datasheet);
+  NVLink 4 through NVSwitch as the H100's (configs/hardware/h100_sxm_x8.py).
+- Priced as XLA:GPU would run the step (`compiler = "gpu"`): memory-bound kernels at 0.9 x
+  4.8 TB/s, matrix kernels on a roofline. The host's launch time and the device's time per
+  kernel are the H100 profile's fitted ones (same host software, same compiler); only the
+  convolutions' fraction of peak is fitted here.
+- Calibration: three single-GPU rows measured on one H200 with benchmarks/single_device.py
+  (JAX 0.11.2, CUDA 13; jaxpar's one-device step, synthetic data, 10 classes, BatchNorm,
+  full width; docs/predict.md, "Measured later"): VGG19 at 32x32 in bfloat16, batch 512:
+  111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256: 6,324; ResNet-50 at
+  224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row alone (the
+  convolutions at 0.44 of peak); the two ResNet-50 rows are candidates, predicted by
+  `--validate` from it (+13.8% and -13.8%), and VGG19 from them (+5.2%).
+  single_device.py trains with plain SGD where the profile's runs use the base config's
+  optimizer: a difference of one memory-bound update per step (under 1% of these steps).
+- overlap = None: as XLA:GPU schedules the step (see the H100 profile).
+"""
+
+from configs.hardware import h100_sxm_x8
+
+GB = 1e9
+RUN = {"width": 1.0, "batch_norm": True, "head": "auto", "num_classes": 10}
+
+
+def get_config():
+    c = h100_sxm_x8.get_config()
+    c.name = "8x H200 SXM NVLink"
+    c.memory_bytes = 139 * GB
+    c.memory_bandwidth = 0.9 * 4.8e12
+    c.launch_s = 10.5e-6  # the H100 profile's fitted costs
+    c.kernel_s = 0.89e-6
+    c.calibration_runs = [
+        {**RUN, "model": "vgg19", "image_shape": (32, 32, 3), "dtype": "bfloat16",
+         "batch_size": 512, "images_per_sec": 111_992.0},
+    ]  # fmt: skip
+    c.fit = ("compute_efficiency",)
+    c.calibration_candidates = [
+        {**RUN, "model": "resnet50", "image_shape": (224, 224, 3), "dtype": "bfloat16",
+         "batch_size": 256, "images_per_sec": 6_324.0},
+        {**RUN, "model": "resnet50", "image_shape": (224, 224, 3), "dtype": "float32",
+         "batch_size": 128, "images_per_sec": 3_384.0},
+    ]  # fmt: skip
+    return c
