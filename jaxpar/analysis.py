@@ -196,7 +196,8 @@ def collective_summary(rows: list[list], data_size: int, replica_axes: str = "da
     bytes per device per step of the busiest program group (collectives that run once every
     K steps at their per-step average), its breakdown by kind and by mesh axis, and the
     all-reduce over the replica axes (`replica_axes`, "+"-joined: the gradient average)
-    beside its ring wire estimate 2(N-1)/N x payload."""
+    beside its ring wire estimate 2(N-1)/N x payload, and the halo exchanges (collective-permutes
+    over a rules axis: spatial's)."""
     crossing = [r for r in rows if r[2] != "none"]
     groups: dict[str, int] = {}
     for where, _, _, _, nbytes, *_ in crossing:
@@ -209,12 +210,17 @@ def collective_summary(rows: list[list], data_size: int, replica_axes: str = "da
             by_kind[kind] = by_kind.get(kind, 0) + nbytes
             by_axis[axes] = by_axis.get(axes, 0) + nbytes
     payload = by_kind_axis(crossing, busiest, "all-reduce", replica_axes)
+    ruled = {a for a in axes_lib.names() if axes_lib.get(a).role == "rules"}
+    halo = sum(r[4] for r in crossing if r[0] == busiest and r[1] == "collective-permute"
+               and set(r[2].split("+")) & ruled)  # fmt: skip
     return {
         "collectives": rows,
         "collective_bytes_per_device": groups[busiest] if busiest else 0,
         "collective_bytes_by_kind": by_kind,
         "collective_bytes_by_axis": by_axis,
         "data_allreduce_bytes": payload,
+        # neighbour exchanges over a rules axis: spatial's halos (XLA's partitioner)
+        "halo_bytes_per_device": halo,
         "ring_allreduce_wire_bytes": ring_allreduce_wire_bytes(payload, data_size),
     }
 

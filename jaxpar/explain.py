@@ -110,6 +110,9 @@ def explain(config, devices=None) -> str:
     out = [head, "axes (name, size, role, what it splits):", *roles, model]
     if described := strategy.describe(config.global_batch_size):
         out.append(described)
+    for name in axes_lib.used(dict(mesh.shape)):
+        if described := axes_lib.get(name).describe(config, dict(mesh.shape), s.model):
+            out.append(described)
     out.append("")
     out += _layouts(s, strategy)
 

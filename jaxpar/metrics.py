@@ -445,6 +445,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("optimizer state / device", "opt_state_bytes_per_device", units.mib),
         ("activations, working / device", "program_temp_bytes_per_device", units.mib),
         ("collectives / device / step", "collective_bytes_by_axis", _by_axis),
+        ("  of which halo exchange", "halo_bytes_per_device", units.mib),
         ("compile time", "compile_time_s", secs),
         ("wall time", "wall_time_s", secs),
         ("epochs", "epochs", None),
@@ -462,8 +463,8 @@ def summary_table(summary: dict[str, Any]) -> str:
                 value = f"{secs(summary['step_time_p10_s'])} - {secs(summary['step_time_p90_s'])}"
             else:
                 continue
-        elif summary.get(key) is None:  # absent, or not applicable to this strategy
-            continue
+        elif summary.get(key) is None or (key == "halo_bytes_per_device" and not summary[key]):
+            continue  # absent, not applicable to this strategy, or no halos
         else:
             value = summary[key]
             if show is not None:

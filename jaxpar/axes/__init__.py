@@ -5,11 +5,12 @@
     fsdp    batch    fully sharded data parallelism: parameters sharded, gathered per layer
     stage   layers   pipeline stages
     tensor  rules    channels, laid out by tensor.rules
+    spatial rules    rows of every feature map, halos exchanged at band borders
 
 A new axis is one module that registers an `Axis` (tests/example_axis.py is a whole one).
 """
 
-from jaxpar.axes import data, fsdp, node, stage, tensor  # noqa: F401  (register the built-ins)
+from jaxpar.axes import data, fsdp, node, spatial, stage, tensor  # noqa: F401  (register the built-ins)
 from jaxpar.axes.base import (
     ROLES,
     Axis,

@@ -17,7 +17,12 @@ An axis plays one role:
 - `layers`: the layers are cut into consecutive stages, one per index (stage); each stage
   runs on its slice of the mesh, where the other axes still apply.
 - `rules`: variables and activations are laid out by sharding rules (`tensor.rules`: logical
-  dimension names -> mesh axes) and XLA's SPMD partitioner inserts the collectives (tensor).
+  dimension names -> mesh axes) and XLA's SPMD partitioner inserts the collectives (tensor,
+  spatial). Hooks: `rules` (the logical names the axis splits when the config's rules do not
+  say, e.g. spatial's ("height", "spatial")), `joins` (layers whose outputs it leaves whole).
+
+Any axis may refuse a model (`check_model`, one line before compiling) and describe what it
+does to one (`describe`, printed by --explain).
 
 An axis of size 1 costs nothing: it is in the mesh, and no collective runs over it.
 """
@@ -53,10 +58,35 @@ class Axis:
     # Does it shard parameters (and their gradients and optimizer state) along one dimension
     # each (`param_dim`), gathering them where a layer runs (`gather`)? (fsdp)
     shards_params: bool = False
+    # Rules axes: (logical name, this axis) pairs added to a run's sharding rules when the axis
+    # is in its mesh with size > 1, for names the config's rules do not map there already.
+    rules: tuple = ()
+    # Are its all-reduces sums of whole parameters' gradients, as a batch axis' are (spatial:
+    # each band's share of every weight gradient)? The predictor lets them overlap the
+    # backward as it does data parallelism's.
+    sums_gradients: bool = False
 
     @property
     def label(self) -> str:
         return self.word or self.name
+
+    # -- hooks (any axis) ---------------------------------------------------------------------
+
+    def check_model(self, config, sizes: dict[str, int], model) -> str | None:
+        """Why this axis cannot split `model` on a mesh of these sizes (one line), or None.
+        Called before anything is compiled, for the axes of size > 1."""
+        return None
+
+    def describe(self, config, sizes: dict[str, int], model) -> str | None:
+        """What this axis does to `model`, for --explain (a table), or None."""
+        return None
+
+    # -- hooks (rules axes) -------------------------------------------------------------------
+
+    def joins(self, sizes: dict[str, int], model) -> frozenset:
+        """Names of the layers whose outputs this axis leaves whole (its logical names map
+        to no mesh axis there), e.g. spatial's layers after the maps stop dividing."""
+        return frozenset()
 
     # -- hooks (batch axes) -------------------------------------------------------------------
 

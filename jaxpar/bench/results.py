@@ -37,6 +37,7 @@ KEYS = (
     "stored_activation_bytes_per_device", "memory_bytes_per_device",
     "collective_bytes_per_device", "collective_bytes_by_kind", "collective_bytes_by_axis",
     "data_allreduce_bytes", "data_allreduce_over_params", "ring_allreduce_wire_bytes",
+    "halo_bytes_per_device",
     "bytes_between_stages", "stage_transfer_bytes_per_device", "analytic_bubble",
     "measured_bubble", "model_flops_per_image", "model_flops_per_sec", "mfu", "final_loss",
     "eval_accuracy",
@@ -216,13 +217,22 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         cells = [
             r["name"], mesh, str(r["num_devices"] or ""), rate, _f(r["speedup"], ".2f"),
             _f(r["efficiency"], ".2f"), _loader(r), _mib(r["memory_bytes_per_device"]),
-            _mib(r["collective_bytes_per_device"]), _f(r["data_allreduce_over_params"], ".3f"),
+            _coll(r), _f(r["data_allreduce_over_params"], ".3f"),
             _mib(r["bytes_between_stages"]), bubble, _f(r["eval_accuracy"], ".3f"), status,
         ]  # fmt: skip
         if mfu:  # model FLOPs per second over the devices' peak
             cells.insert(12, "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _coll(r: dict) -> str:
+    """Collective MiB per device per step, with the halo exchanges' share where there are
+    some (spatial)."""
+    cell = _mib(r["collective_bytes_per_device"])
+    if r.get("halo_bytes_per_device"):
+        cell += f" (halo {_mib(r['halo_bytes_per_device'])})"
+    return cell
 
 
 def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:

@@ -94,8 +94,9 @@ class SequentialModel:
 
         `bn_axis_name`: mesh axis (or axes) over which BatchNorm averages its batch statistics
         (synchronised BatchNorm inside shard_map/pmap); None uses the local batch only.
-        `constrain(x, logical_axes)`: applied to every layer's output (and to the input of a
-        flatten) to pin activation shardings under tensor parallelism; None does nothing.
+        `constrain(x, logical_axes, layer_name=None)`: applied to every layer's output (and to
+        the input of a flatten) to pin activation shardings under the rules axes (tensor,
+        spatial); None does nothing.
         `example`: per-row ids of the batch (uint32, see data.Dataset.train_batch), from which
         dropout layers draw their masks in training: layer i's key for a row is
         fold_in(key(i), id), the same on any device.
@@ -107,6 +108,11 @@ class SequentialModel:
         new_stats = dict(batch_stats)
         first = range(len(self.layers))[layers].start
         for i, layer in enumerate(self.layers[layers], start=first):
+            if constrain is not None and i > 0 and x.ndim == 4:
+                # The input in the layer's own layout: the previous output's, except where an
+                # axis joins the map from this layer on (spatial), so that the gather happens
+                # here and the layer runs whole, not wherever the partitioner would put it.
+                x = constrain(x, self.layers[i - 1].module.out_axes, layer.name)
             if (
                 constrain is not None
                 and x.ndim == 4
@@ -131,7 +137,7 @@ class SequentialModel:
                     lambda new, old: new.astype(old.dtype), updates, batch_stats[layer.name]
                 )
             if constrain is not None:
-                x = constrain(x, layer.module.out_axes)
+                x = constrain(x, layer.module.out_axes, layer.name)
         return x, new_stats
 
     def summary(self) -> str:

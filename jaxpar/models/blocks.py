@@ -64,7 +64,7 @@ class Block(nn.Module):
     bn_epsilon: float = 1e-5
     batch_norm: bool = True
 
-    out_axes = ("batch", None, None, "conv_out")
+    out_axes = ("batch", "height", None, "conv_out")
 
     def conv(self, x, features, kernel, stride=1, padding="SAME", in_axis="conv_in", bias=None):
         """A convolution whose output channels carry the logical name "conv_out"; with a bias

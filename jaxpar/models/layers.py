@@ -20,7 +20,9 @@ DENSE_HE_INIT = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 
 # Every logical axis name a layer gives its variables or activations. Sharding rules
 # (`tensor.rules`) may only name these; a misspelt name would silently split nothing.
-LOGICAL_AXES = ("batch", "image", "conv_in", "conv_out", "embed", "mlp", "hidden", "classes")
+# "height": the rows of a feature map (activations only; the spatial axis splits them).
+LOGICAL_AXES = ("batch", "height", "image", "conv_in", "conv_out", "embed", "mlp", "hidden",
+                "classes")
 
 
 def wide(dtype) -> Any:
@@ -66,7 +68,7 @@ class ConvBlock(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool, keys=None):
-        # Output channels may be split over a mesh axis, spatial dims never.
+        # Output channels may be split over a mesh axis (tensor), rows too (spatial).
         channel = ("conv_out",)
         x = nn.Conv(
             self.features,
@@ -98,7 +100,7 @@ class ConvBlock(nn.Module):
         return x
 
     # Logical names of the output activation (sharding rules pin it inside the step).
-    out_axes = ("batch", None, None, "conv_out")
+    out_axes = ("batch", "height", None, "conv_out")
 
     def flops(self, in_shape: tuple[int, ...]) -> int:
         h, w, c = in_shape

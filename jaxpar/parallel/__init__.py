@@ -77,9 +77,12 @@ def validate(config, num_devices: int) -> dict[str, int]:
 
 
 def check_model(config, shape: dict[str, int], model) -> None:
-    """The chosen strategy's refusals that need the model (channels that do not divide, too
-    few layers to cut), in one line, before anything is compiled."""
+    """The chosen strategy's and the mesh axes' refusals that need the model (channels that
+    do not divide, too few layers to cut, maps too small to split), in one line, before
+    anything is compiled."""
     reason = STRATEGIES[choose(config, shape)].check_model(config, shape, model)
+    for name in axes.used(shape):
+        reason = reason or axes.get(name).check_model(config, shape, model)
     config_lib.check(reason is None, str(reason))
 
 

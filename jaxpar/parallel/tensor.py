@@ -116,15 +116,25 @@ def constrain_tree(tree, specs):
     )
 
 
-def constrain_fn(rules: Rules):
-    """`constrain(x, logical_axes)` for model.apply: pins an activation's sharding over the
-    automatic mesh axes inside shard_map. The batch dimension is left alone (it is split by
-    the manual batch axes already)."""
+def constrain_fn(rules: Rules, joins: dict | None = None):
+    """`constrain(x, logical_axes, layer=None)` for model.apply: pins an activation's sharding
+    over the automatic mesh axes inside shard_map. The batch dimension is left alone (it is
+    split by the manual batch axes already). `joins`: {mesh axis: names of layers whose
+    outputs it leaves whole} (variables.joins): there the names it splits stay unsplit."""
+    joins = joins or {}
+    per_layer: dict = {}
 
-    def constrain(x, names):
+    def rules_at(layer):
+        if layer not in per_layer:
+            whole = {a for a, names in joins.items() if layer in names}
+            per_layer[layer] = tuple((n, None if a in whole else a) for n, a in rules)
+        return per_layer[layer]
+
+    def constrain(x, names, layer=None):
         names = tuple(None if n == "batch" else n for n in names)
         mesh = jax.sharding.get_abstract_mesh()
-        return lax.with_sharding_constraint(x, NamedSharding(mesh, spec(names, rules)))
+        layout = spec(names, rules_at(layer) if joins else rules)
+        return lax.with_sharding_constraint(x, NamedSharding(mesh, layout))
 
     return constrain
 

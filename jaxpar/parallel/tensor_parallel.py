@@ -42,10 +42,12 @@ class TensorParallel(DataParallel):
 
     def __init__(self, config, model, mesh, tx):
         self.rules = variables.rules_on(tensor.rules_from(config), dict(mesh.shape))
-        self.constrain = tensor.constrain_fn(self.rules)
+        self.constrain = tensor.constrain_fn(self.rules, variables.joins(dict(mesh.shape), model))
         super().__init__(config, model, mesh, tx)
-        if self.replicas.manual:
-            self.name = self.name.replace("tensor", "data+tensor", 1)
+        # the rules axes it splits, after "data" where replicas are manual: "data+tensor",
+        # "spatial", "spatial+tensor"
+        self.name = "+".join((["data"] if self.replicas.manual else [])
+                             + list(axes.auto_axes(dict(mesh.shape))))  # fmt: skip
 
     def grads_in_layout(self, grads):
         return tensor.constrain_tree(grads, self.rule.variable_specs["params"])

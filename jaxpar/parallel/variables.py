@@ -27,9 +27,20 @@ from jaxpar.parallel import tensor
 
 def rules_on(rules: tensor.Rules, shape: dict[str, int]) -> tensor.Rules:
     """The rules that split something on this mesh: those naming one of its rules axes of
-    size > 1 (the others map their names to None: unsplit)."""
+    size > 1 (the others map their names to None: unsplit), then each such axis' own rules
+    (`Axis.rules`, e.g. ("height", "spatial")) for names the config maps nowhere present."""
     present = set(axes.auto_axes(shape))
-    return tuple((name, axis if axis in present else None) for name, axis in rules)
+    out = [(name, axis if axis in present else None) for name, axis in rules]
+    mapped = {name for name, axis in out if axis is not None}
+    own = [(name, a) for a in axes.auto_axes(shape) for name, _ in axes.get(a).rules
+           if name not in mapped]  # fmt: skip
+    ruled = {name for name, _ in own}
+    return tuple(r for r in out if r[0] not in ruled) + tuple(own)
+
+
+def joins(shape: dict[str, int], model: SequentialModel) -> dict[str, frozenset]:
+    """{rules axis: names of the layers whose outputs it leaves whole} on this mesh."""
+    return {a: axes.get(a).joins(shape, model) for a in axes.auto_axes(shape)}
 
 
 def specs(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int],

@@ -42,8 +42,9 @@ from jaxpar.predict.workload import Workload
 def _is_grad_sync(c, phase: str, mesh_shape: dict[str, int]) -> bool:
     """The data-parallel gradient reduction (what `overlap` applies to): an all-reduce or
     reduce-scatter over batch axes only (data; node x data's three steps but the final
-    all-gather; fsdp's reduce-scatters), in a whole step or a stage's update."""
-    batch = set(axes.batch_axes(mesh_shape))
+    all-gather; fsdp's reduce-scatters) or axes that sum whole parameters' gradients too
+    (spatial), in a whole step or a stage's update."""
+    batch = {a for a in mesh_shape if axes.get(a).role == "batch" or axes.get(a).sums_gradients}
     return (c.kind in ("all-reduce", "reduce-scatter") and set(c.axes.split("+")) <= batch
             and phase in ("step", "update"))  # fmt: skip
 

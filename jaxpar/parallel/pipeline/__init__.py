@@ -103,7 +103,8 @@ class Pipeline(Strategy):
         # the rules axes (tensor parallelism) inside each stage
         self.auto_axes = bool(axes.auto_axes(shape))
         rules = variables.rules_on(tensor.rules_from(config), shape)
-        constrain = tensor.constrain_fn(rules) if self.auto_axes else None
+        constrain = (tensor.constrain_fn(rules, variables.joins(shape, model))
+                     if self.auto_axes else None)  # fmt: skip
         self.layouts, self.chunks, self.programs_of = [], [], []
         for c in range(self.num_chunks):
             layers = slice(self.bounds[c], self.bounds[c + 1])
