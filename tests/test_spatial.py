@@ -145,3 +145,18 @@ def test_explain_states_where_the_maps_join():
     assert "whole map, input gathered (a pool writes 2 rows" in rows["conv6"]
     assert "whole map" in rows["conv8"]
     assert "collective-permute   spatial" in text
+
+
+def test_the_planner_enumerates_spatial_and_keeps_its_refusals():
+    """The planner's space holds spatial meshes with every other axis, and the model's
+    refusal prunes them: ResNet-50 at 16x16 cannot put its 7x7 stem on bands of 2 rows."""
+    from jaxpar.plan import enumerate_candidates
+
+    config = tiny_config(**{"model.name": "resnet50", "model.width": 1 / 16,
+                            "data.image_shape": (16, 16, 3)})  # fmt: skip
+    valid, refused = enumerate_candidates(config, 8, axes=("data", "spatial", "stage", "tensor"))
+    spatial_sizes = {c.shape.get("spatial", 1) for c in valid}
+    assert spatial_sizes == {1, 2, 4}
+    assert any(c.shape.get("spatial") == 2 and c.shape.get("data") == 4 for c in valid)
+    thin = [reason for c, reason in refused if c.shape.get("spatial") == 8]
+    assert thin and all("past a band of 2" in reason for reason in thin)
