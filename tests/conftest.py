@@ -51,6 +51,9 @@ SLOW = (
     "tests/test_tensor.py::test_tensor_split_with_synchronised_batch_norm",
     "tests/test_balance.py::test_layer_times_are_cached_and_measured_again_when_the_shape_changes",
     "tests/test_batch_study.py::test_a_two_row_study_runs_end_to_end",
+    "tests/test_spatial.py::test_every_family_split_by_rows_equals_one_device*",
+    "tests/test_spatial.py::test_vgg19_data_by_spatial_equals_one_device",
+    "tests/test_spatial.py::test_the_predictor_prices_each_halo_as_a_neighbour_message",
 )
 
 

@@ -34,8 +34,9 @@ def assert_equal_to_one_device(config, rtol, microbatches=1):
 
 
 # (family, spatial sizes, input): ResNet-50's 7x7 stride-2 stem and stride-2 bottlenecks on 2
-# and 4 bands; Inception-v3 at 138x138, the smallest input whose maps stay even through its
-# 1x7/7x1 modules (stem 14, A 14, B 6, C 6: bands of 3 rows under 7-row windows);
+# and 4 bands; Inception-v3's stem and modules A, B and C at 138x138, the smallest input whose
+# maps stay even through its 1x7/7x1 modules (stem 14, A 14, B 6, C 6: bands of 3 rows under
+# 7-row windows);
 # torchvision's AlexNet at 236x236, the smallest input from 224 whose 11x11 stride-4 stem
 # writes an even map (58; at 224 every map is odd: 55, 27, 13), so conv1 runs on bands and the
 # maps join at conv2 (28 rows pooled to 13).
@@ -49,8 +50,15 @@ CASES = [
 
 @pytest.mark.usefixtures("every_block_kind_once")  # the zoo's shallow model of each family
 @pytest.mark.parametrize(("family", "sizes", "shape", "split"), CASES, ids=[c[0] for c in CASES])
-def test_every_family_split_by_rows_equals_one_device(family, sizes, shape, split):
+def test_every_family_split_by_rows_equals_one_device(family, sizes, shape, split, monkeypatch):
     f = FAMILIES[family]
+    if family == "inception_v3":  # the stem and modules A, B and C (1x7/7x1) are the cases
+        from jaxpar.models import inception
+
+        zoo = inception.sequential
+        monkeypatch.setattr(inception, "sequential", lambda name, modules, *a: zoo(
+            name, [m for m in modules if m[0] not in ("mixed7a", "mixed7b")], *a))  # fmt: skip
+        models._build.cache_clear()
     extra = {"data.image_shape": shape} if shape else {}
     with jax.enable_x64(f.dtype == "float64"):
         for s in sizes:
@@ -160,3 +168,30 @@ def test_the_planner_enumerates_spatial_and_keeps_its_refusals():
     assert any(c.shape.get("spatial") == 2 and c.shape.get("data") == 4 for c in valid)
     thin = [reason for c, reason in refused if c.shape.get("spatial") == 8]
     assert thin and all("past a band of 2" in reason for reason in thin)
+
+
+def test_the_predictor_prices_each_halo_as_a_neighbour_message():
+    """Every collective-permute over `spatial` is one point-to-point message on the link:
+    its latency is paid per message and none of it hides under the compute (a halo is needed
+    before its convolution can start)."""
+    import dataclasses
+
+    from jaxpar.predict import hardware
+    from jaxpar.predict.model import predict_workload
+    from jaxpar.predict.workload import workload
+    from tests.test_perfmodel import GB, _profile
+
+    config = tiny_config(mesh_axes=("spatial",), mesh_shape=(4,), num_devices=4)
+    w = workload(config)
+    (chunk,) = w.chunks
+    cols = chunk.collectives["step"]
+    halos = [c for c in cols if c.kind == "collective-permute"]
+    assert halos and all(c.axes == "spatial" for c in halos)
+    count = sum(c.count for c in halos)
+    assert count >= 2 * 6  # up and down, forward and backward, for every layer on bands
+    without = dataclasses.replace(w, chunks=(dataclasses.replace(chunk, collectives={
+        **chunk.collectives, "step": tuple(c for c in cols if c not in halos)}),))  # fmt: skip
+    latency = 1e-3
+    profile = _profile(intra=hardware.Link(1e9 * GB, latency))
+    extra = predict_workload(w, profile)["comm_s"] - predict_workload(without, profile)["comm_s"]
+    assert extra == pytest.approx(count * latency, rel=1e-6)

@@ -22,7 +22,7 @@ DENSE_HE_INIT = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 # (`tensor.rules`) may only name these; a misspelt name would silently split nothing.
 # "height": the rows of a feature map (activations only; the spatial axis splits them).
 LOGICAL_AXES = ("batch", "height", "image", "conv_in", "conv_out", "embed", "mlp", "hidden",
-                "classes")
+                "classes")  # fmt: skip
 
 
 def wide(dtype) -> Any:
