@@ -50,8 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
     # long (it is stuck), it says so in one line and exits 1 (0: wait for ever).
     config.stop_grace_s = 120
 
-    # The mesh's named axes (jaxpar/axes/: data, node, fsdp, stage, tensor, or one you
-    # register) and their sizes, one per axis; the product must equal the device count. One
+    # The mesh's named axes (jaxpar/axes/: data, node, fsdp, stage, tensor, spatial, or one
+    # you register) and their sizes, one per axis; the product must equal the device count. One
     # size may be -1: it takes whatever the others leave (e.g. (-1, 1, 1) = all data).
     # E.g. --config.mesh_axes='("node","data")' --config.mesh_shape='(2,4)'.
     config.mesh_axes = ("data", "stage", "tensor")
