@@ -7,8 +7,12 @@ Every block has the interface of layers.ConvBlock: `__call__(x, train, keys=None
 `dtype`, `bn_axis_name` and `dropout`, `out_axes` (its output's logical names) and
 `flops(in_shape)` (forward FLOPs per example = 2 x the multiply-adds of its convolutions and
 matmuls, counted from the traced program by `count_flops`, so no hand formula can drift).
-Convolutions have no bias where BatchNorm follows (as in the originals); BatchNorm is torchvision's
-(scale and offset, momentum 0.1 in its convention = 0.9 here, epsilon 1e-5 unless a model says).
+Convolutions have no bias where BatchNorm follows (as in the originals). BatchNorm has
+torchvision's parameters (scale and offset, momentum 0.1 in its convention = 0.9 here, epsilon
+1e-5 unless a model says) but flax's running variance: the biased batch variance, where
+torchvision keeps the unbiased one (n / (n - 1) larger), so an evaluation with running
+statistics differs from torchvision's slightly (about 1e-4 relative on a small ResNet-50 run);
+training, which normalises with the batch's own statistics, does not.
 `batch_norm=False` (model.batch_norm) removes every BatchNorm and gives the convolutions it
 followed or preceded a bias instead: one parameter per channel where BatchNorm had two.
 """
