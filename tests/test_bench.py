@@ -14,8 +14,8 @@ import pytest
 from matplotlib.collections import PathCollection
 
 from jaxpar import config as config_lib
-from jaxpar import plots, trainer
-from jaxpar.bench import results
+from jaxpar import trainer
+from jaxpar.bench import plots, results
 from jaxpar.bench.__main__ import main as bench_main
 from jaxpar.bench.row import write_json
 from jaxpar.bench.runner import Refused, Sweep
@@ -173,7 +173,7 @@ def test_speedup_and_efficiency_from_known_inputs():
 
 
 def _drawn(monkeypatch) -> dict:
-    """Every figure jaxpar.plots saves from now on, by file name, kept to read back what it
+    """Every figure jaxpar.bench.plots saves from now on, by file name, kept to read back what it
     drew (matplotlib's Figure.savefig, wrapped; the files are still written)."""
     from matplotlib.figure import Figure
 

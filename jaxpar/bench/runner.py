@@ -298,7 +298,7 @@ class Sweep:
             if is_study:
                 print("accuracy study (rows of one setting under several seeds folded):\n" + study)
             if self.plots:
-                from jaxpar import plots as plots_lib  # matplotlib only at the end
+                from jaxpar.bench import plots as plots_lib  # matplotlib only at the end
 
                 made = plots_lib.plot_all(table, self.out)
                 print("plots: " + ", ".join(made) if made else "plots: none for these rows")
