@@ -112,7 +112,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, i
     choice(config.lr_schedule, LR_SCHEDULES, "lr_schedule")
     choice(config.optimizer.name, OPTIMIZERS, "optimizer.name")
     check(0 <= config.optimizer.momentum < 1, "optimizer.momentum must be in [0, 1)")
-    choice(config.model.name, models.NAMES, "model.name")
+    check((reason := models.check_name(config.model.name)) is None, str(reason))
     check(config.model.width > 0, "model.width must be positive (1.0 = published VGG)")
     choice(config.model.dtype, tuple(models.DTYPES), "model.dtype")
     check(

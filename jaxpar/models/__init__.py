@@ -1,8 +1,15 @@
-"""Model registry: config name -> builder of a SequentialModel."""
+"""Model registry: config name -> builder of a SequentialModel.
+
+`model.name` is one of NAMES, or the import path of a builder of your own, "package.module:fn"
+(tests/example_model.py): `fn(model_config, input_shape, num_classes)` returns a
+SequentialModel (models/base.py: layers made with `make_layer`, each a flax module with the
+interface of layers.ConvBlock), and every partitioning then splits it without editing jaxpar.
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax.numpy as jnp
 
@@ -14,11 +21,44 @@ NAMES = (*vgg.CONFIGS, "lenet", *resnet.NAMES, *densenet.NAMES, *alexnet.NAMES, 
 # grows chaotically); it needs JAX's 64-bit mode (JAX_ENABLE_X64=1).
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float64": jnp.float64}
 
-__all__ = ["NAMES", "Layer", "SequentialModel", "build"]
+__all__ = ["NAMES", "Layer", "SequentialModel", "build", "check_name", "is_import_path"]
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a model name is a builder's import path ("package.module:fn")."""
+    return ":" in name
+
+
+def check_name(name: str) -> str | None:
+    """Why `name` names no model (one line), or None."""
+    if not is_import_path(name):
+        if name in NAMES:
+            return None
+        return (f"model.name {name!r} is not one of {', '.join(NAMES)}, nor an import path "
+                "of a builder of your own (package.module:fn)")  # fmt: skip
+    try:
+        _builder(name)
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        return f"model.name {name!r}: cannot import the builder ({type(e).__name__}: {e})"
+    return None
+
+
+def _builder(path: str):
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError("write it as package.module:fn")
+    fn = getattr(importlib.import_module(module), attr)
+    if not callable(fn):
+        raise TypeError(f"{attr} is not callable")
+    return fn
 
 
 def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> SequentialModel:
-    """Build the model named in `model_config` for a dataset's input shape and classes."""
+    """Build the model named in `model_config` (a registered name, or a builder's import path)
+    for a dataset's input shape and classes."""
+    if is_import_path(model_config.name):
+        return _build_external(model_config.name, model_config, tuple(input_shape),
+                               int(num_classes))  # fmt: skip
     return _build(
         model_config.name,
         tuple(input_shape),
@@ -29,6 +69,26 @@ def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> 
         model_config.get("head", "auto"),
         bool(model_config.get("dropout", False)),
     )
+
+
+def _build_external(name, model_config, input_shape, num_classes) -> SequentialModel:
+    from jaxpar.errors import ConfigError
+
+    if (reason := check_name(name)) is not None:
+        raise ConfigError(reason)
+    key = (name, input_shape, num_classes, repr(sorted(model_config.items())))
+    if key not in _EXTERNAL:
+        model = _builder(name)(model_config, input_shape, num_classes)
+        if not isinstance(model, SequentialModel):
+            raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a "
+                              "jaxpar.models.SequentialModel")  # fmt: skip
+        _EXTERNAL[key] = model
+    return _EXTERNAL[key]
+
+
+# Built once per name, input, classes and model settings, as the registry's models are (a
+# pipeline's stages and the analysis ask for the same model again).
+_EXTERNAL: dict = {}
 
 
 @functools.lru_cache(maxsize=32)
