@@ -1,7 +1,7 @@
 """Defaults shared by every experiment. Not run directly: experiments import and adjust it.
 
 Every key here is public: users override it on the command line
-(`--config.global_batch_size=256`, `--config.mesh_shape='(4,1,1)'`) and later work relies on it.
+(`--config.global_batch_size=256`, `--config.mesh_shape='(4,2,1)'`) and later work relies on it.
 """
 
 import ml_collections

@@ -1,9 +1,12 @@
 """DenseNet-40 (k=12, as tf_cnn_benchmarks' densenet40_k12; here growth 6 at half width) on the
 embedded shapes10, data parallel over every device. Each dense layer and transition is one
-cuttable unit: `--config.mesh_shape='(1,4,1)'` pipelines them over 4 stages, '(1,1,2)' splits
-the channels, '(2,2,2)' is a hybrid; `--config.model.name=densenet100` for the deeper one.
+cuttable unit, so any partitioning cuts or splits them:
 
 Run:  python -m jaxpar.train --config configs/densenet40.py
+      ... --config.mesh_shape='(2,4,1)'  (a pipeline of 4 stages x 2 data replicas)
+      ... --config.mesh_shape='(4,1,2)'  (channels split 2 ways x 4 data replicas)
+      ... --config.mesh_shape='(2,2,2)'  (a hybrid)
+      ... --config.model.name=densenet100  (the deeper one)
 
 Expect: the layer table (stem, 36 dense layers, 2 transitions, head; 260,698 parameters) and a
 progress line every 10 steps. Slow on CPUs (concatenations of many thin maps): 5.7 minutes for

@@ -2,7 +2,8 @@
 device; the same model under any other partitioning is one override.
 
 Run:  python -m jaxpar.train --config configs/resnet20.py
-      ... --config.mesh_shape='(1,4,1)'  (pipeline: 4 stages of residual blocks, GPipe)
+      ... --config.mesh_shape='(2,4,1)'  (pipeline: 4 stages of residual blocks, GPipe,
+          x 2 data replicas)
       ... --config.mesh_shape='(1,1,8)'  (tensor: channels split 8 ways)
       ... --config.mesh_shape='(2,2,2)' --config.pipeline.schedule=1f1b
           --config.pipeline.num_microbatches=4  (hybrid)

@@ -52,6 +52,7 @@ SLOW = (
     "tests/test_balance.py::test_layer_times_are_cached_and_measured_again_when_the_shape_changes",
     "tests/test_batch_study.py::test_a_two_row_study_runs_end_to_end",
     "tests/test_spatial.py::test_every_family_split_by_rows_equals_one_device*",
+    "tests/test_config.py::test_every_command_a_config_file_offers_validates",
     "tests/test_spatial.py::test_vgg19_data_by_spatial_equals_one_device",
     "tests/test_spatial.py::test_the_predictor_prices_each_halo_as_a_neighbour_message",
 )

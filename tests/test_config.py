@@ -158,3 +158,52 @@ def test_unknown_dataset_is_one_line():
     with pytest.raises(data.DataError) as info:
         data.load(make(**{"data.name": "no_such_dataset_xyz", "data.data_dir": "/nonexistent"}))
     assert "\n" not in str(info.value)
+
+
+def _docstring_commands(doc: str) -> list[list[str]]:
+    """The `--config.KEY=VALUE` arguments of each command a config's docstring offers: a
+    `python -m jaxpar.train --config configs/NAME.py ...` line or a `... --config...` line
+    (the same file) with its continuation lines, and each backticked `--config...` span."""
+    import re
+    import shlex
+
+    doc = doc.replace("\\\n", " ")  # a shell line continuation
+    command = re.compile(
+        r"(?:python -m jaxpar\.train --config configs/\w+\.py|^\s*\.\.\.)"
+        r"((?:[ \t]+|\n[ \t]+(?=--config))--config\.\S+)*",
+        re.MULTILINE,
+    )
+    found = [match.group(0) for match in command.finditer(doc)]
+    found += re.findall(r"`(--config\.[^`]+)`", doc)
+    return [[a for a in shlex.split(text) if a.startswith("--config.")] for text in found]
+
+
+def test_every_command_a_config_file_offers_validates():
+    """The commands in configs/*.py docstrings run as written on the default 8 devices: each
+    validates, the model's refusals included (mesh, divisibility, a split the model cannot
+    take), without compiling."""
+    import inspect
+    from pathlib import Path
+
+    from jaxpar import configfile, models
+    from jaxpar.errors import ConfigError
+    from jaxpar.predict.workload import input_spec
+
+    checked = 0
+    for path in sorted(Path(configfile.ROOT, "configs").glob("*.py")):
+        module = configfile.load  # loaded as --config loads it
+        text = path.read_text()
+        doc = inspect.cleandoc(text.split('"""')[1]) if text.startswith('"""') else ""
+        for args in _docstring_commands(doc):
+            config = module(str(path))
+            overrides, rest = configfile.split_overrides(args)
+            assert not rest, (path.name, rest)
+            configfile.override(config, overrides)
+            try:
+                shape = parallel.validate(config, config.host_device_count)
+                image, classes = input_spec(config)
+                parallel.check_model(config, shape, models.build(config.model, image, classes))
+            except ConfigError as e:
+                raise AssertionError(f"{path.name}: {' '.join(args)}: {e}") from None
+            checked += 1
+    assert checked >= 12, checked  # the Run: lines of every config file, and the prose ones
