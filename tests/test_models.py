@@ -101,7 +101,7 @@ def test_a_model_from_outside_the_package_is_partitioned_like_the_built_ins():
     assert max_rel_error(state.params, ref_state.params) < 1e-5
     assert set(state.params) == {"wide", "mid", "narrow", "fc1", "fc2"}
     for bad, said in (("tests.no_such_module:build", "ModuleNotFoundError"),
-                      ("tests.example_model:nope", "AttributeError"), ("vgg99", "nor an import path")):  # fmt: skip
+                      ("tests.example_model:nope", "AttributeError"), ("vgg99", "or give the import path")):  # fmt: skip
         with pytest.raises(config_lib.ConfigError) as info:
             trainer.setup(tiny_config(**{"model.name": bad}), None)
         assert re.search(said, str(info.value)) and "\n" not in str(info.value)

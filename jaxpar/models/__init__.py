@@ -34,8 +34,8 @@ def check_name(name: str) -> str | None:
     if not is_import_path(name):
         if name in NAMES:
             return None
-        return (f"model.name {name!r} is not one of {', '.join(NAMES)}, nor an import path "
-                "of a builder of your own (package.module:fn)")  # fmt: skip
+        return (f"unknown model.name {name!r}; choose one of {', '.join(NAMES)}, or give the "
+                "import path of a builder of your own (package.module:fn)")  # fmt: skip
     try:
         _builder(name)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
