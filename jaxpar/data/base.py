@@ -77,6 +77,24 @@ class Prefix:
         return self.source.gather(indices)
 
 
+def render_split(render, num: int, split: str, seed: int, *, name: str, split_ids: dict,
+                 num_classes: int, shape: tuple[int, ...], chunk: int
+                 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """An embedded dataset's split: `num` uint8 images of `shape` drawn by `render(rng,
+    labels)` `chunk` at a time, and balanced int32 labels. Deterministic in (num, split,
+    seed); train and eval use different streams; the arrays are read-only."""
+    if split not in split_ids:
+        raise ValueError(f"{name} split must be one of {sorted(split_ids)}, got {split!r}")
+    rng = np.random.default_rng([seed, split_ids[split]])
+    labels = rng.permutation(np.arange(num) % num_classes).astype(np.int32)
+    images = np.empty((num, *shape), np.uint8)
+    for start in range(0, num, chunk):
+        images[start : start + chunk] = render(rng, labels[start : start + chunk])
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return images, labels
+
+
 def normalize(images: np.ndarray) -> np.ndarray:
     """Maps uint8 images to float32 (x / 255 - 0.5) / 0.25."""
     scale = np.float32(1.0 / (255.0 * _STD))

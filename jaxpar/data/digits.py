@@ -19,6 +19,8 @@ import functools
 
 import numpy as np
 
+from jaxpar.data.base import render_split
+
 SIZE = 28
 NUM_CLASSES = 10
 NUM_TRAIN = 60_000
@@ -370,18 +372,7 @@ def _render(rng: np.random.Generator, labels: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def generate(num: int, split: str, seed: int = _SEED) -> tuple[np.ndarray, np.ndarray]:
-    """`num` images uint8 [num, 28, 28, 1] and balanced int32 labels of one split.
-
-    Deterministic in (num, split, seed); train and eval use different streams.
-    The arrays are cached and read-only.
-    """
-    if split not in _SPLIT_IDS:
-        raise ValueError(f"digits split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
-    rng = np.random.default_rng([seed, _SPLIT_IDS[split]])
-    labels = rng.permutation(np.arange(num) % NUM_CLASSES).astype(np.int32)
-    images = np.empty((num, SIZE, SIZE, 1), np.uint8)
-    for start in range(0, num, _CHUNK):
-        images[start : start + _CHUNK] = _render(rng, labels[start : start + _CHUNK])
-    images.setflags(write=False)
-    labels.setflags(write=False)
-    return images, labels
+    """`num` images uint8 [num, 28, 28, 1] and balanced labels of one split (cached;
+    base.render_split)."""
+    return render_split(_render, num, split, seed, name="digits", split_ids=_SPLIT_IDS,
+                        num_classes=NUM_CLASSES, shape=(SIZE, SIZE, 1), chunk=_CHUNK)  # fmt: skip

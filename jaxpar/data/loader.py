@@ -44,23 +44,15 @@ def _int(cfg: Any, key: str, default: int) -> int:
     return value
 
 
-def _load_shapes10(data: Any, seed: int, augment: bool) -> Dataset:
-    num_train = _int(data, "num_train", shapes10.NUM_TRAIN)
-    num_eval = _int(data, "num_eval", shapes10.NUM_EVAL)
-    train = ArraySource(*shapes10.generate(num_train, "train"))
-    evaluation = ArraySource(*shapes10.generate(num_eval, "eval"))
-    shape = (shapes10.SIZE, shapes10.SIZE, 3)
-    spec = DatasetSpec("shapes10", shape, shapes10.NUM_CLASSES, num_train, num_eval)
-    return Dataset(spec, train, evaluation, seed=seed, augment=augment)
-
-
-def _load_digits(data: Any, seed: int, augment: bool) -> Dataset:
-    num_train = _int(data, "num_train", digits.NUM_TRAIN)
-    num_eval = _int(data, "num_eval", digits.NUM_EVAL)
-    train = ArraySource(*digits.generate(num_train, "train"))
-    evaluation = ArraySource(*digits.generate(num_eval, "eval"))
-    shape = (digits.SIZE, digits.SIZE, 1)
-    spec = DatasetSpec("digits", shape, digits.NUM_CLASSES, num_train, num_eval)
+def _load_embedded(module: Any, data: Any, seed: int, augment: bool) -> Dataset:
+    """One of the datasets generated in-process (shapes10, digits: `module`)."""
+    num_train = _int(data, "num_train", module.NUM_TRAIN)
+    num_eval = _int(data, "num_eval", module.NUM_EVAL)
+    train = ArraySource(*module.generate(num_train, "train"))
+    evaluation = ArraySource(*module.generate(num_eval, "eval"))
+    name = module.__name__.rsplit(".", 1)[-1]
+    shape = tuple(train.images.shape[1:])
+    spec = DatasetSpec(name, shape, module.NUM_CLASSES, num_train, num_eval)
     return Dataset(spec, train, evaluation, seed=seed, augment=augment)
 
 
@@ -86,9 +78,9 @@ def load(config: Any) -> Dataset:
     name = str(_get(data, "name", "shapes10"))
     augment = bool(_get(data, "augment", False))
     if name == "shapes10":
-        return _load_shapes10(data, seed, augment)
+        return _load_embedded(shapes10, data, seed, augment)
     if name == "digits":
-        return _load_digits(data, seed, augment)
+        return _load_embedded(digits, data, seed, augment)
     if name == "synthetic":
         return _load_synthetic(data, seed, augment)
     from jaxpar.data import tfds_source  # Deferred: only TFDS runs pay for the import.

@@ -14,6 +14,8 @@ import functools
 
 import numpy as np
 
+from jaxpar.data.base import render_split
+
 SIZE = 32
 CLASS_NAMES = (
     "disk",
@@ -112,18 +114,7 @@ def _render(rng: np.random.Generator, labels: np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def generate(num: int, split: str, seed: int = _SEED) -> tuple[np.ndarray, np.ndarray]:
-    """`num` images uint8 [num, 32, 32, 3] and balanced int32 labels of one split.
-
-    Deterministic in (num, split, seed); train and eval use different streams.
-    The arrays are cached and read-only.
-    """
-    if split not in _SPLIT_IDS:
-        raise ValueError(f"shapes10 split must be one of {sorted(_SPLIT_IDS)}, got {split!r}")
-    rng = np.random.default_rng([seed, _SPLIT_IDS[split]])
-    labels = rng.permutation(np.arange(num) % NUM_CLASSES).astype(np.int32)
-    images = np.empty((num, SIZE, SIZE, 3), np.uint8)
-    for start in range(0, num, _CHUNK):
-        images[start : start + _CHUNK] = _render(rng, labels[start : start + _CHUNK])
-    images.setflags(write=False)
-    labels.setflags(write=False)
-    return images, labels
+    """`num` images uint8 [num, 32, 32, 3] and balanced labels of one split (cached;
+    base.render_split)."""
+    return render_split(_render, num, split, seed, name="shapes10", split_ids=_SPLIT_IDS,
+                        num_classes=NUM_CLASSES, shape=(SIZE, SIZE, 3), chunk=_CHUNK)  # fmt: skip
