@@ -1,34 +1,12 @@
 """Bound the computations in flight, at the same points of the program order in every process.
 
-Why, as read in XLA's CPU client (jaxlib 0.10.2) and seen in stack dumps of hung runs: every
-computation launched on a CPU device first takes one of that device's 32 admission slots
-(`max_inflight_computations_semaphore`), and it waits for the slot *on a thread of the client's
-pool*, which has max(cores, local devices) threads. A computation with a collective needs one
-pool thread per local participant at once. So when more than 32 computations are queued on a
-device, pool threads sit on the semaphore, the next collective cannot gather its participants,
-and nothing completes again: in one process a 40 s rendezvous timeout aborts the run ("Expected
-8 threads to join the rendezvous, but only 7 of them arrived"); across processes (gloo) both
-wait forever. Asynchronous dispatch queues freely (an evaluation over 10,000 images, a pipeline
-step with many micro-batches), and a loaded machine lets the queue grow, which is why the abort
-came and went with other jobs on the cores.
-
 The rule every dispatch loop follows (evaluation, pipeline steps, moves and gathers between
-processes, checkpoint gathers):
-
-1. Every computation the loop dispatches goes through the strategy's one `InFlight`: `add` in a
-   process that dispatched it, `skip` in every process that did not (another process's stage).
-   The number of calls is therefore the position in the global program order, the same in
-   every process, whatever each process runs.
-2. A process waits only for its own results that are at least `limit` positions old. Every
-   process waits at the same points of the global order, and never for a result that needs
-   another process to dispatch something it will only dispatch after its own wait: everything
-   before that point was dispatched by every process first.
-3. A position is at most one computation on any device (a jnp operation counts: fold several
-   into one jitted function), so no device ever queues more than `limit` computations of a
-   loop. 16 leaves the other half of the 32 slots for work outside the loops (the train step
-   in flight, a metrics reduction).
-
-On GPUs and TPUs there is no such limit: positions are still counted, nothing waits.
+processes, checkpoint gathers): every computation goes through the strategy's one `InFlight`,
+`add` where a process dispatched it and `skip` where it did not, so the count is the position
+in the global program order in every process; a process waits only for its own results at
+least `limit` positions old; a position is at most one computation on any device. On GPUs and
+TPUs nothing waits. Why (XLA's CPU client hangs with more than 32 computations queued on a
+device) and why each step of the rule: docs/cluster.md, "Why dispatch is bounded".
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ class StepTimer:
             yield
         finally:
             self.excluded_s += time.perf_counter() - t0
-            self._pending, self._last_done = None, None  # the next step's time includes it
+            # no step time spans this work: timing starts again after the next step's end
+            self._pending, self._last_done = None, None
 
 
 class LogWindow:
