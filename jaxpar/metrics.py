@@ -363,7 +363,7 @@ class Progress:
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
         parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
         parts += [f"{k} {v if isinstance(v, str) else _fmt(v)}" for k, v in values.items()]
-        parts.append(f"ETA {format_seconds(eta)}")
+        parts.append(f"ETA {units.clock(eta)}")
         line = "  ".join(parts)
         print(line, file=self.stream, flush=True)
         return line
@@ -397,15 +397,6 @@ def _fmt(value: float) -> str:
     if value == 0 or abs(value) >= 1e-3:
         return f"{value:.4f}"
     return f"{value:.3g}"
-
-
-def format_seconds(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "--:--"
-    seconds = round(seconds)
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
 def _by_axis(rows: dict[str, float]) -> str | None:

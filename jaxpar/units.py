@@ -46,6 +46,16 @@ def seconds(value: float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def clock(value: float) -> str:
+    """A duration as a clock reads it, for elapsed times and ETAs: "04:07", "1:02:03";
+    "--:--" when unknown."""
+    if not math.isfinite(value):
+        return "--:--"
+    h, rem = divmod(round(value), 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
 def rate(value: float | None) -> str:
     """A learning rate: 3 significant digits in scientific notation ("5.00e-04")."""
     if value is None or not math.isfinite(value):

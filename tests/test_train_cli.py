@@ -106,6 +106,10 @@ def test_numbers_print_in_one_format_each():
     assert [units.seconds(t) for t in (6.0299, 0.5843, 0.00095, 5.2e-05, 0.9997, 1234.5)] == [
         "6.03 s", "584 ms", "950 us", "52.0 us", "1.00 s", "1,234 s"
     ]  # fmt: skip
+    # elapsed times and ETAs: the console, the bench, the planner
+    assert [units.clock(t) for t in (7.4, 247.0, 3723.0, float("inf"))] == [
+        "00:07", "04:07", "1:02:03", "--:--"
+    ]  # fmt: skip
     assert [units.rate(x) for x in (0.05, 0.00095, 5.2e-05)] == [
         "5.00e-02", "9.50e-04", "5.20e-05"
     ]  # fmt: skip

@@ -425,14 +425,14 @@ def _why(rc: int | None, log: str, timeout: float) -> str:
 
 def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record: dict) -> str:
     from jaxpar import units
-    from jaxpar.metrics import format_seconds
+    from jaxpar.units import clock
 
     width = 20
     fill = round(width * done / total)
     eta = elapsed / done * (total - done)
     head = (
-        f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total}  {format_seconds(elapsed)} "
-        f"elapsed  ETA {format_seconds(eta)}  | {name} (repeat {rep}): "
+        f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total}  {clock(elapsed)} "
+        f"elapsed  ETA {clock(eta)}  | {name} (repeat {rep}): "
     )
     if record.get("status") != "ok":
         return head + f"FAILED: {record.get('error')}"

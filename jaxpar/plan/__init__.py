@@ -31,7 +31,7 @@ from typing import Any
 import ml_collections
 
 from jaxpar import axes as axes_lib
-from jaxpar import configfile, oneline
+from jaxpar import configfile, oneline, units
 from jaxpar.errors import ConfigError
 
 DEFAULT_AXES = axes_lib.DEFAULT
@@ -508,11 +508,7 @@ def _progress_line(i, total, round_name, c, row, limit, took, rate, eta) -> str:
         what = (f"{1e3 * row['step_time_s']:9.3f} ms  {row['memory_bytes_per_device'] / 2**30:6.2f}"
                 f" GiB{fit}")  # fmt: skip
     return (f"[{i:3d}/{total}] {round_name}  {c.name:<44} {what}  ({took:.1f} s; "
-            f"{rate:.2f}/s, ETA {_duration(eta)})")  # fmt: skip
-
-
-def _duration(s: float) -> str:
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min"
+            f"{rate:.2f}/s, ETA {units.clock(eta)})")  # fmt: skip
 
 
 def rank(rows: Sequence[dict], memory_bytes: float) -> tuple[list[dict], list[dict]]:
