@@ -19,6 +19,13 @@ Event = tuple[str, int, int]  # (kind, chunk, micro-batch)
 NAMES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 
 
+def calls_per_step(phase: str, num_microbatches: int) -> int:
+    """How often a program of `phase` runs in one training step: once for a whole step
+    ("step") or a stage's optimizer update ("update"), once per micro-batch for the others
+    (forward, backward and its halves)."""
+    return 1 if phase in ("step", "update") else num_microbatches
+
+
 def placement(name: str, num_stages: int, virtual_stages: int = 1) -> tuple[int, ...]:
     """The device stage of each chunk: c mod K (v chunks per stage under interleaved, one
     otherwise), or ZB-V's V: chunks 0..K-1 down the stages, K..2K-1 back up, so that stage d

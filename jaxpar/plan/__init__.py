@@ -483,13 +483,14 @@ def _calls(config, profile) -> dict[str, int]:
     """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
     it cannot be read: the predictor's internals are not this module's contract)."""
     try:
+        from jaxpar.parallel import schedules
         from jaxpar.predict.workload import workload
 
         w = workload(config, profile.num_devices)
         out: dict[str, int] = {}
         for chunk in w.chunks:
             for phase, cols in chunk.collectives.items():
-                times = 1 if phase in ("step", "update") else w.num_microbatches
+                times = schedules.calls_per_step(phase, w.num_microbatches)
                 for col in cols:
                     key = f"{col.kind} {col.axes}"
                     out[key] = out.get(key, 0) + col.count * times

@@ -133,7 +133,7 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     total = 0.0
     for c in w.chunks:
         for phase in c.flops:
-            times = 1 if phase in ("step", "update") else w.num_microbatches
+            times = schedules.calls_per_step(phase, w.num_microbatches)
             total += times * profile.device_time(
                 c.op_classes(phase, profile.compiler), w.dtype, w.name
             )

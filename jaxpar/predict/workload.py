@@ -23,6 +23,7 @@ import ml_collections
 from jaxpar import analysis, axes, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
+from jaxpar.parallel import schedules
 from jaxpar.predict import gpufusion, opclass, overlap
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
@@ -287,7 +288,7 @@ def describe(w: Workload) -> dict[str, Any]:
     rows: dict[str, int] = {}
     for chunk in w.chunks:
         for phase, cols in chunk.collectives.items():
-            times = 1 if phase in ("step", "update") else w.num_microbatches
+            times = schedules.calls_per_step(phase, w.num_microbatches)
             for c in cols:
                 key = f"{c.kind} {c.axes}"
                 rows[key] = max(rows.get(key, 0), c.bytes * times)

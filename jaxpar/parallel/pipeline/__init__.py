@@ -250,7 +250,7 @@ class Pipeline(Strategy):
             args = shapes.program_args(self, c, rows, names)
             progs = self.programs_of[c].programs
             for name in names:
-                times = 1 if name == "update" else self.num_microbatches
+                times = schedules.calls_per_step(name, self.num_microbatches)
                 lowered = progs[name].lower(*args[name])
                 out.append(Program(name, _ROLES[name], ck.stage, c, ck.mesh, times, args[name],
                                    lowered))  # fmt: skip
