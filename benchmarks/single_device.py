@@ -3,6 +3,7 @@ its compiler made of each step: what the predictor needs to calibrate on a GPU (
 
     python benchmarks/single_device.py --out runs/single.json            # the default rows
     python benchmarks/single_device.py --rows 'resnet50:224:bfloat16:256' --seconds 5
+    python benchmarks/single_device.py --rows ... --hlo-dir runs/hlo --trace-dir runs/trace
 
 Each row is MODEL:IMAGE:DTYPE:BATCH (IMAGE: the side of a square RGB input, 10 classes of
 synthetic data). Per row: the training step jaxpar runs on one device (trainer.setup on a
@@ -58,7 +59,26 @@ def config_for(model: str, image: int, dtype: str, batch: int):
     return config
 
 
-def run_row(spec: str, seconds: float) -> dict:
+def _file_name(spec: str) -> str:
+    return spec.replace(":", "_").replace(".", "p")
+
+
+def _trace(train, state, batch_data, where: str):
+    """Two steps under JAX's profiler, kept as a Perfetto trace (JSON, gzipped) whose GPU
+    events are the step's kernels with their device times."""
+    import jax
+
+    jax.block_until_ready(state)
+    with jax.profiler.trace(where, create_perfetto_trace=True):
+        for _ in range(2):
+            state, _ = train(state, batch_data)
+        jax.block_until_ready(state)
+    return state
+
+
+def run_row(
+    spec: str, seconds: float, hlo_dir: str | None = None, trace_dir: str | None = None
+) -> dict:
     import jax
     import numpy as np
 
@@ -91,6 +111,10 @@ def run_row(spec: str, seconds: float) -> dict:
         state, metrics = s.strategy.train_step(state, batch_data)
     jax.block_until_ready(state)
     elapsed = time.perf_counter() - t
+    if trace_dir:
+        state = _trace(
+            s.strategy.train_step, state, batch_data, os.path.join(trace_dir, _file_name(spec))
+        )
     row.update(
         steps=steps,
         images_per_sec=batch * steps / elapsed,
@@ -106,7 +130,14 @@ def run_row(spec: str, seconds: float) -> dict:
     row["state_bytes"] = report["state_bytes_per_device"]
     row["temp_bytes"] = report["program_temp_bytes_per_device"]
     (program,) = analysis.programs(s.strategy, batch)
-    ops = opclass.classify(program.compiled.as_text())
+    text = program.compiled.as_text()
+    if hlo_dir:
+        import gzip
+
+        os.makedirs(hlo_dir, exist_ok=True)
+        with gzip.open(os.path.join(hlo_dir, _file_name(spec) + ".hlo.txt.gz"), "wt") as f:
+            f.write(text)
+    ops = opclass.classify(text)
     row.update(matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops,
                memory_bound_bytes=ops.memory_bytes, kernels=ops.kernels,
                xla_flops=analysis.program_flops(program.compiled),
@@ -121,6 +152,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per row")
     parser.add_argument("--out", help="write the records (JSON) here")
+    parser.add_argument("--hlo-dir", help="keep each row's compiled program text here (gzipped)")
+    parser.add_argument("--trace-dir", help="trace two more steps of each row here (JAX profiler)")
     args = parser.parse_args(argv)
     import jax
 
@@ -131,7 +164,7 @@ def main(argv=None) -> int:
     records = []
     for spec in [r for r in args.rows.split(",") if r]:
         try:
-            row = run_row(spec, args.seconds)
+            row = run_row(spec, args.seconds, args.hlo_dir, args.trace_dir)
         except Exception as e:  # noqa: BLE001 - one row's failure is its record
             row = {"row": spec, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
         records.append(row)
