@@ -20,6 +20,8 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     here.add_arguments(parser)
     bad = parser.parse_args(["--calibrate-here", str(tmp_path / "x.py"), "--here-rows", "vgg9:1:32:float32:8"])  # fmt: skip
     assert here.run(bad) == 2 and "no model 'vgg9'" in capsys.readouterr().err
+    nodes = parser.parse_args(["--calibrate-here", str(tmp_path / "x.py"), "--here-devices", "0"])
+    assert here.run(nodes) == 2 and "--here-devices must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "x.py").exists()  # refused before anything was timed
 
     micro = here.microbenchmarks(seconds=0.1)

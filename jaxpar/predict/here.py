@@ -43,6 +43,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--here-seconds", type=float, default=2.0, help=say + "seconds per row")
     parser.add_argument("--here-fit", help=say + "costs to fit (hardware.FITTABLE; default "
                         "compute_efficiency,kernel_s, or compute_efficiency for one row)")  # fmt: skip
+    parser.add_argument("--here-devices", type=int, help=say + "the profile's node holds this many "
+                        "of these devices (default: the ones here; links stay placeholders)")  # fmt: skip
 
 
 def _plan(args) -> tuple[list[str], tuple[str, ...]]:
@@ -58,6 +60,8 @@ def _plan(args) -> tuple[list[str], tuple[str, ...]]:
                           f"{len(rows)}: add --here-rows or name fewer in --here-fit")  # fmt: skip
     if not args.here_seconds > 0:
         raise ConfigError("--here-seconds must be positive")
+    if getattr(args, "here_devices", None) is not None and args.here_devices < 1:
+        raise ConfigError("--here-devices must be at least 1")
     return [parse_row(r)["name"] for r in rows], names
 
 
@@ -70,6 +74,8 @@ def run(args) -> int:
         t1 = time.perf_counter()
         runs = model_runs(rows, args.here_seconds)
         t2 = time.perf_counter()
+        if getattr(args, "here_devices", None):
+            micro["devices_here"], micro["num_devices"] = micro["num_devices"], args.here_devices
         text = write_profile(args.calibrate_here, micro, runs, names)
     except ValueError as e:  # ConfigError and friends
         oneline.print_error(oneline.first_line(e))
@@ -230,6 +236,8 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) ->
     lines = [
         (f"{m['num_devices']} x {m['device_kind']} ({m['platform']}), measured {when}, JAX "
          f"{m['jax']}; host {platform.node()}: {cpu}, {os.cpu_count()} cores."),
+        *([(f"A node of {m['num_devices']} (--here-devices); {m['devices_here']} here, the first "
+            "timed alone.")] if "devices_here" in m else []),
         "", f"Made with:  python -m jaxpar.predict --calibrate-here {path}", "",
         "Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):",
         *(f"- {d} matmul GFLOP/s by size: " + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in
@@ -266,7 +274,9 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT) ->
         "memory_bytes": micro["peak_memory_bytes"], "memory_bandwidth": micro["memory_bandwidth"],
         "kernel_s": 0.0 if gpu else micro["kernel_s"], "launch_s": micro["kernel_s"] * gpu,
         "program_overhead_s": micro["launch_s"], "compiler": "gpu" if gpu else "cpu",
-        "intra": link, "inter": link, "overlap": 0.0, "fit": names,
+        # a GPU's collectives are asynchronous and XLA:GPU schedules them under the backward
+        # (overlap.py reads where from the program); XLA:CPU's are not
+        "intra": link, "inter": link, "overlap": None if gpu else 0.0, "fit": names,
     }  # fmt: skip
     fmt = lambda v: pprint.pformat(v, width=96, sort_dicts=False)
     source = "".join([

@@ -1,0 +1,145 @@
+"""1 x NVIDIA H100 80GB HBM3 (gpu), measured 2026-11-26 15:57 UTC, JAX 0.11.2; host vm: Intel(R)
+  Xeon(R) Processor, 16 cores.
+
+Made with:  python -m jaxpar.predict --calibrate-here configs/hardware/h100_here.py
+
+Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
+- float32 matmul GFLOP/s by size: 1024: 34,546.1, 4096: 433,763.5, 8192: 459,131.4
+- bfloat16 matmul GFLOP/s by size: 1024: 51,881.0, 4096: 864,828.5, 8192: 857,919.3
+  peak_flops: the largest size's rate (the fitted compute_efficiency scales it)
+- memory bandwidth (x * 2 + 1 in place over 1,024 MiB): 2995.58 GB/s read + written
+- one small kernel inside a program (chains of 32x32 matmuls): 3.09 us -> launch_s
+- one tiny jitted program: 36.4 us dispatched without waiting (-> program_overhead_s), 73.5 us
+  with a wait after each
+- memory per device: 59.38 GiB
+- links: PLACEHOLDER: NVLink unknown, 100 GB/s and 5 us assumed; replace with nccl-tests' bus
+  bandwidth
+
+Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:
+- vgg19:1.0:32:float32:128: 37,421.6
+- vgg19:1.0:32:bfloat16:512: 100,954.6
+- resnet50:1.0:224:bfloat16:128: 4,768.8
+- resnet20:1.0:32:float32:128: 51,053.5
+Fitted when the profile loads: compute_efficiency, kernel_s.
+
+Recorded from one lent H100 with `OUT=... bash benchmarks/gpu_calibration.sh` (jaxpar at
+bd35080; the script runs the command above as a user would, then
+benchmarks/single_device.py on more models, one process per row). Shipped as measured but
+for three edits, each marked below: the node (8 of these GPUs on NVSwitch, as
+h100_sxm_x8.py: --calibrate-here saw one GPU and no link), overlap None (XLA:GPU's
+asynchronous collectives, as h100_sxm_x8.py) and the `calibration_candidates`: jaxpar's
+one-device step on five more models, timed in the same session on the same GPU, which
+`python -m jaxpar.predict --validate` predicts and never fits.
+"""
+
+import ml_collections
+
+MEASURED = {
+    "platform": "gpu",
+    "device_kind": "NVIDIA H100 80GB HBM3",
+    "jax": "0.11.2",
+    "seconds": 0.5,
+    "num_devices": 1,
+    "matmul_float32": {1024: 34546132595859.887, 4096: 433763476358918.56, 8192: 459131427582181.4},
+    "float32_flops_per_s": 459131427582181.4,
+    "matmul_bfloat16": {1024: 51880972109190.71, 4096: 864828486783955.1, 8192: 857919300669354.9},
+    "bfloat16_flops_per_s": 857919300669354.9,
+    "matmul_flops_per_s": 459131427582181.4,
+    "memory_bandwidth_array_bytes": 1073741824,
+    "memory_bandwidth": 2995575467988.679,
+    "launch_s": 3.635792712066333e-05,
+    "sync_call_s": 7.351239078887433e-05,
+    "kernel_s": 3.0877187538741243e-06,
+    "peak_memory_bytes": 63763906560.0,
+}
+RUNS = [
+    {
+        "name": "vgg19:1.0:32:float32:128",
+        "model": "vgg19",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "dtype": "float32",
+        "batch_size": 128,
+        "images_per_sec": 37421.57290849476,
+    },
+    {
+        "name": "vgg19:1.0:32:bfloat16:512",
+        "model": "vgg19",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "dtype": "bfloat16",
+        "batch_size": 512,
+        "images_per_sec": 100954.58929096199,
+    },
+    {
+        "name": "resnet50:1.0:224:bfloat16:128",
+        "model": "resnet50",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (224, 224, 3),
+        "num_classes": 10,
+        "dtype": "bfloat16",
+        "batch_size": 128,
+        "images_per_sec": 4768.842026861549,
+    },
+    {
+        "name": "resnet20:1.0:32:float32:128",
+        "model": "resnet20",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "dtype": "float32",
+        "batch_size": 128,
+        "images_per_sec": 51053.51717711202,
+    },
+]
+
+# benchmarks/single_device.py on the same GPU, same session (runs/gpu_cal/rows.json there)
+CANDIDATES = [
+    {"model": "alexnet", "width": 1.0, "batch_norm": True, "head": "auto",
+     "image_shape": (224, 224, 3), "num_classes": 10,
+     "dtype": "bfloat16", "batch_size": 256, "images_per_sec": 43436.1},  # 108 GPU kernels, peak 1.66 GiB
+    {"model": "densenet40", "width": 1.0, "batch_norm": True, "head": "auto",
+     "image_shape": (32, 32, 3), "num_classes": 10,
+     "dtype": "float32", "batch_size": 64, "images_per_sec": 5825.2},  # 917 GPU kernels, peak 0.94 GiB
+    {"model": "inception_v3", "width": 1.0, "batch_norm": True, "head": "auto",
+     "image_shape": (299, 299, 3), "num_classes": 10,
+     "dtype": "bfloat16", "batch_size": 64, "images_per_sec": 2594.4},  # 2246 GPU kernels, peak 3.09 GiB
+    {"model": "resnet50", "width": 1.0, "batch_norm": True, "head": "auto",
+     "image_shape": (224, 224, 3), "num_classes": 10,
+     "dtype": "float32", "batch_size": 128, "images_per_sec": 2726.3},  # 1243 GPU kernels, peak 10.49 GiB
+    {"model": "vgg16", "width": 1.0, "batch_norm": True, "head": "auto",
+     "image_shape": (224, 224, 3), "num_classes": 10,
+     "dtype": "bfloat16", "batch_size": 64, "images_per_sec": 3005.6},  # 345 GPU kernels, peak 6.09 GiB
+]  # fmt: skip
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.name = "8x H100 80GB HBM3 (calibrated on one, here)"
+    c.num_devices = 8  # edited: a node of 8 (the GPU was timed alone)
+    c.devices_per_node = 8
+    c.peak_flops = {"float32": 459131427582181.4, "bfloat16": 857919300669354.9}
+    c.memory_bytes = 63763906560.0
+    c.memory_bandwidth = 2995575467988.679
+    c.kernel_s = 0.0
+    c.launch_s = 3.0877187538741243e-06
+    c.program_overhead_s = 3.635792712066333e-05
+    c.compiler = "gpu"
+    # edited: NVLink 4 through NVSwitch, as configs/hardware/h100_sxm_x8.py (sources there)
+    c.intra = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}
+    c.inter = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}
+    c.overlap = None  # edited: as XLA:GPU schedules the step (h100_sxm_x8.py)
+    c.fit = ("compute_efficiency", "kernel_s")
+    c.calibration_runs = RUNS
+    c.calibration_candidates = CANDIDATES
+    return c
