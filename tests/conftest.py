@@ -43,6 +43,7 @@ SLOW = (
     "tests/test_perfmodel.py::test_profiles_load[[]cpu_2core]",
     "tests/test_perfmodel.py::test_profiles_load[[]dgx1_p100]",
     "tests/test_perfmodel.py::test_profiles_load[[]h200_sxm_x8]",
+    "tests/test_perfmodel.py::test_profiles_load[[]h100_here]",
     "tests/test_pipeline_efficiency.py::test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat",
     "tests/test_pipeline_efficiency.py::test_batch_norm_micro_batch_policy_with_residuals",
     "tests/test_sync.py::test_cli_sigterm_with_gradients_pending_resumes_exactly",
