@@ -36,6 +36,8 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     profile = hardware.load_profile(path)  # fitted to its one run as it loads
     assert profile.name == "8 x cpu (measured here)" and profile.num_devices == 8
     assert 0 < profile.memory_bandwidth < math.inf
+    # the first layer's convolution, timed here, against the matmul's rate
+    assert profile.thin_efficiency == micro["thin_conv_float32"] / micro["float32_flops_per_s"] > 0
     assert all(0 < v < math.inf for v in profile.peak_flops.values())
     assert 0 < profile.intra.bandwidth < math.inf and 0 < profile.intra.latency < math.inf
     step = profile.program_time(calibration_ops(run, profile.compiler), run["dtype"])

@@ -82,8 +82,8 @@ def test_each_rule_on_a_small_program():
     assert gpu.ops.kernels == 3
     assert gpu.ops.flops == cpu.flops == 2 * ACT * 9 * 64
     # the convolution reads x (bf16, not its float32 copy) and the bf16 weight, writes bf16
-    ((flops, moved, winograd, narrow),) = gpu.ops.matmuls
-    assert narrow == 64  # 64 output features, 576 products each, 8192 output rows
+    ((flops, moved, winograd, narrow, thin),) = gpu.ops.matmuls
+    assert narrow == 64 and not thin  # 64 output features, 576 products each, 8192 output rows
     assert flops == cpu.flops
     assert winograd and moved == 2 * ACT + 2 * W + 2 * ACT
     # the weight's convert reads float32 and writes bfloat16; the fused kernel reads the
@@ -110,3 +110,38 @@ def test_float32_keeps_its_bytes_and_a_shared_producer_is_duplicated():
     # each of %r and %d reads the convolution's float32 result itself
     assert gpu.ops.memory_bytes == pytest.approx((4 * W + 2 * W) + 2 * (4 * ACT) + 4 * ACT
                                                  + 2 * ACT)  # fmt: skip
+
+
+def test_an_image_s_first_layer_is_thin_and_priced_at_its_own_rate():
+    """The convolution over an image's 3 channels and its weight gradient are `thin` (the
+    image gets no gradient); the next layer's are not (its weight and input gradients; a
+    sum's gradient needs not its forward). A GPU profile with
+    a thin_efficiency prices a thin kernel's FLOPs at that fraction of peak, and one without
+    prices it as any other."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar.predict import hardware
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                             dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.sum(x)
+
+    ws = (jnp.ones((7, 7, 3, 16)), jnp.ones((3, 3, 16, 16)))
+    text = jax.jit(jax.grad(loss)).lower(ws, jnp.ones((8, 16, 16, 3))).compile().as_text()
+    ops = gpufusion.analyse(text).ops
+    thin = [m for m in ops.matmuls if m.thin]
+    assert len(ops.matmuls) == 4 and len(thin) == 2  # first layer: forward + weight gradient
+    assert all(m.flops == 2 * 8 * 16 * 16 * 16 * 7 * 7 * 3 for m in thin)
+    gpu = hardware.Profile("g", 1, 1, {"float32": 1e12}, 1e9, hardware.Link(1e9, 0),
+                           hardware.Link(1e9, 0), compute_efficiency=0.5,
+                           memory_bandwidth=1e15, compiler="gpu")  # fmt: skip
+    slow = dataclasses.replace(gpu, thin_efficiency=0.05)
+    extra = sum(m.flops for m in thin) * (1 / (1e12 * 0.05) - 1 / (1e12 * 0.5))
+    assert slow.device_time(ops, "float32") - gpu.device_time(ops, "float32") == pytest.approx(
+        extra
+    )

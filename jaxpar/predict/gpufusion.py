@@ -277,8 +277,8 @@ class _Graph:
 
 def _split(per: tuple, moved: float) -> tuple:
     """One kernel's matrix operations with its bytes, shared in proportion to their FLOPs."""
-    flops = sum(f for f, *_ in per) or 1.0
-    return tuple((f, moved * f / flops, w, n) for f, _, w, n in per)
+    flops = sum(m.flops for m in per) or 1.0
+    return tuple(m._replace(moved=moved * m.flops / flops) for m in per)
 
 
 def _peak(buffers: list[tuple[int, int, int]], length: int) -> int:

@@ -81,6 +81,11 @@ class Profile:
     # On "gpu": a matrix kernel whose narrowest GEMM dimension (output rows, output features or
     # products per output) is n runs at n / (n + narrow_width) of its class's rate (0: off)
     narrow_width: float = 0.0
+    # On "gpu": the fraction of peak of a convolution over fewer than 8 channels (an image's
+    # first layer and its weight gradient: opclass.Matmul.thin), which tensor-core kernels
+    # cannot take (0: as the other convolutions). Measured: 0.045 on an H100 in bfloat16
+    # (docs/predict.md, "Inside the H100's step")
+    thin_efficiency: float = 0.0
     # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
     # it for every row (loader_images_per_sec)
     loader_images_per_sec: float = 0.0
@@ -138,8 +143,12 @@ class Profile:
         peak = self.peak(dtype) * eff
         if self.compiler == "gpu" and self.memory_bandwidth and ops.matmuls:
             bw, d0 = self.memory_bandwidth, self.narrow_width
-            return fixed + sum(max(f / (peak * (ratio if w else 1) * n / (n + d0)), b / bw)
-                               for f, b, w, n in ops.matmuls)  # fmt: skip
+            thin = self.peak(dtype) * self.thin_efficiency
+            return fixed + sum(
+                max(m.flops / (thin if m.thin and thin else
+                               peak * (ratio if m.winograd else 1) * m.narrow / (m.narrow + d0)),
+                    m.moved / bw)
+                for m in ops.matmuls)  # fmt: skip
         return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
 
     def host_time(self, ops: opclass.OpClasses) -> float:
@@ -188,6 +197,7 @@ def from_config(c: Any) -> Profile:
         compiler=str(get("compiler", "cpu")),
         loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
         narrow_width=float(get("narrow_width", 0.0) or 0.0),
+        thin_efficiency=float(get("thin_efficiency", 0.0) or 0.0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )
@@ -277,7 +287,7 @@ def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
 
 # Profile costs `fit` may solve for, each positive (fitted in log space).
 FITTABLE = ("compute_efficiency", "conv3x3_efficiency", "memory_bandwidth", "kernel_s",
-            "launch_s", "step_overhead_s", "narrow_width")  # fmt: skip
+            "launch_s", "step_overhead_s", "narrow_width", "thin_efficiency")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +318,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 0.5, "memory_bandwidth": 1e11,
              "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3,
-             "narrow_width": 32.0}  # fmt: skip
+             "narrow_width": 32.0, "thin_efficiency": 0.05}  # fmt: skip
 
     def with_costs(logs) -> Profile:
         values = {n: float(np.exp(v)) for n, v in zip(names, logs)}
@@ -324,7 +334,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     # the step is a max of device and host time: a cost on the side that does not bind has no
     # gradient, so start from a few scales of the first guess and keep the best
     # a fraction of peak is at most 1 (3x3 convolutions: 3, Winograd does fewer products)
-    top = {"compute_efficiency": 0.0, "conv3x3_efficiency": np.log(3.0)}
+    top = {"compute_efficiency": 0.0, "thin_efficiency": 0.0, "conv3x3_efficiency": np.log(3.0)}
     upper = np.array([top.get(n, np.inf) for n in names])
     tries = [optimize.least_squares(lambda x: predicted(with_costs(x)) / measured - 1,
                                     np.minimum(x0 + d, upper - 1e-6), bounds=(-np.inf, upper))

@@ -127,6 +127,25 @@ def _kernel_s(device, seconds: float) -> float:
     return (t1 - t0) / (k1 - k0) if t1 > t0 and k1 > k0 else t1 / max(k1, 1)
 
 
+def _thin_rate(device, dtype: str, seconds: float) -> float:
+    """FLOP/s of an image's first layer as a training step runs it: a 7x7 stride-2
+    convolution of 3 channels to 64 and its weight gradient (the image gets none)."""
+    gpu = device.platform == "gpu"
+    x = jax.device_put(
+        jnp.ones((64 if gpu else 4, 224 if gpu else 64, 224 if gpu else 64, 3), dtype), device
+    )
+    w = jax.device_put(jnp.ones((7, 7, 3, 64), dtype) * 0.01, device)
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (2, 2), [(3, 3), (3, 3)],
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.sum(y.astype(jnp.float32))
+
+    grad = jax.jit(jax.grad(loss))
+    flops = 2 * 2 * x.shape[0] * (x.shape[1] // 2) * (x.shape[2] // 2) * 64 * 7 * 7 * 3
+    return flops / _per_call(grad, (w, x), seconds)
+
+
 def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
     """This machine's first device: float32 (and on a GPU bfloat16) matmul FLOP/s at a few
     sizes, memory bandwidth (x * 2 + 1: bytes read + written per second), one small kernel's
@@ -145,6 +164,7 @@ def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
             rates[n] = 2 * n**3 / _per_call(matmul, (a, a), seconds)
         out[f"matmul_{dtype}"] = rates
         out[f"{dtype}_flops_per_s"] = rates[max(rates)]
+        out[f"thin_conv_{dtype}"] = _thin_rate(device, dtype, seconds)
     out["matmul_flops_per_s"] = out["float32_flops_per_s"]
     x = put(jnp.ones((1 << 28 if gpu else 1 << 24), jnp.float32))  # 1 GiB / 64 MiB
     out["memory_bandwidth_array_bytes"] = x.nbytes
@@ -243,6 +263,9 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) ->
         *(f"- {d} matmul GFLOP/s by size: " + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in
           m[f"matmul_{d}"].items()) for d in ("float32", "bfloat16") if f"matmul_{d}" in m),
         "  peak_flops: the largest size's rate (the fitted compute_efficiency scales it)",
+        *(f"- {d} 7x7/2 convolution of 3 channels and its weight gradient: "
+          f"{m[f'thin_conv_{d}'] / 1e9:,.1f} GFLOP/s ({m[f'thin_conv_{d}'] / m[f'{d}_flops_per_s']:.3f}"
+          " of the matmul's: thin_efficiency)" for d in ("float32", "bfloat16") if f"thin_conv_{d}" in m),
         (f"- memory bandwidth (x * 2 + 1 in place over {m['memory_bandwidth_array_bytes'] >> 20:,}"
          f" MiB): {m['memory_bandwidth'] / 1e9:.2f} GB/s read + written"),
         (f"- one small kernel inside a program (chains of 32x32 matmuls): "
@@ -261,6 +284,13 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) ->
     return "\n".join(textwrap.fill(line, 96, subsequent_indent="  ") for line in lines)
 
 
+def _thin_efficiency(micro: dict, runs: list[dict]) -> float:
+    """The thin convolution's rate over peak, in the dtype most of the runs compute in."""
+    dtypes = [r["dtype"] for r in runs if f"thin_conv_{r['dtype']}" in micro] or ["float32"]
+    dtype = max(set(dtypes), key=dtypes.count)
+    return micro[f"thin_conv_{dtype}"] / micro[f"{dtype}_flops_per_s"]
+
+
 def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT) -> str:
     """Write a profile of this machine (the measured figures, links, `calibration_runs` = runs,
     `fit` = fit_names) to `path`, load it back (which fits it) and return a text report."""
@@ -273,6 +303,8 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT) ->
         "peak_flops": {"float32": f32, "bfloat16": micro.get("bfloat16_flops_per_s", f32)},
         "memory_bytes": micro["peak_memory_bytes"], "memory_bandwidth": micro["memory_bandwidth"],
         "kernel_s": 0.0 if gpu else micro["kernel_s"], "launch_s": micro["kernel_s"] * gpu,
+        # the first layer's convolutions, in the compute dtype the runs use most
+        "thin_efficiency": _thin_efficiency(micro, runs),
         "program_overhead_s": micro["launch_s"], "compiler": "gpu" if gpu else "cpu",
         # a GPU's collectives are asynchronous and XLA:GPU schedules them under the backward
         # (overlap.py reads where from the program); XLA:CPU's are not

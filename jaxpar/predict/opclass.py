@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import typing
 
 from jaxpar import hlo
 
@@ -39,6 +40,21 @@ _CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?(
 _DIMS = re.compile(r"\[([\d,]*)\]")
 
 
+class Matmul(typing.NamedTuple):
+    """One matrix kernel, as a GPU runs it."""
+
+    flops: float
+    moved: float  # bytes it reads and writes
+    winograd: bool  # a 3x3 or 5x5 stride-1 convolution (or its gradient)
+    narrow: int  # its narrowest GEMM dimension
+    # a convolution over fewer than THIN channels (an image's 3): tensor-core kernels need
+    # channels in multiples of 8, so cuDNN runs it with slow generic kernels
+    thin: bool = False
+
+
+THIN = 8
+
+
 @dataclasses.dataclass(frozen=True)
 class OpClasses:
     """One call of one program, per device."""
@@ -47,9 +63,9 @@ class OpClasses:
     conv3x3_flops: float = 0.0
     memory_bytes: float = 0.0
     kernels: int = 0
-    # every matrix kernel: (FLOPs, bytes it reads and writes, a Winograd 3x3 or 5x5, its
-    # narrowest GEMM dimension), for a roofline on a GPU
-    matmuls: tuple[tuple[float, float, bool, int], ...] = ()
+    # every matrix kernel (Matmul: FLOPs, bytes, Winograd, narrowest GEMM dimension, thin
+    # input), for a roofline on a GPU
+    matmuls: tuple[Matmul, ...] = ()
 
     def __add__(self, other: OpClasses) -> OpClasses:
         return OpClasses(self.matmul_flops + other.matmul_flops,
@@ -135,10 +151,31 @@ def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses
     flops = _matmul_flops(op, result, rest, types)
     moved = float(hlo.shape_bytes(result) + sum(hlo.shape_bytes(types[a])
                                                 for a in _operands(rest) if a in types))  # fmt: skip
-    narrow = _narrow(op, result, rest, types)
+    narrow, thin = _narrow(op, result, rest, types), _thin(op, result, rest, types)
     if op == "convolution" and _winograd(result, rest):
-        return OpClasses(conv3x3_flops=flops, matmuls=((flops, moved, True, narrow),))
-    return OpClasses(matmul_flops=flops, matmuls=((flops, moved, False, narrow),))
+        return OpClasses(conv3x3_flops=flops, matmuls=(Matmul(flops, moved, True, narrow, thin),))
+    return OpClasses(matmul_flops=flops, matmuls=(Matmul(flops, moved, False, narrow, thin),))
+
+
+def _thin(op: str, result: str, rest: str, types: dict[str, str]) -> bool:
+    """A convolution over fewer than THIN input features: the first layer on an image (its
+    input's features, "f" in the input's labels), or that layer's weight gradient (a
+    convolution whose result is the kernel, its window the output map, and whose result's
+    "b" is the layer's input features)."""
+    labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", rest)
+    window = re.search(r"window=\{size=([\dx]+)", rest)
+    args = _operands(rest)
+    if op != "convolution" or not labels or not window or not args or args[0] not in types:
+        return False
+    lhs, out = _dims(types[args[0]]), _dims(result)
+    lhs_labels, out_labels = labels.groups()
+    if len(lhs) != len(lhs_labels) or len(out) != len(out_labels):
+        return False
+    area = math.prod(int(d) for d in window.group(1).split("x"))
+    spatial = math.prod(out[i] for i, c in enumerate(out_labels) if c.isdigit())
+    if area > spatial:  # a weight gradient: its result is the kernel
+        return out[out_labels.index("b")] < THIN
+    return lhs[lhs_labels.index("f")] < THIN
 
 
 def _narrow(op: str, result: str, rest: str, types: dict[str, str]) -> int:
