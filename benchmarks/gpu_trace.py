@@ -1,0 +1,154 @@
+"""Where one training step's time goes on a GPU, kernel by kernel: a profiler trace of the step
+joined with its compiled program (what docs/predict.md's "Inside the H100's step" is read from).
+
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/single_device.py \\
+        --rows resnet50:224:bfloat16:128 --trace-dir runs/trace --hlo-dir runs/hlo   # on the GPU
+    python benchmarks/gpu_trace.py runs/trace/resnet50_224_bfloat16_128 \\
+        runs/hlo/resnet50_224_bfloat16_128.hlo.txt.gz                                # anywhere
+
+Without command buffers (the flag above: they cost about 3% here) every kernel of the trace
+names the HLO instruction it runs (`hlo_op`), so each kernel's time is joined with that
+instruction's FLOPs (convolutions and matrix products, from their shapes) and bytes (its
+operands and its result). Prints the matrix kernels (their rate; the thin ones, over fewer
+than 8 input channels, apart), the memory-bound kernels (their bandwidth by size, and the
+least-squares fit of time = a fixed cost + bytes / bandwidth) and the longest kernels. The
+trace holds two steps (single_device.py's --trace-dir); their mean is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxpar import hlo
+from jaxpar.predict import opclass
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
+
+
+def instructions(text: str) -> dict[str, tuple[str, str, str]]:
+    """Every instruction of the program: name -> (result type, op, the rest of the line)."""
+    return {m.group(1): m.groups()[1:] for m in map(_INSTR.match, text.splitlines()) if m}
+
+
+def _dims(type_text: str) -> list[int]:
+    m = re.search(r"\[([\d,]*)\]", type_text)
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
+
+
+def matrix_flops(result: str, rest: str, ins: dict) -> tuple[float, bool]:
+    """(2 x multiply-adds, thin) of a cuDNN convolution or a cuBLAS product; (0, False) else.
+    cuDNN's dim_labels are the forward convolution's (input, kernel -> output)."""
+    target = re.search(r'custom_call_target="([^"]*)"', rest)
+    args = [a for a in opclass._operands(rest) if a in ins]
+    if not target or len(args) < 2:
+        return 0.0, False
+    a, b, out = _dims(ins[args[0]][0]), _dims(ins[args[1]][0]), _dims(result)
+    if "cudnn" in target.group(1):
+        kind = target.group(1)
+        o, f, _x = (
+            (b, out, a) if "Filter" in kind else (a, b, out) if "Input" in kind else (out, b, a)
+        )
+        labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest).groups()
+        features = f[labels[1].index("i")]
+        return 2.0 * math.prod(o) * math.prod(f) / o[labels[2].index("f")], features < opclass.THIN
+    if "cublas" in target.group(1) or "gemm" in target.group(1):
+        dims = re.search(r'"lhs_contracting_dimensions":\["(\d+)"', rest)
+        return 2.0 * math.prod(out) * (a[int(dims.group(1))] if dims else 1), False
+    return 0.0, False
+
+
+def kernel_times(trace_dir: str) -> tuple[dict[str, float], int]:
+    """Seconds per step of each HLO instruction's kernels (mean of the trace's steps)."""
+    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[:1]
+    events = json.load(gzip.open(path))["traceEvents"]
+    gpu = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))
+    }
+    spans = [e for e in events if e.get("ph") == "X" and e["pid"] in gpu]
+    per: dict[str, float] = collections.defaultdict(float)
+    for e in spans:
+        per[e["args"].get("hlo_op", "?")] += e["dur"] * 1e-6
+    counts = collections.Counter(e["args"].get("hlo_op") for e in spans).values()
+    steps = 2 if all(v % 2 == 0 for v in counts) else 1  # single_device.py traces two
+    return {k: v / steps for k, v in per.items()}, steps
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace_dir", help="single_device.py's --trace-dir folder of one row")
+    parser.add_argument("hlo", help="that row's program (single_device.py's --hlo-dir file)")
+    parser.add_argument("--top", type=int, default=10, help="longest kernels to list")
+    args = parser.parse_args(argv)
+    ins = instructions(
+        gzip.open(args.hlo, "rt").read() if args.hlo.endswith(".gz") else open(args.hlo).read()
+    )
+    times, steps = kernel_times(args.trace_dir)
+    rows = []
+    for name, seconds in times.items():
+        if name not in ins:
+            continue
+        result, op, rest = ins[name]
+        flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
+        moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
+            hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
+        )
+        rows.append((name, flops, thin, float(moved), seconds))
+    total = sum(times.values())
+    unjoined = total - sum(r[4] for r in rows)
+    print(
+        f"{total * 1e3:.2f} ms of kernels a step ({steps} step(s) traced); "
+        f"{unjoined * 1e3:.2f} ms in kernels naming no instruction of the program"
+    )
+    for label, keep in (
+        ("matrix", lambda r: r[1] and not r[2]),
+        ("thin matrix", lambda r: r[1] and r[2]),
+    ):
+        sel = [r for r in rows if keep(r)]
+        if sel:
+            f, t = sum(r[1] for r in sel), sum(r[4] for r in sel)
+            print(
+                f"{label:>12}: {len(sel):5d} instructions {t * 1e3:8.2f} ms {f / 1e12:7.3f} TFLOP "
+                f"{f / t / 1e12:7.1f} TFLOP/s"
+            )
+    mem = [r for r in rows if not r[1]]
+    b, t = np.array([r[3] for r in mem]), np.array([r[4] for r in mem])
+    print(
+        f"memory-bound: {len(mem):5d} instructions {t.sum() * 1e3:8.2f} ms {b.sum() / 1e9:7.2f} GB "
+        f"{b.sum() / t.sum() / 1e9:7.0f} GB/s"
+    )
+    for lo, hi in ((0, 1e6), (1e6, 16e6), (16e6, 64e6), (64e6, math.inf)):
+        m = (b >= lo) & (b < hi)
+        if m.any():
+            print(
+                f"  {lo / 1e6:5.0f}-{hi / 1e6:<5.0f} MB: {m.sum():5d} kernels {t[m].sum() * 1e3:7.2f} ms, "
+                f"{b[m].sum() / t[m].sum() / 1e9:6.0f} GB/s, {t[m].mean() * 1e6:6.1f} us each"
+            )
+    fixed, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, t, rcond=None)[0]
+    print(f"  fit: {fixed * 1e6:.2f} us + bytes / {1 / per_byte / 1e9:.0f} GB/s")
+    print(f"longest {args.top}:")
+    for name, flops, thin, moved, seconds in sorted(rows, key=lambda r: -r[4])[: args.top]:
+        rate = (
+            f"{flops / seconds / 1e12:6.1f} TFLOP/s"
+            if flops
+            else f"{moved / seconds / 1e9:6.0f} GB/s   "
+        )
+        print(f"  {name[:40]:<40} {seconds * 1e6:8.1f} us {rate} {'thin' if thin else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
