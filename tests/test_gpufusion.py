@@ -112,7 +112,7 @@ def test_float32_keeps_its_bytes_and_a_shared_producer_is_duplicated():
                                                  + 2 * ACT)  # fmt: skip
 
 
-def test_an_image_s_first_layer_is_thin_and_priced_at_its_own_rate():
+def test_an_image_s_first_layer_is_thin_and_priced_at_its_own_rate():  # and matmul_kernel_s
     """The convolution over an image's 3 channels and its weight gradient are `thin` (the
     image gets no gradient); the next layer's are not (its weight and input gradients; a
     sum's gradient needs not its forward). A GPU profile with

@@ -136,10 +136,11 @@ PROFILE_FIGURES = {
                            "compute_efficiency": 0.46, "launch_s": 10.5e-6, "kernel_s": 0.89e-6},
     "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.46,
                     "launch_s": 10.5e-6, "kernel_s": 0.89e-6},
-    # --calibrate-here on one H100, its first layers at 0.045 of peak (the GPU's trace): the
-    # fit (0.79 of its measured matmul peak, 3.18 us a kernel) is this JAX's CPU program's
-    "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.786,
-                  "kernel_s": 3.182e-6, "memory_bandwidth": 2.996e12, "thin_efficiency": 0.045},
+    # --calibrate-here on one H100, with its first layers' rate and its memory-bound kernels'
+    # costs from the GPU's trace: the matmuls fit to 1.0 of the measured peak, 6.8 us a kernel
+    "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 1.0,
+                  "matmul_kernel_s": 6.81e-6, "memory_bandwidth": 2.5e12, "kernel_s": 2e-6,
+                  "thin_efficiency": 0.045},
     "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.44,
                     "memory_bandwidth": 0.9 * 4.8e12},
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},

@@ -86,6 +86,9 @@ class Profile:
     # cannot take (0: as the other convolutions). Measured: 0.045 on an H100 in bfloat16
     # (docs/predict.md, "Inside the H100's step")
     thin_efficiency: float = 0.0
+    # On "gpu": device time of each matrix kernel beyond kernel_s (cuDNN's and cuBLAS's
+    # launch of several kernels, workspace setup, split-K reductions, a last partial wave)
+    matmul_kernel_s: float = 0.0
     # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
     # it for every row (loader_images_per_sec)
     loader_images_per_sec: float = 0.0
@@ -144,6 +147,7 @@ class Profile:
         if self.compiler == "gpu" and self.memory_bandwidth and ops.matmuls:
             bw, d0 = self.memory_bandwidth, self.narrow_width
             thin = self.peak(dtype) * self.thin_efficiency
+            fixed += len(ops.matmuls) * self.matmul_kernel_s
             return fixed + sum(
                 max(m.flops / (thin if m.thin and thin else
                                peak * (ratio if m.winograd else 1) * m.narrow / (m.narrow + d0)),
@@ -198,6 +202,7 @@ def from_config(c: Any) -> Profile:
         loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
         narrow_width=float(get("narrow_width", 0.0) or 0.0),
         thin_efficiency=float(get("thin_efficiency", 0.0) or 0.0),
+        matmul_kernel_s=float(get("matmul_kernel_s", 0.0) or 0.0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )
@@ -287,7 +292,7 @@ def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
 
 # Profile costs `fit` may solve for, each positive (fitted in log space).
 FITTABLE = ("compute_efficiency", "conv3x3_efficiency", "memory_bandwidth", "kernel_s",
-            "launch_s", "step_overhead_s", "narrow_width", "thin_efficiency")  # fmt: skip
+            "launch_s", "step_overhead_s", "narrow_width", "thin_efficiency", "matmul_kernel_s")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +323,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 0.5, "memory_bandwidth": 1e11,
              "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3,
-             "narrow_width": 32.0, "thin_efficiency": 0.05}  # fmt: skip
+             "narrow_width": 32.0, "thin_efficiency": 0.05, "matmul_kernel_s": 1e-5}  # fmt: skip
 
     def with_costs(logs) -> Profile:
         values = {n: float(np.exp(v)) for n, v in zip(names, logs)}
