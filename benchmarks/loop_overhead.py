@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxpar import configfile
+from jaxpar import configfile, log
 
 configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
@@ -118,4 +118,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     main()

@@ -187,4 +187,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from jaxpar import log
+
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     raise SystemExit(main())

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -44,6 +45,8 @@ from jaxpar.errors import TrainingError
 from jaxpar.parallel import stages
 from jaxpar.parallel.pipeline import balance
 from jaxpar.parallel.state import add_sums
+
+logger = logging.getLogger(__name__)
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
 
@@ -78,8 +81,7 @@ def setup(
     devices = list(devices if devices is not None else jax.devices())
     wanted = config_lib.device_count(config, len(devices))
     if wanted < len(devices):
-        if jax.process_index() == 0:
-            print(f"using the first {wanted} of {len(devices)} devices")
+        logger.info(f"using the first {wanted} of {len(devices)} devices")
         devices = devices[:wanted]
     shape = parallel.validate(config, len(devices))
     mesh = mesh_lib.make_mesh(shape, devices)
@@ -87,17 +89,16 @@ def setup(
     spec = dataset.spec
     model = models.build(config.model, spec.image_shape, spec.num_classes)
     parallel.check_model(config, shape, model)  # the refusals only the model tells
-    say = print if jax.process_index() == 0 else (lambda *a, **k: None)
     if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/balance.py)
         config = config.copy_and_resolve_references()
         config.pipeline.num_microbatches = (
-            balance.choose_microbatches(model, config, mesh, workdir, say)
+            balance.choose_microbatches(model, config, mesh, workdir)
             if axes.num_stages(shape) > 1
             else 1
         )
         parallel.validate(config, len(devices))
     if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
-        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir, say))
+        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
     tx = optim.make_optimizer(config)
     strategy = parallel.build(config, model, mesh, tx)
     return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
@@ -154,23 +155,22 @@ def train_and_evaluate(
     wall0 = time.perf_counter()
     s = setup(config, devices, workdir)
     is_lead = jax.process_index() == 0
-    say = print if is_lead else (lambda *a, **k: None)
     if is_lead:
         workdir_lib.prepare(workdir)
     lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
     with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
-        result = _run(_Run(s, workdir, say, watch, wall0, profile), eval_only)
+        result = _run(_Run(s, workdir, watch, wall0, profile), eval_only)
     cluster.finish()  # several processes: every one is past its last collective
     return result
 
 
 @dataclasses.dataclass(frozen=True)
 class _Run:
-    """One call of `train_and_evaluate`: what it is built from and what it reports to."""
+    """One call of `train_and_evaluate`: what it is built from and what it reports to (what
+    it says goes to the "jaxpar" logger: jaxpar/log.py)."""
 
     s: Setup
     workdir: str
-    say: Callable  # print in process 0, nothing elsewhere
     watch: watchdog_lib.Watchdog
     wall0: float  # when it started (perf_counter)
     profile: bool
@@ -178,9 +178,9 @@ class _Run:
 
 def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
     """Resume or start, compile, train and summarise."""
-    s, say, watch = run.s, run.say, run.watch
+    s, watch = run.s, run.watch
     config, total = s.config, s.config.num_train_steps
-    _announce(s, say)
+    _announce(s)
     with contextlib.ExitStack() as cleanup:  # one cleanup, however the run ends
         ckpt, restored = None, None
         if config.checkpoint_every_steps or eval_only:
@@ -192,13 +192,13 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
         if eval_only:
             return _evaluate_only(run, restored)
         if restored is not None and restored[1] >= total:
-            return resume.finished(run.workdir, restored[1], config, say)
-        state, start = resume.initial_state(s.strategy, config, ckpt, restored, say)
+            return resume.finished(run.workdir, restored[1], config)
+        state, start = resume.initial_state(s.strategy, config, ckpt, restored)
         is_lead = jax.process_index() == 0
         writer = metrics_lib.MetricWriter(run.workdir, enabled=is_lead, resume_step=start)
         cleanup.enter_context(writer)
         if writer.archived:
-            say(
+            logger.info(
                 f"{run.workdir} held metrics of an earlier run that left no checkpoint; they are "
                 f"kept in {writer.archived}"
             )
@@ -206,7 +206,7 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
         watch.doing("compiling the train step", compiling=True)
         s.strategy.compile(state, first)
         watch.beat("compiling the train step")
-        say(
+        logger.info(
             f"compiled the train step in {units.seconds(s.strategy.compile_time_s)}; training "
             f"steps {start + 1}-{total} of {config.global_batch_size} images"
         )
@@ -232,7 +232,7 @@ class _Outcome:
 def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     """Steps `start + 1`..`num_train_steps` (`first` is the batch of the first), each followed
     by the hooks; saves and ends early when a stop is requested."""
-    s, say, watch = run.s, run.say, run.watch
+    s, watch = run.s, run.watch
     config, total = s.config, s.config.num_train_steps
     is_lead = jax.process_index() == 0
     timer = hooks.StepTimer(watch)
@@ -241,7 +241,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     window = hooks.LogWindow(
         writer, progress, s.schedule, config.global_batch_size, timer, ckpt, feed
     )
-    evaluation = hooks.Evaluation(lambda st: evaluate(s, st, watch), writer, say, timer)
+    evaluation = hooks.Evaluation(lambda st: evaluate(s, st, watch), writer, timer)
     after_step = hooks.Hooks()
     after_step.add_hook(window.log, every=config.log_every_steps)
     after_step.add_hook(evaluation, every=config.eval_every_steps)
@@ -252,7 +252,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     tracer = profiling.StepTrace(run.workdir, start + TIMING_WARMUP_STEPS, total, profile)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(tracer.stop)
-        stop = cleanup.enter_context(preemption.Preemption(say, watch))
+        stop = cleanup.enter_context(preemption.Preemption(watch))
         batches = cleanup.enter_context(
             data_lib.Prefetcher(
                 partial(local_train_batch, s), s.strategy.put_batch, start + 1, total, stats=feed
@@ -270,7 +270,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
             info = hooks.StepInfo(i + 1, state, final=i + 1 == total, stopping=stop.check(i + 1))
             after_step.run(info)
             if info.stopping and not info.final:
-                say(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
+                logger.info(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
                 break
     stopped = info.stopping and not info.final
     return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped)
@@ -306,8 +306,8 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
     else:
         summary.update(_train_split(run, outcome.state, summary))
         writer.write(s.config.num_train_steps, "summary", **summary)
-        run.say(metrics_lib.summary_table(summary))
-        run.say(f"metrics: {run.workdir}/metrics.jsonl")
+        logger.info(metrics_lib.summary_table(summary))
+        logger.info(f"metrics: {run.workdir}/metrics.jsonl")
     summary["state"] = s.strategy.canonical(outcome.state)
     return summary
 
@@ -336,7 +336,7 @@ def _train_split(run: _Run, state, summary: dict[str, Any]) -> dict[str, Any]:
         "train_eval_examples": result["count"],
         "generalization_gap": result["accuracy"] - summary["eval_accuracy"],
     }
-    run.say(
+    logger.info(
         f"train split ({result['count']:,} images, inference mode): loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}  gap to test {out['generalization_gap']:+.4f}"
     )
@@ -349,16 +349,16 @@ def _strategy_report(s: Setup) -> dict[str, Any]:
     return analysis.report(s.strategy, s.config.global_batch_size)
 
 
-def _announce(s: Setup, say) -> None:
-    say(
+def _announce(s: Setup) -> None:
+    logger.info(
         f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
         f"mesh {units.named_mesh(s.mesh.axis_names, s.mesh.devices.shape)} over "
         f"{s.mesh.devices.size} {jax.default_backend()} devices: {s.strategy.partitioning()}, "
         f"run by strategy {s.strategy.name}"
     )
-    say(s.model.summary())
+    logger.info(s.model.summary())
     if described := s.strategy.describe(s.config.global_batch_size):
-        say(described)
+        logger.info(described)
 
 
 def _evaluate_only(run: _Run, restored) -> dict[str, Any]:
@@ -370,7 +370,7 @@ def _evaluate_only(run: _Run, restored) -> dict[str, Any]:
     host_state, step = restored
     run.watch.doing(f"evaluating the checkpoint of step {step}", compiling=True)
     result = evaluate(run.s, run.s.strategy.place(host_state), run.watch)
-    run.say(
+    logger.info(
         f"eval of the checkpoint of step {step}: loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}"
     )

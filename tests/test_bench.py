@@ -207,7 +207,7 @@ def _assert_series(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[label], points, err_msg=label)
 
 
-def test_every_plot_from_known_rows(tmp_path, monkeypatch):
+def test_every_plot_from_known_rows(tmp_path, monkeypatch, capsys):
     """Each picture, read back from the figure: the series it draws and their points, worked
     out from the rows by hand."""
     sized = {"memory_bytes_per_device": 4 << 20, "collective_bytes_per_device": 1 << 20}
@@ -230,9 +230,8 @@ def test_every_plot_from_known_rows(tmp_path, monkeypatch):
             rows.append(_row(f"{lr} {b}", 8, 10.0, "none", group=lr, global_batch_size=b,
                              eval_accuracy=accuracy[b], mesh_shape=(8, 1, 1)))  # fmt: skip
     figures = _drawn(monkeypatch)
-    said = []
-    made = plots.plot_all(rows, str(tmp_path), say=said.append)
-    (line,) = said
+    made = plots.plot_all(rows, str(tmp_path))
+    (line,) = capsys.readouterr().out.splitlines()
     assert line == ("scaling_strong.png does not place 2 rows: pipe M=1 (no group in the suite); "
                     "pipe M=4 (no group in the suite)")  # fmt: skip
     names = ["scaling_strong.png", "scaling_weak.png", "memory_vs_bytes.png", "bubble.png",
@@ -262,7 +261,7 @@ def test_every_plot_from_known_rows(tmp_path, monkeypatch):
                                  "linear lr": [[32, 0.25], [64, 0.3]]})  # fmt: skip
 
 
-def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
+def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path, capsys):
     """Failed rows, rows without a group, a second baseline and rows without an efficiency
     are named (printed, and noted on the figure), never dropped silently."""
     rows = [
@@ -273,10 +272,9 @@ def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
         _row("pipe M=4", 2, 80.0, group="", efficiency=0.4),
         _row("data 8", 8, 500.0, efficiency=None),
     ]
-    said = []
-    made = plots.plot_all(rows, str(tmp_path), say=said.append)
+    made = plots.plot_all(rows, str(tmp_path))
     assert [os.path.basename(p) for p in made] == ["scaling_strong.png"]
-    (line,) = said
+    (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("scaling_strong.png does not place 4 rows: ")
     for name, why in (("1 device again", "a second baseline"), ("data 4", "failed"),
                       ("pipe M=4", "no group"), ("data 8", "no baseline")):  # fmt: skip

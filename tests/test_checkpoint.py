@@ -247,7 +247,7 @@ def test_a_checkpoint_of_another_state_is_refused_and_left_in_place(tmp_path):
 def test_a_stop_says_which_step_it_saved():
     """The stop line names the step it saved, and says so when it saved nothing."""
     ckpt = types.SimpleNamespace(directory="/w/checkpoints", saved_step=7, latest_step=lambda: 7)
-    with preemption.Preemption(lambda *a, **k: None) as stop:
+    with preemption.Preemption() as stop:
         stop.signal_name = "SIGTERM"
         assert stop.stopped_line(7, ckpt) == (
             "SIGTERM: saved the checkpoint of step 7; stopped. Run the same command again to "

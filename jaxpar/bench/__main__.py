@@ -45,11 +45,12 @@ import json
 import os
 import sys
 
-from jaxpar import configfile, oneline
+from jaxpar import configfile, log, oneline
 from jaxpar.bench import suite as suite_lib
 
 
 def main(argv: list[str]) -> int:
+    log.setup()  # jaxpar's lines (the plots', a row's trainer) on stdout
     overrides, rest = configfile.split_overrides(argv)
     parser = argparse.ArgumentParser(prog="python -m jaxpar.bench", description=__doc__)
     parser.add_argument(

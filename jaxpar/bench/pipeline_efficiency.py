@@ -25,7 +25,7 @@ import time
 
 import jax
 
-from jaxpar import analysis, configfile, trainer
+from jaxpar import analysis, configfile, log, trainer
 
 ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", False, 1),
         ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1),
@@ -125,4 +125,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     main()

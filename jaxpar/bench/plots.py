@@ -20,6 +20,7 @@ are present, so any suite gets the plots that make sense for it.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import matplotlib
@@ -28,6 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from jaxpar import axes
+
+logger = logging.getLogger(__name__)
 
 MIB = 2**20
 # One marker per family of partitioning (`_family`); an axis registered later gets a spare.
@@ -353,9 +356,9 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     return _finish(fig, ax, path, title, 8, loc="upper left")
 
 
-def plot_all(rows: list[dict], out: str, say=print) -> list[str]:
+def plot_all(rows: list[dict], out: str) -> list[str]:
     """Draw every plot these rows support into `out`; return the files written. Rows a
-    scaling or memory plot cannot place are named through `say`, one line per plot."""
+    scaling or memory plot cannot place are named in one logged line per plot."""
     made = []
     left_out: dict[str, dict[str, str]] = {"scaling_strong": {}, "scaling_weak": {},
                                            "memory_vs_bytes": {}}  # fmt: skip
@@ -373,5 +376,5 @@ def plot_all(rows: list[dict], out: str, say=print) -> list[str]:
     for plot, missing in left_out.items():
         if missing:
             named = "; ".join(f"{row} ({why})" for row, why in missing.items())
-            say(f"{plot}.png does not place {len(missing)} rows: {named}")
+            logger.info(f"{plot}.png does not place {len(missing)} rows: {named}")
     return made

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jaxpar import configfile, oneline
+from jaxpar import configfile, log, oneline
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
 
@@ -235,6 +235,7 @@ def report(
 
 
 def main(argv: list[str] | None = None) -> int:
+    log.setup()  # jaxpar's lines (a measured candidate's sweep) on stdout
     parser = argparse.ArgumentParser(
         prog="python -m jaxpar.plan",
         usage="%(prog)s --config FILE --profile PROFILE [--config.KEY=VALUE ...] [options]",
