@@ -292,8 +292,8 @@ def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path, capsys):
 
 
 def test_num_devices_uses_the_first_n(capsys):
-    s = trainer.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
-    assert s.mesh.devices.size == 2 and list(s.mesh.devices.flat) == jax.devices()[:2]
+    setup = trainer.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
+    assert setup.mesh.devices.size == 2 and list(setup.mesh.devices.flat) == jax.devices()[:2]
     assert "using the first 2 of 8 devices" in capsys.readouterr().out
     with pytest.raises(config_lib.ConfigError, match="between 0 .all. and the 8 devices"):
         trainer.setup(tiny_config(num_devices=9))

@@ -125,7 +125,7 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     # resumes from the one before, and is killed once it has saved the next checkpoint.
     corrupt(run, stopped)
     logged = last_logged(run)
-    before = max(s for s in range(EVERY, stopped, EVERY))  # the newest checkpoint before it
+    before = max(setup for setup in range(EVERY, stopped, EVERY))  # the newest checkpoint before it
     after = before + EVERY  # the next one it saves
     third = Launch(launched, run, JAXPAR_TEST_HANG=f"0:{after + 1}")
     third.until_step(after)
@@ -164,11 +164,11 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     assert sum(name.startswith("unreadable-") for name in kept) == 2 and str(STEPS) in kept
     overrides, rest = configfile.split_overrides(ARGS)
     config = configfile.override(configfile.load(rest[rest.index("--config") + 1]), overrides)
-    s = trainer.setup(config, jax.devices()[:1])
+    setup = trainer.setup(config, jax.devices()[:1])
     finals = []
     for workdir in (run, ref):
-        with checkpoint.Checkpointer(workdir, config, s.model, EVERY, 3) as ckpt:
-            state, step = ckpt.restore(s.strategy.host_target())
+        with checkpoint.Checkpointer(workdir, config, setup.model, EVERY, 3) as ckpt:
+            state, step = ckpt.restore(setup.strategy.host_target())
         assert step == STEPS
         finals.append(state)
     jax.tree.map(np.testing.assert_array_equal, *finals)

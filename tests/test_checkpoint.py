@@ -33,9 +33,9 @@ ARGS = [
 
 
 def final_params(workdir, config):
-    s = trainer.setup(config, jax.devices())
-    ckpt = checkpoint.Checkpointer(str(workdir), config, s.model, 2, 3)
-    state, step = ckpt.restore(s.strategy.host_target())
+    setup = trainer.setup(config, jax.devices())
+    ckpt = checkpoint.Checkpointer(str(workdir), config, setup.model, 2, 3)
+    state, step = ckpt.restore(setup.strategy.host_target())
     ckpt.close()
     return state.params, step
 

@@ -212,9 +212,9 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
         "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
         "pipeline.virtual_stages": v, "pipeline.remat": remat})  # fmt: skip
     w = workload(config)
-    s = trainer.setup(config, jax.devices()[:2])  # the trainer's own strategy
+    setup = trainer.setup(config, jax.devices()[:2])  # the trainer's own strategy
     expected = [0.0, 0.0]
-    for p in analysis.programs(s.strategy, 8):
+    for p in analysis.programs(setup.strategy, 8):
         expected[p.stage] += p.times * analysis.program_flops(p.compiled)
     assert w.stage_flops() == pytest.approx(expected, rel=1e-9) and min(expected) > 0
     split = schedule == "zb-h1"  # F = B = W for zero-bubble; F = 1, B = 2 otherwise

@@ -64,11 +64,11 @@ class Sweep:
                 found[int(match.group(1))] = _read(os.path.join(rows_dir, file))
         return found
 
-    def _set_aside(self, name: str, rep: int, print_: str) -> None:
+    def _set_aside(self, name: str, rep: int, fingerprint: str) -> None:
         """Move a record (with its log and run) made under another config of this row to
         OUT/replaced/ before the row is measured again: kept apart, never overwritten."""
         path, log, run = self._paths(name, rep)
-        if not os.path.exists(path) or (old := _read(path)).get("fingerprint") == print_:
+        if not os.path.exists(path) or (old := _read(path)).get("fingerprint") == fingerprint:
             return
         base = _free(os.path.join(self.out, "replaced", f"{os.path.basename(run)}.{_tag(old)}"))
         os.makedirs(os.path.dirname(base), exist_ok=True)
@@ -103,7 +103,7 @@ class Sweep:
         self._claim()
         for sub in ("rows", "logs", "runs"):
             os.makedirs(os.path.join(self.out, sub), exist_ok=True)
-        prints, records, todo = self._plan(spec, picked)
+        fingerprints, records, todo = self._plan(spec, picked)
         skipped = len(picked) * self.repeat - len(todo)
         some = (
             len(picked) if len(picked) == len(spec.rows) else f"{len(picked)} of {len(spec.rows)}"
@@ -120,8 +120,8 @@ class Sweep:
             for i, (rep, r) in enumerate(todo):
                 if not all(map(_ok, records[r["name"]].values())):
                     continue  # it failed in an earlier repeat of this run: not repeated
-                self._set_aside(r["name"], rep, prints[r["name"]])
-                record = self._run_one(r, rep, prints[r["name"]])
+                self._set_aside(r["name"], rep, fingerprints[r["name"]])
+                record = self._run_one(r, rep, fingerprints[r["name"]])
                 records[r["name"]][rep] = record
                 self._write(rows, records)
                 print(
@@ -143,15 +143,15 @@ class Sweep:
     def _plan(self, spec, picked: list[dict]):
         """Fingerprints of every row, the current records of every row (by repeat), and the
         (repeat, row) pairs to measure, round-robin: machine drift hits every row alike."""
-        prints = {r["name"]: self._fingerprint(spec, r) for r in spec.rows}
+        fingerprints = {r["name"]: self._fingerprint(spec, r) for r in spec.rows}
         names = {r["name"] for r in picked}
         records, stale = {}, []
-        for name, print_ in prints.items():
+        for name, fingerprint in fingerprints.items():
             stored = self._stored(name)
-            records[name] = {k: v for k, v in stored.items() if v.get("fingerprint") == print_}
+            records[name] = {k: v for k, v in stored.items() if v.get("fingerprint") == fingerprint}
             if self.retry_failed and name in names:
                 records[name] = {k: v for k, v in records[name].items() if _ok(v)}
-            older = {k for k, v in stored.items() if v.get("fingerprint") != print_}
+            older = {k for k, v in stored.items() if v.get("fingerprint") != fingerprint}
             for k in sorted(older - set(range(self.repeat) if name in names else ())):
                 stale.append(f"{name} (repeat {k})")  # this run does not measure it again
         if stale:
@@ -162,7 +162,7 @@ class Sweep:
             for r in picked
             if k not in (done := records[r["name"]]) and all(map(_ok, done.values()))
         ]  # a row that failed once is not repeated
-        return prints, records, todo
+        return fingerprints, records, todo
 
     def _select(self, rows) -> list[dict]:
         """The rows --only picks (all without it); an --only that picks none is refused."""
@@ -208,7 +208,7 @@ class Sweep:
                 "--config overrides, or choose another --out"
             )
 
-    def _run_one(self, r: dict, rep: int, print_: str) -> dict:
+    def _run_one(self, r: dict, rep: int, fingerprint: str) -> dict:
         result, log, _ = self._paths(r["name"], rep)
         if os.path.exists(result):
             os.remove(result)
@@ -257,7 +257,7 @@ class Sweep:
                 record = json.load(f)
         else:
             record = {"status": "failed", "error": _why(rc, log, self.row_timeout_s)}
-        record["fingerprint"] = print_
+        record["fingerprint"] = fingerprint
         record["log"] = log
         write_json(result, record)
         return record

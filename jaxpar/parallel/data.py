@@ -142,7 +142,7 @@ class DataParallel(Strategy):
             return jax.tree.map(np.asarray, self.rule.from_shared(shared))
         raise ConfigError(
             f"the checkpoint's state does not fit sync.mode={self.config.sync.mode} with "
-            f"{self.replicas.n} replicas (it was written by another mode or replica "
+            f"{self.replicas.count} replicas (it was written by another mode or replica "
             "count); resume with the settings it was written with"
         )
 

@@ -106,7 +106,7 @@ class ChunkLayout:
             ):
                 raise ConfigError(
                     f"the checkpoint's state does not fit sync.mode={self.rule.name} with "
-                    f"{self.rule.n} replicas (it was written by another mode or replica "
+                    f"{self.rule.num_replicas} replicas (it was written by another mode or replica "
                     "count); resume with the settings it was written with"
                 )
             part = jax.tree.map(np.asarray, self.rule.from_shared(shared))

@@ -44,7 +44,7 @@ class Async(SyncRule):
     def __init__(self, config, replicas, tx, variable_specs):
         super().__init__(config, replicas, tx, variable_specs)
         self.depth = int(config.sync.max_staleness)
-        self.delays = delays(self.n, self.depth)
+        self.delays = delays(self.num_replicas, self.depth)
         self.aware = bool(config.sync.staleness_aware_lr)
 
     @classmethod
@@ -56,7 +56,7 @@ class Async(SyncRule):
     def from_shared(self, state):
         if not self.depth:
             return state
-        queue = lambda p: jnp.zeros((self.n, self.depth, *p.shape), p.dtype)
+        queue = lambda p: jnp.zeros((self.num_replicas, self.depth, *p.shape), p.dtype)
         return state.replace(sync={"pending": jax.tree.map(queue, state.params)})
 
     def specs(self, shapes):

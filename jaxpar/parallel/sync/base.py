@@ -46,16 +46,17 @@ class SyncRule:
 
     name = "?"
     eval_kind = "shared"  # shared: every replica holds the model; average; each: per replica
-    per_replica_metrics = False  # metrics come back as [n] (no collective in the step)
+    per_replica_metrics = False  # metrics come back as [replicas] (no collective in the step)
     impls = ("shard_map",)  # sync.impl values the rule runs under
     # Why the rule cannot run beside a tensor axis or pipeline stages; None: it can.
     refuses_tensor: str | None = None
     refuses_stages: str | None = None
 
     def __init__(self, config, replicas: Replicas, tx, variable_specs: dict):
-        self.config, self.replicas, self.n, self.tx = config, replicas, replicas.n, tx
+        self.config, self.replicas, self.tx = config, replicas, tx
+        self.num_replicas = replicas.count
         self.variable_specs = variable_specs
-        global_bn = config.sync.batch_norm == "global" and self.n > 1
+        global_bn = config.sync.batch_norm == "global" and self.num_replicas > 1
         self.bn_axis_name = replicas.axes if global_bn else None
 
     @classmethod
@@ -131,9 +132,9 @@ class SyncRule:
         return self.replicas.pmean(stats) if self.bn_axis_name is None and stats else stats
 
 
-def stack(tree: Any, n: int) -> Any:
-    """A leading replica axis of n copies."""
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), tree)
+def stack(tree: Any, num_replicas: int) -> Any:
+    """A leading replica axis of `num_replicas` copies."""
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_replicas, *jnp.shape(x))), tree)
 
 
 def block(tree: Any) -> Any:
@@ -163,11 +164,11 @@ def stacked(specs: Any, replicas: Replicas) -> Any:
 
 def stacked_size(spec: P, replicas: Replicas) -> int:
     """The leading axis' length of a leaf stacked by `stacked`."""
-    n = 1
+    size = 1
     for a in replicas.axes:
         if a not in spec_axes(spec):
-            n *= replicas.sizes[a]
-    return n
+            size *= replicas.sizes[a]
+    return size
 
 
 def manual(specs: Any, replicas: Replicas) -> Any:

@@ -43,8 +43,9 @@ class Sharded(SyncRule):
 
         def choose(shape, spec: P):
             parts = tuple(spec) + (None,) * (len(shape.shape) - len(spec))
-            free = [d for d, n in enumerate(shape.shape) if parts[d] is None and n % self.n == 0]
-            return max(free, key=lambda d: shape.shape[d]) if free and self.n > 1 else None
+            replicas = self.num_replicas
+            free = [d for d, n in enumerate(shape.shape) if parts[d] is None and n % replicas == 0]
+            return max(free, key=lambda d: shape.shape[d]) if free and replicas > 1 else None
 
         return jax.tree.map(choose, param_shapes, self.variable_specs["params"])
 
@@ -69,10 +70,10 @@ class Sharded(SyncRule):
         dims = self.split_dims(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                             state.params))  # fmt: skip
         r = self.replicas
-        size = lambda x, d: x.shape[d] // self.n
+        size = lambda x, d: x.shape[d] // self.num_replicas
 
         def my_grad(g, d):  # reduce-scatter: device i receives the sum of every replica's slice i
-            return r.mean(g) if d is None else r.reduce_scatter(g, d) / self.n
+            return r.mean(g) if d is None else r.reduce_scatter(g, d) / self.num_replicas
 
         def my_param(p, d):
             return p if d is None else lax.dynamic_slice_in_dim(p, r.index() * size(p, d),
