@@ -26,9 +26,7 @@ LAUNCH_S = 120  # the most one launch may take before it is killed
 
 def one_device_env(**extra) -> dict:
     """The CLI on one simulated device, with this process's other XLA flags."""
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
-    return {"XLA_FLAGS": " ".join([*kept, "--xla_force_host_platform_device_count=1"]), **extra}
+    return {"XLA_FLAGS": configfile.with_host_devices(1), **extra}
 
 
 class Launch:

@@ -224,9 +224,7 @@ def start_processes(workdir, args, env=None, module="jaxpar.train", num=2, devic
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
-    xla = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    xla = configfile.with_host_devices(devices)
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla, **(env or {})}
     joined = [f"--coordinator=127.0.0.1:{port}", f"--num_processes={num}"]
     return [start_cli(*args, *joined, f"--process_id={i}", env=env, log=f"{workdir}.proc{i}.log",

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import SyncRule, _is_spec, block, unblock
+from jaxpar.mesh import is_spec
+from jaxpar.parallel.sync.base import SyncRule, block, unblock
 
 
 def delays(n: int, max_staleness: int) -> list[int]:
@@ -65,7 +66,7 @@ class Async(SyncRule):
             return specs
         lead = self.replicas.axes or None
         queues = jax.tree.map(lambda s: P(lead, None, *s), self.variable_specs["params"],
-                              is_leaf=_is_spec)  # fmt: skip
+                              is_leaf=is_spec)  # fmt: skip
         return specs.replace(sync={"pending": queues})
 
     def update(self, state, grads, stats):

@@ -30,12 +30,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.mesh import is_spec
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
-
-
-def _is_spec(x) -> bool:
-    return isinstance(x, P)
 
 
 class SyncRule:
@@ -96,7 +93,7 @@ class SyncRule:
         replicated = jax.tree.map(lambda _: P(), opt_shapes)
         return optax.tree_map_params(
             self.tx, lambda _, s: s, replicated, param_specs,
-            transform_non_params=lambda _: P(), is_leaf=_is_spec,
+            transform_non_params=lambda _: P(), is_leaf=is_spec,
         )  # fmt: skip
 
     # --- inside the step body --------------------------------------------------------------
@@ -132,9 +129,10 @@ class SyncRule:
         return self.replicas.pmean(stats) if self.bn_axis_name is None and stats else stats
 
 
-def stack(tree: Any, num_replicas: int) -> Any:
-    """A leading replica axis of `num_replicas` copies."""
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_replicas, *jnp.shape(x))), tree)
+def stack(tree: Any, num_replicas: int, xp: Any = jnp) -> Any:
+    """A leading replica axis of `num_replicas` copies (`xp`: jax.numpy, or numpy on the
+    host)."""
+    return jax.tree.map(lambda x: xp.broadcast_to(x, (num_replicas, *xp.shape(x))), tree)
 
 
 def block(tree: Any) -> Any:
@@ -159,7 +157,7 @@ def stacked(specs: Any, replicas: Replicas) -> Any:
         lead = tuple(a for a in replicas.axes if a not in spec_axes(s))
         return P(lead or None, *s)
 
-    return jax.tree.map(one, specs, is_leaf=_is_spec)
+    return jax.tree.map(one, specs, is_leaf=is_spec)
 
 
 def stacked_size(spec: P, replicas: Replicas) -> int:
@@ -186,4 +184,4 @@ def manual(specs: Any, replicas: Replicas) -> Any:
             parts.pop()
         return P(*parts)
 
-    return jax.tree.map(keep, specs, is_leaf=_is_spec)
+    return jax.tree.map(keep, specs, is_leaf=is_spec)

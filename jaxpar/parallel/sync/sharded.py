@@ -25,7 +25,8 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import SyncRule, _is_spec
+from jaxpar.mesh import is_spec
+from jaxpar.parallel.sync.base import SyncRule
 
 
 class Sharded(SyncRule):
@@ -63,7 +64,7 @@ class Sharded(SyncRule):
             return P(*parts)
 
         param_specs = jax.tree.map(add_data, self.variable_specs["params"], dims, shapes.params,
-                                   is_leaf=_is_spec)  # fmt: skip
+                                   is_leaf=is_spec)  # fmt: skip
         return specs.replace(opt_state=self.like_params(shapes.opt_state, param_specs))
 
     def update(self, state, grads, stats):
