@@ -20,8 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import console, units
 from jaxpar import metrics as metrics_lib
-from jaxpar import units
 from jaxpar import watchdog as watchdog_lib
 from jaxpar.checkpoint import Checkpointer
 from jaxpar.data.prefetch import InputStats
@@ -101,7 +101,7 @@ class LogWindow:
     def __init__(
         self,
         writer: metrics_lib.MetricWriter,
-        progress: metrics_lib.Progress | None,
+        progress: console.Progress | None,
         schedule: Callable,
         batch_size: int,
         timer: StepTimer,

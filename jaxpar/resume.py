@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import console, optim, units
 from jaxpar import metrics as metrics_lib
-from jaxpar import optim, units
 from jaxpar.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def finished(workdir: str, step: int, config) -> dict[str, Any]:
             "at its end value) or a larger value to stretch it; or add --eval_only to evaluate"
         )
     if summary:
-        logger.info(metrics_lib.summary_table(summary))
+        logger.info(console.summary_table(summary))
     return {**summary, "finished": True}
 
 

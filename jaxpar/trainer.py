@@ -24,6 +24,7 @@ from jaxpar import (
     analysis,
     axes,
     cluster,
+    console,
     hooks,
     models,
     optim,
@@ -237,7 +238,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     config, total = setup.config, setup.config.num_train_steps
     is_lead = jax.process_index() == 0
     timer = hooks.StepTimer(watch)
-    progress = metrics_lib.Progress(total, start_step=start) if is_lead else None
+    progress = console.Progress(total, start_step=start) if is_lead else None
     feed = InputStats()  # what each batch cost the host and the loop's wait for it
     window = hooks.LogWindow(
         writer, progress, setup.schedule, config.global_batch_size, timer, ckpt, feed
@@ -311,7 +312,7 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
     else:
         summary.update(_train_split(run, outcome.state, summary))
         writer.write(setup.config.num_train_steps, "summary", **summary)
-        logger.info(metrics_lib.summary_table(summary))
+        logger.info(console.summary_table(summary))
         logger.info(f"metrics: {run.workdir}/metrics.jsonl")
     summary["state"] = setup.strategy.canonical(outcome.state)
     return summary

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, configfile, metrics, trainer
+from jaxpar import checkpoint, configfile, events, trainer
 from tests.util import TINY, flags, records, start_cli, wait_for_step
 
 EVERY, STEPS = 3, 18  # a checkpoint every 3 steps; the stop (SIGTERM) lands early, far from 18
@@ -154,7 +154,7 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     expected = [r["loss"] for r in records(ref, "train")]
     assert [r["step"] for r in records(run, "train")] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in records(run, "train")] == expected
-    shown = metrics.read_scalars(os.path.join(run, "tensorboard"))
+    shown = events.read_scalars(os.path.join(run, "tensorboard"))
     assert [step for step, _ in shown["train/loss"]] == list(range(1, STEPS + 1))
     np.testing.assert_array_equal([v for _, v in shown["train/loss"]], np.float32(expected))
     assert [step for step, _ in shown["eval/loss"]] == [STEPS]

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxpar import configfile, explain, metrics, optim, trainer, watchdog, workdir
+from jaxpar import configfile, console, explain, optim, trainer, watchdog, workdir
 from jaxpar.config import ConfigError
 from tests.util import (
     ROOT,
@@ -420,7 +420,7 @@ def test_progress_numbers_are_readable():
     one decimal and thousands separators, others with 4 decimals, tiny ones in 3 significant
     digits; text (a formatted rate) as given."""
     stream = io.StringIO()
-    progress = metrics.Progress(400, stream=stream)
+    progress = console.Progress(400, stream=stream)
     line = progress.update(12, loss=2.30312, big=24.4672, rate=1234.5, small=0.05, tiny=1e-5,
                            count=3, lr="5.00e-02")  # fmt: skip
     assert stream.getvalue() == line + "\n"

@@ -181,7 +181,7 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     bytes_between_stages_per_step: activations forward + gradients back over every boundary,
     whole global batch, in MiB; the parameter layouts are in layer order with the stage that
     holds each; the hybrid is named by what it composes."""
-    from jaxpar import explain, metrics, units
+    from jaxpar import console, explain, metrics, units
 
     config = pipeline_config("1f1b", 2, 2, data=2, **{"model.name": "vgg13",
                              "mesh_shape": (2, 2, 1)})  # fmt: skip
@@ -205,7 +205,7 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
                               compile_time_s=6.0299, wall_time_s=9.0, train={}, evaluation={},
                               num_params=1, flops_per_example=1.0,
                               report={"bytes_between_stages_per_step": total})  # fmt: skip
-    line = next(x for x in metrics.summary_table(summary).splitlines()
+    line = next(x for x in console.summary_table(summary).splitlines()
                 if x.startswith(metrics.STAGE_TO_STAGE_LABEL))  # fmt: skip
     assert f" {shown} " in line
     # the hybrid by its composition; parameters in layer order (conv8 before conv10) with
