@@ -281,7 +281,7 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
 def test_published_efficiency_sits_beside_the_prediction():
     """A suite row's `reference_efficiency` (seed 003 publishes speedups, not images/sec) is
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
-    from jaxpar.bench import results
+    from jaxpar.bench import predicted, results
     from jaxpar.predict.__main__ import table
     from jaxpar.predict.suites import add_reference
 
@@ -300,7 +300,7 @@ def test_published_efficiency_sits_beside_the_prediction():
     for b, eff, ref in zip(bench, (None, 0.9), (None, 0.587)):
         b.update(name="m", num_devices=2, speedup=1.5, predicted_efficiency=eff,
                  reference_efficiency=ref, predicted_profile="2x M60")  # fmt: skip
-    md = results.predicted_markdown(bench, "configs/hardware/m60_x2.py")
+    md = predicted.predicted_markdown(bench, "configs/hardware/m60_x2.py")
     assert md.startswith("Predicted on 2x M60") and "| 90.0% | 58.7% | +31.3 pt |" in md
 
 

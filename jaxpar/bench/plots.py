@@ -317,7 +317,7 @@ LABELLED = 3  # the rows with the largest |error| named on the plot
 
 def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     """Predicted against measured images/sec, log-log, for the rows that have both figures."""
-    from jaxpar.bench import results  # the errors' summary (pure functions)
+    from jaxpar.bench import predicted  # the errors' summary (pure functions)
 
     rows = [r for r in _ok(rows) if r.get("predicted_error") is not None]
     if not rows:
@@ -349,7 +349,7 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     ax.set_xlabel("measured images/sec [clock]")
     profile = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), "")
     ax.set_ylabel(f"predicted images/sec\n{profile}" if profile else "predicted images/sec")
-    s = results.prediction_summary(rows)
+    s = predicted.prediction_summary(rows)
     rho = "n/a" if s["spearman"] is None else f"{s['spearman']:.2f}"
     title = (f"predicted against measured images/sec\n{s['n']} rows: median |error| "
              f"{100 * s['median_abs_error']:.1f}%, Spearman rho {rho}")  # fmt: skip
