@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxpar import configfile
+from jaxpar import configfile, log
 
 configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
@@ -52,8 +52,8 @@ def make_config(args):
 
 
 def bare_images_per_sec(config, steps: int) -> float:
-    s = trainer.setup(config)
-    model, tx, mesh = s.model, s.strategy.tx, s.mesh
+    setup = trainer.setup(config)
+    model, tx, mesh = setup.model, setup.strategy.tx, setup.mesh
 
     def step(params, opt_state, batch):
         def loss_fn(p):
@@ -70,9 +70,9 @@ def bare_images_per_sec(config, steps: int) -> float:
         jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P(), P())),
         donate_argnums=(0, 1),
     )
-    state = s.strategy.init_state(jax.random.key(0))
+    state = setup.strategy.init_state(jax.random.key(0))
     params, opt_state = state.params, state.opt_state
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
     for _ in range(trainer.TIMING_WARMUP_STEPS):
         params, opt_state, loss = fn(params, opt_state, batch)
     jax.block_until_ready(loss)
@@ -118,4 +118,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     main()

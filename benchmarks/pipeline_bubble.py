@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxpar import configfile
+from jaxpar import configfile, log
 
 configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
@@ -41,25 +41,25 @@ def measure(args, schedule: str, m: int) -> dict:
     config.pipeline.schedule, config.pipeline.num_microbatches = schedule, m
     config.pipeline.split = args.split
     config.data.name = "synthetic"
-    s = trainer.setup(config, jax.devices()[: args.stages])
-    state = s.strategy.init_state(jax.random.key(0))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    s.strategy.compile(state, batch)
+    setup = trainer.setup(config, jax.devices()[: args.stages])
+    state = setup.strategy.init_state(jax.random.key(0))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    setup.strategy.compile(state, batch)
     for _ in range(2):
-        state, metrics = s.strategy.train_step(state, batch)
+        state, metrics = setup.strategy.train_step(state, batch)
     jax.block_until_ready(metrics)
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        state, metrics = s.strategy.train_step(state, batch)
+        state, metrics = setup.strategy.train_step(state, batch)
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - t0)
-    figures = analysis.measure_pipeline(s.strategy, config.global_batch_size)
+    figures = analysis.measure_pipeline(setup.strategy, config.global_batch_size)
     wall = statistics.median(times)
     return {
         **figures,
         "wall_step_s": wall,
-        "peak": s.strategy.stored_activation_bytes(config.global_batch_size),
+        "peak": setup.strategy.stored_activation_bytes(config.global_batch_size),
         "overlap": figures["sequential_step_s"] / wall,
     }
 
@@ -96,4 +96,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     main()

@@ -90,30 +90,30 @@ def run_row(
     row = {"row": spec, "model": model, "image": image, "dtype": dtype, "batch_size": batch}
     device = jax.devices()[0]
     config = config_for(model, image, dtype, batch)
-    s = trainer.setup(config, [device])
-    state = s.strategy.init_state(jax.random.key(0))
-    batch_data = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+    setup = trainer.setup(config, [device])
+    state = setup.strategy.init_state(jax.random.key(0))
+    batch_data = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
     t0 = time.perf_counter()
-    s.strategy.compile(state, batch_data)
+    setup.strategy.compile(state, batch_data)
     row["compile_s"] = time.perf_counter() - t0
     for _ in range(3):  # warm-up
-        state, metrics = s.strategy.train_step(state, batch_data)
+        state, metrics = setup.strategy.train_step(state, batch_data)
     jax.block_until_ready(state)
     each = []
     for _ in range(5):  # synchronised per step
         t = time.perf_counter()
-        state, metrics = s.strategy.train_step(state, batch_data)
+        state, metrics = setup.strategy.train_step(state, batch_data)
         jax.block_until_ready(state)
         each.append(time.perf_counter() - t)
     steps = max(5, int(seconds / max(statistics.median(each), 1e-4)))
     t = time.perf_counter()
     for _ in range(steps):
-        state, metrics = s.strategy.train_step(state, batch_data)
+        state, metrics = setup.strategy.train_step(state, batch_data)
     jax.block_until_ready(state)
     elapsed = time.perf_counter() - t
     if trace_dir:
         state = _trace(
-            s.strategy.train_step, state, batch_data, os.path.join(trace_dir, _file_name(spec))
+            setup.strategy.train_step, state, batch_data, os.path.join(trace_dir, _file_name(spec))
         )
     row.update(
         steps=steps,
@@ -125,11 +125,11 @@ def run_row(
     stats = device.memory_stats() or {}
     row["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
     row["bytes_limit"] = stats.get("bytes_limit")
-    report = analysis.report(s.strategy, batch, timing=False)
+    report = analysis.report(setup.strategy, batch, timing=False)
     row["memory_bytes_predicted"] = report["memory_bytes_per_device"]
     row["state_bytes"] = report["state_bytes_per_device"]
     row["temp_bytes"] = report["program_temp_bytes_per_device"]
-    (program,) = analysis.programs(s.strategy, batch)
+    (program,) = analysis.programs(setup.strategy, batch)
     text = program.compiled.as_text()
     if hlo_dir:
         import gzip
@@ -141,7 +141,7 @@ def run_row(
     row.update(matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops,
                memory_bound_bytes=ops.memory_bytes, kernels=ops.kernels,
                xla_flops=analysis.program_flops(program.compiled),
-               model_flops_per_image=3 * s.model.flops_per_example)  # fmt: skip
+               model_flops_per_image=3 * setup.model.flops_per_example)  # fmt: skip
     return row
 
 
@@ -187,4 +187,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from jaxpar import log
+
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     raise SystemExit(main())

@@ -25,7 +25,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+from jaxpar import configfile
+
+configfile.set_host_device_count(4)  # unless XLA_FLAGS already says
 
 import jax
 import jax.numpy as jnp

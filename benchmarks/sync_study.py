@@ -24,7 +24,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from jaxpar import configfile
+from jaxpar import configfile, log
 
 
 def load(path: str):
@@ -39,11 +39,11 @@ def run_row(name: str, config, devices) -> dict:
     from jaxpar import analysis, axes, trainer
     from jaxpar.parallel.sync import traffic
 
-    s = trainer.setup(config, devices)
-    n = axes.num_replicas(dict(s.mesh.shape))
-    state = s.strategy.init_state(jax.random.key(config.seed))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    programs = analysis.programs(s.strategy, config.global_batch_size)
+    setup = trainer.setup(config, devices)
+    n = axes.num_replicas(dict(setup.mesh.shape))
+    state = setup.strategy.init_state(jax.random.key(config.seed))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    programs = analysis.programs(setup.strategy, config.global_batch_size)
     text = "\n".join(p.compiled.as_text() for p in programs)
     period = config.sync.period if config.sync.mode == "local_sgd" else 1
     received = traffic.bytes_per_step(text, n, period)
@@ -54,12 +54,12 @@ def run_row(name: str, config, devices) -> dict:
     times = []
     for i in range(config.num_train_steps):
         t0 = time.perf_counter()
-        state, metrics = s.strategy.train_step(state, batch)
+        state, metrics = setup.strategy.train_step(state, batch)
         jax.block_until_ready(state)
         times.append(time.perf_counter() - t0)
         if i + 1 < config.num_train_steps:
-            batch = s.strategy.put_batch(trainer.local_train_batch(s, i + 1))
-    evaluation = trainer.evaluate(s, state)
+            batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i + 1))
+    evaluation = trainer.evaluate(setup, state)
     return {
         "row": name,
         "learning_rate": config.learning_rate,
@@ -70,7 +70,7 @@ def run_row(name: str, config, devices) -> dict:
         "images_per_sec": config.global_batch_size / float(np.median(times[3:])),
         "bytes_per_step_max": max(received),
         "bytes_per_step_min": min(received),
-        "param_bytes": 4 * s.model.num_params,
+        "param_bytes": 4 * setup.model.num_params,
         "opt_bytes_per_device": max(opt.values()) if opt else 0,
         "final_loss": float(metrics["loss"]),
         **{f"eval_{k}": v for k, v in evaluation.items()},
@@ -189,4 +189,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     main()

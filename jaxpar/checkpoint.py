@@ -11,9 +11,9 @@ from the step, so the step is all the position a run needs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,6 +22,8 @@ import orbax.checkpoint as ocp
 
 from jaxpar import oneline
 from jaxpar.errors import ConfigError, TrainingError
+
+logger = logging.getLogger(__name__)
 
 _CPU_HANDLER: list = []  # registered once per process
 
@@ -66,14 +68,11 @@ class Checkpointer:
         model,
         every: int,
         max_to_keep: int,
-        say: Callable | None = None,
     ):
         self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
         self.meta = fingerprint(config, model)
         self.restored_meta: dict = {}  # the JSON record of the checkpoint `restore` returned
         self.saved_step: int | None = None  # the last save this run started
-        # What the user is told (an unreadable checkpoint): print in process 0 by default.
-        self.say = say or (print if jax.process_index() == 0 else lambda *a, **k: None)
         if jax.default_backend() == "cpu" and not _CPU_HANDLER:
             # Replica-parallel saving slices every replicated array across its replicas, which
             # compiles a slice program per shape and stalls the first save for seconds; simulated
@@ -206,7 +205,7 @@ class Checkpointer:
         why = f"{type(error).__name__}: {why}" if error else "unknown error"
         source = os.path.join(self.directory, str(step))
         if not set_aside:
-            self.say(f"checkpoint {step} in {self.directory} does not read back ({why}); left "
+            logger.info(f"checkpoint {step} in {self.directory} does not read back ({why}); left "
                      f"in place, {then}")  # fmt: skip
             return
         aside = _free_path(os.path.join(self.directory, f"unreadable-{step}"))
@@ -219,7 +218,7 @@ class Checkpointer:
                     f"cannot be moved aside to {aside}: {e.strerror or e}. Move {source} out of "
                     "the way yourself and rerun"
                 ) from None
-            self.say(
+            logger.info(
                 f"checkpoint {step} does not read back ({why}); moved it aside to {aside} "
                 f"(kept, not deleted), {then if older else then + ', so the run starts anew'}"
             )

@@ -9,13 +9,11 @@ imports nothing of parallel.
 from __future__ import annotations
 
 import math
-import os
-import re
 
 import jax
 import ml_collections
 
-from jaxpar import axes, models
+from jaxpar import axes, configfile, models
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import resolve_shape
@@ -143,12 +141,10 @@ def _fewer_devices_hint(shape: tuple[int, ...], num_devices: int) -> str:
 
 def _device_count_note(config) -> str:
     """Why the device count may differ from host_device_count: XLA_FLAGS already set one."""
-    found = re.search(
-        r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
-    )
-    if found and int(found.group(1)) != config.host_device_count:
+    found = configfile.host_device_count()
+    if found is not None and found != config.host_device_count:
         return (
-            f" (XLA_FLAGS already sets {found.group(1)} simulated devices, which overrides "
+            f" (XLA_FLAGS already sets {found} simulated devices, which overrides "
             f"host_device_count={config.host_device_count}; unset it or change it there)"
         )
     return ""

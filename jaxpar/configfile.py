@@ -110,6 +110,16 @@ def host_device_count() -> int | None:
     return int(found[-1]) if found else None
 
 
+def with_host_devices(count: int | None, flags: str | None = None) -> str:
+    """XLA_FLAGS (`flags`, by default this process's) asking for `count` simulated CPU devices
+    (None: no count, XLA's default of one) in place of any count they ask for; every other flag
+    kept. The one place that writes the flag: for this process (`set_host_device_count`), the
+    workers launch/local.py starts, and the tests' subprocesses."""
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    kept = re.sub(rf"\s*{HOST_DEVICES_FLAG}=\d+", "", flags).strip()
+    return kept if count is None else f"{kept} {HOST_DEVICES_FLAG}={count}".strip()
+
+
 def set_host_device_count(count: int, *, replace: bool = False) -> int:
     """Ask XLA for `count` simulated CPU devices; return the count in effect.
 
@@ -130,11 +140,9 @@ def set_host_device_count(count: int, *, replace: bool = False) -> int:
             "calls jax.devices() or computes"
         )
     current = os.environ.get("XLA_FLAGS", "")
-    flags = re.sub(rf"\s*{HOST_DEVICES_FLAG}=\d+", "", current)
-    if count > 1:
-        flags = f"{flags} {HOST_DEVICES_FLAG}={count}"
-    if flags.strip() != current:
-        os.environ["XLA_FLAGS"] = flags.strip()
+    flags = with_host_devices(count if count > 1 else None, current)
+    if flags != current:
+        os.environ["XLA_FLAGS"] = flags
     return count
 
 

@@ -24,13 +24,13 @@ def natural(text: str) -> tuple:
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
 
 
-def _layouts(s, strategy) -> list[str]:
+def _layouts(setup, strategy) -> list[str]:
     """Every parameter's shape and PartitionSpec, in layer order (names in natural order
     within a layer), with the pipeline stage (and chunk, where stages hold several) whose
     devices hold it."""
-    order = {layer.name: i for i, layer in enumerate(s.model.layers)}
+    order = {layer.name: i for i, layer in enumerate(setup.model.layers)}
     staged = strategy.num_stages > 1
-    bounds = strategy.bounds or (0, len(s.model.layers))
+    bounds = strategy.bounds or (0, len(setup.model.layers))
     chunked = staged and len(bounds) - 1 > strategy.num_stages
     found = []
     for stage, pairs in enumerate(strategy.stage_states(strategy.state_shapes())):
@@ -94,8 +94,8 @@ def _between_stages(fig) -> list[str]:
 
 
 def explain(config, devices=None) -> str:
-    s = trainer.setup(config, devices)
-    strategy, mesh = s.strategy, s.mesh
+    setup = trainer.setup(config, devices)
+    strategy, mesh = setup.strategy, setup.mesh
     head = (
         f"mesh {units.named_mesh(mesh.axis_names, tuple(mesh.shape.values()))} over "
         f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
@@ -104,17 +104,17 @@ def explain(config, devices=None) -> str:
     roles = [f"  {a:<8} {mesh.shape[a]:>3}  {axes_lib.get(a).role:<7} {axes_lib.get(a).doc}"
              for a in mesh.axis_names]  # fmt: skip
     model = (
-        f"model {s.model.name}: {s.model.num_params:,} parameters, "
-        f"{s.model.flops_per_example / 1e6:,.1f} forward MFLOPs per image"
+        f"model {setup.model.name}: {setup.model.num_params:,} parameters, "
+        f"{setup.model.flops_per_example / 1e6:,.1f} forward MFLOPs per image"
     )
     out = [head, "axes (name, size, role, what it splits):", *roles, model]
     if described := strategy.describe(config.global_batch_size):
         out.append(described)
     for name in axes_lib.used(dict(mesh.shape)):
-        if described := axes_lib.get(name).describe(config, dict(mesh.shape), s.model):
+        if described := axes_lib.get(name).describe(config, dict(mesh.shape), setup.model):
             out.append(described)
     out.append("")
-    out += _layouts(s, strategy)
+    out += _layouts(setup, strategy)
 
     fig = analysis.report(strategy, config.global_batch_size, timing=False)
     params, opt = fig["param_bytes_per_device"], fig["opt_state_bytes_per_device"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,12 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import console, units
 from jaxpar import metrics as metrics_lib
-from jaxpar import units
 from jaxpar import watchdog as watchdog_lib
 from jaxpar.checkpoint import Checkpointer
 from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +101,7 @@ class LogWindow:
     def __init__(
         self,
         writer: metrics_lib.MetricWriter,
-        progress: metrics_lib.Progress | None,
+        progress: console.Progress | None,
         schedule: Callable,
         batch_size: int,
         timer: StepTimer,
@@ -161,16 +164,15 @@ class LogWindow:
 
 
 class Evaluation:
-    """Evaluates the state (`evaluate(state)`), writes the eval line and says it."""
+    """Evaluates the state (`evaluate(state)`), writes the eval line and logs it."""
 
     def __init__(
         self,
         evaluate: Callable[[Any], dict[str, float]],
         writer: metrics_lib.MetricWriter,
-        say: Callable,
         timer: StepTimer,
     ):
-        self.evaluate, self.writer, self.say, self.timer = evaluate, writer, say, timer
+        self.evaluate, self.writer, self.timer = evaluate, writer, timer
         self.last: dict[str, float] = {}  # the last evaluation
 
     def __call__(self, info: StepInfo) -> None:
@@ -178,7 +180,7 @@ class Evaluation:
             self.timer.watch.doing(f"evaluating at step {info.step}", compiling=not self.last)
             self.last = self.evaluate(info.state)
             self.writer.write(info.step, "eval", **self.last)
-            self.say(
+            logger.info(
                 f"eval at step {info.step}: loss {self.last['loss']:.4f}  "
                 f"accuracy {self.last['accuracy']:.4f}"
             )

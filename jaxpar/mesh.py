@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from jaxpar import axes as axes_lib
 
@@ -71,3 +73,14 @@ def example(names: Sequence[str], num_devices: int) -> str:
     first = batch[0] if batch else names[0]
     sizes = [num_devices if a == first else 1 for a in names]
     return f"--config.mesh_shape={spelled_shape(names, sizes)}"
+
+
+def is_spec(x) -> bool:
+    """Whether `x` is a PartitionSpec: the leaves of a tree of specs (`is_leaf=is_spec`; a
+    spec is a tuple, which jax.tree would otherwise open)."""
+    return isinstance(x, P)
+
+
+def shardings(mesh: Mesh, specs: Any) -> Any:
+    """The NamedShardings on `mesh` of a tree of PartitionSpecs."""
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=is_spec)

@@ -1,20 +1,18 @@
-"""Throughput statistics, the metrics.jsonl/TensorBoard writer, and what the console shows."""
+"""Throughput statistics and the metrics.jsonl/TensorBoard writer (the event files:
+jaxpar/events.py; what the console shows: jaxpar/console.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import socket
-import struct
-import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxpar import axes, units
+from jaxpar.events import EventFile
 
 # The one rule for `input_bound` (docs/results.md, "What the input pipeline costs"): after warm-up the
 # training loop spent more than this share of its step time waiting for the next batch.
@@ -257,118 +255,6 @@ class MetricWriter:
             self._tb = None
 
 
-class EventFile:
-    """One TensorBoard event file in `logdir`, written as TensorFlow writes them (TFRecord
-    framing, tensorboardX's protocol buffers), synchronously: each `scalars` call is in the
-    operating system's hands when it returns, like a line of metrics.jsonl. (tensorboardX's
-    SummaryWriter queues events for a thread that flushes every two minutes: a killed run lost
-    them.)
-
-    `purge_step`: the run restarts at that step. The file then begins with TensorBoard's
-    restart marker (SessionLog.START at `purge_step`), on which TensorBoard drops every event
-    of the files before it at that step or later: the steps a resumed run replays appear once.
-    `read_scalars` reads the files back the same way."""
-
-    def __init__(self, logdir: str, purge_step: int | None = None):
-        from tensorboardX.proto import event_pb2, summary_pb2  # before any file is made
-        from tensorboardX.record_writer import masked_crc32c
-
-        self._pb, self._crc = (event_pb2, summary_pb2), masked_crc32c
-        os.makedirs(logdir, exist_ok=True)
-        # TensorBoard reads a folder's files in name order: the start time leads the name.
-        base = os.path.join(
-            logdir, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-        )
-        name, n = f"{base}.{os.getpid()}", 1
-        while os.path.lexists(name):  # never overwrite another run's file
-            n += 1
-            name = f"{base}.{os.getpid()}.{n}"
-        self.path = name
-        self._file = open(name, "xb")
-        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
-        if purge_step is not None:
-            start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-            self._write(event_pb2.Event(wall_time=time.time(), step=purge_step, session_log=start))
-        self._file.flush()
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        """One event at `step` holding the scalar `values` (tag -> value)."""
-        if not values:
-            return
-        event_pb2, summary_pb2 = self._pb
-        summary = summary_pb2.Summary(
-            value=[summary_pb2.Summary.Value(tag=t, simple_value=v) for t, v in values.items()]
-        )
-        self._write(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
-        self._file.flush()
-
-    def _write(self, event) -> None:
-        """One TFRecord: length, its masked CRC-32C, the serialised event, its masked CRC."""
-        data = event.SerializeToString()
-        header = struct.pack("<Q", len(data))
-        crc = self._crc
-        self._file.write(
-            header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data))
-        )
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
-    """The scalars TensorBoard shows from the event files in `logdir`: tag -> [(step, value)]
-    in the order written. Files are read in name order and a restart marker (SessionLog.START
-    at step s) drops the points at step s or later read before it, as TensorBoard does (its
-    `purge_orphaned_data`); a record cut short by a kill, or failing its checksum, ends its
-    file, as it does in TensorBoard."""
-    from tensorboardX.proto import event_pb2
-    from tensorboardX.record_writer import masked_crc32c
-
-    points: dict[str, list[tuple[int, float]]] = {}
-    names = os.listdir(logdir) if os.path.isdir(logdir) else []
-    for name in sorted(n for n in names if ".tfevents." in n):
-        with open(os.path.join(logdir, name), "rb") as f:
-            data = f.read()
-        at = 0
-        while at + 12 <= len(data):
-            header, (header_crc,) = data[at : at + 8], struct.unpack("<I", data[at + 8 : at + 12])
-            (length,) = struct.unpack("<Q", header)
-            body = data[at + 12 : at + 12 + length]
-            tail = data[at + 12 + length : at + 16 + length]
-            if len(tail) < 4 or header_crc != masked_crc32c(header):
-                break
-            if struct.unpack("<I", tail)[0] != masked_crc32c(body):
-                break
-            at += 16 + length
-            event = event_pb2.Event.FromString(body)
-            if event.session_log.status == event_pb2.SessionLog.START:
-                for tag, kept in points.items():
-                    points[tag] = [(s, v) for s, v in kept if s < event.step]
-            for value in event.summary.value:
-                points.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return points
-
-
-class Progress:
-    """One console line per log step: step, loss, learning rate, images/sec and ETA. Values
-    given as text (a duration or a rate formatted by jaxpar.units) print as they are."""
-
-    def __init__(self, total_steps: int, start_step: int = 0, stream=sys.stdout):
-        self.total, self.stream = total_steps, stream
-        self.t0, self.s0 = time.perf_counter(), start_step
-
-    def update(self, step: int, **values: float | str) -> str:
-        elapsed = time.perf_counter() - self.t0
-        done = step - self.s0
-        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
-        parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
-        parts += [f"{k} {v if isinstance(v, str) else _fmt(v)}" for k, v in values.items()]
-        parts.append(f"ETA {units.clock(eta)}")
-        line = "  ".join(parts)
-        print(line, file=self.stream, flush=True)
-        return line
-
-
 def last_summary(workdir: str) -> dict[str, Any] | None:
     """The last "summary" record of WORKDIR/metrics.jsonl, or None."""
     path = os.path.join(workdir, "metrics.jsonl")
@@ -383,92 +269,3 @@ def last_summary(workdir: str) -> dict[str, Any] | None:
                 if record.get("split") == "summary":
                     found = record
     return found
-
-
-def _fmt(value: float) -> str:
-    """Readable numbers: integers as they are, large values with 1 decimal, small ones with 4
-    significant digits (0.0500, 2.303, 24.47 -> 24.5)."""
-    if isinstance(value, (int, np.integer)):
-        return str(value)
-    if not math.isfinite(value):
-        return str(value)
-    if abs(value) >= 10:
-        return f"{value:,.1f}"
-    if value == 0 or abs(value) >= 1e-3:
-        return f"{value:.4f}"
-    return f"{value:.3g}"
-
-
-def _by_axis(rows: dict[str, float]) -> str | None:
-    """Collective bytes per device per step by mesh axis: "fsdp 4.79 MiB, data 1.20 MiB"."""
-    shown = [(axis, n) for axis, n in sorted(rows.items(), key=lambda kv: -kv[1]) if n]
-    return ", ".join(f"{axis} {units.mib(n)}" for axis, n in shown) or "none"
-
-
-def summary_table(summary: dict[str, Any]) -> str:
-    """A two-column table of the final summary, in a fixed, readable order: durations,
-    sizes and meshes in the one format each has everywhere (jaxpar.units)."""
-    secs, each = units.seconds, lambda ts: ", ".join(units.seconds(t) for t in ts)
-    order = [
-        ("mesh", "mesh", None),
-        ("devices", "num_devices", None),
-        ("partitioning", "partitioning", None),
-        ("strategy", "strategy", None),
-        ("steps", "steps", None),
-        ("global batch", "global_batch_size", None),
-        ("images/sec (median)", "images_per_sec", None),
-        ("step time, median", "step_time_median_s", secs),
-        ("step time, p10 - p90", None, None),
-        ("model TFLOP/s", "model_tflops_per_sec", None),
-        ("host batch time, median", "input_s_per_step", secs),
-        ("  of which copy to devices", "input_put_s_per_step", secs),
-        ("wait for data / step, mean", "input_wait_s_per_step", secs),
-        ("loader capacity images/sec", "loader_images_per_sec", None),
-        (f"input-bound (waits > {INPUT_BOUND_WAIT_SHARE:.0%} of step)", "input_bound", None),
-        ("pipeline schedule", "pipeline_schedule", None),
-        ("micro-batches", "num_microbatches", None),
-        ("bubble, analytic", "analytic_bubble", None),
-        ("bubble, measured stage times", "measured_bubble", None),
-        ("chunk time / micro-batch, predicted", "stage_time_predicted_s", each),
-        ("chunk time / micro-batch, measured", "stage_time_measured_s", each),
-        (STAGE_TO_STAGE_LABEL, "bytes_between_stages_per_step", units.mib),
-        ("parameters / device", "param_bytes_per_device", units.mib),
-        ("optimizer state / device", "opt_state_bytes_per_device", units.mib),
-        ("activations, working / device", "program_temp_bytes_per_device", units.mib),
-        ("collectives / device / step", "collective_bytes_by_axis", _by_axis),
-        ("  of which halo exchange", "halo_bytes_per_device", units.mib),
-        ("compile time", "compile_time_s", secs),
-        ("wall time", "wall_time_s", secs),
-        ("epochs", "epochs", None),
-        ("time per epoch", "seconds_per_epoch", secs),
-        ("final train loss", "final_loss", None),
-        ("eval loss", "eval_loss", None),
-        ("eval accuracy", "eval_accuracy", None),
-        ("train-split accuracy (inference)", "train_eval_accuracy", None),
-        ("train - test accuracy gap", "generalization_gap", None),
-    ]
-    rows = []
-    for label, key, show in order:
-        if key is None:
-            if "step_time_p10_s" in summary:
-                value = f"{secs(summary['step_time_p10_s'])} - {secs(summary['step_time_p90_s'])}"
-            else:
-                continue
-        elif summary.get(key) is None or (key == "halo_bytes_per_device" and not summary[key]):
-            continue  # absent, not applicable to this strategy, or no halos
-        else:
-            value = summary[key]
-            if show is not None:
-                value = show(value)
-            else:
-                value = _fmt(value) if isinstance(value, float) else str(value)
-            if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
-                value = f"{value}  {summary['analytic_bubble_formula']}"
-            if key == "bytes_between_stages_per_step":
-                value = f"{value}  ({STAGE_TO_STAGE_MEANING})"
-        rows.append((label, value))
-    width = max(len(label) for label, _ in rows)
-    line = "-" * (width + 2 + max(len(v) for _, v in rows))
-    verdict = [said] if (said := input_line(summary)) else []
-    table = [line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line]
-    return "\n".join(table + verdict)

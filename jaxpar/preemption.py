@@ -17,15 +17,17 @@ preemption save policy ask). Orbax's helper alone does not cover what jaxpar pro
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
 
 import jax
 import orbax.checkpoint as ocp
 
 from jaxpar import watchdog as watchdog_lib
+
+logger = logging.getLogger(__name__)
 
 
 class Preemption:
@@ -33,11 +35,10 @@ class Preemption:
     current step, from `__enter__` (or construction) until `__exit__`/`restore`. A second
     SIGINT without a watchdog aborts at once (KeyboardInterrupt)."""
 
-    def __init__(self, say: Callable = print, watch: watchdog_lib.Watchdog | None = None):
+    def __init__(self, watch: watchdog_lib.Watchdog | None = None):
         self.watch = watch
         self.asked = False
         self.signal_name = ""
-        self._say = say
         self._previous: dict = {}
         self.multi = jax.process_count() > 1
         if threading.current_thread() is threading.main_thread():
@@ -53,10 +54,9 @@ class Preemption:
         self.asked, self.signal_name = True, name
         if self.multi:  # tell every process, through JAX's preemption notifier
             os.kill(os.getpid(), signal.SIGTERM)
-        self._say(
+        logger.info(
             f"{name}: finishing this step, then saving a checkpoint and stopping"
-            + (" (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""),
-            flush=True,
+            + (" (Ctrl-C again aborts at once)" if signum == signal.SIGINT else "")
         )
 
     def check(self, step: int) -> bool:

@@ -7,10 +7,12 @@ https://ui.perfetto.dev: one track per device with compute, collectives and pipe
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
 
+logger = logging.getLogger(__name__)
 PROFILE_STEPS = 3  # steps recorded by --profile
 
 
@@ -39,4 +41,4 @@ class StepTrace:
         if self.on:
             jax.profiler.stop_trace()
             self.on = False
-            print(f"profiler trace of steps {self.first + 1}-{self.last + 1}: {self.dir}")
+            logger.info(f"profiler trace of steps {self.first + 1}-{self.last + 1}: {self.dir}")

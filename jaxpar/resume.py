@@ -8,30 +8,33 @@ finished run, or one asking for fewer steps than the run has done, leaves it as 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxpar import console, optim, units
 from jaxpar import metrics as metrics_lib
-from jaxpar import optim, units
 from jaxpar.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 
-def initial_state(strategy, config, ckpt, restored, say) -> tuple[Any, int]:
+
+def initial_state(strategy, config, ckpt, restored) -> tuple[Any, int]:
     """The placed state to train from and its step: the `restored` checkpoint's (a pair of
     host state and step, from `ckpt.restore`), or a new one."""
     if restored is None:
         return strategy.init_state(jax.random.key(config.seed)), 0
     host_state, start = restored
-    check_schedule(config, ckpt.restored_meta, start, say)
+    check_schedule(config, ckpt.restored_meta, start)
     state = strategy.place(host_state)
-    say(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
+    logger.info(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
     return state, start
 
 
-def finished(workdir: str, step: int, config, say) -> dict[str, Any]:
+def finished(workdir: str, step: int, config) -> dict[str, Any]:
     """A rerun of a finished run: say so, show its summary, change nothing. A checkpoint past
     `num_train_steps` (the rerun asks for fewer steps than the run has done) is the same case:
     a run never goes back to an earlier step, which would mean saving checkpoints below newer
@@ -40,7 +43,7 @@ def finished(workdir: str, step: int, config, say) -> dict[str, Any]:
     span = optim.schedule_steps(config)
     total = config.num_train_steps
     if step > total:
-        say(
+        logger.info(
             f"the run in {workdir} is already past step {total}: its newest checkpoint is at "
             f"step {step}, and a run never goes back to an earlier step; nothing to train. To "
             f"continue it, raise --config.num_train_steps above {step}; to train from an "
@@ -48,18 +51,18 @@ def finished(workdir: str, step: int, config, say) -> dict[str, Any]:
             "folder of a new --workdir; or add --eval_only to evaluate"
         )
     else:
-        say(
+        logger.info(
             f"the run in {workdir} is finished: its checkpoint is at step {step} of {total}; "
             "nothing to train. To continue, raise --config.num_train_steps and add "
             f"--config.schedule_steps={span} to keep its learning-rate schedule (the rate stays "
             "at its end value) or a larger value to stretch it; or add --eval_only to evaluate"
         )
     if summary:
-        say(metrics_lib.summary_table(summary))
+        logger.info(console.summary_table(summary))
     return {**summary, "finished": True}
 
 
-def check_schedule(config, restored_meta: dict, start: int, say) -> None:
+def check_schedule(config, restored_meta: dict, start: int) -> None:
     """Continuing a run must not change the learning rate of its steps behind the user's back:
     a schedule whose rate differs at any step from the one in `restored_meta` (the restored
     checkpoint's record; usually a raised num_train_steps stretching the cosine) is refused in
@@ -77,7 +80,7 @@ def check_schedule(config, restored_meta: dict, start: int, say) -> None:
     rates = (f"the rate at step {at + 1} is {units.rate(float(new[at]))} instead of "
              f"{units.rate(float(old[at]))}")  # fmt: skip
     if config.schedule_steps:  # asked for explicitly: go on, and say what changes
-        say(f"learning-rate schedule changed on resuming at step {start}: {rates}")
+        logger.info(f"learning-rate schedule changed on resuming at step {start}: {rates}")
         return
     raise ConfigError(
         f"this run was trained on a {before['schedule_steps']}-step {before['lr_schedule']} "

@@ -16,7 +16,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpar import cluster, configfile, oneline
+from jaxpar import cluster, configfile, log, oneline
 
 configfile.make_configs_importable()  # `from configs import base` from any directory
 
@@ -102,6 +102,7 @@ def default_workdir(config_path: str) -> str:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    log.setup()  # the run's lines on stdout, from process 0 (jaxpar/log.py)
     # Orbax logs through absl, including tracebacks of failed background saves that jaxpar
     # reports as one line; JAXPAR_DEBUG=1 shows them (and absl's warnings).
     logging.set_verbosity(logging.WARNING if DEBUG else logging.FATAL)

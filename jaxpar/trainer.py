@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -23,6 +24,7 @@ from jaxpar import (
     analysis,
     axes,
     cluster,
+    console,
     hooks,
     models,
     optim,
@@ -44,6 +46,8 @@ from jaxpar.errors import TrainingError
 from jaxpar.parallel import stages
 from jaxpar.parallel.pipeline import balance
 from jaxpar.parallel.state import add_sums
+
+logger = logging.getLogger(__name__)
 
 TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
 
@@ -78,8 +82,7 @@ def setup(
     devices = list(devices if devices is not None else jax.devices())
     wanted = config_lib.device_count(config, len(devices))
     if wanted < len(devices):
-        if jax.process_index() == 0:
-            print(f"using the first {wanted} of {len(devices)} devices")
+        logger.info(f"using the first {wanted} of {len(devices)} devices")
         devices = devices[:wanted]
     shape = parallel.validate(config, len(devices))
     mesh = mesh_lib.make_mesh(shape, devices)
@@ -87,40 +90,40 @@ def setup(
     spec = dataset.spec
     model = models.build(config.model, spec.image_shape, spec.num_classes)
     parallel.check_model(config, shape, model)  # the refusals only the model tells
-    say = print if jax.process_index() == 0 else (lambda *a, **k: None)
     if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/balance.py)
         config = config.copy_and_resolve_references()
         config.pipeline.num_microbatches = (
-            balance.choose_microbatches(model, config, mesh, workdir, say)
+            balance.choose_microbatches(model, config, mesh, workdir)
             if axes.num_stages(shape) > 1
             else 1
         )
         parallel.validate(config, len(devices))
     if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
-        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir, say))
+        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
     tx = optim.make_optimizer(config)
     strategy = parallel.build(config, model, mesh, tx)
     return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
 
 
-def local_train_batch(s: Setup, step: int) -> dict[str, np.ndarray]:
+def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
     """This process's share of global batch `step` (deterministic in seed and step)."""
-    return s.dataset.train_batch(step, s.config.global_batch_size, *s.strategy.batch_share(),
-                                 example_ids=s.model.stochastic)  # fmt: skip
+    share = setup.strategy.batch_share()
+    return setup.dataset.train_batch(step, setup.config.global_batch_size, *share,
+                                     example_ids=setup.model.stochastic)  # fmt: skip
 
 
 def evaluate(
-    s: Setup, state, watch: watchdog_lib.Watchdog | None = None, dataset=None
+    setup: Setup, state, watch: watchdog_lib.Watchdog | None = None, dataset=None
 ) -> dict[str, float]:
     """Loss and accuracy over the whole eval split (the padded last batch is masked) of
     `dataset` (the run's own by default)."""
-    batch_size = s.config.eval_batch_size or s.config.global_batch_size
-    dataset = dataset or s.dataset
+    batch_size = setup.config.eval_batch_size or setup.config.global_batch_size
+    dataset = dataset or setup.dataset
     totals = None
-    for i, local in enumerate(dataset.eval_batches(batch_size, *s.strategy.batch_share())):
+    for i, local in enumerate(dataset.eval_batches(batch_size, *setup.strategy.batch_share())):
         # Every computation is counted in the strategy's dispatch window (dispatch.py).
-        sums = s.strategy.eval_step(state, s.strategy.put_batch(local))
-        totals = sums if totals is None else s.strategy.inflight.add(add_sums(totals, sums))
+        sums = setup.strategy.eval_step(state, setup.strategy.put_batch(local))
+        totals = sums if totals is None else setup.strategy.inflight.add(add_sums(totals, sums))
         if watch is not None:
             watch.beat(f"evaluation batch {i + 1}")
     totals = jax.device_get(totals)
@@ -152,25 +155,24 @@ def train_and_evaluate(
     stop), each with a one-line message.
     """
     wall0 = time.perf_counter()
-    s = setup(config, devices, workdir)
+    built = setup(config, devices, workdir)
     is_lead = jax.process_index() == 0
-    say = print if is_lead else (lambda *a, **k: None)
     if is_lead:
         workdir_lib.prepare(workdir)
     lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
     with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
-        result = _run(_Run(s, workdir, say, watch, wall0, profile), eval_only)
+        result = _run(_Run(built, workdir, watch, wall0, profile), eval_only)
     cluster.finish()  # several processes: every one is past its last collective
     return result
 
 
 @dataclasses.dataclass(frozen=True)
 class _Run:
-    """One call of `train_and_evaluate`: what it is built from and what it reports to."""
+    """One call of `train_and_evaluate`: what it is built from and what it reports to (what
+    it says goes to the "jaxpar" logger: jaxpar/log.py)."""
 
-    s: Setup
+    setup: Setup
     workdir: str
-    say: Callable  # print in process 0, nothing elsewhere
     watch: watchdog_lib.Watchdog
     wall0: float  # when it started (perf_counter)
     profile: bool
@@ -178,36 +180,36 @@ class _Run:
 
 def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
     """Resume or start, compile, train and summarise."""
-    s, say, watch = run.s, run.say, run.watch
-    config, total = s.config, s.config.num_train_steps
-    _announce(s, say)
+    setup, watch = run.setup, run.watch
+    config, total = setup.config, setup.config.num_train_steps
+    _announce(setup)
     with contextlib.ExitStack() as cleanup:  # one cleanup, however the run ends
         ckpt, restored = None, None
         if config.checkpoint_every_steps or eval_only:
             every, keep = config.checkpoint_every_steps, config.checkpoint.max_to_keep
-            ckpt = checkpoint_lib.Checkpointer(run.workdir, config, s.model, every, keep)
+            ckpt = checkpoint_lib.Checkpointer(run.workdir, config, setup.model, every, keep)
             cleanup.enter_context(ckpt)
             watch.doing("restoring the newest checkpoint", compiling=True)
-            restored = ckpt.restore(s.strategy.host_target(), set_aside=not eval_only)
+            restored = ckpt.restore(setup.strategy.host_target(), set_aside=not eval_only)
         if eval_only:
             return _evaluate_only(run, restored)
         if restored is not None and restored[1] >= total:
-            return resume.finished(run.workdir, restored[1], config, say)
-        state, start = resume.initial_state(s.strategy, config, ckpt, restored, say)
+            return resume.finished(run.workdir, restored[1], config)
+        state, start = resume.initial_state(setup.strategy, config, ckpt, restored)
         is_lead = jax.process_index() == 0
         writer = metrics_lib.MetricWriter(run.workdir, enabled=is_lead, resume_step=start)
         cleanup.enter_context(writer)
         if writer.archived:
-            say(
+            logger.info(
                 f"{run.workdir} held metrics of an earlier run that left no checkpoint; they are "
                 f"kept in {writer.archived}"
             )
-        first = s.strategy.put_batch(local_train_batch(s, start))
+        first = setup.strategy.put_batch(local_train_batch(setup, start))
         watch.doing("compiling the train step", compiling=True)
-        s.strategy.compile(state, first)
+        setup.strategy.compile(state, first)
         watch.beat("compiling the train step")
-        say(
-            f"compiled the train step in {units.seconds(s.strategy.compile_time_s)}; training "
+        logger.info(
+            f"compiled the train step in {units.seconds(setup.strategy.compile_time_s)}; training "
             f"steps {start + 1}-{total} of {config.global_batch_size} images"
         )
         outcome = _train(run, state, first, start, writer, ckpt)
@@ -232,36 +234,40 @@ class _Outcome:
 def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     """Steps `start + 1`..`num_train_steps` (`first` is the batch of the first), each followed
     by the hooks; saves and ends early when a stop is requested."""
-    s, say, watch = run.s, run.say, run.watch
-    config, total = s.config, s.config.num_train_steps
+    setup, watch = run.setup, run.watch
+    config, total = setup.config, setup.config.num_train_steps
     is_lead = jax.process_index() == 0
     timer = hooks.StepTimer(watch)
-    progress = metrics_lib.Progress(total, start_step=start) if is_lead else None
+    progress = console.Progress(total, start_step=start) if is_lead else None
     feed = InputStats()  # what each batch cost the host and the loop's wait for it
     window = hooks.LogWindow(
-        writer, progress, s.schedule, config.global_batch_size, timer, ckpt, feed
+        writer, progress, setup.schedule, config.global_batch_size, timer, ckpt, feed
     )
-    evaluation = hooks.Evaluation(lambda st: evaluate(s, st, watch), writer, say, timer)
+    evaluation = hooks.Evaluation(lambda st: evaluate(setup, st, watch), writer, timer)
     after_step = hooks.Hooks()
     after_step.add_hook(window.log, every=config.log_every_steps)
     after_step.add_hook(evaluation, every=config.eval_every_steps)
     if ckpt is not None:  # asked every step: Orbax's policy picks the steps (Checkpointer.due)
         meta = optim.schedule_meta(config)
-        after_step.add_hook(hooks.Checkpoints(ckpt, s.strategy.canonical, meta, window, timer))
+        after_step.add_hook(hooks.Checkpoints(ckpt, setup.strategy.canonical, meta, window, timer))
     profile = run.profile and is_lead
     tracer = profiling.StepTrace(run.workdir, start + TIMING_WARMUP_STEPS, total, profile)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(tracer.stop)
-        stop = cleanup.enter_context(preemption.Preemption(say, watch))
+        stop = cleanup.enter_context(preemption.Preemption(watch))
         batches = cleanup.enter_context(
             data_lib.Prefetcher(
-                partial(local_train_batch, s), s.strategy.put_batch, start + 1, total, stats=feed
+                partial(local_train_batch, setup),
+                setup.strategy.put_batch,
+                start + 1,
+                total,
+                stats=feed,
             )
         )
         for i, batch in itertools.chain([(start, first)], batches):
             tracer.before(i, state)
             watch.doing(f"running step {i + 1}")
-            state, metrics = s.strategy.train_step(state, batch)
+            state, metrics = setup.strategy.train_step(state, batch)
             watchdog_lib.injected_hang(i + 1)
             tracer.after(i, (state, metrics))
             timer.dispatched(i + 1, metrics)
@@ -270,7 +276,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
             info = hooks.StepInfo(i + 1, state, final=i + 1 == total, stopping=stop.check(i + 1))
             after_step.run(info)
             if info.stopping and not info.final:
-                say(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
+                logger.info(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
                 break
     stopped = info.stopping and not info.final
     return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped)
@@ -278,45 +284,48 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
 
 def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -> dict[str, Any]:
     """The summary record (written and shown unless the run was stopped), with the state."""
-    s = run.s
+    setup = run.setup
     jax.block_until_ready(outcome.state)
-    report = _strategy_report(s)
+    report = _strategy_report(setup)
     summary = metrics_lib.summary(
-        strategy=s.strategy.name,
-        mesh_shape=tuple(int(v) for v in s.mesh.devices.shape),
-        mesh_axes=tuple(s.mesh.axis_names),
-        partitioning=s.strategy.partitioning(),
-        steps=s.config.num_train_steps,
-        global_batch_size=s.config.global_batch_size,
+        strategy=setup.strategy.name,
+        mesh_shape=tuple(int(v) for v in setup.mesh.devices.shape),
+        mesh_axes=tuple(setup.mesh.axis_names),
+        partitioning=setup.strategy.partitioning(),
+        steps=setup.config.num_train_steps,
+        global_batch_size=setup.config.global_batch_size,
         step_times=outcome.step_times,
         warmup=TIMING_WARMUP_STEPS,
         made=outcome.feed.made,
         waited=outcome.feed.waited,
-        compile_time_s=s.strategy.compile_time_s,
+        compile_time_s=setup.strategy.compile_time_s,
         wall_time_s=time.perf_counter() - run.wall0,
         train=outcome.train,
         evaluation=outcome.evaluation,
-        num_params=s.model.num_params,
-        flops_per_example=s.model.flops_per_example,
+        num_params=setup.model.num_params,
+        flops_per_example=setup.model.flops_per_example,
         report=report,
     )
-    summary.update(_epochs(s, summary))
+    summary.update(_epochs(setup, summary))
     if outcome.stopped:
         summary["preempted"] = True
     else:
         summary.update(_train_split(run, outcome.state, summary))
-        writer.write(s.config.num_train_steps, "summary", **summary)
-        run.say(metrics_lib.summary_table(summary))
-        run.say(f"metrics: {run.workdir}/metrics.jsonl")
-    summary["state"] = s.strategy.canonical(outcome.state)
+        writer.write(setup.config.num_train_steps, "summary", **summary)
+        logger.info(console.summary_table(summary))
+        logger.info(f"metrics: {run.workdir}/metrics.jsonl")
+    summary["state"] = setup.strategy.canonical(outcome.state)
     return summary
 
 
-def _epochs(s: Setup, summary: dict[str, Any]) -> dict[str, Any]:
+def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
     """How much of the train split the run saw: its size, epochs, and seconds per epoch at
     the measured rate."""
-    n = s.dataset.spec.num_train
-    out = {"train_examples": n, "epochs": s.config.num_train_steps * s.config.global_batch_size / n}
+    n = setup.dataset.spec.num_train
+    out = {
+        "train_examples": n,
+        "epochs": setup.config.num_train_steps * setup.config.global_batch_size / n,
+    }
     if summary.get("images_per_sec"):
         out["seconds_per_epoch"] = n / summary["images_per_sec"]
     return out
@@ -325,40 +334,41 @@ def _epochs(s: Setup, summary: dict[str, Any]) -> dict[str, Any]:
 def _train_split(run: _Run, state, summary: dict[str, Any]) -> dict[str, Any]:
     """With eval_train_examples: the final model evaluated on that many train images (the
     train accuracy) and the train/test gap in accuracy; else nothing."""
-    n = run.s.config.eval_train_examples
+    n = run.setup.config.eval_train_examples
     if not n:
         return {}
     run.watch.doing("evaluating the train split", compiling=False)
-    result = evaluate(run.s, state, run.watch, run.s.dataset.train_as_eval(n))
+    result = evaluate(run.setup, state, run.watch, run.setup.dataset.train_as_eval(n))
     out = {
         "train_eval_loss": result["loss"],
         "train_eval_accuracy": result["accuracy"],
         "train_eval_examples": result["count"],
         "generalization_gap": result["accuracy"] - summary["eval_accuracy"],
     }
-    run.say(
+    logger.info(
         f"train split ({result['count']:,} images, inference mode): loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}  gap to test {out['generalization_gap']:+.4f}"
     )
     return out
 
 
-def _strategy_report(s: Setup) -> dict[str, Any]:
+def _strategy_report(setup: Setup) -> dict[str, Any]:
     """The strategy's figures of a step (memory, collectives, pipeline) for the summary: the
     one place the trainer asks for them."""
-    return analysis.report(s.strategy, s.config.global_batch_size)
+    return analysis.report(setup.strategy, setup.config.global_batch_size)
 
 
-def _announce(s: Setup, say) -> None:
-    say(
-        f"jaxpar: {s.model.name} on {s.dataset.spec.name} {s.dataset.spec.image_shape}, "
-        f"mesh {units.named_mesh(s.mesh.axis_names, s.mesh.devices.shape)} over "
-        f"{s.mesh.devices.size} {jax.default_backend()} devices: {s.strategy.partitioning()}, "
-        f"run by strategy {s.strategy.name}"
+def _announce(setup: Setup) -> None:
+    spec, mesh, strategy = setup.dataset.spec, setup.mesh, setup.strategy
+    logger.info(
+        f"jaxpar: {setup.model.name} on {spec.name} {spec.image_shape}, "
+        f"mesh {units.named_mesh(mesh.axis_names, mesh.devices.shape)} over "
+        f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
+        f"run by strategy {strategy.name}"
     )
-    say(s.model.summary())
-    if described := s.strategy.describe(s.config.global_batch_size):
-        say(described)
+    logger.info(setup.model.summary())
+    if described := setup.strategy.describe(setup.config.global_batch_size):
+        logger.info(described)
 
 
 def _evaluate_only(run: _Run, restored) -> dict[str, Any]:
@@ -369,8 +379,8 @@ def _evaluate_only(run: _Run, restored) -> dict[str, Any]:
         )
     host_state, step = restored
     run.watch.doing(f"evaluating the checkpoint of step {step}", compiling=True)
-    result = evaluate(run.s, run.s.strategy.place(host_state), run.watch)
-    run.say(
+    result = evaluate(run.setup, run.setup.strategy.place(host_state), run.watch)
+    logger.info(
         f"eval of the checkpoint of step {step}: loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}"
     )

@@ -30,6 +30,9 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from jaxpar import configfile  # imports no JAX
+
 GRACE_S = 60  # after one process failed, how long the others get to stop by themselves
 STOP_BACKSTOP_S = 600  # after a stop request, when any process still running is killed
 PR_SET_PDEATHSIG = 1  # prctl(2): a signal this process gets when its parent dies
@@ -55,13 +58,6 @@ def _pump(proc: subprocess.Popen, index: int) -> None:
         sys.stdout.flush()
 
 
-def _xla_flags(devices: int) -> str:
-    """XLA_FLAGS for a worker: the caller's own flags, with `devices` simulated devices."""
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
-    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
-
-
 def worker_commands(num_processes: int, train_args: list[str], port: int) -> list[list[str]]:
     """The command line of every process: jaxpar.train joined to the coordinator at
     127.0.0.1:PORT, whose service listens there only (loopback, not the network)."""
@@ -80,7 +76,7 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
         **os.environ,
         "PYTHONPATH": ROOT,
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": _xla_flags(devices_per_process),
+        "XLA_FLAGS": configfile.with_host_devices(devices_per_process),  # and the caller's
         "JAXPAR_LAUNCHER_PID": str(os.getpid()),  # the workers' check (jaxpar.watchdog)
     }
     procs = []

@@ -6,10 +6,11 @@ import os
 import shutil
 import tempfile
 
-from jaxpar import configfile
+from jaxpar import configfile, log
 
 configfile.set_host_device_count(8, replace=True)
 configfile.cpu_only()
+log.setup()  # what the entry points do: jaxpar's INFO lines on stdout, where capsys reads them
 
 # XLA's CPU backend without LLVM's optimisation passes: the same HLO programs (XLA's own passes
 # all run), compiled in about half the time, which is most of this suite's time; a test's two

@@ -27,9 +27,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # as jaxpar.train: no C++ log lines
 
-    from jaxpar import cluster, configfile
+    from jaxpar import cluster, configfile, log
 
     configfile.make_configs_importable()
+    log.setup()  # as jaxpar.train: the run's lines on stdout, from process 0
     cluster.initialize(args.coordinator, args.num_processes, args.process_id)
 
     import jax

@@ -73,15 +73,15 @@ def test_fsdp_stores_a_quarter_and_moves_what_the_docs_say():
     split leaf; the all-gathers on fsdp bring every split leaf whole for the forward, and
     again those the backward needs (at most twice in all); the data axis all-reduces only
     shards."""
-    s = trainer.setup(mesh_config(("data", "fsdp"), (2, 4)), jax.devices())
-    leaves = _leaves(s.strategy)
+    setup = trainer.setup(mesh_config(("data", "fsdp"), (2, 4)), jax.devices())
+    leaves = _leaves(setup.strategy)
     split = [b for b, spec in leaves if "fsdp" in tuple(spec)]
     whole = [b for b, spec in leaves if "fsdp" not in tuple(spec)]
     assert sum(whole) < 0.01 * sum(split)  # only a 10-class bias or so stays whole
-    report = analysis.report(s.strategy, 16, timing=False)
+    report = analysis.report(setup.strategy, 16, timing=False)
     per_device = sum(split) / 4 + sum(whole)
     assert report["param_bytes_per_device"] == per_device
-    opt = jax.tree.leaves(s.strategy.canonical_shapes().opt_state)
+    opt = jax.tree.leaves(setup.strategy.canonical_shapes().opt_state)
     total_opt = sum(math.prod(x.shape) * x.dtype.itemsize for x in opt)
     counters = total_opt - sum(b for b, _ in leaves)  # momentum: one trace per parameter
     assert report["opt_state_bytes_per_device"] == per_device + counters
@@ -98,9 +98,9 @@ def test_node_carries_a_quarter_of_the_gradient():
     over node of each device's quarter, an all-gather over data, each once a step on every
     gradient leaf as one buffer (padded to a multiple of 4 floats); what crosses node per
     device is 1/4 of the gradient bytes."""
-    s = trainer.setup(mesh_config(("node", "data"), (2, 4)), jax.devices())
-    report = analysis.report(s.strategy, 16, timing=False)
-    grads = sum(b for b, _ in _leaves(s.strategy))
+    setup = trainer.setup(mesh_config(("node", "data"), (2, 4)), jax.devices())
+    report = analysis.report(setup.strategy, 16, timing=False)
+    grads = sum(b for b, _ in _leaves(setup.strategy))
     quarter = -(-grads // 4 // 4) * 4  # the float32 buffer padded to 4 floats, over 4
     assert _bytes(report, "all-reduce", "node") == quarter
     assert _bytes(report, "reduce-scatter", "data") == quarter
@@ -108,7 +108,7 @@ def test_node_carries_a_quarter_of_the_gradient():
     calls = {(r[1], r[2]): r[3] for r in report["collectives"]}
     assert calls[("reduce-scatter", "data")] == calls[("all-gather", "data")] == 1
     assert calls[("all-reduce", "node")] == 1
-    assert s.strategy.partitioning() == "hybrid node 2 x data 4"
+    assert setup.strategy.partitioning() == "hybrid node 2 x data 4"
 
 
 def test_other_sync_modes_treat_node_x_data_as_one_flat_group():
@@ -161,8 +161,8 @@ def test_predicted_collective_bytes_are_the_compiled_programs(names, sizes):
     """The predictor's per-step bytes by (kind, axes) are what the compiled step moves."""
     config = mesh_config(names, sizes)
     w = workload(config, 8)
-    s = trainer.setup(config, jax.devices())
-    report = analysis.report(s.strategy, 16, timing=False)
+    setup = trainer.setup(config, jax.devices())
+    report = analysis.report(setup.strategy, 16, timing=False)
     compiled = {f"{r[1]} {r[2]}": r[4] for r in report["collectives"] if r[2] != "none"}
     assert describe(w) == compiled
 

@@ -63,9 +63,9 @@ def test_time_split_handles_a_layer_heavier_than_the_ideal_stage():
 
 def test_time_split_without_measured_times_is_refused_in_one_line():
     config = tiny_config(**{"pipeline.split": "time", "mesh_shape": (1, 2, 1)})
-    s = trainer.setup(tiny_config(mesh_shape=(1, 2, 1)), jax.devices()[:2])
+    setup = trainer.setup(tiny_config(mesh_shape=(1, 2, 1)), jax.devices()[:2])
     with pytest.raises(stages.SplitError, match="measured times") as info:
-        stages.split(s.model, 2, config.pipeline.split)
+        stages.split(setup.model, 2, config.pipeline.split)
     assert "\n" not in str(info.value)
 
 
@@ -124,10 +124,10 @@ def test_auto_micro_batches_are_chosen_once_and_kept_on_resume(tmp_path, capsys)
     keys = {"mesh_shape": (1, 2, 1), "global_batch_size": 8, "pipeline.schedule": "1f1b",
             "pipeline.num_microbatches": 0, "model.width": 1 / 32}  # fmt: skip
     config = tiny_config(**keys)
-    s = trainer.setup(config, jax.devices()[:2], str(tmp_path))
-    m = s.strategy.num_microbatches
+    setup = trainer.setup(config, jax.devices()[:2], str(tmp_path))
+    m = setup.strategy.num_microbatches
     assert m in balance.candidate_microbatches(config, 1, 2)
-    assert s.config.pipeline.num_microbatches == m and config.pipeline.num_microbatches == 0
+    assert setup.config.pipeline.num_microbatches == m and config.pipeline.num_microbatches == 0
     said = capsys.readouterr().out
     assert f"chose M={m}" in said and "M=8:" in said  # every candidate's predicted step shown
     again = trainer.setup(tiny_config(**keys), jax.devices()[:2], str(tmp_path))

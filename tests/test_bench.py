@@ -15,10 +15,11 @@ from matplotlib.collections import PathCollection
 
 from jaxpar import config as config_lib
 from jaxpar import trainer
-from jaxpar.bench import plots, results
+from jaxpar.bench import plots, predicted, results
 from jaxpar.bench.__main__ import main as bench_main
+from jaxpar.bench.outdir import Refused
 from jaxpar.bench.row import write_json
-from jaxpar.bench.runner import Refused, Sweep
+from jaxpar.bench.runner import Sweep
 from tests.util import tiny_config
 
 SUITE = textwrap.dedent(
@@ -207,7 +208,7 @@ def _assert_series(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[label], points, err_msg=label)
 
 
-def test_every_plot_from_known_rows(tmp_path, monkeypatch):
+def test_every_plot_from_known_rows(tmp_path, monkeypatch, capsys):
     """Each picture, read back from the figure: the series it draws and their points, worked
     out from the rows by hand."""
     sized = {"memory_bytes_per_device": 4 << 20, "collective_bytes_per_device": 1 << 20}
@@ -230,9 +231,8 @@ def test_every_plot_from_known_rows(tmp_path, monkeypatch):
             rows.append(_row(f"{lr} {b}", 8, 10.0, "none", group=lr, global_batch_size=b,
                              eval_accuracy=accuracy[b], mesh_shape=(8, 1, 1)))  # fmt: skip
     figures = _drawn(monkeypatch)
-    said = []
-    made = plots.plot_all(rows, str(tmp_path), say=said.append)
-    (line,) = said
+    made = plots.plot_all(rows, str(tmp_path))
+    (line,) = capsys.readouterr().out.splitlines()
     assert line == ("scaling_strong.png does not place 2 rows: pipe M=1 (no group in the suite); "
                     "pipe M=4 (no group in the suite)")  # fmt: skip
     names = ["scaling_strong.png", "scaling_weak.png", "memory_vs_bytes.png", "bubble.png",
@@ -262,7 +262,7 @@ def test_every_plot_from_known_rows(tmp_path, monkeypatch):
                                  "linear lr": [[32, 0.25], [64, 0.3]]})  # fmt: skip
 
 
-def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
+def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path, capsys):
     """Failed rows, rows without a group, a second baseline and rows without an efficiency
     are named (printed, and noted on the figure), never dropped silently."""
     rows = [
@@ -273,10 +273,9 @@ def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
         _row("pipe M=4", 2, 80.0, group="", efficiency=0.4),
         _row("data 8", 8, 500.0, efficiency=None),
     ]
-    said = []
-    made = plots.plot_all(rows, str(tmp_path), say=said.append)
+    made = plots.plot_all(rows, str(tmp_path))
     assert [os.path.basename(p) for p in made] == ["scaling_strong.png"]
-    (line,) = said
+    (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("scaling_strong.png does not place 4 rows: ")
     for name, why in (("1 device again", "a second baseline"), ("data 4", "failed"),
                       ("pipe M=4", "no group"), ("data 8", "no baseline")):  # fmt: skip
@@ -294,8 +293,8 @@ def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path):
 
 
 def test_num_devices_uses_the_first_n(capsys):
-    s = trainer.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
-    assert s.mesh.devices.size == 2 and list(s.mesh.devices.flat) == jax.devices()[:2]
+    setup = trainer.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
+    assert setup.mesh.devices.size == 2 and list(setup.mesh.devices.flat) == jax.devices()[:2]
     assert "using the first 2 of 8 devices" in capsys.readouterr().out
     with pytest.raises(config_lib.ConfigError, match="between 0 .all. and the 8 devices"):
         trainer.setup(tiny_config(num_devices=9))
@@ -481,7 +480,7 @@ def _predictions():
 
 
 def test_predictions_merged_with_their_errors():
-    rows = results.merge_predictions(_measured_rows(), _predictions())
+    rows = predicted.merge_predictions(_measured_rows(), _predictions())
     got = {r["name"]: r for r in rows}
     assert got["one"]["predicted_error"] == pytest.approx(0.1)
     assert got["two"]["predicted_error"] == pytest.approx(-0.2)
@@ -501,28 +500,28 @@ def test_predictions_merged_with_their_errors():
     assert big["predicted_failure"] == "needs 16 devices, fake has 8"
     assert big["predicted_memory_bytes_per_device"] is None  # a failed prediction: no figures
     assert got["one"]["predicted_failure"] is None and got["one"]["predicted_profile"] == "fake"
-    new = set(results.PREDICTED.values()) | {"predicted_error", "predicted_memory_error"}
+    new = set(predicted.PREDICTED.values()) | {"predicted_error", "predicted_memory_error"}
     assert new <= set(results.KEYS)
     header = results.to_csv(rows).splitlines()[0].split(",")
     assert "predicted_error" in header and "predicted_memory_error" in header
 
 
 def test_prediction_summary_and_table_on_known_rows():
-    rows = results.merge_predictions(_measured_rows(), _predictions())
-    s = results.prediction_summary(rows)
+    rows = predicted.merge_predictions(_measured_rows(), _predictions())
+    s = predicted.prediction_summary(rows)
     assert s["n"] == 3  # one, two, pipe: the failed measurement and prediction are left out
     assert s["median_abs_error"] == pytest.approx(0.2)
     assert s["mean_abs_error"] == pytest.approx(0.8 / 3)
     assert (s["worst"], s["worst_error"]) == ("pipe", pytest.approx(0.5))
     # measured 100, 200, 50 against predicted 110, 160, 75: the same order
     assert s["spearman"] == pytest.approx(1.0)
-    line = results.summary_line(rows)
+    line = predicted.summary_line(rows)
     assert line == (
         "images/sec error over the 3 rows with both figures: median |error| 20.0%, mean "
         "|error| 26.7%, worst pipe (+50.0%); Spearman rank correlation of predicted against "
         "measured images/sec: 1.00"
     )
-    md = results.predicted_markdown(rows, "fake.py")
+    md = predicted.predicted_markdown(rows, "fake.py")
     lines = md.splitlines()
     assert "| one | (1,1,1) | 100.0 | 110.0 | +10.0% | 640.0 | 581.8 (290.9 / 145.5 / 72.7 / 72.7) |  | 8.00 / 8.00 (+0.0%) |" in lines  # fmt: skip
     assert "| two | (2,1,1) | 200.0 | 160.0 | -20.0% | 320.0 | 400.0 (200.0 / 100.0 / 50.0 / 50.0) |  | 4.00 / 5.00 (+25.0%) |" in lines  # fmt: skip
@@ -532,22 +531,22 @@ def test_prediction_summary_and_table_on_known_rows():
     assert md.rstrip().endswith(line) and "published eff." not in md
     assert "[clock]" in md and "[exact]" in md
     rows[1]["reference_efficiency"] = 0.9  # a published figure: three more columns
-    md = results.predicted_markdown(rows, "fake.py")
+    md = predicted.predicted_markdown(rows, "fake.py")
     assert "| predicted eff. | published eff. | predicted - published |" in md
     assert "| 80.0% | 90.0% | -10.0 pt |" in md
 
 
 def test_prediction_summary_without_any_pair():
-    rows = results.merge_predictions(_measured_rows()[3:], _predictions()[3:])
-    assert results.prediction_summary(rows)["n"] == 0
-    assert results.summary_line(rows) == (
+    rows = predicted.merge_predictions(_measured_rows()[3:], _predictions()[3:])
+    assert predicted.prediction_summary(rows)["n"] == 0
+    assert predicted.summary_line(rows) == (
         "images/sec error: no row has both a measured and a predicted images/sec"
     )
-    assert "| broken |" in results.predicted_markdown(rows, "fake.py")
+    assert "| broken |" in predicted.predicted_markdown(rows, "fake.py")
 
 
 def test_predicted_vs_measured_plot(tmp_path, monkeypatch):
-    rows = results.merge_predictions(_measured_rows(), _predictions())
+    rows = predicted.merge_predictions(_measured_rows(), _predictions())
     figures = _drawn(monkeypatch)
     made = plots.plot_all(rows, str(tmp_path))
     path = tmp_path / "predicted_vs_measured.png"

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, configfile, metrics, trainer
+from jaxpar import checkpoint, configfile, events, trainer
 from tests.util import TINY, flags, records, start_cli, wait_for_step
 
 EVERY, STEPS = 3, 18  # a checkpoint every 3 steps; the stop (SIGTERM) lands early, far from 18
@@ -26,9 +26,7 @@ LAUNCH_S = 120  # the most one launch may take before it is killed
 
 def one_device_env(**extra) -> dict:
     """The CLI on one simulated device, with this process's other XLA flags."""
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
-    return {"XLA_FLAGS": " ".join([*kept, "--xla_force_host_platform_device_count=1"]), **extra}
+    return {"XLA_FLAGS": configfile.with_host_devices(1), **extra}
 
 
 class Launch:
@@ -125,7 +123,7 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     # resumes from the one before, and is killed once it has saved the next checkpoint.
     corrupt(run, stopped)
     logged = last_logged(run)
-    before = max(s for s in range(EVERY, stopped, EVERY))  # the newest checkpoint before it
+    before = max(setup for setup in range(EVERY, stopped, EVERY))  # the newest checkpoint before it
     after = before + EVERY  # the next one it saves
     third = Launch(launched, run, JAXPAR_TEST_HANG=f"0:{after + 1}")
     third.until_step(after)
@@ -156,7 +154,7 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     expected = [r["loss"] for r in records(ref, "train")]
     assert [r["step"] for r in records(run, "train")] == list(range(1, STEPS + 1))
     assert [r["loss"] for r in records(run, "train")] == expected
-    shown = metrics.read_scalars(os.path.join(run, "tensorboard"))
+    shown = events.read_scalars(os.path.join(run, "tensorboard"))
     assert [step for step, _ in shown["train/loss"]] == list(range(1, STEPS + 1))
     np.testing.assert_array_equal([v for _, v in shown["train/loss"]], np.float32(expected))
     assert [step for step, _ in shown["eval/loss"]] == [STEPS]
@@ -164,11 +162,11 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     assert sum(name.startswith("unreadable-") for name in kept) == 2 and str(STEPS) in kept
     overrides, rest = configfile.split_overrides(ARGS)
     config = configfile.override(configfile.load(rest[rest.index("--config") + 1]), overrides)
-    s = trainer.setup(config, jax.devices()[:1])
+    setup = trainer.setup(config, jax.devices()[:1])
     finals = []
     for workdir in (run, ref):
-        with checkpoint.Checkpointer(workdir, config, s.model, EVERY, 3) as ckpt:
-            state, step = ckpt.restore(s.strategy.host_target())
+        with checkpoint.Checkpointer(workdir, config, setup.model, EVERY, 3) as ckpt:
+            state, step = ckpt.restore(setup.strategy.host_target())
         assert step == STEPS
         finals.append(state)
     jax.tree.map(np.testing.assert_array_equal, *finals)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, configfile, metrics, preemption, trainer
+from jaxpar import checkpoint, configfile, events, metrics, preemption, trainer
 from jaxpar import config as config_lib
 from tests.util import (
     max_rel_error,
@@ -33,9 +33,9 @@ ARGS = [
 
 
 def final_params(workdir, config):
-    s = trainer.setup(config, jax.devices())
-    ckpt = checkpoint.Checkpointer(str(workdir), config, s.model, 2, 3)
-    state, step = ckpt.restore(s.strategy.host_target())
+    setup = trainer.setup(config, jax.devices())
+    ckpt = checkpoint.Checkpointer(str(workdir), config, setup.model, 2, 3)
+    state, step = ckpt.restore(setup.strategy.host_target())
     ckpt.close()
     return state.params, step
 
@@ -176,7 +176,7 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_saving_resumes(tmp_p
     assert saved_steps(run) == [15, 18, 20] and aside.is_dir()  # Orbax's clean-up passes it by
     assert train_losses(run) == uninterrupted  # bit for bit, one line per step
     assert [r["step"] for r in records(run, "train")] == list(range(1, 21))
-    shown = metrics.read_scalars(os.path.join(run, "tensorboard"))["train/loss"]
+    shown = events.read_scalars(os.path.join(run, "tensorboard"))["train/loss"]
     assert [step for step, _ in shown] == list(range(1, 21))
     np.testing.assert_array_equal([v for _, v in shown], np.float32(uninterrupted))
 
@@ -247,7 +247,7 @@ def test_a_checkpoint_of_another_state_is_refused_and_left_in_place(tmp_path):
 def test_a_stop_says_which_step_it_saved():
     """The stop line names the step it saved, and says so when it saved nothing."""
     ckpt = types.SimpleNamespace(directory="/w/checkpoints", saved_step=7, latest_step=lambda: 7)
-    with preemption.Preemption(lambda *a, **k: None) as stop:
+    with preemption.Preemption() as stop:
         stop.signal_name = "SIGTERM"
         assert stop.stopped_line(7, ckpt) == (
             "SIGTERM: saved the checkpoint of step 7; stopped. Run the same command again to "
@@ -274,14 +274,14 @@ def test_tensorboard_drops_the_replayed_steps_as_metrics_jsonl_does(tmp_path):
     killed = metrics.MetricWriter(workdir)
     for step in range(1, 7):
         killed.write(step, "train", loss=float(step))
-    assert [s for s, _ in metrics.read_scalars(logdir)["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in events.read_scalars(logdir)["train/loss"]] == [1, 2, 3, 4, 5, 6]
     killed.close()
     with metrics.MetricWriter(workdir, resume_step=4) as resumed:
         for step in range(5, 9):
             resumed.write(step, "train", loss=10.0 + step)
     expected = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0), (6, 16.0), (7, 17.0),
                 (8, 18.0)]  # fmt: skip
-    assert metrics.read_scalars(logdir)["train/loss"] == expected
+    assert events.read_scalars(logdir)["train/loss"] == expected
     assert [(r["step"], r["loss"]) for r in records(workdir, "train")] == expected
     assert len(os.listdir(logdir)) == 2
 
@@ -302,7 +302,7 @@ def test_a_fresh_run_moves_earlier_metrics_aside_in_any_folder(tmp_path):
         "tensorboard.2",
     ]  # fmt: skip
     for run, suffix in enumerate([".1", ".2", ""]):
-        assert metrics.read_scalars(f"{workdir}/tensorboard{suffix}") == {"train/loss": [(1, run)]}
+        assert events.read_scalars(f"{workdir}/tensorboard{suffix}") == {"train/loss": [(1, run)]}
         with open(f"{workdir}/metrics{suffix}.jsonl") as f:
             assert [json.loads(line)["loss"] for line in f] == [run]
 

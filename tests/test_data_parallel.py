@@ -57,10 +57,10 @@ def test_gradient_scale_is_one(impl):
 
 
 def _compiled_collectives(config, num_devices):
-    s = trainer.setup(config, jax.devices()[:num_devices])
-    (step,) = analysis.programs(s.strategy, config.global_batch_size)
+    setup = trainer.setup(config, jax.devices()[:num_devices])
+    (step,) = analysis.programs(setup.strategy, config.global_batch_size)
     text = step.compiled.as_text()
-    param_bytes = 4 * s.model.num_params
+    param_bytes = 4 * setup.model.num_params
     return hlo.collectives(text), param_bytes
 
 
@@ -92,14 +92,14 @@ def test_local_batch_norm_uses_per_replica_statistics():
     config = tiny_config(
         **{"model.batch_norm": True, "sync.batch_norm": "local", "mesh_shape": (2, 1, 1)}
     )
-    s = trainer.setup(config, jax.devices()[:2])
-    state = s.strategy.init_state(jax.random.key(config.seed))
-    host = trainer.local_train_batch(s, 0)
+    setup = trainer.setup(config, jax.devices()[:2])
+    state = setup.strategy.init_state(jax.random.key(config.seed))
+    host = trainer.local_train_batch(setup, 0)
     halves = [{k: v[i * 8 : (i + 1) * 8] for k, v in host.items()} for i in range(2)]
     expected = np.mean(
-        [float(forward_loss(s.model, state.params, state.batch_stats, h)[0]) for h in halves]
+        [float(forward_loss(setup.model, state.params, state.batch_stats, h)[0]) for h in halves]
     )
-    whole = float(forward_loss(s.model, state.params, state.batch_stats, host)[0])
-    _, metrics = s.strategy.train_step(state, s.strategy.put_batch(host))
+    whole = float(forward_loss(setup.model, state.params, state.batch_stats, host)[0])
+    _, metrics = setup.strategy.train_step(state, setup.strategy.put_batch(host))
     np.testing.assert_allclose(float(metrics["loss"]), expected, rtol=RTOL)
     assert abs(expected - whole) > 1e-4  # the two BatchNorm policies really differ here

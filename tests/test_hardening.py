@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxpar import configfile, explain, metrics, optim, trainer, watchdog, workdir
+from jaxpar import configfile, console, explain, optim, trainer, watchdog, workdir
 from jaxpar.config import ConfigError
 from tests.util import (
     ROOT,
@@ -94,14 +94,14 @@ def test_a_long_evaluation_under_load_stays_bounded(mesh_shape, cpu_load):
     config = tiny_config(mesh_shape=mesh_shape, **{"data.num_eval": 4_096})
     config.eval_batch_size = 64
     config.pipeline.schedule, config.pipeline.num_microbatches = "1f1b", 2
-    s = trainer.setup(config)
-    state = s.strategy.init_state(jax.random.key(0))
-    result = trainer.evaluate(s, state)
+    setup = trainer.setup(config)
+    state = setup.strategy.init_state(jax.random.key(0))
+    result = trainer.evaluate(setup, state)
     assert result["count"] == 4_096
     assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
-    assert s.strategy.inflight.waits > 100  # the window held the dispatch back
+    assert setup.strategy.inflight.waits > 100  # the window held the dispatch back
     if mesh_shape == (8, 1, 1):  # every computation was counted: 64 evals and 63 sums
-        assert s.strategy.inflight.position == 64 + 63
+        assert setup.strategy.inflight.position == 64 + 63
 
 
 def test_pipeline_with_many_microbatches_is_bounded_and_exact():
@@ -401,15 +401,15 @@ def test_pmap_explain_reports_working_memory():
     memory the compiled step's temporaries (XLA's memory analysis of the pmap program)."""
     config = short_run_config("configs/vgg19_data.py", "--config.sync.impl=pmap")
     text = explain.explain(config)
-    s = trainer.setup(config)
-    (program,) = s.strategy.programs(s.strategy.batch_shapes(config.global_batch_size))
+    setup = trainer.setup(config)
+    (program,) = setup.strategy.programs(setup.strategy.batch_shapes(config.global_batch_size))
     temp = program.compiled.memory_analysis().temp_size_in_bytes
 
     def mib(label: str) -> float:
         line = next(x for x in text.splitlines() if x.strip().startswith(label))
         return float(re.search(r"([\d,.]+) MiB", line).group(1).replace(",", ""))
 
-    params = s.model.num_params * 4  # float32
+    params = setup.model.num_params * 4  # float32
     assert mib("parameters") == pytest.approx(params / 2**20, abs=0.005)
     assert mib("optimizer state") == pytest.approx(params / 2**20, abs=0.005)  # SGD momentum
     assert temp > 2**16 and mib("activations, working") == pytest.approx(temp / 2**20, abs=0.005)
@@ -420,7 +420,7 @@ def test_progress_numbers_are_readable():
     one decimal and thousands separators, others with 4 decimals, tiny ones in 3 significant
     digits; text (a formatted rate) as given."""
     stream = io.StringIO()
-    progress = metrics.Progress(400, stream=stream)
+    progress = console.Progress(400, stream=stream)
     line = progress.update(12, loss=2.30312, big=24.4672, rate=1234.5, small=0.05, tiny=1e-5,
                            count=3, lr="5.00e-02")  # fmt: skip
     assert stream.getvalue() == line + "\n"

@@ -11,7 +11,7 @@ import time
 import jax
 import pytest
 
-from jaxpar import metrics, trainer
+from jaxpar import console, metrics, trainer
 from jaxpar.bench import suite as suite_lib
 from jaxpar.data import Prefetcher
 from tests.util import override, tiny_config
@@ -105,7 +105,7 @@ def test_a_training_run_reports_what_its_input_cost(tmp_path):
     train = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train] == [3, 6]
     assert all(r["input_s_per_step"] > 0 and r["input_wait_s_per_step"] >= 0 for r in train)
-    assert "input_bound" in records[-1] and "img/s" in metrics.summary_table(records[-1])
+    assert "input_bound" in records[-1] and "img/s" in console.summary_table(records[-1])
 
 
 def test_the_input_pipeline_suite_builds_every_row():

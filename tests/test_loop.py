@@ -210,11 +210,10 @@ def test_a_failed_run_lets_the_save_in_progress_finish(tmp_path):
     assert os.listdir(tmp_path / "checkpoints") == ["1"]
 
 
-def test_ctrl_c_asks_to_stop_after_the_step_and_the_handler_is_put_back():
+def test_ctrl_c_asks_to_stop_after_the_step_and_the_handler_is_put_back(capsys):
     before = signal.getsignal(signal.SIGINT)
-    said = []
     dog = watch()
-    with preemption.Preemption(lambda *a, **k: said.append(a[0]), dog) as stop:
+    with preemption.Preemption(dog) as stop:
         assert not stop.check(1)
         os.kill(os.getpid(), signal.SIGINT)
         deadline = time.monotonic() + 5
@@ -226,6 +225,7 @@ def test_ctrl_c_asks_to_stop_after_the_step_and_the_handler_is_put_back():
         os.kill(os.getpid(), signal.SIGINT)  # a second one: the watchdog's, not the loop's
         time.sleep(0.05)
     asked = "SIGINT: finishing this step, then saving a checkpoint and stopping (Ctrl-C again"
+    said = capsys.readouterr().out.splitlines()
     assert said == [asked + " aborts at once)"]
     assert stop.stopped_line(2, saved=True).startswith("SIGINT: saved the checkpoint of step 2;")
     assert "checkpoints are off" in stop.stopped_line(2, saved=False)

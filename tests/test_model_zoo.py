@@ -289,11 +289,11 @@ def test_resnet20_learns_shapes10():
         "lr_schedule": "cosine", "warmup_steps": 10, "weight_decay": 5e-4,
         "mesh_shape": (1, 1, 1),
     })  # fmt: skip
-    s = trainer.setup(config, jax.devices()[:1])
-    state = s.strategy.init_state(jax.random.key(config.seed))
+    setup = trainer.setup(config, jax.devices()[:1])
+    state = setup.strategy.init_state(jax.random.key(config.seed))
     for i in range(config.num_train_steps):
-        batch = s.strategy.put_batch(trainer.local_train_batch(s, i))
-        state, _ = s.strategy.train_step(state, batch)
-    result = trainer.evaluate(s, state)
+        batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+        state, _ = setup.strategy.train_step(state, batch)
+    result = trainer.evaluate(setup, state)
     assert result["count"] == 256
     assert result["accuracy"] > 0.5, result

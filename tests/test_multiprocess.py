@@ -99,10 +99,10 @@ def assert_evaluations(got: list[dict], ref: list[dict]) -> None:
 
 def restored(workdir, config):
     """The newest checkpoint in `workdir`, as the host canonical state, and its step."""
-    s = trainer.setup(config, jax.devices())
-    ckpt = checkpoint.Checkpointer(str(workdir), config, s.model, 0, 3)
+    setup = trainer.setup(config, jax.devices())
+    ckpt = checkpoint.Checkpointer(str(workdir), config, setup.model, 0, 3)
     try:
-        return ckpt.restore(s.strategy.host_target())
+        return ckpt.restore(setup.strategy.host_target())
     finally:
         ckpt.close()
 

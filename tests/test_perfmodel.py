@@ -217,9 +217,9 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
         "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
         "pipeline.virtual_stages": v, "pipeline.remat": remat})  # fmt: skip
     w = workload(config)
-    s = trainer.setup(config, jax.devices()[:2])  # the trainer's own strategy
+    setup = trainer.setup(config, jax.devices()[:2])  # the trainer's own strategy
     expected = [0.0, 0.0]
-    for p in analysis.programs(s.strategy, 8):
+    for p in analysis.programs(setup.strategy, 8):
         expected[p.stage] += p.times * analysis.program_flops(p.compiled)
     assert w.stage_flops() == pytest.approx(expected, rel=1e-9) and min(expected) > 0
     split = schedule == "zb-h1"  # F = B = W for zero-bubble; F = 1, B = 2 otherwise
@@ -286,7 +286,7 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
 def test_published_efficiency_sits_beside_the_prediction():
     """A suite row's `reference_efficiency` (seed 003 publishes speedups, not images/sec) is
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
-    from jaxpar.bench import results
+    from jaxpar.bench import predicted, results
     from jaxpar.predict.__main__ import table
     from jaxpar.predict.suites import add_reference
 
@@ -305,7 +305,7 @@ def test_published_efficiency_sits_beside_the_prediction():
     for b, eff, ref in zip(bench, (None, 0.9), (None, 0.587)):
         b.update(name="m", num_devices=2, speedup=1.5, predicted_efficiency=eff,
                  reference_efficiency=ref, predicted_profile="2x M60")  # fmt: skip
-    md = results.predicted_markdown(bench, "configs/hardware/m60_x2.py")
+    md = predicted.predicted_markdown(bench, "configs/hardware/m60_x2.py")
     assert md.startswith("Predicted on 2x M60") and "| 90.0% | 58.7% | +31.3 pt |" in md
 
 

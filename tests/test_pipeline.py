@@ -121,14 +121,14 @@ def test_bad_splits_are_refused(k, policy, message):
 
 def test_stage_parameters_live_only_on_their_devices():
     config = pipeline_config("1f1b", 4, 2, data=2, **{"model.width": 0.25})
-    s = trainer.setup(config, jax.devices())
-    state = s.strategy.init_state(jax.random.key(0))
+    setup = trainer.setup(config, jax.devices())
+    state = setup.strategy.init_state(jax.random.key(0))
     stage_bytes = [
-        4 * sum(x.params for x in s.model.layers[a:b])
-        for a, b in zip(s.strategy.bounds, s.strategy.bounds[1:])
+        4 * sum(x.params for x in setup.model.layers[a:b])
+        for a, b in zip(setup.strategy.bounds, setup.strategy.bounds[1:])
     ]
     per_device: dict = {}
-    for stage in state.stages:
+    for stage in state.chunks:
         for leaf in jax.tree.leaves(stage.params):
             for shard in leaf.addressable_shards:
                 per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
@@ -144,10 +144,12 @@ def test_one_f_one_b_holds_fewer_activations_than_gpipe():
     for schedule in ("gpipe", "1f1b"):
         for m in (2, 4, 8):
             config = pipeline_config(schedule, 4, m, global_batch_size=4 * m)
-            s = trainer.setup(config, jax.devices()[:4])
-            state = s.strategy.init_state(jax.random.key(0))
-            s.strategy.train_step(state, s.strategy.put_batch(trainer.local_train_batch(s, 0)))
-            peaks[schedule, m] = s.strategy.peak_stash_bytes
+            setup = trainer.setup(config, jax.devices()[:4])
+            state = setup.strategy.init_state(jax.random.key(0))
+            setup.strategy.train_step(
+                state, setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+            )
+            peaks[schedule, m] = setup.strategy.peak_stash_bytes
     micro_bytes = 4 * 4 * 32 * 32 * 3  # one stage-0 input micro-batch: 4 images, float32
     for m in (2, 4, 8):
         assert peaks["gpipe", m][0] == m * micro_bytes
@@ -179,14 +181,14 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     bytes_between_stages_per_step: activations forward + gradients back over every boundary,
     whole global batch, in MiB; the parameter layouts are in layer order with the stage that
     holds each; the hybrid is named by what it composes."""
-    from jaxpar import explain, metrics, units
+    from jaxpar import console, explain, metrics, units
 
     config = pipeline_config("1f1b", 2, 2, data=2, **{"model.name": "vgg13",
                              "mesh_shape": (2, 2, 1)})  # fmt: skip
-    s = trainer.setup(config, jax.devices()[:4])  # builds; compiles nothing
-    batch, cut = config.global_batch_size, s.strategy.bounds[1]
-    total = 2 * 4 * batch * s.model.layers[cut - 1].activation_size  # float32, fwd + bwd
-    assert s.strategy.bytes_between_stages(batch) == total  # the metric's value
+    setup = trainer.setup(config, jax.devices()[:4])  # builds; compiles nothing
+    batch, cut = config.global_batch_size, setup.strategy.bounds[1]
+    total = 2 * 4 * batch * setup.model.layers[cut - 1].activation_size  # float32, fwd + bwd
+    assert setup.strategy.bytes_between_stages(batch) == total  # the metric's value
     shown = units.mib(total)
     text = explain.explain(config, jax.devices()[:4])
     table = text.splitlines()
@@ -198,12 +200,12 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     # each device receives its data share of one direction's activations (K = 2)
     line = next(x for x in text.splitlines() if "most one device receives" in x)
     assert f" {units.mib(total // 2 // 2)} " in line
-    summary = metrics.summary(strategy=s.strategy.name, mesh_shape=(2, 2, 1), steps=1,
+    summary = metrics.summary(strategy=setup.strategy.name, mesh_shape=(2, 2, 1), steps=1,
                               global_batch_size=batch, step_times=[1.0], warmup=0,
                               compile_time_s=6.0299, wall_time_s=9.0, train={}, evaluation={},
                               num_params=1, flops_per_example=1.0,
                               report={"bytes_between_stages_per_step": total})  # fmt: skip
-    line = next(x for x in metrics.summary_table(summary).splitlines()
+    line = next(x for x in console.summary_table(summary).splitlines()
                 if x.startswith(metrics.STAGE_TO_STAGE_LABEL))  # fmt: skip
     assert f" {shown} " in line
     # the hybrid by its composition; parameters in layer order (conv8 before conv10) with
@@ -213,7 +215,7 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     assert names == [f"conv{i}/Conv_0/kernel" for i in range(1, 11)] + ["fc1/Dense_0/kernel"]
     stage_of = {x.split()[1].split("/")[0]: int(x.split()[0])
                 for x in text.splitlines() if "/kernel " in x}  # fmt: skip
-    assert stage_of == {layer.name: int(i >= cut) for i, layer in enumerate(s.model.layers)}
+    assert stage_of == {layer.name: int(i >= cut) for i, layer in enumerate(setup.model.layers)}
 
 
 def test_partitioning_names_what_the_mesh_composes():

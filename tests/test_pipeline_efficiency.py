@@ -75,10 +75,10 @@ def test_batch_norm_micro_batch_policy_with_residuals():
 
 
 def _setup(schedule, k, m, remat, **overrides):
-    s = trainer.setup(config_for(schedule, k, m, remat, **overrides), jax.devices()[:k])
-    state = s.strategy.init_state(jax.random.key(0))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    return s.strategy, state, batch
+    setup = trainer.setup(config_for(schedule, k, m, remat, **overrides), jax.devices()[:k])
+    state = setup.strategy.init_state(jax.random.key(0))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    return setup.strategy, state, batch
 
 
 def _convs(strategy, state, batch, c):

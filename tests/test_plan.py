@@ -24,6 +24,7 @@ from jaxpar.plan import (
     rank,
 )
 from jaxpar.plan import __main__ as cli
+from jaxpar.plan.report import report
 from jaxpar.predict import hardware
 from tests.util import tiny_config
 
@@ -156,14 +157,14 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     assert result.baseline["step_time_s"] == pytest.approx(8.1e-3)
     assert best["step_time_s"] == pytest.approx(2.1e-3)
     assert best["speedup"] == pytest.approx(8.1 / 2.1)
-    text, rec, cmd = cli.report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config,
-                                {})  # fmt: skip
+    text, rec, cmd = report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config,
+                            {})  # fmt: skip
     assert text.count("\n| ") == 6  # header and 5 rows
     assert "Faster, but do not fit:\n  (8,1,1) allreduce" in text and "needs 4.80 GiB" in text
     assert rec.startswith("(4,1,2) allreduce:") and "--config.mesh_shape=(4,1,2)" in cmd
     # a limit below every candidate: none fits, and the report says so
     assert rank(result.rows, 0.1 * GIB)[0] == []
-    text, rec, cmd = cli.report(result, _profile(), 0.1 * GIB, 5, "x.py", config, {})
+    text, rec, cmd = report(result, _profile(), 0.1 * GIB, 5, "x.py", config, {})
     assert "none of the predicted candidates fits 0.10 GiB per device" in text
     # the least of _fake_predict's 4/(s t) + 0.1 d GiB: d = 1, s t = 8 (round 1 has (1,8,1))
     assert min(r["memory_bytes_per_device"] for r in result.rows) == pytest.approx(0.6 * GIB)
@@ -220,13 +221,13 @@ def test_a_bound_below_the_mesh_count_says_which_meshes_were_not_reached():
     result = plan(config, _profile(), max_candidates=5, expand=2, predict=_fake_predict,
                   log=lambda s: None, axes=THREE)  # fmt: skip
     assert (result.meshes, result.meshes_unseen, len(result.rows)) == (9, 5, 5)
-    text, _, _ = cli.report(result, _profile(), 2.5 * GIB, 5, "x.py", config, {})
+    text, _, _ = report(result, _profile(), 2.5 * GIB, 5, "x.py", config, {})
     assert "round 1 reached 4 of 9 meshes: --max_candidates 10 or more tries each once" in text
     full = plan(config, _profile(), max_candidates=10, expand=2, predict=_fake_predict,
                 log=lambda s: None, axes=THREE)  # fmt: skip
     assert full.meshes_unseen == 0
-    assert "round 1 reached" not in cli.report(full, _profile(), 2.5 * GIB, 5, "x.py", config,
-                                               {})[0]  # fmt: skip
+    assert "round 1 reached" not in report(full, _profile(), 2.5 * GIB, 5, "x.py", config,
+                                           {})[0]  # fmt: skip
 
 
 def test_real_predictions_of_three_candidates():
@@ -262,7 +263,7 @@ def test_unplaced_collectives_are_flagged_and_not_recommended():
     assert "NOT priced: collective-permute ? 240.0 MB" in why(ps, _profile())
     assert ps["step_time_s"] < ar["step_time_s"]
     result = plan_of([ps, ar])
-    text, rec, _ = cli.report(result, _profile(), 10 * GIB, 5, "x.py", _config(), {})
+    text, rec, _ = report(result, _profile(), 10 * GIB, 5, "x.py", _config(), {})
     assert rec.startswith("(4,1,2)") and "leaves some of its traffic unpriced" in text
 
 

@@ -95,12 +95,12 @@ def test_hybrids_with_stage_and_tensor_equal_one_device(mesh):
 
 
 def _eval_collectives(config):
-    s = trainer.setup(config, jax.devices()[: config.num_devices])
-    st = s.strategy
+    setup = trainer.setup(config, jax.devices()[: config.num_devices])
+    st = setup.strategy
     batch = st.batch_shapes(config.global_batch_size, eval=True)
     with jax.set_mesh(st.mesh):
         text = st._jit_eval().lower(st.state_shapes(), batch).compile().as_text()
-    return s, analysis.collective_rows(text, dict(st.mesh.shape))
+    return setup, analysis.collective_rows(text, dict(st.mesh.shape))
 
 
 @pytest.mark.usefixtures("every_block_kind_once")
@@ -123,12 +123,12 @@ def test_halo_bytes_are_what_the_kernels_reach(family, s):
 
 def test_memory_per_device_falls_with_spatial():
     temps = []
-    for s in (1, 2, 4):
+    for size in (1, 2, 4):
         config = tiny_config(**{"model.name": "vgg11", "model.width": 1 / 8,
                                 "global_batch_size": 32, "mesh_axes": ("spatial",),
-                                "mesh_shape": (s,), "num_devices": s})  # fmt: skip
-        s_ = trainer.setup(config, jax.devices()[: config.num_devices])
-        fig = analysis.report(s_.strategy, config.global_batch_size, timing=False)
+                                "mesh_shape": (size,), "num_devices": size})  # fmt: skip
+        setup = trainer.setup(config, jax.devices()[: config.num_devices])
+        fig = analysis.report(setup.strategy, config.global_batch_size, timing=False)
         temps.append(fig["program_temp_bytes_per_device"])
     assert temps[1] < 0.7 * temps[0] and temps[2] < 0.7 * temps[1], temps
 

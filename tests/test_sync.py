@@ -40,14 +40,16 @@ def hand_written(config, steps, rule, n=N):
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1, 1, 1)
     config.sync.mode = "allreduce"
-    s = trainer.setup(config, jax.devices()[:1])
-    tx = s.strategy.tx
-    grad_fn = jax.jit(jax.value_and_grad(functools.partial(forward_loss, s.model), has_aux=True))
-    state = init_state(s.model, tx, jax.random.key(config.seed))
+    setup = trainer.setup(config, jax.devices()[:1])
+    tx = setup.strategy.tx
+    grad_fn = jax.jit(
+        jax.value_and_grad(functools.partial(forward_loss, setup.model), has_aux=True)
+    )
+    state = init_state(setup.model, tx, jax.random.key(config.seed))
     states = [state] * n
     losses = []
     for t in range(steps):
-        batch = trainer.local_train_batch(s, t)
+        batch = trainer.local_train_batch(setup, t)
         share = len(batch["label"]) // n
         grads, step_losses = [], []
         for r in range(n):
@@ -183,12 +185,12 @@ def test_independent_replicas_diverge():
 
 
 def compiled(config):
-    s = trainer.setup(config, jax.devices()[:N])
-    state = s.strategy.init_state(jax.random.key(0))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
-    (step,) = analysis.programs(s.strategy, config.global_batch_size)
+    setup = trainer.setup(config, jax.devices()[:N])
+    state = setup.strategy.init_state(jax.random.key(0))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    (step,) = analysis.programs(setup.strategy, config.global_batch_size)
     text = step.compiled.as_text()
-    return text, hlo.collectives(text), 4 * s.model.num_params, s, state, batch
+    return text, hlo.collectives(text), 4 * setup.model.num_params, setup, state, batch
 
 
 def test_parameter_server_fan_in():
@@ -206,11 +208,11 @@ def test_sharded_reduce_scatter_and_all_gather():
     """Per parameter split over the replicas: a reduce-scatter of its gradient (1/N of it
     received) and an all-gather of its slices; the few that do not divide are all-reduced.
     Adam's two moments: 1/N per device of the split parameters."""
-    _, found, param_bytes, s, state, _ = compiled(
+    _, found, param_bytes, setup, state, _ = compiled(
         sync_config("sharded", **{"optimizer.name": "adam"})
     )
-    params = s.strategy.canonical_shapes().params
-    dims = s.strategy.rule.split_dims(params)
+    params = setup.strategy.canonical_shapes().params
+    dims = setup.strategy.rule.split_dims(params)
     sizes = jax.tree.leaves(jax.tree.map(lambda p, d: (4 * p.size, d), params, dims),
                             is_leaf=lambda x: isinstance(x, tuple))  # fmt: skip
     split = sum(n for n, d in sizes if d is not None)
@@ -240,15 +242,15 @@ def test_local_sgd_average_is_listed_once_a_period():
     from jaxpar import explain
 
     config = sync_config("local_sgd", **{"sync.period": 4})
-    s = trainer.setup(config, jax.devices()[:N])
-    fig = analysis.report(s.strategy, config.global_batch_size, timing=False)
+    setup = trainer.setup(config, jax.devices()[:N])
+    fig = analysis.report(setup.strategy, config.global_batch_size, timing=False)
     (row,) = [r for r in fig["collectives"] if r[2] == "data"]
-    assert row[5] == 4 and row[4] * 4 == 4 * s.model.num_params  # every 4 steps; per-step avg
+    assert row[5] == 4 and row[4] * 4 == 4 * setup.model.num_params  # every 4 steps; per-step avg
     assert fig["collective_bytes_per_device"] == row[4]
     text = explain.explain(config, jax.devices()[:N])
     line = next(x for x in text.splitlines() if x.startswith("  step     all-reduce"))
-    assert f"{4 * s.model.num_params // 4:,}" in line
-    assert f"once every 4 steps: {4 * s.model.num_params:,} bytes each time" in line
+    assert f"{4 * setup.model.num_params // 4:,}" in line
+    assert f"once every 4 steps: {4 * setup.model.num_params:,} bytes each time" in line
     assert "data parallel over 4 (local_sgd)" in text
 
 

@@ -59,9 +59,9 @@ def per_device_param_bytes(state) -> dict:
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 8), (2, 1, 4), (4, 1, 2)])
 def test_parameters_are_split_over_the_tensor_axis(mesh_shape):
     config = hybrid_config(mesh_shape, **{"model.width": 0.25, "model.batch_norm": True})
-    s = trainer.setup(config, jax.devices())
-    state = s.strategy.init_state(jax.random.key(0))
-    total = 4 * s.model.num_params
+    setup = trainer.setup(config, jax.devices())
+    state = setup.strategy.init_state(jax.random.key(0))
+    total = 4 * setup.model.num_params
     t = mesh_shape[2]
     small = 4 * 1000  # the replicated classifier (64 x 10 + 10) and such
     per_device = per_device_param_bytes(state)
@@ -85,10 +85,10 @@ def test_explain_lists_the_collectives_of_a_known_model():
 
     config = hybrid_config((8, 1, 1))
     text = explain.explain(config, jax.devices())
-    s = trainer.setup(config, jax.devices())
+    setup = trainer.setup(config, jax.devices())
     # Data parallel: exactly one all-reduce over "data", of the gradient plus two scalars.
     rows = [line.split() for line in text.splitlines() if line.startswith("  step ")]
-    assert rows == [["step", "all-reduce", "data", "1", f"{4 * s.model.num_params + 8:,}"]]
+    assert rows == [["step", "all-reduce", "data", "1", f"{4 * setup.model.num_params + 8:,}"]]
     assert any("conv3/Conv_0/kernel" in line and line.endswith("P()") for line in text.splitlines())
 
     text = explain.explain(hybrid_config((1, 1, 8)), jax.devices())
@@ -101,9 +101,9 @@ def test_explain_lists_the_collectives_of_a_known_model():
 
     config = hybrid_config((1, 2, 1))
     text = explain.explain(config, jax.devices()[:2])
-    s = trainer.setup(config, jax.devices()[:2])
-    cut = s.strategy.bounds[1]
-    sent = 2 * 4 * config.global_batch_size * s.model.layers[cut - 1].activation_size
+    setup = trainer.setup(config, jax.devices()[:2])
+    cut = setup.strategy.bounds[1]
+    sent = 2 * 4 * config.global_batch_size * setup.model.layers[cut - 1].activation_size
     line = next(x for x in text.splitlines() if x.startswith("  stage-to-stage bytes / step"))
     assert f" {sent / 2**20:,.2f} MiB " in line  # the whole batch, forward and back
 
@@ -121,9 +121,9 @@ def test_worked_example_rule_trains_like_one_device():
     losses, state = run_steps(config, 8)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     assert max_rel_error(state.params, ref_state.params) < RTOL
-    s = trainer.setup(config, jax.devices())
-    kernel = s.strategy.init_state(jax.random.key(0)).params["conv2"]["Conv_0"]["kernel"]
+    setup = trainer.setup(config, jax.devices())
+    kernel = setup.strategy.init_state(jax.random.key(0)).params["conv2"]["Conv_0"]["kernel"]
     # split by input channels (dimension 2 of HWIO), as one sharding (trailing Nones aside)
-    want = jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, None, "tensor"))
+    want = jax.sharding.NamedSharding(setup.mesh, jax.sharding.PartitionSpec(None, None, "tensor"))
     assert kernel.sharding.is_equivalent_to(want, kernel.ndim)
     assert kernel.addressable_shards[0].data.shape[2] == kernel.shape[2] // 4

@@ -15,7 +15,7 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
     """A run of a shipped config without --workdir (from another directory): it says where it
     writes (runs/<config>-<time>, in the current directory), and writes there the metrics
     every run writes."""
-    from jaxpar import metrics
+    from jaxpar import events
 
     proc = run_cli("--config", os.path.join(ROOT, "configs/vgg19_data.py"), *SHORT_RUN,
                    cwd=tmp_path)  # fmt: skip
@@ -62,7 +62,7 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
     assert s["final_loss"] == train[-1]["loss"] and s["eval_loss"] == evals[-1]["loss"]
     assert s["eval_accuracy"] == evals[-1]["accuracy"]
     # TensorBoard shows the same numbers (as float32) at the same steps
-    scalars = metrics.read_scalars(str(workdir / "tensorboard"))
+    scalars = events.read_scalars(str(workdir / "tensorboard"))
     shown = {"train": ("loss", "accuracy", "learning_rate", "images_per_sec"),
              "eval": ("loss", "accuracy", "count")}  # fmt: skip
     for split, rows in (("train", train), ("eval", evals)):
@@ -101,7 +101,7 @@ def test_cli_misspelt_key_fails_at_once(tmp_path):
 def test_numbers_print_in_one_format_each():
     """Durations, learning rates and meshes read the same wherever they print; a summary read
     back from metrics.jsonl (a finished run's) shows its mesh as configs write it."""
-    from jaxpar import metrics, units
+    from jaxpar import console, metrics, units
 
     assert [units.seconds(t) for t in (6.0299, 0.5843, 0.00095, 5.2e-05, 0.9997, 1234.5)] == [
         "6.03 s", "584 ms", "950 us", "52.0 us", "1.00 s", "1,234 s"
@@ -119,7 +119,7 @@ def test_numbers_print_in_one_format_each():
         wall_time_s=9.5, train={"loss": 2.3}, evaluation={}, num_params=10,
         flops_per_example=1.0, report={}, made=[(0.00095, 0.0001)] * 2, waited=[5.2e-05] * 2,
     )))  # fmt: skip
-    rows = dict(line.rsplit("  ", 1) for line in metrics.summary_table(summary).splitlines()
+    rows = dict(line.rsplit("  ", 1) for line in console.summary_table(summary).splitlines()
                 if "  " in line and not line.startswith("-"))  # fmt: skip
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["mesh"] == "(data=8, stage=1, tensor=1)"
@@ -127,5 +127,5 @@ def test_numbers_print_in_one_format_each():
     assert rows["compile time"] == "6.03 s" and rows["step time, median"] == "375 ms"
     assert rows["wait for data / step, mean"] == "52.0 us"
     assert rows["host batch time, median"] == "1.05 ms"
-    line = metrics.Progress(4, stream=io.StringIO()).update(2, loss=2.3, lr=units.rate(5e-4))
+    line = console.Progress(4, stream=io.StringIO()).update(2, loss=2.3, lr=units.rate(5e-4))
     assert "lr 5.00e-04" in line

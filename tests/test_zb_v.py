@@ -52,15 +52,15 @@ def runs():
     def run(k, m):
         if (k, m) not in out:
             config = config_for(k, m)
-            s = trainer.setup(config, jax.devices()[:k])
-            state = s.strategy.init_state(jax.random.key(config.seed))
+            setup = trainer.setup(config, jax.devices()[:k])
+            state = setup.strategy.init_state(jax.random.key(config.seed))
             losses = []
             for i in range(config.num_train_steps):
-                batch = s.strategy.put_batch(trainer.local_train_batch(s, i))
-                state, metrics = s.strategy.train_step(state, batch)
+                batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+                state, metrics = setup.strategy.train_step(state, batch)
                 losses.append(float(metrics["loss"]))
-            canonical = jax.device_get(s.strategy.canonical(state))
-            out[k, m] = np.array(losses), canonical, s.strategy
+            canonical = jax.device_get(setup.strategy.canonical(state))
+            out[k, m] = np.array(losses), canonical, setup.strategy
         return out[k, m]
 
     return run
@@ -99,7 +99,7 @@ def test_stored_bytes_are_one_group_per_stage(runs, k, m):
 def test_stage_states_follow_the_v(runs):
     """Stage d's state is chunks d and 2K-1-d (what memory reports and explain.py group)."""
     _, _, strategy = runs(*CASES[0])
-    fake = types.SimpleNamespace(stages=tuple(range(4)), grad_acc=tuple("abcd"))
+    fake = types.SimpleNamespace(chunks=tuple(range(4)), grad_acc=tuple("abcd"))
     assert strategy.stage_states(fake) == [[(0, "a"), (3, "d")], [(1, "b"), (2, "c")]]
 
 

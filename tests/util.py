@@ -55,14 +55,14 @@ def run_steps(config, num_devices: int, steps: int | None = None):
 
     Returns (losses per step, canonical final state) on the host.
     """
-    s = trainer.setup(config, jax.devices()[:num_devices])
-    state = s.strategy.init_state(jax.random.key(config.seed))
+    setup = trainer.setup(config, jax.devices()[:num_devices])
+    state = setup.strategy.init_state(jax.random.key(config.seed))
     losses = []
     for i in range(steps or config.num_train_steps):
-        batch = s.strategy.put_batch(trainer.local_train_batch(s, i))
-        state, metrics = s.strategy.train_step(state, batch)
+        batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+        state, metrics = setup.strategy.train_step(state, batch)
         losses.append(float(metrics["loss"]))
-    return np.array(losses), jax.device_get(s.strategy.canonical(state))
+    return np.array(losses), jax.device_get(setup.strategy.canonical(state))
 
 
 def reference_run(config, steps: int | None = None, microbatches: int = 1):
@@ -81,8 +81,8 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
     replicas = math.prod(max(int(shape[a]), 1) for a in axes.batch_axes(shape))
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1,) * len(names)
-    s = trainer.setup(config, jax.devices()[:1])
-    model, tx = s.model, s.strategy.tx
+    setup = trainer.setup(config, jax.devices()[:1])
+    model, tx = setup.model, setup.strategy.tx
     # jit, as every strategy initialises: eager initialisers round some parameters 1 ulp
     # differently, which a chaotic model (ResNet-50 at width 1/16) grows to 1e-2 in 3 steps
     state = jax.jit(functools.partial(init_state, model, tx))(jax.random.key(config.seed))
@@ -113,7 +113,7 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
 
     losses = []
     for i in range(steps if steps is not None else config.num_train_steps):
-        batch = jax.tree.map(grouped, trainer.local_train_batch(s, i))
+        batch = jax.tree.map(grouped, trainer.local_train_batch(setup, i))
         state, loss = step(state, batch)
         losses.append(float(loss))
     return np.array(losses), jax.device_get(state)
@@ -141,16 +141,16 @@ def run_and_evaluate(config, num_devices: int, steps: int, evaluate_at=()):
     """`run_steps`, and the whole eval split evaluated (trainer.evaluate) after each step in
     `evaluate_at`, as a training run evaluates it. Returns (losses per step, canonical final
     state, [evaluation dict per step in evaluate_at]) on the host."""
-    s = trainer.setup(config, jax.devices()[:num_devices])
-    state = s.strategy.init_state(jax.random.key(config.seed))
+    setup = trainer.setup(config, jax.devices()[:num_devices])
+    state = setup.strategy.init_state(jax.random.key(config.seed))
     losses, evaluations = [], []
     for i in range(steps):
-        batch = s.strategy.put_batch(trainer.local_train_batch(s, i))
-        state, metrics = s.strategy.train_step(state, batch)
+        batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+        state, metrics = setup.strategy.train_step(state, batch)
         losses.append(float(metrics["loss"]))
         if i + 1 in evaluate_at:
-            evaluations.append(trainer.evaluate(s, state))
-    return np.array(losses), jax.device_get(s.strategy.canonical(state)), evaluations
+            evaluations.append(trainer.evaluate(setup, state))
+    return np.array(losses), jax.device_get(setup.strategy.canonical(state)), evaluations
 
 
 # -- the command line, in subprocesses ---------------------------------------------------------
@@ -224,9 +224,7 @@ def start_processes(workdir, args, env=None, module="jaxpar.train", num=2, devic
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
-            if not f.startswith("--xla_force_host_platform_device_count=")]  # fmt: skip
-    xla = " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
+    xla = configfile.with_host_devices(devices)
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla, **(env or {})}
     joined = [f"--coordinator=127.0.0.1:{port}", f"--num_processes={num}"]
     return [start_cli(*args, *joined, f"--process_id={i}", env=env, log=f"{workdir}.proc{i}.log",

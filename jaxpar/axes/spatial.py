@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpar.axes.base import Axis, get, register
+from jaxpar.models.blocks import equations
 
 WINDOWED = ("conv_general_dilated", "reduce_window_max", "reduce_window_sum", "reduce_window_min",
             "reduce_window")  # fmt: skip
@@ -90,7 +91,7 @@ class Window:
 
 def _windows(jaxpr) -> list[Window]:
     found = []
-    for eqn in jaxpr.eqns:
+    for eqn in equations(jaxpr):
         name = eqn.primitive.name
         if name == "conv_general_dilated":
             lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
@@ -107,11 +108,6 @@ def _windows(jaxpr) -> list[Window]:
             if k > 1 or p["window_strides"][1] > 1:
                 found.append(Window("pool", shape[1], eqn.outvars[0].aval.shape[1], shape[2],
                                     shape[3], k, p["window_strides"][1], p["padding"][1][0]))  # fmt: skip
-        for value in eqn.params.values():  # nested programs (jit, custom_jvp, ...)
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    found += _windows(inner)
     return found
 
 

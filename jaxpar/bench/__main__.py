@@ -45,11 +45,12 @@ import json
 import os
 import sys
 
-from jaxpar import configfile, oneline
+from jaxpar import configfile, log, oneline
 from jaxpar.bench import suite as suite_lib
 
 
 def main(argv: list[str]) -> int:
+    log.setup()  # jaxpar's lines (the plots', a row's trainer) on stdout
     overrides, rest = configfile.split_overrides(argv)
     parser = argparse.ArgumentParser(prog="python -m jaxpar.bench", description=__doc__)
     parser.add_argument(
@@ -73,7 +74,8 @@ def main(argv: list[str]) -> int:
     if args._row is not None:
         return _one_row(args, overrides)
 
-    from jaxpar.bench.runner import Refused, Sweep
+    from jaxpar.bench.outdir import Refused
+    from jaxpar.bench.runner import Sweep
 
     if args.suite is None:  # the suite (and, given no --config, the overrides) OUT holds
         args.suite, overrides = _measured_under(args.out, overrides)
@@ -103,7 +105,7 @@ def main(argv: list[str]) -> int:
 def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
     """The suite OUT/sweep.json records (else partitionings) and, when the command line gives
     no --config, the overrides it records: a rerun with --out alone resumes OUT as it was."""
-    from jaxpar.bench.runner import MANIFEST
+    from jaxpar.bench.outdir import MANIFEST
 
     path = os.path.join(out, MANIFEST)
     if not os.path.exists(path):

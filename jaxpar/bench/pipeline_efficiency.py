@@ -25,7 +25,7 @@ import time
 
 import jax
 
-from jaxpar import analysis, configfile, trainer
+from jaxpar import analysis, configfile, log, trainer
 
 ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", False, 1),
         ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1),
@@ -34,10 +34,10 @@ ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", Fal
 
 def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
     """One row's figures."""
-    s = trainer.setup(config, devices, workdir)
-    strategy = s.strategy
+    setup = trainer.setup(config, devices, workdir)
+    strategy = setup.strategy
     state = strategy.init_state(jax.random.key(0))
-    batch = strategy.put_batch(trainer.local_train_batch(s, 0))
+    batch = strategy.put_batch(trainer.local_train_batch(setup, 0))
     state, _ = strategy.train_step(state, batch)  # compile every program
     jax.block_until_ready(state)
     times = []
@@ -53,8 +53,8 @@ def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
         "bounds": list(strategy.bounds),
         "chunk_ms": [1e3 * t for t in chunk],
         "predicted_chunk_ms": (
-            [1e3 * t for t in s.model.times.chunk_times(strategy.bounds)]
-            if s.model.times is not None
+            [1e3 * t for t in setup.model.times.chunk_times(strategy.bounds)]
+            if setup.model.times is not None
             else None
         ),
         "imbalance": max(chunk) / (sum(chunk) / len(chunk)),
@@ -125,4 +125,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    log.setup()  # jaxpar's lines (the trainer's) on stdout
     main()

@@ -20,6 +20,7 @@ are present, so any suite gets the plots that make sense for it.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import matplotlib
@@ -28,6 +29,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from jaxpar import axes
+
+logger = logging.getLogger(__name__)
 
 MIB = 2**20
 # One marker per family of partitioning (`_family`); an axis registered later gets a spare.
@@ -314,7 +317,7 @@ LABELLED = 3  # the rows with the largest |error| named on the plot
 
 def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     """Predicted against measured images/sec, log-log, for the rows that have both figures."""
-    from jaxpar.bench import results  # the errors' summary (pure functions)
+    from jaxpar.bench import predicted  # the errors' summary (pure functions)
 
     rows = [r for r in _ok(rows) if r.get("predicted_error") is not None]
     if not rows:
@@ -346,16 +349,16 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     ax.set_xlabel("measured images/sec [clock]")
     profile = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), "")
     ax.set_ylabel(f"predicted images/sec\n{profile}" if profile else "predicted images/sec")
-    s = results.prediction_summary(rows)
+    s = predicted.prediction_summary(rows)
     rho = "n/a" if s["spearman"] is None else f"{s['spearman']:.2f}"
     title = (f"predicted against measured images/sec\n{s['n']} rows: median |error| "
              f"{100 * s['median_abs_error']:.1f}%, Spearman rho {rho}")  # fmt: skip
     return _finish(fig, ax, path, title, 8, loc="upper left")
 
 
-def plot_all(rows: list[dict], out: str, say=print) -> list[str]:
+def plot_all(rows: list[dict], out: str) -> list[str]:
     """Draw every plot these rows support into `out`; return the files written. Rows a
-    scaling or memory plot cannot place are named through `say`, one line per plot."""
+    scaling or memory plot cannot place are named in one logged line per plot."""
     made = []
     left_out: dict[str, dict[str, str]] = {"scaling_strong": {}, "scaling_weak": {},
                                            "memory_vs_bytes": {}}  # fmt: skip
@@ -373,5 +376,5 @@ def plot_all(rows: list[dict], out: str, say=print) -> list[str]:
     for plot, missing in left_out.items():
         if missing:
             named = "; ".join(f"{row} ({why})" for row, why in missing.items())
-            say(f"{plot}.png does not place {len(missing)} rows: {named}")
+            logger.info(f"{plot}.png does not place {len(missing)} rows: {named}")
     return made

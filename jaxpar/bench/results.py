@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import math
-import statistics
 from typing import Any
 
 from jaxpar import axes
@@ -55,18 +54,6 @@ KEYS = (
     # predicted against measured: predicted / measured - 1 (images/sec; memory per device)
     "predicted_error", "predicted_memory_error",
 )  # fmt: skip
-
-# predictions.json's row key -> the bench row's key (jaxpar.predict.model's `_row`)
-PREDICTED = {
-    "profile": "predicted_profile", "status": "predicted_status", "error": "predicted_failure",
-    "images_per_sec": "predicted_images_per_sec", "step_time_s": "predicted_step_time_s",
-    "compute_s": "predicted_compute_s", "comm_s": "predicted_comm_s",
-    "bubble_s": "predicted_bubble_s", "overhead_s": "predicted_overhead_s",
-    "schedule_bubble": "predicted_bubble",
-    "memory_bytes_per_device": "predicted_memory_bytes_per_device", "fits": "predicted_fits",
-    "speedup": "predicted_speedup", "efficiency": "predicted_efficiency",
-}  # fmt: skip
-
 
 _SPEC_KEYS = ("name", "group", "scaling", "baseline", "repeats", "label", "reference", "seed",
               "reference_efficiency")  # fmt: skip
@@ -184,11 +171,11 @@ def mesh_cell(r: dict) -> str:
     return "(" + ",".join(f"{a}={n}" for a, n in zip(names, sizes)) + ")"
 
 
-def _mib(n) -> str:
+def mib_cell(n) -> str:
     return "" if n is None else f"{n / 2**20:.2f}"
 
 
-def _f(n, fmt: str) -> str:
+def number_cell(n, fmt: str) -> str:
     return "" if n is None else format(n, fmt)
 
 
@@ -206,19 +193,19 @@ def markdown(rows: list[dict], machine: str = "") -> str:
     lines = [f"*{machine}*\n" if machine else "", HEADER, "", head,
              "|" + "---|" * (15 if mfu else 14)]  # fmt: skip
     for r in rows:
-        rate = _f(r["images_per_sec"], ".1f")
+        rate = number_cell(r["images_per_sec"], ".1f")
         if r["images_per_sec_stderr"] is not None:
             rate += f" ± {r['images_per_sec_stderr']:.1f}"
         bubble = ""
         if r["analytic_bubble"] is not None:
-            bubble = f"{r['analytic_bubble']:.3f} / {_f(r['measured_bubble'], '.3f')}"
+            bubble = f"{r['analytic_bubble']:.3f} / {number_cell(r['measured_bubble'], '.3f')}"
         mesh = mesh_cell(r)
         status = "ok" if r["status"] == "ok" else f"failed: {r['error']}"
         cells = [
-            r["name"], mesh, str(r["num_devices"] or ""), rate, _f(r["speedup"], ".2f"),
-            _f(r["efficiency"], ".2f"), _loader(r), _mib(r["memory_bytes_per_device"]),
-            _coll(r), _f(r["data_allreduce_over_params"], ".3f"),
-            _mib(r["bytes_between_stages"]), bubble, _f(r["eval_accuracy"], ".3f"), status,
+            r["name"], mesh, str(r["num_devices"] or ""), rate, number_cell(r["speedup"], ".2f"),
+            number_cell(r["efficiency"], ".2f"), _loader(r), mib_cell(r["memory_bytes_per_device"]),
+            _coll(r), number_cell(r["data_allreduce_over_params"], ".3f"),
+            mib_cell(r["bytes_between_stages"]), bubble, number_cell(r["eval_accuracy"], ".3f"), status,
         ]  # fmt: skip
         if mfu:  # model FLOPs per second over the devices' peak
             cells.insert(12, "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%")
@@ -229,46 +216,10 @@ def markdown(rows: list[dict], machine: str = "") -> str:
 def _coll(r: dict) -> str:
     """Collective MiB per device per step, with the halo exchanges' share where there are
     some (spatial)."""
-    cell = _mib(r["collective_bytes_per_device"])
+    cell = mib_cell(r["collective_bytes_per_device"])
     if r.get("halo_bytes_per_device"):
-        cell += f" (halo {_mib(r['halo_bytes_per_device'])})"
+        cell += f" (halo {mib_cell(r['halo_bytes_per_device'])})"
     return cell
-
-
-def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
-    """Merge predictions.json's rows (jaxpar.predict, by name) into the bench rows as the
-    predicted_* keys of PREDICTED, and the errors against the measurement: `predicted_error`
-    = predicted / measured images/sec - 1 [clock], `predicted_memory_error` = predicted /
-    measured memory per device - 1 (the measured one is the compiled program's, exact); the
-    predicted images/sec is capped at the row's measured loader capacity. A row
-    the predictor did not return keeps None; one it failed on gets its status and message."""
-    by_name = {p["name"]: p for p in predicted}
-    for r in rows:
-        p = by_name.get(r["name"], {})
-        for theirs, mine in PREDICTED.items():
-            r[mine] = p.get(theirs)
-        if r["predicted_status"] != "ok":  # a failed prediction carries no figures
-            for mine in PREDICTED.values():
-                if mine not in ("predicted_profile", "predicted_status", "predicted_failure"):
-                    r[mine] = None
-        else:
-            r["predicted_failure"] = None
-        loader = r.get("loader_images_per_sec")  # measured: no step outruns its input
-        if r["predicted_images_per_sec"] and loader and r["predicted_images_per_sec"] > loader:
-            r["predicted_images_per_sec"] = loader
-        measured_ok = r.get("status") == "ok"
-        r["predicted_error"] = _ratio(r["predicted_images_per_sec"],
-                                      r.get("images_per_sec") if measured_ok else None)  # fmt: skip
-        r["predicted_memory_error"] = _ratio(r["predicted_memory_bytes_per_device"],
-                                             r.get("memory_bytes_per_device"))  # fmt: skip
-    return rows
-
-
-def _ratio(predicted, measured) -> float | None:
-    """predicted / measured - 1, or None when either is missing (or measured is 0)."""
-    if predicted is None or not measured:
-        return None
-    return predicted / measured - 1
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -304,128 +255,9 @@ def _ranks(values: list[float]) -> list[float]:
     return ranks
 
 
-def prediction_summary(rows: list[dict]) -> dict[str, Any]:
-    """Over the rows with both a measured and a predicted images/sec: their count, the median
-    and mean |predicted_error|, the worst row and its (signed) error, and Spearman's rho of
-    predicted against measured images/sec. None figures where no row has both."""
-    both = [r for r in rows if r.get("predicted_error") is not None]
-    out: dict[str, Any] = {"n": len(both), "median_abs_error": None, "mean_abs_error": None,
-                           "worst": None, "worst_error": None, "spearman": None}  # fmt: skip
-    if not both:
-        return out
-    errors = [abs(r["predicted_error"]) for r in both]
-    worst = max(both, key=lambda r: abs(r["predicted_error"]))
-    out.update(
-        median_abs_error=statistics.median(errors),
-        mean_abs_error=sum(errors) / len(errors),
-        worst=worst["name"],
-        worst_error=worst["predicted_error"],
-        spearman=spearman(
-            [r["images_per_sec"] for r in both], [r["predicted_images_per_sec"] for r in both]
-        ),
-    )
-    return out
-
-
-def summary_line(rows: list[dict]) -> str:
-    """prediction_summary in one line, for under the table (and the plot's title)."""
-    s = prediction_summary(rows)
-    if not s["n"]:
-        return "images/sec error: no row has both a measured and a predicted images/sec"
-    rho = "n/a (fewer than 2 rows, or all equal)"
-    if s["spearman"] is not None:
-        rho = f"{s['spearman']:.2f}"
-    return (
-        f"images/sec error over the {s['n']} row{'s' if s['n'] != 1 else ''} with both "
-        f"figures: median |error| {100 * s['median_abs_error']:.1f}%, mean |error| "
-        f"{100 * s['mean_abs_error']:.1f}%, worst {s['worst']} "
-        f"({_signed(s['worst_error'])}); Spearman rank correlation of predicted against "
-        f"measured images/sec: {rho}"
-    )
-
-
-def predicted_markdown(rows: list[dict], profile: str) -> str:
-    """Measured here against predicted on `profile`, one line per row, the summary below; a
-    row's published efficiency (`reference_efficiency`) beside where the suite gives one."""
-    name = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), profile)
-    published = any(r.get("reference_efficiency") is not None for r in rows)
-    head = (
-        "| row | mesh | measured img/s [clock] | predicted img/s | error | "
-        "measured step ms [clock] | predicted step ms (compute / comm / bubble / overhead) | "
-        "bubble measured [clock] / predicted | memory MiB measured [exact] / predicted |"
-    )
-    if published:
-        head += " predicted eff. | published eff. | predicted - published |"
-    lines = [
-        (
-            f"Predicted on {name} ({profile}) against this machine's measurement. Measured "
-            "images/sec, step time and bubble are this machine's wall clock [clock]; measured "
-            "memory per device is read from the compiled programs [exact]. Predicted figures are "
-            "the model's, from the programs' exact FLOPs and bytes and the profile's rates. "
-            "error = predicted / measured - 1."
-        ),
-        "",
-        head,
-        "|" + "---|" * (12 if published else 9),
-    ]
-    for r in rows:
-        ok, pok = r.get("status") == "ok", r.get("predicted_status") == "ok"
-        measured = _f(r.get("images_per_sec"), ",.1f") if ok else f"failed: {r.get('error')}"
-        if pok:
-            guess = _f(r["predicted_images_per_sec"], ",.1f")
-            parts = [r["predicted_compute_s"], r["predicted_comm_s"], r["predicted_bubble_s"],
-                     r["predicted_overhead_s"]]  # fmt: skip
-            step = f"{_ms(r['predicted_step_time_s'])} (" + " / ".join(map(_ms, parts)) + ")"
-        else:
-            why = r.get("predicted_failure") or "not predicted"
-            guess, step = f"failed: {why}" if r.get("predicted_status") else "", ""
-        bubble = ""
-        if r.get("measured_bubble") is not None or r.get("predicted_bubble") is not None:
-            bubble = (
-                f"{_f(r.get('measured_bubble'), '.3f')} / {_f(r.get('predicted_bubble'), '.3f')}"
-            )
-        memory = ""
-        if (
-            r.get("memory_bytes_per_device") is not None
-            or r.get("predicted_memory_bytes_per_device") is not None
-        ):
-            memory = (f"{_mib(r.get('memory_bytes_per_device'))} / "
-                      f"{_mib(r.get('predicted_memory_bytes_per_device'))}")  # fmt: skip
-            if r.get("predicted_memory_error") is not None:
-                memory += f" ({_signed(r['predicted_memory_error'])})"
-        cells = [
-            r["name"], mesh_cell(r), measured, guess,
-            _signed(r.get("predicted_error")),
-            _ms(r.get("step_time_median_s")) if ok else "", step, bubble, memory,
-        ]  # fmt: skip
-        if published:
-            ref, eff = r.get("reference_efficiency"), r.get("predicted_efficiency")
-            delta = f"{100 * (eff - ref):+.1f} pt" if ref is not None and eff is not None else ""
-            cells += [_pct(eff), _pct(ref), delta]
-        lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
-    return "\n".join(lines) + "\n\n" + summary_line(rows) + "\n"
-
-
-def _signed(x) -> str:
-    return "" if x is None else f"{100 * x:+.1f}%"
-
-
-def _ms(seconds) -> str:
-    """Milliseconds, with more digits below one millisecond."""
-    if seconds is None:
-        return ""
-    return (
-        f"{1e3 * seconds:.1f}" if abs(seconds) >= 1e-3 or seconds == 0 else f"{1e3 * seconds:.3f}"
-    )
-
-
-def _pct(x) -> str:
-    return "" if x is None else f"{100 * x:.1f}%"
-
-
 def _loader(r: dict) -> str:
     """The loader column: "bound" for an input-bound row, else the loader's capacity."""
-    return "bound" if r["input_bound"] else _f(r["loader_images_per_sec"], ".0f")
+    return "bound" if r["input_bound"] else number_cell(r["loader_images_per_sec"], ".0f")
 
 
 def to_csv(rows: list[dict]) -> str:

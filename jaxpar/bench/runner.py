@@ -21,15 +21,12 @@ import time
 from typing import Any
 
 from jaxpar.bench import accuracy as accuracy_lib
+from jaxpar.bench import outdir
+from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import suite as suite_lib
+from jaxpar.bench.outdir import Refused
 from jaxpar.files import write_json, write_text
-
-MANIFEST = "sweep.json"
-
-
-class Refused(ValueError):
-    """The sweep will not run as asked; one line for the user, nothing in OUT touched."""
 
 
 @dataclasses.dataclass
@@ -47,43 +44,7 @@ class Sweep:
     predict: str = ""  # a hardware profile: each row's prediction on it beside the measurement
 
     def _paths(self, name: str, r: int) -> tuple[str, str, str]:
-        base = f"{suite_lib.slug(name)}.r{r}"
-        return (
-            os.path.join(self.out, "rows", f"{base}.json"),
-            os.path.join(self.out, "logs", f"{base}.log"),
-            os.path.join(self.out, "runs", base),
-        )
-
-    def _stored(self, name: str) -> dict[int, dict]:
-        """Every stored record of row `name` (any fingerprint), by repeat."""
-        rows_dir = os.path.join(self.out, "rows")
-        pattern = re.escape(suite_lib.slug(name)) + r"\.r(\d+)\.json"
-        found = {}
-        for file in sorted(os.listdir(rows_dir)):
-            if match := re.fullmatch(pattern, file):
-                found[int(match.group(1))] = _read(os.path.join(rows_dir, file))
-        return found
-
-    def _set_aside(self, name: str, rep: int, print_: str) -> None:
-        """Move a record (with its log and run) made under another config of this row to
-        OUT/replaced/ before the row is measured again: kept apart, never overwritten."""
-        path, log, run = self._paths(name, rep)
-        if not os.path.exists(path) or (old := _read(path)).get("fingerprint") == print_:
-            return
-        base = _free(os.path.join(self.out, "replaced", f"{os.path.basename(run)}.{_tag(old)}"))
-        os.makedirs(os.path.dirname(base), exist_ok=True)
-        if os.path.exists(log):
-            old["log"] = f"{base}.log"
-            os.replace(log, old["log"])
-        if os.path.exists(run):
-            os.replace(run, f"{base}.run")
-        write_json(f"{base}.json", old)
-        os.remove(path)
-        print(
-            f"{name} (repeat {rep}): its config changed since it was measured; the old record "
-            f"is in {base}.json",
-            flush=True,
-        )
+        return outdir.paths(self.out, name, r)
 
     def _fingerprint(self, spec, r: dict) -> str:
         try:
@@ -100,10 +61,10 @@ class Sweep:
         self._reference = spec.get("reference_name", "published")  # the accuracy study's column
         self.predict = self.predict or spec.get("predict_profile", "")
         picked = self._select(spec.rows)
-        self._claim()
+        outdir.claim(self.out, self.suite, self.overrides)
         for sub in ("rows", "logs", "runs"):
             os.makedirs(os.path.join(self.out, sub), exist_ok=True)
-        prints, records, todo = self._plan(spec, picked)
+        fingerprints, records, todo = self._plan(spec, picked)
         skipped = len(picked) * self.repeat - len(todo)
         some = (
             len(picked) if len(picked) == len(spec.rows) else f"{len(picked)} of {len(spec.rows)}"
@@ -120,8 +81,8 @@ class Sweep:
             for i, (rep, r) in enumerate(todo):
                 if not all(map(_ok, records[r["name"]].values())):
                     continue  # it failed in an earlier repeat of this run: not repeated
-                self._set_aside(r["name"], rep, prints[r["name"]])
-                record = self._run_one(r, rep, prints[r["name"]])
+                outdir.set_aside(self.out, r["name"], rep, fingerprints[r["name"]])
+                record = self._run_one(r, rep, fingerprints[r["name"]])
                 records[r["name"]][rep] = record
                 self._write(rows, records)
                 print(
@@ -143,15 +104,15 @@ class Sweep:
     def _plan(self, spec, picked: list[dict]):
         """Fingerprints of every row, the current records of every row (by repeat), and the
         (repeat, row) pairs to measure, round-robin: machine drift hits every row alike."""
-        prints = {r["name"]: self._fingerprint(spec, r) for r in spec.rows}
+        fingerprints = {r["name"]: self._fingerprint(spec, r) for r in spec.rows}
         names = {r["name"] for r in picked}
         records, stale = {}, []
-        for name, print_ in prints.items():
-            stored = self._stored(name)
-            records[name] = {k: v for k, v in stored.items() if v.get("fingerprint") == print_}
+        for name, fingerprint in fingerprints.items():
+            stored = outdir.stored(self.out, name)
+            records[name] = {k: v for k, v in stored.items() if v.get("fingerprint") == fingerprint}
             if self.retry_failed and name in names:
                 records[name] = {k: v for k, v in records[name].items() if _ok(v)}
-            older = {k for k, v in stored.items() if v.get("fingerprint") != print_}
+            older = {k for k, v in stored.items() if v.get("fingerprint") != fingerprint}
             for k in sorted(older - set(range(self.repeat) if name in names else ())):
                 stale.append(f"{name} (repeat {k})")  # this run does not measure it again
         if stale:
@@ -162,7 +123,7 @@ class Sweep:
             for r in picked
             if k not in (done := records[r["name"]]) and all(map(_ok, done.values()))
         ]  # a row that failed once is not repeated
-        return prints, records, todo
+        return fingerprints, records, todo
 
     def _select(self, rows) -> list[dict]:
         """The rows --only picks (all without it); an --only that picks none is refused."""
@@ -178,37 +139,7 @@ class Sweep:
             )
         return picked
 
-    def _claim(self) -> None:
-        """Record in OUT/sweep.json what OUT is measured under, or refuse a sweep under other
-        settings: rows measured with different overrides must not mix in one table."""
-        path = os.path.join(self.out, MANIFEST)
-        mine = {
-            "suite": suite_lib.suite_id(self.suite),
-            "overrides": suite_lib.plain(self.overrides),
-        }
-        if not os.path.exists(path):
-            if os.path.isdir(os.path.join(self.out, "rows")):  # made before OUT had a manifest
-                print(
-                    f"{path}: recorded now; rows measured under other settings run again",
-                    flush=True,
-                )
-            os.makedirs(self.out, exist_ok=True)
-            write_json(path, mine)
-            return
-        theirs = _read(path)
-        if theirs.get("suite") != mine["suite"]:
-            raise Refused(
-                f"--out {self.out} holds suite {theirs.get('suite')}, not {mine['suite']}; "
-                f"pass --suite {theirs.get('suite')}, or choose another --out"
-            )
-        if theirs.get("overrides") != mine["overrides"]:
-            differ = suite_lib.differences(theirs.get("overrides") or {}, mine["overrides"])
-            raise Refused(
-                f"--out {self.out} was measured with other overrides ({differ}); pass the same "
-                "--config overrides, or choose another --out"
-            )
-
-    def _run_one(self, r: dict, rep: int, print_: str) -> dict:
+    def _run_one(self, r: dict, rep: int, fingerprint: str) -> dict:
         result, log, _ = self._paths(r["name"], rep)
         if os.path.exists(result):
             os.remove(result)
@@ -257,7 +188,7 @@ class Sweep:
                 record = json.load(f)
         else:
             record = {"status": "failed", "error": _why(rc, log, self.row_timeout_s)}
-        record["fingerprint"] = print_
+        record["fingerprint"] = fingerprint
         record["log"] = log
         write_json(result, record)
         return record
@@ -272,7 +203,10 @@ class Sweep:
             ]
         )
         machine = _machine(records)
-        predicted = final and bool(self.predict) and self._predicted(table)
+        predicted = False
+        if final and self.predict:  # after the last row: the predictor's own process
+            args = (table, self.suite, self.predict, self.overrides, self.out)
+            predicted = predicted_lib.predict_table(*args)
         write_json(
             os.path.join(self.out, "results.json"),
             {"suite": self.suite, "machine": machine, "note": results_lib.HEADER, "rows": table},
@@ -289,7 +223,7 @@ class Sweep:
         if predicted:
             write_text(
                 os.path.join(self.out, "predicted.md"),
-                results_lib.predicted_markdown(table, self.predict),
+                predicted_lib.predicted_markdown(table, self.predict),
             )
         if final:  # the end of the sweep: the table, and the plots unless turned off
             print("\n" + results_lib.markdown(table, machine))
@@ -305,54 +239,6 @@ class Sweep:
             print(f"results: {self.out}/results.json, results.csv, results.md"
                   + (", predicted.md" if predicted else ""))  # fmt: skip
         return table
-
-    def _predicted(self, table: list[dict]) -> bool:
-        """Predict the table's rows on the `predict` profile (python -m jaxpar.predict in its
-        own process: it compiles for the profile's device count) and merge the predictions and
-        their errors into `table` (results.merge_predictions). False if the predictor failed.
-        Only the rows OUT holds are predicted (a suite file of those rows in OUT/predicted)."""
-        out = os.path.join(self.out, "predicted")
-        os.makedirs(out, exist_ok=True)
-        cmd = [sys.executable, "-m", "jaxpar.predict", "--suite", self._subset(table, out),
-               "--profile", self.predict, "--out", out]  # fmt: skip
-        cmd += [f"--config.{k}={v!r}" for k, v in self.overrides.items()]
-        print(f"predicting {len(table)} rows on {self.predict} ...", flush=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([suite_lib.ROOT,
-                                                           os.environ.get("PYTHONPATH", "")]))  # fmt: skip
-        env.pop("XLA_FLAGS", None)  # the predictor sets its own device count
-        log = os.path.join(self.out, "logs", "predicted.log")
-        with open(log, "w", encoding="utf-8") as f:
-            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                 cwd=suite_lib.ROOT)  # fmt: skip
-        if rc != 0:
-            print(f"prediction failed (exit {rc}); see {log}", flush=True)
-            return False
-        rows = _read(os.path.join(out, "predictions.json"))["rows"]
-        results_lib.merge_predictions(table, rows)
-        return True
-
-    def _subset(self, table: list[dict], out: str) -> str:
-        """The suite file to predict: the sweep's own, or, when OUT holds only some of its
-        rows (--only), OUT/predicted/suite.py with those rows alone (nothing compiled for
-        rows that have no measurement to compare with)."""
-        names = [r["name"] for r in table]
-        if len(names) == len(suite_lib.load_suite(self.suite).rows):
-            return self.suite
-        path = os.path.join(out, "suite.py")
-        write_text(path, _SUBSET.format(suite=self.suite, names=names))
-        return path
-
-
-_SUBSET = '''"""The rows of {suite} that this OUT holds (written by python -m jaxpar.bench --predict)."""
-
-from jaxpar.bench import suite as suite_lib
-
-
-def get_config():
-    suite = suite_lib.load_suite({suite!r})
-    suite.rows = tuple(r for r in suite.rows if r["name"] in {names!r})
-    return suite
-'''
 
 
 def _read_text(path: str) -> str:
@@ -385,26 +271,6 @@ def _machine(records: dict[str, dict]) -> str:
 
 def _ok(record: dict) -> bool:
     return record.get("status") == "ok"
-
-
-def _read(path: str) -> dict:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _tag(record: dict) -> str:
-    """The file-name tag of a replaced record: its fingerprint (or 'old')."""
-    found = str(record.get("fingerprint", ""))
-    return found if re.fullmatch(r"[0-9a-f]{12}", found) else "old"
-
-
-def _free(base: str) -> str:
-    """`base`, or `base.2`, `base.3`... : the first whose .json does not exist yet."""
-    candidate, n = base, 1
-    while os.path.exists(f"{candidate}.json"):
-        n += 1
-        candidate = f"{base}.{n}"
-    return candidate
 
 
 def _why(rc: int | None, log: str, timeout: float) -> str:

@@ -20,6 +20,7 @@ followed or preceded a bias instead: one parameter per channel where BatchNorm h
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -40,9 +41,21 @@ def count_flops(module: nn.Module, in_shape: tuple[int, ...]) -> int:
     return 2 * _macs(jaxpr.jaxpr)
 
 
+def equations(jaxpr) -> Iterator:
+    """Every equation of `jaxpr` in program order, each followed by those of the programs
+    nested in it (jit, custom_jvp, ...)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from equations(inner)
+
+
 def _macs(jaxpr) -> int:
     total = 0
-    for eqn in jaxpr.eqns:
+    for eqn in equations(jaxpr):
         if eqn.primitive.name == "conv_general_dilated":
             rhs = eqn.invars[1].aval.shape
             out_dim = eqn.params["dimension_numbers"].rhs_spec[0]
@@ -51,11 +64,6 @@ def _macs(jaxpr) -> int:
             (contract, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape
             total += math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
-        for value in eqn.params.values():  # nested programs (jit, custom_jvp, ...)
-            for sub in value if isinstance(value, (list, tuple)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    total += _macs(inner)
     return total
 
 

@@ -86,8 +86,7 @@ class DataParallel(Strategy):
         self._canonical_shapes = jax.eval_shape(self.rule.from_shared, shared)
         device_shapes = jax.eval_shape(self.rule.to_device, self._canonical_shapes)
         self.state_specs = self.rule.specs(device_shapes)
-        self.state_sharding = jax.tree.map(lambda s: NamedSharding(mesh, s), self.state_specs,
-                                           is_leaf=lambda x: isinstance(x, P))  # fmt: skip
+        self.state_sharding = mesh_lib.shardings(mesh, self.state_specs)
         self._device_shapes = device_shapes
         self._to_canonical = jax.jit(self.rule.canonical)
         self._replica_mean = jax.jit(lambda m: jax.tree.map(jnp.mean, m))
@@ -142,7 +141,7 @@ class DataParallel(Strategy):
             return jax.tree.map(np.asarray, self.rule.from_shared(shared))
         raise ConfigError(
             f"the checkpoint's state does not fit sync.mode={self.config.sync.mode} with "
-            f"{self.replicas.n} replicas (it was written by another mode or replica "
+            f"{self.replicas.count} replicas (it was written by another mode or replica "
             "count); resume with the settings it was written with"
         )
 

@@ -19,6 +19,7 @@ from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import init_state
 from jaxpar.parallel.strategy import Program
+from jaxpar.parallel.sync.base import stack
 
 
 class PmapReplicas(Replicas):
@@ -54,8 +55,7 @@ class PmapDataParallel(DataParallel):
         return PmapReplicas(shape)
 
     def _stack(self, tree, xp=jnp):
-        n = len(self.devices)
-        return jax.tree.map(lambda x: xp.broadcast_to(x, (n, *xp.shape(x))), tree)
+        return stack(tree, len(self.devices), xp)
 
     def init_state(self, rng):
         state = jax.jit(lambda r: init_state(self.model, self.tx, r))(rng)

@@ -29,12 +29,12 @@ class Replicas:
     def __init__(self, shape: dict[str, int]):
         self.axes = axes_lib.replica_axes(shape)  # batch axes of size > 1, in mesh order
         self.sizes = {a: shape[a] for a in self.axes}
-        self.n = math.prod(self.sizes.values())
+        self.count = math.prod(self.sizes.values())
 
     @property
     def manual(self) -> bool:
         """Whether step bodies run inside shard_map over the replica axes."""
-        return self.n > 1
+        return self.count > 1
 
     @property
     def spec(self) -> P:

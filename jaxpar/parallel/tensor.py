@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar import axes
 from jaxpar import config as config_lib
 from jaxpar.errors import ConfigError
+from jaxpar.mesh import is_spec
 from jaxpar.models import SequentialModel
 from jaxpar.models.layers import LOGICAL_AXES
 
@@ -78,7 +79,7 @@ def layer_specs(layer, rules: Rules) -> dict:
     """{"params": ..., "batch_stats": ...} of PartitionSpecs over mesh axes for one layer's
     variables: its logical names (flax's logical partitioning, models/base.py) mapped by the
     rules."""
-    return {coll: jax.tree.map(lambda names: spec(tuple(names), rules), tree, is_leaf=_is_spec)
+    return {coll: jax.tree.map(lambda names: spec(tuple(names), rules), tree, is_leaf=is_spec)
             for coll, tree in layer.names.items()}  # fmt: skip
 
 
@@ -95,10 +96,6 @@ def variable_specs(model: SequentialModel, rules: Rules, layers: slice = slice(N
     return out
 
 
-def _is_spec(x) -> bool:
-    return isinstance(x, P)
-
-
 def constrain_tree(tree, specs):
     """Pin every array of `tree` (inside shard_map) to its spec over the automatic axes (the
     manual ones, e.g. fsdp's split of a parameter, are shard_map's already)."""
@@ -112,7 +109,7 @@ def constrain_tree(tree, specs):
         lambda s, x: lax.with_sharding_constraint(x, NamedSharding(mesh, only_auto(s))),
         specs,
         tree,
-        is_leaf=lambda x: isinstance(x, P),
+        is_leaf=is_spec,
     )
 
 
@@ -167,7 +164,7 @@ def check(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> N
         )
         for coll, tree in layer_specs(layer, rules).items():
             shapes = nn.unbox(variables.get(coll, {}))
-            named = jax.tree_util.tree_leaves_with_path(tree, is_leaf=_is_spec)
+            named = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_spec)
             for (path, split), leaf in zip(named, jax.tree.leaves(shapes), strict=True):
                 keys = [k.key for k in path]
                 for dim, axis in zip(leaf.shape, split):

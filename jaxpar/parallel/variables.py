@@ -21,6 +21,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import axes
+from jaxpar.mesh import is_spec
 from jaxpar.models import SequentialModel
 from jaxpar.parallel import tensor
 
@@ -48,7 +49,7 @@ def specs(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int],
     """{"params": {...}, "batch_stats": {...}} PartitionSpecs of `layers`' variables over the
     mesh `shape` ({axis: size})."""
     out = jax.tree.map(_trim, tensor.variable_specs(model, rules_on(rules, shape), layers),
-                       is_leaf=lambda x: isinstance(x, P))  # fmt: skip
+                       is_leaf=is_spec)  # fmt: skip
     sharding = axes.sharding_axes(shape)
     if not sharding:
         return out
@@ -58,7 +59,7 @@ def specs(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int],
         out["params"][layer.name] = jax.tree.map(
             lambda spec, leaf, logical: _shard(spec, leaf.shape, tuple(logical), sharding, shape),
             out["params"][layer.name], shapes[layer.name], names,
-            is_leaf=lambda x: isinstance(x, P),
+            is_leaf=is_spec,
         )  # fmt: skip
     return out
 
@@ -97,7 +98,7 @@ def sharded_leaves(param_specs: dict, shape: dict[str, int]) -> dict:
     sharding = set(axes.sharding_axes(shape))
     return jax.tree.map(
         lambda s: Split((p, d) for d, p in enumerate(s) if p in sharding), param_specs,
-        is_leaf=lambda x: isinstance(x, P),
+        is_leaf=is_spec,
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jaxpar import configfile, oneline
+from jaxpar import configfile, log, oneline
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
 
@@ -47,41 +47,12 @@ def _profile_devices(path: str) -> int:
         raise ConfigError(f"no such profile file {path!r} (see configs/hardware/)") from None
 
 
-def _ms(s: float) -> str:
-    return f"{1e3 * s:.1f}" if s >= 1e-3 or s == 0 else f"{1e3 * s:.3f}"
-
-
-def table(rows: list[dict], profile) -> str:
-    """The ranked candidates as a markdown table."""
-    from jaxpar.plan import candidate_of, why
-
-    head = ("| rank | mesh | schedule | M | remat | v | sync | img/s | speedup | step ms | "
-            "compute | comm | bubble | overhead | GiB/device | why |")  # fmt: skip
-    lines = [head, "|" + "---|" * 16]
-    for i, r in enumerate(rows, 1):
-        c, cand = r["candidate"], candidate_of(r)
-        piped = bool(c["schedule"])
-        sync = c["sync"] if cand.replicas > 1 else "-"
-        sync += "" if c["exact"] else "*"
-        speed = f"{r['speedup']:.2f}" if r.get("speedup") else "-"
-        lines.append(
-            f"| {i} | {cand.name.split(' ')[0]} | {c['schedule'] or '-'} | "
-            f"{c['microbatches'] if piped else '-'} | "
-            f"{('yes' if c['remat'] else 'no') if piped else '-'} | "
-            f"{c['virtual'] if piped else '-'} | {sync} | {r['images_per_sec']:,.0f} | {speed} | "
-            f"{_ms(r['step_time_s'])} | {_ms(r['compute_s'])} | {_ms(r['comm_s'])} | "
-            f"{_ms(r['bubble_s'])} | {_ms(r['overhead_s'])} | "
-            f"{r['memory_bytes_per_device'] / 2**30:.2f} | {why(r, profile)} |"
-        )
-    return "\n".join(lines)
-
-
 def _measure(
     args, config_file, config, overrides, top, profile_path, profile, out: Path
 ) -> list[dict]:
     """Run `top` through the bench on this machine; print predicted against measured."""
     from jaxpar.bench.runner import Sweep
-    from jaxpar.plan import candidate_of
+    from jaxpar.plan.candidates import candidate_of
 
     this_machine = Path(profile_path).name == "cpu_2core.py" or profile.compute_pool > 0
     if not this_machine:
@@ -146,95 +117,8 @@ def extra_overrides(overrides: dict, n: int, profile) -> dict:
     return extra
 
 
-def report(
-    result,
-    profile,
-    limit: float,
-    top: int,
-    config_file: str,
-    config,
-    extra: dict,
-    expand: int = 3,
-    max_candidates: int = 40,
-) -> tuple[str, str | None, str | None]:
-    """(the printed report, the recommendation line, its command) for a Plan."""
-    from jaxpar.plan import command, commonest, rank, unpriced, why
-
-    lines: list[str] = []
-    say = lines.append
-    fitting, too_big = rank(result.rows, limit)
-    failed = [r for r in result.rows if r.get("status") != "ok"]
-    reasons = commonest(result.refused, 1)
-    common = f" (commonest, {reasons[0][1]}x: {reasons[0][0]})" if reasons else ""
-    say(
-        f"\n{result.considered + len(result.refused)} candidates: {len(result.refused)} refused "
-        f"by the trainer{common}"
-        + f"; {len(result.rows)} predicted ({len(fitting)} fit, {len(too_big)} do not"
-        + (f", {len(failed)} failed" if failed else "")
-        + f"); {result.skipped} not predicted (round 2 expands the best {expand} meshes; "
-        f"--max_candidates {max_candidates})"
-    )
-    if result.meshes_unseen:
-        say(
-            f"round 1 reached {result.meshes - result.meshes_unseen} of {result.meshes} meshes: "
-            f"--max_candidates {result.meshes + 1} or more tries each once"
-        )
-    for r in failed:
-        say(f"  failed: {r['name']}: {r.get('error')}")
-    if fitting:
-        say(
-            f"\nTop {min(top, len(fitting))} of {len(fitting)} that fit "
-            f"{limit / 2**30:.2f} GiB per device (speedup: against the 1-device row):\n"
-        )
-        say(table(fitting[:top], profile))
-        if any(unpriced(r) for r in fitting[:top]):
-            say(
-                "\nNOT priced: the predictor prices collectives it cannot place on mesh axes "
-                "(shown as '?') at 0 s, so those rows are optimistic"
-            )
-        if any(not r["candidate"]["exact"] for r in fitting[:top]):
-            say("\n* not the same function as one device (approximate synchronisation)")
-    else:
-        need = min((r["memory_bytes_per_device"] for r in too_big), default=0)
-        say(
-            f"\nnone of the predicted candidates fits {limit / 2**30:.2f} GiB per device"
-            + (f"; the smallest needs {need / 2**30:.2f} GiB" if too_big else "")
-        )
-    faster = [r for r in too_big if not fitting or r["step_time_s"] < fitting[0]["step_time_s"]]
-    if faster:
-        say("\nFaster, but do not fit:")
-        for r in faster[:3]:
-            say(
-                f"  {r['name']}: {r['images_per_sec']:,.0f} img/s, needs "
-                f"{r['memory_bytes_per_device'] / 2**30:.2f} GiB per device, limit "
-                f"{limit / 2**30:.2f} GiB"
-            )
-    recommendation = cmd = None
-    priced = [r for r in fitting if not unpriced(r)]
-    if fitting and priced and priced[0] is not fitting[0]:
-        say(
-            f"\n(recommending {priced[0]['name']}, not {fitting[0]['name']}: the latter's "
-            "prediction leaves some of its traffic unpriced)"
-        )
-    if fitting:
-        best = (priced or fitting)[0]
-        speed = f", {best['speedup']:.2f}x one device" if best.get("speedup") else ""
-        recommendation = (
-            f"{best['name']}: {best['images_per_sec']:,.0f} img/s predicted{speed}, "
-            f"{best['memory_bytes_per_device'] / 2**30:.2f} GiB per device; "
-            f"{why(best, profile)}"
-        )
-        cmd = command(config_file, best, config, extra)
-        say(f"\nrecommendation: {recommendation}\n  {cmd}")
-    else:
-        say(
-            "\nrecommendation: none fits; raise --memory_gib, lower global_batch_size or the "
-            "model's width, or plan for more devices"
-        )
-    return "\n".join(lines), recommendation, cmd
-
-
 def main(argv: list[str] | None = None) -> int:
+    log.setup()  # jaxpar's lines (a measured candidate's sweep) on stdout
     parser = argparse.ArgumentParser(
         prog="python -m jaxpar.plan",
         usage="%(prog)s --config FILE --profile PROFILE [--config.KEY=VALUE ...] [options]",
@@ -272,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args, overrides: dict) -> int:
-    from jaxpar.plan import SPLITS
+    from jaxpar.plan.candidates import SPLITS
 
     n_profile = _profile_devices(args.profile)
     splits = tuple(s for s in args.splits.split(",") if s)
@@ -295,7 +179,8 @@ def _main(args, overrides: dict) -> int:
     configfile.cpu_only()
     config = _load_config(args.config, overrides)
 
-    from jaxpar.plan import plan, rank
+    from jaxpar.plan.report import report
+    from jaxpar.plan.search import plan, rank
     from jaxpar.predict import load_profile
 
     profile = load_profile(args.profile)

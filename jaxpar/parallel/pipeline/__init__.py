@@ -58,7 +58,7 @@ _ROLES = {"fwd": "forward", "fwd_res": "forward", "bwd": "backward", "bwd_res": 
 class PipelineState:
     """Per-chunk train states, plus per-device unreduced gradient accumulators."""
 
-    stages: tuple  # per chunk: its TrainState (None in a process that owns none of its stage)
+    chunks: tuple  # per chunk: its TrainState (None in a process that owns none of its stage)
     grad_acc: tuple  # per chunk: params-shaped, a leading axis over the data replicas
 
 
@@ -97,7 +97,7 @@ class Pipeline(Strategy):
         self.split_backward = schedules.split_backward(self.events)
         self.meshes = [mesh_lib.index_along(mesh, self.stage_axis, s) for s in range(k)]
         self.replicas = Replicas(shape)
-        self.data = self.replicas.n
+        self.data = self.replicas.count
         self.batch_spec = self.replicas.spec
         self.batch_sharding = [NamedSharding(m, self.batch_spec) for m in self.meshes]
         # the rules axes (tensor parallelism) inside each stage
@@ -123,7 +123,7 @@ class Pipeline(Strategy):
         # Which stages own a device of this process (all of them in one process), and the
         # mover for transfers that cross processes.
         self.multi = jax.process_count() > 1
-        self.local = [transfer.owns(m.devices) for m in self.meshes]
+        self.local_stages = [transfer.owns(m.devices) for m in self.meshes]
         self.mover = transfer.Mover(mesh, self.inflight) if self.multi else None
         self.relayout = [OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
                          for sh, m in zip(self.batch_sharding, self.meshes)]  # fmt: skip
@@ -136,7 +136,7 @@ class Pipeline(Strategy):
 
     def _each_chunk(self, fn) -> tuple[tuple, tuple]:
         """(states, accumulators) from fn(chunk) -> (state, acc), None off this process."""
-        parts = [fn(c) if self.local[self.stage_of[c]] else (None, None)
+        parts = [fn(c) if self.local_stages[self.stage_of[c]] else (None, None)
                  for c in range(self.num_chunks)]  # fmt: skip
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
@@ -155,7 +155,7 @@ class Pipeline(Strategy):
         """The layout-free state, as on a single device. With several processes each chunk's
         part is first gathered onto every device (one collective per chunk, which every
         process calls), so that every process holds the whole state, as Orbax needs."""
-        parts = list(state.stages)
+        parts = list(state.chunks)
         if self.multi:
             parts = [self.mover.gather_tree(st, lay.device_shapes, self.stage_of[c], lay.state_specs)
                      for c, (st, lay) in enumerate(zip(parts, self.layouts))]  # fmt: skip
@@ -173,7 +173,7 @@ class Pipeline(Strategy):
 
     def stage_states(self, state):
         """Per device stage, its chunks' (state, gradient accumulator) pairs."""
-        chunks = list(zip(state.stages, state.grad_acc))
+        chunks = list(zip(state.chunks, state.grad_acc))
         return [[pair for pair, d in zip(chunks, self.stage_of) if d == s] for s in range(self.k)]
 
     # -- batches ----------------------------------------------------------------------------
@@ -200,7 +200,7 @@ class Pipeline(Strategy):
             s = self._home(key)
             grouped = np.reshape(value, (d, m, -1, *value.shape[1:])).swapaxes(0, 1)
             parts = [np.reshape(g, (-1, *value.shape[1:])) for g in grouped]
-            out[key] = [transfer.put(p, self.batch_sharding[s]) if self.local[s] else None
+            out[key] = [transfer.put(p, self.batch_sharding[s]) if self.local_stages[s] else None
                         for p in parts]  # fmt: skip
         return out
 
@@ -230,11 +230,11 @@ class Pipeline(Strategy):
         jax.block_until_ready(self.train_step(scratch, batch))
 
     def train_step(self, state, batch):
-        st, acc, metrics = self.runner.train_step(state.stages, state.grad_acc, batch)
+        st, acc, metrics = self.runner.train_step(state.chunks, state.grad_acc, batch)
         return PipelineState(tuple(st), tuple(acc)), metrics
 
     def eval_step(self, state, batch):
-        return self.runner.eval_step(state.stages, batch)
+        return self.runner.eval_step(state.chunks, batch)
 
     @property
     def peak_stash_bytes(self) -> list[int]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import time
 from functools import partial
@@ -37,6 +38,8 @@ import numpy as np
 
 from jaxpar import axes, models, units
 from jaxpar import mesh as mesh_lib
+
+logger = logging.getLogger(__name__)
 
 CACHE_FILE = "layer_times.json"
 REPEATS = 7  # timed calls per program after a warm-up; the fastest is kept (as the bench)
@@ -99,7 +102,7 @@ def cache_key(model: models.SequentialModel, config, rows: int, devices) -> dict
     }
 
 
-def measure(model, config, mesh, workdir: str | None = None, say=print) -> LayerTimes:
+def measure(model, config, mesh, workdir: str | None = None) -> LayerTimes:
     """The layers' times for `model` under `config` on `mesh` (read from WORKDIR's cache when
     it was measured for the same things); prints one line saying what it did and cost."""
     rows = config.global_batch_size // max(config.pipeline.num_microbatches, 1)
@@ -123,10 +126,10 @@ def measure(model, config, mesh, workdir: str | None = None, say=print) -> Layer
     times = _agree(times)
     if times.source == "measured":
         where = f"; cached in {path}" if path else ""
-        say(f"pipeline.split=time: timed {len(model.layers)} layers at {rows} rows per "
+        logger.info(f"pipeline.split=time: timed {len(model.layers)} layers at {rows} rows per "
             f"micro-batch in {units.seconds(times.profile_s)}{where}")  # fmt: skip
     else:
-        say(f"pipeline.split=time: layer times reused from {times.source} (measured in "
+        logger.info(f"pipeline.split=time: layer times reused from {times.source} (measured in "
             f"{units.seconds(times.profile_s)} for the same model, shapes and devices)")  # fmt: skip
     return times
 
@@ -251,7 +254,7 @@ def candidate_microbatches(config, data: int, k: int) -> list[int]:
     return out[-8:]
 
 
-def choose_microbatches(model, config, mesh, workdir: str | None = None, say=print) -> int:
+def choose_microbatches(model, config, mesh, workdir: str | None = None) -> int:
     """`_choose`, cached in WORKDIR/microbatches.json with what it was chosen for, so that a
     resumed run keeps its micro-batches (and its numerics) rather than re-measuring."""
     key = {**cache_key(model, config, 0, list(mesh.devices.flat)), "rows": None,
@@ -263,12 +266,12 @@ def choose_microbatches(model, config, mesh, workdir: str | None = None, say=pri
         with open(path or "", encoding="utf-8") as f:
             saved = json.load(f)
         if saved.get("key") == key:
-            say(f"pipeline.num_microbatches=auto: M={saved['m']}, chosen by the first run "
+            logger.info(f"pipeline.num_microbatches=auto: M={saved['m']}, chosen by the first run "
                 f"in this workdir ({path})")  # fmt: skip
             return int(saved["m"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    m = _choose(model, config, mesh, say)
+    m = _choose(model, config, mesh)
     if path and jax.process_index() == 0:
         try:
             os.makedirs(workdir, exist_ok=True)
@@ -279,7 +282,7 @@ def choose_microbatches(model, config, mesh, workdir: str | None = None, say=pri
     return m
 
 
-def _choose(model, config, mesh, say=print) -> int:
+def _choose(model, config, mesh) -> int:
     """The micro-batch count with the shortest predicted step (`pipeline.num_microbatches=0`).
 
     More micro-batches shrink the bubble ((K-1)/(M+K-1) for 1F1B) but each runs smaller
@@ -326,7 +329,7 @@ def _choose(model, config, mesh, say=print) -> int:
     reason = ("the largest the batch allows" if best is table[-1] else
               f"more micro-batches cost more per program than their smaller bubble saves "
               f"(bubble {best[2]:.3f} at M={best[0]})")  # fmt: skip
-    say(f"pipeline.num_microbatches=auto: chose M={best[0]}, {reason}; predicted steps "
+    logger.info(f"pipeline.num_microbatches=auto: chose M={best[0]}, {reason}; predicted steps "
         f"{shown} (timed the model at {len(table)} micro-batch sizes in "
         f"{units.seconds(time.perf_counter() - t0)})")  # fmt: skip
     return best[0]

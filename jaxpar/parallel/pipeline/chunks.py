@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import mesh as mesh_lib
 from jaxpar.parallel import tensor
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import accuracy, cross_entropy, logit_sums
@@ -323,7 +324,5 @@ class ChunkPrograms:
 
     def placed(self):
         """NamedShardings of (state, accumulator) on the chunk's stage."""
-        named = lambda s: jax.sharding.NamedSharding(self.ck.mesh, s)
-        is_spec = lambda x: isinstance(x, P)
-        return (jax.tree.map(named, self.ck.state_specs, is_leaf=is_spec),
-                jax.tree.map(named, self.ck.acc_specs, is_leaf=is_spec))  # fmt: skip
+        specs = (self.ck.state_specs, self.ck.acc_specs)
+        return tuple(mesh_lib.shardings(self.ck.mesh, s) for s in specs)

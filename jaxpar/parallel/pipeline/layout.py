@@ -16,9 +16,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel.state import init_state
-from jaxpar.parallel.sync.base import _is_spec, stacked, stacked_size
+from jaxpar.parallel.sync.base import stacked, stacked_size
 
 
 def merge(trees: list[Any]) -> Any:
@@ -70,10 +71,9 @@ class ChunkLayout:
                                               p.dtype),
             shared.params, rule.variable_specs["params"],
         )  # fmt: skip
-        named = lambda s: NamedSharding(mesh, s)
         self.shardings = (
-            jax.tree.map(named, self.state_specs, is_leaf=_is_spec),
-            jax.tree.map(named, self.acc_specs, is_leaf=_is_spec),
+            mesh_lib.shardings(mesh, self.state_specs),
+            mesh_lib.shardings(mesh, self.acc_specs),
         )
         self._canonical = jax.jit(rule.canonical)
 
@@ -106,7 +106,7 @@ class ChunkLayout:
             ):
                 raise ConfigError(
                     f"the checkpoint's state does not fit sync.mode={self.rule.name} with "
-                    f"{self.rule.n} replicas (it was written by another mode or replica "
+                    f"{self.rule.num_replicas} replicas (it was written by another mode or replica "
                     "count); resume with the settings it was written with"
                 )
             part = jax.tree.map(np.asarray, self.rule.from_shared(shared))

@@ -22,8 +22,8 @@ from jaxpar.parallel.state import add_sums
 class Runner:
     def __init__(self, pipe):
         self.pipe = pipe
-        self.k, self.n = pipe.num_stages, pipe.num_chunks
-        self.inflight, self.mine = pipe.inflight, pipe.local
+        self.k, self.num_chunks = pipe.num_stages, pipe.num_chunks
+        self.inflight, self.local_stages = pipe.inflight, pipe.local_stages
         self.peak_stash_bytes = [0] * self.k  # per device, measured by the last train step
 
     # -- dispatching --------------------------------------------------------------------
@@ -35,7 +35,7 @@ class Runner:
     def on(self, stage: int, dispatch):
         """`dispatch()` (one computation) where this process owns a device of `stage`, counted
         in the window; elsewhere only counted. Returns its result, or None."""
-        if self.mine[stage]:
+        if self.local_stages[stage]:
             return self.inflight.add(dispatch())
         self.inflight.skip()
         return None
@@ -67,17 +67,17 @@ class Runner:
 
     # -- the training step ----------------------------------------------------------------
 
-    def train_step(self, stages, accs, batch):
+    def train_step(self, chunks, accs, batch):
         """One step over the schedule; returns (chunk states, accumulators, metrics)."""
-        pipe, k, c_last, stage_of = self.pipe, self.k, self.n - 1, self.pipe.stage_of
-        st, acc = list(stages), list(accs)
+        pipe, k, c_last, stage_of = self.pipe, self.k, self.num_chunks - 1, self.pipe.stage_of
+        st, acc = list(chunks), list(accs)
         stats = [None if x is None else x.batch_stats for x in st]
         step = _Step(self, k)
-        rows = batch["image"][0].shape[0] if self.mine[stage_of[0]] else None
+        rows = batch["image"][0].shape[0] if self.local_stages[stage_of[0]] else None
         for kind, c, m in pipe.order:
             d = stage_of[c]  # the device stage every program of this event runs on
             y = g = None  # the output sent forward, the gradient sent backward
-            if not self.mine[d]:  # another process's stage: count its program, take part in sends
+            if not self.local_stages[d]:  # another process's stage: count its program, join sends
                 if not (kind == "F" and pipe.remat and c == c_last):  # that one runs nothing
                     self.inflight.skip()
             elif kind == "F":
@@ -92,7 +92,7 @@ class Runner:
                 step.sent_f[(c + 1, m)] = self.send(y, d, stage_of[c + 1], c, rows)
             elif kind == "B" and c > 0:
                 step.sent_b[(c - 1, m)] = self.send(g, d, stage_of[c - 1], c - 1, rows)
-        for c in range(self.n):
+        for c in range(self.num_chunks):
             st[c], acc[c] = self.on(stage_of[c], lambda c=c: pipe.programs_of[c].programs["update"](
                 st[c].replace(batch_stats=stats[c]), acc[c])) or (None, None)  # fmt: skip
         self.peak_stash_bytes = step.peak
@@ -102,7 +102,7 @@ class Runner:
 
     def _forward(self, c, m, state, stats, batch, step):
         """One F event of chunk c on this process's stage; returns the output to send on."""
-        c_last, d = self.n - 1, self.pipe.stage_of[c]
+        c_last, d = self.num_chunks - 1, self.pipe.stage_of[c]
         x = batch["image"][m] if c == 0 else step.sent_f.pop((c, m))
         if self.pipe.remat:
             step.store("stash", (c, m), x, d)
@@ -121,7 +121,7 @@ class Runner:
     def _backward(self, c, m, state, stats, acc, batch, step):
         """One B event of chunk c on this process's stage; returns the input gradient to send
         back (None for chunk 0). Updates the accumulators, statistics and stores in place."""
-        c_last, d = self.n - 1, self.pipe.stage_of[c]
+        c_last, d = self.num_chunks - 1, self.pipe.stage_of[c]
         cot = () if c == c_last else (step.sent_b.pop((c, m)),)
         g = None
         if self.pipe.remat:
@@ -147,20 +147,20 @@ class Runner:
 
     # -- evaluation -----------------------------------------------------------------------
 
-    def eval_step(self, stages, batch):
+    def eval_step(self, chunks, batch):
         """Loss and correct-prediction sums over one eval batch, micro-batch by micro-batch
         through the chunks."""
-        pipe, stage_of = self.pipe, self.pipe.stage_of
-        rows = batch["image"][0].shape[0] if self.mine[stage_of[0]] else None
+        pipe, stage_of, c_last = self.pipe, self.pipe.stage_of, self.num_chunks - 1
+        rows = batch["image"][0].shape[0] if self.local_stages[stage_of[0]] else None
         last = stage_of[-1]
         totals = None
         for m in range(pipe.num_microbatches):
             x = batch["image"][m]
-            for c in range(self.n - 1):
-                y = self.on(stage_of[c], lambda c=c, x=x: self._eval(c, stages[c], x))
+            for c in range(c_last):
+                y = self.on(stage_of[c], lambda c=c, x=x: self._eval(c, chunks[c], x))
                 x = self.send(y, stage_of[c], stage_of[c + 1], c, rows)
             sums = self.on(last, lambda x=x, m=m: self._eval(
-                self.n - 1, stages[-1], x, batch["label"][m], batch["mask"][m]))  # fmt: skip
+                c_last, chunks[-1], x, batch["label"][m], batch["mask"][m]))  # fmt: skip
             if totals is None:
                 totals = sums
             else:

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import SyncRule, _is_spec, block, unblock
+from jaxpar.mesh import is_spec
+from jaxpar.parallel.sync.base import SyncRule, block, unblock
 
 
 def delays(n: int, max_staleness: int) -> list[int]:
@@ -44,7 +45,7 @@ class Async(SyncRule):
     def __init__(self, config, replicas, tx, variable_specs):
         super().__init__(config, replicas, tx, variable_specs)
         self.depth = int(config.sync.max_staleness)
-        self.delays = delays(self.n, self.depth)
+        self.delays = delays(self.num_replicas, self.depth)
         self.aware = bool(config.sync.staleness_aware_lr)
 
     @classmethod
@@ -56,7 +57,7 @@ class Async(SyncRule):
     def from_shared(self, state):
         if not self.depth:
             return state
-        queue = lambda p: jnp.zeros((self.n, self.depth, *p.shape), p.dtype)
+        queue = lambda p: jnp.zeros((self.num_replicas, self.depth, *p.shape), p.dtype)
         return state.replace(sync={"pending": jax.tree.map(queue, state.params)})
 
     def specs(self, shapes):
@@ -65,7 +66,7 @@ class Async(SyncRule):
             return specs
         lead = self.replicas.axes or None
         queues = jax.tree.map(lambda s: P(lead, None, *s), self.variable_specs["params"],
-                              is_leaf=_is_spec)  # fmt: skip
+                              is_leaf=is_spec)  # fmt: skip
         return specs.replace(sync={"pending": queues})
 
     def update(self, state, grads, stats):

@@ -30,12 +30,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from jaxpar.mesh import is_spec
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
-
-
-def _is_spec(x) -> bool:
-    return isinstance(x, P)
 
 
 class SyncRule:
@@ -46,16 +43,17 @@ class SyncRule:
 
     name = "?"
     eval_kind = "shared"  # shared: every replica holds the model; average; each: per replica
-    per_replica_metrics = False  # metrics come back as [n] (no collective in the step)
+    per_replica_metrics = False  # metrics come back as [replicas] (no collective in the step)
     impls = ("shard_map",)  # sync.impl values the rule runs under
     # Why the rule cannot run beside a tensor axis or pipeline stages; None: it can.
     refuses_tensor: str | None = None
     refuses_stages: str | None = None
 
     def __init__(self, config, replicas: Replicas, tx, variable_specs: dict):
-        self.config, self.replicas, self.n, self.tx = config, replicas, replicas.n, tx
+        self.config, self.replicas, self.tx = config, replicas, tx
+        self.num_replicas = replicas.count
         self.variable_specs = variable_specs
-        global_bn = config.sync.batch_norm == "global" and self.n > 1
+        global_bn = config.sync.batch_norm == "global" and self.num_replicas > 1
         self.bn_axis_name = replicas.axes if global_bn else None
 
     @classmethod
@@ -95,7 +93,7 @@ class SyncRule:
         replicated = jax.tree.map(lambda _: P(), opt_shapes)
         return optax.tree_map_params(
             self.tx, lambda _, s: s, replicated, param_specs,
-            transform_non_params=lambda _: P(), is_leaf=_is_spec,
+            transform_non_params=lambda _: P(), is_leaf=is_spec,
         )  # fmt: skip
 
     # --- inside the step body --------------------------------------------------------------
@@ -131,9 +129,10 @@ class SyncRule:
         return self.replicas.pmean(stats) if self.bn_axis_name is None and stats else stats
 
 
-def stack(tree: Any, n: int) -> Any:
-    """A leading replica axis of n copies."""
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), tree)
+def stack(tree: Any, num_replicas: int, xp: Any = jnp) -> Any:
+    """A leading replica axis of `num_replicas` copies (`xp`: jax.numpy, or numpy on the
+    host)."""
+    return jax.tree.map(lambda x: xp.broadcast_to(x, (num_replicas, *xp.shape(x))), tree)
 
 
 def block(tree: Any) -> Any:
@@ -158,16 +157,16 @@ def stacked(specs: Any, replicas: Replicas) -> Any:
         lead = tuple(a for a in replicas.axes if a not in spec_axes(s))
         return P(lead or None, *s)
 
-    return jax.tree.map(one, specs, is_leaf=_is_spec)
+    return jax.tree.map(one, specs, is_leaf=is_spec)
 
 
 def stacked_size(spec: P, replicas: Replicas) -> int:
     """The leading axis' length of a leaf stacked by `stacked`."""
-    n = 1
+    size = 1
     for a in replicas.axes:
         if a not in spec_axes(spec):
-            n *= replicas.sizes[a]
-    return n
+            size *= replicas.sizes[a]
+    return size
 
 
 def manual(specs: Any, replicas: Replicas) -> Any:
@@ -185,4 +184,4 @@ def manual(specs: Any, replicas: Replicas) -> Any:
             parts.pop()
         return P(*parts)
 
-    return jax.tree.map(keep, specs, is_leaf=_is_spec)
+    return jax.tree.map(keep, specs, is_leaf=is_spec)

@@ -49,9 +49,9 @@ class Independent(SyncRule):
 
     def from_shared(self, state):
         return state.replace(
-            params=stack(state.params, self.n),
-            batch_stats=stack(state.batch_stats, self.n),
-            opt_state=stack(state.opt_state, self.n),
+            params=stack(state.params, self.num_replicas),
+            batch_stats=stack(state.batch_stats, self.num_replicas),
+            opt_state=stack(state.opt_state, self.num_replicas),
         )
 
     def specs(self, shapes):

@@ -31,7 +31,7 @@ class ParameterServer(SyncRule):
     def __init__(self, config, replicas, tx, variable_specs):
         super().__init__(config, replicas, tx, variable_specs)
         self.server = int(config.sync.server)
-        self.workers = [i for i in range(self.n) if i != self.server]
+        self.workers = [i for i in range(self.num_replicas) if i != self.server]
 
     @classmethod
     def check(cls, config, data):
@@ -42,9 +42,11 @@ class ParameterServer(SyncRule):
         return None
 
     def to_device(self, canonical):
-        only_server = lambda x: jnp.zeros((self.n, *x.shape), x.dtype).at[self.server].set(x)
+        only_server = lambda x: (
+            jnp.zeros((self.num_replicas, *x.shape), x.dtype).at[self.server].set(x)
+        )
         return canonical.replace(
-            params=stack(canonical.params, self.n),
+            params=stack(canonical.params, self.num_replicas),
             opt_state=jax.tree.map(only_server, canonical.opt_state),
         )
 
@@ -73,7 +75,7 @@ class ParameterServer(SyncRule):
         for worker in self.workers:  # gradients in: one (worker -> server) pair each
             received = r.ppermute(grads, [(worker, self.server)])
             total = jax.tree.map(jnp.add, total, received)
-        mean = jax.tree.map(lambda g: g / self.n, total)  # meaningful on the server only
+        mean = jax.tree.map(lambda g: g / self.num_replicas, total)  # meaningful on the server only
 
         def serve(p, o, g):
             new = state.replace(params=p, opt_state=o).apply_gradients(self.tx, g)

@@ -25,7 +25,8 @@ import jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.parallel.sync.base import SyncRule, _is_spec
+from jaxpar.mesh import is_spec
+from jaxpar.parallel.sync.base import SyncRule
 
 
 class Sharded(SyncRule):
@@ -43,8 +44,9 @@ class Sharded(SyncRule):
 
         def choose(shape, spec: P):
             parts = tuple(spec) + (None,) * (len(shape.shape) - len(spec))
-            free = [d for d, n in enumerate(shape.shape) if parts[d] is None and n % self.n == 0]
-            return max(free, key=lambda d: shape.shape[d]) if free and self.n > 1 else None
+            replicas = self.num_replicas
+            free = [d for d, n in enumerate(shape.shape) if parts[d] is None and n % replicas == 0]
+            return max(free, key=lambda d: shape.shape[d]) if free and replicas > 1 else None
 
         return jax.tree.map(choose, param_shapes, self.variable_specs["params"])
 
@@ -62,17 +64,17 @@ class Sharded(SyncRule):
             return P(*parts)
 
         param_specs = jax.tree.map(add_data, self.variable_specs["params"], dims, shapes.params,
-                                   is_leaf=_is_spec)  # fmt: skip
+                                   is_leaf=is_spec)  # fmt: skip
         return specs.replace(opt_state=self.like_params(shapes.opt_state, param_specs))
 
     def update(self, state, grads, stats):
         dims = self.split_dims(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                             state.params))  # fmt: skip
         r = self.replicas
-        size = lambda x, d: x.shape[d] // self.n
+        size = lambda x, d: x.shape[d] // self.num_replicas
 
         def my_grad(g, d):  # reduce-scatter: device i receives the sum of every replica's slice i
-            return r.mean(g) if d is None else r.reduce_scatter(g, d) / self.n
+            return r.mean(g) if d is None else r.reduce_scatter(g, d) / self.num_replicas
 
         def my_param(p, d):
             return p if d is None else lax.dynamic_slice_in_dim(p, r.index() * size(p, d),

@@ -1,0 +1,128 @@
+"""What the console shows of a run: the progress line of each log step (`Progress`) and the
+summary table at its end (`summary_table`)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from jaxpar import units
+from jaxpar.metrics import (
+    INPUT_BOUND_WAIT_SHARE,
+    STAGE_TO_STAGE_LABEL,
+    STAGE_TO_STAGE_MEANING,
+    input_line,
+)
+
+
+class Progress:
+    """One console line per log step: step, loss, learning rate, images/sec and ETA. Values
+    given as text (a duration or a rate formatted by jaxpar.units) print as they are."""
+
+    def __init__(self, total_steps: int, start_step: int = 0, stream=sys.stdout):
+        self.total, self.stream = total_steps, stream
+        self.t0, self.s0 = time.perf_counter(), start_step
+
+    def update(self, step: int, **values: float | str) -> str:
+        elapsed = time.perf_counter() - self.t0
+        done = step - self.s0
+        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
+        parts += [f"{k} {v if isinstance(v, str) else _fmt(v)}" for k, v in values.items()]
+        parts.append(f"ETA {units.clock(eta)}")
+        line = "  ".join(parts)
+        print(line, file=self.stream, flush=True)
+        return line
+
+
+def _fmt(value: float) -> str:
+    """Readable numbers: integers as they are, large values with 1 decimal, small ones with 4
+    significant digits (0.0500, 2.303, 24.47 -> 24.5)."""
+    if isinstance(value, (int, np.integer)):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 10:
+        return f"{value:,.1f}"
+    if value == 0 or abs(value) >= 1e-3:
+        return f"{value:.4f}"
+    return f"{value:.3g}"
+
+
+def _by_axis(rows: dict[str, float]) -> str | None:
+    """Collective bytes per device per step by mesh axis: "fsdp 4.79 MiB, data 1.20 MiB"."""
+    shown = [(axis, n) for axis, n in sorted(rows.items(), key=lambda kv: -kv[1]) if n]
+    return ", ".join(f"{axis} {units.mib(n)}" for axis, n in shown) or "none"
+
+
+def summary_table(summary: dict[str, Any]) -> str:
+    """A two-column table of the final summary, in a fixed, readable order: durations,
+    sizes and meshes in the one format each has everywhere (jaxpar.units)."""
+    secs, each = units.seconds, lambda ts: ", ".join(units.seconds(t) for t in ts)
+    order = [
+        ("mesh", "mesh", None),
+        ("devices", "num_devices", None),
+        ("partitioning", "partitioning", None),
+        ("strategy", "strategy", None),
+        ("steps", "steps", None),
+        ("global batch", "global_batch_size", None),
+        ("images/sec (median)", "images_per_sec", None),
+        ("step time, median", "step_time_median_s", secs),
+        ("step time, p10 - p90", None, None),
+        ("model TFLOP/s", "model_tflops_per_sec", None),
+        ("host batch time, median", "input_s_per_step", secs),
+        ("  of which copy to devices", "input_put_s_per_step", secs),
+        ("wait for data / step, mean", "input_wait_s_per_step", secs),
+        ("loader capacity images/sec", "loader_images_per_sec", None),
+        (f"input-bound (waits > {INPUT_BOUND_WAIT_SHARE:.0%} of step)", "input_bound", None),
+        ("pipeline schedule", "pipeline_schedule", None),
+        ("micro-batches", "num_microbatches", None),
+        ("bubble, analytic", "analytic_bubble", None),
+        ("bubble, measured stage times", "measured_bubble", None),
+        ("chunk time / micro-batch, predicted", "stage_time_predicted_s", each),
+        ("chunk time / micro-batch, measured", "stage_time_measured_s", each),
+        (STAGE_TO_STAGE_LABEL, "bytes_between_stages_per_step", units.mib),
+        ("parameters / device", "param_bytes_per_device", units.mib),
+        ("optimizer state / device", "opt_state_bytes_per_device", units.mib),
+        ("activations, working / device", "program_temp_bytes_per_device", units.mib),
+        ("collectives / device / step", "collective_bytes_by_axis", _by_axis),
+        ("  of which halo exchange", "halo_bytes_per_device", units.mib),
+        ("compile time", "compile_time_s", secs),
+        ("wall time", "wall_time_s", secs),
+        ("epochs", "epochs", None),
+        ("time per epoch", "seconds_per_epoch", secs),
+        ("final train loss", "final_loss", None),
+        ("eval loss", "eval_loss", None),
+        ("eval accuracy", "eval_accuracy", None),
+        ("train-split accuracy (inference)", "train_eval_accuracy", None),
+        ("train - test accuracy gap", "generalization_gap", None),
+    ]
+    rows = []
+    for label, key, show in order:
+        if key is None:
+            if "step_time_p10_s" in summary:
+                value = f"{secs(summary['step_time_p10_s'])} - {secs(summary['step_time_p90_s'])}"
+            else:
+                continue
+        elif summary.get(key) is None or (key == "halo_bytes_per_device" and not summary[key]):
+            continue  # absent, not applicable to this strategy, or no halos
+        else:
+            value = summary[key]
+            if show is not None:
+                value = show(value)
+            else:
+                value = _fmt(value) if isinstance(value, float) else str(value)
+            if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
+                value = f"{value}  {summary['analytic_bubble_formula']}"
+            if key == "bytes_between_stages_per_step":
+                value = f"{value}  ({STAGE_TO_STAGE_MEANING})"
+        rows.append((label, value))
+    width = max(len(label) for label, _ in rows)
+    line = "-" * (width + 2 + max(len(v) for _, v in rows))
+    verdict = [said] if (said := input_line(summary)) else []
+    table = [line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line]
+    return "\n".join(table + verdict)

@@ -1,0 +1,101 @@
+"""Explanations of a predicted row: what dominates its step (`why`), what the predictor
+could not price (`unpriced`), and the command line that trains it (`command`).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from jaxpar.plan.candidates import candidate_of
+
+
+def unpriced(row: dict) -> dict[str, int]:
+    """Collectives the predictor could not place on mesh axes ("?"), which it would price at
+    0 s. None today: groups come from replica groups, source-target pairs, or every device
+    (tests/test_perfmodel.py); kept as a guard for collectives a future XLA prints otherwise."""
+    cols = row.get("collective_bytes_per_device") or {}
+    total = sum(cols.values())  # a few kB of metrics among megabytes do not count
+    return {k: v for k, v in cols.items() if k.endswith(" ?") and v > 0.01 * total}
+
+
+def why(row: dict, profile) -> str:
+    """What dominates the predicted step, in a few words (and what the prediction leaves out)."""
+    text = _why(row, profile)
+    missing = unpriced(row)
+    if missing:
+        text += "; NOT priced: " + ", ".join(f"{k} {v / 1e6:,.1f} MB" for k, v in missing.items())
+    return text
+
+
+def _why(row: dict, profile) -> str:
+    step = row["step_time_s"]
+    parts = {k: row.get(f"{k}_s", 0.0) or 0.0 for k in ("compute", "comm", "bubble", "overhead")}
+    share = {k: v / step for k, v in parts.items()} if step else parts
+    worst = max(("comm", "bubble", "overhead"), key=lambda k: share[k])
+    if share["compute"] >= 0.8 or share[worst] < 0.05:
+        return f"compute-bound: compute {100 * share['compute']:.0f}% of step"
+    head = f"{worst} {100 * share[worst]:.0f}% of step"
+    if worst == "comm":
+        cols = row.get("collective_bytes_per_device") or {}
+        if not cols:
+            return f"{head}: stage-boundary sends"
+        priced = {k: v for k, v in cols.items() if k not in unpriced(row)} or cols
+        on = {k: _link(row, profile, k) for k in priced}
+        kind, nbytes = max(priced.items(), key=lambda kv: kv[1] / on[kv[0]][0])
+        link, where = on[kind]
+        calls = row.get("collective_calls_per_step") or {}
+        moved = sum(v / on[k][0] for k, v in priced.items())  # seconds at full bandwidth
+        if calls and moved < 0.5 * row["comm_s"]:  # the per-call latency dominates
+            top, n = max(calls.items(), key=lambda kv: kv[1])
+            return (f"{head}: latency-bound, {sum(calls.values())} collective calls/step "
+                    f"(most: {top} x{n}) at {1e6 * _latency(row, profile):g} us per ring step")  # fmt: skip
+        return f"{head}: {kind} {nbytes / 1e6:,.1f} MB/step over {where} ({link / 1e9:g} GB/s)"
+    if worst == "bubble":
+        c = row.get("candidate") or {}
+        k = candidate_of(row).stages if c else 0
+        return f"{head}: {c.get('schedule')} K={k} M={c.get('microbatches')}"
+    return f"{head}: host dispatch of the step's programs"
+
+
+def _latency(row: dict, profile) -> float:
+    nodes = math.ceil(row.get("num_devices", 1) / max(profile.devices_per_node, 1))
+    return (profile.inter if nodes > 1 else profile.intra).latency
+
+
+def _link(row: dict, profile, collective: str = "") -> tuple[float, str]:
+    """(bandwidth, where) of the links a collective ("kind axes", e.g. "all-gather data")
+    runs on: the inter-node ones when its group of devices spans nodes (devices numbered in
+    mesh order, `devices_per_node` to a node), else the intra-node ones."""
+    per_node = max(profile.devices_per_node, 1)
+    nodes = math.ceil(row.get("num_devices", 1) / per_node)
+    names, sizes = row.get("mesh_axes") or (), row.get("mesh_shape") or ()
+    group = collective.rpartition(" ")[2].split("+")
+    if nodes > 1 and len(names) == len(sizes) and set(group) <= set(names):
+        strides = [math.prod(sizes[i + 1 :]) for i in range(len(sizes))]
+        last = sum((n - 1) * st for a, n, st in zip(names, sizes, strides) if a in group)
+        if last < per_node:  # the group's devices all sit in one node
+            nodes = 1
+    if nodes > 1:
+        return profile.inter.ring_bandwidth, f"{nodes} nodes"
+    return profile.intra.ring_bandwidth, "intra-node links"
+
+
+def command(config_file: str, row_or_candidate, config=None, extra: dict | None = None) -> str:
+    """The `python -m jaxpar.train` command line that runs a candidate."""
+    c = candidate_of(row_or_candidate) if isinstance(row_or_candidate, dict) else row_or_candidate
+    args = ["python", "-m", "jaxpar.train", "--config", config_file]
+    settings = {**(extra or {}), **c.overrides(config)}
+    for key, value in settings.items():
+        args.append(f"--config.{key}={_flag(value)}")
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def _flag(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        items = [f'"{v}"' if isinstance(v, str) else str(v) for v in value]
+        return "(" + ",".join(items) + ("," if len(value) == 1 else "") + ")"
+    return str(value)

@@ -1,0 +1,250 @@
+"""The search: predict the candidates on a profile in rounds (`plan`), bounded by
+`max_candidates`: round 1 predicts one default setting per mesh, round 2 expands the pipeline
+settings (schedule, micro-batches, recomputation, virtual stages), the synchronisation mode
+and the split of the best few meshes, round 3 combines the best of each. `rank` sorts what
+fits from what does not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ml_collections
+
+from jaxpar import oneline, units
+from jaxpar.errors import ConfigError
+from jaxpar.plan.candidates import (
+    BASELINE,
+    SCHEDULES,
+    Candidate,
+    commonest,
+    default_of,
+    enumerate_candidates,
+)
+
+
+@dataclasses.dataclass
+class Plan:
+    """Every candidate predicted (rows, in prediction order), the trainer's refusals, and the
+    1-device baseline row."""
+
+    rows: list[dict[str, Any]]
+    refused: list[tuple[Candidate, str]]
+    baseline: dict[str, Any] | None
+    num_devices: int
+    considered: int  # candidates the trainer accepts (predicted or not)
+    skipped: int  # accepted but not predicted (not in round 2's meshes, or over the bound)
+    meshes: int = 0  # meshes the trainer accepts
+    meshes_unseen: int = 0  # of those, meshes round 1 did not reach (--max_candidates)
+
+
+def _fast(row: dict) -> float:
+    return row["step_time_s"] if row.get("status") == "ok" else math.inf
+
+
+def plan(
+    config: ml_collections.ConfigDict,
+    profile,
+    num_devices: int | None = None,
+    all_sync: bool = False,
+    splits: Sequence[str] = ("flops",),
+    expand: int = 3,
+    max_candidates: int = 40,
+    memory_bytes: float | None = None,
+    predict: Callable | None = None,
+    log: Callable[[str], None] | None = None,
+    axes: Sequence[str] | None = None,
+) -> Plan:
+    """Predict the candidates of `config` on `profile` in rounds, at most `max_candidates`
+    predictions (the 1-device baseline included). `predict(config, profile) -> row` defaults to
+    jaxpar.predict.predict_config; `log` takes one progress line per prediction (default: on
+    stderr, so that stdout stays the plan)."""
+    if predict is None:
+        from jaxpar.predict import predict_config as predict
+    n = num_devices or profile.num_devices
+    if n > profile.num_devices:
+        raise ConfigError(f"--devices {n}: profile {profile.name} has {profile.num_devices}")
+    limit = profile.memory_bytes if memory_bytes is None else memory_bytes
+    nodes = -(-n // max(profile.devices_per_node, 1))
+    valid, refused = enumerate_candidates(config, n, all_sync, splits, nodes, axes)
+    meshes = list(dict.fromkeys((c.axes, c.mesh) for c in valid if c != BASELINE or n == 1))
+    if not meshes:
+        (reason, _), *_ = commonest(refused, 1) or [("nothing to try", 0)]
+        raise ConfigError(
+            f"no partitioning of {n} devices runs this config (global_batch_size "
+            f"{config.global_batch_size}); commonest refusal: {reason}"
+        )
+    by_mesh = {m: [c for c in valid if (c.axes, c.mesh) == m] for m in meshes}
+    defaults = {m: default_of(config, by_mesh[m], all_sync) for m in meshes}
+    say = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    found = _Predictions(predict, config, profile, refused, limit, max_candidates, say)
+    first = ([BASELINE] if n > 1 and BASELINE in valid else []) + list(defaults.values())
+    found.run(first, "round 1")
+    unseen = sum(d not in found.done for d in defaults.values())
+    baseline = found.done.get(BASELINE) or (found.done.get(first[0]) if n == 1 else None)
+    best = sorted(meshes, key=lambda m: _order(found.done.get(defaults[m]), limit))[:expand]
+    found.run(_round_two(best, by_mesh, defaults), "round 2")
+    found.run(_round_three(best, by_mesh, defaults, found.done), "round 3")
+    _add_speedups(found.rows, baseline, limit)
+    return Plan(found.rows, refused, baseline, n, len(valid), len(valid) - len(found.done),
+                len(meshes), unseen)  # fmt: skip
+
+
+class _Predictions:
+    """The candidates predicted so far: `done` (candidate -> row, or None where the strategy
+    refused it while building, which joins `refused`), the rows in prediction order, and one
+    progress line per prediction through `say`."""
+
+    def __init__(self, predict, config, profile, refused: list, limit: float, most: int, say):
+        self.predict, self.config, self.profile, self.refused = predict, config, profile, refused
+        self.limit, self.most, self.say = limit, most, say
+        self.rows: list[dict] = []
+        self.done: dict[Candidate, dict | None] = {}
+        self.t0 = time.perf_counter()
+
+    def run(self, batch: list[Candidate], round_name: str) -> None:
+        """Predict the candidates of `batch` not yet predicted, while the bound allows."""
+        batch = [c for c in dict.fromkeys(batch) if c not in self.done]
+        room = self.most - len(self.done)
+        total_planned = len(self.done) + min(len(batch), room)
+        for c in batch[: max(room, 0)]:
+            t = time.perf_counter()
+            row = _predict_one(self.predict, self.config, c, self.profile, self.refused)
+            self.done[c] = row
+            if row is not None:
+                self.rows.append(row)
+            elapsed = time.perf_counter() - self.t0
+            rate = len(self.done) / elapsed if elapsed else 0.0
+            eta = (total_planned - len(self.done)) / rate if rate else 0.0
+            self.say(_progress_line(len(self.done), total_planned, round_name, c, row,
+                                    self.limit, time.perf_counter() - t, rate, eta))  # fmt: skip
+
+
+def _order(row: dict | None, limit: float) -> tuple[int, float]:
+    """How round 1 ranks a mesh by its default's row: fitting first, then predicted step time."""
+    if row is None or row.get("status") != "ok":
+        return (2, math.inf)
+    return (0 if row["memory_bytes_per_device"] <= limit else 1, row["step_time_s"])
+
+
+def _round_two(best: list, by_mesh: dict, defaults: dict) -> list[Candidate]:
+    """Round 2: on each of the `best` meshes, the other synchronisation modes and splits of its
+    default's pipeline, then its pipeline settings nearest the default's first; the meshes
+    take turns."""
+    lanes = []
+    for m in best:
+        d = defaults[m]
+        knobs = [c for c in by_mesh[m] if c.sync == d.sync and c.split == d.split]
+        syncs = [c for c in by_mesh[m] if _same_pipeline(c, d) and c.split == d.split]
+        split_v = [c for c in by_mesh[m] if _same_pipeline(c, d, split=False) and c.sync == d.sync]
+        near = lambda c, d=d: (
+            abs(math.log2(c.microbatches or 1) - math.log2(d.microbatches or 1)),
+            c.remat != d.remat,
+            SCHEDULES.index(c.schedule) if c.schedule else 0,
+            c.virtual,
+        )
+        lanes.append([c for c in syncs + split_v + sorted(knobs, key=near) if c != d])
+    return _round_robin(lanes)
+
+
+def _round_three(best: list, by_mesh: dict, defaults: dict, done: dict) -> list[Candidate]:
+    """Round 3: on each of the `best` meshes, its fastest pipeline settings with its fastest
+    synchronisation mode, where that pair is not predicted yet."""
+    combos = []
+    for m in best:
+        mine = [(c, done[c]) for c in by_mesh[m] if done.get(c)]
+        d = defaults[m]
+        knob = min((p for p in mine if p[0].sync == d.sync and p[0].split == d.split),
+                   key=lambda p: _fast(p[1]), default=(d, None))[0]  # fmt: skip
+        sync = min((p for p in mine if _same_pipeline(p[0], d) and p[0].split == d.split),
+                   key=lambda p: _fast(p[1]), default=(d, None))[0]  # fmt: skip
+        combo = dataclasses.replace(knob, sync=sync.sync)
+        if combo in by_mesh[m] and combo not in done:
+            combos.append(combo)
+    return combos
+
+
+def _add_speedups(rows: list[dict], baseline: dict | None, limit: float) -> None:
+    """Each row's speed-up over the 1-device baseline, and whether it fits `limit`."""
+    base_step = baseline["step_time_s"] if baseline and baseline.get("status") == "ok" else None
+    for r in rows:
+        ok = base_step and r.get("status") == "ok"
+        r["speedup"] = base_step / r["step_time_s"] if ok else None
+        r["fits_limit"] = r.get("status") == "ok" and r["memory_bytes_per_device"] <= limit
+
+
+def _same_pipeline(a: Candidate, b: Candidate, split: bool = True) -> bool:
+    same = (a.schedule, a.microbatches, a.remat, a.virtual) == (
+        b.schedule, b.microbatches, b.remat, b.virtual)  # fmt: skip
+    return same and (not split or a.split == b.split)
+
+
+def _round_robin(lanes: list[list]) -> list:
+    out = []
+    for i in range(max(map(len, lanes), default=0)):
+        out += [lane[i] for lane in lanes if i < len(lane)]
+    return out
+
+
+def _predict_one(predict, config, c: Candidate, profile, refused: list) -> dict | None:
+    """The candidate's predicted row; a refusal at build time joins `refused` (None)."""
+    try:
+        row = predict(c.apply(config), profile)
+    except ValueError as e:  # ConfigError: the strategy refused it while building
+        refused.append((c, oneline.first_line(e)))
+        return None
+    except Exception as e:  # noqa: BLE001 - one candidate's failure is its row, not the plan's
+        row = {"status": "failed", "error": f"{type(e).__name__}: {oneline.first_line(e)}"}
+    if row.get("status") == "ok" and predict_is_default(predict):
+        row["collective_calls_per_step"] = _calls(c.apply(config), profile)
+    return {**row, "candidate": c.as_dict(), "name": c.name}
+
+
+def predict_is_default(predict) -> bool:
+    return getattr(predict, "__module__", "") == "jaxpar.predict"
+
+
+def _calls(config, profile) -> dict[str, int]:
+    """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
+    it cannot be read: the predictor's internals are not this module's contract)."""
+    try:
+        from jaxpar.parallel import schedules
+        from jaxpar.predict.workload import workload
+
+        w = workload(config, profile.num_devices)
+        out: dict[str, int] = {}
+        for chunk in w.chunks:
+            for phase, cols in chunk.collectives.items():
+                times = schedules.calls_per_step(phase, w.num_microbatches)
+                for col in cols:
+                    key = f"{col.kind} {col.axes}"
+                    out[key] = out.get(key, 0) + col.count * times
+        return out
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _progress_line(i, total, round_name, c, row, limit, took, rate, eta) -> str:
+    if row is None:
+        what = "refused while building"
+    elif row.get("status") != "ok":
+        what = f"failed: {row.get('error')}"
+    else:
+        fit = "" if row["memory_bytes_per_device"] <= limit else "  does not fit"
+        what = (f"{1e3 * row['step_time_s']:9.3f} ms  {row['memory_bytes_per_device'] / 2**30:6.2f}"
+                f" GiB{fit}")  # fmt: skip
+    return (f"[{i:3d}/{total}] {round_name}  {c.name:<44} {what}  ({took:.1f} s; "
+            f"{rate:.2f}/s, ETA {units.clock(eta)})")  # fmt: skip
+
+
+def rank(rows: Sequence[dict], memory_bytes: float) -> tuple[list[dict], list[dict]]:
+    """(candidates that fit `memory_bytes` per device, fastest first; those that do not,
+    fastest first). Failed predictions are in neither."""
+    ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["step_time_s"])
+    fitting = [r for r in ok if r["memory_bytes_per_device"] <= memory_bytes]
+    return fitting, [r for r in ok if r["memory_bytes_per_device"] > memory_bytes]
