@@ -145,3 +145,49 @@ def test_an_image_s_first_layer_is_thin_and_priced_at_its_own_rate():  # and mat
     assert slow.device_time(ops, "float32") - gpu.device_time(ops, "float32") == pytest.approx(
         extra
     )
+
+
+# XLA:CPU's float32 weight gradient: the same elementwise result computed twice from the same
+# inputs, once transposed for the convolution that reads only it (rule 6: one kernel on a GPU)
+TWINS = """HloModule m, is_scheduled=true
+
+%scale (a: f32[8,32,32,64], s: f32[64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %s = f32[64]{0} parameter(1)
+  %sb = f32[8,32,32,64]{3,2,1,0} broadcast(%s), dimensions={3}
+  ROOT %m = f32[8,32,32,64]{3,2,1,0} multiply(%a, %sb)
+}
+
+%scale_t (a: f32[8,32,32,64], s: f32[64]) -> f32[64,32,32,8] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %s = f32[64]{0} parameter(1)
+  %sb = f32[8,32,32,64]{3,2,1,0} broadcast(%s), dimensions={3}
+  %m = f32[8,32,32,64]{3,2,1,0} multiply(%a, %sb)
+  ROOT %t = f32[64,32,32,8]{3,2,1,0} transpose(%m), dimensions={3,1,2,0}
+}
+
+%wgrad (a: f32[64,32,32,8], g: f32[8,32,32,64]) -> f32[3,3,64,64] {
+  %a = f32[64,32,32,8]{3,2,1,0} parameter(0)
+  %g = f32[8,32,32,64]{3,2,1,0} parameter(1)
+  ROOT %w = f32[3,3,64,64]{3,2,1,0} convolution(%a, %g), window={size=32x32 pad=1_1x1_1}, dim_labels=f01b_i01o->01bf
+}
+
+ENTRY %main (x: f32[8,32,32,64], s: f32[64], dy: f32[8,32,32,64]) -> (f32[8,32,32,64], f32[3,3,64,64]) {
+  %x = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %s = f32[64]{0} parameter(1)
+  %dy = f32[8,32,32,64]{3,2,1,0} parameter(2)
+  %y = f32[8,32,32,64]{3,2,1,0} fusion(%x, %s), kind=kLoop, calls=%scale
+  %yt = f32[64,32,32,8]{3,2,1,0} fusion(%x, %s), kind=kLoop, calls=%scale_t
+  %dw = f32[3,3,64,64]{3,2,1,0} fusion(%yt, %dy), kind=kCustom, calls=%wgrad
+  ROOT %out = (f32[8,32,32,64]{3,2,1,0}, f32[3,3,64,64]{3,2,1,0}) tuple(%y, %dw)
+}
+"""
+
+
+def test_a_transposed_twin_for_a_weight_gradient_is_not_made():
+    """Rule 6: the transposed copy of %y is not a kernel; the weight gradient reads %y."""
+    cpu, gpu = opclass.classify(TWINS), gpufusion.analyse(TWINS, "float32")
+    assert cpu.kernels == 3 and gpu.ops.kernels == 2  # %y and the convolution
+    assert gpu.ops.memory_bytes == 4 * ACT + 4 * 64 + 4 * ACT  # %y reads x and s, writes y
+    ((_, moved, *_),) = gpu.ops.matmuls
+    assert moved == 4 * ACT + 4 * ACT + 4 * W  # y (not its transposed twin), dy, the result

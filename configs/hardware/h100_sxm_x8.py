@@ -18,8 +18,12 @@ Sources and assumptions:
   peak, and the host's time to launch one kernel. A step takes the longer of the device's
   work and the host's launches (JAX dispatches asynchronously), so a small batch is bound by
   the launches: bfloat16 at batch 128 is slower than float32 because its program has more
-  kernels (704 against 630: the casts), not because its convolutions are slower. Fitted:
-  0.26 of peak and 6.6 us per kernel; the four rows come back within 9% (docs/predict.md, "One H100").
+  kernels (704 against 630: the casts), not because its convolutions are slower. Fitted on
+  the CPU program (before gpufusion): 0.26 of peak and 6.6 us per kernel, the four rows
+  within 9% (docs/predict.md, "One H100"). Fitted now, as below (three costs, gpufusion's
+  six rules): 0.42 of peak, 10.6 us launched and 0.35 us of device time per kernel, within
+  10%. Note that jaxpar's step has grown faster since e58f54e (37,422 img/s at float32 batch
+  128 on 2026-11-26): configs/hardware/h100_here.py is this GPU measured later.
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): the CPU
   program re-fused as the GPU compiler fuses, memory-bound kernels at 0.9 x 3.35 TB/s
   (streaming kernels reach about that on HBM), matrix kernels on a roofline, and a device

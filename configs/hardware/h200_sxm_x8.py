@@ -16,7 +16,7 @@ Sources and assumptions:
   full width; docs/predict.md, "Measured later"): VGG19 at 32x32 in bfloat16, batch 512:
   111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256: 6,324; ResNet-50 at
   224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row alone (the
-  convolutions at 0.44 of peak); the two ResNet-50 rows are candidates, predicted by
+  convolutions at 0.41 of peak); the two ResNet-50 rows are candidates, predicted by
   `--validate` from it (+13.8% and -13.8%), and VGG19 from them (+5.2%).
   single_device.py trains with plain SGD where the profile's runs use the base config's
   optimizer: a difference of one memory-bound update per step (under 1% of these steps).
@@ -34,8 +34,8 @@ def get_config():
     c.name = "8x H200 SXM NVLink"
     c.memory_bytes = 139 * GB
     c.memory_bandwidth = 0.9 * 4.8e12
-    c.launch_s = 10.5e-6  # the H100 profile's fitted costs
-    c.kernel_s = 0.89e-6
+    c.launch_s = 10.6e-6  # the H100 profile's fitted costs
+    c.kernel_s = 0.35e-6
     c.calibration_runs = [
         {**RUN, "model": "vgg19", "image_shape": (32, 32, 3), "dtype": "bfloat16",
          "batch_size": 512, "images_per_sec": 111_992.0},
