@@ -225,6 +225,7 @@ def test_every_command_a_config_file_offers_validates():
         "--config.model.name=1",
     ],
 )
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags' loader
 def test_overrides_parse_as_train_parses_them(arg):
     """The bench, plan and predict read `--config.KEY=VALUE` as train's config_flags does."""
     from absl import flags
