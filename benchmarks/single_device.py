@@ -82,8 +82,7 @@ def run_row(
     import jax
     import numpy as np
 
-    from jaxpar import analysis, trainer
-    from jaxpar.predict import opclass
+    from jaxpar import trainer
 
     model, image, dtype, batch = spec.split(":")
     image, batch = int(image), int(batch)
@@ -96,39 +95,61 @@ def run_row(
     t0 = time.perf_counter()
     setup.strategy.compile(state, batch_data)
     row["compile_s"] = time.perf_counter() - t0
-    for _ in range(3):  # warm-up
-        state, metrics = setup.strategy.train_step(state, batch_data)
-    jax.block_until_ready(state)
-    each = []
-    for _ in range(5):  # synchronised per step
-        t = time.perf_counter()
-        state, metrics = setup.strategy.train_step(state, batch_data)
-        jax.block_until_ready(state)
-        each.append(time.perf_counter() - t)
-    steps = max(5, int(seconds / max(statistics.median(each), 1e-4)))
-    t = time.perf_counter()
-    for _ in range(steps):
-        state, metrics = setup.strategy.train_step(state, batch_data)
-    jax.block_until_ready(state)
-    elapsed = time.perf_counter() - t
+    state, metrics, timed = _timed_steps(setup.strategy.train_step, state, batch_data, seconds)
     if trace_dir:
         state = _trace(
             setup.strategy.train_step, state, batch_data, os.path.join(trace_dir, _file_name(spec))
         )
     row.update(
-        steps=steps,
-        images_per_sec=batch * steps / elapsed,
-        step_time_s=elapsed / steps,
-        step_time_synced_median_s=statistics.median(each),
+        steps=timed["steps"],
+        images_per_sec=batch * timed["steps"] / timed["elapsed"],
+        step_time_s=timed["elapsed"] / timed["steps"],
+        step_time_synced_median_s=timed["synced_median"],
         loss=float(np.asarray(metrics["loss"])),
     )
     stats = device.memory_stats() or {}
     row["peak_bytes_in_use"] = stats.get("peak_bytes_in_use")
     row["bytes_limit"] = stats.get("bytes_limit")
+    row.update(_program_figures(setup, batch, spec, hlo_dir))
+    return row
+
+
+def _timed_steps(step, state, batch_data, seconds: float):
+    """3 warm-up steps, 5 synchronised one by one, then as many as fill about `seconds` back
+    to back: (state, last metrics, {steps, elapsed, synced_median})."""
+    import jax
+
+    for _ in range(3):  # warm-up
+        state, metrics = step(state, batch_data)
+    jax.block_until_ready(state)
+    each = []
+    for _ in range(5):  # synchronised per step
+        t = time.perf_counter()
+        state, metrics = step(state, batch_data)
+        jax.block_until_ready(state)
+        each.append(time.perf_counter() - t)
+    steps = max(5, int(seconds / max(statistics.median(each), 1e-4)))
+    t = time.perf_counter()
+    for _ in range(steps):
+        state, metrics = step(state, batch_data)
+    jax.block_until_ready(state)
+    elapsed = time.perf_counter() - t
+    timed = {"steps": steps, "elapsed": elapsed, "synced_median": statistics.median(each)}
+    return state, metrics, timed
+
+
+def _program_figures(setup, batch: int, spec: str, hlo_dir: str | None) -> dict:
+    """The step program's memory (jaxpar.analysis), operation classes and FLOPs; its HLO
+    text written to `hlo_dir` if given."""
+    from jaxpar import analysis
+    from jaxpar.predict import opclass
+
     report = analysis.report(setup.strategy, batch, timing=False)
-    row["memory_bytes_predicted"] = report["memory_bytes_per_device"]
-    row["state_bytes"] = report["state_bytes_per_device"]
-    row["temp_bytes"] = report["program_temp_bytes_per_device"]
+    row = {
+        "memory_bytes_predicted": report["memory_bytes_per_device"],
+        "state_bytes": report["state_bytes_per_device"],
+        "temp_bytes": report["program_temp_bytes_per_device"],
+    }
     (program,) = analysis.programs(setup.strategy, batch)
     text = program.compiled.as_text()
     if hlo_dir:

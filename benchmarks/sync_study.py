@@ -162,9 +162,8 @@ def main() -> None:
                 continue
             config = configfile.override(load(suite.base), dict(suite.overrides))
             configfile.override(config, dict(entry["config"]))
-            for item in args.set:
-                key, value = item.split("=", 1)
-                configfile.override(config, {key: configfile.parse_value(value)})
+            settings, _ = configfile.split_overrides(f"--config.{item}" for item in args.set)
+            configfile.override(config, settings)
             if args.steps:
                 config.num_train_steps = args.steps
             config.eval_every_steps = 0

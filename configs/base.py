@@ -90,7 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.pipeline = ml_collections.ConfigDict()
     # naive, gpipe, 1f1b, interleaved, zb-h1 or zb-v (used when mesh stage > 1)
     config.pipeline.schedule = "gpipe"
-    # 0: chosen by timing the model at each count the batch allows (pipeline/balance.py),
+    # 0: chosen by timing the model at each count the batch allows (pipeline/microbatches.py),
     # kept in the workdir for resumes.
     config.pipeline.num_microbatches = 1
     # True: the backward recomputes its stage's forward from the stored input. False: the

@@ -10,84 +10,17 @@ Bytes and memory are exact and machine-independent; stage times are this machine
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxpar import axes as axes_lib
-from jaxpar import hlo
+from jaxpar import collectives as collectives_lib
+from jaxpar.collectives import _placed, collective_rows  # noqa: F401  (jaxpar/predict's names)
 from jaxpar.parallel import schedules
 from jaxpar.parallel.strategy import per_device_bytes
-
-_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-
-
-def parse_groups(text: str) -> list[list[int]]:
-    """Replica groups as lists of device indices, from either HLO form:
-    explicit `{{0,4},{1,5}}` or iota `[2,4]<=[8]` / `[4,2]<=[2,4]T(1,0)`."""
-    if text.startswith("mesh["):  # mesh['axis_0'=2,'axis_1'=4] {'axis_1'}: groups vary along
-        sizes = [(n, int(v)) for n, v in re.findall(r"'(\w+)'=(\d+)", text.split("]")[0])]
-        chosen = re.findall(r"'(\w+)'", text.split("]", 1)[1])
-        ids = np.arange(int(np.prod([v for _, v in sizes]))).reshape([v for _, v in sizes])
-        order = [i for i, (n, _) in enumerate(sizes) if n not in chosen] + [
-            i for i, (n, _) in enumerate(sizes) if n in chosen
-        ]
-        size = int(np.prod([v for n, v in sizes if n in chosen]))
-        return ids.transpose(order).reshape(-1, size).tolist()
-    match = _IOTA.fullmatch(text.strip())
-    if match:
-        shape = [int(x) for x in match.group(1).split(",")]
-        dims = [int(x) for x in match.group(2).split(",")]
-        ids = np.arange(int(np.prod(dims))).reshape(dims)
-        if match.group(3):
-            ids = ids.transpose([int(x) for x in match.group(3).split(",")])
-        return ids.reshape(shape[0], -1).tolist()
-    return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", text)]
-
-
-def mesh_axes_of(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
-    """Which mesh axes a collective runs over: those whose coordinate varies in a group."""
-    names, sizes = list(mesh_shape), list(mesh_shape.values())
-    varying: set[str] = set()
-    for group in groups:
-        coords = np.array([np.unravel_index(i, sizes) for i in group])
-        varying |= {names[a] for a in range(len(names)) if len(set(coords[:, a])) > 1}
-    return "+".join(n for n in names if n in varying) or "none"
-
-
-def _placed(text: str, mesh_shape: dict[str, int]) -> list[tuple[str, str, bool, int]]:
-    """Every collective of a program as (kind, mesh axes, in a conditional branch, bytes
-    per device per call)."""
-    every = "+".join(n for n, size in mesh_shape.items() if size > 1) or "none"
-    branch = hlo.branch_lines(text)
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        for c in hlo.collectives(line):
-            # no groups printed (`replica_groups={}`): one group of every device
-            groups = parse_groups(c.groups) if c.groups else []
-            axes = mesh_axes_of(groups, mesh_shape) if any(groups) else every
-            out.append((c.kind, axes, i in branch, c.bytes))
-    return out
-
-
-def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> dict:
-    """{(kind, axes): [count, bytes]} per call of a program run `times` times a step,
-    collectives in conditional branches counted as if taken."""
-    rows: dict[tuple[str, str], list[int]] = {}
-    for kind, axes, _, nbytes in _placed(text, mesh_shape):
-        entry = rows.setdefault((kind, axes), [0, 0])
-        entry[0] += times
-        entry[1] += times * nbytes
-    return rows
-
-
-def program_group(program) -> str:
-    """A program's group in the tables: "step" for a whole-step program, else its stage."""
-    return "step" if program.name == "step" else f"stage {program.stage}"
 
 
 def programs(strategy, batch_size: int) -> list:
@@ -107,37 +40,6 @@ def step_flops(strategy, batch_size: int) -> float:
     compiled programs (per device, times the devices of each program's mesh)."""
     return sum(p.times * program_flops(p.compiled) * p.num_devices
                for p in programs(strategy, batch_size))  # fmt: skip
-
-
-def collectives(progs, period: int = 1) -> dict[tuple[str, str, str, int], list[int]]:
-    """{(where, kind, axes, every): [count, bytes per device]} over every program, per run:
-    `every` is 1 for collectives that run every step, and `period` for those in conditional
-    branches (local_sgd's average runs once every sync.period steps)."""
-    rows: dict = {}
-    for p in progs:
-        for kind, axes, branch, nbytes in _placed(p.compiled.as_text(), dict(p.mesh.shape)):
-            every = period if branch and period > 1 else 1
-            entry = rows.setdefault((program_group(p), kind, axes, every), [0, 0])
-            entry[0] += p.times
-            entry[1] += p.times * nbytes
-    return rows
-
-
-def per_step_rows(rows: dict) -> list[list]:
-    """The report's collective rows, [where, kind, axes, count, bytes per step, every], from
-    `collectives`: a collective that runs once every `every` steps shows its per-step average
-    (bytes / every; `count` stays per run)."""
-    out = []
-    for (where, kind, axes, every), (count, nbytes) in sorted(rows.items()):
-        per_step = nbytes // every if nbytes % every == 0 else nbytes / every
-        out.append([where, kind, axes, count, per_step, every])
-    return out
-
-
-def ring_allreduce_wire_bytes(payload: int, n: int) -> float:
-    """Bytes each device sends in a ring all-reduce of `payload` bytes over n devices:
-    reduce-scatter then all-gather, (n-1)/n of the payload each: 2(n-1)/n x payload."""
-    return 2 * (n - 1) / n * payload if n > 1 else 0.0
 
 
 def _materialize(args):
@@ -190,46 +92,6 @@ def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, A
     }
 
 
-def collective_summary(rows: list[list], data_size: int, replica_axes: str = "data"
-                       ) -> dict[str, Any]:  # fmt: skip
-    """Totals from [where, kind, axes, count, bytes per step, every] rows (`per_step_rows`):
-    bytes per device per step of the busiest program group (collectives that run once every
-    K steps at their per-step average), its breakdown by kind and by mesh axis, and the
-    all-reduce over the replica axes (`replica_axes`, "+"-joined: the gradient average)
-    beside its ring wire estimate 2(N-1)/N x payload, and the halo exchanges (collective-permutes
-    over a rules axis: spatial's)."""
-    crossing = [r for r in rows if r[2] != "none"]
-    groups: dict[str, int] = {}
-    for where, _, _, _, nbytes, *_ in crossing:
-        groups[where] = groups.get(where, 0) + nbytes
-    busiest = max(groups, key=groups.get) if groups else None
-    by_kind: dict[str, int] = {}
-    by_axis: dict[str, int] = {}
-    for where, kind, axes, _, nbytes, *_ in crossing:
-        if where == busiest:
-            by_kind[kind] = by_kind.get(kind, 0) + nbytes
-            by_axis[axes] = by_axis.get(axes, 0) + nbytes
-    payload = by_kind_axis(crossing, busiest, "all-reduce", replica_axes)
-    ruled = {a for a in axes_lib.names() if axes_lib.get(a).role == "rules"}
-    halo = sum(r[4] for r in crossing if r[0] == busiest and r[1] == "collective-permute"
-               and set(r[2].split("+")) & ruled)  # fmt: skip
-    return {
-        "collectives": rows,
-        "collective_bytes_per_device": groups[busiest] if busiest else 0,
-        "collective_bytes_by_kind": by_kind,
-        "collective_bytes_by_axis": by_axis,
-        "data_allreduce_bytes": payload,
-        # neighbour exchanges over a rules axis: spatial's halos (XLA's partitioner)
-        "halo_bytes_per_device": halo,
-        "ring_allreduce_wire_bytes": ring_allreduce_wire_bytes(payload, data_size),
-    }
-
-
-def by_kind_axis(rows: list[list], where: str | None, kind: str, axes: str) -> int:
-    """Bytes of collectives of `kind` over exactly mesh axes `axes` in program group `where`."""
-    return sum(r[4] for r in rows if r[0] == where and r[1] == kind and r[2] == axes)
-
-
 def _temp_bytes(compiled) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
@@ -262,29 +124,15 @@ def stage_transfer_bytes(strategy, batch_size: int, progs) -> int:
     return max(received.values(), default=0)
 
 
-def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
-    """Every figure of one step, with the same keys for every strategy (None: not applicable),
-    read from the strategy's abstract state and its compiled programs only, so that any
-    process of a multi-process run gives the whole report.
-
-    Memory per device = placed state + compiled temporaries + stored stage inputs (pipelines),
-    for the busiest device. Collective bytes per device: the busiest program group (the
-    whole step, or the busiest pipeline stage); the by-kind and by-axis breakdowns are that
-    group's, over collectives that cross devices (groups of one device move nothing).
-    `timing` adds the measured bubble (pipelines, run in one process).
-    """
-    progs = programs(strategy, batch_size)
-    rows = collectives(progs, strategy.conditional_period())
-    k, pipe = strategy.num_stages, strategy.schedule is not None
+def _memory_figures(strategy, batch_size: int, progs) -> tuple[dict[str, Any], tuple]:
+    """The report's memory figures, and the per-stage (state, temporaries, stash) bytes."""
+    pipe = strategy.schedule is not None
     per_stage = strategy.stage_states(strategy.state_shapes())
     params = [per_device_bytes([st.params for st, _ in pairs]) for pairs in per_stage]
     opt = [per_device_bytes([st.opt_state for st, _ in pairs]) for pairs in per_stage]
     state_b, temp, stash = stage_memory(strategy, batch_size, progs)
     memory = [a + b + c for a, b, c in zip(state_b, temp, stash)]
-    shape = dict(strategy.mesh.shape)
-    data_size = axes_lib.num_replicas(shape)
-    between = strategy.bytes_between_stages(batch_size)
-    out: dict[str, Any] = {
+    figures = {
         "param_bytes": int(strategy.model.num_params * 4),
         "param_bytes_per_device": max(params),
         "opt_state_bytes_per_device": max(opt),
@@ -293,10 +141,17 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "stored_activation_bytes_per_device": max(stash) if pipe else None,
         "memory_bytes_per_device": max(memory),
         "memory_per_device_bytes": memory,  # per stage for pipelines, one entry otherwise
-        **collective_summary(
-            per_step_rows(rows), data_size, "+".join(axes_lib.replica_axes(shape)) or "data"
-        ),
-        "num_stages": k,
+    }
+    return figures, (state_b, temp, stash)
+
+
+def _pipeline_figures(strategy, batch_size: int, progs, stages: tuple) -> dict[str, Any]:
+    """The report's stage figures (None where the strategy has no pipeline); the measured
+    ones are filled in by `report` when it times the pipeline."""
+    state_b, temp, stash = stages
+    pipe = strategy.schedule is not None
+    return {
+        "num_stages": strategy.num_stages,
         "pipeline_schedule": strategy.schedule,
         "num_microbatches": strategy.num_microbatches if pipe else None,
         "stage_bounds": list(strategy.bounds) if pipe else None,
@@ -313,13 +168,40 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         "stage_time_measured_s": None,
         # the stage-to-stage bytes / step (activations forward + gradients back, whole
         # global batch), and the most any one device receives of them per step
-        "bytes_between_stages_per_step": between,
+        "bytes_between_stages_per_step": strategy.bytes_between_stages(batch_size),
         "stage_transfer_bytes_per_device": stage_transfer_bytes(strategy, batch_size, progs)
         if pipe
         else None,
         "peak_stash_bytes_per_device": stash if pipe else None,
         "stage_state_bytes_per_device": state_b if pipe else None,
         "stage_program_temp_bytes": temp if pipe else None,
+    }
+
+
+def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
+    """Every figure of one step, with the same keys for every strategy (None: not applicable),
+    read from the strategy's abstract state and its compiled programs only, so that any
+    process of a multi-process run gives the whole report.
+
+    Memory per device = placed state + compiled temporaries + stored stage inputs (pipelines),
+    for the busiest device. Collective bytes per device: the busiest program group (the
+    whole step, or the busiest pipeline stage); the by-kind and by-axis breakdowns are that
+    group's, over collectives that cross devices (groups of one device move nothing).
+    `timing` adds the measured bubble (pipelines, run in one process).
+    """
+    progs = programs(strategy, batch_size)
+    rows = collectives_lib.collectives(progs, strategy.conditional_period())
+    pipe = strategy.schedule is not None
+    shape = dict(strategy.mesh.shape)
+    memory, stages = _memory_figures(strategy, batch_size, progs)
+    out: dict[str, Any] = {
+        **memory,
+        **collectives_lib.collective_summary(
+            collectives_lib.per_step_rows(rows),
+            axes_lib.num_replicas(shape),
+            "+".join(axes_lib.replica_axes(shape)) or "data",
+        ),
+        **_pipeline_figures(strategy, batch_size, progs, stages),
     }
     if pipe and timing:
         line = measure_pipeline(strategy, batch_size)

@@ -46,6 +46,14 @@ def device_count(config: ml_collections.ConfigDict, present: int) -> int:
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
     """Check the keys every run shares against `num_devices`; return the resolved mesh,
     {axis: size} in mesh order. Use `jaxpar.parallel.validate` for the whole check."""
+    sizes = _check_mesh(config, num_devices)
+    _check_batches(config, sizes)
+    _check_settings(config)
+    return sizes
+
+
+def _check_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+    """mesh_axes and mesh_shape against `num_devices`, each axis' own check; the sizes."""
     names = mesh_lib.axis_names(config)
     shape = tuple(config.mesh_shape)
     known = ", ".join(axes.names())
@@ -82,6 +90,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, i
     for name in names:
         reason = axes.get(name).check(config, sizes)
         check(reason is None, str(reason))
+    return sizes
+
+
+def _check_batches(config: ml_collections.ConfigDict, sizes: dict[str, int]) -> None:
+    """The step count and both batch sizes, which the batch axes' replicas must divide."""
     data = axes.num_replicas(sizes)
     over = "the batch axes " + " x ".join(axes.batch_axes(sizes)) if len(
         axes.batch_axes(sizes)) > 1 else "the data axis"  # fmt: skip
@@ -98,6 +111,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, i
         f"eval_batch_size {eval_bs} is not divisible by {over} ({data} replicas); "
         f"use a multiple of {data}",
     )
+
+
+def _check_settings(config: ml_collections.ConfigDict) -> None:
+    """The optimiser, schedule, model and loop keys, each on its own."""
     check(config.learning_rate > 0, "learning_rate must be positive")
     check(config.lr_base_batch_size > 0, "lr_base_batch_size must be positive")
     check(config.warmup_steps >= 0, "warmup_steps must be >= 0")
@@ -123,7 +140,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, i
     choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
     check(config.host_device_count >= 1, "host_device_count must be >= 1")
     check(config.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep must be >= 1")
-    return sizes
 
 
 def _tuple(names) -> str:

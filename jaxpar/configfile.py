@@ -7,15 +7,16 @@
     configfile.cpu_only()                                         # the predictor, the tests
 
 `python -m jaxpar.train` parses its flags with absl's `config_flags` (lock_config=True); the
-bench, the predictor, the benchmarks and the tests use these functions, which read a value as
-`config_flags` reads a field of no declared type. This module imports neither JAX nor anything
-of jaxpar, so an entry point can call it before JAX is configured.
+bench, the planner, the predictor, the benchmarks and the tests parse `--config.KEY=VALUE` with
+the same `config_flags`, against configs/base.py's fields (`split_overrides`), and set the
+values on each config or row (`override`). This module imports neither JAX nor anything of
+jaxpar, so an entry point can call it before JAX is configured.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -23,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
@@ -46,17 +49,6 @@ def load(path: str) -> ml_collections.ConfigDict:
     return module.get_config()
 
 
-def parse_value(text: str) -> Any:
-    """A command-line value as `config_flags` reads a field of no declared type: a Python
-    literal (1, 0.5, True, 'a', (2, 1, 4)), absl's true/false, or else the text itself."""
-    if text in ("true", "false"):
-        text = text.capitalize()
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
 # The --help epilog of the entry points that take `--config.KEY=VALUE` besides argparse's options.
 OVERRIDES_HELP = (
     "--config.KEY=VALUE (any number) sets one key of the experiment config (of every row, for\n"
@@ -66,15 +58,62 @@ OVERRIDES_HELP = (
 
 
 def split_overrides(args: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
-    """The `--config.KEY=VALUE` arguments as {KEY: parsed VALUE}, and the other arguments."""
-    overrides, rest = {}, []
+    """The `--config.KEY=VALUE` arguments as {KEY: VALUE}, and the other arguments.
+
+    Each VALUE is read by ml_collections' `config_flags`, as `python -m jaxpar.train` reads it:
+    against configs/base.py (every experiment config derives from it and adds no key), by the
+    type of the field there ('(2,2,2)' for a tuple, true/false for a bool, a Python literal for
+    a field of no declared type). A KEY base.py lacks, or a VALUE config_flags refuses for the
+    field's type, is kept as its text: `override` then refuses it (unknown key, wrong type) in
+    the one line each entry point already prints for a bad override.
+    """
+    texts, rest = {}, []
     for arg in args:
         match = re.fullmatch(r"--config\.([\w.]+)=(.*)", arg, re.DOTALL)
         if match:
-            overrides[match.group(1)] = parse_value(match.group(2))
+            texts.pop(match.group(1), None)  # the last one given wins, in its place
+            texts[match.group(1)] = match.group(2)
         else:
             rest.append(arg)
+    make_configs_importable()
+    from configs import base
+
+    known = {key for key in texts if has_key(base.get_config(), key)}
+    overrides = {k: _parsed(base.get_config(), k, t) if k in known else t for k, t in texts.items()}
     return overrides, rest
+
+
+def _parsed(schema: ml_collections.ConfigDict, key: str, text: str) -> Any:
+    """`--config.KEY=TEXT` as config_flags parses it for `schema`'s field KEY (its own flag
+    values, not absl's global ones); TEXT itself where config_flags refuses it."""
+    argv = ["configfile", f"--config.{key}={text}"]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_dict(
+        "config", schema, flag_values=flag_values, lock_config=True, sys_argv=argv
+    )
+    try:
+        flag_values(argv)
+    except flags.Error:  # e.g. 'abc' for an int: override's type check says so in one line
+        return text
+    return config_flags.get_override_values(flag_values["config"])[key]
+
+
+def override_args(overrides: Mapping[str, Any]) -> list[str]:
+    """`overrides` as the `--config.KEY=VALUE` arguments a user types, which `split_overrides`
+    and train read back as the same values: a string as itself, a bool as true/false, a tuple
+    (or a list) as a Python tuple without spaces ("data" in double quotes, for the shell)."""
+    return [f"--config.{key}={_text(value)}" for key, value in overrides.items()]
+
+
+def _text(value: Any, inner: bool = False) -> str:
+    if isinstance(value, tuple | list):
+        items = ",".join(_text(v, inner=True) for v in value)
+        return f"({items}{',' if len(value) == 1 else ''})"
+    if isinstance(value, str):
+        return json.dumps(value) if inner else value
+    if isinstance(value, bool) and not inner:
+        return "true" if value else "false"
+    return repr(value)
 
 
 def has_key(config: ml_collections.ConfigDict, key: str) -> bool:

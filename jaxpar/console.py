@@ -62,8 +62,22 @@ def _by_axis(rows: dict[str, float]) -> str | None:
 def summary_table(summary: dict[str, Any]) -> str:
     """A two-column table of the final summary, in a fixed, readable order: durations,
     sizes and meshes in the one format each has everywhere (jaxpar.units)."""
+    rows = []
+    for label, key, show in _summary_rows():
+        value = _summary_value(summary, key, show)
+        if value is not None:
+            rows.append((label, value))
+    width = max(len(label) for label, _ in rows)
+    line = "-" * (width + 2 + max(len(v) for _, v in rows))
+    verdict = [said] if (said := input_line(summary)) else []
+    table = [line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line]
+    return "\n".join(table + verdict)
+
+
+def _summary_rows() -> list[tuple[str, str | None, Any]]:
+    """(label, summary key, how its value prints) in the table's order; key None: p10 - p90."""
     secs, each = units.seconds, lambda ts: ", ".join(units.seconds(t) for t in ts)
-    order = [
+    return [
         ("mesh", "mesh", None),
         ("devices", "num_devices", None),
         ("partitioning", "partitioning", None),
@@ -101,28 +115,25 @@ def summary_table(summary: dict[str, Any]) -> str:
         ("train-split accuracy (inference)", "train_eval_accuracy", None),
         ("train - test accuracy gap", "generalization_gap", None),
     ]
-    rows = []
-    for label, key, show in order:
-        if key is None:
-            if "step_time_p10_s" in summary:
-                value = f"{secs(summary['step_time_p10_s'])} - {secs(summary['step_time_p90_s'])}"
-            else:
-                continue
-        elif summary.get(key) is None or (key == "halo_bytes_per_device" and not summary[key]):
-            continue  # absent, not applicable to this strategy, or no halos
-        else:
-            value = summary[key]
-            if show is not None:
-                value = show(value)
-            else:
-                value = _fmt(value) if isinstance(value, float) else str(value)
-            if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
-                value = f"{value}  {summary['analytic_bubble_formula']}"
-            if key == "bytes_between_stages_per_step":
-                value = f"{value}  ({STAGE_TO_STAGE_MEANING})"
-        rows.append((label, value))
-    width = max(len(label) for label, _ in rows)
-    line = "-" * (width + 2 + max(len(v) for _, v in rows))
-    verdict = [said] if (said := input_line(summary)) else []
-    table = [line] + [f"{label:<{width}}  {value}" for label, value in rows] + [line]
-    return "\n".join(table + verdict)
+
+
+def _summary_value(summary: dict[str, Any], key: str | None, show) -> str | None:
+    """One row's value as it prints; None where the row is left out (absent, not applicable
+    to this strategy, or no halos)."""
+    secs = units.seconds
+    if key is None:
+        if "step_time_p10_s" not in summary:
+            return None
+        return f"{secs(summary['step_time_p10_s'])} - {secs(summary['step_time_p90_s'])}"
+    if summary.get(key) is None or (key == "halo_bytes_per_device" and not summary[key]):
+        return None
+    value = summary[key]
+    if show is not None:
+        value = show(value)
+    else:
+        value = _fmt(value) if isinstance(value, float) else str(value)
+    if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
+        value = f"{value}  {summary['analytic_bubble_formula']}"
+    if key == "bytes_between_stages_per_step":
+        value = f"{value}  ({STAGE_TO_STAGE_MEANING})"
+    return value

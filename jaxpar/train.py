@@ -106,18 +106,30 @@ def main(argv: list[str]) -> None:
     # Orbax logs through absl, including tracebacks of failed background saves that jaxpar
     # reports as one line; JAXPAR_DEBUG=1 shows them (and absl's warnings).
     logging.set_verbosity(logging.WARNING if DEBUG else logging.FATAL)
+    config = _loaded_config()
+    configfile.set_host_device_count(config.host_device_count)  # unless XLA_FLAGS already says
+    if not DEBUG:  # XLA's C++ log lines (e.g. the coordination service's) only on request
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # JAX is imported only now, after XLA_FLAGS is set.
+    _join_cluster()
+    _run(config)
+
+
+def _loaded_config():
+    """--config's ConfigDict; a missing file is one line (exit 2)."""
     try:
         config = _CONFIG.value
-        host_device_count = config.host_device_count  # a file that failed to load raises here
+        _ = config.host_device_count  # a file that failed to load raises here
     except OSError as e:
         missing = re.search(r"No such file or directory: '([^']+)'", str(e))
         if DEBUG or not missing:
             raise
         fail(f"config file {missing.group(1)} does not exist; check the --config path", 2)
-    configfile.set_host_device_count(host_device_count)  # unless XLA_FLAGS already says
-    if not DEBUG:  # XLA's C++ log lines (e.g. the coordination service's) only on request
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    # JAX is imported only now, after XLA_FLAGS is set.
+    return config
+
+
+def _join_cluster() -> None:
+    """jax.distributed for a multi-process run (cluster.initialize); refusals in one line."""
     if _NUM_PROCESSES.value > 1 and not _COORDINATOR.value:
         raise app.UsageError("--num_processes > 1 needs --coordinator host:port of process 0")
     if not 0 <= _PROCESS_ID.value < max(_NUM_PROCESSES.value, 1):
@@ -136,6 +148,10 @@ def main(argv: list[str]) -> None:
         fail(str(e), 2)
     except JaxInternalsError as e:
         fail(str(e), 1)
+
+
+def _run(config) -> None:
+    """--explain, or train (and evaluate) into the workdir; every error as one line."""
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
     from jaxpar.errors import TrainingError

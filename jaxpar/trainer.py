@@ -44,7 +44,7 @@ from jaxpar import workdir as workdir_lib
 from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
 from jaxpar.parallel import stages
-from jaxpar.parallel.pipeline import balance
+from jaxpar.parallel.pipeline import balance, microbatches
 from jaxpar.parallel.state import add_sums
 
 logger = logging.getLogger(__name__)
@@ -90,10 +90,10 @@ def setup(
     spec = dataset.spec
     model = models.build(config.model, spec.image_shape, spec.num_classes)
     parallel.check_model(config, shape, model)  # the refusals only the model tells
-    if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/balance.py)
+    if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/microbatches.py)
         config = config.copy_and_resolve_references()
         config.pipeline.num_microbatches = (
-            balance.choose_microbatches(model, config, mesh, workdir)
+            microbatches.choose_microbatches(model, config, mesh, workdir)
             if axes.num_stages(shape) > 1
             else 1
         )

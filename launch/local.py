@@ -72,6 +72,27 @@ def worker_commands(num_processes: int, train_args: list[str], port: int) -> lis
 
 def launch(num_processes: int, devices_per_process: int, train_args: list[str]) -> int:
     """Run the processes to completion; return the first non-zero exit code, else 0."""
+    procs = _start(num_processes, devices_per_process, train_args)
+    pumps = [threading.Thread(target=_pump, args=(p, i), daemon=True) for i, p in enumerate(procs)]
+    for t in pumps:
+        t.start()
+    asked: list[float] = []  # when a stop was first asked for
+    forward = _forwarder(procs, asked)
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _wait(procs, asked)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for t in pumps:
+            t.join(timeout=5)
+
+
+def _start(num_processes: int, devices_per_process: int, train_args: list[str]) -> list:
+    """Start the workers, each in its own session, their output piped to the launcher."""
     env = {
         **os.environ,
         "PYTHONPATH": ROOT,
@@ -94,11 +115,11 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
             start_new_session=True,
         )
         procs.append(proc)
-    pumps = [threading.Thread(target=_pump, args=(p, i), daemon=True) for i, p in enumerate(procs)]
-    for t in pumps:
-        t.start()
+    return procs
 
-    asked: list[float] = []  # when a stop was first asked for
+
+def _forwarder(procs: list, asked: list[float]):
+    """The launcher's SIGTERM/SIGINT handler, which passes a stop on to the workers."""
 
     def forward(signum, frame):
         """First Ctrl-C or SIGTERM: a preemption notice (save, stop). Then Ctrl-C: stop now."""
@@ -116,33 +137,29 @@ def launch(num_processes: int, devices_per_process: int, train_args: list[str]) 
         print("launcher: asked every process to save and stop (Ctrl-C again stops at once)",
               file=sys.stderr, flush=True)  # fmt: skip
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return forward
+
+
+def _wait(procs: list, asked: list[float]) -> int:
+    """Wait for every worker; the first non-zero exit code, else 0. The rest are killed
+    GRACE_S after a failure, or STOP_BACKSTOP_S after a stop was asked for."""
     code, failed_at = 0, None
-    try:
-        remaining = list(procs)
-        while remaining:
-            for p in list(remaining):
-                try:
-                    rc = p.wait(timeout=0.5)
-                except subprocess.TimeoutExpired:
-                    continue
-                remaining.remove(p)
-                if rc and not code:
-                    code, failed_at = rc, time.monotonic()
-            # The others notice a lost process by themselves (jaxpar.cluster) and stop within
-            # seconds; anything still running a minute later is stopped here.
-            late = failed_at is not None and time.monotonic() - failed_at > GRACE_S
-            if late or (asked and time.monotonic() - asked[0] > STOP_BACKSTOP_S):
-                for p in remaining:
-                    p.kill()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for p in procs:
-            if p.poll() is None:
+    remaining = list(procs)
+    while remaining:
+        for p in list(remaining):
+            try:
+                rc = p.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                continue
+            remaining.remove(p)
+            if rc and not code:
+                code, failed_at = rc, time.monotonic()
+        # The others notice a lost process by themselves (jaxpar.cluster) and stop within
+        # seconds; anything still running a minute later is stopped here.
+        late = failed_at is not None and time.monotonic() - failed_at > GRACE_S
+        if late or (asked and time.monotonic() - asked[0] > STOP_BACKSTOP_S):
+            for p in remaining:
                 p.kill()
-        for t in pumps:
-            t.join(timeout=5)
     return code
 
 

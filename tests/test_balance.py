@@ -13,7 +13,7 @@ import pytest
 
 from jaxpar import trainer
 from jaxpar.parallel import stages
-from jaxpar.parallel.pipeline import balance
+from jaxpar.parallel.pipeline import balance, microbatches
 from tests.util import tiny_config
 
 
@@ -113,11 +113,11 @@ def test_layer_times_are_cached_and_measured_again_when_the_shape_changes(tmp_pa
 
 def test_micro_batch_candidates_follow_the_batch_and_schedule():
     config = tiny_config(**{"global_batch_size": 48, "pipeline.schedule": "1f1b"})
-    assert balance.candidate_microbatches(config, 2, 2) == [1, 2, 3, 4, 6, 8, 12, 24]
+    assert microbatches.candidate_microbatches(config, 2, 2) == [1, 2, 3, 4, 6, 8, 12, 24]
     config.pipeline.schedule = "interleaved"
-    assert balance.candidate_microbatches(config, 2, 4) == [4, 8, 12, 24]
+    assert microbatches.candidate_microbatches(config, 2, 4) == [4, 8, 12, 24]
     config.eval_batch_size = 16  # every eval micro-batch needs whole rows per replica too
-    assert balance.candidate_microbatches(config, 2, 4) == [4, 8]
+    assert microbatches.candidate_microbatches(config, 2, 4) == [4, 8]
 
 
 def test_auto_micro_batches_are_chosen_once_and_kept_on_resume(tmp_path, capsys):
@@ -126,7 +126,7 @@ def test_auto_micro_batches_are_chosen_once_and_kept_on_resume(tmp_path, capsys)
     config = tiny_config(**keys)
     setup = trainer.setup(config, jax.devices()[:2], str(tmp_path))
     m = setup.strategy.num_microbatches
-    assert m in balance.candidate_microbatches(config, 1, 2)
+    assert m in microbatches.candidate_microbatches(config, 1, 2)
     assert setup.config.pipeline.num_microbatches == m and config.pipeline.num_microbatches == 0
     said = capsys.readouterr().out
     assert f"chose M={m}" in said and "M=8:" in said  # every candidate's predicted step shown

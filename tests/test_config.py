@@ -1,6 +1,7 @@
 """Every validation error: raised before compiling, one line, saying how to fix it."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,73 @@ def test_every_command_a_config_file_offers_validates():
                 raise AssertionError(f"{path.name}: {' '.join(args)}: {e}") from None
             checked += 1
     assert checked >= 12, checked  # the Run: lines of every config file, and the prose ones
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--config.mesh_shape=(2,2,2)",
+        "--config.mesh_shape=8",
+        '--config.mesh_axes=("data","spatial")',
+        "--config.model.dtype=bfloat16",
+        "--config.model.batch_norm=false",
+        "--config.learning_rate=1",
+        "--config.pipeline.split=(4,8,12)",
+        "--config.pipeline.split=time",
+        "--config.tensor.rules=(('conv_out','tensor'),)",
+        "--config.model.name=1",
+    ],
+)
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags' loader
+def test_overrides_parse_as_train_parses_them(arg):
+    """The bench, plan and predict read `--config.KEY=VALUE` as train's config_flags does."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from jaxpar import configfile
+
+    path = str(Path(configfile.ROOT, "configs", "vgg19_data.py"))
+    argv = ["train", f"--config={path}", arg]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, flag_values=flag_values, sys_argv=argv)
+    flag_values(argv)
+    trained = flag_values.config
+    overrides, rest = configfile.split_overrides([arg])
+    assert rest == []
+    ours = configfile.override(configfile.load(path), overrides)
+    assert ours.to_dict() == trained.to_dict()
+    (key,) = overrides
+    assert type(overrides[key]) is type(
+        config_flags.get_override_values(flag_values["config"])[key]
+    )
+
+
+def test_bad_override_value_fails_in_override():
+    """A value config_flags refuses for the field's type stays text; override refuses it."""
+    from jaxpar import configfile
+
+    overrides, _ = configfile.split_overrides(["--config.global_batch_size=abc"])
+    with pytest.raises(TypeError, match="global_batch_size"):
+        configfile.override(configfile.load("configs/vgg19_data.py"), overrides)
+    overrides, _ = configfile.split_overrides(["--config.model.widht=0.5"])
+    with pytest.raises(KeyError, match="unknown config key 'model.widht'"):
+        configfile.override(configfile.load("configs/vgg19_data.py"), overrides)
+
+
+def test_override_args_read_back_as_the_same_values():
+    """What the bench hands its row and predictor processes reads back unchanged."""
+    from jaxpar import configfile
+
+    overrides = {
+        "mesh_shape": (2, 2, 2),
+        "mesh_axes": ("data", "spatial"),
+        "model.dtype": "bfloat16",
+        "model.batch_norm": False,
+        "model.width": 0.125,
+        "pipeline.split": (4, 8),
+        "tensor.rules": (("conv_out", "tensor"),),
+        "data.name": "synthetic",
+    }
+    assert configfile.split_overrides(configfile.override_args(overrides)) == (overrides, [])
+    listed = configfile.override_args({"mesh_shape": [8, 1, 1]})  # a manifest's JSON list
+    assert configfile.split_overrides(listed)[0] == {"mesh_shape": (8, 1, 1)}

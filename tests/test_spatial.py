@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, explain, models, trainer
+from jaxpar import analysis, collectives, explain, models, trainer
 from jaxpar.axes import spatial
 from jaxpar.errors import ConfigError
 from tests.test_model_zoo import FAMILIES, RTOL, every_block_kind_once, family_config  # noqa: F401
@@ -100,7 +100,7 @@ def _eval_collectives(config):
     batch = st.batch_shapes(config.global_batch_size, eval=True)
     with jax.set_mesh(st.mesh):
         text = st._jit_eval().lower(st.state_shapes(), batch).compile().as_text()
-    return setup, analysis.collective_rows(text, dict(st.mesh.shape))
+    return setup, collectives.collective_rows(text, dict(st.mesh.shape))
 
 
 @pytest.mark.usefixtures("every_block_kind_once")

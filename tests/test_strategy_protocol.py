@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, explain, parallel
+from jaxpar import analysis, collectives, explain, parallel
 from jaxpar.config import ConfigError
 from jaxpar.predict.workload import strategy_for, workload
 from tests.example_strategy import GSPMDData
@@ -40,7 +40,7 @@ def test_analysis_explain_and_predictor_read_an_added_strategy(gspmd):
     fig = analysis.report(strategy, 16)
     # XLA put in the gradient all-reduce itself; the analysis finds it over the data axis:
     # every gradient once (as many bytes as the parameters), plus the loss and accuracy.
-    grads = analysis.by_kind_axis(fig["collectives"], "step", "all-reduce", "data")
+    grads = collectives.by_kind_axis(fig["collectives"], "step", "all-reduce", "data")
     assert grads == fig["param_bytes"] + 2 * 4
     assert fig["param_bytes_per_device"] == fig["param_bytes"]  # replicated
     text = explain.explain(gspmd, jax.devices()[:4])
@@ -121,7 +121,13 @@ def test_jaxpar_imports_form_no_cycle():
     assert cycles == []
 
 
-READERS = ("jaxpar.analysis", "jaxpar.explain", "jaxpar.bench", "jaxpar.predict")
+READERS = (
+    "jaxpar.analysis",
+    "jaxpar.collectives",
+    "jaxpar.explain",
+    "jaxpar.bench",
+    "jaxpar.predict",
+)
 STRATEGY_CLASSES = {"DataParallel", "PmapDataParallel", "TensorParallel", "Pipeline"}
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
+from jaxpar import configfile
 from jaxpar.bench import suite as suite_lib
 from jaxpar.bench.results import mesh_cell, mib_cell, number_cell, spearman
 from jaxpar.files import write_text
@@ -39,7 +40,7 @@ def predict_table(
     os.makedirs(out, exist_ok=True)
     cmd = [sys.executable, "-m", "jaxpar.predict", "--suite", _subset(table, suite, out),
            "--profile", profile, "--out", out]  # fmt: skip
-    cmd += [f"--config.{k}={v!r}" for k, v in overrides.items()]
+    cmd += configfile.override_args(overrides)
     print(f"predicting {len(table)} rows on {profile} ...", flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([suite_lib.ROOT,
                                                        os.environ.get("PYTHONPATH", "")]))  # fmt: skip

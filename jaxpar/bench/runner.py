@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from jaxpar import configfile
 from jaxpar.bench import accuracy as accuracy_lib
 from jaxpar.bench import outdir
 from jaxpar.bench import predicted as predicted_lib
@@ -156,7 +157,7 @@ class Sweep:
             "--out",
             self.out,
         ]
-        cmd += [f"--config.{k}={v!r}" for k, v in self.overrides.items()]
+        cmd += configfile.override_args(self.overrides)
         if self.profile:
             cmd.append("--profile")
         env = dict(

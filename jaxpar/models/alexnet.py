@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpar.models.blocks import AdaptivePool, AlexConv
-from jaxpar.models.layers import DenseBlock
+import flax.linen as nn
+from jax import lax
+
+from jaxpar.errors import ConfigError
+from jaxpar.models.blocks import Block
+from jaxpar.models.layers import DenseBlock, dropout
 from jaxpar.models.resnet import sequential
 from jaxpar.models.vgg import scaled
 
@@ -54,3 +58,61 @@ def alexnet(input_shape: tuple[int, int, int], num_classes: int, *, width: float
         ("fc3", DenseBlock(num_classes, relu=False, in_axis="hidden", out_axis="classes", **kw)),
     ]
     return sequential("alexnet", blocks, input_shape, num_classes)
+
+
+def lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75):
+    """TensorFlow's local response normalisation across channels (tf.nn.lrn)."""
+    window = 2 * depth_radius + 1
+    sq = lax.reduce_window(x * x, 0.0, lax.add, (1, 1, 1, window), (1, 1, 1, 1),
+                           ((0, 0), (0, 0), (0, 0), (depth_radius, depth_radius)))  # fmt: skip
+    return x / (bias + alpha * sq) ** beta
+
+
+class AlexConv(Block):
+    """One convolutional stage of an AlexNet: conv (with bias, no BatchNorm) -> ReLU, then
+    optionally LRN and a max-pool (order as in the variant: `lrn_first`)."""
+
+    features: int = 64
+    kernel: int = 5
+    stride: int = 1
+    padding: Any = "SAME"
+    pool: int = 0  # 0: none; else a `pool`x`pool` stride-2 max-pool
+    pool_padding: Any = "VALID"
+    lrn: str = ""  # "", "before_pool" or "after_pool"
+    in_axis: str = "conv_in"
+
+    @nn.compact
+    def __call__(self, x, train: bool, keys=None):
+        x = nn.relu(self.conv(x, self.features, self.kernel, self.stride, self.padding,
+                              self.in_axis, bias=True))  # fmt: skip
+        if self.lrn == "before_pool":
+            x = lrn(x)
+        if self.pool:
+            x = nn.max_pool(x, (self.pool, self.pool), strides=(2, 2), padding=self.pool_padding)
+        if self.lrn == "after_pool":
+            x = lrn(x)
+        return x
+
+
+class AdaptivePool(Block):
+    """torchvision's AdaptiveAvgPool2d to `size` x `size` (equal bins where the input divides,
+    as at 224x224 where AlexNet's features are already 6x6)."""
+
+    size: int = 6
+
+    @nn.compact
+    def __call__(self, x, train: bool, keys=None):
+        h, w = x.shape[1:3]
+        if (h, w) != (self.size, self.size):
+            if h % self.size or w % self.size:
+                raise ConfigError(
+                    f"the input gives {h}x{w} feature maps, which do not pool evenly to "
+                    f"{self.size}x{self.size}; use an input whose maps divide (224x224 for "
+                    "alexnet; below 224 it builds the CIFAR AlexNet instead)"
+                )
+            k = (h // self.size, w // self.size)
+            x = nn.avg_pool(x, k, strides=k)
+        return dropout(x, self.dropout, keys) if train and self.dropout else x  # torchvision's
+
+    def flops(self, in_shape):
+        return 0

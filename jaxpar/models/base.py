@@ -108,21 +108,8 @@ class SequentialModel:
         new_stats = dict(batch_stats)
         first = range(len(self.layers))[layers].start
         for i, layer in enumerate(self.layers[layers], start=first):
-            if constrain is not None and i > 0 and x.ndim == 4:
-                # The input in the layer's own layout: the previous output's, except where an
-                # axis joins the map from this layer on (spatial), so that the gather happens
-                # here and the layer runs whole, not wherever the partitioner would put it.
-                x = constrain(x, self.layers[i - 1].module.out_axes, layer.name)
-            if (
-                constrain is not None
-                and x.ndim == 4
-                and x.shape[1] * x.shape[2] > 1
-                and (len(layer.out_shape) == 1)
-            ):
-                # Gather the channels before a flatten, explicitly: a channel-split [h, w, c]
-                # does not flatten to a contiguous split (unless h = w = 1), which XLA would
-                # otherwise rematerialise out of sight.
-                x = constrain(x, (None,) * x.ndim)
+            if constrain is not None and x.ndim == 4:
+                x = self._layer_input(i, x, constrain)
             module = layer.module.clone(bn_axis_name=bn_axis_name)
             keys = None
             if train and layer.module.dropout and example is not None:
@@ -139,6 +126,21 @@ class SequentialModel:
             if constrain is not None:
                 x = constrain(x, layer.module.out_axes, layer.name)
         return x, new_stats
+
+    def _layer_input(self, i: int, x: jax.Array, constrain: Any) -> jax.Array:
+        """An image-shaped x constrained to layer i's input layout (apply's `constrain`)."""
+        layer = self.layers[i]
+        if i > 0:
+            # The input in the layer's own layout: the previous output's, except where an
+            # axis joins the map from this layer on (spatial), so that the gather happens
+            # here and the layer runs whole, not wherever the partitioner would put it.
+            x = constrain(x, self.layers[i - 1].module.out_axes, layer.name)
+        if x.shape[1] * x.shape[2] > 1 and len(layer.out_shape) == 1:
+            # Gather the channels before a flatten, explicitly: a channel-split [h, w, c]
+            # does not flatten to a contiguous split (unless h = w = 1), which XLA would
+            # otherwise rematerialise out of sight.
+            x = constrain(x, (None,) * x.ndim)
+        return x
 
     def summary(self) -> str:
         """A per-layer table: output shape, parameters, forward MFLOPs per example."""

@@ -1,6 +1,6 @@
 """Blocks of the source documents' other models: residual blocks (basic and bottleneck), stems,
-dense-net layers and transitions, Inception modules, AlexNet's stages, and pooled heads. Each is
-one cuttable unit of a SequentialModel: a pipeline cuts between blocks, never inside one, so a
+dense-net layers and transitions, and pooled heads (a block only one model uses lives with it:
+Inception's modules in inception.py, AlexNet's stages in alexnet.py). Each is one cuttable unit of a SequentialModel: a pipeline cuts between blocks, never inside one, so a
 residual add or a concatenation never crosses a stage boundary.
 
 Every block has the interface of layers.ConvBlock: `__call__(x, train, keys=None)`, the fields
@@ -26,10 +26,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from jaxpar.errors import ConfigError
-from jaxpar.models.layers import CONV_INIT, DENSE_INIT, dropout, named, wide
+from jaxpar.models.layers import CONV_INIT, DENSE_INIT, named, wide
 
 
 def count_flops(module: nn.Module, in_shape: tuple[int, ...]) -> int:
@@ -227,145 +225,3 @@ class PooledHead(Block):
             bias_init=named(nn.initializers.zeros_init(), ("classes",)),
         )(x)  # fmt: skip
         return x.astype(wide(self.dtype))
-
-
-def lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75):
-    """TensorFlow's local response normalisation across channels (tf.nn.lrn)."""
-    window = 2 * depth_radius + 1
-    sq = lax.reduce_window(x * x, 0.0, lax.add, (1, 1, 1, window), (1, 1, 1, 1),
-                           ((0, 0), (0, 0), (0, 0), (depth_radius, depth_radius)))  # fmt: skip
-    return x / (bias + alpha * sq) ** beta
-
-
-class AlexConv(Block):
-    """One convolutional stage of an AlexNet: conv (with bias, no BatchNorm) -> ReLU, then
-    optionally LRN and a max-pool (order as in the variant: `lrn_first`)."""
-
-    features: int = 64
-    kernel: int = 5
-    stride: int = 1
-    padding: Any = "SAME"
-    pool: int = 0  # 0: none; else a `pool`x`pool` stride-2 max-pool
-    pool_padding: Any = "VALID"
-    lrn: str = ""  # "", "before_pool" or "after_pool"
-    in_axis: str = "conv_in"
-
-    @nn.compact
-    def __call__(self, x, train: bool, keys=None):
-        x = nn.relu(self.conv(x, self.features, self.kernel, self.stride, self.padding,
-                              self.in_axis, bias=True))  # fmt: skip
-        if self.lrn == "before_pool":
-            x = lrn(x)
-        if self.pool:
-            x = nn.max_pool(x, (self.pool, self.pool), strides=(2, 2), padding=self.pool_padding)
-        if self.lrn == "after_pool":
-            x = lrn(x)
-        return x
-
-
-class AdaptivePool(Block):
-    """torchvision's AdaptiveAvgPool2d to `size` x `size` (equal bins where the input divides,
-    as at 224x224 where AlexNet's features are already 6x6)."""
-
-    size: int = 6
-
-    @nn.compact
-    def __call__(self, x, train: bool, keys=None):
-        h, w = x.shape[1:3]
-        if (h, w) != (self.size, self.size):
-            if h % self.size or w % self.size:
-                raise ConfigError(
-                    f"the input gives {h}x{w} feature maps, which do not pool evenly to "
-                    f"{self.size}x{self.size}; use an input whose maps divide (224x224 for "
-                    "alexnet; below 224 it builds the CIFAR AlexNet instead)"
-                )
-            k = (h // self.size, w // self.size)
-            x = nn.avg_pool(x, k, strides=k)
-        return dropout(x, self.dropout, keys) if train and self.dropout else x  # torchvision's
-
-    def flops(self, in_shape):
-        return 0
-
-
-def _bn_conv(block: Block, x, train, features, kernel, stride=1, padding="SAME"):
-    """Inception's BasicConv2d (torchvision): conv without bias -> BN (epsilon 1e-3) -> ReLU."""
-    return block.conv_bn(x, train, features, kernel, stride, padding)
-
-
-class InceptionStem(Block):
-    """Inception-v3's stem at 299x299 (torchvision): 3x3/2 32, 3x3 32, 3x3 64 (padded),
-    max-pool 3x3/2, 1x1 80, 3x3 192, max-pool 3x3/2 -> 35x35x192 (channels x `width`)."""
-
-    width: float = 1.0
-
-    @nn.compact
-    def __call__(self, x, train: bool, keys=None):
-        c = lambda n: max(1, round(n * self.width))
-        x = self.conv_bn(x, train, c(32), 3, 2, "VALID", in_axis="image")
-        x = _bn_conv(self, x, train, c(32), 3, 1, "VALID")
-        x = _bn_conv(self, x, train, c(64), 3, 1, ((1, 1), (1, 1)))
-        x = nn.max_pool(x, (3, 3), strides=(2, 2))
-        x = _bn_conv(self, x, train, c(80), 1, 1, "VALID")
-        x = _bn_conv(self, x, train, c(192), 3, 1, "VALID")
-        return nn.max_pool(x, (3, 3), strides=(2, 2))
-
-
-class Inception(Block):
-    """The Inception-v3 modules (torchvision's InceptionA..E), each one cuttable unit: the
-    branches are concatenated inside it. `kind` picks the module; `pool_features` is A's pool
-    branch width, `c7` C's 7x7 width; `width` scales every branch's channels."""
-
-    kind: str = "A"
-    pool_features: int = 32
-    c7: int = 128
-    width: float = 1.0
-
-    def c(self, n: int) -> int:
-        return max(1, round(n * self.width))
-
-    @nn.compact
-    def __call__(self, x, train: bool, keys=None):
-        return jnp.concatenate(getattr(self, f"_{self.kind.lower()}")(x, train), axis=-1)
-
-    def _pool(self, x):
-        return nn.avg_pool(x, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)),
-                           count_include_pad=True)  # fmt: skip
-
-    def _a(self, x, t):
-        c, f = self.c, lambda *a: _bn_conv(self, *a)
-        b1 = f(x, t, c(64), 1)
-        b5 = f(f(x, t, c(48), 1), t, c(64), 5)
-        b3 = f(f(f(x, t, c(64), 1), t, c(96), 3), t, c(96), 3)
-        bp = f(self._pool(x), t, c(self.pool_features), 1)
-        return [b1, b5, b3, bp]
-
-    def _b(self, x, t):
-        c, f = self.c, lambda *a: _bn_conv(self, *a)
-        b3 = f(x, t, c(384), 3, 2, "VALID")
-        bd = f(f(f(x, t, c(64), 1), t, c(96), 3), t, c(96), 3, 2, "VALID")
-        return [b3, bd, nn.max_pool(x, (3, 3), strides=(2, 2))]
-
-    def _c(self, x, t):
-        c, f, c7 = self.c, lambda *a: _bn_conv(self, *a), self.c(self.c7)
-        b1 = f(x, t, c(192), 1)
-        b7 = f(f(f(x, t, c7, 1), t, c7, (1, 7)), t, c(192), (7, 1))
-        bd = x
-        for out, k in ((c7, 1), (c7, (7, 1)), (c7, (1, 7)), (c7, (7, 1)), (c(192), (1, 7))):
-            bd = f(bd, t, out, k)
-        return [b1, b7, bd, f(self._pool(x), t, c(192), 1)]
-
-    def _d(self, x, t):
-        c, f = self.c, lambda *a: _bn_conv(self, *a)
-        b3 = f(f(x, t, c(192), 1), t, c(320), 3, 2, "VALID")
-        b7 = f(f(f(x, t, c(192), 1), t, c(192), (1, 7)), t, c(192), (7, 1))
-        b7 = f(b7, t, c(192), 3, 2, "VALID")
-        return [b3, b7, nn.max_pool(x, (3, 3), strides=(2, 2))]
-
-    def _e(self, x, t):
-        c, f = self.c, lambda *a: _bn_conv(self, *a)
-        b1 = f(x, t, c(320), 1)
-        b3 = f(x, t, c(384), 1)
-        b3 = [f(b3, t, c(384), (1, 3)), f(b3, t, c(384), (3, 1))]
-        bd = f(f(x, t, c(448), 1), t, c(384), 3)
-        bd = [f(bd, t, c(384), (1, 3)), f(bd, t, c(384), (3, 1))]
-        return [b1, *b3, *bd, f(self._pool(x), t, c(192), 1)]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import Any
 
+from jaxpar import configfile
 from jaxpar.plan.candidates import candidate_of
 
 
@@ -87,15 +87,5 @@ def command(config_file: str, row_or_candidate, config=None, extra: dict | None 
     c = candidate_of(row_or_candidate) if isinstance(row_or_candidate, dict) else row_or_candidate
     args = ["python", "-m", "jaxpar.train", "--config", config_file]
     settings = {**(extra or {}), **c.overrides(config)}
-    for key, value in settings.items():
-        args.append(f"--config.{key}={_flag(value)}")
+    args += configfile.override_args(settings)
     return " ".join(shlex.quote(a) for a in args)
-
-
-def _flag(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, tuple):
-        items = [f'"{v}"' if isinstance(v, str) else str(v) for v in value]
-        return "(" + ",".join(items) + ("," if len(value) == 1 else "") + ")"
-    return str(value)
