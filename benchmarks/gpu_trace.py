@@ -87,6 +87,24 @@ def kernel_times(trace_dir: str) -> tuple[dict[str, float], int]:
     return {k: v / steps for k, v in per.items()}, steps
 
 
+def _memory_bound(mem: list[tuple]) -> None:
+    """The memory-bound kernels: their bandwidth by size, and time = fixed + bytes / bandwidth."""
+    b, t = np.array([r[3] for r in mem]), np.array([r[4] for r in mem])
+    print(
+        f"memory-bound: {len(mem):5d} instructions {t.sum() * 1e3:8.2f} ms {b.sum() / 1e9:7.2f} GB "
+        f"{b.sum() / t.sum() / 1e9:7.0f} GB/s"
+    )
+    for lo, hi in ((0, 1e6), (1e6, 16e6), (16e6, 64e6), (64e6, math.inf)):
+        m = (b >= lo) & (b < hi)
+        if m.any():
+            print(
+                f"  {lo / 1e6:5.0f}-{hi / 1e6:<5.0f} MB: {m.sum():5d} kernels {t[m].sum() * 1e3:7.2f} ms, "
+                f"{b[m].sum() / t[m].sum() / 1e9:6.0f} GB/s, {t[m].mean() * 1e6:6.1f} us each"
+            )
+    fixed, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, t, rcond=None)[0]
+    print(f"  fit: {fixed * 1e6:.2f} us + bytes / {1 / per_byte / 1e9:.0f} GB/s")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("trace_dir", help="single_device.py's --trace-dir folder of one row")
@@ -124,21 +142,7 @@ def main(argv=None) -> int:
                 f"{label:>12}: {len(sel):5d} instructions {t * 1e3:8.2f} ms {f / 1e12:7.3f} TFLOP "
                 f"{f / t / 1e12:7.1f} TFLOP/s"
             )
-    mem = [r for r in rows if not r[1]]
-    b, t = np.array([r[3] for r in mem]), np.array([r[4] for r in mem])
-    print(
-        f"memory-bound: {len(mem):5d} instructions {t.sum() * 1e3:8.2f} ms {b.sum() / 1e9:7.2f} GB "
-        f"{b.sum() / t.sum() / 1e9:7.0f} GB/s"
-    )
-    for lo, hi in ((0, 1e6), (1e6, 16e6), (16e6, 64e6), (64e6, math.inf)):
-        m = (b >= lo) & (b < hi)
-        if m.any():
-            print(
-                f"  {lo / 1e6:5.0f}-{hi / 1e6:<5.0f} MB: {m.sum():5d} kernels {t[m].sum() * 1e3:7.2f} ms, "
-                f"{b[m].sum() / t[m].sum() / 1e9:6.0f} GB/s, {t[m].mean() * 1e6:6.1f} us each"
-            )
-    fixed, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, t, rcond=None)[0]
-    print(f"  fit: {fixed * 1e6:.2f} us + bytes / {1 / per_byte / 1e9:.0f} GB/s")
+    _memory_bound([r for r in rows if not r[1]])
     print(f"longest {args.top}:")
     for name, flops, thin, moved, seconds in sorted(rows, key=lambda r: -r[4])[: args.top]:
         rate = (

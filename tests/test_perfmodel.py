@@ -14,7 +14,7 @@ from configs import base
 from jaxpar import analysis, trainer
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import hardware, load_profile, predict_config, predict_rows, recommend
+from jaxpar.predict import hardware, links, load_profile, predict_config, predict_rows, recommend
 from jaxpar.predict.model import predict_workload
 from jaxpar.predict.workload import ChunkCost, StageCost, Workload, workload
 from tests.util import override, tiny_config
@@ -40,26 +40,26 @@ def _profile(**kw) -> hardware.Profile:
 def test_ring_allreduce_time_by_hand():
     # 2 (n-1)/n x bytes / bw + 2 (n-1) x latency: 2*3/4 * 1 GB / 10 GB/s + 6 * 5 us
     link = hardware.Link(bandwidth=10 * GB, latency=5e-6)
-    assert hardware.ring_allreduce_time(1 * GB, 4, link) == pytest.approx(0.15 + 30e-6)
-    assert hardware.ring_allreduce_time(1 * GB, 1, link) == 0.0
+    assert links.ring_allreduce_time(1 * GB, 4, link) == pytest.approx(0.15 + 30e-6)
+    assert links.ring_allreduce_time(1 * GB, 1, link) == 0.0
     two_rings = hardware.Link(bandwidth=10 * GB, latency=0.0, rings=2)
-    assert hardware.ring_allreduce_time(1 * GB, 4, two_rings) == pytest.approx(0.075)
+    assert links.ring_allreduce_time(1 * GB, 4, two_rings) == pytest.approx(0.075)
     # all-gather of a 1 GB result over 4: (n-1)/n of it crosses each device's link
-    assert hardware.allgather_time(1 * GB, 4, hardware.Link(10 * GB, 0.0)) == pytest.approx(0.075)
+    assert links.allgather_time(1 * GB, 4, hardware.Link(10 * GB, 0.0)) == pytest.approx(0.075)
 
 
 def test_group_spanning_nodes_is_hierarchical():
     p = _profile(devices_per_node=4)
     mesh = {"data": 8, "stage": 1, "tensor": 1}
-    group = hardware.group_of("data", mesh)
-    assert group == list(range(8)) and hardware.span(group, 4) == (4, 2)
+    group = links.group_of("data", mesh)
+    assert group == list(range(8)) and links.span(group, 4) == (4, 2)
     # in the node: reduce-scatter + all-gather (0.75 GB over 10 GB/s); across: 1/4 of it
     # all-reduced by 2 nodes (2*1/2 * 0.25 GB over 1 GB/s)
     expected = 0.075 + 0.075 + 0.25
-    assert hardware.collective_time("all-reduce", 1 * GB, group, p) == pytest.approx(expected)
+    assert links.collective_time("all-reduce", 1 * GB, group, p) == pytest.approx(expected)
     # the tensor axis of a (2,1,4) mesh stays inside a node
-    tensor_group = hardware.group_of("tensor", {"data": 2, "stage": 1, "tensor": 4})
-    assert tensor_group == [0, 1, 2, 3] and hardware.span(tensor_group, 4) == (4, 1)
+    tensor_group = links.group_of("tensor", {"data": 2, "stage": 1, "tensor": 4})
+    assert tensor_group == [0, 1, 2, 3] and links.span(tensor_group, 4) == (4, 1)
 
 
 def test_equal_stages_reproduce_the_analytic_bubble():
@@ -156,7 +156,7 @@ def test_profiles_load(path):
     p = load_profile(path)
     expected = dict(PROFILE_FIGURES[path.stem])
     everyone = list(range(p.num_devices))
-    allreduce = hardware.collective_time("all-reduce", 1 * GB, everyone, p)
+    allreduce = links.collective_time("all-reduce", 1 * GB, everyone, p)
     assert allreduce == pytest.approx(expected.pop("allreduce"), rel=1e-9)
     for name, value in expected.items():  # to the digits the file gives
         assert getattr(p, name) == pytest.approx(value, rel=0.01), name

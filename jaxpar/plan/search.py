@@ -213,17 +213,11 @@ def _calls(config, profile) -> dict[str, int]:
     """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
     it cannot be read: the predictor's internals are not this module's contract)."""
     try:
-        from jaxpar.parallel import schedules
-        from jaxpar.predict.workload import workload
+        from jaxpar.predict.workload import collective_calls, workload
 
-        w = workload(config, profile.num_devices)
         out: dict[str, int] = {}
-        for chunk in w.chunks:
-            for phase, cols in chunk.collectives.items():
-                times = schedules.calls_per_step(phase, w.num_microbatches)
-                for col in cols:
-                    key = f"{col.kind} {col.axes}"
-                    out[key] = out.get(key, 0) + col.count * times
+        for key, col, times in collective_calls(workload(config, profile.num_devices)):
+            out[key] = out.get(key, 0) + col.count * times
         return out
     except Exception:  # noqa: BLE001
         return {}

@@ -69,7 +69,8 @@ def _reference(r: dict) -> str:
     return f" {shown} | {100 * eff:.1f}% | {delta} |" if eff else f" {shown} | - | - |"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every option but the `--config.KEY=VALUE` overrides."""
     parser = argparse.ArgumentParser(
         prog="python -m jaxpar.predict",
         usage="%(prog)s --profile PROFILE [--config FILE | --suite FILE] [--config.KEY=VALUE ...]"
@@ -98,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     from jaxpar.predict import here
 
     here.add_arguments(parser)
-    args, rest = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from jaxpar.predict import here
+
+    args, rest = _parser().parse_known_args(argv)
     if args.calibrate:
         return _calibrate(args)
     if args.validate:
@@ -126,31 +133,39 @@ def main(argv: list[str] | None = None) -> int:
         oneline.print_error(oneline.first_line(e))
         return 2
     for profile, rows in results:
-        overlap = profile.overlap if args.overlap is None else args.overlap
-        conv3x3 = (f", 3x3 convolutions at {profile.conv3x3_efficiency:.3f}"
-                   if profile.conv3x3_efficiency else "")  # fmt: skip
-        per_kernel = (f", host {profile.launch_s * 1e6:.1f} us per kernel launched"
-                      if profile.launch_s else "")  # fmt: skip
-        print(f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
-              f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
-              f"{per_kernel}, gradient all-reduce overlap "
-              f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}")  # fmt: skip
-        for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
-            print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
-        print(table(rows))
-        print(recommend(rows))
-    rows = [{"profile_file": f, **r} for f, (_, rs) in zip(args.profile, results) for r in rs]
+        _report(profile, rows, profile.overlap if args.overlap is None else args.overlap)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(str(out / "predictions.json"), {"rows": rows}, default=str)
-        keys = sorted({k for r in rows for k, v in r.items() if not isinstance(v, dict)})
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-        write_text(str(out / "predictions.csv"), buf.getvalue())
+        _write(Path(args.out), [{"profile_file": f, **r}
+                                for f, (_, rs) in zip(args.profile, results) for r in rs])  # fmt: skip
     return 0
+
+
+def _report(profile, rows: list[dict], overlap: float | None) -> None:
+    """One profile's predictions on the console: its costs, the table, the recommendation."""
+    conv3x3 = (f", 3x3 convolutions at {profile.conv3x3_efficiency:.3f}"
+               if profile.conv3x3_efficiency else "")  # fmt: skip
+    per_kernel = (f", host {profile.launch_s * 1e6:.1f} us per kernel launched"
+                  if profile.launch_s else "")  # fmt: skip
+    print(f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
+          f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
+          f"{per_kernel}, gradient all-reduce overlap "
+          f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}")  # fmt: skip
+    for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
+        print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
+    print(table(rows))
+    print(recommend(rows))
+
+
+def _write(out: Path, rows: list[dict]) -> None:
+    """predictions.json and predictions.csv (the flat fields) under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(str(out / "predictions.json"), {"rows": rows}, default=str)
+    keys = sorted({k for r in rows for k, v in r.items() if not isinstance(v, dict)})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, keys, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_text(str(out / "predictions.csv"), buf.getvalue())
 
 
 def _validate(args) -> int:

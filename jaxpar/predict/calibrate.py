@@ -179,7 +179,7 @@ def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1
     GPU's: the time of one all-reduce (a psum over a shard_map axis) of each per-device size
     over N devices, and the host's cost of dispatching one small program. Returns
     {"allreduce_s": {(N, bytes): s}, "latency": s, "bandwidth": bytes/s, "program_s": s}:
-    latency and bandwidth fitted to the ring formula (hardware.ring_allreduce_time) over all
+    latency and bandwidth fitted to the ring formula (links.ring_allreduce_time) over all
     (N, bytes)."""
     import jax
     import jax.numpy as jnp

@@ -1,21 +1,6 @@
-"""Hardware profiles and what collectives cost on them.
-
-A profile (`configs/hardware/*.py`, `get_config()`) describes one machine or cluster: devices,
-their peak FLOP/s, memory, and the links between them. The cost formulas are the textbook
-ones (bandwidth-optimal rings, Thakur et al. 2005; NCCL's "bus bandwidth" convention):
-
-  all-reduce      2(n-1)/n x bytes / bw + 2(n-1) x latency
-  all-gather      (n-1)/n x result bytes / bw + (n-1) x latency
-  reduce-scatter  (n-1) x result bytes / bw + (n-1) x latency   (result = 1/n of the input)
-  all-to-all      (n-1)/n x bytes / bw + (n-1) x latency
-  point-to-point  bytes / bw + latency                          (collective-permute, stages)
-
-`bw` is per device and direction: the link bandwidth times the number of rings the
-collective library builds. A group that spans nodes is reduced hierarchically: reduce-scatter
-inside each node, all-reduce of the 1/g share across nodes (each device over its own NIC),
-all-gather inside the node. Devices are numbered in mesh order, (data, stage, tensor) row-major,
-and device i sits on node i // devices_per_node.
-"""
+"""Hardware profiles: a machine's devices, their peak FLOP/s, memory and per-kernel costs, and
+the links between them (links.py: what a collective costs on them); loading one, and
+fitting its costs to measured single-device runs (`calibrate`, `fit`)."""
 
 from __future__ import annotations
 
@@ -30,17 +15,7 @@ import numpy as np
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
 from jaxpar.predict import opclass, workload
-
-
-@dataclasses.dataclass(frozen=True)
-class Link:
-    bandwidth: float  # bytes/s per device per direction, as one ring of the library sees it
-    latency: float  # seconds per ring step (one message)
-    rings: int = 1  # rings the collective library runs at once over these links
-
-    @property
-    def ring_bandwidth(self) -> float:
-        return self.bandwidth * self.rings
+from jaxpar.predict.links import Link  # a Profile's links
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,74 +326,3 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
         for r, t, t_m in zip(runs, predicted(fitted), measured)
     ]
     return Fit(fitted, rows)
-
-
-# -- collectives --------------------------------------------------------------------------
-
-
-def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
-    """Bandwidth-optimal ring all-reduce of `nbytes` over n devices."""
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n * nbytes / link.ring_bandwidth + 2 * (n - 1) * link.latency
-
-
-def allgather_time(result_bytes: float, n: int, link: Link) -> float:
-    if n <= 1:
-        return 0.0
-    return (n - 1) / n * result_bytes / link.ring_bandwidth + (n - 1) * link.latency
-
-
-def reduce_scatter_time(result_bytes: float, n: int, link: Link) -> float:
-    if n <= 1:
-        return 0.0
-    return (n - 1) * result_bytes / link.ring_bandwidth + (n - 1) * link.latency
-
-
-def p2p_time(nbytes: float, link: Link) -> float:
-    return nbytes / link.bandwidth + link.latency if nbytes else 0.0
-
-
-def group_of(axes: str, mesh_shape: dict[str, int]) -> list[int]:
-    """Device indices of the group containing device 0 that varies along `axes` ("data+tensor")."""
-    names, sizes = list(mesh_shape), list(mesh_shape.values())
-    chosen = set(axes.split("+"))
-    ranges = [range(s) if n in chosen else range(1) for n, s in zip(names, sizes)]
-    ids = np.arange(math.prod(sizes)).reshape(sizes)
-    return sorted(int(i) for i in ids[np.ix_(*ranges)].ravel())
-
-
-def span(group: list[int], devices_per_node: int) -> tuple[int, int]:
-    """(devices per node in the group, nodes the group spans)."""
-    nodes = len({i // devices_per_node for i in group})
-    return len(group) // nodes, nodes
-
-
-def collective_time(kind: str, nbytes: float, group: list[int], profile: Profile) -> float:
-    """Seconds for one collective of `kind` whose result is `nbytes` per device over `group`."""
-    n = len(group)
-    if n <= 1 or nbytes == 0:
-        return 0.0
-    local, nodes = span(group, profile.devices_per_node)
-    if kind == "all-reduce":
-        if nodes == 1:
-            return ring_allreduce_time(nbytes, n, profile.intra)
-        # hierarchical: reduce-scatter in the node, all-reduce of 1/local across, all-gather
-        inside = reduce_scatter_time(nbytes / local, local, profile.intra) + allgather_time(
-            nbytes, local, profile.intra
-        )
-        return inside + ring_allreduce_time(nbytes / local, nodes, profile.inter)
-    link = profile.intra if nodes == 1 else profile.inter  # flat ring, slowest link rules
-    if kind == "all-gather":
-        return allgather_time(nbytes, n, link)
-    if kind == "reduce-scatter":
-        return reduce_scatter_time(nbytes, n, link)
-    if kind == "all-to-all":
-        return allgather_time(nbytes, n, link)
-    return p2p_time(nbytes, link)  # collective-permute
-
-
-def transfer_link(src: int, dst: int, profile: Profile) -> Link:
-    """The link a point-to-point transfer between two devices uses."""
-    same = src // profile.devices_per_node == dst // profile.devices_per_node
-    return profile.intra if same else profile.inter

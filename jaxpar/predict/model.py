@@ -34,7 +34,7 @@ from typing import Any
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
 from jaxpar.parallel import schedules
-from jaxpar.predict import hardware, overlap
+from jaxpar.predict import links, overlap
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import Workload
 
@@ -72,8 +72,8 @@ def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int 
     total = 0.0
     place = _placement(mesh_shape, profile)
     for c in cols:
-        group = [place(first_device + i) for i in hardware.group_of(c.axes, mesh_shape)]
-        each = hardware.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
+        group = [place(first_device + i) for i in links.group_of(c.axes, mesh_shape)]
+        each = links.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
         total += each * c.count
     return total
 
@@ -196,8 +196,8 @@ def _send_time(w: Workload, c: int, profile: Profile) -> float:
     if b is None or a == b:
         return 0.0
     place = _placement(w.mesh_shape, profile)
-    link = hardware.transfer_link(place(_first(w, a)), place(_first(w, b)), profile)
-    return hardware.p2p_time(w.chunks[c].send_bytes, link)
+    link = links.transfer_link(place(_first(w, a)), place(_first(w, b)), profile)
+    return links.p2p_time(w.chunks[c].send_bytes, link)
 
 
 def _placement(mesh_shape: dict[str, int], profile: Profile):

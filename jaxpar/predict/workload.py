@@ -283,13 +283,18 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
     )
 
 
-def describe(w: Workload) -> dict[str, Any]:
-    """Per-device bytes of every collective per step, by (kind, axes), for reports."""
-    rows: dict[str, int] = {}
+def collective_calls(w: Workload):
+    """Every collective of a step as ("kind axes", the collective, its calls per step)."""
     for chunk in w.chunks:
         for phase, cols in chunk.collectives.items():
             times = schedules.calls_per_step(phase, w.num_microbatches)
             for c in cols:
-                key = f"{c.kind} {c.axes}"
-                rows[key] = max(rows.get(key, 0), c.bytes * times)
+                yield f"{c.kind} {c.axes}", c, times
+
+
+def describe(w: Workload) -> dict[str, Any]:
+    """Per-device bytes of every collective per step, by (kind, axes), for reports."""
+    rows: dict[str, int] = {}
+    for key, c, times in collective_calls(w):
+        rows[key] = max(rows.get(key, 0), c.bytes * times)
     return rows
