@@ -18,7 +18,6 @@ import jax.numpy as jnp
 
 from jaxpar import axes as axes_lib
 from jaxpar import collectives as collectives_lib
-from jaxpar.collectives import _placed, collective_rows  # noqa: F401  (jaxpar/predict's names)
 from jaxpar.parallel import schedules
 from jaxpar.parallel.strategy import per_device_bytes
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxpar import analysis, hlo
+from jaxpar import collectives, hlo
 from jaxpar.predict import opclass
 
 
@@ -93,8 +93,8 @@ def _flops(op: str, result: str, rest: str, comps: dict, types: dict) -> float:
 
 
 def _axes(line: str, mesh_shape: dict[str, int]) -> str:
-    """The mesh axes a collective's groups vary along (analysis' reading of one line)."""
-    placed = analysis._placed(line, mesh_shape)
+    """The mesh axes a collective's groups vary along (collectives. reading of one line)."""
+    placed = collectives._placed(line, mesh_shape)
     return placed[0][1] if placed else "none"
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxpar import analysis, axes, configfile, models, optim, parallel
+from jaxpar import analysis, axes, collectives, configfile, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import schedules
@@ -197,7 +197,7 @@ def resolve_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[st
 
 
 def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
-    rows = analysis.collective_rows(compiled.as_text(), mesh_shape)
+    rows = collectives.collective_rows(compiled.as_text(), mesh_shape)
     return tuple(
         Collective(kind, axes, count, nbytes)
         for (kind, axes), (count, nbytes) in sorted(rows.items())
