@@ -14,7 +14,15 @@ from configs import base
 from jaxpar import analysis, trainer
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import hardware, links, load_profile, predict_config, predict_rows, recommend
+from jaxpar.predict import (
+    hardware,
+    links,
+    load_profile,
+    opclass,
+    predict_config,
+    predict_rows,
+    recommend,
+)
 from jaxpar.predict.model import predict_workload
 from jaxpar.predict.workload import ChunkCost, StageCost, Workload, workload
 from tests.util import override, tiny_config
@@ -77,6 +85,21 @@ def test_equal_stages_reproduce_the_analytic_bubble():
     busy = row["compute_s"]  # one stage: M x (forward + recomputing backward)
     assert row["bubble_s"] / row["step_time_s"] == pytest.approx((k - 1) / (m + k - 1))
     assert busy == pytest.approx(m * 4 * 1e9 * 8 / 0.5e12)
+    # a forward-only program at the profile's forward_speedup; the recomputing backward as is
+    faster = predict_workload(w, _profile(forward_speedup=2.0))
+    assert faster["compute_s"] == pytest.approx(m * (8e9 / 2 + 24e9) / 0.5e12)
+
+
+def test_narrow_matrix_kernels_are_priced_by_their_width():
+    """On a CPU profile with narrow_width d, a matrix kernel whose narrowest GEMM dimension is
+    n takes (n + d) / n times its FLOPs at the class rate; 0 leaves the classes' sums."""
+    wide = opclass.Matmul(4e9, 0.0, False, 1 << 30)
+    thin = opclass.Matmul(4e9, 0.0, False, 2)
+    ops = opclass.OpClasses(matmul_flops=8e9, kernels=2, matmuls=(wide, thin))
+    rate = 0.5e12
+    assert _profile().device_time(ops, "float32") == pytest.approx(8e9 / rate)
+    priced = _profile(narrow_width=6.0).device_time(ops, "float32")
+    assert priced == pytest.approx(4e9 / rate * (1 + 6 / (1 << 30)) + 4e9 / rate * (2 + 6) / 2)
 
 
 def test_memory_over_capacity_does_not_fit():
@@ -127,8 +150,8 @@ def test_overlap_hides_at_most_the_backward():
 # The other keys: costs the file sets, or fitted ones as its docstring reports them (2 or 3
 # significant digits).
 PROFILE_FIGURES = {
-    "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.497,
-                  "kernel_s": 7.8e-6},
+    "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.578,
+                  "kernel_s": 6.6e-6, "narrow_width": 8.0, "forward_speedup": 1.34},
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
     "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.33,
                      "conv3x3_efficiency": 1.24},

@@ -14,8 +14,20 @@ a check (docs/predict.md, "This machine: predicted against measured"). Made with
 on a quiet machine (load average below 2; another job on the cores shifts every figure):
 - The default suite's 1-device row (VGG19 width 0.25, BatchNorm, shapes10, batch 64): 333.9
   images/sec, and one device alone at batch 32 / 16 / 8 (measured by --pool): 317.7 / 302.9 /
-  271.2. Two costs fitted to the four (op classes, jaxpar/predict/opclass.py): matmuls at
-  0.497 x the nominal peak, 7.8 us per kernel; the four come back within 1.1%.
+  271.2. Two costs fitted to the four (op classes, jaxpar/predict/opclass.py), with the
+  two measured below: matmuls at 0.578 x the nominal peak, 6.6 us per kernel; the four come
+  back within 1.1%.
+- narrow_width 8, measured (jaxpar/predict/micro.py, printed by --pool; 7, 7, 9.25 and 10.25
+  in four runs on 2026-11-26): a 3x3 convolution layer's gradient with 2 / 4 / 8 / 16 / 32 /
+  64 output features ran at 29 / 53 / 70 / 86 / 88 / 90 GFLOP/s, so a matrix kernel whose
+  narrowest GEMM dimension is n runs at n / (n + 8) of its class's rate. A tensor-parallel
+  step's convolutions have 2-16 output features per device (VGG19 width 0.25 over 8), which
+  is why tensor 8 runs 40% slower than data 8 at the same FLOPs per device.
+- forward_speedup 1.34, measured (micro.measure_forward, printed by --pool): the model's
+  forward alone on one device at batch 64 takes 46.7 ms (three runs, within 0.2 ms), which
+  these rates, fitted to training steps, price at 62.6 ms. XLA:CPU's backward carries
+  transposed operands, reversed kernels and max-pool index tensors that its FLOPs do not
+  show; a pipeline's forward programs have none of them.
 - compute_pool: N simulated devices each running its own copy of that step at batch 64 / N at
   once reach 1.17 / 1.39 / 1.45 times one device's rate (N = 2 / 4 / 8). One device already
   keeps most of both cores busy (XLA:CPU runs a large convolution on several threads), so
@@ -54,6 +66,8 @@ def get_config():
     c.inter = {"bandwidth": 4.75 * GB, "latency": 25e-6, "rings": 1}
     c.compute_pool = ((2, 1.17), (4, 1.39), (8, 1.45))
     c.overlap = 0.0
+    c.narrow_width = 8.0
+    c.forward_speedup = 1.34
     c.step_overhead_s = 1e-3
     c.program_overhead_s = 0.3e-3
     c.calibration_runs = [

@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fit", default="compute_efficiency", help="comma-separated costs "
                         "to fit with --calibrate (hardware.FITTABLE)")  # fmt: skip
     parser.add_argument("--pool", action="store_true", help="with --calibrate: measure this "
-                        "machine's compute_pool (simulated CPU devices)")  # fmt: skip
+                        "machine's compute_pool, links and narrow_width (simulated CPU devices)")  # fmt: skip
     parser.add_argument("--validate", action="store_true", help="report every profile's (or "
                         "each --profile's) errors on figures it was not fitted to")  # fmt: skip
     from jaxpar.predict import here
@@ -186,7 +186,7 @@ def _validate(args) -> int:
 
 def _calibrate(args) -> int:
     """--calibrate: fit, report each run's fit and the cross-model check, optionally --pool."""
-    from jaxpar.predict import calibrate
+    from jaxpar.predict import calibrate, hardware, micro
 
     try:
         (profile,) = [load_profile(p) for p in args.profile[:1]]
@@ -197,7 +197,13 @@ def _calibrate(args) -> int:
             print(calibrate.pool_report(runs[0], pool))
             runs += calibrate.pool_runs(runs[0], pool)
             print(calibrate.links_report(calibrate.measure_links()))
+            found = micro.measure_narrow()  # priced before the fit: it moves the rates
+            print(micro.narrow_report(found))
+            profile = dataclasses.replace(profile, narrow_width=found["narrow_width"])
         print(calibrate.report(profile, runs, names))
+        if args.pool:  # its price at the rates just fitted
+            fitted = hardware.fit(profile, runs, names).profile
+            print(micro.forward_report(fitted, micro.measure_forward(runs[0])))
     except ValueError as e:
         oneline.print_error(oneline.first_line(e))
         return 2

@@ -11,7 +11,10 @@ single-device figures are fitted, so that every multi-device row stays a check.
 `--pool` (simulated CPU devices only) measures `compute_pool`: how many times one device's
 rate N simulated devices reach together when each runs its own copy of the 1-device step at
 once (no collectives). It is a property of the machine's cores and of the program's size,
-measured like a link's bandwidth, not fitted to any partitioning's figure.
+measured like a link's bandwidth, not fitted to any partitioning's figure. It also measures the
+links (`measure_links`) and how a matrix kernel's rate falls with its narrowest dimension
+(`micro.measure_narrow`: narrow_width, which the fit then prices with) and the forward pass
+(`micro.measure_forward`: forward_speedup, from the fitted rates).
 """
 
 from __future__ import annotations

@@ -53,8 +53,10 @@ class Profile:
     # matrix kernel is priced on a roofline: the longer of its FLOPs at its class's rate and
     # its bytes at the bandwidth.
     compiler: str = "cpu"
-    # On "gpu": a matrix kernel whose narrowest GEMM dimension (output rows, output features or
-    # products per output) is n runs at n / (n + narrow_width) of its class's rate (0: off)
+    # A matrix kernel whose narrowest GEMM dimension (output rows, output features or products
+    # per output) is n runs at n / (n + narrow_width) of its class's rate (0: off): a GPU's
+    # tiles are 64-128 wide; a CPU's vector registers hold 8 float32 and its GEMM kernels block
+    # several of them (measured here: micro.measure_narrow)
     narrow_width: float = 0.0
     # On "gpu": the fraction of peak of a convolution over fewer than 8 channels (an image's
     # first layer and its weight gradient: opclass.Matmul.thin), which tensor-core kernels
@@ -64,6 +66,12 @@ class Profile:
     # On "gpu": device time of each matrix kernel beyond kernel_s (cuDNN's and cuBLAS's
     # launch of several kernels, workspace setup, split-K reductions, a last partial wave)
     matmul_kernel_s: float = 0.0
+    # A forward-only program (a pipeline chunk's F) runs this many times faster than its op
+    # classes priced at these rates, which are a training step's: on XLA:CPU the backward's
+    # transposes, reversed kernels and max-pool index tensors cost as much as its
+    # convolutions, the forward's do not (measured: micro.measure_forward). A backward
+    # that recomputes its forward is a training step's mix, priced as it is. 1.0: as any.
+    forward_speedup: float = 1.0
     # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
     # it for every row (loader_images_per_sec)
     loader_images_per_sec: float = 0.0
@@ -128,6 +136,10 @@ class Profile:
                                peak * (ratio if m.winograd else 1) * m.narrow / (m.narrow + d0)),
                     m.moved / bw)
                 for m in ops.matmuls)  # fmt: skip
+        if self.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
+            d0 = self.narrow_width
+            return fixed + sum(m.flops * (m.narrow + d0) / m.narrow
+                               / (peak * (ratio if m.winograd else 1)) for m in ops.matmuls)  # fmt: skip
         return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
 
     def host_time(self, ops: opclass.OpClasses) -> float:
@@ -178,6 +190,7 @@ def from_config(c: Any) -> Profile:
         narrow_width=float(get("narrow_width", 0.0) or 0.0),
         thin_efficiency=float(get("thin_efficiency", 0.0) or 0.0),
         matmul_kernel_s=float(get("matmul_kernel_s", 0.0) or 0.0),
+        forward_speedup=float(get("forward_speedup", 1.0) or 1.0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )

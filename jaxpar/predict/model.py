@@ -21,6 +21,8 @@ Assumptions, all stated (and the switchable one in the profile):
   (schedules.timeline, any schedule the trainer runs), with durations = compute + in-program
   collectives + the boundary transfer the event sends; a stage's update (and its gradient
   collectives) starts after its last event.
+- A forward-only program (a pipeline chunk's F) at the profile's forward_speedup over its op
+  classes' price (XLA:CPU's backward carries memory-bound work its FLOPs do not show).
 - compute_pool (simulated CPU devices): N busy devices together reach pool(N) times one
   device's rate (measured: calibrate.measure_pool), each pool(N)/N of it, and a pipeline
   step takes at least the total work of all devices at the pool's rate.
@@ -83,6 +85,13 @@ def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:
     return max(profile.device_time(ops, w.dtype, w.name) / share, profile.host_time(ops))
 
 
+def _phase_seconds(ck, phase: str, w: Workload, profile: Profile) -> float:
+    """One call of chunk `ck`'s program for `phase`, a forward-only one at the profile's
+    forward_speedup."""
+    seconds = _seconds(ck.op_classes(phase, profile.compiler), w, profile)
+    return seconds / profile.forward_speedup if phase == "fwd" else seconds
+
+
 def _share(w: Workload, profile: Profile) -> float:
     """Each device's share of one device's rate when all N are busy at once (compute_pool)."""
     if profile.compute_pool and not w.schedule:
@@ -134,9 +143,8 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     for c in w.chunks:
         for phase in c.flops:
             times = schedules.calls_per_step(phase, w.num_microbatches)
-            total += times * profile.device_time(
-                c.op_classes(phase, profile.compiler), w.dtype, w.name
-            )
+            seconds = profile.device_time(c.op_classes(phase, profile.compiler), w.dtype, w.name)
+            total += times * seconds / (profile.forward_speedup if phase == "fwd" else 1.0)
     return total * per_stage / profile.pool(w.num_devices)
 
 
@@ -156,8 +164,8 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
                 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         send = _send_time(w, c, profile)
         recv_grad = _send_time(w, c - 1, profile) if c else 0.0
-        flop_s = {phase: _seconds(ck.op_classes(phase, profile.compiler), w, profile) if phase in ck.flops
-                  else 0.0 for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
+        flop_s = {phase: _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0
+                  for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
         fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
         bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
         wgt[c] = flop_s["wgt"] + coll["wgt"] + (over if "wgt" in ck.flops else 0.0)

@@ -1,0 +1,128 @@
+"""Microbenchmarks of the local device that a profile of it prices with, each a property of the
+device measured like a link's bandwidth, not fitted to any partitioning
+(`python -m jaxpar.predict --calibrate ... --pool` runs both).
+
+Narrow matrix kernels (`measure_narrow`). A tensor-parallel step splits every convolution's
+output features over the devices: VGG19 at width 0.25 over 8 devices runs convolutions of
+2-16 output features. A matrix kernel computes in blocks (a GPU's tiles are 64-128 wide; a
+CPU's GEMM kernel holds a few vector registers of 8 float32 each), so one whose narrowest GEMM
+dimension n is small wastes part of every block: the profile prices it at n / (n +
+narrow_width) of its class's rate (hardware.Profile). Measured: one 3x3 convolution layer's
+training gradient (forward, input and weight gradients, on a batch of 64 16x16 maps of 32
+features) with 2-64 output features, each compiled program's op classes read as the predictor
+reads them (opclass.classify), and the narrow_width whose pricing matches the times best,
+with one rate for all.
+
+The forward pass (`measure_forward`). A pipeline runs each chunk's forward as a program of its
+own. On XLA:CPU a training step's backward carries memory-bound work its FLOPs do not show
+(transposed operands, reversed kernels, the max-pool gradient's index tensors), so rates fitted
+to training steps overprice a forward-only program. Measured: the calibration run's model
+forward (training-mode BatchNorm, as a pipeline runs it) on one device; the profile's
+forward_speedup is its price at the fitted rates over its time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+from jaxpar.predict import opclass
+
+WIDTHS = (2, 4, 8, 16, 32, 64)
+
+
+def _layer(batch: int, side: int, channels: int, width: int):
+    import jax
+    import jax.numpy as jnp
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.sum(y * y)
+
+    x = jnp.ones((batch, side, side, channels), jnp.float32)
+    w = jnp.ones((3, 3, channels, width), jnp.float32)
+    fn = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    return fn.lower(w, x).compile(), (w, x)
+
+
+def _seconds(compiled, args, seconds: float) -> float:
+    import jax
+
+    jax.block_until_ready(compiled(*args))
+    times, start = [], time.perf_counter()
+    while len(times) < 10 or time.perf_counter() - start < seconds:
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t)
+    return min(times)  # the least disturbed call: other jobs share these cores
+
+
+def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
+    """(narrow_width, FLOP/s): the width that prices every program's matrix kernels at
+    n / (n + width) of one rate with the least squared log error over (op classes, seconds)."""
+    best = None
+    for step in range(64 * 4 + 1):
+        d0 = step / 4
+        work = [sum(m.flops * (m.narrow + d0) / m.narrow for m in ops.matmuls)
+                for ops, _ in points]  # fmt: skip
+        logs = [math.log(w / t) for w, (_, t) in zip(work, points)]
+        rate = statistics.fmean(logs)
+        err = sum((x - rate) ** 2 for x in logs)
+        if best is None or err < best[0] - 1e-12:
+            best = (err, d0, rate)
+    _, d0, rate = best
+    return d0, math.exp(rate)
+
+
+def measure_narrow(widths=WIDTHS, batch: int = 64, side: int = 16, channels: int = 32,
+            seconds: float = 0.5) -> dict[str, Any]:  # fmt: skip
+    """{"rates": {width: FLOP/s}, "narrow_width": d0, "flops_per_s": the fitted rate}."""
+    points, rates = [], {}
+    for width in widths:
+        compiled, args = _layer(batch, side, channels, width)
+        ops = opclass.classify(compiled.as_text())
+        t = _seconds(compiled, args, seconds)
+        points.append((ops, t))
+        rates[width] = ops.flops / t
+    d0, rate = fit(points)
+    return {"rates": rates, "narrow_width": d0, "flops_per_s": rate}
+
+
+def narrow_report(m: dict[str, Any]) -> str:
+    rates = ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in m["rates"].items())
+    return (f"narrow matrix kernels (a 3x3 convolution's gradient, by output features; "
+            f"GFLOP/s): {rates}\n  fitted: n / (n + {m['narrow_width']:g}) of "
+            f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s\n  c.narrow_width = {m['narrow_width']:g}")  # fmt: skip
+
+
+def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]:
+    """{"ops": the op classes of one call, "seconds": its time}: the model of calibration run
+    `run` forward in training mode on one device at the run's batch."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxpar import models
+    from jaxpar.predict.workload import input_spec, run_config
+
+    config = run_config(run)
+    image_shape, classes = input_spec(config)
+    model = models.build(config.model, image_shape, classes)
+    variables = model.init(jax.random.key(0))
+    x = jnp.zeros((run["batch_size"], *image_shape), jnp.float32)
+    fn = jax.jit(lambda p, s, x: model.apply(p, s, x, train=True))
+    compiled = fn.lower(variables["params"], variables["batch_stats"], x).compile()
+    args = (variables["params"], variables["batch_stats"], x)
+    return {"ops": opclass.classify(compiled.as_text()), "seconds": _seconds(compiled, args, seconds),
+            "dtype": run.get("dtype", "float32"), "model": run["model"]}  # fmt: skip
+
+
+def forward_report(profile, forward: dict[str, Any]) -> str:
+    """The forward pass's time against its price on `profile` (fitted), and the speedup."""
+    price = profile.device_time(forward["ops"], forward["dtype"], forward["model"])
+    speedup = price / forward["seconds"]
+    return (f"forward pass ({forward['model']}, one device): {forward['seconds'] * 1e3:.2f} ms, "
+            f"priced at the fitted rates {price * 1e3:.2f} ms\n"
+            f"  c.forward_speedup = {speedup:.2f}")  # fmt: skip

@@ -1,0 +1,46 @@
+"""The microbenchmarks a CPU profile is priced with (jaxpar/predict/micro.py): the fit of
+narrow_width, and what each benchmark compiles, on tiny sizes (their timings are not checked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxpar import models
+from jaxpar.predict import micro, opclass
+from jaxpar.predict.workload import input_spec, run_config
+
+
+def test_fit_recovers_the_narrow_width_and_the_rate():
+    """Times made with narrow_width 6 and 1e11 FLOP/s give both back (on the grid of 0.25)."""
+    points = []
+    for n in (2, 4, 8, 16, 32, 64):
+        mm = (opclass.Matmul(1e9, 0.0, False, n), opclass.Matmul(2e9, 0.0, False, 4 * n))
+        ops = opclass.OpClasses(matmul_flops=3e9, kernels=2, matmuls=mm)
+        seconds = sum(m.flops * (m.narrow + 6) / m.narrow for m in mm) / 1e11
+        points.append((ops, seconds))
+    d0, rate = micro.fit(points)
+    assert d0 == 6.0 and rate == pytest.approx(1e11)
+
+
+def test_narrow_benchmark_reads_a_layers_three_convolutions():
+    """Each width's program is one 3x3 layer's gradient: the forward, input-gradient and
+    weight-gradient convolutions, 3 x 2 x 9 x C x width FLOPs per output position."""
+    found = micro.measure_narrow(widths=(2, 8), batch=2, side=4, channels=8, seconds=0.0)
+    assert set(found["rates"]) == {2, 8} and 0 <= found["narrow_width"] <= 64
+    assert all(r > 0 for r in found["rates"].values()) and found["flops_per_s"] > 0
+    compiled, _ = micro._layer(2, 4, 8, 2)
+    ops = opclass.classify(compiled.as_text())
+    assert len(ops.matmuls) == 3
+    assert ops.flops == pytest.approx(3 * 2 * 9 * 8 * 2 * (2 * 4 * 4), rel=0.05)
+
+
+def test_forward_benchmark_is_the_forward_alone():
+    """measure_forward compiles the model's forward only: its convolution and dense FLOPs are
+    the model's forward FLOPs, not a training step's three times as many."""
+    run = {"model": "vgg11", "width": 0.125, "batch_norm": True, "head": "auto",
+           "dtype": "float32", "image_shape": (32, 32, 3), "num_classes": 10, "batch_size": 2}  # fmt: skip
+    found = micro.measure_forward(run, seconds=0.0)
+    config = run_config(run)
+    model = models.build(config.model, *input_spec(config))
+    assert found["seconds"] > 0
+    assert found["ops"].flops == pytest.approx(2 * model.flops_per_example, rel=0.1)
