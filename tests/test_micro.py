@@ -44,3 +44,48 @@ def test_forward_benchmark_is_the_forward_alone():
     model = models.build(config.model, *input_spec(config))
     assert found["seconds"] > 0
     assert found["ops"].flops == pytest.approx(2 * model.flops_per_example, rel=0.1)
+
+
+def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatch, capsys):
+    """`--calibrate RUNS --pool` prices the fit with the narrow_width it measured (runs timed
+    by a profile with narrow_width 6 give its matmul rate back only then) and prints the
+    forward pass's speedup at the fitted rates. The measurements are stubbed: timing them is
+    the benchmarks' business."""
+    from jaxpar.predict import __main__ as cli
+    from jaxpar.predict import calibrate, hardware
+    from jaxpar.predict.workload import calibration_ops
+
+    truth = hardware.Profile("t", 8, 8, {"float32": 1e12}, 16e9, hardware.Link(1e10, 0.0),
+                             hardware.Link(1e10, 0.0), 0.3, kernel_s=20e-6, narrow_width=6.0)  # fmt: skip
+    runs = []
+    for model, shape, batch in (("lenet", (28, 28, 1), 8), ("vgg11", (32, 32, 3), 16)):
+        run = {"model": model, "width": 0.25, "batch_norm": False, "image_shape": shape,
+               "num_classes": 10, "batch_size": batch}  # fmt: skip
+        seconds = truth.program_time(calibration_ops(run), "float32")
+        runs.append({**run, "images_per_sec": batch / seconds})
+    (tmp_path / "runs.py").write_text(
+        f"import ml_collections\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n"
+        f"    c.runs = {runs!r}\n    return c\n"
+    )
+    (tmp_path / "profile.py").write_text(
+        "import ml_collections\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n"
+        "    c.name = 'p'\n    c.num_devices = 8\n    c.devices_per_node = 8\n"
+        "    c.peak_flops = {'float32': 1e12}\n    c.memory_bytes = 16e9\n"
+        "    c.intra = {'bandwidth': 1e10, 'latency': 0.0}\n    c.compute_efficiency = 0.5\n"
+        "    return c\n"
+    )
+    forward = {"ops": calibration_ops(runs[0]), "dtype": "float32", "model": "lenet"}
+    fitted_truth = truth.device_time(forward["ops"], "float32")
+    monkeypatch.setattr(calibrate, "measure_pool", lambda run: {})
+    monkeypatch.setattr(calibrate, "measure_links", dict)
+    monkeypatch.setattr(calibrate, "links_report", lambda links: "links: stubbed")
+    monkeypatch.setattr(micro, "measure_narrow",
+                        lambda: {"rates": {2: 1e9}, "narrow_width": 6.0, "flops_per_s": 1e11})  # fmt: skip
+    monkeypatch.setattr(micro, "measure_forward",
+                        lambda run: {**forward, "seconds": fitted_truth / 2})  # fmt: skip
+    argv = ["--calibrate", str(tmp_path / "runs.py"), "--profile", str(tmp_path / "profile.py"),
+            "--fit", "compute_efficiency,kernel_s", "--pool"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "c.narrow_width = 6" in out and "c.compute_efficiency = 0.3\n" in out
+    assert "c.forward_speedup = 2.00" in out
