@@ -13,6 +13,15 @@ operands and its result). Prints the matrix kernels (their rate; the thin ones, 
 than 8 input channels, apart), the memory-bound kernels (their bandwidth by size, and the
 least-squares fit of time = a fixed cost + bytes / bandwidth) and the longest kernels. The
 trace holds two steps (single_device.py's --trace-dir); their mean is reported.
+
+A CPU's trace joins the same way (docs/predict.md, "This machine"): XLA:CPU names each of its
+kernels (thunks) after the top-level instruction it runs, and a fusion's convolutions and
+dots are its matrix work. XLA:CPU runs independent kernels at once, so their times overlap
+and can sum to more than the step, and the memory-bound fit is loose there.
+
+    python benchmarks/single_device.py --rows vgg19:0.25:32:float32:64 --trace-dir /tmp/t \
+        --hlo-dir /tmp/h                       # MODEL:WIDTH:IMAGE:DTYPE:BATCH, here
+    python benchmarks/gpu_trace.py /tmp/t/vgg19_0p25_32_float32_64 /tmp/h/vgg19_0p25_32_float32_64.hlo.txt.gz
 """
 
 from __future__ import annotations
@@ -69,22 +78,46 @@ def matrix_flops(result: str, rest: str, ins: dict) -> tuple[float, bool]:
     return 0.0, False
 
 
-def kernel_times(trace_dir: str) -> tuple[dict[str, float], int]:
-    """Seconds per step of each HLO instruction's kernels (mean of the trace's steps)."""
-    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[:1]
-    events = json.load(gzip.open(path))["traceEvents"]
+def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
+    """Seconds per step of each HLO instruction's kernels (mean of the trace's steps), and
+    the device: a GPU's kernels name their instruction in `hlo_op`; without GPU events, the
+    CPU's are the events named after one of the `top` (top-level) instructions."""
+    found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    if not found:
+        raise SystemExit(f"error: no *.trace.json.gz under {trace_dir}")
+    events = json.load(gzip.open(found[0]))["traceEvents"]
     gpu = {
         e["pid"]
         for e in events
         if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))
     }
-    spans = [e for e in events if e.get("ph") == "X" and e["pid"] in gpu]
+    if gpu:
+        spans = [(e["args"].get("hlo_op", "?"), e["dur"]) for e in events
+                 if e.get("ph") == "X" and e["pid"] in gpu]  # fmt: skip
+    else:
+        spans = [(e["name"], e["dur"]) for e in events if e.get("ph") == "X" and e["name"] in top]
     per: dict[str, float] = collections.defaultdict(float)
-    for e in spans:
-        per[e["args"].get("hlo_op", "?")] += e["dur"] * 1e-6
-    counts = collections.Counter(e["args"].get("hlo_op") for e in spans).values()
-    steps = 2 if all(v % 2 == 0 for v in counts) else 1  # single_device.py traces two
-    return {k: v / steps for k, v in per.items()}, steps
+    for name, micros in spans:
+        per[name] += micros * 1e-6
+    counts = collections.Counter(name for name, _ in spans).values()
+    steps = 2 if counts and all(v % 2 == 0 for v in counts) else 1  # single_device.py traces two
+    return {k: v / steps for k, v in per.items()}, steps, "gpu" if gpu else "cpu"
+
+
+def cpu_matrix_flops(name: str, comps: dict, types: dict) -> tuple[float, bool]:
+    """(FLOPs, thin) of a CPU program's top-level instruction: a convolution or dot, or a
+    fusion holding them; (0, False) else."""
+    entry = {n: (result, op, rest) for n, result, op, rest in comps["ENTRY"]}
+    result, op, rest = entry[name]
+    if op in ("convolution", "dot"):
+        found = [(op, result, rest)]
+    elif op == "fusion":
+        found = [(o, r, rr) for c in opclass._called(rest) for _, r, o, rr in comps.get(c, ())
+                 if o in ("convolution", "dot")]  # fmt: skip
+    else:
+        return 0.0, False
+    kernels = [m for o, r, rr in found for m in opclass._matmul(o, r, rr, types).matmuls]
+    return sum(m.flops for m in kernels), any(m.thin for m in kernels)
 
 
 def _memory_bound(mem: list[tuple]) -> None:
@@ -111,16 +144,19 @@ def main(argv=None) -> int:
     parser.add_argument("hlo", help="that row's program (single_device.py's --hlo-dir file)")
     parser.add_argument("--top", type=int, default=10, help="longest kernels to list")
     args = parser.parse_args(argv)
-    ins = instructions(
-        gzip.open(args.hlo, "rt").read() if args.hlo.endswith(".gz") else open(args.hlo).read()
-    )
-    times, steps = kernel_times(args.trace_dir)
+    text = gzip.open(args.hlo, "rt").read() if args.hlo.endswith(".gz") else open(args.hlo).read()
+    ins, comps = instructions(text), opclass._computations(text)
+    types = {name: result for body in comps.values() for name, result, _, _ in body}
+    times, steps, device = kernel_times(args.trace_dir, {n for n, *_ in comps.get("ENTRY", ())})
     rows = []
     for name, seconds in times.items():
         if name not in ins:
             continue
         result, op, rest = ins[name]
-        flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
+        if device == "cpu":
+            flops, thin = cpu_matrix_flops(name, comps, types)
+        else:
+            flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
             hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
         )
@@ -128,9 +164,12 @@ def main(argv=None) -> int:
     total = sum(times.values())
     unjoined = total - sum(r[4] for r in rows)
     print(
-        f"{total * 1e3:.2f} ms of kernels a step ({steps} step(s) traced); "
+        f"{total * 1e3:.2f} ms of {device.upper()} kernels a step ({steps} step(s) traced); "
         f"{unjoined * 1e3:.2f} ms in kernels naming no instruction of the program"
     )
+    scale, unit = (1e12, "TFLOP") if device == "gpu" else (1e9, "GFLOP")
+    if device == "cpu":
+        print("(XLA:CPU runs independent kernels at once: their times overlap)")
     for label, keep in (
         ("matrix", lambda r: r[1] and not r[2]),
         ("thin matrix", lambda r: r[1] and r[2]),
@@ -139,14 +178,14 @@ def main(argv=None) -> int:
         if sel:
             f, t = sum(r[1] for r in sel), sum(r[4] for r in sel)
             print(
-                f"{label:>12}: {len(sel):5d} instructions {t * 1e3:8.2f} ms {f / 1e12:7.3f} TFLOP "
-                f"{f / t / 1e12:7.1f} TFLOP/s"
+                f"{label:>12}: {len(sel):5d} instructions {t * 1e3:8.2f} ms {f / scale:7.3f} {unit} "
+                f"{f / t / scale:7.1f} {unit}/s"
             )
     _memory_bound([r for r in rows if not r[1]])
     print(f"longest {args.top}:")
     for name, flops, thin, moved, seconds in sorted(rows, key=lambda r: -r[4])[: args.top]:
         rate = (
-            f"{flops / seconds / 1e12:6.1f} TFLOP/s"
+            f"{flops / seconds / scale:6.1f} {unit}/s"
             if flops
             else f"{moved / seconds / 1e9:6.0f} GB/s   "
         )

@@ -6,8 +6,9 @@ its compiler made of each step: what the predictor needs to calibrate on a GPU (
     python benchmarks/single_device.py --rows ... --hlo-dir runs/hlo --trace-dir runs/trace
 
 Each row is MODEL:IMAGE:DTYPE:BATCH (IMAGE: the side of a square RGB input, 10 classes of
-synthetic data). Per row: the training step jaxpar runs on one device (trainer.setup on a
-(1, 1, 1) mesh, the data-parallel strategy), compiled once, run for a warm-up and then timed
+synthetic data), or MODEL:WIDTH:IMAGE:DTYPE:BATCH for a model at a width multiplier. Per
+row: the training step jaxpar runs on one device (trainer.setup on a (1, 1, 1) mesh, the
+data-parallel strategy), compiled once, run for a warm-up and then timed
 for about --seconds with the device synchronised at the end (images/sec over the timed steps,
 and the median of per-step times synchronised each step); the device's peak memory in use
 (`memory_stats`, where the device reports it: GPUs) against what the compiled program says it
@@ -41,12 +42,12 @@ DEFAULT_ROWS = (
 )  # fmt: skip
 
 
-def config_for(model: str, image: int, dtype: str, batch: int):
+def config_for(model: str, image: int, dtype: str, batch: int, width: float = 1.0):
     from configs import base
 
     config = base.get_config()
     config.model.name = model
-    config.model.width = 1.0
+    config.model.width = width
     config.model.dtype = dtype
     config.model.batch_norm = True
     config.data.name = "synthetic"
@@ -84,11 +85,14 @@ def run_row(
 
     from jaxpar import trainer
 
-    model, image, dtype, batch = spec.split(":")
-    image, batch = int(image), int(batch)
+    fields = spec.split(":")  # MODEL:IMAGE:DTYPE:BATCH, or MODEL:WIDTH:IMAGE:DTYPE:BATCH
+    model, width = fields[0], float(fields[1]) if len(fields) == 5 else 1.0
+    image, dtype, batch = int(fields[-3]), fields[-2], int(fields[-1])
     row = {"row": spec, "model": model, "image": image, "dtype": dtype, "batch_size": batch}
+    if width != 1.0:
+        row["width"] = width
     device = jax.devices()[0]
-    config = config_for(model, image, dtype, batch)
+    config = config_for(model, image, dtype, batch, width)
     setup = trainer.setup(config, [device])
     state = setup.strategy.init_state(jax.random.key(0))
     batch_data = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
@@ -169,7 +173,9 @@ def _program_figures(setup, batch: int, spec: str, hlo_dir: str | None) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--rows", default=",".join(DEFAULT_ROWS), help="MODEL:IMAGE:DTYPE:BATCH,..."
+        "--rows",
+        default=",".join(DEFAULT_ROWS),
+        help="MODEL:IMAGE:DTYPE:BATCH or MODEL:WIDTH:IMAGE:DTYPE:BATCH, ...",
     )
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per row")
     parser.add_argument("--out", help="write the records (JSON) here")

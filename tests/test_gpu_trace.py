@@ -1,0 +1,44 @@
+"""benchmarks/gpu_trace.py on a CPU trace: XLA:CPU names each kernel after the top-level
+instruction it runs, so a profiler trace of a compiled program joins with its text."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+spec = importlib.util.spec_from_file_location("gpu_trace", Path("benchmarks/gpu_trace.py"))
+gpu_trace = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_trace)
+
+
+def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
+    """A traced program of one 3x3 convolution (8 -> 16 features on 2 x 8 x 8 maps) and a
+    ReLU: the trace's kernels name the program's instructions, the convolution's FLOPs are
+    2 x its multiply-adds, and the other kernels are memory-bound."""
+
+    def layer(x, w):
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.maximum(y, 0.0) * 2.0
+
+    x, w = jnp.ones((2, 8, 8, 8)), jnp.ones((3, 3, 8, 16))
+    compiled = jax.jit(layer).lower(x, w).compile()
+    with gzip.open(tmp_path / "step.hlo.txt.gz", "wt") as f:
+        f.write(compiled.as_text())
+    jax.block_until_ready(compiled(x, w))
+    with jax.profiler.trace(str(tmp_path / "trace")):
+        for _ in range(2):
+            jax.block_until_ready(compiled(x, w))
+    assert gpu_trace.main([str(tmp_path / "trace"), str(tmp_path / "step.hlo.txt.gz")]) == 0
+    out = capsys.readouterr().out
+    assert "of CPU kernels a step (2 step(s) traced); 0.00 ms in kernels naming no" in out
+    flops = 2 * 2 * 8 * 8 * 16 * 9 * 8
+    matrix = next(line for line in out.splitlines() if line.strip().startswith("matrix:"))
+    assert int(matrix.split()[1]) == 1
+    assert float(matrix.split()[5]) == pytest.approx(flops / 1e9, abs=5e-4)
+    assert "memory-bound:" in out
