@@ -47,3 +47,16 @@ def test_leave_one_model_out_report(tmp_path):
     # two models: each left out in turn, the worst of them against the 15% target
     assert figures["single"] == max(abs(r["error"]) for r in loo)
     assert any("resnet20" in line for line in lines)
+
+
+def test_measured_suites_report_how_far_their_repeats_agree():
+    """A suite measured here that keeps each row's two repeats gets a line beside its median
+    and ranking: the repeats' rank correlation and median difference over the rows predicted
+    (a row that failed, here d, is left out), worked by hand."""
+    spec = {"repeats": (("a", 100.0, 110.0), ("b", 200.0, 190.0), ("c", 300.0, 330.0),
+                        ("d", 50.0, 40.0))}  # fmt: skip
+    (line,) = validate._repeat_line(spec, ["a", "b", "c"])
+    # ranks agree; |100/110 - 1| = |300/330 - 1| = 9.1% and |200/190 - 1| = 5.3%
+    assert line == ("the measurement's own two repeats over 3 of these rows: rank correlation "
+                    "1.00, median difference 9.1%")  # fmt: skip
+    assert validate._repeat_line(spec, ["a", "b"]) == [] and validate._repeat_line({}, ["a"]) == []

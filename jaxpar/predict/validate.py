@@ -140,7 +140,8 @@ def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
                  f"{100 * mine:.1f}%" if mine else "-", f"{100 * eff:.1f}%" if eff else "-",
                  f"{pt:+.1f}" if pt is not None else "-"]  # fmt: skip
         lines.append(f"| {r['name']} | {r['images_per_sec']:,.1f} | " + " | ".join(cells) + " |")
-    here = bool(configfile.load(suite).get("measured_here", False))
+    spec = configfile.load(suite)
+    here = bool(spec.get("measured_here", False))
     if points and not here:
         worst = max(points)
         figures["points"] = max(worst, figures["points"] or 0.0)
@@ -152,7 +153,23 @@ def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
         lines.append(f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
                      f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.2f} "
                      f"({_mark(rank >= TARGETS['rank'])} 0.8) over {len(errors)} rows")  # fmt: skip
+        lines += _repeat_line(spec, [r["name"] for r in rows if r.get("reference_images_per_sec")])
     return lines
+
+
+def _repeat_line(spec, names: list[str]) -> list[str]:
+    """How far the measurement agrees with itself over the rows `names`, where the suite
+    keeps each row's repeats (`repeats`: (name, first, second)): the scale the median and the
+    ranking are read on."""
+    rates = {name: (a, b) for name, a, b in spec.get("repeats", ()) or ()}
+    pairs = [rates[n] for n in names if n in rates]
+    if len(pairs) < 3:
+        return []
+    first, second = [a for a, _ in pairs], [b for _, b in pairs]
+    diff = statistics.median(abs(a / b - 1) for a, b in pairs)
+    line = (f"the measurement's own two repeats over {len(pairs)} of these rows: rank "
+            f"correlation {spearman(first, second):.2f}, median difference {100 * diff:.1f}%")  # fmt: skip
+    return [line]
 
 
 def run(paths: list[str] | None) -> str:
