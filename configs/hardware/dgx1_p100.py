@@ -58,10 +58,12 @@ def get_config():
         tf_cnn_benchmarks_vgg16(batch_size=64, images_per_sec=154.0),
         tf_cnn_benchmarks_run("resnet50", 224, batch_size=64, images_per_sec=219.0),
     ]
-    c.fit = ("compute_efficiency", "conv3x3_efficiency")
-    c.conv3x3_efficiency = 1.0  # a start for the fit: Winograd 3x3 at its own rate
     c.compiler = "gpu"
     c.memory_bandwidth = 0.9 * 732 * GB
+    # the matrix kernels' costs from DeepBench's P100 kernel timings (jaxpar/predict/kernels.py)
+    c.kernel_benchmarks = "configs/hardware/kernels/deepbench_p100.csv"
+    c.kernel_fit = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
+    c.fit = ("kernel_s",)  # what whole steps add: each kernel's framework and launch time
     c.calibration_candidates = [
         tf_cnn_benchmarks_run("inception_v3", 299, batch_size=64, images_per_sec=142.0),
         tf_cnn_benchmarks_run("resnet152", 224, batch_size=64, images_per_sec=91.8),

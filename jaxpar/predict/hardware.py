@@ -199,6 +199,12 @@ def from_config(c: Any) -> Profile:
     if profile.compiler not in ("cpu", "gpu"):
         raise ConfigError(f"profile {profile.name}: compiler must be 'cpu' or 'gpu', "
                           f"not {profile.compiler!r}")  # fmt: skip
+    table = get("kernel_benchmarks")
+    if table:  # the matrix kernels' costs from the GPU's own per-kernel timings
+        from jaxpar.predict import kernels
+
+        names = tuple(get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
+        profile = kernels.fit(profile, kernels.load(table), names).profile
     if calibration:
         profile = calibrate(profile, calibration)
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
@@ -292,8 +298,9 @@ class Fit:
 def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) -> Fit:
     """Least-squares fit of the profile costs `names` (see FITTABLE) to measured single-device
     runs (relative error of each run's step time); the other costs stay as the profile gives
-    them, except that a fit without conv3x3_efficiency prices every matmul class at the one
-    compute_efficiency. Needs at least as many runs as costs. The runs' op classes come from their compiled
+    them, except that a fit of compute_efficiency without conv3x3_efficiency prices every
+    matmul class at the one compute_efficiency (a fit of neither keeps the profile's classes,
+    e.g. from its kernel_benchmarks: kernels.py). Needs at least as many runs as costs. The runs' op classes come from their compiled
     steps (workload.calibration_ops)."""
     import numpy as np
     from scipy import optimize
@@ -305,7 +312,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     if len(runs) < len(names):
         raise ConfigError(f"profile {profile.name}: fitting {len(names)} costs needs at least "
                           f"{len(names)} calibration runs, got {len(runs)}")  # fmt: skip
-    if "conv3x3_efficiency" not in names:
+    if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
         profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
     ops = [workload.calibration_ops(r, profile.compiler) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])

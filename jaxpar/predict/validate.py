@@ -95,7 +95,7 @@ def report_profile(path: str) -> tuple[list[str], dict[str, Any]]:
     models left, "points": worst |points|, "median", "rank"}; None where not checked)."""
     profile, fitted, candidates, names, suites = _spec(path)
     title = f"## {profile.name} ({Path(path).name}; fit {', '.join(names)}; compiler "
-    lines = [title + f"{profile.compiler})", ""]
+    lines = [title + f"{profile.compiler})", "", *_kernel_lines(path, profile)]
     figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
     runs = fitted + candidates
     if len({r["model"] for r in runs}) >= 2:
@@ -118,6 +118,23 @@ def report_profile(path: str) -> tuple[list[str], dict[str, Any]]:
     for suite in suites:
         lines += ["", *_suite_lines(path, suite, figures)]
     return lines, figures
+
+
+def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
+    """Where the profile's matrix-kernel costs come from per-kernel timings
+    (`kernel_benchmarks`, kernels.py): how well they price the table's kernels."""
+    c = configfile.load(path)
+    table = c.get("kernel_benchmarks")
+    if not table:
+        return []
+    from jaxpar.predict import kernels
+
+    names = tuple(c.get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
+    kf = kernels.fit(profile, kernels.load(table), names)
+    costs = ", ".join(f"{n} {getattr(kf.profile, n):.3g}" for n in names)
+    return [f"matrix kernels from {table} (fitted before any model, every model's runs priced "
+            f"with them): {len(kf.errors)} kernels, median |error| "
+            f"{100 * kf.median_error:.1f}%, total {kf.total_ratio:.2f} x measured; {costs}", ""]
 
 
 def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:

@@ -1,0 +1,144 @@
+"""A GPU's matrix-kernel costs from published per-kernel timings of that GPU.
+
+A profile fitted only to whole models' single-GPU images/sec leaves its class rates to stand
+in for everything a step does: with VGG16 left out of the DGX-1's fit, the 3x3 rate fitted to
+AlexNet, the ResNets and Inception-v3 overprices VGG16 by 24%. Per-kernel timings pin the
+matrix kernels by themselves. A profile's `kernel_benchmarks` names a table of convolution
+shapes and their measured forward, input-gradient and filter-gradient times on its GPU
+(configs/hardware/kernels/*.csv: DeepBench's for the P100); each of those kernels is read as
+opclass reads the same convolution in a compiled step (FLOPs, bytes, Winograd or not, its
+narrowest GEMM dimension), priced by the profile's own `device_time`, and `kernel_fit`
+(default: compute_efficiency, conv3x3_efficiency, matmul_kernel_s) fitted to the times, each
+kernel's relative error weighing the same. The profile's `fit` to whole models then solves
+only what the table does not hold (the framework's per-kernel time, `kernel_s`, for the DGX-1).
+
+Shapes whose input has fewer than opclass.THIN channels (an image's or a spectrogram's first
+layer) are left out: cuDNN runs them with other kernels, which the profile prices apart
+(thin_efficiency), and a model's step has one of them at most.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import statistics
+from pathlib import Path
+from typing import Any
+
+from jaxpar import configfile
+from jaxpar.errors import ConfigError
+from jaxpar.predict import opclass
+
+DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
+_COLUMNS = ("W", "H", "C", "N", "K", "R", "S", "pad_h", "pad_w", "stride_h", "stride_w",
+            "forward_ms", "input_grad_ms", "filter_grad_ms")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One timed kernel, as opclass reads it, and its measured seconds."""
+
+    name: str  # e.g. "3x3 s1 56x56x64->64 n16 forward"
+    matmul: opclass.Matmul
+    seconds: float
+
+
+def load(path: str | Path) -> list[dict[str, float]]:
+    """The table's rows ({column: number}); '#' lines are comments."""
+    full = Path(path) if Path(path).is_absolute() else Path(configfile.ROOT, path)
+    if not full.is_file():
+        raise ConfigError(f"no kernel benchmark table {str(path)!r}")
+    with full.open() as f:
+        reader = csv.DictReader(line for line in f if not line.startswith("#"))
+        missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ConfigError(f"kernel benchmark table {str(path)!r} has no column {missing[0]!r}")
+        try:
+            return [{c: float(row[c]) for c in _COLUMNS} for row in reader]
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"kernel benchmark table {str(path)!r}: {e}") from None
+
+
+def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
+    """A convolution's three training kernels as opclass reads them in a compiled step.
+
+    FLOPs 2 x N x P x Q x K x C x R x S for each (the input gradient of a strided convolution
+    skips its dilation's zeros: the same count). Winograd: a 3x3 or 5x5 stride-1 window, for
+    all three (the input gradient is a stride-1 convolution of that window, the filter
+    gradient's result has that window's shape). GEMM views: forward M = N x P x Q, N = K,
+    K = C x R x S; input gradient M = N x H x W, N = C, K = K x R x S; filter gradient M = K,
+    N = C x R x S, K = N x P x Q."""
+    w, h, c, n, k, r, s = (int(row[x]) for x in ("W", "H", "C", "N", "K", "R", "S"))
+    p = (h + 2 * int(row["pad_h"]) - r) // int(row["stride_h"]) + 1
+    q = (w + 2 * int(row["pad_w"]) - s) // int(row["stride_w"]) + 1
+    if c < opclass.THIN or p <= 0 or q <= 0:
+        return []
+    flops = 2.0 * n * p * q * k * c * r * s
+    stride1 = int(row["stride_h"]) == int(row["stride_w"]) == 1
+    winograd = stride1 and r == s and str(r) in opclass._WINOGRAD
+    x_bytes, y_bytes, w_bytes = (bytes_per_element * v for v in (n * h * w * c, n * p * q * k,
+                                                                 k * c * r * s))  # fmt: skip
+    moved = float(x_bytes + y_bytes + w_bytes)
+    label = f"{r}x{s} s{int(row['stride_h'])} {w}x{h}x{c}->{k} n{n}"
+    views = (("forward", "forward_ms", (n * p * q, k, c * r * s)),
+             ("input gradient", "input_grad_ms", (n * h * w, c, k * r * s)),
+             ("filter gradient", "filter_grad_ms", (k, c * r * s, n * p * q)))  # fmt: skip
+    return [Kernel(f"{label} {kind}", opclass.Matmul(flops, moved, winograd, min(dims)),
+                   row[column] * 1e-3)
+            for kind, column, dims in views if row[column] > 0]  # fmt: skip
+
+
+def price(profile: Any, kernel: Kernel, dtype: str = "float32") -> float:
+    """Seconds the profile gives one kernel alone (its device_time of that kernel)."""
+    m = kernel.matmul
+    ops = opclass.OpClasses(conv3x3_flops=m.flops if m.winograd else 0.0,
+                            matmul_flops=0.0 if m.winograd else m.flops, matmuls=(m,))  # fmt: skip
+    return profile.device_time(ops, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFit:
+    profile: Any  # hardware.Profile
+    errors: list[tuple[Kernel, float]]  # each kernel's priced / measured - 1
+
+    @property
+    def median_error(self) -> float:
+        return statistics.median(abs(e) for _, e in self.errors)
+
+    @property
+    def total_ratio(self) -> float:
+        """The table's total priced time over its total measured time."""
+        priced = sum(k.seconds * (1 + e) for k, e in self.errors)
+        return priced / sum(k.seconds for k, _ in self.errors)
+
+
+def fit(profile: Any, rows: list[dict[str, float]], names: tuple[str, ...] = DEFAULT_FIT,
+        dtype: str = "float32") -> KernelFit:  # fmt: skip
+    """The profile's `names` costs least-squares fitted (in log space) to the table's kernel
+    times, each kernel's relative error weighing the same. Needs a GPU profile with a memory
+    bandwidth (`compiler = "gpu"`): only there does device_time price each matrix kernel."""
+    import numpy as np
+    from scipy import optimize
+
+    if profile.compiler != "gpu" or not profile.memory_bandwidth:
+        raise ConfigError(f"profile {profile.name}: kernel_benchmarks needs compiler = 'gpu' "
+                          "and a memory_bandwidth (each matrix kernel priced on its own)")  # fmt: skip
+    table = [k for row in rows for k in kernels(row)]
+    if len(table) < len(names):
+        raise ConfigError(f"profile {profile.name}: the kernel benchmark table holds "
+                          f"{len(table)} kernels, fewer than the {len(names)} costs to fit")  # fmt: skip
+    measured = np.array([k.seconds for k in table])
+    start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 1.0, "matmul_kernel_s": 2e-5,
+             "narrow_width": 16.0}  # fmt: skip
+
+    def at(logs) -> Any:
+        return dataclasses.replace(profile, **{n: float(np.exp(v)) for n, v in zip(names, logs)})
+
+    def residuals(logs):
+        p = at(logs)
+        return np.array([price(p, k, dtype) for k in table]) / measured - 1
+
+    x0 = np.log([getattr(profile, n) or start.get(n, 1e-5) for n in names])
+    best = optimize.least_squares(residuals, x0)
+    fitted = at(best.x)
+    return KernelFit(fitted, list(zip(table, residuals(best.x).tolist())))
