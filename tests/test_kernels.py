@@ -15,7 +15,7 @@ def _gpu(**kw) -> hardware.Profile:
     base = {"name": "gpu", "num_devices": 1, "devices_per_node": 1,
             "peak_flops": {"float32": 10e12}, "memory_bytes": 16 * GB,
             "intra": hardware.Link(10 * GB, 0.0), "inter": hardware.Link(10 * GB, 0.0),
-            "compute_efficiency": 0.5, "compiler": "gpu", "memory_bandwidth": 700 * GB}
+            "compute_efficiency": 0.5, "compiler": "gpu", "memory_bandwidth": 700 * GB}  # fmt: skip
     return hardware.Profile(**{**base, **kw})
 
 

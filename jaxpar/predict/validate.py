@@ -132,9 +132,10 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     names = tuple(c.get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
     kf = kernels.fit(profile, kernels.load(table), names)
     costs = ", ".join(f"{n} {getattr(kf.profile, n):.3g}" for n in names)
-    return [f"matrix kernels from {table} (fitted before any model, every model's runs priced "
+    line = (f"matrix kernels from {table} (fitted before any model, every model's runs priced "
             f"with them): {len(kf.errors)} kernels, median |error| "
-            f"{100 * kf.median_error:.1f}%, total {kf.total_ratio:.2f} x measured; {costs}", ""]
+            f"{100 * kf.median_error:.1f}%, total {kf.total_ratio:.2f} x measured; {costs}")  # fmt: skip
+    return [line, ""]
 
 
 def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
