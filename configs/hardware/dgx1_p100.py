@@ -13,16 +13,20 @@ Sources and assumptions:
   bundled NCCL 1.x, which runs one ring (multi-ring NCCL 2 came later), and a ring's rate is
   that of its slowest link, the same for 2, 4 or 8 GPUs in this topology. Latency per ring
   step ~10 us (NCCL 1 launch + NVLink hop).
-- Compute, by operation class (jaxpar/predict/opclass.py), fitted to two single-GPU figures
-  only, so that every multi-GPU point stays a check: tf_cnn_benchmarks VGG16, batch 64,
-  synthetic ImageNet, float32: 154 images/sec; ResNet-50, batch 64: 219 images/sec (its
-  published DGX-1 1-GPU figure). Two costs (`fit`): 3x3 stride-1 convolutions and their
-  gradients (what cuDNN runs as Winograd transforms) reach 1.51x the float32 peak in direct-
-  convolution FLOPs, the fewer multiplications of the transform; every other convolution and
-  matmul (ResNet-50's 1x1 and 7x7, the weight gradients of strided convolutions, the dense
-  layers) 0.58x (both as priced on the GPU program, gpufusion.py). VGG16 is 99% 3x3
-  convolutions, ResNet-50 37%: one efficiency number cannot price both. Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is
-  not fitted: the profile predicts it (docs/predict.md, "Carrying a calibration across models").
+- Compute, by operation class (jaxpar/predict/opclass.py). The matrix kernels' costs come
+  from published per-kernel timings of the P100, not from any model: DeepBench's 94
+  convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN 6.0.21, the era
+  of tf_cnn_benchmarks' 2017 runs), configs/hardware/kernels/deepbench_p100.csv, each kernel
+  read as the predictor reads it in a compiled step and priced by this profile
+  (`kernel_benchmarks`, jaxpar/predict/kernels.py). Fitted to those 252 kernels: 3x3 and
+  5x5 stride-1 convolutions and their gradients (what cuDNN runs as Winograd transforms) at
+  1.47x the float32 peak in direct-convolution FLOPs, every other convolution and matmul at
+  0.64x, 58 us fixed per matrix kernel (a kernel's median error 21.7%). Then one cost of whole
+  steps, each kernel's framework and launch time (`kernel_s`, about 40 us), is fitted to two
+  single-GPU figures: tf_cnn_benchmarks VGG16, batch 64, synthetic ImageNet, float32: 154
+  images/sec; ResNet-50, batch 64: 219 images/sec (its published DGX-1 1-GPU figure).
+  Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is not
+  fitted: the profile predicts it (docs/predict.md, "What the validation says").
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): memory-bound
   kernels at 0.9 x the 732 GB/s datasheet rate (streaming kernels reach about that on HBM2),
   matrix kernels on a roofline.

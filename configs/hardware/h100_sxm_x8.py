@@ -20,14 +20,17 @@ Sources and assumptions:
   the launches: bfloat16 at batch 128 is slower than float32 because its program has more
   kernels (704 against 630: the casts), not because its convolutions are slower. Fitted on
   the CPU program (before gpufusion): 0.26 of peak and 6.6 us per kernel, the four rows
-  within 9% (docs/predict.md, "One H100"). Fitted now, as below (three costs, gpufusion's
-  six rules): 0.42 of peak, 10.6 us launched and 0.35 us of device time per kernel, within
-  10%. Note that jaxpar's step has grown faster since e58f54e (37,422 img/s at float32 batch
-  128 on 2026-11-26): configs/hardware/h100_here.py is this GPU measured later.
+  within 9% (docs/predict.md, "One H100"). Until 2026-11-26 (second session) the device time
+  per kernel was fitted with them and the memory-bound kernels priced at 0.9 x the datasheet's
+  3.35 TB/s: ResNet-50 came out 16.1% fast. Now the H100's own kernel trace prices them
+  (AlexNet's, traced on an H100 80GB HBM3: memory-bound kernels at 2.49 us + bytes / 2.45
+  TB/s, the first layer at 37.4 TFLOP/s; ResNet-50's trace is not used, it is the check) and
+  two costs are fitted: 0.68 of peak and 10.6 us launched per kernel, the rows within 10%. Note that jaxpar's step
+  has grown faster since e58f54e (37,422 img/s at float32 batch 128 on 2026-11-26):
+  configs/hardware/h100_here.py is this GPU measured later.
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): the CPU
-  program re-fused as the GPU compiler fuses, memory-bound kernels at 0.9 x 3.35 TB/s
-  (streaming kernels reach about that on HBM), matrix kernels on a roofline, and a device
-  time per kernel (`kernel_s`) fitted with the other two.
+  program re-fused as the GPU compiler fuses, memory-bound kernels at the traced costs above,
+  matrix kernels on a roofline.
 - Calibration candidate, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on
   an H100 80GB HBM3 with benchmarks/single_device.py: 4,745 images/sec (docs/predict.md, "Measured
   later"). `python -m jaxpar.predict --validate` predicts it from the VGG19 rows alone.
@@ -62,9 +65,14 @@ def get_config():
         for dtype, batch, rate in (("float32", 128, 31_784.0), ("bfloat16", 128, 27_789.0),
                                    ("float32", 512, 55_925.0), ("bfloat16", 512, 100_044.0))
     ]  # fmt: skip
-    c.fit = ("compute_efficiency", "launch_s", "kernel_s")
+    c.fit = ("compute_efficiency", "launch_s")
     c.compiler = "gpu"
-    c.memory_bandwidth = 0.9 * 3.35e12
+    # measured in AlexNet's kernel trace on an H100 80GB HBM3 (docs/predict.md, "Inside the
+    # step"): memory-bound kernels at 2.49 us + bytes / 2.45 TB/s, the first layer (3 input
+    # channels) and its weight gradient at 37.4 TFLOP/s
+    c.memory_bandwidth = 2.45e12
+    c.kernel_s = 2.49e-6
+    c.thin_efficiency = 37.4e12 / c.peak_flops["bfloat16"]
     c.calibration_candidates = [
         {"model": "resnet50", "width": 1.0, "batch_norm": True, "head": "auto",
          "image_shape": (224, 224, 3), "num_classes": 10, "dtype": "bfloat16",

@@ -9,15 +9,17 @@ Sources and assumptions:
   NVLink 4 through NVSwitch as the H100's (configs/hardware/h100_sxm_x8.py).
 - Priced as XLA:GPU would run the step (`compiler = "gpu"`): memory-bound kernels at 0.9 x
   4.8 TB/s, matrix kernels on a roofline. The host's launch time and the device's time per
-  kernel are the H100 profile's fitted ones (same host software, same compiler); only the
-  convolutions' fraction of peak is fitted here.
+  kernel are the H100 profile's fitted ones (same host software, same compiler), and so is
+  the first layer's rate (thin_efficiency, from the H100's trace: the same tensor cores and
+  cuDNN); only the convolutions' fraction of peak is fitted here.
 - Calibration: three single-GPU rows measured on one H200 with benchmarks/single_device.py
   (JAX 0.11.2, CUDA 13; jaxpar's one-device step, synthetic data, 10 classes, BatchNorm,
   full width; docs/predict.md, "Measured later"): VGG19 at 32x32 in bfloat16, batch 512:
   111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256: 6,324; ResNet-50 at
   224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row alone (the
-  convolutions at 0.41 of peak); the two ResNet-50 rows are candidates, predicted by
-  `--validate` from it (+13.8% and -13.8%), and VGG19 from them (+5.2%).
+  convolutions at 0.42 of peak); the two ResNet-50 rows are candidates, predicted by
+  `--validate` from it (+4.5% and +0.8%; +12.2% and +8.4% before the first layer had its
+  own rate), and VGG19 from them (-4.5%; -14.2%).
   single_device.py trains with plain SGD where the profile's runs use the base config's
   optimizer: a difference of one memory-bound update per step (under 1% of these steps).
 - overlap = None: as XLA:GPU schedules the step (see the H100 profile).
