@@ -153,8 +153,9 @@ PROFILE_FIGURES = {
     "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.578,
                   "kernel_s": 6.6e-6, "narrow_width": 8.0, "forward_speedup": 1.34},
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
-    "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.33,
-                     "conv3x3_efficiency": 1.24},
+    # from DeepBench's GTX 1080 Ti kernel table
+    "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.763,
+                     "conv3x3_efficiency": 1.537, "matmul_kernel_s": 34.6e-6},
     # the memory-bound kernels' costs and the first layer's rate from AlexNet's H100 trace
     "h100_sxm_2nodes_ib": {"allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
                            "compute_efficiency": 0.684, "launch_s": 10.64e-6,

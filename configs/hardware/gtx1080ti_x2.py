@@ -8,10 +8,17 @@ Sources and assumptions:
 - Link: PCIe 3.0 x16 per card; GeForce drivers disable peer-to-peer, and on a two-socket board
   the cards may sit on different sockets (QPI), so NCCL stages through host memory. We take
   5 GB/s per direction and 20 us per ring step.
-- Compute: no measured run; we assume the P100's fitted rates per peak FLOP (dgx1_p100.py:
-  3x3 convolutions 1.38, cuDNN Winograd; other matmuls 0.37) reduced by a tenth for the
-  slower memory: conv3x3_efficiency 1.24, compute_efficiency 0.33. Replace with your own
-  measurement (`python -m jaxpar.predict --calibrate`) when you have one.
+- Compute: no measured run of a whole model. The matrix kernels are priced from DeepBench's
+  published kernel timings of a GTX 1080 Ti (94 convolution shapes, forward and both
+  gradients, CUDA 8.0.88, cuDNN 6.0.21: configs/hardware/kernels/deepbench_gtx1080ti.csv;
+  jaxpar/predict/kernels.py fits 3x3/5x5 stride-1 kernels at 1.54 x peak, the others at
+  0.76, 35 us per kernel, a kernel's median error 24.5%). Priced as XLA:GPU would run the
+  step (`compiler = "gpu"`), memory-bound kernels at 0.9 x 484 GB/s, and each kernel's
+  framework and launch time taken from the DGX-1's fit to tf_cnn_benchmarks (37 us,
+  TensorFlow 1.x, which seed 000's server ran too). Until 2026-11-26 this profile assumed
+  the P100's fitted rates less a tenth (3x3 convolutions 1.24 x peak, other matmuls 0.33)
+  on the CPU's program. Replace with your own measurement (`python -m jaxpar.predict
+  --calibrate`) when you have one.
 - overlap = 0 (all-reduce after the backward).
 """
 
@@ -29,8 +36,10 @@ def get_config():
     c.memory_bytes = 10.5 * GB
     c.intra = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
     c.inter = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
-    c.compute_efficiency = 0.33
-    c.conv3x3_efficiency = 1.24
+    c.compiler = "gpu"
+    c.memory_bandwidth = 0.9 * 484 * GB
+    c.kernel_benchmarks = "configs/hardware/kernels/deepbench_gtx1080ti.csv"
+    c.kernel_s = 37e-6  # configs/hardware/dgx1_p100.py's fitted per-kernel time (TensorFlow 1.x)
     c.overlap = 0.0
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c
