@@ -90,3 +90,45 @@ def test_a_bad_table_or_profile_is_one_line(tmp_path):
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="compiler = 'gpu'"):
         kernels.fit(dataclasses.replace(_gpu(), compiler="cpu"), kernels.load(TABLE))
+
+
+def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path):
+    """--calibrate-here on a GPU times the table's image layers (here.time_kernels) and writes
+    them beside the profile; the profile loads its matrix kernels' costs from them and fits
+    only the per-kernel time to the model row. A GPU's figures stood in for (made by a known
+    profile: 0.6 / 1.5 of peak, 40 us a matrix kernel, 3 us a kernel), the CPU compiling."""
+    from jaxpar.predict import here
+    from jaxpar.predict.workload import calibration_ops
+
+    micro = {"platform": "gpu", "device_kind": "Test GPU", "jax": "0", "seconds": 0.1,
+             "num_devices": 1, "matmul_float32": {1024: 1e13}, "float32_flops_per_s": 1e13,
+             "thin_conv_float32": 5e11, "matmul_flops_per_s": 1e13,
+             "memory_bandwidth_array_bytes": 1 << 30, "memory_bandwidth": 7e11,
+             "launch_s": 30e-6, "sync_call_s": 60e-6, "kernel_s": 3e-6,
+             "peak_memory_bytes": 16e9}  # fmt: skip
+    truth = _gpu(peak_flops={"float32": 1e13, "bfloat16": 1e13}, compute_efficiency=0.6,
+                 conv3x3_efficiency=1.5, matmul_kernel_s=40e-6, kernel_s=3e-6,
+                 thin_efficiency=0.05, launch_s=3e-6, program_overhead_s=30e-6)  # fmt: skip
+    rows = kernels.vision_rows(kernels.load(kernels.SHIPPED))
+    assert len(rows) == 24 and all(r["W"] == r["H"] and r["C"] >= 8 for r in rows)
+    # what the GPU would run, here on a small shape: three programs, each timed
+    (small,) = here.time_kernels([_row(8, 8, 8, 2, 8, 3, 3, 1, 1)], "float32", 0.01)
+    assert all(small[c] > 0 for c in kernels._COLUMNS[-3:])
+    timed = []
+    for row in rows:
+        ks = kernels.kernels(row)
+        timed.append({**row, **{c: kernels.price(truth, k) * 1e3
+                                for c, k in zip(kernels._COLUMNS[-3:], ks)}})  # fmt: skip
+    run = {"name": "vgg11:0.125:32:float32:8", "model": "vgg11", "width": 0.125,
+           "batch_norm": True, "head": "auto", "image_shape": (32, 32, 3), "num_classes": 10,
+           "dtype": "float32", "batch_size": 8}  # fmt: skip
+    step = truth.program_time(calibration_ops(run, "gpu"), "float32") + 30e-6  # + dispatch
+    run["images_per_sec"] = 8 / step
+    path = tmp_path / "gpu.py"
+    report = here.write_profile(str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed))
+    assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
+    p = hardware.load_profile(path)
+    assert p.compiler == "gpu"
+    for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
+                        ("matmul_kernel_s", 40e-6), ("kernel_s", 3e-6)):  # fmt: skip
+        assert getattr(p, name) == pytest.approx(value, rel=2e-3), name

@@ -204,7 +204,8 @@ def from_config(c: Any) -> Profile:
         from jaxpar.predict import kernels
 
         names = tuple(get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
-        profile = kernels.fit(profile, kernels.load(table), names).profile
+        dtype = str(get("kernel_dtype", "float32") or "float32")
+        profile = kernels.fit(profile, kernels.load(table), names, dtype).profile
     if calibration:
         profile = calibrate(profile, calibration)
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]

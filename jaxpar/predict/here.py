@@ -24,13 +24,16 @@ import jax.numpy as jnp
 
 from jaxpar import configfile, models, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibrate, hardware, opclass
+from jaxpar.predict import calibrate, hardware, kernels, opclass
 from jaxpar.predict.workload import run_config
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
 GPU_ROWS = ("vgg19:1.0:32:float32:128", "vgg19:1.0:32:bfloat16:512",
             "resnet50:1.0:224:bfloat16:128", "resnet20:1.0:32:float32:128")  # fmt: skip
 DEFAULT_FIT = ("compute_efficiency", "kernel_s")
+# on a GPU, once its matrix kernels' costs come from its own kernel table (kernels.py): the
+# per-kernel time of every kernel, fitted to the model rows
+KERNEL_TABLE_FIT = ("kernel_s",)
 
 
 def add_arguments(parser) -> None:
@@ -73,10 +76,17 @@ def run(args) -> int:
         micro = microbenchmarks(min(0.5, args.here_seconds))
         t1 = time.perf_counter()
         runs = model_runs(rows, args.here_seconds)
+        table = None
+        if micro["platform"] == "gpu":  # the matrix kernels' costs from kernels of its own
+            dtype = _runs_dtype(runs)
+            shapes = kernels.vision_rows(kernels.load(kernels.SHIPPED))
+            table = (dtype, time_kernels(shapes, dtype, min(0.2, args.here_seconds)))
+            if not getattr(args, "here_fit", None):
+                names = KERNEL_TABLE_FIT  # what the kernel table does not hold
         t2 = time.perf_counter()
         if getattr(args, "here_devices", None):
             micro["devices_here"], micro["num_devices"] = micro["num_devices"], args.here_devices
-        text = write_profile(args.calibrate_here, micro, runs, names)
+        text = write_profile(args.calibrate_here, micro, runs, names, table)
     except ValueError as e:  # ConfigError and friends
         oneline.print_error(oneline.first_line(e))
         return 2
@@ -121,8 +131,8 @@ def _kernel_s(device, seconds: float) -> float:
     found = []
     for k in (16, 256):
         fn = jax.jit(functools.partial(chain, k=k))
-        kernels = opclass.classify(fn.lower(x, w).compile().as_text()).kernels
-        found.append((kernels, _per_call(fn, (x, w), seconds, sync_each=True)))
+        count = opclass.classify(fn.lower(x, w).compile().as_text()).kernels
+        found.append((count, _per_call(fn, (x, w), seconds, sync_each=True)))
     (k0, t0), (k1, t1) = found
     return (t1 - t0) / (k1 - k0) if t1 > t0 and k1 > k0 else t1 / max(k1, 1)
 
@@ -144,6 +154,33 @@ def _thin_rate(device, dtype: str, seconds: float) -> float:
     grad = jax.jit(jax.grad(loss))
     flops = 2 * 2 * x.shape[0] * (x.shape[1] // 2) * (x.shape[2] // 2) * 64 * 7 * 7 * 3
     return flops / _per_call(grad, (w, x), seconds)
+
+
+def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> list[dict]:
+    """Each convolution shape of `rows` (kernels.py's table format) timed on the first
+    device in `dtype`: its forward, its input gradient and its filter gradient, each a
+    program of its own (jit), milliseconds per call (`_per_call`: best of 3 repeats)."""
+    device = jax.devices()[0]
+    out = []
+    for row in rows:
+        n, h, w, c, k, r, s = (int(row[x]) for x in ("N", "H", "W", "C", "K", "R", "S"))
+        strides = (int(row["stride_h"]), int(row["stride_w"]))
+        pad = [(int(row["pad_h"]),) * 2, (int(row["pad_w"]),) * 2]
+        x = jax.device_put(jnp.ones((n, h, w, c), dtype), device)
+        f = jax.device_put(jnp.ones((r, s, c, k), dtype) * 0.01, device)
+
+        def conv(x, f, strides=strides, pad=pad):
+            return jax.lax.conv_general_dilated(x, f, strides, pad,
+                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+        y = jax.device_put(jnp.ones(jax.eval_shape(conv, x, f).shape, dtype), device)
+        forward = jax.jit(conv)
+        input_grad = jax.jit(lambda x, f, y, conv=conv: jax.vjp(lambda v: conv(v, f), x)[1](y)[0])
+        filter_grad = jax.jit(lambda x, f, y, conv=conv: jax.vjp(lambda v: conv(x, v), f)[1](y)[0])
+        out.append({**row, "forward_ms": 1e3 * _per_call(forward, (x, f), seconds),
+                    "input_grad_ms": 1e3 * _per_call(input_grad, (x, f, y), seconds),
+                    "filter_grad_ms": 1e3 * _per_call(filter_grad, (x, f, y), seconds)})  # fmt: skip
+    return out
 
 
 def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
@@ -246,7 +283,8 @@ def _links(micro: dict[str, Any]) -> tuple[dict, str]:
         f"(calibrate.measure_links): {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per step")  # fmt: skip
 
 
-def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) -> str:
+def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str,
+               table_note: str = "") -> str:  # fmt: skip
     """Where, when and how the profile was measured, and the figures."""
     gpu = m["platform"] == "gpu"
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -273,6 +311,7 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) ->
         (f"- one tiny jitted program: {m['launch_s'] * 1e6:.1f} us dispatched without waiting "
          f"(-> program_overhead_s), {m['sync_call_s'] * 1e6:.1f} us with a wait after each"),
         f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB", f"- links: {link_note}",
+        *([f"- {table_note}"] if table_note else []),
         "", "Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:",
         *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
         f"Fitted when the profile loads: {', '.join(names)}.",
@@ -284,6 +323,12 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str) ->
     return "\n".join(textwrap.fill(line, 96, subsequent_indent="  ") for line in lines)
 
 
+def _runs_dtype(runs: list[dict]) -> str:
+    """The compute dtype most of the runs use (float32 first on a tie)."""
+    dtypes = [r["dtype"] for r in runs] or ["float32"]
+    return max(sorted(set(dtypes), key=lambda d: d != "float32"), key=dtypes.count)
+
+
 def _thin_efficiency(micro: dict, runs: list[dict]) -> float:
     """The thin convolution's rate over peak, in the dtype most of the runs compute in."""
     dtypes = [r["dtype"] for r in runs if f"thin_conv_{r['dtype']}" in micro] or ["float32"]
@@ -291,10 +336,18 @@ def _thin_efficiency(micro: dict, runs: list[dict]) -> float:
     return micro[f"thin_conv_{dtype}"] / micro[f"{dtype}_flops_per_s"]
 
 
-def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT) -> str:
+def kernel_table_path(path) -> Path:
+    """Where a profile written to `path` keeps its kernel table: beside it, OUT_kernels.csv."""
+    return Path(path).with_name(Path(path).stem + "_kernels.csv")
+
+
+def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
+                  table: tuple[str, list[dict]] | None = None) -> str:  # fmt: skip
     """Write a profile of this machine (the measured figures, links, `calibration_runs` = runs,
-    `fit` = fit_names) to `path`, load it back (which fits it) and return a text report."""
-    gpu, names = micro["platform"] == "gpu", tuple(fit_names)
+    `fit` = fit_names) to `path`, load it back (which fits it) and return a text report.
+    `table` (dtype, rows): convolution kernels timed here (time_kernels), written beside the
+    profile (kernel_table_path) as its `kernel_benchmarks`: its matrix kernels' costs."""
+    gpu, names, table_note = micro["platform"] == "gpu", tuple(fit_names), ""
     link, link_note = _links(micro)
     f32 = micro["float32_flops_per_s"]
     values = {
@@ -310,9 +363,23 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT) ->
         # (overlap.py reads where from the program); XLA:CPU's are not
         "intra": link, "inter": link, "overlap": None if gpu else 0.0, "fit": names,
     }  # fmt: skip
+    if table:
+        dtype, rows = table
+        csv = kernel_table_path(path)
+        kernels.write(csv, rows, f"Convolution kernels timed on one {micro['device_kind']} in "
+                      f"{dtype} by python -m jaxpar.predict --calibrate-here ({len(rows)} "
+                      "shapes of DeepBench's table: jaxpar/predict/here.py time_kernels).")  # fmt: skip
+        root = Path(configfile.ROOT).resolve()
+        where = csv.resolve()
+        values |= {"kernel_benchmarks": str(where.relative_to(root) if where.is_relative_to(root)
+                                            else where),
+                   "kernel_fit": kernels.DEFAULT_FIT, "kernel_dtype": dtype}  # fmt: skip
+        table_note = (f"convolution kernels ({len(rows)} shapes, forward and both gradients, "
+                      f"{dtype}) timed into {csv.name}: the matrix kernels' costs "
+                      f"({', '.join(kernels.DEFAULT_FIT)}), fitted to them as the profile loads")  # fmt: skip
     fmt = lambda v: pprint.pformat(v, width=96, sort_dicts=False)
     source = "".join([
-        f'"""{_docstring(path, micro, runs, names, link_note)}\n"""\n\nimport ml_collections\n\n',
+        f'"""{_docstring(path, micro, runs, names, link_note, table_note)}\n"""\n\nimport ml_collections\n\n',
         f"MEASURED = {fmt(micro)}\nRUNS = [\n", *(textwrap.indent(f"{fmt(r)},\n", "    ") for r in runs),
         "]\n\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n",
         *(f"    c.{k} = {fmt(v)}\n" for k, v in values.items()),

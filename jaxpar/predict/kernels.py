@@ -30,6 +30,8 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict import opclass
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
+# the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
+SHIPPED = "configs/hardware/kernels/deepbench_p100.csv"
 _COLUMNS = ("W", "H", "C", "N", "K", "R", "S", "pad_h", "pad_w", "stride_h", "stride_w",
             "forward_ms", "input_grad_ms", "filter_grad_ms")  # fmt: skip
 
@@ -142,3 +144,22 @@ def fit(profile: Any, rows: list[dict[str, float]], names: tuple[str, ...] = DEF
     best = optimize.least_squares(residuals, x0)
     fitted = at(best.x)
     return KernelFit(fitted, list(zip(table, residuals(best.x).tolist())))
+
+
+def vision_rows(rows: list[dict[str, float]], limit: int = 24) -> list[dict[str, float]]:
+    """The table's image layers worth timing on a device of one's own: square inputs of at
+    least THIN channels and a batch of at least 8, the first `limit` of them (a GPU compiles
+    three programs a shape)."""
+    picked = [r for r in rows if r["W"] == r["H"] and r["C"] >= opclass.THIN and r["N"] >= 8]
+    return picked[:limit]
+
+
+def write(path: str | Path, rows: list[dict[str, float]], header: str) -> None:
+    """A kernel table in load()'s format: `header` as comment lines, then the rows."""
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    lines.append(",".join(_COLUMNS))
+    for r in rows:
+        lines.append(",".join(str(int(r[c])) if i < 11 else f"{float(r[c]):.4g}"
+                              for i, c in enumerate(_COLUMNS)))  # fmt: skip
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -130,7 +130,7 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     from jaxpar.predict import kernels
 
     names = tuple(c.get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
-    kf = kernels.fit(profile, kernels.load(table), names)
+    kf = kernels.fit(profile, kernels.load(table), names, c.get("kernel_dtype", "float32"))
     costs = ", ".join(f"{n} {getattr(kf.profile, n):.3g}" for n in names)
     line = (f"matrix kernels from {table} (fitted before any model, every model's runs priced "
             f"with them): {len(kf.errors)} kernels, median |error| "
