@@ -26,7 +26,10 @@ Sources and assumptions:
   single-GPU figures: tf_cnn_benchmarks VGG16, batch 64, synthetic ImageNet, float32: 154
   images/sec; ResNet-50, batch 64: 219 images/sec (its published DGX-1 1-GPU figure).
   Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is not
-  fitted: the profile predicts it (docs/predict.md, "What the validation says").
+  fitted: the profile predicts it (docs/predict.md, "What the validation says"). The fitted
+  per-kernel time is TensorFlow 1.x's (each op a kernel of its own), which the published
+  figures measure; jaxpar's fused XLA program would pay less (the H100's trace: 2.5 us), so
+  steps of small kernels (small batches, 32x32 maps) come out pessimistic for jaxpar here.
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): memory-bound
   kernels at 0.9 x the 732 GB/s datasheet rate (streaming kernels reach about that on HBM2),
   matrix kernels on a roofline.
