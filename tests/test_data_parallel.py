@@ -96,10 +96,11 @@ def test_local_batch_norm_uses_per_replica_statistics():
     state = setup.strategy.init_state(jax.random.key(config.seed))
     host = trainer.local_train_batch(setup, 0)
     halves = [{k: v[i * 8 : (i + 1) * 8] for k, v in host.items()} for i in range(2)]
-    expected = np.mean(
-        [float(forward_loss(setup.model, state.params, state.batch_stats, h)[0]) for h in halves]
+    loss = jax.jit(
+        lambda batch: forward_loss(setup.model, state.params, state.batch_stats, batch)[0]
     )
-    whole = float(forward_loss(setup.model, state.params, state.batch_stats, host)[0])
+    expected = np.mean([float(loss(h)) for h in halves])
+    whole = float(loss(host))
     _, metrics = setup.strategy.train_step(state, setup.strategy.put_batch(host))
     np.testing.assert_allclose(float(metrics["loss"]), expected, rtol=RTOL)
     assert abs(expected - whole) > 1e-4  # the two BatchNorm policies really differ here

@@ -88,6 +88,12 @@ def test_equal_stages_reproduce_the_analytic_bubble():
     # a forward-only program at the profile's forward_speedup; the recomputing backward as is
     faster = predict_workload(w, _profile(forward_speedup=2.0))
     assert faster["compute_s"] == pytest.approx(m * (8e9 / 2 + 24e9) / 0.5e12)
+    # the runner's host time: per step, per stage, per micro-batch and per program the busiest
+    # stage dispatches (a forward and a backward per micro-batch)
+    costs = {"step_overhead_s": 1e-3, "stage_overhead_s": 2e-4, "microbatch_overhead_s": 1e-3,
+             "program_overhead_s": 5e-5}  # fmt: skip
+    hosted = predict_workload(w, _profile(**costs))
+    assert hosted["overhead_s"] == pytest.approx(1e-3 + k * 2e-4 + m * (1e-3 + 2 * 5e-5))
 
 
 def test_narrow_matrix_kernels_are_priced_by_their_width():
@@ -151,7 +157,7 @@ def test_overlap_hides_at_most_the_backward():
 # significant digits).
 PROFILE_FIGURES = {
     "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.578,
-                  "kernel_s": 6.6e-6, "narrow_width": 8.0, "forward_speedup": 1.34},
+                  "kernel_s": 6.97e-6, "narrow_width": 8.0, "forward_speedup": 1.34},
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
     # from DeepBench's GTX 1080 Ti kernel table
     "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.763,
@@ -379,6 +385,12 @@ def test_pool_of_shared_cores():
     p = _profile(compute_pool=((2, 1.2), (8, 1.5)))
     assert [p.pool(n) for n in (1, 2, 5, 8, 16)] == pytest.approx([1.0, 1.2, 1.35, 1.5, 1.5])
     assert _profile(compute_pool=2.0).pool(8) == 2.0 and _profile().pool(8) == 8.0
+    # measured per kernel size: linear in log size between sizes, flat beyond, the mean
+    # without a size; then linear in N as before
+    sized = _profile(compute_pool=((2, 10e6, 1.4), (2, 40e6, 1.2), (8, 10e6, 1.6), (8, 40e6, 1.5)))
+    assert sized.pool(2, 20e6) == pytest.approx(1.3) and sized.pool(2, 5e6) == pytest.approx(1.4)
+    assert sized.pool(2, 80e6) == pytest.approx(1.2) and sized.pool(2) == pytest.approx(1.3)
+    assert sized.pool(5, 10e6) == pytest.approx(1.5) and sized.pool(16, 40e6) == pytest.approx(1.5)
 
 
 def test_h100_fit_reproduces_the_four_measured_rows():

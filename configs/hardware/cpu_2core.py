@@ -15,7 +15,7 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
 - The default suite's 1-device row (VGG19 width 0.25, BatchNorm, shapes10, batch 64): 333.9
   images/sec, and one device alone at batch 32 / 16 / 8 (measured by --pool): 317.7 / 302.9 /
   271.2. Two costs fitted to the four (op classes, jaxpar/predict/opclass.py), with the
-  two measured below: matmuls at 0.578 x the nominal peak, 6.6 us per kernel; the four come
+  two measured below: matmuls at 0.578 x the nominal peak, 7.0 us per kernel; the four come
   back within 1.1%.
 - narrow_width 8, measured (jaxpar/predict/micro.py, printed by --pool; 7, 7, 9.25 and 10.25
   in four runs on 2026-11-26): a 3x3 convolution layer's gradient with 2 / 4 / 8 / 16 / 32 /
@@ -28,10 +28,20 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   these rates, fitted to training steps, price at 62.6 ms. XLA:CPU's backward carries
   transposed operands, reversed kernels and max-pool index tensors that its FLOPs do not
   show; a pipeline's forward programs have none of them.
-- compute_pool: N simulated devices each running its own copy of that step at batch 64 / N at
-  once reach 1.17 / 1.39 / 1.45 times one device's rate (N = 2 / 4 / 8). One device already
-  keeps most of both cores busy (XLA:CPU runs a large convolution on several threads), so
-  devices add little; smaller per-device programs leave more idle cores to share.
+- compute_pool: N simulated devices, each running its own copy of the step at batch 32, 16 or
+  8, together reach these times one device's rate at that batch, the mean of three
+  --pool runs on 2026-11-26 (each figure's three runs within 0.05-0.2 of each other):
+
+      matrix kernels (batch)  N = 2   N = 4   N = 8
+      92.9 MFLOP (32)         1.20    1.37    1.45
+      46.5 MFLOP (16)         1.30    1.49    1.47
+      23.2 MFLOP (8)          1.31    1.49    1.56
+
+  One device already keeps most of both cores busy (XLA:CPU runs a large convolution on
+  several threads); smaller kernels leave more of them idle for the other devices. The
+  predictor looks a step up by the mean FLOPs of its matrix kernels: a pipeline's
+  micro-batch programs and a tensor split's narrow ones have small ones. (Before 2026-11-26
+  the profile had one figure per N from one run, 1.17 / 1.39 / 1.45, at the diagonal.)
 - Peak: 2 cores x ~3 GHz x 32 float32 FLOP/cycle (two 8-wide FMA units) ~ 100 GFLOP/s per
   core; only the fitted fraction of it matters.
 - Memory-bound kernels are inside the per-kernel and matmul costs (memory_bandwidth 0): at
@@ -40,11 +50,15 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   GPU's): psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted to the ring
   formula: 25 us per ring step, 4.75 GB/s. Measured with the devices otherwise idle; inside a
   training step the device threads also compete for the cores, which this does not see.
-- Overheads, estimated, not measured: ~1 ms per step and ~0.3 ms per program the pipeline
-  runner dispatches (2 x M x K programs and M x (K-1) x 2 transfers per step). A bare jitted
-  program dispatches in ~4 us here (--pool prints it); the runner's Python bookkeeping per
-  event, the transfers and the waits cost more, and 4 us predicts the 8-stage rows 17-20% too
-  fast.
+- Overheads: ~1 ms per step, estimated. The pipeline runner's host time, measured
+  (micro.measure_host, printed by --pool; two runs' mean): the dispatching thread's CPU time
+  per step of VGG19 at width 0.0625 as GPipe over K = 2/4/8 stages and M = 1/2/4/8
+  micro-batches (4-34 ms), fitted as 0.47 ms per stage, 1.42 ms per micro-batch and 73 us
+  per program or transfer dispatched (2K-1 programs and 2(K-1) transfers a micro-batch),
+  each point within 13%. A bare jitted program dispatches in ~4 us here (--pool prints it):
+  the runner's bookkeeping per micro-batch (slicing, accumulating, waiting) is most of it.
+  (Before 2026-11-26: 0.3 ms per program, estimated so that the 8-stage rows came out right;
+  it overpriced pipelines of 2 and 4 stages.)
 """
 
 import ml_collections
@@ -64,12 +78,18 @@ def get_config():
     c.memory_bytes = 20 * GB / 8  # host RAM shared by 8 devices
     c.intra = {"bandwidth": 4.75 * GB, "latency": 25e-6, "rings": 1}
     c.inter = {"bandwidth": 4.75 * GB, "latency": 25e-6, "rings": 1}
-    c.compute_pool = ((2, 1.17), (4, 1.39), (8, 1.45))
+    c.compute_pool = (  # (N, mean FLOPs of a matrix kernel, speedup): three --pool runs' mean
+        (2, 92.9e6, 1.20), (4, 92.9e6, 1.37), (8, 92.9e6, 1.45),
+        (2, 46.5e6, 1.30), (4, 46.5e6, 1.49), (8, 46.5e6, 1.47),
+        (2, 23.2e6, 1.31), (4, 23.2e6, 1.49), (8, 23.2e6, 1.56),
+    )  # fmt: skip
     c.overlap = 0.0
     c.narrow_width = 8.0
     c.forward_speedup = 1.34
     c.step_overhead_s = 1e-3
-    c.program_overhead_s = 0.3e-3
+    c.program_overhead_s = 73e-6  # the pipeline runner's host time (micro.measure_host)
+    c.stage_overhead_s = 0.47e-3
+    c.microbatch_overhead_s = 1.42e-3
     c.calibration_runs = [
         {**RUN, "batch_size": batch, "images_per_sec": rate}
         for batch, rate in ((64, 333.9), (32, 317.7), (16, 302.9), (8, 271.2))

@@ -54,7 +54,7 @@ def _measure(
     from jaxpar.bench.runner import Sweep
     from jaxpar.plan.candidates import candidate_of
 
-    this_machine = Path(profile_path).name == "cpu_2core.py" or profile.compute_pool > 0
+    this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.compute_pool)
     if not this_machine:
         print(f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "
               f"devices), not {profile.name}'s: compare the order, not the numbers")  # fmt: skip

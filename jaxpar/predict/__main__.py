@@ -199,6 +199,7 @@ def _calibrate(args) -> int:
             print(calibrate.links_report(calibrate.measure_links()))
             found = micro.measure_narrow()  # priced before the fit: it moves the rates
             print(micro.narrow_report(found))
+            print(micro.host_report(micro.measure_host(runs[0]), profile.step_overhead_s))
             profile = dataclasses.replace(profile, narrow_width=found["narrow_width"])
         print(calibrate.report(profile, runs, names))
         if args.pool:  # its price at the rates just fitted

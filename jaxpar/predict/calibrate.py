@@ -100,25 +100,30 @@ def cross_check(profile: hardware.Profile, runs: list[dict], names: tuple[str, .
     return out
 
 
-def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) -> dict[int, dict]:
-    """For each N: one simulated device alone running the run's 1-device step on batch / N
-    (images/sec), and N devices each running its own copy of it at once: their aggregate rate
-    over the one device's (`speedup`). Copies are dispatched round-robin without waiting (JAX's
-    async dispatch), at most 2 in flight per device."""
+def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) -> list[dict]:
+    """For each per-device batch run batch / N (N in counts) and each N: one simulated device
+    alone running the run's 1-device step at that batch (images/sec), and N devices each
+    running its own copy of it at once: their aggregate rate over the one device's
+    (`speedup`), with the mean FLOPs of the program's matrix kernels (`kernel_flops`, the size
+    the pool is looked up by). Copies are dispatched round-robin without waiting (JAX's async
+    dispatch), at most 2 in flight per device."""
     import jax
 
     from jaxpar import analysis
+    from jaxpar.predict import opclass
 
     if len(jax.devices()) < max(counts):
         raise ConfigError(f"--pool needs {max(counts)} devices, jax has {len(jax.devices())}")
-    out = {}
-    for n in counts:
-        small = {**run, "batch_size": run["batch_size"] // n}
+    out = []
+    for batch in sorted({run["batch_size"] // n for n in counts}, reverse=True):
+        small = {**run, "batch_size": batch}
         programs = []
-        for d in range(n):
+        for d in range(max(counts)):
             strategy = strategy_for(run_config(small), 1, [jax.devices()[d]])
-            (p,) = analysis.programs(strategy, small["batch_size"])
+            (p,) = analysis.programs(strategy, batch)
             programs.append([p.compiled, *jax.block_until_ready(analysis._materialize(p.args))])
+        matmuls = opclass.classify(programs[0][0].as_text()).matmuls
+        size = sum(m.flops for m in matmuls) / max(len(matmuls), 1)
 
         def rate(k: int, programs: list = programs) -> float:
             calls, start, pending = 0, time.perf_counter(), []
@@ -135,9 +140,10 @@ def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) ->
 
         rate(1)  # warm-up
         alone = max(rate(1) for _ in range(2))
-        together = max(rate(n) for _ in range(2))
-        out[n] = {"batch_size": small["batch_size"], "images_per_sec": alone * small["batch_size"],
-                  "speedup": together / alone}  # fmt: skip
+        for n in counts:
+            together = max(rate(n) for _ in range(2))
+            out.append({"n": n, "batch_size": batch, "kernel_flops": size,
+                        "images_per_sec": alone * batch, "speedup": together / alone})  # fmt: skip
     return out
 
 
@@ -231,28 +237,30 @@ def links_report(links: dict) -> str:
                  f"{links['bandwidth'] / 1e9:.2f} GB/s; one small program dispatched "
                  f"{links['program_s'] * 1e6:.0f} us")  # fmt: skip
     lines.append(f"  c.intra = {{'bandwidth': {links['bandwidth']:.3g}, 'latency': "
-                 f"{links['latency']:.3g}, 'rings': 1}}; c.program_overhead_s = "
-                 f"{links['program_s']:.3g}")  # fmt: skip
+                 f"{links['latency']:.3g}, 'rings': 1}}")  # fmt: skip
     return "\n".join(lines)
 
 
-def pool_runs(run: dict[str, Any], pool: dict[int, dict]) -> list[dict[str, Any]]:
-    """The one-device measurements `measure_pool` made, as calibration runs."""
-    return [{**run, "name": f"1 device, batch {m['batch_size']} (pool)",
-             "batch_size": m["batch_size"], "images_per_sec": m["images_per_sec"]}
-            for m in pool.values()]  # fmt: skip
+def pool_runs(run: dict[str, Any], pool: list[dict]) -> list[dict[str, Any]]:
+    """The one-device measurements `measure_pool` made (one per batch), as calibration runs."""
+    alone = {m["batch_size"]: m["images_per_sec"] for m in pool}
+    return [{**run, "name": f"1 device, batch {batch} (pool)", "batch_size": batch,
+             "images_per_sec": rate} for batch, rate in alone.items()]  # fmt: skip
 
 
-def pool_report(run: dict[str, Any], pool: dict[int, dict]) -> str:
+def pool_report(run: dict[str, Any], pool: list[dict]) -> str:
     lines = [
         (
-            f"compute pool ({run['model']} width {run.get('width', 1.0)}, batch "
-            f"{run['batch_size']} / N, N copies of the 1-device step at once):"
+            f"compute pool ({run['model']} width {run.get('width', 1.0)}, N copies of the "
+            f"1-device step at once, at batches {run['batch_size']} / N):"
         )
     ]
-    for n, m in pool.items():
-        lines.append(f"  N={n}: one device alone {m['images_per_sec']:,.1f} img/s at batch "
-                     f"{m['batch_size']}; {n} at once {m['speedup']:.2f}x its rate")  # fmt: skip
-    pairs = tuple((n, round(m["speedup"], 2)) for n, m in pool.items())
-    lines.append(f"  c.compute_pool = {pairs!r}")
+    for m in pool:
+        lines.append(f"  batch {m['batch_size']} (matrix kernels of {m['kernel_flops'] / 1e6:.1f} "
+                     f"MFLOP on average; alone {m['images_per_sec']:,.1f} img/s): {m['n']} at "
+                     f"once {m['speedup']:.2f}x its rate")  # fmt: skip
+    points = tuple(
+        (m["n"], float(f"{m['kernel_flops']:.3g}"), round(m["speedup"], 2)) for m in pool
+    )
+    lines.append(f"  c.compute_pool = {points!r}")
     return "\n".join(lines)

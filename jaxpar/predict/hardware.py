@@ -35,9 +35,14 @@ class Profile:
     overlap: float | None = 0.0
     step_overhead_s: float = 0.0  # fixed host/launch time per step
     program_overhead_s: float = 0.0  # per compiled program dispatched (pipelines run many)
-    # Simulated CPU devices sharing cores: N busy devices together run `pool(N)` times one
-    # device's rate. A number (min(N, it)) or ((N, speedup), ...) measured (calibrate.py);
-    # 0 = devices of their own.
+    # the pipeline runner's host time per stage (its update, its state) and per micro-batch
+    # (slicing the batch, accumulating), per step: micro.measure_host
+    stage_overhead_s: float = 0.0
+    microbatch_overhead_s: float = 0.0
+    # Simulated CPU devices sharing cores: N busy devices together run `pool(N, size)` times
+    # one device's rate. A number (min(N, it)), ((N, speedup), ...), or ((N, kernel FLOPs,
+    # speedup), ...) measured per size of the programs' matrix kernels (calibrate.py: small
+    # kernels leave cores idle that the other devices then use); 0 = devices of their own.
     compute_pool: float | tuple = 0.0
     # Operation classes (jaxpar.predict.opclass): 3x3 stride-1 convolutions at their own
     # fraction of peak (cuDNN's Winograd kernels beat their FLOP count; 0 = compute_efficiency),
@@ -103,11 +108,19 @@ class Profile:
         `model`'s own calibration run where the profile has one)."""
         return self.peak(dtype) * self.efficiency(model)
 
-    def pool(self, n: int) -> float:
-        """How many times one device's rate n busy devices reach together."""
+    def pool(self, n: int, kernel_flops: float | None = None) -> float:
+        """How many times one device's rate n busy devices reach together, each running
+        programs whose matrix kernels average `kernel_flops` FLOPs. Measured points: linear
+        in N from (1, 1.0), linear in log kernel size between measured sizes and flat beyond
+        them; without a size, the mean of each N's measured sizes."""
         if not isinstance(self.compute_pool, tuple):
             return min(float(n), self.compute_pool) if self.compute_pool else float(n)
-        points = sorted({(1, 1.0), *((int(k), float(v)) for k, v in self.compute_pool)})
+        by_n: dict[int, list[tuple[float, float]]] = {}
+        for point in self.compute_pool:
+            size, speedup = (point[1], point[2]) if len(point) == 3 else (1.0, point[1])
+            by_n.setdefault(int(point[0]), []).append((float(size), float(speedup)))
+        points = [(1, 1.0)] + [(k, _along_size(sorted(v), kernel_flops)) for k, v in
+                               sorted(by_n.items()) if k > 1]  # fmt: skip
         for (n0, s0), (n1, s1) in itertools.pairwise(points):
             if n0 <= n <= n1:
                 return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
@@ -180,6 +193,8 @@ def from_config(c: Any) -> Profile:
         overlap=None if get("overlap", 0.0) is None else float(get("overlap", 0.0)),
         step_overhead_s=float(get("step_overhead_s", 0.0)),
         program_overhead_s=float(get("program_overhead_s", 0.0)),
+        stage_overhead_s=float(get("stage_overhead_s", 0.0)),
+        microbatch_overhead_s=float(get("microbatch_overhead_s", 0.0)),
         compute_pool=_pool(get("compute_pool", 0.0)),
         conv3x3_efficiency=float(get("conv3x3_efficiency", 0.0) or 0.0),
         memory_bandwidth=float(get("memory_bandwidth", 0.0) or 0.0),
@@ -222,7 +237,23 @@ def from_config(c: Any) -> Profile:
 def _pool(value) -> float | tuple:
     if isinstance(value, int | float):
         return float(value)
-    return tuple((int(n), float(speedup)) for n, speedup in value)
+    points = tuple(tuple(float(x) for x in point) for point in value)
+    if any(len(p) not in (2, 3) for p in points):
+        raise ConfigError("compute_pool: give (N, speedup) or (N, kernel FLOPs, speedup) points")
+    return tuple((int(p[0]), *p[1:]) for p in points)
+
+
+def _along_size(points: list[tuple[float, float]], size: float | None) -> float:
+    """A speedup at kernel size `size` from (size, speedup) points sorted by size: linear in
+    log size between them, flat beyond them; None: their mean."""
+    if size is None:
+        return sum(s for _, s in points) / len(points)
+    if size <= points[0][0]:
+        return points[0][1]
+    for (k0, s0), (k1, s1) in itertools.pairwise(points):
+        if size <= k1:
+            return s0 + (s1 - s0) * math.log(size / k0) / math.log(k1 / k0)
+    return points[-1][1]
 
 
 def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:

@@ -19,6 +19,16 @@ own. On XLA:CPU a training step's backward carries memory-bound work its FLOPs d
 to training steps overprice a forward-only program. Measured: the calibration run's model
 forward (training-mode BatchNorm, as a pipeline runs it) on one device; the profile's
 forward_speedup is its price at the fitted rates over its time.
+
+The pipeline runner's host time (`measure_host`). One Python thread dispatches every stage's
+programs and the stage-to-stage transfers, on the cores the simulated devices compute on.
+Measured: the CPU time of that thread per training step (time.thread_time, not the wall
+clock: it does not count the waits) of the calibration run's model at a quarter of its width
+as a GPipe pipeline of K = 2, 4, 8 stages over M = 1, 2, 4, 8 micro-batches; then the costs per
+stage, per micro-batch and per program or transfer (2K - 1 programs and 2(K - 1) transfers per
+micro-batch, as the predictor counts them) that fit those times best, beside the profile's
+fixed step_overhead_s. The quarter width leaves the devices' compute out of the thread's time
+as far as it can: XLA:CPU runs part of a small program on the thread that calls it.
 """
 
 from __future__ import annotations
@@ -126,3 +136,79 @@ def forward_report(profile, forward: dict[str, Any]) -> str:
     return (f"forward pass ({forward['model']}, one device): {forward['seconds'] * 1e3:.2f} ms, "
             f"priced at the fitted rates {price * 1e3:.2f} ms\n"
             f"  c.forward_speedup = {speedup:.2f}")  # fmt: skip
+
+
+def _dispatches(stages: int) -> int:
+    """Programs and transfers the runner dispatches per micro-batch of a K-stage GPipe or 1F1B
+    pipeline: a forward per stage but the last, a backward per stage, two transfers per
+    boundary (model._pipeline_times counts the same)."""
+    return (2 * stages - 1) + 2 * (stages - 1)
+
+
+def fit_host(points: list[tuple[int, int, float]], step_s: float) -> dict[str, float]:
+    """Per-stage, per-micro-batch and per-dispatch seconds that fit (K, M, host seconds per
+    step) best in least squares, beside a fixed `step_s` per step; none below 0."""
+    import numpy as np
+
+    features = np.array([[k, m, m * _dispatches(k)] for k, m, _ in points], float)
+    target = np.array([t - step_s for _, _, t in points])
+    names = ["stage_overhead_s", "microbatch_overhead_s", "program_overhead_s"]
+    keep = list(range(3))
+    while True:  # drop a negative cost and solve again (non-negative least squares, 3 terms)
+        coef, *_ = np.linalg.lstsq(features[:, keep], target, rcond=None)
+        if (coef >= 0).all():
+            break
+        keep.pop(int(np.argmin(coef)))
+    out = dict.fromkeys(names, 0.0)
+    out.update({names[i]: float(c) for i, c in zip(keep, coef)})
+    return out
+
+
+def measure_host(run: dict[str, Any], stages=(2, 4, 8), microbatches=(1, 2, 4, 8),
+                 steps: int = 10, repeats: int = 3) -> list[tuple[int, int, float]]:  # fmt: skip
+    """[(K, M, seconds)]: the dispatching thread's CPU time per training step of the run's
+    model at a quarter of its width as a K-stage GPipe pipeline over M micro-batches, the least
+    of `repeats` runs of `steps` steps."""
+    import jax
+
+    from jaxpar import trainer
+    from jaxpar.predict.workload import run_config
+
+    if len(jax.devices()) < max(stages):
+        raise ValueError(f"measuring the pipeline's host time needs {max(stages)} devices, "
+                         f"jax has {len(jax.devices())}")  # fmt: skip
+    out = []
+    for k in stages:
+        for m in microbatches:
+            config = run_config({**run, "width": run.get("width", 1.0) / 4})
+            config.mesh_shape = (1, k, 1)
+            config.pipeline.schedule, config.pipeline.num_microbatches = "gpipe", m
+            setup = trainer.setup(config, jax.devices()[:k])
+            state = setup.strategy.init_state(jax.random.key(0))
+            batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+            best = math.inf
+            for i in range(repeats + 1):
+                start = time.thread_time()
+                for _ in range(steps):
+                    state, _ = setup.strategy.train_step(state, batch)
+                spent = (time.thread_time() - start) / steps
+                jax.block_until_ready(state)
+                if i:  # the first compiles
+                    best = min(best, spent)
+            out.append((k, m, best))
+    return out
+
+
+def host_report(points: list[tuple[int, int, float]], step_s: float) -> str:
+    """The measured host times, the fitted costs and how well they carry."""
+    costs = fit_host(points, step_s)
+    lines = [("pipeline runner's host time per step (dispatching thread's CPU time; GPipe, "
+              "the run's model at a quarter of its width):")]  # fmt: skip
+    for k, m, t in points:
+        fitted = (step_s + k * costs["stage_overhead_s"]
+                  + m * (costs["microbatch_overhead_s"]
+                         + _dispatches(k) * costs["program_overhead_s"]))  # fmt: skip
+        lines.append(f"  K={k} M={m}: {t * 1e3:.2f} ms (fitted {fitted * 1e3:.2f}, "
+                     f"{100 * (fitted / t - 1):+.0f}%)")  # fmt: skip
+    lines.append("  " + "; ".join(f"c.{n} = {v:.3g}" for n, v in costs.items()))
+    return "\n".join(lines)

@@ -21,11 +21,16 @@ Assumptions, all stated (and the switchable one in the profile):
   (schedules.timeline, any schedule the trainer runs), with durations = compute + in-program
   collectives + the boundary transfer the event sends; a stage's update (and its gradient
   collectives) starts after its last event.
+- The pipeline runner's host time: per step, per stage, per micro-batch and per program or
+  transfer dispatched (the profile's overheads; measured on simulated CPU devices by
+  micro.measure_host).
 - A forward-only program (a pipeline chunk's F) at the profile's forward_speedup over its op
   classes' price (XLA:CPU's backward carries memory-bound work its FLOPs do not show).
-- compute_pool (simulated CPU devices): N busy devices together reach pool(N) times one
-  device's rate (measured: calibrate.measure_pool), each pool(N)/N of it, and a pipeline
-  step takes at least the total work of all devices at the pool's rate.
+- compute_pool (simulated CPU devices): N busy devices together reach pool(N, size) times one
+  device's rate (measured: calibrate.measure_pool), each pool/N of it, where size is the mean
+  FLOPs of the step's matrix kernels (a pipeline's micro-batch programs and a tensor split's
+  narrow ones have small kernels, which leave more of the cores to the other devices); a
+  pipeline step takes at least the total work of all devices at the pool's rate.
 """
 
 from __future__ import annotations
@@ -95,8 +100,21 @@ def _phase_seconds(ck, phase: str, w: Workload, profile: Profile) -> float:
 def _share(w: Workload, profile: Profile) -> float:
     """Each device's share of one device's rate when all N are busy at once (compute_pool)."""
     if profile.compute_pool and not w.schedule:
-        return profile.pool(w.num_devices) / w.num_devices
+        return profile.pool(w.num_devices, kernel_flops(w, profile.compiler)) / w.num_devices
     return 1.0
+
+
+def kernel_flops(w: Workload, compiler: str = "cpu") -> float | None:
+    """Mean FLOPs of the matrix kernels of one step, over all its programs and their calls
+    (None where none were read): the size a shared pool's speedup depends on."""
+    flops = count = 0.0
+    for c in w.chunks:
+        for phase in c.flops:
+            calls = schedules.calls_per_step(phase, w.num_microbatches)
+            matmuls = c.op_classes(phase, compiler).matmuls
+            flops += calls * sum(m.flops for m in matmuls)
+            count += calls * len(matmuls)
+    return flops / count if count else None
 
 
 def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
@@ -145,7 +163,7 @@ def _total_compute(w: Workload, profile: Profile) -> float:
             times = schedules.calls_per_step(phase, w.num_microbatches)
             seconds = profile.device_time(c.op_classes(phase, profile.compiler), w.dtype, w.name)
             total += times * seconds / (profile.forward_speedup if phase == "fwd" else 1.0)
-    return total * per_stage / profile.pool(w.num_devices)
+    return total * per_stage / profile.pool(w.num_devices, kernel_flops(w, profile.compiler))
 
 
 def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
@@ -192,7 +210,11 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         "compute_s": compute[busiest],
         "comm_s": comm[busiest] + step - line.makespan,
         "bubble_s": line.makespan - line.busy[busiest],
-        "overhead_s": profile.step_overhead_s + programs * m * over,
+        "overhead_s": (
+            profile.step_overhead_s
+            + k * profile.stage_overhead_s
+            + m * (profile.microbatch_overhead_s + programs * over)
+        ),
         "grad_allreduce_s": max(grads),
         "schedule_bubble": line.bubble,
     }

@@ -169,7 +169,7 @@ def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
         med, rank = statistics.median(errors), spearman(meas, pred)
         figures["median"], figures["rank"] = med, rank
         lines.append(f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
-                     f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.2f} "
+                     f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.3f} "
                      f"({_mark(rank >= TARGETS['rank'])} 0.8) over {len(errors)} rows")  # fmt: skip
         lines += _repeat_line(spec, [r["name"] for r in rows if r.get("reference_images_per_sec")])
     return lines
@@ -204,6 +204,6 @@ def run(paths: list[str] | None) -> str:
         cells = [f"{100 * f['single']:.1f}%" if f["single"] is not None else "-",
                  f"{f['points']:.1f}" if f["points"] is not None else "-",
                  f"{100 * f['median']:.1f}%" if f["median"] is not None else "-",
-                 f"{f['rank']:.2f}" if f["rank"] is not None else "-"]  # fmt: skip
+                 f"{f['rank']:.3f}" if f["rank"] is not None else "-"]  # fmt: skip
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(out)
