@@ -60,12 +60,6 @@ SLOW = (
 )
 
 
-# Files whose tests share no module fixture and hold the suite's longest tests: split over the
-# workers test by test, so that neither worker waits at the end for the other's last file.
-SHARE_NOTHING = {"test_model_zoo.py", "test_spatial.py", "test_perfmodel.py",
-                 "test_config.py", "test_calibrate_here.py", "test_plan.py"}  # fmt: skip
-
-
 def pytest_collection_modifyitems(config, items):
     import fnmatch
 
@@ -77,10 +71,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in ids or any(fnmatch.fnmatchcase(item.nodeid, p) for p in SLOW):
             item.add_marker(pytest.mark.slow)
-        # pytest-xdist (--dist loadgroup): the multi-process launches one after another on one
-        # worker; a file with module fixtures on one worker (set up once); the tests of the
-        # files in SHARE_NOTHING go to whichever worker is free, one by one
-        if item.get_closest_marker("multiprocess"):
-            item.add_marker(pytest.mark.xdist_group("multiprocess"))
-        elif item.path.name not in SHARE_NOTHING:
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
