@@ -46,6 +46,28 @@ def test_tensor_split_with_synchronised_batch_norm():
     assert max_rel_error(state.batch_stats, ref_state.batch_stats) < RTOL
 
 
+@pytest.mark.parametrize("remat", [True, False], ids=["remat", "residuals"])
+def test_tensor_stages_hand_on_activations_in_the_next_stages_layout(monkeypatch, remat):
+    """A tensor-split stage's output and input gradient leave their programs whole over the
+    tensor axis, in the layout the other stage takes them in: the move is device to device,
+    not through the host (moving a channel-split array onto other devices' batch layout
+    fetches it first, and blocks the runner until the stage is done)."""
+    from jaxpar.parallel.pipeline import runner
+
+    seen = []
+    send = runner.Runner.send
+
+    def recording(self, x, src, dst, chunk, rows):
+        seen.append((src, dst, x.sharding.spec, self.pipe.batch_sharding[dst].spec))
+        return send(self, x, src, dst, chunk, rows)
+
+    monkeypatch.setattr(runner.Runner, "send", recording)
+    losses, _ = run_steps(hybrid_config((1, 2, 2), **{"pipeline.remat": remat}), 4, steps=1)
+    assert np.isfinite(losses).all()
+    assert sorted({(src, dst) for src, dst, *_ in seen}) == [(0, 1), (1, 0)]
+    assert all(spec == want for *_, spec, want in seen), seen
+
+
 def per_device_param_bytes(state) -> dict:
     out: dict = {}
     stages = getattr(state, "stages", (state,))

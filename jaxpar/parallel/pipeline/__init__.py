@@ -44,7 +44,7 @@ from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import schedules, stages, sync, tensor, variables
 from jaxpar.parallel.pipeline import checks, shapes, transfer
-from jaxpar.parallel.pipeline.chunks import Chunk, ChunkPrograms, OnMesh
+from jaxpar.parallel.pipeline.chunks import Chunk, ChunkPrograms
 from jaxpar.parallel.pipeline.layout import ChunkLayout, merge
 from jaxpar.parallel.pipeline.runner import Runner
 from jaxpar.parallel.replicas import Replicas
@@ -125,8 +125,6 @@ class Pipeline(Strategy):
         self.multi = jax.process_count() > 1
         self.local_stages = [transfer.owns(m.devices) for m in self.meshes]
         self.mover = transfer.Mover(mesh, self.inflight) if self.multi else None
-        self.relayout = [OnMesh(jax.jit(lambda v: v, out_shardings=sh), m)
-                         for sh, m in zip(self.batch_sharding, self.meshes)]  # fmt: skip
         self.microbatch_rows = config.global_batch_size // self.num_microbatches
         self._boundaries: dict = {}
         self.runner = Runner(self)

@@ -135,6 +135,16 @@ class ChunkPrograms:
     def in_layout(self, grads):
         return tensor.constrain_tree(grads, self.ck.param_specs) if self.ck.auto_axes else grads
 
+    def boundary(self, x):
+        """An activation or its gradient leaving the chunk for another stage: whole over the
+        automatic axes (tensor), split over the batch axes only, as the next stage takes it.
+        Left to the compiler, a tensor stage's output is split by channel, and moving that to
+        another stage's batch layout goes through the host (a blocking copy)."""
+        if not self.ck.auto_axes or x is None:
+            return x
+        mesh = jax.sharding.get_abstract_mesh()
+        return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P()))
+
     def accumulate(self, acc, grads):
         return jax.tree.map(lambda a, g: a + g[None], acc, self.in_layout(grads))
 
@@ -150,7 +160,7 @@ class ChunkPrograms:
     def fwd(self, state, x):
         params, stats = self.local(state)
         y, new_stats = self.apply(params, stats, x, self.ck.layers)
-        return y, self.ck.rule.placed_stats(new_stats)
+        return self.boundary(y), self.ck.rule.placed_stats(new_stats)
 
     def bwd(self, state, x, target, acc):
         params, stats = self.local(state)
@@ -171,8 +181,8 @@ class ChunkPrograms:
         if self.ck.last:
             new_stats, correct = aux
             metrics = (r.pmean(out), r.pmean(correct))
-            return g_x, acc, self.ck.rule.placed_stats(new_stats), metrics
-        return (g_x, acc) if not self.ck.first else acc
+            return self.boundary(g_x), acc, self.ck.rule.placed_stats(new_stats), metrics
+        return (self.boundary(g_x), acc) if not self.ck.first else acc
 
     def update(self, state, acc):
         rule = self.ck.rule
@@ -184,7 +194,7 @@ class ChunkPrograms:
         params, stats = self.ck.rule.eval_model(state)
         y, _ = self.apply(params, stats, x, self.ck.layers, train=False)
         if not label_mask:
-            return y
+            return self.boundary(y)
         return self.ck.replicas.psum(logit_sums(y, *label_mask))
 
     # -- residual programs (remat=False) ------------------------------------------------
@@ -211,7 +221,7 @@ class ChunkPrograms:
             self.loss_dtype = loss.dtype  # the backward's cotangent takes it (float64 runs)
             out = (r.pmean(loss), r.pmean(correct))
         else:
-            out = x
+            out = self.boundary(x)
         leaves, treedef = jax.tree.flatten(pullbacks)
         param_pos = {id(p): j for j, p in enumerate(jax.tree.leaves(local))}
         kinds, stored = [], []
@@ -262,11 +272,11 @@ class ChunkPrograms:
         *cot, acc = cot_acc
         g_x, _, grads = self._walk(state, stored, cot[0] if cot else None)
         acc = self.accumulate(acc, grads)
-        return acc if self.ck.first else (g_x, acc)
+        return acc if self.ck.first else (self.boundary(g_x), acc)
 
     def bwd_in(self, state, stored, *cot):
         g_x, outs, _ = self._walk(state, stored, cot[0] if cot else None)
-        return outs if self.ck.first else (g_x, outs)
+        return outs if self.ck.first else (self.boundary(g_x), outs)
 
     def bwd_w(self, state, stored, outs, acc):
         pullbacks = self.pullbacks(state, stored)

@@ -43,16 +43,15 @@ class Runner:
     def send(self, x, src: int, dst: int, chunk: int, rows: int | None):
         """Move chunk `chunk`'s output (or the gradient with respect to it) from stage `src`'s
         devices to stage `dst`'s. Several processes: x is None where this process owns none of
-        src's devices, the result None where it owns none of dst's. A tensor-parallel stage's
-        output is first laid out over the batch axes only: one more program on src's devices."""
+        src's devices, the result None where it owns none of dst's. x is laid out over the
+        batch axes only (a tensor-split stage's programs leave it so: ChunkPrograms.boundary),
+        so that the move is device to device."""
         pipe = self.pipe
         if not pipe.multi:
             return jax.device_put(x, pipe.batch_sharding[dst])
         if src == dst:  # two chunks on one stage: ZB-V's turn (chunks K-1 and K)
             return x
         shape = pipe.boundary(rows or pipe.microbatch_rows)[chunk]
-        if pipe.auto_axes:
-            x = self.on(src, lambda: pipe.relayout[src](x))
         return pipe.mover.send(x, src, dst, shape.shape, shape.dtype, pipe.batch_spec)
 
     def to_all(self, tree, keys: tuple[str, ...]):
