@@ -91,22 +91,28 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     out = capsys.readouterr().out
     assert "c.narrow_width = 6" in out and "c.compute_efficiency = 0.3\n" in out
     assert "c.forward_speedup = 2.00" in out
-    assert "c.stage_overhead_s = 0.0002; c.microbatch_overhead_s = 0.001; " in out
+    assert "c.stage_overhead_s = 0.0002; c.stage_device_overhead_s = 0; " in out
+    assert "c.microbatch_overhead_s = 0.001; " in out
 
 
 def test_host_costs_fit_back_and_a_pipeline_costs_more_host_time_per_micro_batch():
-    """fit_host gives back the per-stage, per-micro-batch and per-dispatch costs that made the
-    times (never below 0); measure_host on a real 2-stage pipeline of a small VGG11: the
-    dispatching thread spends more CPU time per step on 4 micro-batches than on 1."""
-    costs = {"stage_overhead_s": 4e-4, "microbatch_overhead_s": 1.5e-3, "program_overhead_s": 5e-5}
-    points = [(k, m, 1e-3 + k * 4e-4 + m * (1.5e-3 + (4 * k - 3) * 5e-5))
-              for k in (2, 4, 8) for m in (1, 2, 4, 8)]  # fmt: skip
+    """fit_host gives back the per-stage, per-micro-batch and per-dispatch costs and what
+    each further device of a stage adds to the first and last that made the times (never
+    below 0); measure_host on a real 2-stage pipeline of a small VGG11: the dispatching thread
+    spends more CPU time per step on 4 micro-batches than on 1."""
+    costs = {"stage_overhead_s": 4e-4, "stage_device_overhead_s": 3e-4,
+             "microbatch_overhead_s": 1.5e-3, "program_overhead_s": 5e-5,
+             "program_device_overhead_s": 2e-5}  # fmt: skip
+    points = [(k, m, d, micro.host_seconds(costs, k, m, d, 1e-3))
+              for d, k in micro.LAYOUTS for m in (1, 2, 4, 8)]  # fmt: skip
     assert micro.fit_host(points, 1e-3) == pytest.approx(costs, rel=1e-6)
-    shrinking = [(k, m, 1e-3 + m * 1e-3 - k * 1e-4) for k, m, _ in points]
+    assert points[0][3] == pytest.approx(1e-3 + 2 * 4e-4 + 1.5e-3 + 5 * 5e-5)  # K=2, M=1, D=1
+    shrinking = [(k, m, 1e-3 + m * 1e-3 - k * 1e-4) for k, m, d, _ in points if d == 1]
     fitted = micro.fit_host(shrinking, 1e-3)
     assert fitted["stage_overhead_s"] == 0.0 and min(fitted.values()) >= 0.0
     run = {"model": "vgg11", "width": 0.25, "batch_norm": True, "head": "auto",
            "dtype": "float32", "image_shape": (32, 32, 3), "num_classes": 10, "batch_size": 8}  # fmt: skip
-    (one, four) = micro.measure_host(run, stages=(2,), microbatches=(1, 4), steps=3, repeats=2)
-    assert (one[:2], four[:2]) == ((2, 1), (2, 4))
-    assert 0 < one[2] < four[2]
+    (one, four) = micro.measure_host(run, layouts=((1, 2),), microbatches=(1, 4), steps=3,
+                                     repeats=2)  # fmt: skip
+    assert (one[:3], four[:3]) == ((2, 1, 1), (2, 4, 1))
+    assert 0 < one[3] < four[3]

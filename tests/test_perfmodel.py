@@ -94,6 +94,14 @@ def test_equal_stages_reproduce_the_analytic_bubble():
              "program_overhead_s": 5e-5}  # fmt: skip
     hosted = predict_workload(w, _profile(**costs))
     assert hosted["overhead_s"] == pytest.approx(1e-3 + k * 2e-4 + m * (1e-3 + 2 * 5e-5))
+    # each further device of a stage (here data 2: 2 per stage) adds its per-stage and
+    # per-dispatch costs
+    wide = dataclasses.replace(w, mesh_shape={"data": 2, "stage": k, "tensor": 1})
+    costs = {**costs, "stage_device_overhead_s": 3e-4, "program_device_overhead_s": 2e-5}
+    hosted = predict_workload(wide, _profile(**costs))
+    assert hosted["overhead_s"] == pytest.approx(
+        1e-3 + k * (2e-4 + 3e-4) + m * (1e-3 + 2 * (5e-5 + 2e-5))
+    )
 
 
 def test_narrow_matrix_kernels_are_priced_by_their_width():

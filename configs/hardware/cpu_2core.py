@@ -51,14 +51,21 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   formula: 25 us per ring step, 4.75 GB/s. Measured with the devices otherwise idle; inside a
   training step the device threads also compete for the cores, which this does not see.
 - Overheads: ~1 ms per step, estimated. The pipeline runner's host time, measured
-  (micro.measure_host, printed by --pool; two runs' mean): the dispatching thread's CPU time
-  per step of VGG19 at width 0.0625 as GPipe over K = 2/4/8 stages and M = 1/2/4/8
-  micro-batches (4-34 ms), fitted as 0.47 ms per stage, 1.42 ms per micro-batch and 73 us
-  per program or transfer dispatched (2K-1 programs and 2(K-1) transfers a micro-batch),
-  each point within 13%. A bare jitted program dispatches in ~4 us here (--pool prints it):
-  the runner's bookkeeping per micro-batch (slicing, accumulating, waiting) is most of it.
-  (Before 2026-11-26: 0.3 ms per program, estimated so that the 8-stage rows came out right;
-  it overpriced pipelines of 2 and 4 stages.)
+  (micro.measure_host, printed by --pool): the dispatching thread's CPU time per step of
+  VGG19 at width 0.0625 as GPipe over M = 1/2/4/8 micro-batches, fitted as costs per stage,
+  per micro-batch and per program or transfer dispatched (2K-1 programs and 2(K-1) transfers
+  a micro-batch), and what each further device of a stage adds per stage and per dispatch
+  (the arguments' buffers, one per device).
+  - One device per stage (K = 2/4/8; two quiet runs' mean, 2026-11-26): 0.47 ms per stage,
+    1.42 ms per micro-batch, 73 us per dispatch, each of the 4-34 ms points within 13%.
+  - Further devices (mesh (D, K, 1): K = 2/4 stages of two devices and K = 2 of four beside
+    the above; two runs on 2026-11-27, fitted together, 5-38 ms): 0.48 ms per stage and
+    59 us per dispatch for each device past the first; 21 of the 24 points within 17%.
+    That day's machine was louder: its one-device points fitted 0.96 ms / 2.28 ms / 39 us,
+    which the profile does not take (its multi-device rows were measured on the quiet day).
+  A bare jitted program dispatches in ~4 us here (--pool prints it): the runner's bookkeeping
+  per micro-batch (slicing, accumulating, waiting) is most of it. (Before 2026-11-26: 0.3 ms
+  per program, estimated so that the 8-stage rows came out right.)
 """
 
 import ml_collections
@@ -90,6 +97,8 @@ def get_config():
     c.program_overhead_s = 73e-6  # the pipeline runner's host time (micro.measure_host)
     c.stage_overhead_s = 0.47e-3
     c.microbatch_overhead_s = 1.42e-3
+    c.stage_device_overhead_s = 0.48e-3  # per further device of a stage
+    c.program_device_overhead_s = 59e-6
     c.calibration_runs = [
         {**RUN, "batch_size": batch, "images_per_sec": rate}
         for batch, rate in ((64, 333.9), (32, 317.7), (16, 302.9), (8, 271.2))

@@ -36,9 +36,12 @@ class Profile:
     step_overhead_s: float = 0.0  # fixed host/launch time per step
     program_overhead_s: float = 0.0  # per compiled program dispatched (pipelines run many)
     # the pipeline runner's host time per stage (its update, its state) and per micro-batch
-    # (slicing the batch, accumulating), per step: micro.measure_host
+    # (slicing the batch, accumulating), per step, and what each further device of a stage adds
+    # per stage and per program dispatched (its arguments' buffers): micro.measure_host
     stage_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
+    stage_device_overhead_s: float = 0.0
+    program_device_overhead_s: float = 0.0
     # Simulated CPU devices sharing cores: N busy devices together run `pool(N, size)` times
     # one device's rate. A number (min(N, it)), ((N, speedup), ...), or ((N, kernel FLOPs,
     # speedup), ...) measured per size of the programs' matrix kernels (calibrate.py: small
@@ -195,6 +198,8 @@ def from_config(c: Any) -> Profile:
         program_overhead_s=float(get("program_overhead_s", 0.0)),
         stage_overhead_s=float(get("stage_overhead_s", 0.0)),
         microbatch_overhead_s=float(get("microbatch_overhead_s", 0.0)),
+        stage_device_overhead_s=float(get("stage_device_overhead_s", 0.0)),
+        program_device_overhead_s=float(get("program_device_overhead_s", 0.0)),
         compute_pool=_pool(get("compute_pool", 0.0)),
         conv3x3_efficiency=float(get("conv3x3_efficiency", 0.0) or 0.0),
         memory_bandwidth=float(get("memory_bandwidth", 0.0) or 0.0),

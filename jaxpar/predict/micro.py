@@ -145,45 +145,65 @@ def _dispatches(stages: int) -> int:
     return (2 * stages - 1) + 2 * (stages - 1)
 
 
-def fit_host(points: list[tuple[int, int, float]], step_s: float) -> dict[str, float]:
-    """Per-stage, per-micro-batch and per-dispatch seconds that fit (K, M, host seconds per
-    step) best in least squares, beside a fixed `step_s` per step; none below 0."""
+LAYOUTS = ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2))  # (devices per stage, stages)
+HOST_COSTS = ("stage_overhead_s", "stage_device_overhead_s", "microbatch_overhead_s",
+              "program_overhead_s", "program_device_overhead_s")  # fmt: skip
+
+
+def host_features(k: int, m: int, d: int = 1) -> list[float]:
+    """What each of HOST_COSTS is paid for in one step of a K-stage pipeline over M
+    micro-batches on D devices per stage: stages, stages x further devices, micro-batches,
+    dispatches, dispatches x further devices."""
+    p = m * _dispatches(k)
+    return [k, k * (d - 1), m, p, p * (d - 1)]
+
+
+def fit_host(points: list[tuple], step_s: float) -> dict[str, float]:
+    """HOST_COSTS that fit (K, M[, D], host seconds per step) best in least squares, beside a
+    fixed `step_s` per step; none below 0 (a cost the points cannot tell apart is 0)."""
     import numpy as np
 
-    features = np.array([[k, m, m * _dispatches(k)] for k, m, _ in points], float)
-    target = np.array([t - step_s for _, _, t in points])
-    names = ["stage_overhead_s", "microbatch_overhead_s", "program_overhead_s"]
-    keep = list(range(3))
-    while True:  # drop a negative cost and solve again (non-negative least squares, 3 terms)
+    features = np.array([host_features(*p[:-1]) for p in points], float)
+    target = np.array([p[-1] - step_s for p in points])
+    keep = [i for i in range(len(HOST_COSTS)) if features[:, i].any()]
+    while True:  # drop a negative cost and solve again (non-negative least squares)
         coef, *_ = np.linalg.lstsq(features[:, keep], target, rcond=None)
         if (coef >= 0).all():
             break
         keep.pop(int(np.argmin(coef)))
-    out = dict.fromkeys(names, 0.0)
-    out.update({names[i]: float(c) for i, c in zip(keep, coef)})
+    out = dict.fromkeys(HOST_COSTS, 0.0)
+    out.update({HOST_COSTS[i]: float(c) for i, c in zip(keep, coef)})
     return out
 
 
-def measure_host(run: dict[str, Any], stages=(2, 4, 8), microbatches=(1, 2, 4, 8),
-                 steps: int = 10, repeats: int = 3) -> list[tuple[int, int, float]]:  # fmt: skip
-    """[(K, M, seconds)]: the dispatching thread's CPU time per training step of the run's
-    model at a quarter of its width as a K-stage GPipe pipeline over M micro-batches, the least
-    of `repeats` runs of `steps` steps."""
+def host_seconds(costs, k: int, m: int, d: int, step_s: float) -> float:
+    """The runner's host time per step priced by `costs` (a dict of HOST_COSTS or a profile)."""
+    get = costs.get if isinstance(costs, dict) else lambda n: getattr(costs, n)
+    return step_s + sum(get(n) * f for n, f in zip(HOST_COSTS, host_features(k, m, d)))
+
+
+def measure_host(run: dict[str, Any], layouts=LAYOUTS, microbatches=(1, 2, 4, 8),
+                 steps: int = 10, repeats: int = 3) -> list[tuple[int, int, int, float]]:  # fmt: skip
+    """[(K, M, D, seconds)]: the dispatching thread's CPU time per training step of the run's
+    model at a quarter of its width as a K-stage GPipe pipeline over M micro-batches, each
+    stage's batch split over D devices (the mesh (D, K, 1)), for each (D, K) of `layouts`, the
+    least of `repeats` runs of `steps` steps."""
     import jax
 
     from jaxpar import trainer
     from jaxpar.predict.workload import run_config
 
-    if len(jax.devices()) < max(stages):
-        raise ValueError(f"measuring the pipeline's host time needs {max(stages)} devices, "
+    most = max(d * k for d, k in layouts)
+    if len(jax.devices()) < most:
+        raise ValueError(f"measuring the pipeline's host time needs {most} devices, "
                          f"jax has {len(jax.devices())}")  # fmt: skip
     out = []
-    for k in stages:
+    for d, k in layouts:
         for m in microbatches:
             config = run_config({**run, "width": run.get("width", 1.0) / 4})
-            config.mesh_shape = (1, k, 1)
+            config.mesh_shape = (d, k, 1)
             config.pipeline.schedule, config.pipeline.num_microbatches = "gpipe", m
-            setup = trainer.setup(config, jax.devices()[:k])
+            setup = trainer.setup(config, jax.devices()[: d * k])
             state = setup.strategy.init_state(jax.random.key(0))
             batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
             best = math.inf
@@ -195,20 +215,19 @@ def measure_host(run: dict[str, Any], stages=(2, 4, 8), microbatches=(1, 2, 4, 8
                 jax.block_until_ready(state)
                 if i:  # the first compiles
                     best = min(best, spent)
-            out.append((k, m, best))
+            out.append((k, m, d, best))
     return out
 
 
-def host_report(points: list[tuple[int, int, float]], step_s: float) -> str:
+def host_report(points: list[tuple], step_s: float) -> str:
     """The measured host times, the fitted costs and how well they carry."""
     costs = fit_host(points, step_s)
     lines = [("pipeline runner's host time per step (dispatching thread's CPU time; GPipe, "
-              "the run's model at a quarter of its width):")]  # fmt: skip
-    for k, m, t in points:
-        fitted = (step_s + k * costs["stage_overhead_s"]
-                  + m * (costs["microbatch_overhead_s"]
-                         + _dispatches(k) * costs["program_overhead_s"]))  # fmt: skip
-        lines.append(f"  K={k} M={m}: {t * 1e3:.2f} ms (fitted {fitted * 1e3:.2f}, "
+              "the run's model at a quarter of its width, D devices per stage):")]  # fmt: skip
+    for *layout, t in points:
+        k, m, d = (*layout, 1)[:3]
+        fitted = host_seconds(costs, k, m, d, step_s)
+        lines.append(f"  K={k} M={m} D={d}: {t * 1e3:.2f} ms (fitted {fitted * 1e3:.2f}, "
                      f"{100 * (fitted / t - 1):+.0f}%)")  # fmt: skip
     lines.append("  " + "; ".join(f"c.{n} = {v:.3g}" for n, v in costs.items()))
     return "\n".join(lines)

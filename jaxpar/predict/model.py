@@ -22,8 +22,8 @@ Assumptions, all stated (and the switchable one in the profile):
   collectives + the boundary transfer the event sends; a stage's update (and its gradient
   collectives) starts after its last event.
 - The pipeline runner's host time: per step, per stage, per micro-batch and per program or
-  transfer dispatched (the profile's overheads; measured on simulated CPU devices by
-  micro.measure_host).
+  transfer dispatched, the per-stage and per-dispatch costs growing with the devices of a
+  stage (the profile's overheads; measured on simulated CPU devices by micro.measure_host).
 - A forward-only program (a pipeline chunk's F) at the profile's forward_speedup over its op
   classes' price (XLA:CPU's backward carries memory-bound work its FLOPs do not show).
 - compute_pool (simulated CPU devices): N busy devices together reach pool(N, size) times one
@@ -168,6 +168,7 @@ def _total_compute(w: Workload, profile: Profile) -> float:
 
 def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     k, m = axes.num_stages(w.mesh_shape), w.num_microbatches
+    d = w.num_devices // k  # devices per stage: every program and transfer dispatches to d
     # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
     # (the stage axis at size 1); in the full mesh stage s's devices are those with stage
     # index s, the first of them `first(s)` in mesh order.
@@ -206,15 +207,15 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         programs = sum(len(ck.flops) - 1 for ck in w.chunks) + 2 * crossings  # per mb
     else:  # dispatch overlaps other stages' work: the busiest stage's programs
         programs = sum(len(ck.flops) - 1 for ck in w.chunks if ck.stage == busiest)
+    per_stage = profile.stage_overhead_s + (d - 1) * profile.stage_device_overhead_s
+    per_dispatch = over + (d - 1) * profile.program_device_overhead_s
+    host = profile.step_overhead_s + k * per_stage
+    host += m * (profile.microbatch_overhead_s + programs * per_dispatch)
     return {
         "compute_s": compute[busiest],
         "comm_s": comm[busiest] + step - line.makespan,
         "bubble_s": line.makespan - line.busy[busiest],
-        "overhead_s": (
-            profile.step_overhead_s
-            + k * profile.stage_overhead_s
-            + m * (profile.microbatch_overhead_s + programs * over)
-        ),
+        "overhead_s": host,
         "grad_allreduce_s": max(grads),
         "schedule_bubble": line.bubble,
     }
