@@ -24,10 +24,12 @@ The pipeline runner's host time (`measure_host`). One Python thread dispatches e
 programs and the stage-to-stage transfers, on the cores the simulated devices compute on.
 Measured: the CPU time of that thread per training step (time.thread_time, not the wall
 clock: it does not count the waits) of the calibration run's model at a quarter of its width
-as a GPipe pipeline of K = 2, 4, 8 stages over M = 1, 2, 4, 8 micro-batches; then the costs per
-stage, per micro-batch and per program or transfer (2K - 1 programs and 2(K - 1) transfers per
-micro-batch, as the predictor counts them) that fit those times best, beside the profile's
-fixed step_overhead_s. The quarter width leaves the devices' compute out of the thread's time
+as a GPipe pipeline of K = 2, 4, 8 stages of one device, K = 2, 4 of two and K = 2 of four
+(the mesh (D, K, 1)), over M = 1, 2, 4, 8 micro-batches; then the costs per stage, per
+micro-batch and per program or transfer (2K - 1 programs and 2(K - 1) transfers per
+micro-batch, as the predictor counts them), and what each further device of a stage adds per
+stage and per dispatch (every argument is a buffer per device), that fit those times best,
+beside the profile's fixed step_overhead_s. The quarter width leaves the devices' compute out of the thread's time
 as far as it can: XLA:CPU runs part of a small program on the thread that calls it.
 """
 
