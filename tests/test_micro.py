@@ -3,6 +3,8 @@ narrow_width, and what each benchmark compiles, on tiny sizes (their timings are
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from jaxpar import models
@@ -112,7 +114,11 @@ def test_host_costs_fit_back_and_a_pipeline_costs_more_host_time_per_micro_batch
     assert fitted["stage_overhead_s"] == 0.0 and min(fitted.values()) >= 0.0
     run = {"model": "vgg11", "width": 0.25, "batch_norm": True, "head": "auto",
            "dtype": "float32", "image_shape": (32, 32, 3), "num_classes": 10, "batch_size": 8}  # fmt: skip
+    log = io.StringIO()
     (one, four) = micro.measure_host(run, layouts=((1, 2),), microbatches=(1, 4), steps=3,
-                                     repeats=2)  # fmt: skip
+                                     repeats=2, stream=log)  # fmt: skip
     assert (one[:3], four[:3]) == ((2, 1, 1), (2, 4, 1))
     assert 0 < one[3] < four[3]
+    lines = log.getvalue().splitlines()  # a line per pipeline, with its figure and the ETA
+    assert [x.split(":")[0] for x in lines] == ["  host time 1/2", "  host time 2/2"]
+    assert f"K=2 M=4 D=1 {four[3] * 1e3:.2f} ms a step, ETA" in lines[1]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -185,15 +186,19 @@ def host_seconds(costs, k: int, m: int, d: int, step_s: float) -> float:
 
 
 def measure_host(run: dict[str, Any], layouts=LAYOUTS, microbatches=(1, 2, 4, 8),
-                 steps: int = 10, repeats: int = 3) -> list[tuple[int, int, int, float]]:  # fmt: skip
+                 steps: int = 10, repeats: int = 3,
+                 stream=sys.stderr) -> list[tuple[int, int, int, float]]:  # fmt: skip
     """[(K, M, D, seconds)]: the dispatching thread's CPU time per training step of the run's
     model at a quarter of its width as a K-stage GPipe pipeline over M micro-batches, each
     stage's batch split over D devices (the mesh (D, K, 1)), for each (D, K) of `layouts`, the
-    least of `repeats` runs of `steps` steps."""
+    least of `repeats` runs of `steps` steps. A line per pipeline measured goes to `stream`
+    (count, figure, ETA): the whole takes minutes."""
     import jax
 
-    from jaxpar import trainer
+    from jaxpar import trainer, units
     from jaxpar.predict.workload import run_config
+
+    total, started = len(layouts) * len(microbatches), time.perf_counter()
 
     most = max(d * k for d, k in layouts)
     if len(jax.devices()) < most:
@@ -218,6 +223,10 @@ def measure_host(run: dict[str, Any], layouts=LAYOUTS, microbatches=(1, 2, 4, 8)
                 if i:  # the first compiles
                     best = min(best, spent)
             out.append((k, m, d, best))
+            if stream is not None:
+                eta = (time.perf_counter() - started) / len(out) * (total - len(out))
+                print(f"  host time {len(out)}/{total}: K={k} M={m} D={d} {best * 1e3:.2f} ms "
+                      f"a step, ETA {units.clock(eta)}", file=stream, flush=True)  # fmt: skip
     return out
 
 
