@@ -40,6 +40,10 @@ from tests.util import (
 )
 
 RTOL = 1e-5
+# The watchdog's limit in these runs (hang_timeout_s; 300 s by default): well inside
+# tests.util.wait_all's 300 s, so that a run that hangs writes every thread's stack and its
+# one line to its log, which the failure shows, before the test kills it.
+HANG_S = 120
 # Seconds without heartbeats after which a process counts as lost (--heartbeat_timeout; 15 by
 # default): shorter here, so that the tests of lost and hung processes wait less.
 HEARTBEAT_S = 6
@@ -53,7 +57,7 @@ def MULTIPROCESS(test):
 def start(workdir, steps, env=None, extra=(), **overrides) -> list[subprocess.Popen]:
     """Start the 2 processes (4 devices each) of a jaxpar.train run of tests.util.tiny_config
     with `overrides`; output in WORKDIR.proc{i}.log."""
-    settings = {**TINY, "num_train_steps": steps, **overrides}
+    settings = {**TINY, "num_train_steps": steps, "hang_timeout_s": HANG_S, **overrides}
     args = ["--config", "configs/base.py", "--workdir", str(workdir), *flags(settings), *extra]
     return start_processes(workdir, args, env=env)
 
@@ -63,7 +67,8 @@ def start_jobs(log, jobs: dict) -> list[subprocess.Popen]:
     other (tests/multi_jobs.py); output in LOG.proc{i}.log."""
     path = f"{log}.jobs.json"
     with open(path, "w") as f:
-        json.dump([{"workdir": str(w), "overrides": o} for w, o in jobs.items()], f)
+        json.dump([{"workdir": str(w), "overrides": {"hang_timeout_s": HANG_S, **o}}
+                   for w, o in jobs.items()], f)  # fmt: skip
     return start_processes(log, [path], module="tests.multi_jobs")
 
 
@@ -74,7 +79,10 @@ def output(workdir, i) -> str:
 def finished(log, procs) -> None:
     """Both processes exited 0, and gloo's connection lines were hidden (JAXPAR_DEBUG=1 shows
     them)."""
-    codes = wait_all(procs)
+    try:
+        codes = wait_all(procs)
+    except subprocess.TimeoutExpired:  # killed: what each process had written by then
+        pytest.fail(f"still running after 300 s\n{output(log, 0)[-3000:]}{output(log, 1)[-3000:]}")
     assert codes == [0, 0], output(log, 0)[-3000:] + output(log, 1)[-3000:]
     for i in range(2):
         assert "Gloo" not in output(log, i) and "peer ranks" not in output(log, i)
@@ -430,7 +438,7 @@ def alive(pid: int) -> bool:
 def start_launcher(workdir, steps, env=None, extra=(), **overrides) -> subprocess.Popen:
     """launch/local.py running 2 processes of tiny_config with `overrides`; its output (each
     line prefixed with the process index) in WORKDIR.log."""
-    settings = {**TINY, "num_train_steps": steps, **overrides}
+    settings = {**TINY, "num_train_steps": steps, "hang_timeout_s": HANG_S, **overrides}
     args = ["--config", "configs/base.py", "--workdir", str(workdir), *flags(settings), *extra]
     log = open(f"{workdir}.log", "w")
     return subprocess.Popen(
