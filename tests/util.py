@@ -197,6 +197,18 @@ def cli_env(extra: dict | None = None) -> dict:
     return {**os.environ, "PYTHONPATH": ROOT, **(extra or {})}
 
 
+# What tests/conftest.py adds to XLA_FLAGS to compile faster, which changes the compiled
+# programs a prediction reads (a few per cent on a fitted cost)
+FAST_COMPILE_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def default_compiler_env() -> dict:
+    """cli_env() with XLA:CPU's default fusion emitters: what `python -m jaxpar.predict` reads."""
+    env = cli_env()
+    env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace(FAST_COMPILE_FLAG, "")
+    return env
+
+
 def run_cli(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
     """`python -m jaxpar.train ARGS` to its end; output captured as text."""
     return subprocess.run(

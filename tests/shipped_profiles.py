@@ -1,0 +1,49 @@
+"""The shipped profiles' fitted figures as `python -m jaxpar.predict` gets them, for
+tests/test_perfmodel.py:
+
+    python -m tests.shipped_profiles OUT.json
+
+Fitting a profile compiles its calibration runs' steps and reads their programs, so its costs
+depend on how XLA:CPU compiles; the suite compiles with XLA:CPU's older fusion emitters
+(tests/conftest.py: faster), under which the programs, and so the fits, differ by a few per
+cent. This runs in a process of its own with XLA:CPU's defaults (tests.util.default_compiler_env)
+and writes, for every profile, its 1 GB all-reduce time and its costs; and the DGX-1's VGG16
+row predicted as tests/test_perfmodel.py's calibration test reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from jaxpar import configfile
+
+configfile.set_host_device_count(8, replace=True)
+configfile.cpu_only()
+
+
+def main(out: str) -> None:
+    from configs import base
+    from configs.predict import dgx1_vgg16
+    from jaxpar.predict import links, load_profile, predict_config
+    from tests.util import override
+
+    figures = {}
+    for path in sorted(Path("configs/hardware").glob("*.py")):
+        p = load_profile(path)
+        costs = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
+                 if isinstance(getattr(p, f.name), int | float) or f.name == "overlap"}  # fmt: skip
+        costs["allreduce"] = links.collective_time("all-reduce", 1e9, list(range(p.num_devices)), p)
+        figures[path.stem] = costs
+    suite = dgx1_vgg16.get_config()
+    config = override(base.get_config(), {**suite.overrides, **suite.rows[0]["config"]})
+    row = predict_config(config, load_profile("configs/hardware/dgx1_p100.py"))
+    figures["dgx1_vgg16_images_per_sec"] = row["images_per_sec"]
+    with open(out, "w") as f:
+        json.dump(figures, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
