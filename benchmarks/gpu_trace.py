@@ -120,8 +120,36 @@ def cpu_matrix_flops(name: str, comps: dict, types: dict) -> tuple[float, bool]:
     return sum(m.flops for m in kernels), any(m.thin for m in kernels)
 
 
+def kernel_class(name: str, comps: dict) -> str:
+    """A memory-bound kernel's class (opclass.MEMORY_CLASSES), from what its instruction holds:
+    a window (pooling, its gradient, a scatter), a transpose (or a reversal), a reduction, or
+    elementwise; what gpufusion's rule 8 names for the modelled program."""
+    entry = {n: (op, rest) for n, _, op, rest in comps["ENTRY"]}
+    ops, todo = set(), [entry[name]]
+    while todo:
+        op, rest = todo.pop()
+        ops.add(op)
+        todo += [(o, r) for c in opclass._called(rest) for _, _, o, r in comps.get(c, ())]
+    if ops & {"reduce-window", "select-and-scatter", "scatter"}:
+        return "window"
+    if ops & {"transpose", "reverse"}:
+        return "transpose"
+    return "reduce" if "reduce" in ops else "elementwise"
+
+
+def _fit(b: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """Least squares of t = fixed + b / bandwidth with both non-negative: (fixed, bandwidth)."""
+    fixed, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, t, rcond=None)[0]
+    if fixed < 0:
+        fixed, per_byte = 0.0, float(t.sum() / b.sum())
+    elif per_byte <= 0:
+        fixed, per_byte = float(t.mean()), 0.0
+    return float(fixed), 1 / per_byte if per_byte > 0 else math.inf
+
+
 def _memory_bound(mem: list[tuple]) -> None:
-    """The memory-bound kernels: their bandwidth by size, and time = fixed + bytes / bandwidth."""
+    """The memory-bound kernels: their bandwidth by size, and time = fixed + bytes / bandwidth,
+    for all and for each class (a profile's memory_kernel_costs)."""
     b, t = np.array([r[3] for r in mem]), np.array([r[4] for r in mem])
     print(
         f"memory-bound: {len(mem):5d} instructions {t.sum() * 1e3:8.2f} ms {b.sum() / 1e9:7.2f} GB "
@@ -134,20 +162,26 @@ def _memory_bound(mem: list[tuple]) -> None:
                 f"  {lo / 1e6:5.0f}-{hi / 1e6:<5.0f} MB: {m.sum():5d} kernels {t[m].sum() * 1e3:7.2f} ms, "
                 f"{b[m].sum() / t[m].sum() / 1e9:6.0f} GB/s, {t[m].mean() * 1e6:6.1f} us each"
             )
-    fixed, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, t, rcond=None)[0]
-    print(f"  fit: {fixed * 1e6:.2f} us + bytes / {1 / per_byte / 1e9:.0f} GB/s")
+    fixed, bandwidth = _fit(b, t)
+    print(f"  fit: {fixed * 1e6:.2f} us + bytes / {bandwidth / 1e9:.0f} GB/s")
+    classes = np.array([r[5] for r in mem])
+    for name in opclass.MEMORY_CLASSES:
+        m = classes == name
+        if m.any():
+            fixed, bandwidth = _fit(b[m], t[m])
+            print(f"  {name:>11}: {m.sum():5d} kernels {t[m].sum() * 1e3:7.2f} ms "
+                  f"{b[m].sum() / 1e9:6.2f} GB, fit {fixed * 1e6:5.2f} us + bytes / "
+                  f"{bandwidth / 1e9:5.0f} GB/s")  # fmt: skip
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace_dir", help="single_device.py's --trace-dir folder of one row")
-    parser.add_argument("hlo", help="that row's program (single_device.py's --hlo-dir file)")
-    parser.add_argument("--top", type=int, default=10, help="longest kernels to list")
-    args = parser.parse_args(argv)
-    text = gzip.open(args.hlo, "rt").read() if args.hlo.endswith(".gz") else open(args.hlo).read()
+def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]:
+    """Each traced instruction of one row's program: (name, FLOPs, thin, bytes, seconds per
+    step, class); with the kernels' total seconds per step, the steps traced and the device."""
+    with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
+        text = f.read()
     ins, comps = instructions(text), opclass._computations(text)
     types = {name: result for body in comps.values() for name, result, _, _ in body}
-    times, steps, device = kernel_times(args.trace_dir, {n for n, *_ in comps.get("ENTRY", ())})
+    times, steps, device = kernel_times(trace_dir, {n for n, *_ in comps.get("ENTRY", ())})
     rows = []
     for name, seconds in times.items():
         if name not in ins:
@@ -160,8 +194,36 @@ def main(argv=None) -> int:
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
             hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
         )
-        rows.append((name, flops, thin, float(moved), seconds))
-    total = sum(times.values())
+        rows.append((name, flops, thin, float(moved), seconds, kernel_class(name, comps)))
+    return rows, sum(times.values()), steps, device
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("trace_dir", help="single_device.py's --trace-dir folder of one row")
+    parser.add_argument("hlo", help="that row's program (single_device.py's --hlo-dir file)")
+    parser.add_argument("more", nargs="*", metavar="TRACE_DIR HLO",
+                        help="more rows: their memory-bound kernels' class costs are also "
+                             "fitted together with the first's (a profile's memory_kernel_costs)")  # fmt: skip
+    parser.add_argument("--top", type=int, default=10, help="longest kernels to list")
+    args = parser.parse_args(argv)
+    if len(args.more) % 2:
+        parser.error("rows come as pairs: TRACE_DIR HLO")
+    pairs = [(args.trace_dir, args.hlo), *zip(args.more[::2], args.more[1::2])]
+    memory = []
+    for trace_dir, hlo_path in pairs:
+        if len(pairs) > 1:
+            print(f"== {trace_dir}")
+        rows, total, steps, device = joined(trace_dir, hlo_path)
+        _report(rows, total, steps, device, args.top)
+        memory += [r for r in rows if not r[1]]
+    if len(pairs) > 1:
+        print(f"== all {len(pairs)} rows together")
+        _memory_bound(memory)
+    return 0
+
+
+def _report(rows: list[tuple], total: float, steps: int, device: str, top: int) -> None:
     unjoined = total - sum(r[4] for r in rows)
     print(
         f"{total * 1e3:.2f} ms of {device.upper()} kernels a step ({steps} step(s) traced); "
@@ -182,15 +244,15 @@ def main(argv=None) -> int:
                 f"{f / t / scale:7.1f} {unit}/s"
             )
     _memory_bound([r for r in rows if not r[1]])
-    print(f"longest {args.top}:")
-    for name, flops, thin, moved, seconds in sorted(rows, key=lambda r: -r[4])[: args.top]:
+    if top:
+        print(f"longest {top}:")
+    for name, flops, thin, moved, seconds, _ in sorted(rows, key=lambda r: -r[4])[:top]:
         rate = (
             f"{flops / seconds / scale:6.1f} {unit}/s"
             if flops
             else f"{moved / seconds / 1e9:6.0f} GB/s   "
         )
         print(f"  {name[:40]:<40} {seconds * 1e6:8.1f} us {rate} {'thin' if thin else ''}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -191,3 +191,113 @@ def test_a_transposed_twin_for_a_weight_gradient_is_not_made():
     assert gpu.ops.memory_bytes == 4 * ACT + 4 * 64 + 4 * ACT  # %y reads x and s, writes y
     ((_, moved, *_),) = gpu.ops.matmuls
     assert moved == 4 * ACT + 4 * ACT + 4 * W  # y (not its transposed twin), dy, the result
+
+
+# A BatchNorm-like forward over an activation, then a 3x3 max-pool, as XLA:CPU compiles them:
+# the per-channel mean and the variance about it (reductions of the activation), the centred
+# activation (reads x and the mean), and the pooling window.
+STATS = """HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] maximum(%a, %b)
+}
+
+%mean (a: f32[8,32,32,64]) -> f32[64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[64]{0} reduce(%a, %z), dimensions={0,1,2}, to_apply=%add
+}
+
+%centre (a: f32[8,32,32,64], m: f32[64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %m = f32[64]{0} parameter(1)
+  %mb = f32[8,32,32,64]{3,2,1,0} broadcast(%m), dimensions={3}
+  ROOT %c = f32[8,32,32,64]{3,2,1,0} subtract(%a, %mb)
+}
+
+%var (a: f32[8,32,32,64], m: f32[64]) -> f32[64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %m = f32[64]{0} parameter(1)
+  %mb = f32[8,32,32,64]{3,2,1,0} broadcast(%m), dimensions={3}
+  %c = f32[8,32,32,64]{3,2,1,0} subtract(%a, %mb)
+  %q = f32[8,32,32,64]{3,2,1,0} multiply(%c, %c)
+  %z = f32[] constant(0)
+  ROOT %r = f32[64]{0} reduce(%q, %z), dimensions={0,1,2}, to_apply=%add
+}
+
+%pool (a: f32[8,32,32,64]) -> f32[8,16,16,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %z = f32[] constant(-inf)
+  ROOT %p = f32[8,16,16,64]{3,2,1,0} reduce-window(%a, %z), window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x1_1x1_1x0_0}, to_apply=%max
+}
+
+ENTRY %main (x: f32[8,32,32,64]) -> (f32[8,16,16,64], f32[64]) {
+  %x = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %m = f32[64]{0} fusion(%x), kind=kInput, calls=%mean
+  %v = f32[64]{0} fusion(%x, %m), kind=kInput, calls=%var
+  %c = f32[8,32,32,64]{3,2,1,0} fusion(%x, %m), kind=kLoop, calls=%centre
+  %p = f32[8,16,16,64]{3,2,1,0} fusion(%c), kind=kLoop, calls=%pool
+  ROOT %out = (f32[8,16,16,64]{3,2,1,0}, f32[64]{0}) tuple(%p, %v)
+}
+"""
+
+
+def test_kernel_classes_and_a_split_reduction():
+    """Rule 7: a reduction of an activation-sized tensor is two kernels (XLA:GPU splits it:
+    partial sums, then a small final one). Rule 8: each memory-bound kernel's class, as the
+    GPU's program names it: a weight's convert that only matrix kernels read is a transpose
+    (XLA:GPU lays the filter out for cuDNN in that kernel), the fused chain is elementwise, the
+    max-pool a window."""
+    # PROGRAM's weight convert is also an output of the program, so it stays elementwise
+    program = gpufusion.analyse(PROGRAM, "bfloat16").ops
+    assert program.memory_classes == (("elementwise", 6.0 * W + 4.0 * ACT, 2),)
+    alone = PROGRAM.replace("tuple(%d, %cw)", "tuple(%d)").replace(
+        "-> (bf16[8,32,32,64], bf16[3,3,64,64])", "-> (bf16[8,32,32,64])"
+    )
+    program = gpufusion.analyse(alone, "bfloat16").ops
+    assert program.memory_classes == (("elementwise", 4.0 * ACT, 1), ("transpose", 6.0 * W, 1))
+    ops = gpufusion.analyse(STATS, "float32").ops
+    # the mean reads x (4 B an element) and writes 64 floats, the variance reads x and the
+    # mean: two kernels each; the centred copy is fused into the pool (its only reader): x and
+    # the mean in, the pooled quarter out
+    assert ops.memory_classes == (("reduce", 2 * 4.0 * ACT + 3 * 4 * 64, 4),
+                                  ("window", 4.0 * ACT + 4 * 64 + ACT, 1))  # fmt: skip
+    assert ops.kernels == 5 and ops.memory_bytes == sum(b for _, b, _ in ops.memory_classes)
+
+
+def test_a_profile_prices_each_memory_class_at_its_own_costs():
+    """memory_kernel_costs: a class named there costs its (seconds per kernel, bandwidth) in
+    place of kernel_s and memory_bandwidth; the classes it does not name keep those."""
+    import dataclasses
+
+    from jaxpar.errors import ConfigError
+    from jaxpar.predict import hardware
+
+    ops = gpufusion.analyse(STATS, "float32").ops
+    base = hardware.Profile("g", 1, 1, {"float32": 1e12}, 1e9, hardware.Link(1e9, 0),
+                            hardware.Link(1e9, 0), compute_efficiency=0.5, kernel_s=2e-6,
+                            memory_bandwidth=1e12, compiler="gpu")  # fmt: skip
+    (_, reduce_bytes, _), (_, window_bytes, _) = ops.memory_classes
+    assert base.device_time(ops, "float32") == pytest.approx(5 * 2e-6 + ops.memory_bytes / 1e12)
+    classed = dataclasses.replace(base, memory_kernel_costs={"window": (5e-6, 0.5e12)})
+    assert classed.device_time(ops, "float32") == pytest.approx(
+        4 * 2e-6 + reduce_bytes / 1e12 + 5e-6 + window_bytes / 0.5e12
+    )
+    # a CPU profile's program has no classes, and ignores the costs
+    cpu = dataclasses.replace(classed, compiler="cpu")
+    assert cpu.device_time(ops, "float32") == pytest.approx(base.device_time(ops, "float32"))
+    with pytest.raises(ConfigError, match="memory_kernel_costs"):
+        hardware.from_config({**_MINIMAL, "memory_kernel_costs": {"pool": (1e-6, 1e12)}})
+
+
+_MINIMAL = {"name": "g", "num_devices": 1, "devices_per_node": 1, "peak_flops": {"float32": 1e12},
+            "memory_bytes": 1e9, "intra": {"bandwidth": 1e9, "latency": 0.0},
+            "compute_efficiency": 0.5, "compiler": "gpu"}  # fmt: skip

@@ -170,18 +170,20 @@ PROFILE_FIGURES = {
     # from DeepBench's GTX 1080 Ti kernel table
     "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.763,
                      "conv3x3_efficiency": 1.537, "matmul_kernel_s": 34.6e-6},
-    # the memory-bound kernels' costs and the first layer's rate from AlexNet's H100 trace
+    # the memory-bound kernels' costs (by class) and the first layer's rate from AlexNet's
+    # H100 trace
     "h100_sxm_2nodes_ib": {"allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
-                           "compute_efficiency": 0.684, "launch_s": 10.64e-6,
+                           "compute_efficiency": 0.805, "launch_s": 8.69e-6,
                            "kernel_s": 2.49e-6, "memory_bandwidth": 2.45e12},
-    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.684,
-                    "launch_s": 10.64e-6, "kernel_s": 2.49e-6, "thin_efficiency": 0.0378},
+    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.805,
+                    "launch_s": 8.69e-6, "kernel_s": 2.49e-6, "thin_efficiency": 0.0378},
     # --calibrate-here on one H100, with its first layers' rate and its memory-bound kernels'
-    # costs from the GPU's trace: the matmuls fit to 1.0 of the measured peak, 11.8 us a kernel
+    # costs (by class) from the GPU's traces: the matmuls fit to 1.0 of the measured peak,
+    # 7.7 us a kernel
     "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 1.0,
-                  "matmul_kernel_s": 11.83e-6, "memory_bandwidth": 2.5e12, "kernel_s": 2e-6,
+                  "matmul_kernel_s": 7.72e-6, "memory_bandwidth": 2.5e12, "kernel_s": 2e-6,
                   "thin_efficiency": 0.045},
-    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.417,
+    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.421,
                     "memory_bandwidth": 0.9 * 4.8e12},
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
     "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},
@@ -419,13 +421,16 @@ def test_h100_fit_reproduces_the_four_measured_rows():
     """configs/hardware/h100_sxm_x8.py fits two costs (the convolutions' fraction of peak,
     the host's time per kernel launched; the device's per kernel and the memory-bound
     kernels' bandwidth are from the H100's kernel trace) to four measured single-GPU rows,
-    priced as XLA:GPU would run them: all within 10.5% (10.0%)."""
+    priced as XLA:GPU would run them: all within 12.5% (11.9%: the bfloat16 row at batch 128,
+    launch-bound, where the modelled program has fewer kernels than the float32 one; 10.0%
+    before gpufusion's rule 7 split long reductions, which took ResNet-50, left out, from
+    -7.2% to -8.6%, and the memory-bound kernels' classes then to -5.0%)."""
     from jaxpar import configfile
 
     c = configfile.load("configs/hardware/h100_sxm_x8.py")
     fit = hardware.fit(load_profile("configs/hardware/h100_sxm_x8.py"),
                        [dict(r) for r in c.calibration_runs], tuple(c.fit))  # fmt: skip
-    assert max(abs(r["error"]) for r in fit.rows) < 0.105
+    assert max(abs(r["error"]) for r in fit.rows) < 0.125
     rate = {(r["dtype"], r["batch_size"]): r["fitted_images_per_sec"] for r in fit.rows}
     # launch-bound at batch 128 (about the same rate in both dtypes), device-bound at 512,
     # where bfloat16's doubled convolution rate shows

@@ -28,7 +28,10 @@ on more models, one process per row). Shipped as measured but for four edits, ea
 below: the node (8 of these GPUs on NVSwitch, as h100_sxm_x8.py: --calibrate-here saw one
 GPU and no link), overlap None (XLA:GPU's asynchronous collectives, as h100_sxm_x8.py),
 thin_efficiency, memory_bandwidth and kernel_s (from the GPU's kernel trace; the
-fit then names compute_efficiency and matmul_kernel_s) and the `calibration_candidates`: jaxpar's
+fit then names compute_efficiency and matmul_kernel_s), since 2026-11-27 the memory-bound
+kernels' costs by class (memory_kernel_costs, from the traces of ResNet-50 and AlexNet; the
+ResNet-50 row's left-out error therefore rests partly on its own trace) and the
+`calibration_candidates`: jaxpar's
 one-device step on five more models, timed in the same session on the same GPU, which
 `python -m jaxpar.predict --validate` predicts and never fits.
 """
@@ -136,6 +139,17 @@ def get_config():
     # 2.58 / 2.14 / 2.45 TB/s to ResNet-50's / Inception-v3's / AlexNet's (docs/predict.md)
     c.memory_bandwidth = 2.5e12
     c.kernel_s = 2.0e-6
+    # edited: each class of memory-bound kernel at its own costs (gpufusion's rule 8), from
+    # the kernel traces of ResNet-50 and AlexNet without command buffers fitted together
+    # (benchmarks/gpu_trace.py with both rows; docs/predict.md): a transpose (a weight into
+    # cuDNN's layout) and a pooling window move their bytes at about half an elementwise
+    # kernel's rate, and a reduction starts slower
+    c.memory_kernel_costs = {
+        "elementwise": (1.22e-6, 3.17e12),
+        "reduce": (2.83e-6, 2.72e12),
+        "transpose": (5.11e-6, 1.37e12),
+        "window": (0.0, 1.60e12),
+    }
     c.launch_s = 3.0877187538741243e-06
     c.program_overhead_s = 3.635792712066333e-05
     c.compiler = "gpu"

@@ -25,7 +25,11 @@ Sources and assumptions:
   3.35 TB/s: ResNet-50 came out 16.1% fast. Now the H100's own kernel trace prices them
   (AlexNet's, traced on an H100 80GB HBM3: memory-bound kernels at 2.49 us + bytes / 2.45
   TB/s, the first layer at 37.4 TFLOP/s; ResNet-50's trace is not used, it is the check) and
-  two costs are fitted: 0.68 of peak and 10.6 us launched per kernel, the rows within 10%. Note that jaxpar's step
+  two costs are fitted: 0.68 of peak and 10.6 us launched per kernel, the rows within 10%.
+  Since 2026-11-27 the same trace prices each class of memory-bound kernel at its own costs
+  (gpufusion's rules 7 and 8: split reductions, transposes and windows at about half an
+  elementwise kernel's rate) and the fit gives 0.81 of peak and 8.7 us; ResNet-50 -8.6% ->
+  -5.0% (-7.2% before rule 7's split reductions). Note that jaxpar's step
   has grown faster since e58f54e (37,422 img/s at float32 batch 128 on 2026-11-26):
   configs/hardware/h100_here.py is this GPU measured later.
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): the CPU
@@ -73,6 +77,14 @@ def get_config():
     c.memory_bandwidth = 2.45e12
     c.kernel_s = 2.49e-6
     c.thin_efficiency = 37.4e12 / c.peak_flops["bfloat16"]
+    # and each class of memory-bound kernel at its own costs, from the same trace
+    # (benchmarks/gpu_trace.py; gpufusion's rule 8)
+    c.memory_kernel_costs = {
+        "elementwise": (1.84e-6, 3.00e12),
+        "reduce": (3.78e-6, 2.67e12),
+        "transpose": (0.04e-6, 0.83e12),
+        "window": (0.0, 1.83e12),
+    }
     c.calibration_candidates = [
         {"model": "resnet50", "width": 1.0, "batch_norm": True, "head": "auto",
          "image_shape": (224, 224, 3), "num_classes": 10, "dtype": "bfloat16",

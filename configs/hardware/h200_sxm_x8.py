@@ -11,7 +11,8 @@ Sources and assumptions:
   4.8 TB/s, matrix kernels on a roofline. The host's launch time and the device's time per
   kernel are the H100 profile's fitted ones (same host software, same compiler), and so is
   the first layer's rate (thin_efficiency, from the H100's trace: the same tensor cores and
-  cuDNN); only the convolutions' fraction of peak is fitted here.
+  cuDNN); only the convolutions' fraction of peak is fitted here. No H200 kernel was traced,
+  so its memory-bound kernels are not priced by class (the H100's are: gpufusion's rule 8).
 - Calibration: three single-GPU rows measured on one H200 with benchmarks/single_device.py
   (JAX 0.11.2, CUDA 13; jaxpar's one-device step, synthetic data, 10 classes, BatchNorm,
   full width; docs/predict.md, "Measured later"): VGG19 at 32x32 in bfloat16, batch 512:
@@ -36,8 +37,12 @@ def get_config():
     c.name = "8x H200 SXM NVLink"
     c.memory_bytes = 139 * GB
     c.memory_bandwidth = 0.9 * 4.8e12
-    c.launch_s = 10.6e-6  # the H100 profile's fitted costs
+    c.launch_s = 8.69e-6  # the H100 profile's fitted costs (10.6 us before gpufusion's rule 7)
     c.kernel_s = 0.35e-6
+    # no trace of an H200's kernels: every memory-bound kernel at the bandwidth above (the
+    # H100's per-class costs, gpufusion's rule 8, took the ResNet-50 rows from +4.6% / +0.9% to
+    # -13.9% / -16.2%: its classes' bandwidths are the H100's)
+    c.memory_kernel_costs = {}
     c.calibration_runs = [
         {**RUN, "model": "vgg19", "image_shape": (32, 32, 3), "dtype": "bfloat16",
          "batch_size": 512, "images_per_sec": 111_992.0},

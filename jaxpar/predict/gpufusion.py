@@ -11,7 +11,7 @@ and 313 GB of memory-bound traffic in the CPU program, where the H200 ran it as 
 (measured: benchmarks/single_device.py) and the CPU program asks for 39.1 GB of memory where
 the GPU program needs 10.65 GB (10.81 GB peak in use). So the CPU program is re-fused here as
 XLA:GPU would fuse it, by rules that each name what the GPU compiler does (applied in the
-order 1, 6, 2, then 3-5 as each kernel is priced):
+order 1, 6, 2, then 3-5, 7 and 8 as each kernel is priced):
 
 1. A convolution or dot (alone or in a fusion) is one kernel (cuDNN or cuBLAS) and reads its
    operands in the program's compute dtype. XLA:CPU runs bfloat16 convolutions in float32
@@ -37,6 +37,16 @@ order 1, 6, 2, then 3-5 as each kernel is priced):
    their operands transposed, while cuDNN reads the other's result as it is. On ResNet-50 at
    224 in float32 this is a third of the modelled traffic (117 against the H100 program's 73 GB
    before; 77 after).
+7. A reduction of an activation-sized tensor (2^18 elements or more: a BatchNorm statistic, a
+   bias gradient) is two kernels: XLA:GPU splits a long reduction into partial sums and a
+   small final one (its ResNet-50 program: 161 of 262 such reductions, and 165 final kernels).
+   Counted by elements, not bytes, so that bfloat16 and float32 programs split alike.
+8. Each memory-bound kernel has a class, as the GPU's program names it (opclass.MEMORY_CLASSES):
+   a window (pooling, its gradient, a scatter), a transpose (one that transposes or reverses,
+   or a weight's conversion that only matrix kernels read: XLA:GPU lays each filter out for
+   cuDNN in a transposing kernel of its own), a reduction, else elementwise. A profile may
+   price each class at its own costs (memory_kernel_costs): on an H100 a transpose or a window
+   moves its bytes at about half an elementwise kernel's rate.
 
 What a kernel moves is the bytes of its distinct inputs plus its outputs that anything outside
 it uses. Memory is the state the program is given plus the peak of its live intermediate
@@ -64,6 +74,7 @@ _NONE = {"parameter", "constant", "tuple", "after-all", "partition-id", "replica
 _INT = re.compile(r"^\(?\s*(?:[su](?:8|16|32|64)|pred)\[")
 _BIG = 1 << 20  # bytes: below this a tensor is a parameter's, a statistic's or a scalar's
 _MAX_BIG_INPUTS = 3  # activation-sized inputs of one memory-bound GPU kernel (rule 5)
+_SPLIT = 1 << 18  # elements: a reduction of a tensor this large is split in two (rule 7)
 
 
 @dataclasses.dataclass
@@ -270,6 +281,28 @@ class _Graph:
             ins -= set(big[_MAX_BIG_INPUTS:])
         return ins
 
+    def memory_class(self, group_nodes: list[str], outs: list[str]) -> str:
+        """Rule 8: a memory-bound kernel's class (opclass.MEMORY_CLASSES), as the GPU's
+        program names its kernel: a window (pooling, its gradient, a scatter), a transpose (one
+        that transposes or reverses, or that makes a weight for matrix kernels alone: XLA:GPU
+        lays each convolution's filter out for cuDNN in a transposing kernel of its own), a
+        reduction, or elementwise."""
+        computes = frozenset().union(*(self.nodes[m].computes for m in group_nodes))
+        if computes & {"reduce-window", "select-and-scatter", "scatter"}:
+            return "window"
+        weight = outs and all(_shape(self.nodes[m].result) in self.param_shapes
+                              and m not in self.root and self.for_matmuls(m) for m in outs)  # fmt: skip
+        if weight or "reverse" in computes or any(self.nodes[m].transposes for m in group_nodes):
+            return "transpose"
+        return "reduce" if "reduce" in computes else "elementwise"
+
+    def for_matmuls(self, n: str) -> bool:
+        """Whether matrix kernels alone read `n` (directly or through absorbed kernels)."""
+        return bool(self.users[n]) and all(
+            self.kind(u) == "matmul" or (self.kind(u) == "absorbed" and self.for_matmuls(u))
+            for u in self.users[n]
+        )
+
     def price(self) -> GpuProgram:
         """Each kernel's bytes (its inputs plus the outputs used outside it), and the peak of
         live results, each from the kernel writing it to the last kernel reading it."""
@@ -287,12 +320,16 @@ class _Graph:
             outs = [m for m in group_nodes
                     if m in self.root or any(self.find(u) != g for u in self.users[m])]  # fmt: skip
             moved = sum(self.size(a) for a in ins) + sum(self.size(m) for m in outs)
-            listed.append(("+".join(group_nodes), kind, moved))
             if kind == "matmul":
                 mm = self.nodes[g].ops
                 total += dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
             else:
-                total += opclass.OpClasses(memory_bytes=float(moved), kernels=1)
+                kind = self.memory_class(group_nodes, outs)
+                count = 2 if kind == "reduce" and any(_elements(self.types.get(a, "")) >= _SPLIT
+                                                      for a in ins) else 1  # fmt: skip
+                total += opclass.OpClasses(memory_bytes=float(moved), kernels=count,
+                                           memory_classes=((kind, float(moved), count),))  # fmt: skip
+            listed.append(("+".join(group_nodes), kind, moved))
             at = max(self.position[m] for m in group_nodes)  # where its last member ran
             for m in outs:
                 written[m] = at

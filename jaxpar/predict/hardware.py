@@ -71,6 +71,12 @@ class Profile:
     # cannot take (0: as the other convolutions). Measured: 0.045 on an H100 in bfloat16
     # (docs/predict.md, "Inside the H100's step")
     thin_efficiency: float = 0.0
+    # On "gpu": each class of memory-bound kernel (opclass.MEMORY_CLASSES: elementwise,
+    # reduce, transpose, window) at its own {class: (seconds per kernel, bytes/s)}, in place
+    # of kernel_s and memory_bandwidth (a class not named keeps those). Measured on an H100:
+    # a transpose or a pooling window moves its bytes at half the rate of an elementwise
+    # kernel (benchmarks/gpu_trace.py prints them from a kernel trace)
+    memory_kernel_costs: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # On "gpu": device time of each matrix kernel beyond kernel_s (cuDNN's and cuBLAS's
     # launch of several kernels, workspace setup, split-K reductions, a last partial wave)
     matmul_kernel_s: float = 0.0
@@ -138,6 +144,12 @@ class Profile:
         program with a bandwidth."""
         memory = ops.memory_bytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
         fixed = memory + ops.kernels * self.kernel_s
+        costs = self.memory_kernel_costs if self.compiler == "gpu" else {}
+        for name, nbytes, kernels in ops.memory_classes if costs else ():
+            if name in costs:  # this class at its own costs, not the defaults
+                each, bandwidth = costs[name]
+                fixed += kernels * (each - self.kernel_s) + nbytes / bandwidth
+                fixed -= nbytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
         if not ops.flops:
             return fixed
         eff = self.efficiency(model)  # a model's own calibration run scales both classes
@@ -210,6 +222,7 @@ def from_config(c: Any) -> Profile:
         narrow_width=float(get("narrow_width", 0.0) or 0.0),
         thin_efficiency=float(get("thin_efficiency", 0.0) or 0.0),
         matmul_kernel_s=float(get("matmul_kernel_s", 0.0) or 0.0),
+        memory_kernel_costs=_memory_costs(get("memory_kernel_costs", {}) or {}),
         forward_speedup=float(get("forward_speedup", 1.0) or 1.0),
         notes=str(get("notes", "")),
         calibration=calibration,
@@ -237,6 +250,15 @@ def from_config(c: Any) -> Profile:
     if profile.compute_efficiency <= 0:
         raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
     return profile
+
+
+def _memory_costs(value) -> dict[str, tuple[float, float]]:
+    costs = {str(k): (float(v[0]), float(v[1])) for k, v in dict(value).items()}
+    unknown = set(costs) - set(opclass.MEMORY_CLASSES)
+    if unknown or any(bw <= 0 or each < 0 for each, bw in costs.values()):
+        raise ConfigError(f"memory_kernel_costs: classes are {', '.join(opclass.MEMORY_CLASSES)}, "
+                          f"each (seconds per kernel >= 0, bytes/s > 0); got {dict(value)}")  # fmt: skip
+    return costs
 
 
 def _pool(value) -> float | tuple:

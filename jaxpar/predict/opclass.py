@@ -66,16 +66,39 @@ class OpClasses:
     # every matrix kernel (Matmul: FLOPs, bytes, Winograd, narrowest GEMM dimension, thin
     # input), for a roofline on a GPU
     matmuls: tuple[Matmul, ...] = ()
+    # the memory-bound kernels by class (MEMORY_CLASSES), as (class, bytes, kernels), sorted;
+    # filled where the program is modelled as a GPU's (gpufusion), which prices each class
+    # at its own costs (Profile.memory_kernel_costs)
+    memory_classes: tuple[tuple[str, float, int], ...] = ()
 
     def __add__(self, other: OpClasses) -> OpClasses:
         return OpClasses(self.matmul_flops + other.matmul_flops,
                          self.conv3x3_flops + other.conv3x3_flops,
                          self.memory_bytes + other.memory_bytes, self.kernels + other.kernels,
-                         self.matmuls + other.matmuls)  # fmt: skip
+                         self.matmuls + other.matmuls,
+                         _merge(self.memory_classes, other.memory_classes))  # fmt: skip
 
     @property
     def flops(self) -> float:
         return self.matmul_flops + self.conv3x3_flops
+
+
+# Classes of memory-bound GPU kernels, whose costs differ on the same bytes (measured in an
+# H100's kernel traces, docs/predict.md): a reduction (BatchNorm's statistics, a bias
+# gradient), a transpose (a weight into cuDNN's layout), a window (pooling and its gradient:
+# each input read by several outputs), and everything else elementwise.
+MEMORY_CLASSES = ("elementwise", "reduce", "transpose", "window")
+
+
+def _merge(a: tuple, b: tuple) -> tuple:
+    if not a or not b:
+        return a or b
+    total: dict[str, list] = {}
+    for name, nbytes, kernels in a + b:
+        t = total.setdefault(name, [0.0, 0])
+        t[0] += nbytes
+        t[1] += kernels
+    return tuple((name, t[0], t[1]) for name, t in sorted(total.items()))
 
 
 def _computations(text: str) -> dict[str, list[tuple[str, str, str, str]]]:
