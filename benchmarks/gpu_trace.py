@@ -11,8 +11,12 @@ names the HLO instruction it runs (`hlo_op`), so each kernel's time is joined wi
 instruction's FLOPs (convolutions and matrix products, from their shapes) and bytes (its
 operands and its result). Prints the matrix kernels (their rate; the thin ones, over fewer
 than 8 input channels, apart), the memory-bound kernels (their bandwidth by size, and the
-least-squares fit of time = a fixed cost + bytes / bandwidth) and the longest kernels. The
-trace holds two steps (single_device.py's --trace-dir); their mean is reported.
+least-squares fit of time = a fixed cost + bytes / bandwidth, for all of them and for each
+class: elementwise, reduce, transpose, window, as gpufusion's rule 8 names them) and the
+longest kernels. The trace holds two steps (single_device.py's --trace-dir); their mean is
+reported. More TRACE_DIR HLO pairs after the first: each row reported, then the memory-bound
+kernels of all of them fitted together by class (a profile's memory_kernel_costs; the H100's
+come from ResNet-50's and AlexNet's rows, docs/predict.md).
 
 A CPU's trace joins the same way (docs/predict.md, "This machine"): XLA:CPU names each of its
 kernels (thunks) after the top-level instruction it runs, and a fusion's convolutions and

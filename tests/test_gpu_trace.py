@@ -42,3 +42,14 @@ def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
     assert int(matrix.split()[1]) == 1
     assert float(matrix.split()[5]) == pytest.approx(flops / 1e9, abs=5e-4)
     assert "memory-bound:" in out
+    # each memory-bound kernel has its class (gpufusion's rule 8): here all elementwise
+    classes = [line.split() for line in out.splitlines() if line.strip().startswith("elementwise:")]
+    assert len(classes) == 1 and int(classes[0][1]) >= 1
+    # two rows (the same one twice): each reported, then their kernels' classes fitted together
+    pair = [str(tmp_path / "trace"), str(tmp_path / "step.hlo.txt.gz")]
+    assert gpu_trace.main(pair + pair) == 0
+    both = capsys.readouterr().out.split("== all 2 rows together")[1]
+    line = next(x.split() for x in both.splitlines() if x.strip().startswith("elementwise:"))
+    assert int(line[1]) == 2 * int(classes[0][1])
+    with pytest.raises(SystemExit):  # a trace without its program
+        gpu_trace.main(pair + pair[:1])
