@@ -95,7 +95,8 @@ class GpuProgram:
     ops: opclass.OpClasses  # FLOPs, memory-bound bytes, kernels, each matrix kernel's bytes
     temp_bytes: int  # peak of live intermediate results
     state_bytes: int  # the program's parameters (arguments)
-    kernels: tuple[tuple[str, str, int], ...] = ()  # each: (its CPU instructions, kind, bytes)
+    # each kernel: (its CPU instructions, "matmul" or its memory class (rule 8), bytes)
+    kernels: tuple[tuple[str, str, int], ...] = ()
 
 
 def _body_ops(rest: str, comps: dict) -> set[str]:
