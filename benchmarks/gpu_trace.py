@@ -82,6 +82,27 @@ def matrix_flops(result: str, rest: str, ins: dict) -> tuple[float, bool]:
     return 0.0, False
 
 
+def matrix_tile(result: str, rest: str, ins: dict) -> int:
+    """A cuDNN convolution's fewest of output rows, input features and output features (a
+    cuBLAS product's narrowest dimension): what opclass.Matmul.tile reads from the CPU's
+    program, so that a trace shows how a GPU's rate falls with it (Profile.tile_width)."""
+    target = re.search(r'custom_call_target="([^"]*)"', rest)
+    args = [a for a in opclass._operands(rest) if a in ins]
+    if not target or len(args) < 2:
+        return 0
+    a, b, out = _dims(ins[args[0]][0]), _dims(ins[args[1]][0]), _dims(result)
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    if "cudnn" in target.group(1) and labels:
+        kind = target.group(1)
+        _, w, y = (
+            (a, out, b) if "Filter" in kind else (out, b, a) if "Input" in kind else (a, b, out)
+        )
+        _, kl, ol = labels.groups()
+        cin, cout = w[kl.index("i")], w[kl.index("o")]
+        return min(math.prod(y) // max(y[ol.index("f")], 1), cin, cout)
+    return min(math.prod(out[:-1]) or 1, out[-1] if out else 1, min(a) if a else 1)
+
+
 def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
     """Seconds per step of each HLO instruction's kernels (mean of the trace's steps), and
     the device: a GPU's kernels name their instruction in `hlo_op`; without GPU events, the
@@ -180,7 +201,8 @@ def _memory_bound(mem: list[tuple]) -> None:
 
 def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]:
     """Each traced instruction of one row's program: (name, FLOPs, thin, bytes, seconds per
-    step, class); with the kernels' total seconds per step, the steps traced and the device."""
+    step, class, tile: a GPU matrix kernel's fewest rows or features, else 0); with the
+    kernels' total seconds per step, the steps traced and the device."""
     with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
         text = f.read()
     ins, comps = instructions(text), opclass._computations(text)
@@ -191,14 +213,16 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
         if name not in ins:
             continue
         result, op, rest = ins[name]
+        tile = 0
         if device == "cpu":
             flops, thin = cpu_matrix_flops(name, comps, types)
         else:
             flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
+            tile = matrix_tile(result, rest, ins) if flops else 0
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
             hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
         )
-        rows.append((name, flops, thin, float(moved), seconds, kernel_class(name, comps)))
+        rows.append((name, flops, thin, float(moved), seconds, kernel_class(name, comps), tile))
     return rows, sum(times.values()), steps, device
 
 
@@ -227,6 +251,23 @@ def main(argv=None) -> int:
     return 0
 
 
+def _tiles(matrix: list[tuple]) -> None:
+    """A GPU's matrix kernels by their fewest rows or features (powers of two), each bucket's
+    rate and its share of the widest bucket's: how narrow layers fill the tensor-core tiles
+    (a profile's tile_width prices them at n / tile_width)."""
+    if not matrix:
+        return
+    buckets: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for r in matrix:
+        b = buckets[1 << max(3, math.ceil(math.log2(r[6])))]
+        b[0], b[1], b[2] = b[0] + 1, b[1] + r[1], b[2] + r[4]
+    widest = max(buckets)
+    top = buckets[widest][1] / buckets[widest][2]
+    print("  by fewest rows or features (n <=):  " + ", ".join(
+        f"{n}: {k} at {f / t / 1e12:.0f} TFLOP/s ({f / t / top:.2f})"
+        for n, (k, f, t) in sorted(buckets.items())))  # fmt: skip
+
+
 def _report(rows: list[tuple], total: float, steps: int, device: str, top: int) -> None:
     unjoined = total - sum(r[4] for r in rows)
     print(
@@ -247,10 +288,11 @@ def _report(rows: list[tuple], total: float, steps: int, device: str, top: int) 
                 f"{label:>12}: {len(sel):5d} instructions {t * 1e3:8.2f} ms {f / scale:7.3f} {unit} "
                 f"{f / t / scale:7.1f} {unit}/s"
             )
+    _tiles([r for r in rows if r[1] and not r[2] and r[6]])
     _memory_bound([r for r in rows if not r[1]])
     if top:
         print(f"longest {top}:")
-    for name, flops, thin, moved, seconds, _ in sorted(rows, key=lambda r: -r[4])[:top]:
+    for name, flops, thin, moved, seconds, *_ in sorted(rows, key=lambda r: -r[4])[:top]:
         rate = (
             f"{flops / seconds / scale:6.1f} {unit}/s"
             if flops

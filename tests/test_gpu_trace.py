@@ -53,3 +53,24 @@ def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
     assert int(line[1]) == 2 * int(classes[0][1])
     with pytest.raises(SystemExit):  # a trace without its program
         gpu_trace.main(pair + pair[:1])
+
+
+def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(capsys):
+    """cuDNN's three kernels of one DenseNet layer (148 features in, 12 out: the lines of an
+    H100's program) all have 12 as their fewest rows or features, as opclass reads the CPU's
+    program; the trace report then gives each such bucket's rate against the widest one's."""
+    ins = {"x": ("f32[64,32,32,148]{3,2,1,0}", "fusion", ""),
+           "w": ("f32[12,3,3,148]{3,2,1,0}", "fusion", ""),
+           "dy": ("f32[64,32,32,12]{3,2,1,0}", "fusion", "")}  # fmt: skip
+    conv = 'window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$conv'
+    kernels = {"Forward": ("(f32[64,32,32,12]{3,2,1,0}, u8[0]{0})", "%x, %w"),
+               "BackwardInput": ("(f32[64,32,32,148]{3,2,1,0}, u8[0]{0})", "%dy, %w"),
+               "BackwardFilter": ("(f32[12,3,3,148]{3,2,1,0}, u8[0]{0})", "%x, %dy")}  # fmt: skip
+    for kind, (result, args) in kernels.items():
+        rest = f'{args}), {conv}{kind}"'
+        assert gpu_trace.matrix_tile(result, rest, ins) == 12, kind
+        flops, thin = gpu_trace.matrix_flops(result, rest, ins)
+        assert flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not thin, kind
+    gpu_trace._tiles([("a", 2e9, False, 0, 1e-4, "", 12), ("b", 8e9, False, 0, 1e-4, "", 300)])
+    line = capsys.readouterr().out
+    assert "16: 1 at 20 TFLOP/s (0.25)" in line and "512: 1 at 80 TFLOP/s (1.00)" in line

@@ -82,8 +82,9 @@ def test_each_rule_on_a_small_program():
     assert gpu.ops.kernels == 3
     assert gpu.ops.flops == cpu.flops == 2 * ACT * 9 * 64
     # the convolution reads x (bf16, not its float32 copy) and the bf16 weight, writes bf16
-    ((flops, moved, winograd, narrow, thin),) = gpu.ops.matmuls
+    ((flops, moved, winograd, narrow, thin, tile),) = gpu.ops.matmuls
     assert narrow == 64 and not thin  # 64 output features, 576 products each, 8192 output rows
+    assert tile == 64  # 64 input and 64 output features, 8192 rows
     assert flops == cpu.flops
     assert winograd and moved == 2 * ACT + 2 * W + 2 * ACT
     # the weight's convert reads float32 and writes bfloat16; the fused kernel reads the
@@ -251,8 +252,8 @@ ENTRY %main (x: f32[8,32,32,64]) -> (f32[8,16,16,64], f32[64]) {
 
 
 def test_kernel_classes_and_a_split_reduction():
-    """Rule 7: a reduction of an activation-sized tensor is two kernels (XLA:GPU splits it:
-    partial sums, then a small final one). Rule 8: each memory-bound kernel's class, as the
+    """Rule 7: a long reduction is two kernels (XLA:GPU splits it: partial sums, then a small
+    final one). Rule 8: each memory-bound kernel's class, as the
     GPU's program names it: a weight's convert that only matrix kernels read is a transpose
     (XLA:GPU lays the filter out for cuDNN in that kernel), the fused chain is elementwise, the
     max-pool a window."""
@@ -271,6 +272,56 @@ def test_kernel_classes_and_a_split_reduction():
     assert ops.memory_classes == (("reduce", 2 * 4.0 * ACT + 3 * 4 * 64, 4),
                                   ("window", 4.0 * ACT + 4 * 64 + ACT, 1))  # fmt: skip
     assert ops.kernels == 5 and ops.memory_bytes == sum(b for _, b, _ in ops.memory_classes)
+
+
+LENGTHS = """HloModule m, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%wide (x: f32[64,8,8,512]) -> f32[512] {
+  %x = f32[64,8,8,512]{3,2,1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[512]{0} reduce(%x, %z), dimensions={0,1,2}, to_apply=%add
+}
+
+%long (y: f32[2,64,64,8]) -> f32[8] {
+  %y = f32[2,64,64,8]{3,2,1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[8]{0} reduce(%y, %z), dimensions={0,1,2}, to_apply=%add
+}
+
+ENTRY %main (x: f32[64,8,8,512], y: f32[2,64,64,8]) -> (f32[512], f32[8]) {
+  %x = f32[64,8,8,512]{3,2,1,0} parameter(0)
+  %y = f32[2,64,64,8]{3,2,1,0} parameter(1)
+  %a = f32[512]{0} fusion(%x), kind=kInput, calls=%wide
+  %b = f32[8]{0} fusion(%y), kind=kInput, calls=%long
+  ROOT %out = (f32[512]{0}, f32[8]{0}) tuple(%a, %b)
+}
+"""
+
+
+def test_a_reduction_is_split_by_what_each_result_sums():
+    """Rule 7 counts by the reduction's length, not its size: XLA:GPU's programs sum up to
+    4,096 elements into each result in one kernel (a 4x4 or 8x8 map's BatchNorm statistics
+    over the batch: 2,048 and 4,096 whole in VGG19's, DenseNet's and Inception's programs) and
+    split longer ones (6,272 in ResNet-50's on). Here 2M elements into 512 results (4,096 each)
+    are one kernel, 65,536 into 8 (8,192 each) two."""
+    only_a = LENGTHS.replace("tuple(%a, %b)", "tuple(%a)").replace(
+        "  %b = f32[8]{0} fusion(%y), kind=kInput, calls=%long\n", ""
+    )
+    only_b = LENGTHS.replace("tuple(%a, %b)", "tuple(%b)").replace(
+        "  %a = f32[512]{0} fusion(%x), kind=kInput, calls=%wide\n", ""
+    )
+    assert "calls=%long" not in only_a and "calls=%wide" not in only_b
+    wide = gpufusion.analyse(only_a, "float32").ops
+    assert wide.memory_classes == (("reduce", 4.0 * (64 * 8 * 8 * 512 + 512), 1),)
+    long = gpufusion.analyse(only_b, "float32").ops
+    assert long.memory_classes == (("reduce", 4.0 * (2 * 64 * 64 * 8 + 8), 2),)
+    assert gpufusion.analyse(LENGTHS, "float32").ops.kernels == 3
 
 
 def test_a_profile_prices_each_memory_class_at_its_own_costs():

@@ -105,10 +105,12 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
              "thin_conv_float32": 5e11, "matmul_flops_per_s": 1e13,
              "memory_bandwidth_array_bytes": 1 << 30, "memory_bandwidth": 7e11,
              "launch_s": 30e-6, "sync_call_s": 60e-6, "kernel_s": 3e-6,
-             "peak_memory_bytes": 16e9}  # fmt: skip
+             "peak_memory_bytes": 16e9,  # narrow layers at n / 128 of the wide rate
+             "narrow_conv_float32": {n: 8e12 * min(1, n / 128) for n in (8, 16, 64, 128, 256)}}  # fmt: skip
     truth = _gpu(peak_flops={"float32": 1e13, "bfloat16": 1e13}, compute_efficiency=0.6,
                  conv3x3_efficiency=1.5, matmul_kernel_s=40e-6, kernel_s=3e-6,
-                 thin_efficiency=0.05, launch_s=3e-6, program_overhead_s=30e-6)  # fmt: skip
+                 thin_efficiency=0.05, launch_s=3e-6, program_overhead_s=30e-6,
+                 tile_width=128.0)  # fmt: skip
     rows = kernels.vision_rows(kernels.load(kernels.SHIPPED))
     assert len(rows) == 24 and all(r["W"] == r["H"] and r["C"] >= 8 for r in rows)
     # what the GPU would run, here on a small shape: three programs, each timed
@@ -128,7 +130,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     report = here.write_profile(str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed))
     assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
     p = hardware.load_profile(path)
-    assert p.compiler == "gpu"
+    assert p.compiler == "gpu" and p.tile_width == 128.0 and "tile_width 128" in path.read_text()
     for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
                         ("matmul_kernel_s", 40e-6), ("kernel_s", 3e-6)):  # fmt: skip
         assert getattr(p, name) == pytest.approx(value, rel=2e-3), name

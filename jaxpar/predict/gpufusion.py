@@ -37,10 +37,13 @@ order 1, 6, 2, then 3-5, 7 and 8 as each kernel is priced):
    their operands transposed, while cuDNN reads the other's result as it is. On ResNet-50 at
    224 in float32 this is a third of the modelled traffic (117 against the H100 program's 73 GB
    before; 77 after).
-7. A reduction of an activation-sized tensor (2^18 elements or more: a BatchNorm statistic, a
-   bias gradient) is two kernels: XLA:GPU splits a long reduction into partial sums and a
-   small final one (its ResNet-50 program: 161 of 262 such reductions, and 165 final kernels).
-   Counted by elements, not bytes, so that bfloat16 and float32 programs split alike.
+7. A long reduction (one that sums more than 4,096 elements into each result: a BatchNorm
+   statistic or a bias gradient over a batch of large maps) is two kernels: XLA:GPU splits it
+   into partial sums and a small final one (its ResNet-50 program: 161 of 262 such
+   reductions, and 165 final kernels). Counted by the reduction's length, not its size: in
+   the GPU's own programs of eight models, reductions of up to 4,096 elements per result run
+   whole (VGG19's 4x4 maps over a batch of 128: 2,048; DenseNet's and Inception's 8x8 maps
+   over 64: 4,096) and every one of 6,272 (ResNet-50's 7x7 maps over 128) or more is split.
 8. Each memory-bound kernel has a class, as the GPU's program names it (opclass.MEMORY_CLASSES):
    a window (pooling, its gradient, a scatter), a transpose (one that transposes or reverses,
    or a weight's conversion that only matrix kernels read: XLA:GPU lays each filter out for
@@ -74,7 +77,7 @@ _NONE = {"parameter", "constant", "tuple", "after-all", "partition-id", "replica
 _INT = re.compile(r"^\(?\s*(?:[su](?:8|16|32|64)|pred)\[")
 _BIG = 1 << 20  # bytes: below this a tensor is a parameter's, a statistic's or a scalar's
 _MAX_BIG_INPUTS = 3  # activation-sized inputs of one memory-bound GPU kernel (rule 5)
-_SPLIT = 1 << 18  # elements: a reduction of a tensor this large is split in two (rule 7)
+_SPLIT = 4096  # a reduction summing more elements into each result is split (rule 7)
 
 
 @dataclasses.dataclass
@@ -251,6 +254,13 @@ class _Graph:
                         self.group[n] = g
                         changed = True
 
+    def long_reduction(self, n: str) -> bool:
+        """Whether `n` sums more than _SPLIT elements into each of its results (rule 7)."""
+        if "reduce" not in self.nodes[n].computes:
+            return False
+        read = max((_elements(self.types.get(a, "")) for a in self.nodes[n].args), default=0)
+        return read > _SPLIT * max(_elements(self.nodes[n].result), 1)
+
     def sources(self, a: str) -> set[str]:
         """What reading `a` reads from memory: through absorbed and inlined kernels."""
         b = self.base(a)
@@ -326,8 +336,8 @@ class _Graph:
                 total += dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
             else:
                 kind = self.memory_class(group_nodes, outs)
-                count = 2 if kind == "reduce" and any(_elements(self.types.get(a, "")) >= _SPLIT
-                                                      for a in ins) else 1  # fmt: skip
+                split = kind == "reduce" and any(map(self.long_reduction, group_nodes))
+                count = 2 if split else 1
                 total += opclass.OpClasses(memory_bytes=float(moved), kernels=count,
                                            memory_classes=((kind, float(moved), count),))  # fmt: skip
             listed.append(("+".join(group_nodes), kind, moved))

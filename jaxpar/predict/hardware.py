@@ -66,6 +66,13 @@ class Profile:
     # tiles are 64-128 wide; a CPU's vector registers hold 8 float32 and its GEMM kernels block
     # several of them (measured here: micro.measure_narrow)
     narrow_width: float = 0.0
+    # On "gpu", in its place: a matrix kernel whose fewest of output rows, input features and
+    # output features (opclass.Matmul.tile, a convolution's window taps apart) is n runs at
+    # min(1, n / tile_width) of its class's rate: tensor-core tiles are tile_width wide, and a
+    # narrower layer leaves the rest of each tile idle (0: off). Measured on an H100: a 3x3
+    # layer's three kernels at 8 to 256 features run at n / 128 of the wide rate up to 128
+    # (here.py's narrow convolutions; DenseNet's 12-feature layers at 0.03-0.08 of peak)
+    tile_width: float = 0.0
     # On "gpu": the fraction of peak of a convolution over fewer than 8 channels (an image's
     # first layer and its weight gradient: opclass.Matmul.thin), which tensor-core kernels
     # cannot take (0: as the other convolutions). Measured: 0.045 on an H100 in bfloat16
@@ -156,12 +163,15 @@ class Profile:
         ratio = self.conv3x3_efficiency / self.compute_efficiency if self.conv3x3_efficiency else 1
         peak = self.peak(dtype) * eff
         if self.compiler == "gpu" and self.memory_bandwidth and ops.matmuls:
-            bw, d0 = self.memory_bandwidth, self.narrow_width
+            bw, d0, tw = self.memory_bandwidth, self.narrow_width, self.tile_width
             thin = self.peak(dtype) * self.thin_efficiency
+            share = (
+                (lambda m: min(1.0, m.tile / tw)) if tw else (lambda m: m.narrow / (m.narrow + d0))
+            )
             fixed += len(ops.matmuls) * self.matmul_kernel_s
             return fixed + sum(
                 max(m.flops / (thin if m.thin and thin else
-                               peak * (ratio if m.winograd else 1) * m.narrow / (m.narrow + d0)),
+                               peak * (ratio if m.winograd else 1) * share(m)),
                     m.moved / bw)
                 for m in ops.matmuls)  # fmt: skip
         if self.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
@@ -220,6 +230,7 @@ def from_config(c: Any) -> Profile:
         compiler=str(get("compiler", "cpu")),
         loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
         narrow_width=float(get("narrow_width", 0.0) or 0.0),
+        tile_width=float(get("tile_width", 0.0) or 0.0),
         thin_efficiency=float(get("thin_efficiency", 0.0) or 0.0),
         matmul_kernel_s=float(get("matmul_kernel_s", 0.0) or 0.0),
         memory_kernel_costs=_memory_costs(get("memory_kernel_costs", {}) or {}),

@@ -1,6 +1,7 @@
 """`python -m jaxpar.predict --calibrate-here OUT.py`: a hardware profile of this machine
 (configs/hardware/*.py format) from microbenchmarks of its first device (matmul FLOP/s, memory
-bandwidth, a small kernel's and a program dispatch's cost, memory) and jaxpar's one-device
+bandwidth, a small kernel's and a program dispatch's cost, memory; on a GPU the first layer's
+convolutions and narrow layers' by their features: thin_efficiency, tile_width) and jaxpar's one-device
 training step timed on a few models (`--here-rows`): its `calibration_runs`, fitted on loading.
 """
 
@@ -156,6 +157,47 @@ def _thin_rate(device, dtype: str, seconds: float) -> float:
     return flops / _per_call(grad, (w, x), seconds)
 
 
+NARROW_FEATURES = (8, 16, 32, 64, 128, 256)  # output features of the narrow convolutions timed
+
+
+def _narrow_conv_rates(device, dtype: str, seconds: float) -> dict[int, float]:
+    """FLOP/s of one 3x3 convolution layer's training kernels (its forward, input gradient and
+    filter gradient, one program) over 256 input features by its output features n (batch 64,
+    32x32; DenseNet's layers have 12): a GPU's tensor-core tiles are some width T in each GEMM
+    dimension, so a layer with n < T fills n / T of each (hardware.Profile.tile_width)."""
+    x = jax.device_put(jnp.ones((64, 32, 32, 256), dtype), device)
+    rates = {}
+    for n in NARROW_FEATURES:
+        w = jax.device_put(jnp.ones((3, 3, 256, n), dtype) * 0.01, device)
+        dy = jax.device_put(jnp.ones((64, 32, 32, n), dtype), device)
+
+        def step(x, w, dy):
+            conv = lambda x, w: jax.lax.conv_general_dilated(
+                x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            )
+            y, back = jax.vjp(conv, x, w)
+            return y, *back(dy)
+
+        flops = 3 * 2 * 64 * 32 * 32 * 256 * n * 9
+        rates[n] = flops / _per_call(jax.jit(step), (x, w, dy), seconds)
+    return rates
+
+
+def fit_tile_width(rates: dict[int, float]) -> float:
+    """The tile width T (a power of two, 8 to 1024) whose rate(n) = r0 x min(1, n / T) fits the
+    measured rates best (least squares of the log error, r0 the best for each T)."""
+    import numpy as np
+
+    n = np.array(sorted(rates), dtype=float)
+    r = np.log([rates[int(k)] for k in n])
+
+    def cost(t: float) -> float:
+        e = r - np.log(np.minimum(1.0, n / t))
+        return float(np.sum((e - e.mean()) ** 2))
+
+    return float(min((2.0**k for k in range(3, 11)), key=cost))
+
+
 def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> list[dict]:
     """Each convolution shape of `rows` (kernels.py's table format) timed on the first
     device in `dtype`: its forward, its input gradient and its filter gradient, each a
@@ -202,6 +244,8 @@ def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
         out[f"matmul_{dtype}"] = rates
         out[f"{dtype}_flops_per_s"] = rates[max(rates)]
         out[f"thin_conv_{dtype}"] = _thin_rate(device, dtype, seconds)
+        if gpu:
+            out[f"narrow_conv_{dtype}"] = _narrow_conv_rates(device, dtype, seconds)
     out["matmul_flops_per_s"] = out["float32_flops_per_s"]
     x = put(jnp.ones((1 << 28 if gpu else 1 << 24), jnp.float32))  # 1 GiB / 64 MiB
     out["memory_bandwidth_array_bytes"] = x.nbytes
@@ -304,6 +348,11 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str,
         *(f"- {d} 7x7/2 convolution of 3 channels and its weight gradient: "
           f"{m[f'thin_conv_{d}'] / 1e9:,.1f} GFLOP/s ({m[f'thin_conv_{d}'] / m[f'{d}_flops_per_s']:.3f}"
           " of the matmul's: thin_efficiency)" for d in ("float32", "bfloat16") if f"thin_conv_{d}" in m),
+        *(f"- {d} 3x3 convolution over 256 features by its output features n (forward and both "
+          "gradients), GFLOP/s: " + ", ".join(f"{n}: {r / 1e9:,.0f}" for n, r in
+          m[f"narrow_conv_{d}"].items()) + f" (tile_width {fit_tile_width(m[f'narrow_conv_{d}']):g}:"
+          " n / tile_width of the widest rate below it)"
+          for d in ("float32", "bfloat16") if f"narrow_conv_{d}" in m),
         (f"- memory bandwidth (x * 2 + 1 in place over {m['memory_bandwidth_array_bytes'] >> 20:,}"
          f" MiB): {m['memory_bandwidth'] / 1e9:.2f} GB/s read + written"),
         (f"- one small kernel inside a program (chains of 32x32 matmuls): "
@@ -336,6 +385,13 @@ def _thin_efficiency(micro: dict, runs: list[dict]) -> float:
     return micro[f"thin_conv_{dtype}"] / micro[f"{dtype}_flops_per_s"]
 
 
+def _tile_width(micro: dict, runs: list[dict]) -> float:
+    """The tile width fitted to the narrow convolutions in the runs' compute dtype (0 where
+    they were not timed: a CPU, whose narrow kernels are measured otherwise)."""
+    rates = micro.get(f"narrow_conv_{_runs_dtype(runs)}") or micro.get("narrow_conv_float32")
+    return fit_tile_width(rates) if rates else 0.0
+
+
 def kernel_table_path(path) -> Path:
     """Where a profile written to `path` keeps its kernel table: beside it, OUT_kernels.csv."""
     return Path(path).with_name(Path(path).stem + "_kernels.csv")
@@ -358,11 +414,15 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
         "kernel_s": 0.0 if gpu else micro["kernel_s"], "launch_s": micro["kernel_s"] * gpu,
         # the first layer's convolutions, in the compute dtype the runs use most
         "thin_efficiency": _thin_efficiency(micro, runs),
+        # a GPU's tensor-core tile, from its narrow convolutions (0: not measured, a CPU)
+        "tile_width": _tile_width(micro, runs),
         "program_overhead_s": micro["launch_s"], "compiler": "gpu" if gpu else "cpu",
         # a GPU's collectives are asynchronous and XLA:GPU schedules them under the backward
         # (overlap.py reads where from the program); XLA:CPU's are not
         "intra": link, "inter": link, "overlap": None if gpu else 0.0, "fit": names,
     }  # fmt: skip
+    if not values["tile_width"]:
+        del values["tile_width"]
     if table:
         dtype, rows = table
         csv = kernel_table_path(path)

@@ -85,8 +85,9 @@ def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
     views = (("forward", "forward_ms", (n * p * q, k, c * r * s)),
              ("input gradient", "input_grad_ms", (n * h * w, c, k * r * s)),
              ("filter gradient", "filter_grad_ms", (k, c * r * s, n * p * q)))  # fmt: skip
-    return [Kernel(f"{label} {kind}", opclass.Matmul(flops, moved, winograd, min(dims)),
-                   row[column] * 1e-3)
+    tile = min(n * p * q, c, k)  # each tap's features through the tiles (Matmul.tile)
+    return [Kernel(f"{label} {kind}", opclass.Matmul(flops, moved, winograd, min(dims),
+                                                     tile=tile), row[column] * 1e-3)
             for kind, column, dims in views if row[column] > 0]  # fmt: skip
 
 

@@ -50,6 +50,12 @@ class Matmul(typing.NamedTuple):
     # a convolution over fewer than THIN channels (an image's 3): tensor-core kernels need
     # channels in multiples of 8, so cuDNN runs it with slow generic kernels
     thin: bool = False
+    # its narrowest dimension with a convolution's window taps apart: the fewest of its output
+    # rows (batch x positions), input features and output features (a dot's narrowest GEMM
+    # dimension). cuDNN's implicit GEMM runs each tap's features through the tensor-core
+    # tiles, so a layer of 12 output features fills 12 of a tile's 128 columns in its forward
+    # and both gradients alike (hardware.Profile.tile_width)
+    tile: int = 1 << 30
 
 
 THIN = 8
@@ -175,9 +181,11 @@ def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses
     moved = float(hlo.shape_bytes(result) + sum(hlo.shape_bytes(types[a])
                                                 for a in _operands(rest) if a in types))  # fmt: skip
     narrow, thin = _narrow(op, result, rest, types), _thin(op, result, rest, types)
+    tile = _tile(op, result, rest, types) if op == "convolution" else narrow
     if op == "convolution" and _winograd(result, rest):
-        return OpClasses(conv3x3_flops=flops, matmuls=(Matmul(flops, moved, True, narrow, thin),))
-    return OpClasses(matmul_flops=flops, matmuls=(Matmul(flops, moved, False, narrow, thin),))
+        return OpClasses(conv3x3_flops=flops,
+                         matmuls=(Matmul(flops, moved, True, narrow, thin, tile),))  # fmt: skip
+    return OpClasses(matmul_flops=flops, matmuls=(Matmul(flops, moved, False, narrow, thin, tile),))
 
 
 def _thin(op: str, result: str, rest: str, types: dict[str, str]) -> bool:
@@ -199,6 +207,30 @@ def _thin(op: str, result: str, rest: str, types: dict[str, str]) -> bool:
     if area > spatial:  # a weight gradient: its result is the kernel
         return out[out_labels.index("b")] < THIN
     return lhs[lhs_labels.index("f")] < THIN
+
+
+def _tile(op: str, result: str, rest: str, types: dict[str, str]) -> int:
+    """A convolution's fewest of output rows, input features and output features (Matmul.tile):
+    its result's features and rows and its kernel operand's input features; a weight gradient
+    (its result the kernel, as `_thin` tells) has the layer's features in its result ("b" and
+    "f") and sums over the batch's positions."""
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    window = re.search(r"window=\{size=([\dx]+)", rest)
+    args = _operands(rest)
+    out = _dims(result)
+    if not labels or not window or len(args) < 2 or args[1] not in types:
+        return 1 << 30
+    kernel = _dims(types[args[1]])
+    _, k_labels, out_labels = labels.groups()
+    if len(kernel) != len(k_labels) or len(out) != len(out_labels):
+        return 1 << 30
+    area = math.prod(int(d) for d in window.group(1).split("x"))
+    positions = math.prod(out[i] for i, c in enumerate(out_labels) if c.isdigit())
+    if area > positions:  # a weight gradient: rows are the summed batch x positions
+        rows = math.prod(kernel) // max(kernel[k_labels.index("o")], 1)
+        return max(1, min(rows, out[out_labels.index("b")], out[out_labels.index("f")]))
+    rows = math.prod(out) // max(out[out_labels.index("f")], 1)
+    return max(1, min(rows, out[out_labels.index("f")], kernel[k_labels.index("i")]))
 
 
 def _narrow(op: str, result: str, rest: str, types: dict[str, str]) -> int:
