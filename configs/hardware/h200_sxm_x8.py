@@ -44,6 +44,8 @@ def get_config():
     # H100's per-class costs, gpufusion's rule 8, took the ResNet-50 rows from +4.6% / +0.9% to
     # -13.9% / -16.2%: its classes' bandwidths are the H100's)
     c.memory_kernel_costs = {}
+    # the tensor-core tile (tile_width 128, from the H100 profile): an H200's narrow
+    # convolutions, timed by --calibrate-here on 2026-11-27, fit 128 too (docs/predict.md)
     c.calibration_runs = [
         {**RUN, "model": "vgg19", "image_shape": (32, 32, 3), "dtype": "bfloat16",
          "batch_size": 512, "images_per_sec": 111_992.0},
