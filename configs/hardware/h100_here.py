@@ -160,9 +160,10 @@ def get_config():
     c.thin_efficiency = 0.045
     # edited: the tensor-core tile's width, from this GPU's narrow convolutions (here.py's
     # microbenchmark, added after this file was made; run 2026-11-27 on a lent H100): a 3x3
-    # layer over 256 input features with n = 8 ... 256 output features (and the other way
-    # round) ran at n / 128 of the widest rate up to n = 128, in float32 and bfloat16
-    # (runs/gpu_traces/narrow.json; docs/predict.md, "Narrow matrix kernels on a GPU")
+    # layer over 256 input features with n = 8 ... 256 output features ran at n / 128 of the
+    # widest rate up to n = 128, in float32 and bfloat16 (n input features: 128 in bfloat16,
+    # 64 in float32)
+    # (docs/predict.md, "Narrow layers on a GPU: the tensor-core tile")
     c.tile_width = 128.0
     # edited: NVLink 4 through NVSwitch, as configs/hardware/h100_sxm_x8.py (sources there)
     c.intra = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}
