@@ -46,3 +46,20 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
 
     row = predict_config(base.get_config(), profile)  # 8 simulated devices, data parallel
     assert row["status"] == "ok" and row["num_devices"] == 8 and row["images_per_sec"] > 0
+
+
+def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, capsys):
+    """On a GPU the profile's matrix kernels come from kernels timed there; --here-fit
+    compute_efficiency alone would price them all at one rate (on an H200 a VGG19 row came
+    back 24% slow so): one line says so, and the plan still goes ahead as asked."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(here.jax, "devices", lambda *a: [SimpleNamespace(platform="gpu")])
+    args = SimpleNamespace(here_rows="vgg19:1.0:32:bfloat16:512", here_fit="compute_efficiency",
+                           here_seconds=1.0, here_devices=None)  # fmt: skip
+    rows, names = here._plan(args)
+    assert rows == ["vgg19:1.0:32:bfloat16:512"] and names == ("compute_efficiency",)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("note: on a GPU") and "kernel_s" in err
+    here._plan(SimpleNamespace(**{**vars(args), "here_fit": "kernel_s"}))
+    assert capsys.readouterr().err == ""

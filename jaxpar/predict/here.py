@@ -66,6 +66,10 @@ def _plan(args) -> tuple[list[str], tuple[str, ...]]:
         raise ConfigError("--here-seconds must be positive")
     if getattr(args, "here_devices", None) is not None and args.here_devices < 1:
         raise ConfigError("--here-devices must be at least 1")
+    if gpu and "compute_efficiency" in names and "conv3x3_efficiency" not in names:
+        print("note: on a GPU the profile's matrix kernels are priced from the kernels timed "
+              "here; fitting compute_efficiency alone to the rows drops their 3x3 rate (the "
+              "default fits kernel_s: leave out --here-fit)", file=sys.stderr)  # fmt: skip
     return [parse_row(r)["name"] for r in rows], names
 
 
