@@ -74,3 +74,23 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(capsys):
     gpu_trace._tiles([("a", 2e9, False, 0, 1e-4, "", 12), ("b", 8e9, False, 0, 1e-4, "", 300)])
     line = capsys.readouterr().out
     assert "16: 1 at 20 TFLOP/s (0.25)" in line and "512: 1 at 80 TFLOP/s (1.00)" in line
+
+
+def test_the_reduction_microbenchmark_runs_and_reads_its_kernels(tmp_path, capsys):
+    """benchmarks/reduce_micro.py (for the next lent GPU) on this CPU: each tiny shape's
+    statistics program traced, its kernels joined by name, its length and bytes as computed."""
+    import json
+
+    where = importlib.util.spec_from_file_location(
+        "reduce_micro", Path("benchmarks/reduce_micro.py")
+    )
+    reduce_micro = importlib.util.module_from_spec(where)
+    where.loader.exec_module(reduce_micro)
+
+    out = tmp_path / "reduce.json"
+    assert reduce_micro.main(["--small", "--dtypes", "float32", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["length"], r["results"]) for r in rows] == [(32, 8), (128, 16), (256, 12)]
+    assert all(r["kernels"] >= 1 and r["seconds"] > 0 and r["device"] == "cpu" for r in rows)
+    assert rows[2]["bytes"] == 4 * 4 * 8 * 8 * 12 + 2 * 4 * 12
+    assert "us + bytes /" in capsys.readouterr().out
