@@ -59,6 +59,15 @@ class InFlight:
             _wait(self._pending.popleft()[1])
             self.waits += 1
 
+    def settle(self, result: Any) -> Any:
+        """Wait for `result` now where the window is bounded (the CPU backend); returns it.
+        For a computation that XLA's CPU client runs outside its order of collectives (a move
+        across processes whose local part is one device: docs/cluster.md, "Why dispatch is
+        bounded")."""
+        if self.limit:
+            _wait(result)
+        return result
+
     def drain(self) -> None:
         """Wait for everything registered (e.g. before timing or host reads)."""
         while self._pending:

@@ -8,7 +8,9 @@ tests.util.tiny_config(**overrides) trained by trainer.train_and_evaluate, the f
 jaxpar.train calls. Compiled programs stay in memory from one job to the next, so schedules
 that run the same stage programs (GPipe and 1F1B) compile them once. Process 0 prints
 "job WORKDIR" before each job. The processes leave together after the last job
-(cluster.finish); a job that raises ends the process with its traceback.
+(cluster.finish). A job that raises ends the process at once with its traceback and one line
+(cluster.lost, as jaxpar.train does): JAX's exit handler would wait for the other process, which
+may be waiting for this one in a collective, and the test would see a hang instead of the error.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import traceback
 
 
 def main() -> None:
@@ -46,7 +49,11 @@ def main() -> None:
         overrides = {k: tuple(v) if isinstance(v, list) else v for k, v in job["overrides"].items()}
         if jax.process_index() == 0:
             print(f"job {job['workdir']}", flush=True)
-        trainer.train_and_evaluate(tiny_config(**overrides), job["workdir"])
+        try:
+            trainer.train_and_evaluate(tiny_config(**overrides), job["workdir"])
+        except Exception as e:  # noqa: BLE001 - the traceback, then one line, then out
+            traceback.print_exc()
+            cluster.lost(f"job {job['workdir']} failed: {type(e).__name__}", 1)
     finish()
 
 

@@ -112,6 +112,10 @@ class Mover:
         out = self.inflight.add(
             _permute(pair, stacked, self.stage)(self._stack(x, sharding, big, dtype))
         )
+        if sum(d.process_index == self.me for d in devices.flat) == 1:
+            # XLA's CPU client runs a program on one local device outside its order of
+            # collectives: a later gather could take every thread first (docs/cluster.md)
+            self.inflight.settle(out)
         target = set(self._stage_devices(b).flat)
         got = [s.data for s in out.addressable_shards if s.device in target]
         if not got:
