@@ -159,7 +159,32 @@ def kernel_class(name: str, comps: dict) -> str:
         return "window"
     if ops & {"transpose", "reverse"}:
         return "transpose"
-    return "reduce" if "reduce" in ops else "elementwise"
+    if "reduce" not in ops:
+        return "elementwise"
+    _, results, length = largest_reduction(name, comps)
+    return opclass.reduction_class(results, length)
+
+
+def largest_reduction(name: str, comps: dict) -> tuple[int, int, int]:
+    """(elements read, results, elements summed into each) of the kernel's largest
+    reduction; (0, 1, 1) if it holds none."""
+    entry = {n: rest for n, _, _, rest in comps["ENTRY"]}
+    best, todo = (0, 1, 1), list(opclass._called(entry[name]))
+    while todo:
+        body = comps.get(todo.pop(), ())
+        types = {n: r for n, r, _, _ in body}
+        for _, result, op, rest in body:
+            todo += opclass._called(rest) if op == "fusion" else []
+            args = opclass._operands(rest)
+            if op == "reduce" and args and args[0] in types:
+                read, results = _elements(types[args[0]]), max(_elements(result), 1)
+                best = max(best, (read, results, read // results))
+    return best
+
+
+def _elements(type_text: str) -> int:
+    """Elements of the first array in a type."""
+    return math.prod(_dims(type_text)) if _dims(type_text) else 1
 
 
 def _fit(b: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -190,18 +215,22 @@ def _memory_bound(mem: list[tuple]) -> None:
     fixed, bandwidth = _fit(b, t)
     print(f"  fit: {fixed * 1e6:.2f} us + bytes / {bandwidth / 1e9:.0f} GB/s")
     classes = np.array([r[5] for r in mem])
+    lane = b / np.array([r[7] for r in mem])  # a reduce_few kernel's bytes per result
     for name in opclass.MEMORY_CLASSES:
         m = classes == name
         if m.any():
-            fixed, bandwidth = _fit(b[m], t[m])
+            few = name == "reduce_few"  # priced by one result's lane (Profile.device_time)
+            fixed, bandwidth = _fit(lane[m] if few else b[m], t[m])
+            rate = f"bytes per result / {bandwidth / 1e9:5.2f} GB/s" if few else \
+                f"bytes / {bandwidth / 1e9:5.0f} GB/s"  # fmt: skip
             print(f"  {name:>11}: {m.sum():5d} kernels {t[m].sum() * 1e3:7.2f} ms "
-                  f"{b[m].sum() / 1e9:6.2f} GB, fit {fixed * 1e6:5.2f} us + bytes / "
-                  f"{bandwidth / 1e9:5.0f} GB/s")  # fmt: skip
+                  f"{b[m].sum() / 1e9:6.2f} GB, fit {fixed * 1e6:5.2f} us + {rate}")  # fmt: skip
 
 
 def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]:
     """Each traced instruction of one row's program: (name, FLOPs, thin, bytes, seconds per
-    step, class, tile: a GPU matrix kernel's fewest rows or features, else 0); with the
+    step, class, tile: a GPU matrix kernel's fewest rows or features, else 0, results: a
+    reduce_few kernel's, else 1); with the
     kernels' total seconds per step, the steps traced and the device."""
     with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
         text = f.read()
@@ -222,7 +251,9 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
             hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
         )
-        rows.append((name, flops, thin, float(moved), seconds, kernel_class(name, comps), tile))
+        kind = kernel_class(name, comps)
+        results = largest_reduction(name, comps)[1] if kind == "reduce_few" else 1
+        rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
     return rows, sum(times.values()), steps, device
 
 

@@ -71,9 +71,68 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(capsys):
         assert gpu_trace.matrix_tile(result, rest, ins) == 12, kind
         flops, thin = gpu_trace.matrix_flops(result, rest, ins)
         assert flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not thin, kind
-    gpu_trace._tiles([("a", 2e9, False, 0, 1e-4, "", 12), ("b", 8e9, False, 0, 1e-4, "", 300)])
+    gpu_trace._tiles(
+        [("a", 2e9, False, 0, 1e-4, "", 12, 1), ("b", 8e9, False, 0, 1e-4, "", 300, 1)]
+    )
     line = capsys.readouterr().out
     assert "16: 1 at 20 TFLOP/s (0.25)" in line and "512: 1 at 80 TFLOP/s (1.00)" in line
+
+
+FEW = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%few (p: bf16[4096,192]) -> f32[192] {
+  %p = bf16[4096,192]{1,0} parameter(0)
+  %c = f32[4096,192]{1,0} convert(%p)
+  %z = f32[] constant(0)
+  ROOT %r = f32[192]{0} reduce(%c, %z), dimensions={0}, to_apply=%add
+}
+
+%many (p: f32[4096,2048]) -> f32[2048] {
+  %p = f32[4096,2048]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[2048]{0} reduce(%p, %z), dimensions={0}, to_apply=%add
+}
+
+%short (p: f32[128,192]) -> f32[192] {
+  %p = f32[128,192]{1,0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[192]{0} reduce(%p, %z), dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (x: bf16[4096,192], y: f32[4096,2048], s: f32[128,192]) -> f32[192] {
+  %x = bf16[4096,192]{1,0} parameter(0)
+  %y = f32[4096,2048]{1,0} parameter(1)
+  %s = f32[128,192]{1,0} parameter(2)
+  %input_reduce_fusion = f32[192]{0} fusion(%x), kind=kInput, calls=%few
+  %input_reduce_fusion.1 = f32[2048]{0} fusion(%y), kind=kInput, calls=%many
+  ROOT %input_reduce_fusion.2 = f32[192]{0} fusion(%s), kind=kInput, calls=%short
+}
+"""
+
+
+def test_a_traced_reduction_into_few_results_is_named_so(capsys):
+    """A GPU program's reduction kernels by their largest reduction (gpufusion's rule 9):
+    Inception-v3's 8x8 BatchNorm statistics (4,096 bfloat16 rows into 192 results) are
+    reduce_few, into 2,048 results or summing 128 elements each plain reduce; the trace
+    report fits reduce_few's costs on its bytes per result."""
+    from jaxpar.predict import opclass
+
+    comps = opclass._computations(FEW)
+    kinds = [gpu_trace.kernel_class(n, comps) for n in
+             ("input_reduce_fusion", "input_reduce_fusion.1", "input_reduce_fusion.2")]  # fmt: skip
+    assert kinds == ["reduce_few", "reduce", "reduce"]
+    assert gpu_trace.largest_reduction("input_reduce_fusion", comps) == (4096 * 192, 192, 4096)
+    # two reduce_few kernels of 192 results at 1 us + bytes per result / 1 GB/s
+    mem = [("k", 0.0, False, b, 1e-6 + b / 192 / 1e9, "reduce_few", 0, 192) for b in (1e6, 3e6)]
+    gpu_trace._memory_bound(mem)
+    line = next(x for x in capsys.readouterr().out.splitlines() if "reduce_few:" in x)
+    assert "fit  1.00 us + bytes per result /  1.00 GB/s" in line
 
 
 def test_the_reduction_microbenchmark_runs_and_reads_its_kernels(tmp_path, capsys):

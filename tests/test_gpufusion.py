@@ -267,9 +267,11 @@ def test_kernel_classes_and_a_split_reduction():
     assert program.memory_classes == (("elementwise", 4.0 * ACT, 1), ("transpose", 6.0 * W, 1))
     ops = gpufusion.analyse(STATS, "float32").ops
     # the mean reads x (4 B an element) and writes 64 floats, the variance reads x and the
-    # mean: two kernels each; the centred copy is fused into the pool (its only reader): x and
-    # the mean in, the pooled quarter out
-    assert ops.memory_classes == (("reduce", 2 * 4.0 * ACT + 3 * 4 * 64, 4),
+    # mean: two kernels each, the second summing 91 partials (8,192 elements each: 91^2 >=
+    # 8,192) into each of the 64 results; the centred copy is fused into the pool (its only
+    # reader): x and the mean in, the pooled quarter out
+    final = 4 * 64 * (91 + 1)  # the partials read, the results written
+    assert ops.memory_classes == (("reduce", 2 * 4.0 * ACT + 3 * 4 * 64 + 2 * final, 4),
                                   ("window", 4.0 * ACT + 4 * 64 + ACT, 1))  # fmt: skip
     assert ops.kernels == 5 and ops.memory_bytes == sum(b for _, b, _ in ops.memory_classes)
 
@@ -318,10 +320,54 @@ def test_a_reduction_is_split_by_what_each_result_sums():
     )
     assert "calls=%long" not in only_a and "calls=%wide" not in only_b
     wide = gpufusion.analyse(only_a, "float32").ops
-    assert wide.memory_classes == (("reduce", 4.0 * (64 * 8 * 8 * 512 + 512), 1),)
+    assert wide.kernels == 1 and wide.memory_bytes == 4.0 * (64 * 8 * 8 * 512 + 512)
     long = gpufusion.analyse(only_b, "float32").ops
-    assert long.memory_classes == (("reduce", 4.0 * (2 * 64 * 64 * 8 + 8), 2),)
+    # the partial sums, then 91 of them (91^2 >= 8,192) summed into each of the 8 results
+    final = 4.0 * 8 * (91 + 1)
+    assert long.memory_classes == (("reduce", 4.0 * (2 * 64 * 64 * 8 + 8) + final, 2),)
     assert gpufusion.analyse(LENGTHS, "float32").ops.kernels == 3
+
+
+def test_a_reduction_into_few_results_is_priced_by_one_lane():
+    """Rule 9: XLA:GPU spreads a reduction over its results alone, so one into fewer than
+    1,024 results, each summing 256 or more elements, runs at its results times one lane's rate
+    (in an H100's programs, 4,096 rows into 192-448 BatchNorm statistics took 7 us whatever
+    their number). LENGTHS's 4,096 into each of 512 is one such kernel; a split reduction's
+    final kernel is one when it sums 256 or more partials into few results. A profile prices
+    the class by its bytes per result; one that does not name it, as a reduction."""
+    import dataclasses
+
+    from jaxpar.predict import hardware
+
+    only_a = LENGTHS.replace("tuple(%a, %b)", "tuple(%a)").replace(
+        "  %b = f32[8]{0} fusion(%y), kind=kInput, calls=%long\n", ""
+    )
+    wide = gpufusion.analyse(only_a, "float32").ops
+    moved = 4.0 * (64 * 8 * 8 * 512 + 512)
+    assert wide.memory_classes == (("reduce_few", moved, 1),)
+    assert wide.lane_bytes == pytest.approx(moved / 512)
+    # 8 x 128 x 128 = 131,072 elements into each of 8 results: split, the final kernel summing
+    # 363 partials (363^2 >= 131,072) into each
+    deep = LENGTHS.replace("f32[2,64,64,8]", "f32[8,128,128,8]")
+    deep = deep.replace("tuple(%a, %b)", "tuple(%b)").replace(
+        "  %a = f32[512]{0} fusion(%x), kind=kInput, calls=%wide\n", ""
+    )
+    ops = gpufusion.analyse(deep, "float32").ops
+    first, final = 4.0 * (8 * 128 * 128 * 8 + 8), 4.0 * 8 * (363 + 1)
+    assert ops.memory_classes == (("reduce", first, 1), ("reduce_few", final, 1))
+    assert ops.lane_bytes == pytest.approx(final / 8)
+    base = hardware.Profile("g", 1, 1, {"float32": 1e12}, 1e9, hardware.Link(1e9, 0),
+                            hardware.Link(1e9, 0), compute_efficiency=0.5, kernel_s=2e-6,
+                            memory_bandwidth=1e12, compiler="gpu",
+                            memory_kernel_costs={"reduce": (3e-6, 2e12)})  # fmt: skip
+    # no reduce_few costs: both kernels at reduce's
+    assert base.device_time(ops, "float32") == pytest.approx(2 * 3e-6 + (first + final) / 2e12)
+    lanes = dataclasses.replace(base, memory_kernel_costs={"reduce": (3e-6, 2e12),
+                                                           "reduce_few": (1e-6, 1e9)})  # fmt: skip
+    assert lanes.device_time(ops, "float32") == pytest.approx(
+        3e-6 + first / 2e12 + 1e-6 + (final / 8) / 1e9
+    )
+    assert lanes.device_time(wide, "float32") == pytest.approx(1e-6 + moved / 512 / 1e9)
 
 
 def test_a_profile_prices_each_memory_class_at_its_own_costs():

@@ -143,10 +143,14 @@ def get_config():
     # the kernel traces of ResNet-50 and AlexNet without command buffers fitted together
     # (benchmarks/gpu_trace.py with both rows; docs/predict.md): a transpose (a weight into
     # cuDNN's layout) and a pooling window move their bytes at about half an elementwise
-    # kernel's rate, and a reduction starts slower
+    # kernel's rate, and a reduction starts slower. Since 2026-11-27 (rule 9) a reduction
+    # into few results is priced apart, by one result's lane: reduce refitted on the same two
+    # traces without those, reduce_few on five (the VGG19 rows' three added: the two hold
+    # only 0.04 GB of them); docs/predict.md, "Reductions into few results"
     c.memory_kernel_costs = {
         "elementwise": (1.22e-6, 3.17e12),
-        "reduce": (2.83e-6, 2.72e12),
+        "reduce": (3.12e-6, 2.72e12),
+        "reduce_few": (0.77e-6, 1.23e9),
         "transpose": (5.11e-6, 1.37e12),
         "window": (0.0, 1.60e12),
     }

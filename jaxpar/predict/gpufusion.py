@@ -11,7 +11,7 @@ and 313 GB of memory-bound traffic in the CPU program, where the H200 ran it as 
 (measured: benchmarks/single_device.py) and the CPU program asks for 39.1 GB of memory where
 the GPU program needs 10.65 GB (10.81 GB peak in use). So the CPU program is re-fused here as
 XLA:GPU would fuse it, by rules that each name what the GPU compiler does (applied in the
-order 1, 6, 2, then 3-5, 7 and 8 as each kernel is priced):
+order 1, 6, 2, then 3-5 and 7-9 as each kernel is priced):
 
 1. A convolution or dot (alone or in a fusion) is one kernel (cuDNN or cuBLAS) and reads its
    operands in the program's compute dtype. XLA:CPU runs bfloat16 convolutions in float32
@@ -39,8 +39,9 @@ order 1, 6, 2, then 3-5, 7 and 8 as each kernel is priced):
    before; 77 after).
 7. A long reduction (one that sums more than 4,096 elements into each result: a BatchNorm
    statistic or a bias gradient over a batch of large maps) is two kernels: XLA:GPU splits it
-   into partial sums and a small final one (its ResNet-50 program: 161 of 262 such
-   reductions, and 165 final kernels). Counted by the reduction's length, not its size: in
+   into partial sums and a small final one that sums about sqrt(length) of them into each
+   result (its ResNet-50 program: 161 of 262 such reductions, and 165 final kernels;
+   Inception-v3's 64 x 147 x 147 = 1,382,976 elements per result: 1,176 partials). Counted by the reduction's length, not its size: in
    the GPU's own programs of eight models, reductions of up to 4,096 elements per result run
    whole (VGG19's 4x4 maps over a batch of 128: 2,048; DenseNet's and Inception's 8x8 maps
    over 64: 4,096) and every one of 6,272 (ResNet-50's 7x7 maps over 128) or more is split.
@@ -50,6 +51,14 @@ order 1, 6, 2, then 3-5, 7 and 8 as each kernel is priced):
    cuDNN in a transposing kernel of its own), a reduction, else elementwise. A profile may
    price each class at its own costs (memory_kernel_costs): on an H100 a transpose or a window
    moves its bytes at about half an elementwise kernel's rate.
+9. A reduction kernel into fewer than 1,024 results, each summing 256 or more elements (a
+   BatchNorm statistic over 4x4 or 8x8 maps, a split reduction's final kernel), is its own
+   class, reduce_few: XLA:GPU spreads a reduction over its results alone, so such a kernel
+   runs on a few of the GPU's cores and takes a time set by the bytes each result's lane
+   moves (OpClasses.lane_bytes). In an H100's programs, DenseNet-40's 4,096 float32 rows
+   into 304-448 results all took about 7 us whatever the number of results (0.7-1.1 TB/s),
+   where ResNet-50's reductions into many results ran at 2.3-2.5 TB/s; a profile prices the
+   class by one lane's rate (memory_kernel_costs["reduce_few"]: about 1.2 GB/s per result).
 
 What a kernel moves is the bytes of its distinct inputs plus its outputs that anything outside
 it uses. Memory is the state the program is given plus the peak of its live intermediate
@@ -254,12 +263,38 @@ class _Graph:
                         self.group[n] = g
                         changed = True
 
+    def reduction(self, n: str) -> tuple[int, int] | None:
+        """(results, elements summed into each) of the reduction `n` holds; None if none. The
+        results are its smallest output (a fusion may also write activation-sized ones)."""
+        if "reduce" not in self.nodes[n].computes:
+            return None
+        read = max((_elements(self.types.get(a, "")) for a in self.nodes[n].args), default=0)
+        results = max(min(_all_elements(self.nodes[n].result), default=1), 1)
+        return results, read // results
+
     def long_reduction(self, n: str) -> bool:
         """Whether `n` sums more than _SPLIT elements into each of its results (rule 7)."""
-        if "reduce" not in self.nodes[n].computes:
-            return False
-        read = max((_elements(self.types.get(a, "")) for a in self.nodes[n].args), default=0)
-        return read > _SPLIT * max(_elements(self.nodes[n].result), 1)
+        r = self.reduction(n)
+        return r is not None and r[1] > _SPLIT
+
+    def reduce_kernels(self, group_nodes: list[str], moved: int) -> opclass.OpClasses:
+        """A reduction's kernels (rules 7 and 9). Split (rule 7): the partial sums, then a
+        final kernel that sums about sqrt(length) partials (float32) into each result. A kernel
+        into fewer than opclass.FEW_RESULTS results, each summing at least opclass.FEW_LENGTH
+        elements, is reduce_few (rule 9), with its bytes per result as lane_bytes."""
+        found = [r for r in map(self.reduction, group_nodes) if r]
+        results, length = max(found, key=lambda r: r[0] * r[1]) if found else (1, 0)
+        kernels = [(float(moved), length)]
+        if length > _SPLIT:
+            partials = math.isqrt(length - 1) + 1
+            kernels = [(float(moved), 0), (4.0 * results * (partials + 1), partials)]
+        total = opclass.OpClasses()
+        for nbytes, summed in kernels:
+            name = opclass.reduction_class(results, summed)
+            total += opclass.OpClasses(memory_bytes=nbytes, kernels=1,
+                                       memory_classes=((name, nbytes, 1),),
+                                       lane_bytes=nbytes / results if name == "reduce_few" else 0)  # fmt: skip
+        return total
 
     def sources(self, a: str) -> set[str]:
         """What reading `a` reads from memory: through absorbed and inlined kernels."""
@@ -336,10 +371,11 @@ class _Graph:
                 total += dataclasses.replace(mm, matmuls=_split(mm.matmuls, moved), kernels=1)
             else:
                 kind = self.memory_class(group_nodes, outs)
-                split = kind == "reduce" and any(map(self.long_reduction, group_nodes))
-                count = 2 if split else 1
-                total += opclass.OpClasses(memory_bytes=float(moved), kernels=count,
-                                           memory_classes=((kind, float(moved), count),))  # fmt: skip
+                made = (self.reduce_kernels(group_nodes, moved) if kind == "reduce" else
+                        opclass.OpClasses(memory_bytes=float(moved), kernels=1,
+                                          memory_classes=((kind, float(moved), 1),)))  # fmt: skip
+                total += made
+                kind = "+".join(c[0] for c in made.memory_classes)
             listed.append(("+".join(group_nodes), kind, moved))
             at = max(self.position[m] for m in group_nodes)  # where its last member ran
             for m in outs:
@@ -369,6 +405,13 @@ def _peak(buffers: list[tuple[int, int, int]], length: int) -> int:
         live += d
         peak = max(peak, live)
     return peak
+
+
+def _all_elements(type_text: str) -> list[int]:
+    """Elements of each array in a type (a tuple's elements in turn)."""
+    return [
+        math.prod(int(d) for d in m.split(",") if d) for m in re.findall(r"\[([\d,]*)\]", type_text)
+    ]
 
 
 def _elements(type_text: str) -> int:

@@ -79,10 +79,13 @@ class Profile:
     # (docs/predict.md, "Inside the H100's step")
     thin_efficiency: float = 0.0
     # On "gpu": each class of memory-bound kernel (opclass.MEMORY_CLASSES: elementwise,
-    # reduce, transpose, window) at its own {class: (seconds per kernel, bytes/s)}, in place
-    # of kernel_s and memory_bandwidth (a class not named keeps those). Measured on an H100:
-    # a transpose or a pooling window moves its bytes at half the rate of an elementwise
-    # kernel (benchmarks/gpu_trace.py prints them from a kernel trace)
+    # reduce, reduce_few, transpose, window) at its own {class: (seconds per kernel,
+    # bytes/s)}, in place of kernel_s and memory_bandwidth (a class not named keeps those;
+    # reduce_few not named is priced as reduce; reduce_few's rate is one result's lane: its
+    # bytes per result, OpClasses.lane_bytes, at it). Measured on an H100: a transpose or a
+    # pooling window moves its bytes at half the rate of an elementwise kernel, and a reduction
+    # into few results about 1.2 GB/s per result (benchmarks/gpu_trace.py prints them from a
+    # kernel trace)
     memory_kernel_costs: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # On "gpu": device time of each matrix kernel beyond kernel_s (cuDNN's and cuBLAS's
     # launch of several kernels, workspace setup, split-K reductions, a last partial wave)
@@ -153,9 +156,12 @@ class Profile:
         fixed = memory + ops.kernels * self.kernel_s
         costs = self.memory_kernel_costs if self.compiler == "gpu" else {}
         for name, nbytes, kernels in ops.memory_classes if costs else ():
+            name = name if name in costs else opclass.CLASS_FALLBACK.get(name, name)
             if name in costs:  # this class at its own costs, not the defaults
                 each, bandwidth = costs[name]
-                fixed += kernels * (each - self.kernel_s) + nbytes / bandwidth
+                # reduce_few's rate is one lane's: its bytes per result at it
+                lane = ops.lane_bytes if name == "reduce_few" else nbytes
+                fixed += kernels * (each - self.kernel_s) + lane / bandwidth
                 fixed -= nbytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
         if not ops.flops:
             return fixed

@@ -76,13 +76,17 @@ class OpClasses:
     # filled where the program is modelled as a GPU's (gpufusion), which prices each class
     # at its own costs (Profile.memory_kernel_costs)
     memory_classes: tuple[tuple[str, float, int], ...] = ()
+    # the reduce_few kernels' bytes per result, summed: what one of their lanes moves (XLA:GPU
+    # spreads such a kernel over its results alone, so its time is this at one lane's rate)
+    lane_bytes: float = 0.0
 
     def __add__(self, other: OpClasses) -> OpClasses:
         return OpClasses(self.matmul_flops + other.matmul_flops,
                          self.conv3x3_flops + other.conv3x3_flops,
                          self.memory_bytes + other.memory_bytes, self.kernels + other.kernels,
                          self.matmuls + other.matmuls,
-                         _merge(self.memory_classes, other.memory_classes))  # fmt: skip
+                         _merge(self.memory_classes, other.memory_classes),
+                         self.lane_bytes + other.lane_bytes)  # fmt: skip
 
     @property
     def flops(self) -> float:
@@ -91,9 +95,21 @@ class OpClasses:
 
 # Classes of memory-bound GPU kernels, whose costs differ on the same bytes (measured in an
 # H100's kernel traces, docs/predict.md): a reduction (BatchNorm's statistics, a bias
-# gradient), a transpose (a weight into cuDNN's layout), a window (pooling and its gradient:
-# each input read by several outputs), and everything else elementwise.
-MEMORY_CLASSES = ("elementwise", "reduce", "transpose", "window")
+# gradient), a reduction into few results (reduce_few: fewer than FEW_RESULTS, each summing at
+# least FEW_LENGTH elements, which XLA:GPU spreads over its results alone, so that its rate is
+# its results times one lane's: OpClasses.lane_bytes), a transpose (a weight into cuDNN's layout), a window (pooling and
+# its gradient: each input read by several outputs), and everything else elementwise.
+MEMORY_CLASSES = ("elementwise", "reduce", "reduce_few", "transpose", "window")
+# The classes a profile that does not name one prices it as (reduce_few came later: a profile
+# written before it keeps pricing those kernels as reductions)
+CLASS_FALLBACK = {"reduce_few": "reduce"}
+FEW_RESULTS = 1024
+FEW_LENGTH = 256
+
+
+def reduction_class(results: int, length: int) -> str:
+    """A reduction kernel's class from its results and the elements summed into each."""
+    return "reduce_few" if results < FEW_RESULTS and length >= FEW_LENGTH else "reduce"
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
