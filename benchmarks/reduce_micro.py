@@ -12,7 +12,8 @@ program's kernels per call and their device time, so the dispatch of a small pro
 count. Printed per shape: the length summed into each result (batch x side x side), the
 results (features), kernels per call (XLA:GPU splits a long reduction: gpufusion's rule 7),
 microseconds, bytes read and the rate; then `fixed + bytes / bandwidth` fitted to the shapes
-run as one kernel and to the others apart. On a CPU it runs too (--small: a smoke test; XLA:CPU
+run as one kernel and to the others apart, and `fixed + bytes per result / lane rate` to the
+one-kernel shapes of fewer than 1,024 results (gpufusion's rule 9, reduce_few). On a CPU it runs too (--small: a smoke test; XLA:CPU
 runs the two sums as two kernels).
 """
 
@@ -35,6 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # (VGG19 and ResNet-20 at 32x32, DenseNet-40's 12-feature growth, Inception-v3's 35/17/8 maps,
 # ResNet-50's 56/28/14/7)
 SHAPES = [(128, s, c) for s in (4, 8, 17, 32, 35, 56) for c in (12, 64, 148, 288, 512)]
+# and 4,096 rows (a batch of 64 over 8x8 maps: run whole) into 96 to 2,048 results, across
+# gpufusion's rule 9 (fewer than 1,024 results: one lane each, time set by bytes per result)
+SHAPES += [(64, 8, c) for c in (96, 192, 384, 768, 1024, 1536, 2048)]
 SMALL = [(2, 4, 8), (2, 8, 16), (4, 8, 12)]
 
 
@@ -94,6 +98,17 @@ def fit(rows: list[dict]) -> tuple[float, float] | None:
     return float(fixed), float(1 / per_byte) if per_byte > 0 else float("inf")
 
 
+def fit_lanes(rows: list[dict]) -> tuple[float, float] | None:
+    """Least squares of seconds = fixed + bytes per result / lane rate (gpufusion's rule 9):
+    (fixed s, one result's B/s)."""
+    if len(rows) < 2:
+        return None
+    a = np.array([[1.0, r["bytes"] / r["results"]] for r in rows])
+    t = np.array([r["seconds"] for r in rows])
+    (fixed, per_byte), *_ = np.linalg.lstsq(a, t, rcond=None)
+    return float(fixed), float(1 / per_byte) if per_byte > 0 else float("inf")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write every row here (JSON)")
@@ -117,6 +132,16 @@ def main(argv=None) -> int:
             fixed, bw = found
             print(f"{label}: {fixed * 1e6:.2f} us + bytes / {bw / 1e12:.2f} TB/s "
                   f"({sum(map(keep, rows))} shapes)")  # fmt: skip
+    from jaxpar.predict import opclass
+
+    few = [r for r in rows if r["kernels"] <= 1.5
+           and opclass.reduction_class(r["results"], r["length"]) == "reduce_few"]  # fmt: skip
+    found = fit_lanes(few)
+    if found:
+        fixed, lane = found
+        print(f"one kernel into fewer than {opclass.FEW_RESULTS} results (reduce_few): "
+              f"{fixed * 1e6:.2f} us + bytes per result / {lane / 1e9:.2f} GB/s "
+              f"({len(few)} shapes; a profile's memory_kernel_costs['reduce_few'])")  # fmt: skip
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -153,3 +153,8 @@ def test_the_reduction_microbenchmark_runs_and_reads_its_kernels(tmp_path, capsy
     assert all(r["kernels"] >= 1 and r["seconds"] > 0 and r["device"] == "cpu" for r in rows)
     assert rows[2]["bytes"] == 4 * 4 * 8 * 8 * 12 + 2 * 4 * 12
     assert "us + bytes /" in capsys.readouterr().out
+    # the lane fit (rule 9) recovers 2 us + bytes per result / 1.5 GB/s from exact rows
+    synthetic = [{"bytes": b, "results": n, "seconds": 2e-6 + b / n / 1.5e9}
+                 for b, n in ((1e6, 192), (4e6, 384), (2e6, 96))]  # fmt: skip
+    fixed, lane = reduce_micro.fit_lanes(synthetic)
+    assert fixed == pytest.approx(2e-6) and lane == pytest.approx(1.5e9)
