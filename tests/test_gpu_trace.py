@@ -158,3 +158,24 @@ def test_the_reduction_microbenchmark_runs_and_reads_its_kernels(tmp_path, capsy
                  for b, n in ((1e6, 192), (4e6, 384), (2e6, 96))]  # fmt: skip
     fixed, lane = reduce_micro.fit_lanes(synthetic)
     assert fixed == pytest.approx(2e-6) and lane == pytest.approx(1.5e9)
+
+
+def test_the_window_microbenchmark_runs_and_splits_its_time(tmp_path):
+    """benchmarks/window_micro.py (for the next lent GPU) on this CPU: each pooling case's
+    forward and gradient traced, the window kernels' time a part of the whole, the bytes the
+    layer must move as computed."""
+    import json
+
+    where = importlib.util.spec_from_file_location(
+        "window_micro", Path("benchmarks/window_micro.py")
+    )
+    window_micro = importlib.util.module_from_spec(where)
+    where.loader.exec_module(window_micro)
+
+    out = tmp_path / "window.json"
+    assert window_micro.main(["--small", "--dtypes", "float32", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["pool"], r["window"], r["stride"]) for r in rows[::2]] == window_micro.CASES
+    assert all(0 < r["window_seconds"] <= r["seconds"] and r["kernels"] >= 1 for r in rows)
+    # 2 x 8 x 8 x 8 float32 in, its 4 x 4 pooled map out (stride 2), forward and gradient
+    assert rows[0]["bytes"] == 2 * (2 * 8 * 8 * 8 * 4) + 2 * (2 * 4 * 4 * 8 * 4)
