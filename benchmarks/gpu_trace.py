@@ -161,15 +161,16 @@ def kernel_class(name: str, comps: dict) -> str:
         return "transpose"
     if "reduce" not in ops:
         return "elementwise"
-    _, results, length = largest_reduction(name, comps)
-    return opclass.reduction_class(results, length)
+    _, results, length, row = largest_reduction(name, comps)
+    return "reduce" if row or results == 1 else opclass.reduction_class(results, length)
 
 
-def largest_reduction(name: str, comps: dict) -> tuple[int, int, int]:
-    """(elements read, results, elements summed into each) of the kernel's largest
-    reduction; (0, 1, 1) if it holds none."""
+def largest_reduction(name: str, comps: dict) -> tuple[int, int, int, bool]:
+    """(elements read, results, elements summed into each, row) of the kernel's largest
+    reduction, row when it sums along its operand's minor dimension (XLA:GPU's row
+    reduction: a warp or a block per result); (0, 1, 1, False) if it holds none."""
     entry = {n: rest for n, _, _, rest in comps["ENTRY"]}
-    best, todo = (0, 1, 1), list(opclass._called(entry[name]))
+    best, todo = (0, 1, 1, False), list(opclass._called(entry[name]))
     while todo:
         body = comps.get(todo.pop(), ())
         types = {n: r for n, r, _, _ in body}
@@ -178,7 +179,11 @@ def largest_reduction(name: str, comps: dict) -> tuple[int, int, int]:
             args = opclass._operands(rest)
             if op == "reduce" and args and args[0] in types:
                 read, results = _elements(types[args[0]]), max(_elements(result), 1)
-                best = max(best, (read, results, read // results))
+                layout = re.search(r"\{([\d,]+)\}", types[args[0]].split("]", 1)[-1])
+                dims = re.search(r"dimensions=\{([\d,]*)\}", rest)
+                minor = layout.group(1).split(",")[0] if layout else None
+                row = bool(dims and minor is not None and minor in dims.group(1).split(","))
+                best = max(best, (read, results, read // results, row))
     return best
 
 

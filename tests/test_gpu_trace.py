@@ -127,7 +127,16 @@ def test_a_traced_reduction_into_few_results_is_named_so(capsys):
     kinds = [gpu_trace.kernel_class(n, comps) for n in
              ("input_reduce_fusion", "input_reduce_fusion.1", "input_reduce_fusion.2")]  # fmt: skip
     assert kinds == ["reduce_few", "reduce", "reduce"]
-    assert gpu_trace.largest_reduction("input_reduce_fusion", comps) == (4096 * 192, 192, 4096)
+    assert gpu_trace.largest_reduction("input_reduce_fusion", comps) == (
+        4096 * 192,
+        192,
+        4096,
+        False,
+    )
+    # the same sums laid out [192, 4096] and summed along the minor dimension: a row reduction
+    row = FEW.replace("bf16[4096,192]", "bf16[192,4096]").replace("f32[4096,192]", "f32[192,4096]")
+    row = row.replace("reduce(%c, %z), dimensions={0}", "reduce(%c, %z), dimensions={1}")
+    assert gpu_trace.kernel_class("input_reduce_fusion", opclass._computations(row)) == "reduce"
     # two reduce_few kernels of 192 results at 1 us + bytes per result / 1 GB/s
     mem = [("k", 0.0, False, b, 1e-6 + b / 192 / 1e9, "reduce_few", 0, 192) for b in (1e6, 3e6)]
     gpu_trace._memory_bound(mem)

@@ -368,6 +368,22 @@ def test_a_reduction_into_few_results_is_priced_by_one_lane():
         3e-6 + first / 2e12 + 1e-6 + (final / 8) / 1e9
     )
     assert lanes.device_time(wide, "float32") == pytest.approx(1e-6 + moved / 512 / 1e9)
+    # along the minor dimension (x laid out [512, 4096] and summed over its 4,096), or into
+    # one result: row reductions, a warp or a block per result, not reduce_few
+    row = only_a.replace("f32[64,8,8,512]", "f32[512,4096]").replace("{3,2,1,0}", "{1,0}")
+    row = row.replace("dimensions={0,1,2}", "dimensions={1}")
+    assert gpufusion.analyse(row, "float32").ops.memory_classes == (("reduce", moved, 1),)
+    one = LENGTHS.replace("f32[2,64,64,8]", "f32[8,128,128,8]").replace("f32[8]{0}", "f32[]")
+    one = one.replace("-> f32[8]", "-> f32[]").replace("f32[8]{0})", "f32[])")
+    one = one.replace(
+        "dimensions={0,1,2}, to_apply=%add\n}\n\nENTRY",
+        "dimensions={0,1,2,3}, to_apply=%add\n}\n\nENTRY",
+    )
+    one = one.replace("tuple(%a, %b)", "tuple(%b)").replace(
+        "  %a = f32[512]{0} fusion(%x), kind=kInput, calls=%wide\n", ""
+    )
+    ops = gpufusion.analyse(one, "float32").ops
+    assert [c for c, _, _ in ops.memory_classes] == ["reduce"] and ops.kernels == 2
 
 
 def test_a_profile_prices_each_memory_class_at_its_own_costs():

@@ -150,7 +150,7 @@ def get_config():
     c.memory_kernel_costs = {
         "elementwise": (1.22e-6, 3.17e12),
         "reduce": (3.12e-6, 2.72e12),
-        "reduce_few": (0.77e-6, 1.23e9),
+        "reduce_few": (0.73e-6, 1.07e9),
         "transpose": (5.11e-6, 1.37e12),
         "window": (0.0, 1.60e12),
     }

@@ -85,9 +85,9 @@ def get_config():
     c.memory_kernel_costs = {
         "elementwise": (1.84e-6, 3.00e12),
         "reduce": (3.78e-6, 2.67e12),
-        # a reduction into few results (rule 9), about 1.2 GB/s per result: not in AlexNet's
+        # a reduction into few results (rule 9), about 1.1 GB/s per result: not in AlexNet's
         # program; from the traces h100_here.py's costs come from (docs/predict.md)
-        "reduce_few": (0.77e-6, 1.23e9),
+        "reduce_few": (0.73e-6, 1.07e9),
         "transpose": (0.04e-6, 0.83e12),
         "window": (0.0, 1.83e12),
     }

@@ -58,7 +58,10 @@ order 1, 6, 2, then 3-5 and 7-9 as each kernel is priced):
    moves (OpClasses.lane_bytes). In an H100's programs, DenseNet-40's 4,096 float32 rows
    into 304-448 results all took about 7 us whatever the number of results (0.7-1.1 TB/s),
    where ResNet-50's reductions into many results ran at 2.3-2.5 TB/s; a profile prices the
-   class by one lane's rate (memory_kernel_costs["reduce_few"]: about 1.2 GB/s per result).
+   class by one lane's rate (memory_kernel_costs["reduce_few"]: about 1.1 GB/s per result).
+   A row reduction (along the minor dimension: a loss over classes, a norm of a whole weight
+   as LARS takes it, anything into one result) is not: XLA:GPU gives each result a warp or a
+   block.
 
 What a kernel moves is the bytes of its distinct inputs plus its outputs that anything outside
 it uses. Memory is the state the program is given plus the peak of its live intermediate
@@ -143,6 +146,7 @@ class _Graph:
                              if op == "parameter" and r.lstrip("(").startswith("f32[")}  # fmt: skip
         self.nodes: dict[str, _Node] = {}
         self.order: list[str] = []
+        self.rest = {name: rest for name, _, _, rest in entry}  # each instruction's text
         self.view: dict[str, str] = {}  # a tuple's element (get-tuple-element): whose, own size
         self.root: set[str] = set()
         self.state = 0
@@ -272,6 +276,23 @@ class _Graph:
         results = max(min(_all_elements(self.nodes[n].result), default=1), 1)
         return results, read // results
 
+    def row_reduction(self, n: str) -> bool:
+        """Whether a reduction `n` holds sums along its operand's last (minor) dimension: a row
+        reduction, which XLA:GPU gives a warp or a block per result, not one lane (a loss over
+        classes, a norm of a whole tensor)."""
+        todo, seen = [self.rest.get(n, "")], set()
+        while todo:
+            for callee in opclass._called(todo.pop()):
+                if callee in seen:
+                    continue
+                seen.add(callee)
+                for _, _, op, rest in self.comps.get(callee, ()):
+                    if op == "fusion":
+                        todo.append(rest)
+                    elif op == "reduce" and _reduces_minor(rest, self.types):
+                        return True
+        return _reduces_minor(self.rest.get(n, ""), self.types) if self.rest.get(n) else False
+
     def long_reduction(self, n: str) -> bool:
         """Whether `n` sums more than _SPLIT elements into each of its results (rule 7)."""
         r = self.reduction(n)
@@ -281,13 +302,19 @@ class _Graph:
         """A reduction's kernels (rules 7 and 9). Split (rule 7): the partial sums, then a
         final kernel that sums about sqrt(length) partials (float32) into each result. A kernel
         into fewer than opclass.FEW_RESULTS results, each summing at least opclass.FEW_LENGTH
-        elements, is reduce_few (rule 9), with its bytes per result as lane_bytes."""
-        found = [r for r in map(self.reduction, group_nodes) if r]
-        results, length = max(found, key=lambda r: r[0] * r[1]) if found else (1, 0)
-        kernels = [(float(moved), length)]
+        elements, is reduce_few (rule 9), with its bytes per result as lane_bytes; unless it
+        is a row reduction (along the minor dimension, or into one result), which XLA:GPU
+        gives a warp or a block per result."""
+        found = [(r, m) for m in group_nodes if (r := self.reduction(m))]
+        (results, length), main = (
+            max(found, key=lambda f: f[0][0] * f[0][1]) if found else ((1, 0), "")
+        )
+        row = results == 1 or (bool(main) and self.row_reduction(main))
+        kernels = [(float(moved), 0 if row else length)]
         if length > _SPLIT:
             partials = math.isqrt(length - 1) + 1
-            kernels = [(float(moved), 0), (4.0 * results * (partials + 1), partials)]
+            final = 0 if row else partials
+            kernels = [(float(moved), 0), (4.0 * results * (partials + 1), final)]
         total = opclass.OpClasses()
         for nbytes, summed in kernels:
             name = opclass.reduction_class(results, summed)
@@ -405,6 +432,16 @@ def _peak(buffers: list[tuple[int, int, int]], length: int) -> int:
         live += d
         peak = max(peak, live)
     return peak
+
+
+def _reduces_minor(rest: str, types: dict) -> bool:
+    """Whether the reduce instruction `rest` sums along its first operand's last dimension."""
+    dims = re.search(r"dimensions=\{([\d,]*)\}", rest)
+    args = opclass._operands(rest)
+    if not dims or not args or args[0] not in types:
+        return False
+    rank = len(re.findall(r"\d+", _shape(types[args[0]])))
+    return str(rank - 1) in dims.group(1).split(",")
 
 
 def _all_elements(type_text: str) -> list[int]:

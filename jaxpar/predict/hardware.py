@@ -84,7 +84,7 @@ class Profile:
     # reduce_few not named is priced as reduce; reduce_few's rate is one result's lane: its
     # bytes per result, OpClasses.lane_bytes, at it). Measured on an H100: a transpose or a
     # pooling window moves its bytes at half the rate of an elementwise kernel, and a reduction
-    # into few results about 1.2 GB/s per result (benchmarks/gpu_trace.py prints them from a
+    # into few results about 1.1 GB/s per result (benchmarks/gpu_trace.py prints them from a
     # kernel trace)
     memory_kernel_costs: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
     # On "gpu": device time of each matrix kernel beyond kernel_s (cuDNN's and cuBLAS's
