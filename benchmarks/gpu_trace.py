@@ -262,28 +262,71 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
     return rows, sum(times.values()), steps, device
 
 
+COLUMNS = ("program", "device", "name", "flops", "thin", "bytes", "seconds", "class", "tile",
+           "results")  # fmt: skip
+
+
+def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
+    """Every joined kernel of each (program, device, rows) as one line of a CSV (gzip where the
+    path ends .gz): the figures a profile's costs are fitted from, small enough to keep beside
+    the profile where the traces themselves (hundreds of MB) are not."""
+    import csv
+
+    with gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w") as f:
+        out = csv.writer(f)
+        out.writerow(COLUMNS)
+        for program, device, rows in programs:
+            for r in rows:
+                out.writerow([program, device, r[0], f"{r[1]:.6g}", int(bool(r[2])),
+                              f"{r[3]:.6g}", f"{r[4]:.6g}", r[5], r[6], r[7]])  # fmt: skip
+
+
+def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
+    """write_csv's programs back: [(program, device, rows as joined() gives them)]."""
+    import csv
+
+    programs: dict[tuple[str, str], list[tuple]] = {}
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        for line in csv.DictReader(f):
+            programs.setdefault((line["program"], line["device"]), []).append(
+                (line["name"], float(line["flops"]), bool(int(line["thin"])),
+                 float(line["bytes"]), float(line["seconds"]), line["class"],
+                 int(line["tile"]), int(line["results"])))  # fmt: skip
+    return [(p, d, rows) for (p, d), rows in programs.items()]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("trace_dir", help="single_device.py's --trace-dir folder of one row")
-    parser.add_argument("hlo", help="that row's program (single_device.py's --hlo-dir file)")
-    parser.add_argument("more", nargs="*", metavar="TRACE_DIR HLO",
-                        help="more rows: their memory-bound kernels' class costs are also "
-                             "fitted together with the first's (a profile's memory_kernel_costs)")  # fmt: skip
+    parser.add_argument("pairs", nargs="*", metavar="TRACE_DIR HLO",
+                        help="single_device.py's --trace-dir folder of a row and that row's "
+                             "program (its --hlo-dir file); with more than one row their "
+                             "memory-bound kernels' class costs are also fitted together "
+                             "(a profile's memory_kernel_costs)")  # fmt: skip
     parser.add_argument("--top", type=int, default=10, help="longest kernels to list")
+    parser.add_argument("--csv", help="write every joined kernel of every row here (.csv or "
+                                      ".csv.gz), to keep and to fit from later")  # fmt: skip
+    parser.add_argument("--from-csv", nargs="+", default=[], metavar="CSV",
+                        help="instead of traces: the kernels --csv wrote")  # fmt: skip
     args = parser.parse_args(argv)
-    if len(args.more) % 2:
-        parser.error("rows come as pairs: TRACE_DIR HLO")
-    pairs = [(args.trace_dir, args.hlo), *zip(args.more[::2], args.more[1::2])]
-    memory = []
-    for trace_dir, hlo_path in pairs:
-        if len(pairs) > 1:
-            print(f"== {trace_dir}")
+    if len(args.pairs) % 2 or not (args.pairs or args.from_csv):
+        parser.error("rows come as pairs: TRACE_DIR HLO (or give --from-csv)")
+    programs = [p for path in args.from_csv for p in read_csv(path)]
+    several = len(programs) + len(args.pairs) // 2 > 1
+    for name, device, rows in programs:
+        print(f"== {name} (from {', '.join(args.from_csv)})")
+        _report(rows, sum(r[4] for r in rows), 1, device, args.top)
+    for trace_dir, hlo_path in zip(args.pairs[::2], args.pairs[1::2]):
         rows, total, steps, device = joined(trace_dir, hlo_path)
+        name = os.path.basename(os.path.normpath(trace_dir))
+        programs.append((name, device, rows))
+        if several:
+            print(f"== {name}")
         _report(rows, total, steps, device, args.top)
-        memory += [r for r in rows if not r[1]]
-    if len(pairs) > 1:
-        print(f"== all {len(pairs)} rows together")
-        _memory_bound(memory)
+    if len(programs) > 1:
+        print(f"== all {len(programs)} rows together")
+        _memory_bound([r for _, _, rows in programs for r in rows if not r[1]])
+    if args.csv:
+        write_csv(args.csv, programs)
     return 0
 
 

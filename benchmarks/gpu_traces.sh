@@ -30,7 +30,8 @@ for row in $ROWS; do
   [ -n "$hlo" ] && [ -d "$TMP/trace/$name" ] && pairs+=("$TMP/trace/$name" "$hlo")
 done
 if [ ${#pairs[@]} -gt 0 ]; then
-  python3 benchmarks/gpu_trace.py "${pairs[@]}" --top 15 > "$OUT/kernels.txt" 2>&1
+  python3 benchmarks/gpu_trace.py "${pairs[@]}" --top 15 --csv "$OUT/kernels.csv.gz" \
+    > "$OUT/kernels.txt" 2>&1  # kernels.csv.gz: small enough to commit beside the profile
   echo "gpu_trace: rc $?" | tee -a "$OUT/rows.txt"
 fi
 cat "$TMP"/rows/*.log > "$OUT/rows.log" 2>/dev/null

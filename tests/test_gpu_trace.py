@@ -53,6 +53,14 @@ def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
     assert int(line[1]) == 2 * int(classes[0][1])
     with pytest.raises(SystemExit):  # a trace without its program
         gpu_trace.main(pair + pair[:1])
+    # the joined kernels kept as a table, and fitted from it as from the traces
+    table = str(tmp_path / "kernels.csv.gz")
+    assert gpu_trace.main(pair + ["--top", "0", "--csv", table]) == 0
+    matrix_line = next(x for x in capsys.readouterr().out.splitlines() if "matrix:" in x)
+    assert gpu_trace.main(["--from-csv", table, table]) == 0
+    out = capsys.readouterr().out
+    assert matrix_line in out  # each program's report as its trace gave it
+    assert out.split("== all 2 rows together")[1] == both  # and the class fits the same
 
 
 def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(capsys):
@@ -188,3 +196,54 @@ def test_the_window_microbenchmark_runs_and_splits_its_time(tmp_path):
     assert all(0 < r["window_seconds"] <= r["seconds"] and r["kernels"] >= 1 for r in rows)
     # 2 x 8 x 8 x 8 float32 in, its 4 x 4 pooled map out (stride 2), forward and gradient
     assert rows[0]["bytes"] == 2 * (2 * 8 * 8 * 8 * 4) + 2 * (2 * 4 * 4 * 8 * 4)
+
+
+def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tmp_path):
+    """benchmarks/conv_micro.py (for the next lent GPU) on this CPU: Inception-v3's 94
+    convolutions read from its forward as 43 shapes (34 layers of 1x7, 7x1, 1x3 or 3x1); one
+    small 1x7 shape's three kernels timed from a trace, within their programs' time, priced
+    by a profile as kernels.py prices a table's kernel, and written as a kernel table."""
+    from jaxpar.predict import hardware, here, kernels
+
+    where = importlib.util.spec_from_file_location("conv_micro", Path("benchmarks/conv_micro.py"))
+    conv_micro = importlib.util.module_from_spec(where)
+    where.loader.exec_module(conv_micro)
+
+    shapes = conv_micro.model_shapes(here.parse_row("inception_v3:1:299:float32:64"))
+    assert (len(shapes), sum(n for _, n in shapes)) == (43, 94)
+    groups = {}
+    for row, n in shapes:
+        groups[conv_micro.group(row)] = groups.get(conv_micro.group(row), 0) + n
+    assert groups == {"1x1": 40, "1xN / Nx1": 34, "3x3 stride 1": 12, "5x5 stride 1": 3,
+                      "strided": 5}  # fmt: skip
+    by_label = {conv_micro._label(r): (r, n) for r, n in shapes}
+    seven, layers = by_label["1x7 s1 17x17x192->192 n64"]  # SAME: 3 columns each side
+    assert (layers, seven["pad_h"], seven["pad_w"]) == (4, 0, 3)
+
+    small = {"W": 6, "H": 6, "C": 8, "N": 2, "K": 16, "R": 1, "S": 7, "pad_h": 0, "pad_w": 3,
+             "stride_h": 1, "stride_w": 1}  # fmt: skip
+    timed = conv_micro.measure(small, "float32", calls=2)
+    for _, column in conv_micro.KINDS:
+        assert 0 < timed[column] <= timed[column.replace("_ms", "_all_ms")]
+    profile = hardware.from_config({
+        "name": "a GPU", "num_devices": 1, "devices_per_node": 1,
+        "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9,
+        "intra": {"bandwidth": 1e9, "latency": 0.0}, "compiler": "gpu",
+        "compute_efficiency": 0.5, "memory_bandwidth": 1e11, "matmul_kernel_s": 1e-6,
+    })  # fmt: skip
+    lines = conv_micro.compare([timed], [3], profile, "float32")
+    # 2 x 6x6 outputs x 16 features x 8 x 7 products: 64,512 FLOPs at 0.5 TFLOP/s, or
+    # (2x6x6x8 + 2x6x6x16 + 7x8x16) x 4 bytes at 100 GB/s (longer), plus 1 us
+    flops, moved = 2.0 * 2 * 36 * 16 * 8 * 7, 4.0 * (576 + 1152 + 896)
+    assert all(line["priced_s"] == pytest.approx(1e-6 + max(flops / 0.5e12, moved / 1e11))
+               for line in lines)  # fmt: skip
+    measured, priced, count = conv_micro.summary(lines)["1xN / Nx1"]
+    assert count == 9 and measured == pytest.approx(
+        3e-3 * sum(timed[c] for _, c in conv_micro.KINDS)
+    )
+    assert priced == pytest.approx(9 * lines[0]["priced_s"])
+
+    table = tmp_path / "kernels.csv"
+    kernels.write(table, [timed], "one shape")
+    (back,) = kernels.load(table)
+    assert back["S"] == 7 and back["forward_ms"] == pytest.approx(timed["forward_ms"], rel=1e-3)
