@@ -63,3 +63,35 @@ def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, 
     assert err.count("\n") == 1 and err.startswith("note: on a GPU") and "kernel_s" in err
     here._plan(SimpleNamespace(**{**vars(args), "here_fit": "kernel_s"}))
     assert capsys.readouterr().err == ""
+
+
+def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_path):
+    """On a GPU --calibrate-here also traces its rows (command buffers off) and fits the
+    memory-bound kernels' costs from them, as docs/predict.md's H100 profile was fitted by
+    hand. Here on the CPU, whose traces join the same way: a row that cannot run is named,
+    every class fitted prices its kernels at their traced total (a least-squares line with a
+    fixed cost has residuals summing to zero), and a trace naming too little is not used."""
+    from jaxpar.predict import here, traces
+
+    pairs, failed = here.trace_rows(["vgg11:0.125:32:float32:8", "vgg9:1:32:float32:8"],
+                                    str(tmp_path))  # fmt: skip
+    assert len(pairs) == 1 and len(failed) == 1 and "no model 'vgg9'" in failed[0]
+    traced = here.traced_costs(pairs, failed)
+    assert traced["named_share"] == 1.0 and traced["not_traced"] == failed  # a CPU's: all named
+    assert {"elementwise", "window"} <= set(traced["memory_kernel_costs"])
+    assert traced["kernel_s"] >= 0 and traced["memory_bandwidth"] > 0
+    rows = [r for r in traces.joined(*pairs[0])[0] if not r[1]]
+    assert sum(traced["kernels"].values()) == len(rows)
+    for name, (each, bandwidth) in traced["memory_kernel_costs"].items():
+        mine = [r for r in rows if r[5] == name]
+        if name != "reduce_few":  # priced by bytes per result
+            priced = sum(each + r[3] / bandwidth for r in mine)
+            assert priced == pytest.approx(sum(r[4] for r in mine), rel=1e-6), name
+    skipped = here.traced_costs([])
+    assert "skipped" in skipped and "memory_kernel_costs" not in skipped
+    here_share = here.NAMED_SHARE
+    try:  # a trace that names too little of its time (a GPU's with command buffers on)
+        here.NAMED_SHARE = 1.01
+        assert "names its instruction" in here.traced_costs(pairs)["skipped"]
+    finally:
+        here.NAMED_SHARE = here_share

@@ -134,3 +134,17 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
                         ("matmul_kernel_s", 40e-6), ("kernel_s", 3e-6)):  # fmt: skip
         assert getattr(p, name) == pytest.approx(value, rel=2e-3), name
+    # with the rows' kernel traces (here.traced_costs): the memory-bound kernels' costs and the
+    # per-kernel time are the traces', and the rows fit only what a matrix kernel adds
+    # inside a step (here the truth's per-class costs are its one kernel_s and bandwidth)
+    traced = {"rows": ["vgg11_0p125_32_float32_8"], "not_traced": [], "named_share": 0.97,
+              "kernel_s": 3e-6, "memory_bandwidth": 7e11,
+              "memory_kernel_costs": {k: (3e-6, 7e11) for k in ("elementwise", "reduce",
+                                                                "transpose", "window")}}  # fmt: skip
+    path = tmp_path / "gpu_traced.py"
+    here.write_profile(str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT,
+                       ("float32", timed))  # fmt: skip
+    p = hardware.load_profile(path)
+    assert p.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernel_s == 3e-6
+    assert p.matmul_kernel_s == pytest.approx(40e-6, rel=2e-3)
+    assert "kernel traces of vgg11_0p125_32_float32_8" in path.read_text()

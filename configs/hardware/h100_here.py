@@ -33,7 +33,9 @@ kernels' costs by class (memory_kernel_costs, from the traces of ResNet-50 and A
 ResNet-50 row's left-out error therefore rests partly on its own trace) and the
 `calibration_candidates`: jaxpar's
 one-device step on five more models, timed in the same session on the same GPU, which
-`python -m jaxpar.predict --validate` predicts and never fits.
+`python -m jaxpar.predict --validate` predicts and never fits. (--calibrate-here made since
+fits memory_bandwidth, kernel_s and memory_kernel_costs from its own rows' kernel traces, as
+these were fitted by hand: docs/predict.md.)
 """
 
 import ml_collections

@@ -3,6 +3,10 @@
 bandwidth, a small kernel's and a program dispatch's cost, memory; on a GPU the first layer's
 convolutions and narrow layers' by their features: thin_efficiency, tile_width) and jaxpar's one-device
 training step timed on a few models (`--here-rows`): its `calibration_runs`, fitted on loading.
+On a GPU also 24 convolution shapes timed into a kernel table (its matrix kernels' costs), and
+two steps of each row traced with XLA's command buffers off (trace_rows), whose memory-bound
+kernels give the profile's memory_bandwidth, kernel_s and memory_kernel_costs (traced_costs,
+jaxpar/predict/traces.py): what the H100 profile's were fitted from by hand.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import platform
 import pprint
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -25,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxpar import configfile, models, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibrate, hardware, kernels, opclass
+from jaxpar.predict import calibrate, hardware, kernels, opclass, traces
 from jaxpar.predict.workload import run_config
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
@@ -35,6 +40,12 @@ DEFAULT_FIT = ("compute_efficiency", "kernel_s")
 # on a GPU, once its matrix kernels' costs come from its own kernel table (kernels.py): the
 # per-kernel time of every kernel, fitted to the model rows
 KERNEL_TABLE_FIT = ("kernel_s",)
+# and once the rows' own kernel traces have given the memory-bound kernels' costs and the
+# per-kernel time (traced_costs): what a matrix kernel costs inside a step beyond its price
+TRACED_FIT = ("matmul_kernel_s",)
+# the share of a traced step's kernel time that must name an instruction of its program for
+# its costs to be fitted (XLA's command buffers hide the names of what they hold)
+NAMED_SHARE = 0.9
 
 
 def add_arguments(parser) -> None:
@@ -86,8 +97,11 @@ def run(args) -> int:
             dtype = _runs_dtype(runs)
             shapes = kernels.vision_rows(kernels.load(kernels.SHIPPED))
             table = (dtype, time_kernels(shapes, dtype, min(0.2, args.here_seconds)))
-            if not getattr(args, "here_fit", None):
-                names = KERNEL_TABLE_FIT  # what the kernel table does not hold
+            micro["traced"] = trace_and_fit(rows)
+            if not getattr(args, "here_fit", None):  # what the table and traces do not hold
+                names = (
+                    TRACED_FIT if micro["traced"].get("memory_kernel_costs") else KERNEL_TABLE_FIT
+                )
         t2 = time.perf_counter()
         if getattr(args, "here_devices", None):
             micro["devices_here"], micro["num_devices"] = micro["num_devices"], args.here_devices
@@ -311,6 +325,84 @@ def model_runs(rows: list[str], seconds: float) -> list[dict[str, Any]]:
     return [{**r, "images_per_sec": _images_per_sec(r, seconds)} for r in map(parse_row, rows)]
 
 
+def trace_row(spec: str, where: str) -> tuple[str, str]:
+    """jaxpar's one-device training step of a row (MODEL:WIDTH:IMAGE:DTYPE:BATCH) on the first
+    device, compiled with XLA's command buffers off (so that every kernel of a GPU's trace
+    names its instruction; the rows' speed is timed as a user runs, with them on), warmed up,
+    two steps traced under JAX's profiler into where/NAME, and the program traced written to
+    where/NAME.hlo.txt: (trace folder, program file), what traces.joined reads."""
+    from jaxpar import analysis, trainer
+
+    run = parse_row(spec)
+    s = trainer.setup(run_config(run), [jax.devices()[0]])
+    (program,) = analysis.programs(s.strategy, run["batch_size"])
+    step = program.lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
+    state = s.strategy.init_state(jax.random.key(0))
+    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+    for _ in range(3):
+        state, _ = step(state, batch)  # the state is donated: carry it
+    jax.block_until_ready(state)
+    name = spec.replace(":", "_").replace(".", "p")
+    trace_dir, text = os.path.join(where, name), os.path.join(where, name + ".hlo.txt")
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+        for _ in range(2):
+            state, _ = step(state, batch)
+        jax.block_until_ready(state)
+    Path(text).write_text(step.as_text(), encoding="utf-8")
+    return trace_dir, text
+
+
+def trace_rows(rows: list[str], where: str) -> tuple[list, list]:
+    """Each row traced (trace_row): ([(trace folder, program file)], [why a row was not])."""
+    pairs, failed = [], []
+    for spec in rows:
+        try:
+            pairs.append(trace_row(spec, where))
+        except (ValueError, RuntimeError, OSError) as e:  # ConfigError, XLA's, the disk's
+            failed.append(f"{spec}: {oneline.first_line(e)}")
+    return pairs, failed
+
+
+def traced_costs(pairs: list[tuple[str, str]], failed: tuple = ()) -> dict[str, Any]:
+    """The memory-bound kernels' costs from traced rows (traces.memory_costs over all their
+    kernels): `memory_bandwidth` and `kernel_s` from the fit of them all, `memory_kernel_costs`
+    each class's, as the H100 profile's were taken by hand from benchmarks/gpu_trace.py. None
+    of them where a trace names an instruction for less than NAMED_SHARE of its kernel time
+    ("skipped" says why)."""
+    rows, shares, names = [], [], []
+    for trace_dir, program in pairs:
+        joined, total, _, _ = traces.joined(trace_dir, program)
+        rows += joined
+        shares.append(sum(r[4] for r in joined) / total if total else 0.0)
+        names.append(os.path.basename(trace_dir))
+    out: dict[str, Any] = {"rows": names, "not_traced": list(failed)}
+    if not rows:
+        return {**out, "skipped": "no row traced" + (f" ({failed[0]})" if failed else "")}
+    out["named_share"] = min(shares)
+    if min(shares) < NAMED_SHARE:
+        return {**out, "skipped": f"only {min(shares):.0%} of a trace's kernel time names its "
+                "instruction (XLA_FLAGS=--xla_gpu_enable_command_buffer= names all)"}  # fmt: skip
+    costs = traces.memory_costs(rows)
+    if costs["all"] is None or not costs["classes"]:
+        return {**out, "skipped": "too few memory-bound kernels in the traces"}
+    (fixed, bandwidth), classes = costs["all"], costs["classes"]
+    if not (0 < bandwidth < math.inf):
+        return {**out, "skipped": "the memory-bound kernels' fit is not positive"}
+    return {**out, "kernel_s": fixed, "memory_bandwidth": bandwidth,
+            "memory_kernel_costs": {k: (float(v[0]), float(v[1])) for k, v in classes.items()},
+            "kernels": {k: v[0] for k, v in costs["figures"].items() if v[0]}}  # fmt: skip
+
+
+def trace_and_fit(rows: list[str]) -> dict[str, Any]:
+    """trace_rows then traced_costs, in a folder removed afterwards; what went wrong as
+    `skipped` rather than an error (the profile is written without these costs)."""
+    try:
+        with tempfile.TemporaryDirectory() as where:
+            return traced_costs(*trace_rows(rows, where))
+    except (ValueError, OSError) as e:  # ConfigError and friends
+        return {"skipped": oneline.first_line(e)}
+
+
 def _links(micro: dict[str, Any]) -> tuple[dict, str]:
     """The profile's link ({bandwidth, latency, rings}) and what its docstring says of it."""
     if micro["platform"] == "gpu":
@@ -365,6 +457,7 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str,
          f"(-> program_overhead_s), {m['sync_call_s'] * 1e6:.1f} us with a wait after each"),
         f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB", f"- links: {link_note}",
         *([f"- {table_note}"] if table_note else []),
+        *([_traced_note(m["traced"])] if m.get("traced") else []),
         "", "Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:",
         *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
         f"Fitted when the profile loads: {', '.join(names)}.",
@@ -374,6 +467,24 @@ def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str,
                        "alone): measure it (--calibrate SWEEP --pool) before trusting "
                        "multi-device rows.")]  # fmt: skip
     return "\n".join(textwrap.fill(line, 96, subsequent_indent="  ") for line in lines)
+
+
+def _traced_note(traced: dict) -> str:
+    """What the docstring says of the rows' kernel traces (traced_costs)."""
+    if "skipped" in traced:
+        return f"- kernel traces of the rows: not used ({traced['skipped']})"
+    classes = "; ".join(
+        f"{k} {each * 1e6:.2f} us + bytes{' per result' if k == 'reduce_few' else ''} / "
+        f"{bw / 1e9:,.2f} GB/s"
+        for k, (each, bw) in traced["memory_kernel_costs"].items()
+    )
+    return (
+        f"- kernel traces of {', '.join(traced['rows'])} (command buffers off; "
+        f"{traced['named_share']:.0%} or more of each one's kernel time named), their "
+        f"memory-bound kernels fitted (jaxpar/predict/traces.py): all of them "
+        f"{traced['kernel_s'] * 1e6:.2f} us + bytes / {traced['memory_bandwidth'] / 1e9:,.0f}"
+        f" GB/s -> kernel_s, memory_bandwidth; by class -> memory_kernel_costs: {classes}"
+    )
 
 
 def _runs_dtype(runs: list[dict]) -> str:
@@ -427,6 +538,10 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
     }  # fmt: skip
     if not values["tile_width"]:
         del values["tile_width"]
+    traced = micro.get("traced") or {}
+    if traced.get("memory_kernel_costs"):  # the rows' own kernel traces (traced_costs)
+        values |= {"memory_bandwidth": traced["memory_bandwidth"], "kernel_s": traced["kernel_s"],
+                   "memory_kernel_costs": traced["memory_kernel_costs"]}  # fmt: skip
     if table:
         dtype, rows = table
         csv = kernel_table_path(path)

@@ -1,0 +1,265 @@
+"""A profiler trace of a compiled program joined with the program's text, kernel by kernel:
+each kernel's device time beside its instruction's FLOPs, bytes and class (what
+benchmarks/gpu_trace.py prints, and what `--calibrate-here` on a GPU fits the memory-bound
+kernels' costs from: `memory_costs`).
+
+A GPU's trace names, in each kernel event's `hlo_op`, the instruction it runs (with XLA's
+command buffers off: `--xla_gpu_enable_command_buffer=`; on, only fusions carry names). A CPU's
+trace names its events (thunks) after the top-level instructions, so it joins the same way.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import gzip
+import json
+import math
+import os
+import re
+
+import numpy as np
+
+from jaxpar import hlo
+from jaxpar.errors import ConfigError
+from jaxpar.predict import opclass
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
+
+
+def instructions(text: str) -> dict[str, tuple[str, str, str]]:
+    """Every instruction of the program: name -> (result type, op, the rest of the line)."""
+    return {m.group(1): m.groups()[1:] for m in map(_INSTR.match, text.splitlines()) if m}
+
+
+def _dims(type_text: str) -> list[int]:
+    m = re.search(r"\[([\d,]*)\]", type_text)
+    return [int(d) for d in m.group(1).split(",") if d] if m else []
+
+
+def matrix_flops(result: str, rest: str, ins: dict) -> tuple[float, bool]:
+    """(2 x multiply-adds, thin) of a cuDNN convolution or a cuBLAS product; (0, False) else.
+    cuDNN's dim_labels are the forward convolution's (input, kernel -> output)."""
+    target = re.search(r'custom_call_target="([^"]*)"', rest)
+    args = [a for a in opclass._operands(rest) if a in ins]
+    if not target or len(args) < 2:
+        return 0.0, False
+    a, b, out = _dims(ins[args[0]][0]), _dims(ins[args[1]][0]), _dims(result)
+    if "cudnn" in target.group(1):
+        kind = target.group(1)
+        o, f, _x = (
+            (b, out, a) if "Filter" in kind else (a, b, out) if "Input" in kind else (out, b, a)
+        )
+        labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest).groups()
+        features = f[labels[1].index("i")]
+        return 2.0 * math.prod(o) * math.prod(f) / o[labels[2].index("f")], features < opclass.THIN
+    if "cublas" in target.group(1) or "gemm" in target.group(1):
+        dims = re.search(r'"lhs_contracting_dimensions":\["(\d+)"', rest)
+        return 2.0 * math.prod(out) * (a[int(dims.group(1))] if dims else 1), False
+    return 0.0, False
+
+
+def matrix_tile(result: str, rest: str, ins: dict) -> int:
+    """A cuDNN convolution's fewest of output rows, input features and output features (a
+    cuBLAS product's narrowest dimension): what opclass.Matmul.tile reads from the CPU's
+    program, so that a trace shows how a GPU's rate falls with it (Profile.tile_width)."""
+    target = re.search(r'custom_call_target="([^"]*)"', rest)
+    args = [a for a in opclass._operands(rest) if a in ins]
+    if not target or len(args) < 2:
+        return 0
+    a, b, out = _dims(ins[args[0]][0]), _dims(ins[args[1]][0]), _dims(result)
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    if "cudnn" in target.group(1) and labels:
+        kind = target.group(1)
+        _, w, y = (
+            (a, out, b) if "Filter" in kind else (out, b, a) if "Input" in kind else (a, b, out)
+        )
+        _, kl, ol = labels.groups()
+        cin, cout = w[kl.index("i")], w[kl.index("o")]
+        return min(math.prod(y) // max(y[ol.index("f")], 1), cin, cout)
+    return min(math.prod(out[:-1]) or 1, out[-1] if out else 1, min(a) if a else 1)
+
+
+def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
+    """Seconds per step of each HLO instruction's kernels (mean of the trace's steps), and
+    the device: a GPU's kernels name their instruction in `hlo_op`; without GPU events, the
+    CPU's are the events named after one of the `top` (top-level) instructions."""
+    found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
+    if not found:
+        raise ConfigError(f"no *.trace.json.gz under {trace_dir}")
+    events = json.load(gzip.open(found[0]))["traceEvents"]
+    gpu = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))
+    }
+    if gpu:
+        spans = [(e["args"].get("hlo_op", "?"), e["dur"]) for e in events
+                 if e.get("ph") == "X" and e["pid"] in gpu]  # fmt: skip
+    else:
+        spans = [(e["name"], e["dur"]) for e in events if e.get("ph") == "X" and e["name"] in top]
+    per: dict[str, float] = collections.defaultdict(float)
+    for name, micros in spans:
+        per[name] += micros * 1e-6
+    counts = collections.Counter(name for name, _ in spans).values()
+    steps = 2 if counts and all(v % 2 == 0 for v in counts) else 1  # single_device.py traces two
+    return {k: v / steps for k, v in per.items()}, steps, "gpu" if gpu else "cpu"
+
+
+def cpu_matrix_flops(name: str, comps: dict, types: dict) -> tuple[float, bool]:
+    """(FLOPs, thin) of a CPU program's top-level instruction: a convolution or dot, or a
+    fusion holding them; (0, False) else."""
+    entry = {n: (result, op, rest) for n, result, op, rest in comps["ENTRY"]}
+    result, op, rest = entry[name]
+    if op in ("convolution", "dot"):
+        found = [(op, result, rest)]
+    elif op == "fusion":
+        found = [(o, r, rr) for c in opclass._called(rest) for _, r, o, rr in comps.get(c, ())
+                 if o in ("convolution", "dot")]  # fmt: skip
+    else:
+        return 0.0, False
+    kernels = [m for o, r, rr in found for m in opclass._matmul(o, r, rr, types).matmuls]
+    return sum(m.flops for m in kernels), any(m.thin for m in kernels)
+
+
+def kernel_class(name: str, comps: dict) -> str:
+    """A memory-bound kernel's class (opclass.MEMORY_CLASSES), from what its instruction holds:
+    a window (pooling, its gradient, a scatter), a transpose (or a reversal), a reduction, or
+    elementwise; what gpufusion's rule 8 names for the modelled program."""
+    entry = {n: (op, rest) for n, _, op, rest in comps["ENTRY"]}
+    ops, todo = set(), [entry[name]]
+    while todo:
+        op, rest = todo.pop()
+        ops.add(op)
+        todo += [(o, r) for c in opclass._called(rest) for _, _, o, r in comps.get(c, ())]
+    if ops & {"reduce-window", "select-and-scatter", "scatter"}:
+        return "window"
+    if ops & {"transpose", "reverse"}:
+        return "transpose"
+    if "reduce" not in ops:
+        return "elementwise"
+    _, results, length, row = largest_reduction(name, comps)
+    return "reduce" if row or results == 1 else opclass.reduction_class(results, length)
+
+
+def largest_reduction(name: str, comps: dict) -> tuple[int, int, int, bool]:
+    """(elements read, results, elements summed into each, row) of the kernel's largest
+    reduction, row when it sums along its operand's minor dimension (XLA:GPU's row
+    reduction: a warp or a block per result); (0, 1, 1, False) if it holds none."""
+    entry = {n: rest for n, _, _, rest in comps["ENTRY"]}
+    best, todo = (0, 1, 1, False), list(opclass._called(entry[name]))
+    while todo:
+        body = comps.get(todo.pop(), ())
+        types = {n: r for n, r, _, _ in body}
+        for _, result, op, rest in body:
+            todo += opclass._called(rest) if op == "fusion" else []
+            args = opclass._operands(rest)
+            if op == "reduce" and args and args[0] in types:
+                read, results = _elements(types[args[0]]), max(_elements(result), 1)
+                layout = re.search(r"\{([\d,]+)\}", types[args[0]].split("]", 1)[-1])
+                dims = re.search(r"dimensions=\{([\d,]*)\}", rest)
+                minor = layout.group(1).split(",")[0] if layout else None
+                row = bool(dims and minor is not None and minor in dims.group(1).split(","))
+                best = max(best, (read, results, read // results, row))
+    return best
+
+
+def _elements(type_text: str) -> int:
+    """Elements of the first array in a type."""
+    return math.prod(_dims(type_text)) if _dims(type_text) else 1
+
+
+def fit_line(b: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """Least squares of t = fixed + b / bandwidth with both non-negative: (fixed, bandwidth)."""
+    fixed, per_byte = np.linalg.lstsq(np.vstack([np.ones_like(b), b]).T, t, rcond=None)[0]
+    if fixed < 0:
+        fixed, per_byte = 0.0, float(t.sum() / b.sum())
+    elif per_byte <= 0:
+        fixed, per_byte = float(t.mean()), 0.0
+    return float(fixed), 1 / per_byte if per_byte > 0 else math.inf
+
+
+def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]:
+    """Each traced instruction of one row's program: (name, FLOPs, thin, bytes, seconds per
+    step, class, tile: a GPU matrix kernel's fewest rows or features, else 0, results: a
+    reduce_few kernel's, else 1); with the
+    kernels' total seconds per step, the steps traced and the device."""
+    with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
+        text = f.read()
+    ins, comps = instructions(text), opclass._computations(text)
+    types = {name: result for body in comps.values() for name, result, _, _ in body}
+    times, steps, device = kernel_times(trace_dir, {n for n, *_ in comps.get("ENTRY", ())})
+    rows = []
+    for name, seconds in times.items():
+        if name not in ins:
+            continue
+        result, op, rest = ins[name]
+        tile = 0
+        if device == "cpu":
+            flops, thin = cpu_matrix_flops(name, comps, types)
+        else:
+            flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
+            tile = matrix_tile(result, rest, ins) if flops else 0
+        moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
+            hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
+        )
+        kind = kernel_class(name, comps)
+        results = largest_reduction(name, comps)[1] if kind == "reduce_few" else 1
+        rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
+    return rows, sum(times.values()), steps, device
+
+
+COLUMNS = ("program", "device", "name", "flops", "thin", "bytes", "seconds", "class", "tile",
+           "results")  # fmt: skip
+
+
+def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
+    """Every joined kernel of each (program, device, rows) as one line of a CSV (gzip where the
+    path ends .gz): the figures a profile's costs are fitted from, small enough to keep beside
+    the profile where the traces themselves (hundreds of MB) are not."""
+    import csv
+
+    with gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w") as f:
+        out = csv.writer(f)
+        out.writerow(COLUMNS)
+        for program, device, rows in programs:
+            for r in rows:
+                out.writerow([program, device, r[0], f"{r[1]:.6g}", int(bool(r[2])),
+                              f"{r[3]:.6g}", f"{r[4]:.6g}", r[5], r[6], r[7]])  # fmt: skip
+
+
+def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
+    """write_csv's programs back: [(program, device, rows as joined() gives them)]."""
+    import csv
+
+    programs: dict[tuple[str, str], list[tuple]] = {}
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        for line in csv.DictReader(f):
+            programs.setdefault((line["program"], line["device"]), []).append(
+                (line["name"], float(line["flops"]), bool(int(line["thin"])),
+                 float(line["bytes"]), float(line["seconds"]), line["class"],
+                 int(line["tile"]), int(line["results"])))  # fmt: skip
+    return [(p, d, rows) for (p, d), rows in programs.items()]
+
+
+def memory_costs(rows: list[tuple]) -> dict:
+    """The memory-bound kernels of joined rows (of one or more programs) fitted as a profile
+    takes them: time = fixed + bytes / bandwidth over all of them ("all": a profile's kernel_s
+    and memory_bandwidth) and for each class of opclass.MEMORY_CLASSES with two or more kernels
+    ("classes": its memory_kernel_costs; reduce_few on bytes per result, one lane's rate), with
+    each class's kernels, seconds and bytes ("figures"); "all" None without any."""
+    mem = [r for r in rows if not r[1]]
+    if not mem:
+        return {"all": None, "classes": {}, "figures": {}}
+    b, t = np.array([r[3] for r in mem]), np.array([r[4] for r in mem])
+    classes, figures = {}, {}
+    kinds = np.array([r[5] for r in mem])
+    lane = b / np.array([max(r[7], 1) for r in mem])
+    for name in opclass.MEMORY_CLASSES:
+        m = kinds == name
+        figures[name] = (int(m.sum()), float(t[m].sum()), float(b[m].sum()))
+        if m.sum() >= 2:
+            fixed, bandwidth = fit_line(lane[m] if name == "reduce_few" else b[m], t[m])
+            if math.isfinite(bandwidth):
+                classes[name] = (fixed, bandwidth)
+    return {"all": fit_line(b, t), "classes": classes, "figures": figures}
