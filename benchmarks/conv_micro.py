@@ -38,61 +38,6 @@ KINDS = (("forward", "forward_ms"), ("input gradient", "input_grad_ms"),
 SMALL = ["resnet20:0.25:32:float32:2"]
 
 
-def model_shapes(run: dict) -> list[tuple[dict, int]]:
-    """Every convolution of `run`'s model (a calibration run: here.parse_row) as a row of
-    kernels.py's table format, with how many layers of the model have that shape, in the
-    order the forward first meets them."""
-    import jax
-
-    from jaxpar import models
-    from jaxpar.predict.workload import run_config
-
-    config = run_config(run)
-    model = models.build(config.model, tuple(run["image_shape"]), int(run["num_classes"]))
-    variables = jax.eval_shape(model.init, jax.random.key(0))
-    x = jax.ShapeDtypeStruct((int(run["batch_size"]), *run["image_shape"]), "float32")
-    jaxpr = jax.make_jaxpr(
-        lambda v, x: model.apply(v["params"], v["batch_stats"], x, train=True)[0]
-    )(variables, x)
-    counts: dict[tuple, int] = collections.Counter()
-    for eqn in _equations(jaxpr.jaxpr):
-        if eqn.primitive.name == "conv_general_dilated":
-            counts[_row_key(eqn)] += 1
-    return [(dict(zip(_KEY, key)), n) for key, n in counts.items()]
-
-
-_KEY = ("W", "H", "C", "N", "K", "R", "S", "pad_h", "pad_w", "stride_h", "stride_w")
-
-
-def _equations(jaxpr):
-    """Every equation of a jaxpr and of the jaxprs inside it (jit, remat, custom rules)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for inner in value if isinstance(value, list | tuple) else (value,):
-                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's jaxpr
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
-
-
-def _row_key(eqn) -> tuple:
-    """A 2-D convolution equation as (W, H, C, N, K, R, S, pad_h, pad_w, stride_h, stride_w);
-    an uneven padding (SAME on an even window) is read as its smaller side."""
-    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
-    dims = eqn.params["dimension_numbers"]
-    lhs_spec, rhs_spec = (
-        dims.lhs_spec,
-        dims.rhs_spec,
-    )  # (batch, feature, spatial...), (out, in, ...)
-    n, c = lhs[lhs_spec[0]], lhs[lhs_spec[1]]
-    h, w = (lhs[d] for d in lhs_spec[2:])
-    k = rhs[rhs_spec[0]]
-    r, s = (rhs[d] for d in rhs_spec[2:])
-    (ph, _), (pw, _) = (tuple(min(p) for _ in range(2)) for p in eqn.params["padding"])
-    sh, sw = eqn.params["window_strides"]
-    return (w, h, c, n, k, r, s, ph, pw, sh, sw)
-
-
 def measure(row: dict, dtype: str, calls: int = 5) -> dict:
     """One shape's forward, input gradient and filter gradient, each a jitted program traced
     over `calls` calls: milliseconds per call of its convolution kernels (the trace's kernels
@@ -231,7 +176,7 @@ def _write_table(path: str, rows: list[dict], args, device: str) -> None:
 
 def main(argv=None) -> int:
     from jaxpar.errors import ConfigError
-    from jaxpar.predict import here, load_profile
+    from jaxpar.predict import here, kernels, load_profile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="inception_v3:1:299:bfloat16:64",
@@ -251,7 +196,7 @@ def main(argv=None) -> int:
         return 2
     everything, table, profile = [], [], None
     for run in runs:
-        shapes = model_shapes(run)[: args.limit or None]
+        shapes = kernels.model_rows(run)[: args.limit or None]
         print(f"{run['name']}: {len(shapes)} shapes, {sum(n for _, n in shapes)} layers")
         measured = []
         for row, _ in shapes:  # the table rewritten after each shape: a time limit keeps it

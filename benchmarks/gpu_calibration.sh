@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED=1 JAX_COMPILATION_CACHE_DIR=/tmp/jc JAX_PERSISTENT_CACHE
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 echo "commit $(git rev-parse --short HEAD 2>/dev/null)" >> "$OUT/gpu.txt"
 t0=$SECONDS
-timeout "${HERE_S:-300}" python3 -m jaxpar.predict --calibrate-here "$OUT/gpu_here.py" > "$OUT/here.log" 2>&1
+timeout "${HERE_S:-360}" python3 -m jaxpar.predict --calibrate-here "$OUT/gpu_here.py" > "$OUT/here.log" 2>&1
 echo "calibrate-here: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/gpu.txt"
 ROWS=${ROWS:-"resnet50:224:bfloat16:128:trace inception_v3:299:bfloat16:64:trace resnet152:224:bfloat16:64 alexnet:224:bfloat16:256 vgg16:224:bfloat16:64 resnet50:224:float32:128 densenet40:32:float32:64"}
 for spec in $ROWS; do  # rows that could not finish before DEADLINE seconds are skipped

@@ -209,7 +209,7 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     conv_micro = importlib.util.module_from_spec(where)
     where.loader.exec_module(conv_micro)
 
-    shapes = conv_micro.model_shapes(here.parse_row("inception_v3:1:299:float32:64"))
+    shapes = kernels.model_rows(here.parse_row("inception_v3:1:299:float32:64"))
     assert (len(shapes), sum(n for _, n in shapes)) == (43, 94)
     groups = {}
     for row, n in shapes:

@@ -148,3 +148,26 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     assert p.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernel_s == 3e-6
     assert p.matmul_kernel_s == pytest.approx(40e-6, rel=2e-3)
     assert "kernel traces of vgg11_0p125_32_float32_8" in path.read_text()
+
+
+def test_calibrate_here_times_the_rows_own_convolution_shapes():
+    """Beside DeepBench's image layers, --calibrate-here on a GPU times the convolution shapes
+    of its rows' own models computing in the table's dtype (kernels.model_rows): ResNet-20's
+    at batch 8, the most frequent first, none thin, none of another dtype's row."""
+    from jaxpar.predict import here
+
+    rows = ["resnet20:1.0:32:float32:8", "vgg11:0.25:32:bfloat16:8"]
+    shapes = here.own_shapes(rows, "float32")
+    layers = [f"{r['R']}x{r['S']} s{r['stride_h']} {r['W']}x{r['H']}x{r['C']}->{r['K']}"
+              for r in shapes]  # fmt: skip
+    # 3 stages of 3 blocks (16, 32, 64 features on 32, 16, 8 maps): 3x3 stride-1 layers 6 + 5
+    # + 5 of them and two stride-2 ones (its shortcuts pad, with no convolution); the
+    # 3-channel stem is thin
+    assert layers == ["3x3 s1 32x32x16->16", "3x3 s1 16x16x32->32", "3x3 s1 8x8x64->64",
+                      "3x3 s2 32x32x16->32", "3x3 s2 16x16x32->64"]  # fmt: skip
+    assert all(r["C"] >= 8 and r["N"] == 8 for r in shapes)
+    assert len(here.own_shapes(rows, "float32", limit=2)) == 2
+    assert (
+        len(here.own_shapes(rows, "bfloat16"))
+        == len(kernels.model_rows(here.parse_row(rows[1]))) - 1
+    )  # VGG11's, less its first layer

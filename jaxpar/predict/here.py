@@ -3,7 +3,8 @@
 bandwidth, a small kernel's and a program dispatch's cost, memory; on a GPU the first layer's
 convolutions and narrow layers' by their features: thin_efficiency, tile_width) and jaxpar's one-device
 training step timed on a few models (`--here-rows`): its `calibration_runs`, fitted on loading.
-On a GPU also 24 convolution shapes timed into a kernel table (its matrix kernels' costs), and
+On a GPU also 24 convolution shapes of DeepBench's and up to 24 of the rows' own models timed
+into a kernel table (its matrix kernels' costs), and
 two steps of each row traced with XLA's command buffers off (trace_rows), whose memory-bound
 kernels give the profile's memory_bandwidth, kernel_s and memory_kernel_costs (traced_costs,
 jaxpar/predict/traces.py): what the H100 profile's were fitted from by hand.
@@ -46,6 +47,8 @@ TRACED_FIT = ("matmul_kernel_s",)
 # the share of a traced step's kernel time that must name an instruction of its program for
 # its costs to be fitted (XLA's command buffers hide the names of what they hold)
 NAMED_SHARE = 0.9
+# the rows' own convolution shapes timed beside DeepBench's (own_shapes), at most
+MODEL_SHAPES = 24
 
 
 def add_arguments(parser) -> None:
@@ -95,7 +98,7 @@ def run(args) -> int:
         table = None
         if micro["platform"] == "gpu":  # the matrix kernels' costs from kernels of its own
             dtype = _runs_dtype(runs)
-            shapes = kernels.vision_rows(kernels.load(kernels.SHIPPED))
+            shapes = kernels.vision_rows(kernels.load(kernels.SHIPPED)) + own_shapes(rows, dtype)
             table = (dtype, time_kernels(shapes, dtype, min(0.2, args.here_seconds)))
             micro["traced"] = trace_and_fit(rows)
             if not getattr(args, "here_fit", None):  # what the table and traces do not hold
@@ -214,6 +217,24 @@ def fit_tile_width(rates: dict[int, float]) -> float:
         return float(np.sum((e - e.mean()) ** 2))
 
     return float(min((2.0**k for k in range(3, 11)), key=cost))
+
+
+def own_shapes(rows: list[str], dtype: str, limit: int = MODEL_SHAPES) -> list[dict[str, float]]:
+    """The convolution shapes of the rows computing in `dtype` (kernels.model_rows), each
+    once, the most frequent first, at most `limit` of them; none of fewer than THIN input
+    channels (a first layer: priced apart) or already in DeepBench's rows."""
+    seen = {tuple(r[c] for c in kernels._COLUMNS[:11]) for r in kernels.load(kernels.SHIPPED)}
+    counted: dict[tuple, int] = {}
+    for spec in rows:
+        run = parse_row(spec)
+        if run["dtype"] != dtype:
+            continue
+        for row, n in kernels.model_rows(run):
+            key = tuple(row[c] for c in kernels._COLUMNS[:11])
+            if row["C"] >= opclass.THIN and key not in seen:
+                counted[key] = counted.get(key, 0) + n
+    ranked = sorted(counted, key=lambda key: -counted[key])[:limit]
+    return [dict(zip(kernels._COLUMNS[:11], key)) for key in ranked]
 
 
 def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> list[dict]:
@@ -547,7 +568,8 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
         csv = kernel_table_path(path)
         kernels.write(csv, rows, f"Convolution kernels timed on one {micro['device_kind']} in "
                       f"{dtype} by python -m jaxpar.predict --calibrate-here ({len(rows)} "
-                      "shapes of DeepBench's table: jaxpar/predict/here.py time_kernels).")  # fmt: skip
+                      "shapes: DeepBench's image layers, then the rows' own (own_shapes); "
+                      "jaxpar/predict/here.py time_kernels).")  # fmt: skip
         root = Path(configfile.ROOT).resolve()
         where = csv.resolve()
         values |= {"kernel_benchmarks": str(where.relative_to(root) if where.is_relative_to(root)

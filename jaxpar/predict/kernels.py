@@ -147,6 +147,62 @@ def fit(profile: Any, rows: list[dict[str, float]], names: tuple[str, ...] = DEF
     return KernelFit(fitted, list(zip(table, residuals(best.x).tolist())))
 
 
+def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
+    """Every 2-D convolution of a calibration run's model (here.parse_row's dict) as a row of
+    this table's format (its `N` the run's batch), with how many layers of the model have that
+    shape, in the order the forward first meets them: read from the forward's jaxpr, so any
+    model of jaxpar's registry or a builder of one's own. Grouped or dilated convolutions,
+    which the table cannot hold, are left out."""
+    import collections
+
+    import jax
+
+    from jaxpar import models
+    from jaxpar.predict.workload import run_config
+
+    config = run_config(run)
+    model = models.build(config.model, tuple(run["image_shape"]), int(run["num_classes"]))
+    variables = jax.eval_shape(model.init, jax.random.key(0))
+    x = jax.ShapeDtypeStruct((int(run["batch_size"]), *run["image_shape"]), "float32")
+    jaxpr = jax.make_jaxpr(
+        lambda v, x: model.apply(v["params"], v["batch_stats"], x, train=True)[0]
+    )(variables, x)
+    counts: dict[tuple, int] = collections.Counter()
+    for eqn in _equations(jaxpr.jaxpr):
+        if eqn.primitive.name == "conv_general_dilated" and (key := _row_key(eqn)):
+            counts[key] += 1
+    return [(dict(zip(_COLUMNS[:11], key)), n) for key, n in counts.items()]
+
+
+def _equations(jaxpr):
+    """Every equation of a jaxpr and of the jaxprs inside it (jit, remat, custom rules)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, list | tuple) else (value,):
+                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's jaxpr
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
+
+
+def _row_key(eqn) -> tuple | None:
+    """A 2-D convolution equation as (W, H, C, N, K, R, S, pad_h, pad_w, stride_h, stride_w),
+    an uneven padding (SAME on an even window) read as its smaller side; None for a grouped
+    or dilated one, or one of other than two spatial dimensions."""
+    p = eqn.params
+    if (p["feature_group_count"] != 1 or p["batch_group_count"] != 1 or len(p["padding"]) != 2
+            or any(d != 1 for d in (*(p["lhs_dilation"] or ()), *(p["rhs_dilation"] or ())))):  # fmt: skip
+        return None
+    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
+    dims = p["dimension_numbers"]  # (batch, feature, spatial...), (out, in, spatial...)
+    n, c = lhs[dims.lhs_spec[0]], lhs[dims.lhs_spec[1]]
+    h, w = (lhs[d] for d in dims.lhs_spec[2:])
+    k = rhs[dims.rhs_spec[0]]
+    r, s = (rhs[d] for d in dims.rhs_spec[2:])
+    (ph, pw), (sh, sw) = (min(pad) for pad in p["padding"]), p["window_strides"]
+    return (w, h, c, n, k, r, s, ph, pw, sh, sw)
+
+
 def vision_rows(rows: list[dict[str, float]], limit: int = 24) -> list[dict[str, float]]:
     """The table's image layers worth timing on a device of one's own: square inputs of at
     least THIN channels and a batch of at least 8, the first `limit` of them (a GPU compiles
