@@ -82,9 +82,15 @@ def test_each_rule_on_a_small_program():
     assert gpu.ops.kernels == 3
     assert gpu.ops.flops == cpu.flops == 2 * ACT * 9 * 64
     # the convolution reads x (bf16, not its float32 copy) and the bf16 weight, writes bf16
-    ((flops, moved, winograd, narrow, thin, tile),) = gpu.ops.matmuls
+    ((flops, moved, winograd, narrow, thin, tile, keys),) = gpu.ops.matmuls
     assert narrow == 64 and not thin  # 64 output features, 576 products each, 8192 output rows
     assert tile == 64  # 64 input and 64 output features, 8192 rows
+    assert keys[0][-1] == "forward" and keys[0][3:7] == (
+        64,
+        64,
+        3,
+        3,
+    )  # its layer, as a table names it
     assert flops == cpu.flops
     assert winograd and moved == 2 * ACT + 2 * W + 2 * ACT
     # the weight's convert reads float32 and writes bfloat16; the fused kernel reads the

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxpar.errors import ConfigError
@@ -134,6 +136,8 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
                         ("matmul_kernel_s", 40e-6), ("kernel_s", 3e-6)):  # fmt: skip
         assert getattr(p, name) == pytest.approx(value, rel=2e-3), name
+    # and keeps each timed kernel, to price a step's own convolutions of those shapes
+    assert len(p.measured_kernels) == 3 * 24 and p.measured_dtype == "float32"
     # with the rows' kernel traces (here.traced_costs): the memory-bound kernels' costs and the
     # per-kernel time are the traces', and the rows fit only what a matrix kernel adds
     # inside a step (here the truth's per-class costs are its one kernel_s and bandwidth)
@@ -171,3 +175,34 @@ def test_calibrate_here_times_the_rows_own_convolution_shapes():
         len(here.own_shapes(rows, "bfloat16"))
         == len(kernels.model_rows(here.parse_row(rows[1]))) - 1
     )  # VGG11's, less its first layer
+
+
+def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_time():
+    """A kernel table names each kernel by layer and view (kernels.measured), as opclass reads
+    a compiled step's convolutions (conv_keys): the forward, input gradient and weight
+    gradient of a 3x3 stride-2 layer and of a 1x7 one are all found, and a profile prices
+    them at their measured times in the table's dtype (its priced costs in another)."""
+    from jaxpar.predict import opclass
+
+    def loss(x, w1, w2):
+        y = jax.lax.conv_general_dilated(x, w1, (2, 2), "VALID",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        z = jax.lax.conv_general_dilated(jnp.sin(y), w2, (1, 1), [(0, 0), (3, 3)],
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jnp.sum(jnp.sin(z))
+
+    x, w1, w2 = jnp.ones((4, 17, 17, 16)), jnp.ones((3, 3, 16, 32)), jnp.ones((1, 7, 32, 24))
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w1, w2).compile().as_text()
+    ops = opclass.classify(text)
+    assert len(ops.matmuls) == 6  # x's gradient is asked for: each layer's three kernels
+    rows = [_row(17, 17, 16, 4, 32, 3, 3, 0, 2, (1.0, 2.0, 3.0)),
+            {**_row(8, 8, 32, 4, 24, 1, 7, 0, 1, (4.0, 5.0, 6.0)), "pad_w": 3}]  # fmt: skip
+    table = kernels.measured(rows)
+    found = sorted(next(table[k] for k in m.keys if k in table) for m in ops.matmuls)
+    assert found == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3])
+    profile = _gpu(measured_kernels=table, measured_dtype="float32", kernel_s=0.0,
+                   matmul_kernel_s=1e-6)  # fmt: skip
+    only = opclass.OpClasses(matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops,
+                             matmuls=ops.matmuls)  # fmt: skip
+    assert profile.device_time(only, "float32") == pytest.approx(21e-3)
+    assert profile.device_time(only, "bfloat16") < 1e-3  # priced: 6 us and their FLOPs

@@ -90,6 +90,12 @@ class Profile:
     # On "gpu": device time of each matrix kernel beyond kernel_s (cuDNN's and cuBLAS's
     # launch of several kernels, workspace setup, split-K reductions, a last partial wave)
     matmul_kernel_s: float = 0.0
+    # On "gpu": convolution kernels measured on this device in measured_dtype (its kernel
+    # table, `kernel_benchmarks`: kernels.measured), by layer and view (opclass.conv_keys): a
+    # step's kernel found here costs its measured time in place of its priced matrix costs
+    # (matmul_kernel_s and its roofline); kernel_s as any kernel
+    measured_kernels: dict[tuple, float] = dataclasses.field(default_factory=dict)
+    measured_dtype: str = ""
     # A forward-only program (a pipeline chunk's F) runs this many times faster than its op
     # classes priced at these rates, which are a training step's: on XLA:CPU the backward's
     # transposes, reversed kernels and max-pool index tensors cost as much as its
@@ -174,12 +180,18 @@ class Profile:
             share = (
                 (lambda m: min(1.0, m.tile / tw)) if tw else (lambda m: m.narrow / (m.narrow + d0))
             )
-            fixed += len(ops.matmuls) * self.matmul_kernel_s
-            return fixed + sum(
-                max(m.flops / (thin if m.thin and thin else
+            table = self.measured_kernels if dtype == self.measured_dtype else {}
+
+            def priced(m: opclass.Matmul) -> float:
+                for key in m.keys if table else ():
+                    if key in table:  # measured on this device: its time
+                        return table[key]
+                return self.matmul_kernel_s + max(
+                    m.flops / (thin if m.thin and thin else
                                peak * (ratio if m.winograd else 1) * share(m)),
-                    m.moved / bw)
-                for m in ops.matmuls)  # fmt: skip
+                    m.moved / bw)  # fmt: skip
+
+            return fixed + sum(priced(m) for m in ops.matmuls)
         if self.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
             d0 = self.narrow_width
             return fixed + sum(m.flops * (m.narrow + d0) / m.narrow
@@ -255,7 +267,10 @@ def from_config(c: Any) -> Profile:
 
         names = tuple(get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
         dtype = str(get("kernel_dtype", "float32") or "float32")
-        profile = kernels.fit(profile, kernels.load(table), names, dtype).profile
+        rows = kernels.load(table)
+        profile = kernels.fit(profile, rows, names, dtype).profile
+        profile = dataclasses.replace(profile, measured_kernels=kernels.measured(rows),
+                                      measured_dtype=dtype)  # fmt: skip
     if calibration:
         profile = calibrate(profile, calibration)
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]

@@ -91,6 +91,22 @@ def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
             for kind, column, dims in views if row[column] > 0]  # fmt: skip
 
 
+def measured(rows: list[dict[str, float]]) -> dict[tuple, float]:
+    """Every timed kernel of the table by its layer and view, as opclass.conv_keys names a
+    convolution of a compiled step: {(N, H, W, C, K, R, S, stride_h, stride_w, P, Q, kind):
+    seconds}. A profile prices a step's kernel found here at its measured time."""
+    out = {}
+    for row in rows:
+        w, h, c, n, k, r, s = (int(row[x]) for x in ("W", "H", "C", "N", "K", "R", "S"))
+        sh, sw = int(row["stride_h"]), int(row["stride_w"])
+        p = (h + 2 * int(row["pad_h"]) - r) // sh + 1
+        q = (w + 2 * int(row["pad_w"]) - s) // sw + 1
+        for kind, column in zip(opclass.KINDS, _COLUMNS[-3:]):
+            if row[column] > 0 and p > 0 and q > 0:
+                out[(n, h, w, c, k, r, s, sh, sw, p, q, kind)] = row[column] * 1e-3
+    return out
+
+
 def price(profile: Any, kernel: Kernel, dtype: str = "float32") -> float:
     """Seconds the profile gives one kernel alone (its device_time of that kernel)."""
     m = kernel.matmul

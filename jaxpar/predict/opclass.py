@@ -56,6 +56,10 @@ class Matmul(typing.NamedTuple):
     # tiles, so a layer of 12 output features fills 12 of a tile's 128 columns in its forward
     # and both gradients alike (hardware.Profile.tile_width)
     tile: int = 1 << 30
+    # a convolution's layer and view, as a kernel table names its kernels (conv_keys: (N, H, W,
+    # C, K, R, S, stride_h, stride_w, P, Q, kind)), the likeliest first: a profile with that
+    # kernel measured prices it at its measured time (Profile.measured_kernels)
+    keys: tuple = ()
 
 
 THIN = 8
@@ -198,10 +202,57 @@ def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses
                                                 for a in _operands(rest) if a in types))  # fmt: skip
     narrow, thin = _narrow(op, result, rest, types), _thin(op, result, rest, types)
     tile = _tile(op, result, rest, types) if op == "convolution" else narrow
+    keys = conv_keys(result, rest, types) if op == "convolution" else ()
     if op == "convolution" and _winograd(result, rest):
         return OpClasses(conv3x3_flops=flops,
-                         matmuls=(Matmul(flops, moved, True, narrow, thin, tile),))  # fmt: skip
-    return OpClasses(matmul_flops=flops, matmuls=(Matmul(flops, moved, False, narrow, thin, tile),))
+                         matmuls=(Matmul(flops, moved, True, narrow, thin, tile, keys),))  # fmt: skip
+    return OpClasses(matmul_flops=flops,
+                     matmuls=(Matmul(flops, moved, False, narrow, thin, tile, keys),))  # fmt: skip
+
+
+KINDS = ("forward", "input gradient", "filter gradient")
+
+
+def conv_keys(result: str, rest: str, types: dict[str, str]) -> tuple:
+    """The layers and views a 2-D convolution of a training step may be, as (N, H, W, C, K,
+    R, S, stride_h, stride_w, P, Q, kind): the layer's batch, input map, input and output
+    features, window, strides and output map, and which of its three kernels this is. A
+    weight gradient's result is the kernel (its window the output map, dilated by the
+    stride); an input gradient of a strided layer dilates its input (the output's gradient)
+    by the stride; a stride-1 input gradient looks like a forward convolution, so both are
+    given, the forward first. () where it is none of these (grouped, 1-D, ...)."""
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    window = re.search(r"window=\{([^}]*)\}", rest)
+    args = _operands(rest)
+    if (not labels or not window or len(args) < 2 or args[0] not in types
+            or re.search(r"feature_group_count=[02-9]|batch_group_count=[02-9]", rest)):  # fmt: skip
+        return ()
+    lhs, out = _dims(types[args[0]]), _dims(result)
+    ll, _, ol = labels.groups()
+    if len(lhs) != 4 or len(out) != 4 or len(ll) != 4 or len(ol) != 4:
+        return ()
+
+    def field(name: str) -> tuple[int, int]:
+        found = re.search(rf"\b{name}=(\d+)x(\d+)", window.group(1))
+        return (int(found.group(1)), int(found.group(2))) if found else (1, 1)
+
+    def at(dims, lab, key: str) -> int:
+        return dims[lab.index(key)]
+
+    size = field("size")
+    lmap = (at(lhs, ll, "0"), at(lhs, ll, "1"))
+    omap = (at(out, ol, "0"), at(out, ol, "1"))
+    if size[0] * size[1] > omap[0] * omap[1]:  # a weight gradient: [C, R, S, K] from x and dy
+        return ((at(lhs, ll, "f"), *lmap, at(lhs, ll, "b"), at(out, ol, "f"), *omap,
+                 *field("rhs_dilate"), *size, "filter gradient"),)  # fmt: skip
+    lhs_dilate = field("lhs_dilate")
+    backward = (at(out, ol, "b"), *omap, at(out, ol, "f"), at(lhs, ll, "f"), *size, *lhs_dilate,
+                *lmap, "input gradient")  # fmt: skip
+    if lhs_dilate != (1, 1):
+        return (backward,)
+    forward = (at(lhs, ll, "b"), *lmap, at(lhs, ll, "f"), at(out, ol, "f"), *size,
+               *field("stride"), *omap, "forward")  # fmt: skip
+    return (forward, backward) if field("stride") == (1, 1) else (forward,)
 
 
 def _thin(op: str, result: str, rest: str, types: dict[str, str]) -> bool:
