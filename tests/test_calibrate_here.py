@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import runpy
 
 import jax
 import pytest
@@ -95,3 +96,55 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
         assert "names its instruction" in here.traced_costs(pairs)["skipped"]
     finally:
         here.NAMED_SHARE = here_share
+
+
+def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
+    """run() as on a GPU, its microbenchmarks and kernel timings stood in for (a known GPU's
+    figures), the row timed and traced here: its kernel table holds DeepBench's 24 image
+    layers and the row's own convolution shapes, the profile takes the memory-bound costs
+    its row's trace gave, its docstring says so, and its rows' fit names matmul_kernel_s."""
+    from jaxpar import configfile
+    from jaxpar.predict import kernels
+
+    micro = {"platform": "gpu", "device_kind": "Test GPU", "jax": "0", "seconds": 0.1,
+             "num_devices": 1, "matmul_float32": {1024: 1e13}, "float32_flops_per_s": 1e13,
+             "thin_conv_float32": 5e11, "matmul_flops_per_s": 1e13,
+             "memory_bandwidth_array_bytes": 1 << 30, "memory_bandwidth": 7e11,
+             "launch_s": 30e-6, "sync_call_s": 60e-6, "kernel_s": 3e-6,
+             "peak_memory_bytes": 16e9}  # fmt: skip
+    truth = hardware.from_config({
+        "name": "a GPU", "num_devices": 1, "devices_per_node": 1,
+        "peak_flops": {"float32": 1e13}, "memory_bytes": 16e9,
+        "intra": {"bandwidth": 1e11, "latency": 0.0}, "compiler": "gpu",
+        "compute_efficiency": 0.6, "conv3x3_efficiency": 1.5, "memory_bandwidth": 7e11,
+        "matmul_kernel_s": 40e-6,
+    })  # fmt: skip
+
+    def timed(rows, dtype, seconds):
+        return [{**r, **{c: kernels.price(truth, k) * 1e3 for c, k in
+                         zip(kernels._COLUMNS[-3:], kernels.kernels({**r, "forward_ms": 1,
+                             "input_grad_ms": 1, "filter_grad_ms": 1}))}} for r in rows]  # fmt: skip
+
+    monkeypatch.setattr(here, "microbenchmarks", lambda seconds: dict(micro))
+    monkeypatch.setattr(here, "time_kernels", timed)
+    parser = argparse.ArgumentParser()
+    here.add_arguments(parser)
+    path = tmp_path / "gpu.py"
+    row = "vgg11:0.125:32:float32:8"
+    args = parser.parse_args(["--calibrate-here", str(path), "--here-rows", row,
+                              "--here-seconds", "0.2"])  # fmt: skip
+    assert here.run(args) == 0, capsys.readouterr()
+    table = kernels.load(here.kernel_table_path(path))
+    own = here.own_shapes([row], "float32")
+    assert len(own) >= 3 and len(table) == 24 + len(own)
+    c = configfile.load(str(path))
+    traced = runpy.run_path(str(path))["MEASURED"]["traced"]
+    p = hardware.load_profile(path)
+    assert tuple(c.fit) == here.TRACED_FIT and traced["named_share"] == 1.0
+    assert (
+        p.memory_kernel_costs == traced["memory_kernel_costs"]
+        and "window" in traced["memory_kernel_costs"]
+    )  # VGG's max pools
+    assert p.kernel_s == traced["kernel_s"] and p.memory_bandwidth == traced["memory_bandwidth"]
+    assert "kernel traces of vgg11_0p125_32_float32_8" in path.read_text()
+    assert len(p.measured_kernels) == 3 * len(table)  # every kernel timed, kept
