@@ -206,3 +206,25 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
                              matmuls=ops.matmuls)  # fmt: skip
     assert profile.device_time(only, "float32") == pytest.approx(21e-3)
     assert profile.device_time(only, "bfloat16") < 1e-3  # priced: 6 us and their FLOPs
+
+
+def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
+    """kernels.model_rows reads a model's layers from its forward; kernels.measured names
+    their three kernels each; opclass.conv_keys names the compiled training step's (as the
+    GPU program model keeps them): ResNet-20's 19 layers' 56 convolution kernels (three
+    each, but for the stem's input gradient, which no step computes) all found, its dense
+    layer's three dots none. (At full size Inception-v3's 281 and ResNet-50's 158 are all
+    found too: docs/predict.md.)"""
+    from jaxpar.predict import here
+    from jaxpar.predict.workload import calibration_ops
+
+    run = here.parse_row("resnet20:1.0:32:float32:8")
+    layers = kernels.model_rows(run)
+    rows = [{**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0}
+            for r, _ in layers]  # fmt: skip
+    table = kernels.measured(rows)
+    ops = calibration_ops(run, "gpu")
+    convs = [m for m in ops.matmuls if m.keys]
+    assert sum(n for _, n in layers) == 19 and len(convs) == 3 * 19 - 1
+    assert all(any(k in table for k in m.keys) for m in convs)
+    assert len(ops.matmuls) - len(convs) == 3  # the dense layer: forward and two gradients
