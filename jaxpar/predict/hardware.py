@@ -91,10 +91,17 @@ class Profile:
     # launch of several kernels, workspace setup, split-K reductions, a last partial wave)
     matmul_kernel_s: float = 0.0
     # On "gpu": convolution kernels measured on this device in measured_dtype (its kernel
-    # table, `kernel_benchmarks`: kernels.measured), by layer and view (opclass.conv_keys): a
-    # step's kernel found here costs its measured time in place of its priced matrix costs
-    # (matmul_kernel_s and its roofline); kernel_s as any kernel
-    measured_kernels: dict[tuple, float] = dataclasses.field(default_factory=dict)
+    # table, `kernel_benchmarks`: kernels.measured), by layer and view less the batch
+    # (opclass.conv_keys without its first element), each timed batch's (N, seconds, Matmul):
+    # a step's kernel of a timed batch costs its measured time in place of its priced matrix
+    # costs (matmul_kernel_s and its roofline), and of another batch (a data-parallel or
+    # pipelined row's share) the nearest timed batch's time scaled by its own price over
+    # that kernel's, so that every partitioning of a measured layer is priced alike; kernel_s
+    # as any kernel. Set where the profile says `price_measured` (--calibrate-here's, whose
+    # table holds its rows' own layers); a table of other layers (DeepBench's, at batches of
+    # 8-16) only fits the class rates: scaled to the validated steps' batches of 64 its
+    # kernels moved the DGX-1's worst model left out from 20.9% to 22.5% (docs/predict.md)
+    measured_kernels: dict[tuple, tuple] = dataclasses.field(default_factory=dict)
     measured_dtype: str = ""
     # A forward-only program (a pipeline chunk's F) runs this many times faster than its op
     # classes priced at these rates, which are a training step's: on XLA:CPU the backward's
@@ -183,15 +190,20 @@ class Profile:
             table = self.measured_kernels if dtype == self.measured_dtype else {}
 
             def priced(m: opclass.Matmul) -> float:
-                for key in m.keys if table else ():
-                    if key in table:  # measured on this device: its time
-                        return table[key]
                 return self.matmul_kernel_s + max(
                     m.flops / (thin if m.thin and thin else
                                peak * (ratio if m.winograd else 1) * share(m)),
                     m.moved / bw)  # fmt: skip
 
-            return fixed + sum(priced(m) for m in ops.matmuls)
+            def cost(m: opclass.Matmul) -> float:
+                for key in m.keys if table else ():
+                    timed = table.get(key[1:])
+                    if timed:  # measured on this device: at its batch, or the nearest
+                        n, seconds, kernel = min(timed, key=lambda t: abs(math.log(t[0] / key[0])))
+                        return seconds if n == key[0] else seconds * priced(m) / priced(kernel)
+                return priced(m)
+
+            return fixed + sum(cost(m) for m in ops.matmuls)
         if self.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
             d0 = self.narrow_width
             return fixed + sum(m.flops * (m.narrow + d0) / m.narrow
@@ -269,8 +281,9 @@ def from_config(c: Any) -> Profile:
         dtype = str(get("kernel_dtype", "float32") or "float32")
         rows = kernels.load(table)
         profile = kernels.fit(profile, rows, names, dtype).profile
-        profile = dataclasses.replace(profile, measured_kernels=kernels.measured(rows),
-                                      measured_dtype=dtype)  # fmt: skip
+        if get("price_measured", False):  # and its layers' kernels at their measured times
+            profile = dataclasses.replace(profile, measured_kernels=kernels.measured(rows),
+                                          measured_dtype=dtype)  # fmt: skip
     if calibration:
         profile = calibrate(profile, calibration)
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]

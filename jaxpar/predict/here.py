@@ -574,7 +574,10 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
         where = csv.resolve()
         values |= {"kernel_benchmarks": str(where.relative_to(root) if where.is_relative_to(root)
                                             else where),
-                   "kernel_fit": kernels.DEFAULT_FIT, "kernel_dtype": dtype}  # fmt: skip
+                   "kernel_fit": kernels.DEFAULT_FIT, "kernel_dtype": dtype,
+                   # its rows' own layers among them: a step's kernels of those layers at their
+                   # measured times (Profile.measured_kernels)
+                   "price_measured": True}  # fmt: skip
         table_note = (f"convolution kernels ({len(rows)} shapes, forward and both gradients, "
                       f"{dtype}) timed into {csv.name}: the matrix kernels' costs "
                       f"({', '.join(kernels.DEFAULT_FIT)}), fitted to them as the profile loads")  # fmt: skip

@@ -91,20 +91,25 @@ def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
             for kind, column, dims in views if row[column] > 0]  # fmt: skip
 
 
-def measured(rows: list[dict[str, float]]) -> dict[tuple, float]:
-    """Every timed kernel of the table by its layer and view, as opclass.conv_keys names a
-    convolution of a compiled step: {(N, H, W, C, K, R, S, stride_h, stride_w, P, Q, kind):
-    seconds}. A profile prices a step's kernel found here at its measured time."""
-    out = {}
+def measured(rows: list[dict[str, float]]) -> dict[tuple, tuple]:
+    """Every timed kernel of the table by its layer and view less the batch, as
+    opclass.conv_keys names a convolution of a compiled step without its first element: {(H,
+    W, C, K, R, S, stride_h, stride_w, P, Q, kind): ((N, seconds, Matmul as kernels() reads
+    it), ...)}. A profile prices a step's kernel of a batch timed here at its measured time,
+    and of another batch at the nearest timed batch's time scaled by its own price over that
+    kernel's (Profile.device_time). Thin first layers are left out, as kernels() leaves them."""
+    out: dict[tuple, list] = {}
     for row in rows:
         w, h, c, n, k, r, s = (int(row[x]) for x in ("W", "H", "C", "N", "K", "R", "S"))
         sh, sw = int(row["stride_h"]), int(row["stride_w"])
         p = (h + 2 * int(row["pad_h"]) - r) // sh + 1
         q = (w + 2 * int(row["pad_w"]) - s) // sw + 1
-        for kind, column in zip(opclass.KINDS, _COLUMNS[-3:]):
-            if row[column] > 0 and p > 0 and q > 0:
-                out[(n, h, w, c, k, r, s, sh, sw, p, q, kind)] = row[column] * 1e-3
-    return out
+        for kernel in kernels(row):
+            kind = next(x for x in opclass.KINDS if kernel.name.endswith(x))
+            out.setdefault((h, w, c, k, r, s, sh, sw, p, q, kind), []).append(
+                (n, kernel.seconds, kernel.matmul)
+            )
+    return {key: tuple(sorted(v, key=lambda t: t[0])) for key, v in out.items()}
 
 
 def price(profile: Any, kernel: Kernel, dtype: str = "float32") -> float:
