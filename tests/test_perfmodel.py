@@ -70,6 +70,35 @@ def test_group_spanning_nodes_is_hierarchical():
     assert tensor_group == [0, 1, 2, 3] and links.span(tensor_group, 4) == (4, 1)
 
 
+def test_a_rank_order_ring_over_a_cube_mesh_runs_at_its_unwired_hop():
+    # a DGX-1's hybrid cube mesh: each quad wired all to all, GPU i to GPU i + 4; NCCL 1.x's
+    # ring over 0..7 in rank order crosses 3 -> 4 and 7 -> 0, which have no NVLink
+    cube = [(a, b) for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4 or b == a + 4]
+    p = hardware.from_config({
+        "name": "cube", "num_devices": 8, "devices_per_node": 8, "peak_flops": {"float32": 1e12},
+        "memory_bytes": 16 * GB, "intra": {"bandwidth": 20 * GB, "latency": 0.0},
+        "unwired": {"bandwidth": 5 * GB, "latency": 0.0}, "peers": cube,
+        "compute_efficiency": 0.5})  # fmt: skip
+    assert links.ring_link([0, 1, 2, 3], p) == p.intra and links.ring_link([0, 4], p) == p.intra
+    assert links.ring_link(list(range(8)), p) == p.unwired == hardware.Link(5 * GB, 0.0)
+    assert links.ring_link([1, 4], p) == p.unwired  # not wired: through the hosts
+    # 2 x 3/4 x 1 GB over 20 GB/s in a quad; 2 x 7/8 x 1 GB over 5 GB/s over all eight
+    assert links.collective_time("all-reduce", GB, [0, 1, 2, 3], p) == pytest.approx(0.075)
+    assert links.collective_time("all-reduce", GB, list(range(8)), p) == pytest.approx(0.35)
+    assert links.transfer_link(3, 7, p) == p.intra and links.transfer_link(3, 4, p) == p.unwired
+    with pytest.raises(ConfigError, match="go together"):
+        hardware.from_config({"name": "x", "num_devices": 8,
+                              "devices_per_node": 8, "peak_flops": {"float32": 1e12},
+                              "memory_bytes": GB, "intra": {"bandwidth": GB, "latency": 0.0},
+                              "peers": cube, "compute_efficiency": 0.5})  # fmt: skip
+    with pytest.raises(ConfigError, match="not a pair"):
+        hardware.from_config({"name": "x", "num_devices": 8, "devices_per_node": 8,
+                              "peak_flops": {"float32": 1e12}, "memory_bytes": GB,
+                              "intra": {"bandwidth": GB, "latency": 0.0}, "peers": [(0, 8)],
+                              "unwired": {"bandwidth": GB, "latency": 0.0},
+                              "compute_efficiency": 0.5})  # fmt: skip
+
+
 def test_equal_stages_reproduce_the_analytic_bubble():
     k, m = 4, 8
     line = schedules.timeline(schedules.stage_events("gpipe", k, m), [1.0] * k, [3.0] * k)

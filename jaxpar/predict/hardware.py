@@ -112,6 +112,12 @@ class Profile:
     # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
     # it for every row (loader_images_per_sec)
     loader_images_per_sec: float = 0.0
+    # Inside a node where not every pair of devices is wired directly (NVLink's hybrid cube
+    # mesh): the pairs `intra` joins, and the path the others take (`unwired`: through the
+    # hosts). A ring runs over its group in rank order, at its slowest hop (links.ring_link;
+    # NCCL 1.x builds its one ring so). None: every pair of a node is wired.
+    peers: frozenset | None = None
+    unwired: Link | None = None
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Single-device calibration runs of particular models (`calibrations` in the profile):
@@ -259,6 +265,8 @@ def from_config(c: Any) -> Profile:
         launch_s=float(get("launch_s", 0.0) or 0.0),
         compiler=str(get("compiler", "cpu")),
         loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
+        peers=_peers(get("peers"), int(get("devices_per_node"))),
+        unwired=Link(**dict(get("unwired"))) if get("unwired") else None,
         narrow_width=float(get("narrow_width", 0.0) or 0.0),
         tile_width=float(get("tile_width", 0.0) or 0.0),
         thin_efficiency=float(get("thin_efficiency", 0.0) or 0.0),
@@ -268,6 +276,8 @@ def from_config(c: Any) -> Profile:
         notes=str(get("notes", "")),
         calibration=calibration,
     )
+    if (profile.peers is None) != (profile.unwired is None):
+        raise ConfigError(f"profile {profile.name}: peers and unwired go together")
     if profile.overlap is not None and not 0.0 <= profile.overlap <= 1.0:
         raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1] or None")
     if profile.compiler not in ("cpu", "gpu"):
@@ -295,6 +305,20 @@ def from_config(c: Any) -> Profile:
     if profile.compute_efficiency <= 0:
         raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
     return profile
+
+
+def _peers(pairs, per_node: int) -> frozenset | None:
+    """The wired pairs of a node's devices, each as a sorted pair of local indices."""
+    if pairs is None:
+        return None
+    out = set()
+    for pair in pairs:
+        a, b = (int(i) for i in pair)
+        if not (0 <= a < per_node and 0 <= b < per_node) or a == b:
+            raise ConfigError(f"peers: {tuple(pair)} is not a pair of a node's "
+                              f"{per_node} devices")  # fmt: skip
+        out.add((min(a, b), max(a, b)))
+    return frozenset(out)
 
 
 def _memory_costs(value) -> dict[str, tuple[float, float]]:

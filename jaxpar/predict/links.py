@@ -11,7 +11,11 @@ ones (bandwidth-optimal rings, Thakur et al. 2005; NCCL's "bus bandwidth" conven
 collective library builds. A group that spans nodes is reduced hierarchically: reduce-scatter
 inside each node, all-reduce of the 1/g share across nodes (each device over its own NIC),
 all-gather inside the node. Devices are numbered in mesh order, (data, stage, tensor) row-major,
-and device i sits on node i // devices_per_node.
+and device i sits on node i // devices_per_node. Inside a node whose devices are not all
+wired to each other (a profile's `peers`: NVLink's hybrid cube mesh joins each of a DGX-1's
+P100s to four of the seven others), a ring runs over its group in rank order, as NCCL 1.x
+builds it, and a hop between two devices without a direct link takes the profile's `unwired`
+path (through the hosts): the ring runs at its slowest hop (`ring_link`).
 """
 
 from __future__ import annotations
@@ -81,13 +85,15 @@ def collective_time(
     local, nodes = span(group, profile.devices_per_node)
     if kind == "all-reduce":
         if nodes == 1:
-            return ring_allreduce_time(nbytes, n, profile.intra)
+            return ring_allreduce_time(nbytes, n, ring_link(group, profile))
         # hierarchical: reduce-scatter in the node, all-reduce of 1/local across, all-gather
-        inside = reduce_scatter_time(nbytes / local, local, profile.intra) + allgather_time(
-            nbytes, local, profile.intra
+        ring = ring_link([i for i in group if i // profile.devices_per_node
+                          == group[0] // profile.devices_per_node], profile)  # fmt: skip
+        inside = reduce_scatter_time(nbytes / local, local, ring) + allgather_time(
+            nbytes, local, ring
         )
         return inside + ring_allreduce_time(nbytes / local, nodes, profile.inter)
-    link = profile.intra if nodes == 1 else profile.inter  # flat ring, slowest link rules
+    link = ring_link(group, profile) if nodes == 1 else profile.inter  # flat: slowest rules
     if kind == "all-gather":
         return allgather_time(nbytes, n, link)
     if kind == "reduce-scatter":
@@ -99,5 +105,22 @@ def collective_time(
 
 def transfer_link(src: int, dst: int, profile) -> Link:  # hardware.Profile
     """The link a point-to-point transfer between two devices uses."""
-    same = src // profile.devices_per_node == dst // profile.devices_per_node
-    return profile.intra if same else profile.inter
+    per = profile.devices_per_node
+    if src // per != dst // per:
+        return profile.inter
+    return profile.intra if _wired(src % per, dst % per, profile) else profile.unwired
+
+
+def ring_link(group: list[int], profile) -> Link:  # hardware.Profile
+    """The link a ring over `group` (devices of one node, in rank order) runs at: `intra`,
+    or the profile's `unwired` path where some hop joins two devices without a direct link."""
+    per = profile.devices_per_node
+    hops = zip(group, group[1:] + group[:1])
+    if all(_wired(a % per, b % per, profile) for a, b in hops):
+        return profile.intra
+    return profile.unwired
+
+
+def _wired(a: int, b: int, profile) -> bool:
+    peers = getattr(profile, "peers", None)
+    return peers is None or a == b or (min(a, b), max(a, b)) in peers
