@@ -300,3 +300,29 @@ def test_why_names_the_links_a_collective_runs_on():
     flat = {**row, "mesh_axes": ["data", "stage", "tensor"], "mesh_shape": [16, 1, 1],
             "collective_bytes_per_device": {"all-reduce data": 200e6}}  # fmt: skip
     assert why(flat, profile).endswith("all-reduce data 200.0 MB/step over 2 nodes (45 GB/s)")
+
+
+def test_why_names_an_unwired_hop_inside_a_node():
+    """On a DGX-1's cube mesh (quads wired all to all, GPU i to i + 4), a data 8 ring in rank
+    order crosses 3 -> 4 unwired (through the hosts, 8 GB/s here); the tensor 4 of a (2, 1, 4)
+    mesh stays inside a quad, on NVLink (18 GB/s)."""
+    from jaxpar.plan import why
+
+    cube = [(a, b) for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4 or b == a + 4]
+    profile = hardware.from_config({
+        "name": "cube", "num_devices": 8, "devices_per_node": 8,
+        "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9, "compute_efficiency": 0.5,
+        "intra": {"bandwidth": 18e9, "latency": 1e-5}, "peers": cube,
+        "unwired": {"bandwidth": 8e9, "latency": 2.5e-5},
+    })  # fmt: skip
+    row = {"step_time_s": 10e-3, "compute_s": 5e-3, "comm_s": 5e-3, "num_devices": 8,
+           "mesh_axes": ["data", "stage", "tensor"], "mesh_shape": [8, 1, 1],
+           "collective_bytes_per_device": {"all-reduce data": 100e6}}  # fmt: skip
+    assert why(row, profile).endswith(
+        "all-reduce data 100.0 MB/step over an unwired hop (through the hosts) (8 GB/s)"
+    )
+    quad = {**row, "mesh_shape": [2, 1, 4],
+            "collective_bytes_per_device": {"all-reduce tensor": 100e6}}  # fmt: skip
+    assert why(quad, profile).endswith(
+        "all-reduce tensor 100.0 MB/step over intra-node links (18 GB/s)"
+    )

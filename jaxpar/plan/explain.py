@@ -9,6 +9,7 @@ import shlex
 
 from jaxpar import configfile
 from jaxpar.plan.candidates import candidate_of
+from jaxpar.predict import links
 
 
 def unpriced(row: dict) -> dict[str, int]:
@@ -79,6 +80,10 @@ def _link(row: dict, profile, collective: str = "") -> tuple[float, str]:
             nodes = 1
     if nodes > 1:
         return profile.inter.ring_bandwidth, f"{nodes} nodes"
+    if getattr(profile, "peers", None) is not None and set(group) <= set(names):
+        ring = links.ring_link(links.group_of("+".join(group), dict(zip(names, sizes))), profile)
+        if ring is not profile.intra:  # a hop between devices not wired to each other
+            return ring.ring_bandwidth, "an unwired hop (through the hosts)"
     return profile.intra.ring_bandwidth, "intra-node links"
 
 
