@@ -3,6 +3,10 @@ left out is predicted from a fit on the others, and the report says whether the 
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from jaxpar.predict import hardware, validate
 
 # Three runs of two tiny models: fit on vgg11's two runs, predict resnet20, and back.
@@ -60,3 +64,41 @@ def test_measured_suites_report_how_far_their_repeats_agree():
     assert line == ("the measurement's own two repeats over 3 of these rows: rank correlation "
                     "1.00, median difference 9.1%")  # fmt: skip
     assert validate._repeat_line(spec, ["a", "b"]) == [] and validate._repeat_line({}, ["a"]) == []
+
+
+def test_published_tables_give_each_row_its_model_s_efficiency():
+    """tf_cnn_benchmarks' DGX-1 table as a suite: five models on 1-8 GPUs at their own batch
+    per GPU (AlexNet 512), each multi-GPU row's reference efficiency against its own model's
+    1-GPU figure: AlexNet's 17,822 on 8 GPUs over 8 x 2,987 is 74.6%."""
+    from jaxpar.predict.suites import add_reference, load_rows
+
+    rows = load_rows(None, "configs/predict/dgx1_tf_cnn_benchmarks.py", {})
+    assert len(rows) == 20
+    by_name = {name: (config, ref) for name, config, ref in rows}
+    config, ref = by_name["alexnet data 8"]
+    assert ref == 17822.0 and config.global_batch_size == 8 * 512
+    assert tuple(config.mesh_shape) == (8, 1, 1) and not config.model.batch_norm
+    assert tuple(by_name["inception_v3 data 1"][0].data.image_shape) == (299, 299, 3)
+    predicted = [{"model": config.model.name, "num_devices": math.prod(config.mesh_shape)}
+                 for _, config, _ in rows]  # fmt: skip
+    add_reference(predicted, [ref for _, _, ref in rows])
+    eight = predicted[[name for name, _, _ in rows].index("alexnet data 8")]
+    assert eight["reference_efficiency"] == 17822 / (8 * 2987)
+
+
+def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, monkeypatch):
+    """Each published table: its worst efficiency difference against the 5-point target and
+    how many of its multi-device rows are within it (1-device rows are the baselines)."""
+    suite = tmp_path / "table.py"
+    suite.write_text("import ml_collections\n\ndef get_config():\n"
+                     "    return ml_collections.ConfigDict()\n")  # fmt: skip
+    rows = [{"name": f"m data {n}", "status": "ok", "num_devices": n, "images_per_sec": 100.0 * n,
+             "efficiency": eff, "reference_images_per_sec": None, "reference_efficiency": ref}
+            for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))]  # fmt: skip
+    monkeypatch.setattr(validate, "suite_rows", lambda path, suite: rows)
+    figures = {"points": None}
+    lines = validate._suite_lines("profile.py", str(suite), figures)
+    # -2, -8 and +2 points: the worst 8.0, two of three within 5
+    assert figures["points"] == pytest.approx(8.0)
+    assert lines[-1] == ("\nworst efficiency difference: 8.0 points (MISSES the 5-point target);"
+                         " 2 of 3 multi-device rows within 5 points")  # fmt: skip

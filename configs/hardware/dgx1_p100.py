@@ -10,9 +10,11 @@ Sources and assumptions:
   white paper, 2017). A P2P copy over one link measures ~18 GB/s per direction
   (p2pBandwidthLatencyTest); NCCL of 2017 moved ring all-reduce traffic at about that rate per
   link. We take 18 GB/s, 1 ring: tf_cnn_benchmarks' `replicated` mode used TensorFlow 1.x's
-  bundled NCCL 1.x, which runs one ring (multi-ring NCCL 2 came later), and a ring's rate is
-  that of its slowest link, the same for 2, 4 or 8 GPUs in this topology. Latency per ring
-  step ~10 us (NCCL 1 launch + NVLink hop).
+  bundled NCCL 1.x, which runs one ring (multi-ring NCCL 2 came later). Latency per ring step
+  ~10 us (NCCL 1 launch + NVLink hop). Not described (no `peers`): NCCL 1.x builds its ring in
+  rank order, so a ring over all eight GPUs in order crosses 3 -> 4 and 7 -> 0, which the cube
+  mesh does not wire, through the hosts; docs/predict.md ("tf_cnn_benchmarks' whole tables")
+  says what describing it does to the published tables, and why it is left out.
 - Compute, by operation class (jaxpar/predict/opclass.py). The matrix kernels' costs come
   from published per-kernel timings of the P100, not from any model: DeepBench's 94
   convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN 6.0.21, the era
@@ -76,7 +78,11 @@ def get_config():
         tf_cnn_benchmarks_run("resnet152", 224, batch_size=64, images_per_sec=91.8),
         {**tf_cnn_benchmarks_vgg16(batch_size=512, images_per_sec=2987.0), "model": "alexnet"},
     ]
-    c.validation = ["configs/predict/dgx1_vgg16.py", "configs/predict/dgx1_resnet50_inception3.py"]
+    c.validation = [
+        "configs/predict/dgx1_tf_cnn_benchmarks.py",  # every model, batch 64 (AlexNet 512)
+        "configs/predict/dgx1_tf_cnn_benchmarks_batch32.py",
+        "configs/predict/dgx1_resnet50_inception3.py",  # seed 003's median efficiencies
+    ]
     return c
 
 

@@ -22,6 +22,8 @@ Sources and assumptions:
   figures: Inception-v3 30.5 images/sec (batch 64), ResNet-152 20.0 (batch 32), AlexNet 656
   (batch 512). `python -m jaxpar.predict --validate` predicts each from a fit on the others.
 - overlap = 0 (all-reduce after the backward).
+- Checked (`python -m jaxpar.predict --validate`), nothing fitted: tf_cnn_benchmarks' published
+  1-8 GPU tables of five models on GCE's and AWS's K80s (configs/predict/tf_cnn_benchmarks.py).
 """
 
 import ml_collections
@@ -57,4 +59,8 @@ def get_config():
         {**dgx1_p100.tf_cnn_benchmarks_vgg16(batch_size=512, images_per_sec=656.0),
          "model": "alexnet"},
     ]  # fmt: skip
+    c.validation = [
+        "configs/predict/k80_gce_tf_cnn_benchmarks.py",  # the calibration runs' machine
+        "configs/predict/k80_aws_tf_cnn_benchmarks.py",
+    ]
     return c

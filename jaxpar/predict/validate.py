@@ -163,8 +163,10 @@ def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
     if points and not here:
         worst = max(points)
         figures["points"] = max(worst, figures["points"] or 0.0)
+        within = sum(p <= TARGETS["points"] for p in points)
         lines.append(f"\nworst efficiency difference: {worst:.1f} points "
-                     f"({_mark(worst <= TARGETS['points'])} the 5-point target)")  # fmt: skip
+                     f"({_mark(worst <= TARGETS['points'])} the 5-point target); {within} of "
+                     f"{len(points)} multi-device rows within 5 points")  # fmt: skip
     if len(errors) >= 3 and here:  # measured on this machine: the median and the ranking
         med, rank = statistics.median(errors), spearman(meas, pred)
         figures["median"], figures["rank"] = med, rank
