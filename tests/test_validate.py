@@ -102,3 +102,24 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
     assert figures["points"] == pytest.approx(8.0)
     assert lines[-1] == ("\nworst efficiency difference: 8.0 points (MISSES the 5-point target);"
                          " 2 of 3 multi-device rows within 5 points")  # fmt: skip
+
+
+def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
+    """GCE's and AWS's K80 tables hold the same 20 runs: --validate predicts them once."""
+    from jaxpar import predict
+
+    calls = []
+
+    def fake(config, profile, overlap):
+        calls.append(config.model.name)
+        return {"status": "ok", "model": config.model.name, "num_devices": 1,
+                "images_per_sec": 1.0}  # fmt: skip
+
+    monkeypatch.setattr(predict, "predict_config", fake)
+    monkeypatch.setattr(predict, "load_profile", lambda path: object())
+    validate._PREDICTED.clear()
+    gce = validate.suite_rows("k80.py", "configs/predict/k80_gce_tf_cnn_benchmarks.py")
+    aws = validate.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
+    assert len(gce) == len(aws) == 20 and len(calls) == 20
+    assert aws[-1]["reference_images_per_sec"] == 260.0  # each table keeps its own figures
+    validate._PREDICTED.clear()

@@ -17,8 +17,9 @@ Sources and assumptions:
   says what describing it does to the published tables, and why it is left out.
 - Compute, by operation class (jaxpar/predict/opclass.py). The matrix kernels' costs come
   from published per-kernel timings of the P100, not from any model: DeepBench's 94
-  convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN 6.0.21, the era
-  of tf_cnn_benchmarks' 2017 runs), configs/hardware/kernels/deepbench_p100.csv, each kernel
+  convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN 6.0.21: one
+  cuDNN release after tf_cnn_benchmarks' May 2017 runs, which list CUDA 8.0 and cuDNN 5.1),
+  configs/hardware/kernels/deepbench_p100.csv, each kernel
   read as the predictor reads it in a compiled step and priced by this profile
   (`kernel_benchmarks`, jaxpar/predict/kernels.py). Fitted to those 252 kernels: 3x3 and
   5x5 stride-1 convolutions and their gradients (what cuDNN runs as Winograd transforms) at

@@ -51,16 +51,17 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
 
 
 def predict_rows(
-    configs: Sequence[Any], profile: Profile, overlap: float | None = None
+    configs: Sequence[Any], profile: Profile, overlap: float | None = None, predict=None
 ) -> list[dict[str, Any]]:
     """Predict every config (or (name, config) pair); add speedup and efficiency against the
     1-device row of the same model (the first such row; a 1-device row against itself), as
-    images/sec ratios."""
+    images/sec ratios. `predict(config, profile, overlap)` in place of predict_config (a
+    cache of it: --validate predicts the same rows for several published tables)."""
     rows = []
     for i, item in enumerate(configs):
         name, config = item if isinstance(item, tuple) else (f"row {i}", item)
         try:
-            row = predict_config(config, profile, overlap)
+            row = (predict or predict_config)(config, profile, overlap)
         except ValueError as e:  # ConfigError and friends: a refused row, reported
             row = {"status": "failed", "error": oneline.first_line(e), "fits": False}
         rows.append({"name": name, **row})

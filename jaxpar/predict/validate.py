@@ -74,14 +74,28 @@ def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple) -> 
     return out
 
 
+_PREDICTED: dict = {}  # (profile file, a config's JSON) -> its predicted row, for one run
+
+
 def suite_rows(profile_path: str, suite: str) -> list[dict]:
-    """A suite's rows predicted on the (fully fitted) profile, with their references."""
-    from jaxpar.predict import load_profile, predict_rows
+    """A suite's rows predicted on the (fully fitted) profile, with their references; a row
+    another of the profile's suites already predicted (two clouds' tables of the same runs)
+    is not predicted again."""
+    from jaxpar.predict import load_profile, predict_config, predict_rows
     from jaxpar.predict.suites import add_reference, load_rows
 
-    profile = load_profile(profile_path)
+    if ("profile", profile_path) not in _PREDICTED:
+        _PREDICTED["profile", profile_path] = load_profile(profile_path)
+    profile = _PREDICTED["profile", profile_path]
+
+    def predict(config, profile, overlap):
+        key = (profile_path, config.to_json(sort_keys=True))
+        if key not in _PREDICTED:
+            _PREDICTED[key] = predict_config(config, profile, overlap)
+        return _PREDICTED[key]
+
     configs = load_rows(None, suite, {})
-    rows = predict_rows([(name, config) for name, config, _ in configs], profile)
+    rows = predict_rows([(name, config) for name, config, _ in configs], profile, None, predict)
     add_reference(rows, [ref for _, _, ref in configs])
     return rows
 
@@ -194,6 +208,7 @@ def _repeat_line(spec, names: list[str]) -> list[str]:
 
 def run(paths: list[str] | None) -> str:
     """The whole report, as markdown text."""
+    _PREDICTED.clear()
     out = ["# Validation: predictions against figures no profile was fitted to", ""]
     summary = []
     for path in profiles_to_check(paths):
