@@ -38,7 +38,8 @@ def make_configs_importable() -> None:
 
 
 def load(path: str) -> ml_collections.ConfigDict:
-    """`get_config()` of the Python file at `path` (FileNotFoundError if there is none)."""
+    """`get_config()` of the Python file at `path` (FileNotFoundError if there is none, a
+    ConfigError if it has no get_config)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such config file {path!r}")
     make_configs_importable()
@@ -46,6 +47,10 @@ def load(path: str) -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        from jaxpar.errors import ConfigError
+
+        raise ConfigError(f"{path} has no get_config(): not a config, suite or profile file")
     return module.get_config()
 
 

@@ -361,6 +361,16 @@ def test_only_matching_no_row_is_refused_and_out_untouched(fake, capsys):
     assert not fresh.exists()
 
 
+def test_a_python_file_that_is_not_a_suite_is_one_line(tmp_path, capsys):
+    out = tmp_path / "out"
+    tables = "configs/predict/tf_cnn_benchmarks.py"  # tables, no get_config
+    assert bench_main(["--suite", tables, "--out", str(out), "--no_plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.endswith("has no get_config(): not a config, "
+                                                     "suite or profile file\n")  # fmt: skip
+    assert not out.exists()
+
+
 def test_a_subset_rerun_keeps_the_other_rows(fake):
     suite, out, ran = fake
     _sweep(suite, out)

@@ -351,6 +351,11 @@ def test_one_line_errors(tmp_path):
         assert message in one_error_line(proc, status), args
     proc = run_cli("--config", "configs/nope.py")
     assert "config file configs/nope.py does not exist" in one_error_line(proc)
+    # a Python file that is not a config (a module of tables, say)
+    proc = run_cli("--config", "configs/predict/tf_cnn_benchmarks.py")
+    assert one_error_line(proc).startswith(
+        "error: --config configs/predict/tf_cnn_benchmarks.py has no get_config()"
+    )
 
 
 def test_device_count_error_names_xla_flags(tmp_path):

@@ -206,6 +206,10 @@ def test_recommended_command_gives_a_config_the_trainer_accepts(candidate):
 def test_cli_errors_are_one_line(capsys):
     assert cli.main(["--config", "nope.py", "--profile", "configs/hardware/cpu_2core.py"]) == 2
     assert capsys.readouterr().err == "error: no such config file 'nope.py'\n"
+    tables = "configs/predict/tf_cnn_benchmarks.py"  # Python, but not a config
+    assert cli.main(["--config", tables, "--profile", "configs/hardware/cpu_2core.py"]) == 2
+    assert capsys.readouterr().err == (f"error: {tables} has no get_config(): not a config, "
+                                       "suite or profile file\n")  # fmt: skip
     assert cli.main(["--config", "configs/vgg19_data.py", "--profile", "nope.py"]) == 2
     assert "error: no such profile file 'nope.py'" in capsys.readouterr().err
     argv = ["--config", "configs/vgg19_data.py", "--profile", "configs/hardware/cpu_2core.py"]

@@ -47,6 +47,7 @@ import sys
 
 from jaxpar import configfile, log, oneline
 from jaxpar.bench import suite as suite_lib
+from jaxpar.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:
@@ -96,6 +97,9 @@ def main(argv: list[str]) -> int:
         sweep.run()
     except Refused as e:
         oneline.print_error(str(e))
+        return 2
+    except ConfigError as e:  # a suite file that is not one, a row the config refuses
+        oneline.print_error(oneline.first_line(e))
         return 2
     except KeyboardInterrupt:
         return 130
