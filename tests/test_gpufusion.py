@@ -119,6 +119,101 @@ def test_float32_keeps_its_bytes_and_a_shared_producer_is_duplicated():
                                                  + 2 * ACT)  # fmt: skip
 
 
+# A residual block's end as XLA:CPU leaves it in a bfloat16 step: the pre-ReLU sum of the
+# convolution's (scaled) result and the block's input, stored, then read by the ReLU and by
+# its backward (a select on the sum's sign). %sc is a per-channel scale both read.
+RESIDUAL = """HloModule m, is_scheduled=true
+
+%conv (a: f32[8,32,32,64], b: f32[3,3,64,64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %b = f32[3,3,64,64]{3,2,1,0} parameter(1)
+  ROOT %y = f32[8,32,32,64]{3,2,1,0} convolution(%a, %b), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+
+%scale (s: f32[64]) -> f32[64] {
+  %s = f32[64]{0} parameter(0)
+  ROOT %d = f32[64]{0} add(%s, %s)
+}
+
+%sum (y: f32[8,32,32,64], x: f32[8,32,32,64], sc: f32[64]) -> f32[8,32,32,64] {
+  %y = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %x = f32[8,32,32,64]{3,2,1,0} parameter(1)
+  %sc = f32[64]{0} parameter(2)
+  %b = f32[8,32,32,64]{3,2,1,0} broadcast(%sc), dimensions={3}
+  %m = f32[8,32,32,64]{3,2,1,0} multiply(%y, %b)
+  ROOT %a = f32[8,32,32,64]{3,2,1,0} add(%m, %x)
+}
+
+%relu (a: f32[8,32,32,64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %z = f32[] constant(0)
+  %zb = f32[8,32,32,64]{3,2,1,0} broadcast(%z), dimensions={}
+  ROOT %r = f32[8,32,32,64]{3,2,1,0} maximum(%a, %zb)
+}
+
+%back (a: f32[8,32,32,64], g: f32[8,32,32,64], sc: f32[64]) -> f32[8,32,32,64] {
+  %a = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %g = f32[8,32,32,64]{3,2,1,0} parameter(1)
+  %sc = f32[64]{0} parameter(2)
+  %z = f32[] constant(0)
+  %zb = f32[8,32,32,64]{3,2,1,0} broadcast(%z), dimensions={}
+  %p = pred[8,32,32,64]{3,2,1,0} compare(%a, %zb), direction=GT
+  %s = f32[8,32,32,64]{3,2,1,0} select(%p, %g, %zb)
+  %b = f32[8,32,32,64]{3,2,1,0} broadcast(%sc), dimensions={3}
+  ROOT %o = f32[8,32,32,64]{3,2,1,0} multiply(%s, %b)
+}
+
+ENTRY %main (x: f32[8,32,32,64], w: f32[3,3,64,64], g: f32[8,32,32,64], s: f32[64]) -> (f32[8,32,32,64], f32[8,32,32,64]) {
+  %x = f32[8,32,32,64]{3,2,1,0} parameter(0)
+  %w = f32[3,3,64,64]{3,2,1,0} parameter(1)
+  %g = f32[8,32,32,64]{3,2,1,0} parameter(2)
+  %s = f32[64]{0} parameter(3)
+  %y = f32[8,32,32,64]{3,2,1,0} fusion(%x, %w), kind=kCustom, calls=%conv
+  %sc = f32[64]{0} fusion(%s), kind=kLoop, calls=%scale
+  %a = f32[8,32,32,64]{3,2,1,0} fusion(%y, %x, %sc), kind=kLoop, calls=%sum
+  %r = f32[8,32,32,64]{3,2,1,0} fusion(%a), kind=kLoop, calls=%relu
+  %o = f32[8,32,32,64]{3,2,1,0} fusion(%a, %g, %sc), kind=kLoop, calls=%back
+  ROOT %t = (f32[8,32,32,64]{3,2,1,0}, f32[8,32,32,64]{3,2,1,0}) tuple(%r, %o)
+}
+"""
+
+
+def test_a_producer_is_computed_inside_its_users_where_that_moves_fewer_bytes():
+    """XLA:GPU's priority fusion fuses a producer into all its users where that is cheaper
+    than writing it once and reading it in each: users x its reads <= its reads + its write
+    + users x its write. The pre-ReLU sum (two activations read, two users) is computed in the
+    ReLU and in its backward, so it is neither a kernel nor a stored buffer (a per-channel
+    scale read by both, inlined itself, does not stop it); with a third input and a third
+    user it would cost more bytes and stays a kernel."""
+    gpu = gpufusion.analyse(RESIDUAL, "float32")
+    f32 = 4 * ACT
+    assert gpu.ops.kernels == 3  # the convolution, the ReLU, its backward
+    # the ReLU reads y and x; the backward y, x and g; each writes its output (+ the scale)
+    assert gpu.ops.memory_bytes == (3 * f32 + 4 * 64) + (4 * f32 + 4 * 64)
+    assert gpu.temp_bytes == 3 * f32  # y, and the two outputs: no stored sum
+
+    wider = (RESIDUAL.replace("(y: f32[8,32,32,64], x: f32[8,32,32,64], sc: f32[64])",
+                              "(y: f32[8,32,32,64], x: f32[8,32,32,64], sc: f32[64], "
+                              "v: f32[8,32,32,64])")
+             .replace("ROOT %a = f32[8,32,32,64]{3,2,1,0} add(%m, %x)",
+                      "%v = f32[8,32,32,64]{3,2,1,0} parameter(3)\n"
+                      "  %ax = f32[8,32,32,64]{3,2,1,0} add(%m, %x)\n"
+                      "  ROOT %a = f32[8,32,32,64]{3,2,1,0} add(%ax, %v)")
+             .replace("fusion(%y, %x, %sc), kind=kLoop, calls=%sum",
+                      "fusion(%y, %x, %sc, %g), kind=kLoop, calls=%sum")
+             .replace("%o = f32[8,32,32,64]{3,2,1,0} fusion(%a, %g, %sc), kind=kLoop, calls=%back",
+                      "%o = f32[8,32,32,64]{3,2,1,0} fusion(%a, %g, %sc), kind=kLoop, calls=%back\n"
+                      "  %q = f32[8,32,32,64]{3,2,1,0} fusion(%a), kind=kLoop, calls=%relu")
+             .replace("tuple(%r, %o)", "tuple(%r, %o, %q)")
+             .replace("-> (f32[8,32,32,64], f32[8,32,32,64]) {",
+                      "-> (f32[8,32,32,64], f32[8,32,32,64], f32[8,32,32,64]) {"))  # fmt: skip
+    gpu = gpufusion.analyse(wider, "float32")
+    # three activations read by a sum three kernels read: computing it in each would read
+    # 9 activations where storing it moves 3 + 1 + 3
+    assert gpu.ops.kernels == 5  # the convolution, the sum, the two ReLUs, the backward
+    assert gpu.temp_bytes == 4 * f32  # the stored sum and the three outputs (y read once)
+
+
 def test_an_image_s_first_layer_is_thin_and_priced_at_its_own_rate():  # and matmul_kernel_s
     """The convolution over an image's 3 channels and its weight gradient are `thin` (the
     image gets no gradient); the next layer's are not (its weight and input gradients; a

@@ -20,7 +20,8 @@ Sources and assumptions:
   224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row alone (the
   convolutions at 0.42 of peak); the two ResNet-50 rows are candidates, predicted by
   `--validate` from it (+4.5% and +0.8%; +12.2% and +8.4% before the first layer had its
-  own rate), and VGG19 from them (-4.5%; -14.2%).
+  own rate), and VGG19 from them (-4.5%; -14.2%). Since gpufusion's rule 2 computes a
+  residual block's pre-ReLU sum inside its users (2026-11-27): +9.4%, +1.4% and -8.3%.
   single_device.py trains with plain SGD where the profile's runs use the base config's
   optimizer: a difference of one memory-bound update per step (under 1% of these steps).
 - overlap = None: as XLA:GPU schedules the step (see the H100 profile).

@@ -22,6 +22,14 @@ order 1, 6, 2, then 3-5 and 7-9 as each kernel is priced):
    weights to bfloat16) stays a kernel, as it does on the GPU.
 2. An elementwise or reduction kernel whose result is used by exactly one other such kernel
    is fused into it (XLA:GPU's producer-consumer fusion; its result never reaches memory).
+   An elementwise kernel whose several users are all such kernels is computed inside each
+   where that moves no more bytes than storing it: users x its activation-sized reads <=
+   those reads + its write + users x its write (XLA:GPU's priority fusion fuses a producer
+   into all its users when its cost model finds that faster). A residual block's pre-ReLU sum
+   (two activations read, read by the ReLU and by its backward) is one: XLA:CPU stores it in a
+   bfloat16 step, and modelled stored, ResNet-50 at 224 in bfloat16 needed 7.70 GB where
+   the H100's program needs 5.43 GB and moved 41.8 GB where it moves 38.2; computed inside
+   its users, 5.68 GB and 38.5 GB.
 3. A kernel with no operands (an iota) is generated inside its consumers, and an integer
    tensor of an activation's size (the window indices XLA:CPU materialises for a max-pool's
    gradient) costs nothing: the GPU's select-and-scatter recomputes it from the input.
@@ -231,16 +239,22 @@ class _Graph:
                 node.kind, node.args = "inlined", [twin]
 
     def inline(self) -> None:
-        """Rule 2: an elementwise kernel that reads one activation-sized tensor and whose users
-        are all elementwise or reduction kernels is computed inside each of them (XLA:GPU
-        duplicates a cheap producer into its consumers when that reads no more memory)."""
+        """Rule 2: an elementwise kernel whose users are all elementwise or reduction kernels
+        is computed inside each of them where that moves no more bytes (XLA:GPU's priority
+        fusion duplicates a producer into all its consumers when that is faster): users x its
+        activation-sized reads <= those reads + its write + users x its write. Not on top of
+        an activation-sized producer computed inside it already, nor a small one (a
+        statistic's) on top of another small one."""
         for n in self.order:
             node = self.nodes[n]
-            big = [a for a in node.args if hlo.shape_bytes(self.types.get(a, "")) >= _BIG]
-            if (node.kind == "memory" and n not in self.root and len(self.users[n]) > 1
-                    and not node.reduces and len(big) <= 1
+            users = len(self.users[n])
+            reads = sum(self.size(a) for a in set(node.args) if self.size(a) >= _BIG)
+            if (node.kind == "memory" and n not in self.root and users > 1
+                    and not node.reduces and (users - 1) * reads <= (users + 1) * self.size(n)
                     and all(self.nodes[u].kind in ("memory", "move") for u in self.users[n])
-                    and not any(self.kind(a) == "inlined" for a in node.args)):  # fmt: skip
+                    and not any(self.kind(a) == "inlined" and (self.size(a) >= _BIG
+                                                                 or self.size(n) < _BIG)
+                                for a in node.args)):  # fmt: skip
                 node.kind = "inlined"
 
     def find(self, n: str) -> str:
