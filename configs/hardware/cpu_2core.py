@@ -44,8 +44,11 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   the profile had one figure per N from one run, 1.17 / 1.39 / 1.45, at the diagonal.)
 - Peak: 2 cores x ~3 GHz x 32 float32 FLOP/cycle (two 8-wide FMA units) ~ 100 GFLOP/s per
   core; only the fitted fraction of it matters.
-- Memory-bound kernels are inside the per-kernel and matmul costs (memory_bandwidth 0): at
-  these sizes every buffer sits in the caches.
+- Memory-bound kernels are inside the per-kernel and matmul costs (memory_bandwidth 0). That
+  holds for models with VGG19's ratio of memory-bound bytes to FLOPs and not beyond: the
+  CANDIDATES below (other models measured here, never fitted) put ResNet-50 and AlexNet at
+  64x64 65-70% too fast, whose memory-bound kernels take 92 of 162 and 133 of 158 ms of their
+  traced steps at 6-10 GB/s (docs/predict.md, "Other models on one device").
 - Links, measured by the same --pool run (calibrate.measure_links, as nccl-tests measures a
   GPU's): psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted to the ring
   formula: 25 us per ring step, 4.75 GB/s. Measured with the devices otherwise idle; inside a
@@ -74,6 +77,20 @@ GB = 1e9
 # The default suite's model (configs/bench/partitionings.py) on one device.
 RUN = {"model": "vgg19", "width": 0.25, "batch_norm": True, "head": "auto", "dtype": "float32",
        "image_shape": (32, 32, 3), "num_classes": 10}  # fmt: skip
+
+# Other models on one device, measured here on 2026-11-27 (load average 1.3-1.6) with
+#     python -m jaxpar.bench --suite cpu_models --out runs/cpu_models --repeat 2
+# (configs/bench/cpu_models.py; two repeats' mean [clock]; its VGG19 row, the first run's
+# model on synthetic data: 348.7 img/s against 333.9 above). (model, width, image side,
+# batch, images/sec)
+CANDIDATES = (
+    ("resnet20", 1.0, 32, 64, 199.6),
+    ("vgg16", 0.25, 32, 64, 419.8),
+    ("resnet50", 0.25, 64, 32, 192.2),
+    ("alexnet", 0.25, 64, 64, 365.3),
+    ("inception_v3", 0.25, 75, 16, 331.0),
+    ("densenet40", 1.0, 32, 32, 22.4),
+)
 
 
 def get_config():
@@ -104,5 +121,10 @@ def get_config():
         for batch, rate in ((64, 333.9), (32, 317.7), (16, 302.9), (8, 271.2))
     ]
     c.fit = ("compute_efficiency", "kernel_s")
+    c.calibration_candidates = [  # never fitted: --validate predicts each from the others
+        {**RUN, "model": model, "width": width, "image_shape": (side, side, 3),
+         "batch_size": batch, "images_per_sec": rate}
+        for model, width, side, batch, rate in CANDIDATES
+    ]  # fmt: skip
     c.validation = ["configs/predict/cpu_measured.py"]  # measured here: --validate
     return c
