@@ -29,8 +29,8 @@ Sources and assumptions:
   Since 2026-11-27 the same trace prices each class of memory-bound kernel at its own costs
   (gpufusion's rules 7 and 8: split reductions, transposes and windows at about half an
   elementwise kernel's rate) and the fit gives 0.81 of peak and 8.7 us; ResNet-50 -8.6% ->
-  -5.0% (-7.2% before rule 7's split reductions); -1.1% since a residual block's pre-ReLU
-  sum is computed inside its two users (gpufusion's rule 2). Note that jaxpar's step
+  -5.0% (-7.2% before rule 7's split reductions); -1.1% since a ReLU's input (the
+  pre-ReLU value) is computed inside its two users (gpufusion's rule 2). Note that jaxpar's step
   has grown faster since e58f54e (37,422 img/s at float32 batch 128 on 2026-11-26):
   configs/hardware/h100_here.py is this GPU measured later.
 - Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): the CPU

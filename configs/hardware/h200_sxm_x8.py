@@ -21,7 +21,7 @@ Sources and assumptions:
   convolutions at 0.42 of peak); the two ResNet-50 rows are candidates, predicted by
   `--validate` from it (+4.5% and +0.8%; +12.2% and +8.4% before the first layer had its
   own rate), and VGG19 from them (-4.5%; -14.2%). Since gpufusion's rule 2 computes a
-  residual block's pre-ReLU sum inside its users (2026-11-27): +9.4%, +1.4% and -8.3%.
+  ReLU's input (the pre-ReLU value) inside its users (2026-11-27): +9.4%, +1.4% and -8.3%.
   single_device.py trains with plain SGD where the profile's runs use the base config's
   optimizer: a difference of one memory-bound update per step (under 1% of these steps).
 - overlap = None: as XLA:GPU schedules the step (see the H100 profile).
