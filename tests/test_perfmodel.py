@@ -482,6 +482,23 @@ def test_op_classes_from_compiled_programs():
     assert (ew.flops, ew.memory_bytes, ew.kernels) == (0, 8000, 1)
 
 
+def test_a_memory_bound_kernel_reads_what_its_result_needs():
+    """XLA computes a loop fusion's expression at its result's indices only: an elementwise
+    kernel over a slice of a large operand (DenseNet's gradients of a concatenation) reads
+    the slice, so its bytes are the slice's and not the operand's (they were 64 x 1024
+    floats here, where 64 x 16 are read); a reduction reads all of its operand. Every
+    memory-bound kernel of the CPU's program carries its class, as the trace tool names it."""
+    from jaxpar.predict import opclass
+
+    sliced = opclass.classify(_hlo(lambda x: x[:, :16] * 2.0 + 1.0, (64, 1024)))
+    assert (sliced.kernels, sliced.memory_bytes) == (1, 2 * 64 * 16 * 4)
+    assert sliced.memory_classes == (("elementwise", 2 * 64 * 16 * 4.0, 1),)
+    summed = opclass.classify(_hlo(lambda x: x.sum(1), (64, 1024)))
+    assert summed.memory_classes == (("reduce", (64 * 1024 + 64) * 4.0, 1),)
+    flipped = opclass.classify(_hlo(lambda x: x.T + 1.0, (64, 1024)))
+    assert flipped.memory_classes == (("transpose", 2 * 64 * 1024 * 4.0, 1),)
+
+
 def test_pool_of_shared_cores():
     p = _profile(compute_pool=((2, 1.2), (8, 1.5)))
     assert [p.pool(n) for n in (1, 2, 5, 8, 16)] == pytest.approx([1.0, 1.2, 1.35, 1.5, 1.5])

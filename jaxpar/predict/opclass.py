@@ -9,7 +9,9 @@ a fixed time however small it is. So a program is summarised as
                    (2 x MACs, from their shapes): what cuDNN runs as Winograd transforms,
                    faster than their FLOP count says
     matmul_flops   FLOPs of its other convolutions and its dot products
-    memory_bytes   bytes read and written by every other kernel (operands + result)
+    memory_bytes   bytes read and written by every other kernel (operands + result; an
+                   elementwise or transposing kernel reads at most its result's elements of
+                   each operand: kernel_bytes)
     kernels        top-level operations that run as a kernel (fusions, convolutions, dots,
                    copies, collectives; not parameters, constants, tuples or bitcasts)
 
@@ -77,8 +79,8 @@ class OpClasses:
     # input), for a roofline on a GPU
     matmuls: tuple[Matmul, ...] = ()
     # the memory-bound kernels by class (MEMORY_CLASSES), as (class, bytes, kernels), sorted;
-    # filled where the program is modelled as a GPU's (gpufusion), which prices each class
-    # at its own costs (Profile.memory_kernel_costs)
+    # the CPU's program's from its kernels (memory_class), the modelled GPU program's from
+    # gpufusion; a GPU profile prices each class at its own costs (memory_kernel_costs)
     memory_classes: tuple[tuple[str, float, int], ...] = ()
     # the reduce_few kernels' bytes per result, summed: what one of their lanes moves (XLA:GPU
     # spreads such a kernel over its results alone, so its time is this at one lane's rate)
@@ -387,10 +389,81 @@ def classify(text: str) -> OpClasses:
             if mm.flops:
                 out = out + mm + OpClasses(kernels=1)
                 continue
-            moved = hlo.shape_bytes(result) + sum(
-                hlo.shape_bytes(types[a]) for a in _operands(rest) if a in types
-            )
-            out = out + OpClasses(memory_bytes=float(moved), kernels=1)
+            kind, results = memory_class(op, rest, comps)
+            moved = kernel_bytes(result, rest, types, kind)
+            lane = moved / results if kind == "reduce_few" else 0.0
+            out = out + OpClasses(memory_bytes=moved, kernels=1, lane_bytes=lane,
+                                  memory_classes=((kind, moved, 1),))  # fmt: skip
         return out
 
     return walk("ENTRY")
+
+
+def kernel_bytes(result: str, rest: str, types: dict[str, str], kind: str) -> float:
+    """Bytes a memory-bound kernel moves: its result and its operands, where an elementwise or
+    transposing kernel reads at most one element of an operand per element of its result (a
+    slice of a concatenation's gradient reads the slice, not the whole operand; XLA computes a
+    loop fusion's expression at its result's indices only). Reductions and windows read whole
+    operands."""
+    out = hlo.shape_bytes(result)
+    each = max((math.prod(d) if (d := _dims(t)) else 1 for t in _arrays(result)), default=1)
+    total = float(out)
+    for a in set(_operands(rest)):
+        if a not in types:
+            continue
+        size = hlo.shape_bytes(types[a])
+        if kind in ("elementwise", "transpose") and size:
+            elements = max(_elements(types[a]), 1)
+            size = min(size, each * size // elements)
+        total += size
+    return total
+
+
+def _arrays(type_text: str) -> list[str]:
+    """The array types in an HLO type (one, or a tuple's elements)."""
+    return re.findall(r"[a-z]+\d*\[[\d,]*\]", type_text)
+
+
+def memory_class(op: str, rest: str, comps: dict) -> tuple[str, int]:
+    """A memory-bound kernel's class (MEMORY_CLASSES) from what its instruction (`op`, the rest
+    of its line) holds, with its results where that is reduce_few (else 1): a window (pooling,
+    its gradient, a scatter), a transpose (or a reversal), a reduction, or elementwise. The
+    same names gpufusion's rule 8 gives the modelled GPU program's kernels."""
+    ops, todo = set(), [(op, rest)]
+    while todo:
+        o, r = todo.pop()
+        ops.add(o)
+        todo += [(o2, r2) for c in _called(r) for _, _, o2, r2 in comps.get(c, ())]
+    if ops & {"reduce-window", "select-and-scatter", "scatter"}:
+        return "window", 1
+    if ops & {"transpose", "reverse"}:
+        return "transpose", 1
+    if "reduce" not in ops:
+        return "elementwise", 1
+    _, results, length, row = largest_reduction(rest, comps)
+    if row or results == 1:
+        return "reduce", 1
+    kind = reduction_class(results, length)
+    return kind, results if kind == "reduce_few" else 1
+
+
+def largest_reduction(rest: str, comps: dict) -> tuple[int, int, int, bool]:
+    """(elements read, results, elements summed into each, row) of the largest reduction in the
+    computations an instruction (the rest of its line) calls, row when it sums along its
+    operand's minor dimension (XLA:GPU's row reduction: a warp or a block per result);
+    (0, 1, 1, False) if it holds none."""
+    best, todo = (0, 1, 1, False), list(_called(rest))
+    while todo:
+        body = comps.get(todo.pop(), ())
+        types = {n: r for n, r, _, _ in body}
+        for _, result, o, r in body:
+            todo += _called(r) if o == "fusion" else []
+            args = _operands(r)
+            if o == "reduce" and args and args[0] in types:
+                read, results = _elements(types[args[0]]), max(_elements(result), 1)
+                layout = re.search(r"\{([\d,]+)\}", types[args[0]].split("]", 1)[-1])
+                dims = re.search(r"dimensions=\{([\d,]*)\}", r)
+                minor = layout.group(1).split(",")[0] if layout else None
+                row = bool(dims and minor is not None and minor in dims.group(1).split(","))
+                best = max(best, (read, results, read // results, row))
+    return best

@@ -123,45 +123,16 @@ def cpu_matrix_flops(name: str, comps: dict, types: dict) -> tuple[float, bool]:
 
 
 def kernel_class(name: str, comps: dict) -> str:
-    """A memory-bound kernel's class (opclass.MEMORY_CLASSES), from what its instruction holds:
-    a window (pooling, its gradient, a scatter), a transpose (or a reversal), a reduction, or
-    elementwise; what gpufusion's rule 8 names for the modelled program."""
+    """A memory-bound top-level kernel's class (opclass.memory_class): what gpufusion's rule 8
+    names for the modelled program, and opclass.classify for the CPU's."""
     entry = {n: (op, rest) for n, _, op, rest in comps["ENTRY"]}
-    ops, todo = set(), [entry[name]]
-    while todo:
-        op, rest = todo.pop()
-        ops.add(op)
-        todo += [(o, r) for c in opclass._called(rest) for _, _, o, r in comps.get(c, ())]
-    if ops & {"reduce-window", "select-and-scatter", "scatter"}:
-        return "window"
-    if ops & {"transpose", "reverse"}:
-        return "transpose"
-    if "reduce" not in ops:
-        return "elementwise"
-    _, results, length, row = largest_reduction(name, comps)
-    return "reduce" if row or results == 1 else opclass.reduction_class(results, length)
+    return opclass.memory_class(*entry[name], comps)[0]
 
 
 def largest_reduction(name: str, comps: dict) -> tuple[int, int, int, bool]:
-    """(elements read, results, elements summed into each, row) of the kernel's largest
-    reduction, row when it sums along its operand's minor dimension (XLA:GPU's row
-    reduction: a warp or a block per result); (0, 1, 1, False) if it holds none."""
+    """opclass.largest_reduction of the top-level instruction `name`."""
     entry = {n: rest for n, _, _, rest in comps["ENTRY"]}
-    best, todo = (0, 1, 1, False), list(opclass._called(entry[name]))
-    while todo:
-        body = comps.get(todo.pop(), ())
-        types = {n: r for n, r, _, _ in body}
-        for _, result, op, rest in body:
-            todo += opclass._called(rest) if op == "fusion" else []
-            args = opclass._operands(rest)
-            if op == "reduce" and args and args[0] in types:
-                read, results = _elements(types[args[0]]), max(_elements(result), 1)
-                layout = re.search(r"\{([\d,]+)\}", types[args[0]].split("]", 1)[-1])
-                dims = re.search(r"dimensions=\{([\d,]*)\}", rest)
-                minor = layout.group(1).split(",")[0] if layout else None
-                row = bool(dims and minor is not None and minor in dims.group(1).split(","))
-                best = max(best, (read, results, read // results, row))
-    return best
+    return opclass.largest_reduction(entry[name], comps)
 
 
 def _elements(type_text: str) -> int:
@@ -204,6 +175,8 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
             hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
         )
         kind = kernel_class(name, comps)
+        if device == "cpu" and not flops:  # as opclass.classify counts the CPU's kernels
+            moved = opclass.kernel_bytes(result, rest, types, kind)
         results = largest_reduction(name, comps)[1] if kind == "reduce_few" else 1
         rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
     return rows, sum(times.values()), steps, device
