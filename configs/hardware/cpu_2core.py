@@ -50,10 +50,10 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   64x64 65-70% too fast, whose memory-bound kernels take 92 of 162 and 133 of 158 ms of their
   traced steps at 6-10 GB/s (docs/predict.md, "Other models on one device"). Counted as
   they are read (a slice as the slice), all seven models' memory-bound kernels run at 8.76
-  GB/s; `c.memory_bandwidth = 8.76e9` over this profile predicts the other models within
-  13.3% (AlexNet +17.9%) but ranks this suite's tensor and hybrid rows 13-28% fast (rank
-  correlation 0.736 against 0.804), so it is not the default (docs/predict.md, "The CPU's
-  memory-bound kernels read as they run, and priced").
+  GB/s; cpu_2core_models.py prices them so and predicts the other models within 13.3%
+  (AlexNet +17.9%) but ranks this suite's tensor and hybrid rows 13-28% fast (rank
+  correlation 0.736 against 0.804): use it for other models, this one for the partitionings
+  (docs/predict.md, "The CPU's memory-bound kernels read as they run, and priced").
 - Links, measured by the same --pool run (calibrate.measure_links, as nccl-tests measures a
   GPU's): psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted to the ring
   formula: 25 us per ring step, 4.75 GB/s. Measured with the devices otherwise idle; inside a
