@@ -242,10 +242,10 @@ def test_overlap_hides_at_most_the_backward():
 PROFILE_FIGURES = {
     "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.578,
                   "kernel_s": 6.97e-6, "narrow_width": 8.0, "forward_speedup": 1.34},
-    # cpu_2core's, with memory-bound kernels at their traced 8.76 GB/s: the same two costs
-    # fitted to the same four rows
-    "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.977,
-                         "kernel_s": 0.0, "memory_bandwidth": 8.76e9},
+    # cpu_2core's, with memory-bound kernels at their traced rates and both cores' peak: the
+    # same two costs fitted to the same four rows
+    "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.549,
+                         "kernel_s": 0.0, "memory_bandwidth": 9.51e9},
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
     # from DeepBench's GTX 1080 Ti kernel table
     "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.763,
@@ -492,6 +492,8 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
     the slice, so its bytes are the slice's and not the operand's (they were 64 x 1024
     floats here, where 64 x 16 are read); a reduction reads all of its operand. Every
     memory-bound kernel of the CPU's program carries its class, as the trace tool names it."""
+    import jax.numpy as jnp
+
     from jaxpar.predict import opclass
 
     sliced = opclass.classify(_hlo(lambda x: x[:, :16] * 2.0 + 1.0, (64, 1024)))
@@ -501,6 +503,16 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
     assert summed.memory_classes == (("reduce", (64 * 1024 + 64) * 4.0, 1),)
     flipped = opclass.classify(_hlo(lambda x: x.T + 1.0, (64, 1024)))
     assert flipped.memory_classes == (("transpose", 2 * 64 * 1024 * 4.0, 1),)
+    # an array written from a scalar: the CPU's generate class, which a CPU profile with its
+    # own rate for it prices there (cpu_2core_models.py: XLA:CPU's iotas and broadcasts)
+    made = opclass.classify(_hlo(lambda x: jnp.broadcast_to(x, (64, 1024)), ()))
+    assert made.memory_classes == (("generate", 64 * 1024 * 4.0 + 4, 1),)
+    both = made + sliced
+    cpu = _profile(compute_efficiency=1.0, memory_bandwidth=8e9, kernel_s=1e-6,
+                   memory_kernel_costs={"generate": (0.0, 2e9)})  # fmt: skip
+    assert cpu.compiler == "cpu" and cpu.device_time(both, "float32") == pytest.approx(
+        2 * 64 * 16 * 4 / 8e9 + 1e-6 + (64 * 1024 * 4 + 4) / 2e9
+    )
 
 
 def test_pool_of_shared_cores():

@@ -49,10 +49,11 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   CANDIDATES below (other models measured here, never fitted) put ResNet-50 and AlexNet at
   64x64 65-70% too fast, whose memory-bound kernels take 92 of 162 and 133 of 158 ms of their
   traced steps at 6-10 GB/s (docs/predict.md, "Other models on one device"). Counted as
-  they are read (a slice as the slice), all seven models' memory-bound kernels run at 8.76
-  GB/s; cpu_2core_models.py prices them so and predicts the other models within 13.3%
-  (AlexNet +17.9%) but ranks this suite's tensor and hybrid rows 13-28% fast (rank
-  correlation 0.736 against 0.804): use it for other models, this one for the partitionings
+  they are read (a slice as the slice), all seven models' memory-bound kernels run at 9.51
+  GB/s but the iotas and broadcasts that write arrays from nothing, at 1.68;
+  cpu_2core_models.py prices them so and predicts the other models within 8.7% but ranks
+  this suite's tensor and hybrid rows 15-30% fast (rank correlation 0.690 against 0.804):
+  use it for other models, this one for the partitionings
   (docs/predict.md, "The CPU's memory-bound kernels read as they run, and priced").
 - Links, measured by the same --pool run (calibrate.measure_links, as nccl-tests measures a
   GPU's): psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted to the ring

@@ -78,8 +78,8 @@ class Profile:
     # cannot take (0: as the other convolutions). Measured: 0.045 on an H100 in bfloat16
     # (docs/predict.md, "Inside the H100's step")
     thin_efficiency: float = 0.0
-    # On "gpu": each class of memory-bound kernel (opclass.MEMORY_CLASSES: elementwise,
-    # reduce, reduce_few, transpose, window) at its own {class: (seconds per kernel,
+    # Each class of memory-bound kernel (opclass.MEMORY_CLASSES: elementwise, reduce,
+    # reduce_few, transpose, window; generate on a CPU) at its own {class: (seconds per kernel,
     # bytes/s)}, in place of kernel_s and memory_bandwidth (a class not named keeps those;
     # reduce_few not named is priced as reduce; reduce_few's rate is one result's lane: its
     # bytes per result, OpClasses.lane_bytes, at it). Measured on an H100: a transpose or a
@@ -173,7 +173,7 @@ class Profile:
         program with a bandwidth."""
         memory = ops.memory_bytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
         fixed = memory + ops.kernels * self.kernel_s
-        costs = self.memory_kernel_costs if self.compiler == "gpu" else {}
+        costs = self.memory_kernel_costs
         for name, nbytes, kernels in ops.memory_classes if costs else ():
             name = name if name in costs else opclass.CLASS_FALLBACK.get(name, name)
             if name in costs:  # this class at its own costs, not the defaults

@@ -105,10 +105,14 @@ class OpClasses:
 # least FEW_LENGTH elements, which XLA:GPU spreads over its results alone, so that its rate is
 # its results times one lane's: OpClasses.lane_bytes), a transpose (a weight into cuDNN's layout), a window (pooling and
 # its gradient: each input read by several outputs), and everything else elementwise.
-MEMORY_CLASSES = ("elementwise", "reduce", "reduce_few", "transpose", "window")
+# On a CPU, generate: an elementwise kernel that writes an array of GENERATES or more times
+# the bytes it reads (XLA:CPU's iotas and broadcasts of the max-pool gradients), which runs at
+# a rate of its own there (cpu_class).
+MEMORY_CLASSES = ("elementwise", "reduce", "reduce_few", "transpose", "window", "generate")
 # The classes a profile that does not name one prices it as (reduce_few came later: a profile
 # written before it keeps pricing those kernels as reductions)
-CLASS_FALLBACK = {"reduce_few": "reduce"}
+CLASS_FALLBACK = {"reduce_few": "reduce", "generate": "elementwise"}
+GENERATES = 16
 FEW_RESULTS = 1024
 FEW_LENGTH = 256
 
@@ -390,6 +394,7 @@ def classify(text: str) -> OpClasses:
                 out = out + mm + OpClasses(kernels=1)
                 continue
             kind, results = memory_class(op, rest, comps)
+            kind = cpu_class(kind, result, rest, types)
             moved = kernel_bytes(result, rest, types, kind)
             lane = moved / results if kind == "reduce_few" else 0.0
             out = out + OpClasses(memory_bytes=moved, kernels=1, lane_bytes=lane,
@@ -417,6 +422,15 @@ def kernel_bytes(result: str, rest: str, types: dict[str, str], kind: str) -> fl
             size = min(size, each * size // elements)
         total += size
     return total
+
+
+def cpu_class(kind: str, result: str, rest: str, types: dict[str, str]) -> str:
+    """A CPU kernel's class: `kind` (memory_class), or generate where an elementwise kernel
+    writes GENERATES or more times the bytes it reads (MEMORY_CLASSES)."""
+    if kind != "elementwise":
+        return kind
+    reads = sum(hlo.shape_bytes(types[a]) for a in set(_operands(rest)) if a in types)
+    return "generate" if reads * GENERATES <= hlo.shape_bytes(result) else kind
 
 
 def _arrays(type_text: str) -> list[str]:

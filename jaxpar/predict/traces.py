@@ -175,7 +175,8 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
             hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
         )
         kind = kernel_class(name, comps)
-        if device == "cpu" and not flops:  # as opclass.classify counts the CPU's kernels
+        if device == "cpu" and not flops:  # as opclass.classify names and counts them
+            kind = opclass.cpu_class(kind, result, rest, types)
             moved = opclass.kernel_bytes(result, rest, types, kind)
         results = largest_reduction(name, comps)[1] if kind == "reduce_few" else 1
         rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
