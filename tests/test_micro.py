@@ -36,6 +36,17 @@ def test_narrow_benchmark_reads_a_layers_three_convolutions():
     assert ops.flops == pytest.approx(3 * 2 * 9 * 8 * 2 * (2 * 4 * 4), rel=0.05)
 
 
+def test_kernel_benchmark_adds_two_kernels_a_layer():
+    """Each layer of the chain is a product and a tanh, two kernels of XLA:CPU's as opclass
+    counts them, so the time the longer chain adds is over two kernels a layer."""
+    found = micro.measure_kernel(layers=(2, 6), seconds=0.0)
+    assert found["kernels"][1] - found["kernels"][0] == 8
+    assert found["kernel_s"] >= 0 and "c.kernel_s = " in micro.kernel_report(found)
+    compiled, _ = micro._chain(3)
+    ops = opclass.classify(compiled.as_text())
+    assert len(ops.matmuls) == 3 and ops.flops == pytest.approx(3 * 2 * 8**3, rel=0.05)
+
+
 def test_forward_benchmark_is_the_forward_alone():
     """measure_forward compiles the model's forward only: its convolution and dense FLOPs are
     the model's forward FLOPs, not a training step's three times as many."""
@@ -87,6 +98,8 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
                         lambda: {"rates": {2: 1e9}, "narrow_width": 6.0, "flops_per_s": 1e11})  # fmt: skip
     monkeypatch.setattr(micro, "measure_forward",
                         lambda run: {**forward, "seconds": fitted_truth / 2})  # fmt: skip
+    monkeypatch.setattr(micro, "measure_kernel",
+                        lambda: {"kernels": [32, 512], "seconds": [0.0, 0.0], "kernel_s": 20e-6})  # fmt: skip
     argv = ["--calibrate", str(tmp_path / "runs.py"), "--profile", str(tmp_path / "profile.py"),
             "--fit", "compute_efficiency,kernel_s", "--pool"]  # fmt: skip
     assert cli.main(argv) == 0
@@ -95,6 +108,10 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     assert "c.forward_speedup = 2.00" in out
     assert "c.stage_overhead_s = 0.0002; c.stage_device_overhead_s = 0; " in out
     assert "c.microbatch_overhead_s = 0.001; " in out
+    # kernel_s left out of --fit: the measured one prices the fit, which gives the rate back
+    assert cli.main(argv[:-2] + ["compute_efficiency", "--pool"]) == 0
+    out = capsys.readouterr().out
+    assert "c.kernel_s = 2e-05" in out and "c.compute_efficiency = 0.3\n" in out
 
 
 def test_host_costs_fit_back_and_a_pipeline_costs_more_host_time_per_micro_batch():

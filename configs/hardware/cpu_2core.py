@@ -51,8 +51,9 @@ on a quiet machine (load average below 2; another job on the cores shifts every 
   traced steps at 6-10 GB/s (docs/predict.md, "Other models on one device"). Counted as
   they are read (a slice as the slice), all seven models' memory-bound kernels run at 9.51
   GB/s but the iotas and broadcasts that write arrays from nothing, at 1.68;
-  cpu_2core_models.py prices them so and predicts the other models within 8.7% but ranks
-  this suite's tensor and hybrid rows 15-30% fast (rank correlation 0.690 against 0.804):
+  cpu_2core_models.py prices them so (and a kernel's fixed time measured, 0.39 us) and
+  predicts the other models within 8.5% (left out of fits on the others, within 10.5%) but
+  ranks this suite's tensor and hybrid rows 15-29% fast (rank correlation 0.708 against 0.804):
   use it for other models, this one for the partitionings
   (docs/predict.md, "The CPU's memory-bound kernels read as they run, and priced").
 - Links, measured by the same --pool run (calibrate.measure_links, as nccl-tests measures a

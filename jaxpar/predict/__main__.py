@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fit", default="compute_efficiency", help="comma-separated costs "
                         "to fit with --calibrate (hardware.FITTABLE)")  # fmt: skip
     parser.add_argument("--pool", action="store_true", help="with --calibrate: measure this "
-                        "machine's compute_pool, links and narrow_width (simulated CPU devices)")  # fmt: skip
+                        "machine's compute_pool, links, narrow_width and kernel_s (simulated CPU "
+                        "devices; kernel_s is priced with, not fitted, unless --fit names it)")  # fmt: skip
     parser.add_argument("--validate", action="store_true", help="report every profile's (or "
                         "each --profile's) errors on figures it was not fitted to")  # fmt: skip
     from jaxpar.predict import here
@@ -201,6 +202,10 @@ def _calibrate(args) -> int:
             print(micro.narrow_report(found))
             print(micro.host_report(micro.measure_host(runs[0]), profile.step_overhead_s))
             profile = dataclasses.replace(profile, narrow_width=found["narrow_width"])
+            kernel = micro.measure_kernel()
+            print(micro.kernel_report(kernel))
+            if "kernel_s" not in names:  # measured, not fitted: the fit prices with it
+                profile = dataclasses.replace(profile, kernel_s=kernel["kernel_s"])
         print(calibrate.report(profile, runs, names))
         if args.pool:  # its price at the rates just fitted
             fitted = hardware.fit(profile, runs, names).profile

@@ -1,6 +1,6 @@
 """Microbenchmarks of the local device that a profile of it prices with, each a property of the
 device measured like a link's bandwidth, not fitted to any partitioning
-(`python -m jaxpar.predict --calibrate ... --pool` runs both).
+(`python -m jaxpar.predict --calibrate ... --pool` runs them all).
 
 Narrow matrix kernels (`measure_narrow`). A tensor-parallel step splits every convolution's
 output features over the devices: VGG19 at width 0.25 over 8 devices runs convolutions of
@@ -12,6 +12,15 @@ training gradient (forward, input and weight gradients, on a batch of 64 16x16 m
 features) with 2-64 output features, each compiled program's op classes read as the predictor
 reads them (opclass.classify), and the narrow_width whose pricing matches the times best,
 with one rate for all.
+
+A kernel's fixed time (`measure_kernel`). Each kernel of a compiled program costs the device
+something beyond its work (XLA:CPU: calling its function from the program's thunk sequence);
+a profile prices it as kernel_s. Measured: a chain of tiny layers, `x = tanh(x @ w)` on 8 x 8
+float32 (XLA:CPU runs the product and the tanh as two kernels, opclass counts them as the
+predictor does), 16 and 256 layers long; the difference of the two programs' times over the
+difference of their kernel counts, so the call's own dispatch drops out. About 0.43 us here
+(2026-11-27): a profile that fits kernel_s to whole steps instead puts memory-bound work
+there (cpu_2core.py: 7.0 us, memory-bound kernels priced at nothing).
 
 The forward pass (`measure_forward`). A pipeline runs each chunk's forward as a program of its
 own. On XLA:CPU a training step's backward carries memory-bound work its FLOPs do not show
@@ -109,6 +118,39 @@ def narrow_report(m: dict[str, Any]) -> str:
     return (f"narrow matrix kernels (a 3x3 convolution's gradient, by output features; "
             f"GFLOP/s): {rates}\n  fitted: n / (n + {m['narrow_width']:g}) of "
             f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s\n  c.narrow_width = {m['narrow_width']:g}")  # fmt: skip
+
+
+def _chain(layers: int, side: int = 8):
+    """A program of `layers` tiny matrix kernels, each followed by an elementwise one."""
+    import jax
+    import jax.numpy as jnp
+
+    def chain(x, w):
+        for _ in range(layers):
+            x = jnp.tanh(x @ w)
+        return x
+
+    x = jnp.full((side, side), 0.01, jnp.float32)
+    w = jnp.eye(side, dtype=jnp.float32) * 0.5
+    return jax.jit(chain).lower(x, w).compile(), (x, w)
+
+
+def measure_kernel(layers=(16, 256), seconds: float = 0.5) -> dict[str, Any]:
+    """{"kernels": each chain's kernel count, "seconds": each chain's time, "kernel_s": the
+    time one more kernel adds}."""
+    kernels, times = [], []
+    for n in layers:
+        compiled, args = _chain(n)
+        kernels.append(opclass.classify(compiled.as_text()).kernels)
+        times.append(_seconds(compiled, args, seconds))
+    each = (times[-1] - times[0]) / (kernels[-1] - kernels[0])
+    return {"kernels": kernels, "seconds": times, "kernel_s": max(each, 0.0)}
+
+
+def kernel_report(m: dict[str, Any]) -> str:
+    chains = ", ".join(f"{k} kernels {t * 1e6:.1f} us" for k, t in zip(m["kernels"], m["seconds"]))
+    return (f"a kernel's fixed time (chains of tiny kernels: {chains})\n"
+            f"  c.kernel_s = {m['kernel_s']:.3g}")  # fmt: skip
 
 
 def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]:
