@@ -645,7 +645,14 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
             "--config.global_batch_size=16"]  # fmt: skip
     assert predict_main.main(args) == 0
     assert seen == [(0.125, 16, (1, 1, 1)), (0.125, 16, (2, 1, 1)), (0.125, 64, (2, 1, 1))]
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # progress on stderr, a line a row: stdout stays the table
+    assert [line.split(":")[0] for line in err.splitlines()] == [
+        "predicted 1/3 1 device",
+        "predicted 2/3 data 2",
+        "predicted 3/3 data 2 b64",
+    ]
+    assert "predicted 1/3" not in out
     # 180 img/s on 2 devices against 100 on one: speedup 1.8, efficiency 90%
     assert "| data 2 | (2, 1, 1) | 180.0 | 1.80 | 90.0% |" in out
     assert "| 1 device | (1, 1, 1) | 100.0 | 1.00 | 100.0% |" in out

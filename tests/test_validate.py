@@ -53,6 +53,23 @@ def test_leave_one_model_out_report(tmp_path):
     assert any("resnet20" in line for line in lines)
 
 
+def test_validate_cli_prints_each_profile_as_it_goes(tmp_path, capsys):
+    """`--validate` keeps stdout for the report (each profile's part, then the summary) and
+    says on stderr what it is doing, model by model: every profile takes minutes."""
+    from jaxpar.predict import __main__ as cli
+
+    path = tmp_path / "tiny.py"
+    path.write_text(PROFILE)
+    assert cli.main(["--validate", "--profile", str(path), "--out", str(tmp_path / "o")]) == 0
+    out, err = capsys.readouterr()
+    assert out.index("| left out |") < out.index("## Summary") and "| tiny.py | " in out
+    assert out.strip() == (tmp_path / "o" / "validation.md").read_text().strip()
+    said = err.splitlines()
+    assert said[0].startswith(f"validating 1/1: {path}; elapsed ")
+    assert said[1].startswith("leave-one-out 1/2: fitting without resnet20; elapsed ")
+    assert said[2].startswith("leave-one-out 2/2: fitting without vgg11; elapsed ")
+
+
 def test_measured_suites_report_how_far_their_repeats_agree():
     """A suite measured here that keeps each row's two repeats gets a line beside its median
     and ranking: the repeats' rank correlation and median difference over the rows predicted
@@ -95,7 +112,7 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
     rows = [{"name": f"m data {n}", "status": "ok", "num_devices": n, "images_per_sec": 100.0 * n,
              "efficiency": eff, "reference_images_per_sec": None, "reference_efficiency": ref}
             for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))]  # fmt: skip
-    monkeypatch.setattr(validate, "suite_rows", lambda path, suite: rows)
+    monkeypatch.setattr(validate, "suite_rows", lambda path, suite, say=None: rows)
     figures = {"points": None}
     lines = validate._suite_lines("profile.py", str(suite), figures)
     # -2, -8 and +2 points: the worst 8.0, two of three within 5
@@ -118,7 +135,10 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
     monkeypatch.setattr(predict, "predict_config", fake)
     monkeypatch.setattr(predict, "load_profile", lambda path: object())
     validate._PREDICTED.clear()
-    gce = validate.suite_rows("k80.py", "configs/predict/k80_gce_tf_cnn_benchmarks.py")
+    said = []
+    gce = validate.suite_rows("k80.py", "configs/predict/k80_gce_tf_cnn_benchmarks.py", said.append)
+    assert len(said) == 20 and said[0].startswith("predicted 1/20 ") and "1.0 img/s" in said[0]
+    assert ", ETA " in said[-1]
     aws = validate.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
     assert len(gce) == len(aws) == 20 and len(calls) == 20
     assert aws[-1]["reference_images_per_sec"] == 260.0  # each table keeps its own figures

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxpar import oneline
+from jaxpar import oneline, units
 from jaxpar.predict.hardware import Profile, load_profile
 from jaxpar.predict.model import predict_workload
 from jaxpar.predict.workload import Workload, describe, resolve_mesh, workload
@@ -51,20 +52,26 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
 
 
 def predict_rows(
-    configs: Sequence[Any], profile: Profile, overlap: float | None = None, predict=None
-) -> list[dict[str, Any]]:
+    configs: Sequence[Any], profile: Profile, overlap: float | None = None, predict=None,
+    say: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:  # fmt: skip
     """Predict every config (or (name, config) pair); add speedup and efficiency against the
     1-device row of the same model (the first such row; a 1-device row against itself), as
     images/sec ratios. `predict(config, profile, overlap)` in place of predict_config (a
-    cache of it: --validate predicts the same rows for several published tables)."""
-    rows = []
+    cache of it: --validate predicts the same rows for several published tables); `say`
+    takes one progress line per row (each compiles its programs: seconds to minutes)."""
+    rows, t0 = [], time.perf_counter()
     for i, item in enumerate(configs):
         name, config = item if isinstance(item, tuple) else (f"row {i}", item)
+        t = time.perf_counter()
         try:
             row = (predict or predict_config)(config, profile, overlap)
         except ValueError as e:  # ConfigError and friends: a refused row, reported
             row = {"status": "failed", "error": oneline.first_line(e), "fits": False}
         rows.append({"name": name, **row})
+        if say is not None:
+            say(progress_line(i + 1, len(configs), name, row, time.perf_counter() - t,
+                              time.perf_counter() - t0))  # fmt: skip
     bases: dict = {}
     for r in rows:
         if r.get("num_devices") == 1 and r["status"] == "ok":
@@ -75,6 +82,15 @@ def predict_rows(
         r["speedup"] = r["images_per_sec"] / base["images_per_sec"] if ok else None
         r["efficiency"] = r["speedup"] / r["num_devices"] if ok else None
     return rows
+
+
+def progress_line(done: int, total: int, name: str, row: dict, took: float, elapsed: float) -> str:
+    """One row done: "predicted 3/32 tensor 8: 355.1 img/s (4.2 s); elapsed 00:13, ETA 01:30"."""
+    what = (f"{row['images_per_sec']:,.1f} img/s" if row.get("status") == "ok"
+            else f"refused: {row.get('error', '?')}")  # fmt: skip
+    eta = elapsed / done * (total - done)
+    return (f"predicted {done}/{total} {name}: {what} ({took:.1f} s); elapsed "
+            f"{units.clock(elapsed)}, ETA {units.clock(eta)}")  # fmt: skip
 
 
 def recommend(rows: Sequence[dict[str, Any]]) -> str:

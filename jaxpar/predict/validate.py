@@ -20,10 +20,12 @@ For every profile (`--profile`, repeatable; default every file in configs/hardwa
 from __future__ import annotations
 
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from jaxpar import configfile
+from jaxpar import configfile, units
 from jaxpar.bench.results import spearman
 from jaxpar.predict import hardware
 from jaxpar.predict.workload import calibration_ops
@@ -54,10 +56,15 @@ def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, l
     return bare, fitted, candidates, names, suites
 
 
-def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple) -> list[dict]:
-    """Each model's runs predicted by the `names` costs fitted on the other models' runs."""
-    out = []
-    for model in sorted({r["model"] for r in runs}):
+def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple,
+                  say: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """Each model's runs predicted by the `names` costs fitted on the other models' runs
+    (`say`: a progress line per model)."""
+    out, models, t0 = [], sorted({r["model"] for r in runs}), time.perf_counter()
+    for i, model in enumerate(models):
+        if say is not None:
+            say(f"leave-one-out {i + 1}/{len(models)}: fitting without {model}; elapsed "
+                f"{units.clock(time.perf_counter() - t0)}")  # fmt: skip
         rest = [r for r in runs if r["model"] != model]
         if len(rest) < len(names) or not rest:
             continue
@@ -77,10 +84,12 @@ def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple) -> 
 _PREDICTED: dict = {}  # (profile file, a config's JSON) -> its predicted row, for one run
 
 
-def suite_rows(profile_path: str, suite: str) -> list[dict]:
+def suite_rows(
+    profile_path: str, suite: str, say: Callable[[str], None] | None = None
+) -> list[dict]:
     """A suite's rows predicted on the (fully fitted) profile, with their references; a row
     another of the profile's suites already predicted (two clouds' tables of the same runs)
-    is not predicted again."""
+    is not predicted again (`say`: a progress line per row)."""
     from jaxpar.predict import load_profile, predict_config, predict_rows
     from jaxpar.predict.suites import add_reference, load_rows
 
@@ -95,7 +104,8 @@ def suite_rows(profile_path: str, suite: str) -> list[dict]:
         return _PREDICTED[key]
 
     configs = load_rows(None, suite, {})
-    rows = predict_rows([(name, config) for name, config, _ in configs], profile, None, predict)
+    rows = predict_rows([(name, config) for name, config, _ in configs], profile, None, predict,
+                        say=say)  # fmt: skip
     add_reference(rows, [ref for _, _, ref in configs])
     return rows
 
@@ -104,16 +114,18 @@ def _mark(ok: bool) -> str:
     return "meets" if ok else "MISSES"
 
 
-def report_profile(path: str) -> tuple[list[str], dict[str, Any]]:
+def report_profile(path: str, say: Callable[[str], None] | None = None
+                   ) -> tuple[list[str], dict[str, Any]]:  # fmt: skip
     """Report lines for one profile and its figures ({"single": worst |error| with >= 2
-    models left, "points": worst |points|, "median", "rank"}; None where not checked)."""
+    models left, "points": worst |points|, "median", "rank"}; None where not checked);
+    `say` takes progress lines."""
     profile, fitted, candidates, names, suites = _spec(path)
     title = f"## {profile.name} ({Path(path).name}; fit {', '.join(names)}; compiler "
     lines = [title + f"{profile.compiler})", "", *_kernel_lines(path, profile)]
     figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
     runs = fitted + candidates
     if len({r["model"] for r in runs}) >= 2:
-        loo = leave_one_out(profile, runs, names)
+        loo = leave_one_out(profile, runs, names, say)
         head = "| left out | dtype | batch | published/measured img/s | predicted | error | "
         lines += [head + "fitted on |", "|---|---|---|---|---|---|---|"]
         for r in loo:
@@ -130,7 +142,7 @@ def report_profile(path: str) -> tuple[list[str], dict[str, Any]]:
     else:
         lines.append(f"one model in its runs ({len(runs)} run(s)): no model to leave out")
     for suite in suites:
-        lines += ["", *_suite_lines(path, suite, figures)]
+        lines += ["", *_suite_lines(path, suite, figures, say)]
     return lines, figures
 
 
@@ -152,8 +164,10 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     return [line, ""]
 
 
-def _suite_lines(path: str, suite: str, figures: dict) -> list[str]:
-    rows = [r for r in suite_rows(path, suite) if r.get("status") == "ok"]
+def _suite_lines(path: str, suite: str, figures: dict, say=None) -> list[str]:
+    if say is not None:
+        say(f"{suite}: predicting its rows")
+    rows = [r for r in suite_rows(path, suite, say) if r.get("status") == "ok"]
     head = "| row | predicted img/s | reference img/s | error | predicted eff. | reference eff. "
     lines = [f"{suite}:", "", head + "| points |", "|---|---|---|---|---|---|---|"]
     errors, pred, meas, points = [], [], [], []
@@ -206,16 +220,26 @@ def _repeat_line(spec, names: list[str]) -> list[str]:
     return [line]
 
 
-def run(paths: list[str] | None) -> str:
-    """The whole report, as markdown text."""
+def run(paths: list[str] | None, say: Callable[[str], None] | None = None,
+        emit: Callable[[str], None] | None = None) -> str:  # fmt: skip
+    """The whole report, as markdown text; `emit` takes each profile's part as it is done
+    and then the summary, `say` progress lines."""
     _PREDICTED.clear()
     out = ["# Validation: predictions against figures no profile was fitted to", ""]
-    summary = []
-    for path in profiles_to_check(paths):
-        lines, figures = report_profile(path)
+    summary, t0 = [], time.perf_counter()
+    emit = emit or (lambda part: None)
+    emit("\n".join(out))
+    checked = profiles_to_check(paths)
+    for i, path in enumerate(checked):
+        if say is not None:
+            say(f"validating {i + 1}/{len(checked)}: {path}; elapsed "
+                f"{units.clock(time.perf_counter() - t0)}")  # fmt: skip
+        lines, figures = report_profile(path, say)
         out += [*lines, ""]
+        emit("\n".join([*lines, ""]))
         summary.append((Path(path).name, figures))
     head = "| profile | worst single-device (left out) | worst efficiency points | median error "
+    start = len(out)
     out += ["## Summary", "", head + "here | rank correlation here |", "|---|---|---|---|---|"]
     for name, f in summary:
         cells = [f"{100 * f['single']:.1f}%" if f["single"] is not None else "-",
@@ -223,4 +247,5 @@ def run(paths: list[str] | None) -> str:
                  f"{100 * f['median']:.1f}%" if f["median"] is not None else "-",
                  f"{f['rank']:.3f}" if f["rank"] is not None else "-"]  # fmt: skip
         out.append(f"| {name} | " + " | ".join(cells) + " |")
+    emit("\n".join(out[start:]))
     return "\n".join(out)
