@@ -39,19 +39,25 @@ def make_configs_importable() -> None:
 
 def load(path: str) -> ml_collections.ConfigDict:
     """`get_config()` of the Python file at `path` (FileNotFoundError if there is none, a
-    ConfigError if it has no get_config)."""
+    ConfigError if it has no get_config or fails to run: a syntax error, a bad import)."""
+    from jaxpar.errors import ConfigError
+
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such config file {path!r}")
     make_configs_importable()
     name = f"_config_{os.path.splitext(os.path.basename(path))[0]}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not callable(getattr(module, "get_config", None)):
-        from jaxpar.errors import ConfigError
-
-        raise ConfigError(f"{path} has no get_config(): not a config, suite or profile file")
-    return module.get_config()
+    try:
+        spec.loader.exec_module(module)
+        if not callable(getattr(module, "get_config", None)):
+            raise ConfigError(f"{path} has no get_config(): not a config, suite or profile file")
+        return module.get_config()
+    except ConfigError:
+        raise
+    except Exception as e:  # the file's own error, named in one line
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{path} does not load: {type(e).__name__}: {first}") from e
 
 
 # The --help epilog of the entry points that take `--config.KEY=VALUE` besides argparse's options.

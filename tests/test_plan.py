@@ -217,6 +217,19 @@ def test_cli_errors_are_one_line(capsys):
     assert capsys.readouterr().err == "error: unknown config key 'model.nope'\n"
 
 
+def test_a_config_file_that_does_not_run_is_one_line(tmp_path, capsys):
+    """A config file with a syntax error or a bad import: the file and Python's own line, not
+    a traceback (configfile.load, under every entry point that reads config files)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def get_config(:\n")
+    assert cli.main(["--config", str(bad), "--profile", "configs/hardware/cpu_2core.py"]) == 2
+    assert capsys.readouterr().err == (f"error: {bad} does not load: SyntaxError: invalid "
+                                       "syntax (bad.py, line 1)\n")  # fmt: skip
+    bad.write_text("import no_such_module_here\n\ndef get_config():\n    return None\n")
+    with pytest.raises(ConfigError, match="ModuleNotFoundError: No module named 'no_such_"):
+        configfile.load(str(bad))
+
+
 def test_a_bound_below_the_mesh_count_says_which_meshes_were_not_reached():
     """Round 1 predicts one setting per mesh within --max_candidates: with 5, the baseline and
     4 of the 9 meshes the trainer accepts (of 8's 10 factorisations, (1,1,8) is refused at this

@@ -68,6 +68,11 @@ def test_validate_cli_prints_each_profile_as_it_goes(tmp_path, capsys):
     assert said[0].startswith(f"validating 1/1: {path}; elapsed ")
     assert said[1].startswith("leave-one-out 1/2: fitting without resnet20; elapsed ")
     assert said[2].startswith("leave-one-out 2/2: fitting without vgg11; elapsed ")
+    # a profile that is not there: one line, before minutes are spent on the others
+    assert cli.main(["--validate", "--profile", str(path), "--profile", "nope.py"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: no hardware profile 'nope.py'; choose one of ")
+    assert err.count("\n") == 1
 
 
 def test_measured_suites_report_how_far_their_repeats_agree():

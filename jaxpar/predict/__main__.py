@@ -184,7 +184,7 @@ def _validate(args) -> int:
         text = validate.run(
             args.profile or None, say=_say, emit=lambda part: print(part, flush=True)
         )
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # ConfigError, a missing file
         oneline.print_error(oneline.first_line(e))
         return 2
     if args.out:

@@ -27,6 +27,7 @@ from typing import Any
 
 from jaxpar import configfile, units
 from jaxpar.bench.results import spearman
+from jaxpar.errors import ConfigError
 from jaxpar.predict import hardware
 from jaxpar.predict.workload import calibration_ops
 
@@ -34,11 +35,15 @@ TARGETS = {"single": 0.15, "points": 5.0, "median": 0.10, "rank": 0.8}
 
 
 def profiles_to_check(paths: list[str] | None) -> list[str]:
-    """The profile files named, or every shipped one."""
-    if paths:
-        return list(paths)
+    """The profile files named (each checked before any is validated: a run of minutes does
+    not stop at the last one), or every shipped one."""
     root = Path(configfile.ROOT, "configs", "hardware")
-    return sorted(str(p) for p in root.glob("*.py") if not p.stem.startswith("_"))
+    shipped = sorted(str(p) for p in root.glob("*.py") if not p.stem.startswith("_"))
+    for path in paths or ():
+        if not Path(path).is_file():
+            known = ", ".join(Path(p).name for p in shipped)
+            raise ConfigError(f"no hardware profile {path!r}; choose one of {known}")
+    return list(paths) if paths else shipped
 
 
 def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, list[str]]:
@@ -228,8 +233,8 @@ def run(paths: list[str] | None, say: Callable[[str], None] | None = None,
     out = ["# Validation: predictions against figures no profile was fitted to", ""]
     summary, t0 = [], time.perf_counter()
     emit = emit or (lambda part: None)
-    emit("\n".join(out))
     checked = profiles_to_check(paths)
+    emit("\n".join(out))
     for i, path in enumerate(checked):
         if say is not None:
             say(f"validating {i + 1}/{len(checked)}: {path}; elapsed "
