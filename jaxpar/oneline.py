@@ -3,6 +3,7 @@ Imports nothing of jaxpar, so every entry point can use it before anything else 
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -25,3 +26,16 @@ def joined(error: BaseException) -> str:
 def print_error(message: str) -> None:
     """`error: MESSAGE` on stderr, at once."""
     print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def run_main(main, interrupted: str) -> None:
+    """`sys.exit(main())` for an entry point, with Ctrl-C as one line (`error: interrupted:
+    ...`, exit status 130, as `python -m jaxpar.train` says it) instead of a traceback. It leaves at once (os._exit): XLA's threads,
+    stopped inside a compile, can crash the interpreter's shutdown."""
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print_error(f"interrupted: {interrupted}")
+        os._exit(130)
+    sys.exit(status)

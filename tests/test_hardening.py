@@ -266,6 +266,22 @@ def test_second_ctrl_c_stops_a_hung_run_at_once(tmp_path):
     assert err.strip().splitlines()[-1].startswith("error: interrupted: stopped at once")
 
 
+def test_ctrl_c_in_the_predictor_and_the_planner_is_one_line():
+    """`python -m jaxpar.predict` and `jaxpar.plan` compile for minutes; Ctrl-C there (inside
+    XLA's compiler, whose threads can crash the interpreter's shutdown) leaves at once with one
+    line and status 130 (oneline.run_main, which both entry points end with)."""
+    code = ("from jaxpar import oneline\n"
+            "def main():\n    print('half a table', end='')\n    raise KeyboardInterrupt\n"
+            "oneline.run_main(main, 'stopped; nothing was written')\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          timeout=60, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 130 and done.stdout == "half a table"
+    assert done.stderr == "error: interrupted: stopped; nothing was written\n"
+    for module in ("jaxpar/predict/__main__.py", "jaxpar/plan/__main__.py"):
+        text = open(os.path.join(ROOT, module), encoding="utf-8").read()
+        assert "oneline.run_main(main," in text.split('if __name__ == "__main__":')[1]
+
+
 # -- 5. silent misconfiguration ---------------------------------------------------------------
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -217,5 +216,8 @@ def _main(args, overrides: dict) -> int:
     return 0
 
 
+INTERRUPTED = ("stopped; OUT/plan.json is written only when the plan is done (what --measure "
+               "measured so far stays in OUT/measured)")  # fmt: skip
+
 if __name__ == "__main__":
-    sys.exit(main())
+    oneline.run_main(main, INTERRUPTED)

@@ -225,4 +225,4 @@ def _calibrate(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    oneline.run_main(main, "stopped; nothing was written (--out is written at the end)")
