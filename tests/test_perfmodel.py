@@ -662,6 +662,19 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
     assert line.startswith("error: unknown config key 'model.widht'"), line
 
 
+def test_predict_cli_refuses_one_config_in_one_line(capsys):
+    """One config the trainer would refuse: its one line and status 2, not a table of one
+    failed row (a suite keeps its table: the other rows are worth seeing)."""
+    from jaxpar.predict import __main__ as predict_main
+
+    args = ["--profile", "configs/hardware/gtx1080ti_x2.py", "--config", "configs/vgg19_data.py",
+            "--config.mesh_shape=(2,1,1)", "--config.global_batch_size=7"]  # fmt: skip
+    assert predict_main.main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("error: global_batch_size 7 is not divisible by the data axis "
+                                 "(2 replicas); use a multiple of 2\n")  # fmt: skip
+
+
 def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
     """overlap None: gradients sent from where each is ready in the compiled program hide
     some of the all-reduce, never more than a full overlap; a loader slower than the step

@@ -134,6 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         oneline.print_error(oneline.first_line(e))
         return 2
+    refused = {r["error"] for _, rows in results for r in rows if r["status"] == "failed"}
+    if len(named) == 1 and len(refused) == 1 and not any(r["status"] == "ok" for _, rs in results
+                                                         for r in rs):  # fmt: skip
+        oneline.print_error(refused.pop())  # one config the trainer refuses: what it would say
+        return 2
     for profile, rows in results:
         _report(profile, rows, profile.overlap if args.overlap is None else args.overlap)
     if args.out:
