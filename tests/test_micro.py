@@ -47,6 +47,28 @@ def test_kernel_benchmark_adds_two_kernels_a_layer():
     assert len(ops.matmuls) == 3 and ops.flops == pytest.approx(3 * 2 * 8**3, rel=0.05)
 
 
+def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape():
+    """Each kind's program has one collective a layer over the devices, of the payload it
+    reports (the gathered input, the whole partial sum), and its stand-in none, with the same
+    matrix FLOPs: what the pair's CPU times differ by is the collectives."""
+    for kind, local in (("gather", "copy"), ("psum", "local")):
+        ops, texts = [], []
+        for k in (kind, local):
+            compiled, _, payload = micro._collective_program(k, 4, 2, 4, 8, 3)
+            texts.append(compiled.as_text())
+            ops.append(opclass.classify(texts[-1]))
+        name = "all-gather" if kind == "gather" else "all-reduce"
+        starts = [line for line in texts[0].splitlines() if f" {name}(" in line
+                  or f" {name}-start(" in line]  # fmt: skip
+        assert len(starts) == 3 and "f32[2,4,4,8]" in starts[0] and payload == 2 * 4 * 4 * 8 * 4
+        assert name not in texts[1]
+        assert ops[0].flops > 0 and ops[0].flops == pytest.approx(ops[1].flops, rel=1e-6)
+    found = micro.measure_collective_cpu(devices=2, batch=2, side=4, channels=8, layers=2,
+                                         seconds=0.0)  # fmt: skip
+    assert found["devices"] == 2 and set(found["extra"]) == {"gather", "psum"}
+    assert "c.collective_cpu_rate = " in micro.collective_cpu_report(found)
+
+
 def test_forward_benchmark_is_the_forward_alone():
     """measure_forward compiles the model's forward only: its convolution and dense FLOPs are
     the model's forward FLOPs, not a training step's three times as many."""
@@ -100,6 +122,9 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
                         lambda run: {**forward, "seconds": fitted_truth / 2})  # fmt: skip
     monkeypatch.setattr(micro, "measure_kernel",
                         lambda: {"kernels": [32, 512], "seconds": [0.0, 0.0], "kernel_s": 20e-6})  # fmt: skip
+    monkeypatch.setattr(micro, "measure_collective_cpu",
+                        lambda: {"extra": {"gather": 1e-3}, "payload": 10**6, "devices": 8,
+                                 "rate": 8e9})  # fmt: skip
     argv = ["--calibrate", str(tmp_path / "runs.py"), "--profile", str(tmp_path / "profile.py"),
             "--fit", "compute_efficiency,kernel_s", "--pool"]  # fmt: skip
     assert cli.main(argv) == 0
@@ -112,6 +137,7 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     assert cli.main(argv[:-2] + ["compute_efficiency", "--pool"]) == 0
     out = capsys.readouterr().out
     assert "c.kernel_s = 2e-05" in out and "c.compute_efficiency = 0.3\n" in out
+    assert "c.collective_cpu_rate = 8e+09" in out
 
 
 def test_host_costs_fit_back_and_a_pipeline_costs_more_host_time_per_micro_batch():

@@ -245,7 +245,8 @@ PROFILE_FIGURES = {
     # cpu_2core's, with memory-bound kernels at their traced rates, both cores' peak and a
     # kernel's measured fixed time: the matmul rate alone fitted to the same four rows
     "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.553,
-                         "kernel_s": 0.39e-6, "memory_bandwidth": 9.51e9},
+                         "kernel_s": 0.39e-6, "memory_bandwidth": 9.51e9,
+                         "collective_cpu_rate": 3.0e9, "shared_cores": 2},
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
     # from DeepBench's GTX 1080 Ti kernel table
     "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.763,
@@ -660,6 +661,27 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
     assert predict_main.main([*args, "--config.model.widht=0.5"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: unknown config key 'model.widht'"), line
+
+
+def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
+    """On a profile whose devices share cores (this CPU's: collective_cpu_rate, shared_cores),
+    a collective inside the step costs its link price plus its payload x the mesh's devices
+    / (cores x rate), 8 x 1 MB / (2 x 2 GB/s) = 2 ms here; the gradient's all-reduce over
+    data and a profile of devices with cores of their own pay the link price alone."""
+    from jaxpar.predict import model
+    from jaxpar.predict.workload import Collective
+
+    own = hardware.Profile("p", 8, 8, {"float32": 1e12}, 16e9, hardware.Link(1e10, 1e-5),
+                           hardware.Link(1e10, 1e-5), 0.5)  # fmt: skip
+    shared = dataclasses.replace(own, collective_cpu_rate=2e9, shared_cores=2)
+    mesh = {"data": 2, "stage": 1, "tensor": 4}
+    gather = Collective("all-gather", "tensor", 1, 10**6)
+    link = model._comm([gather], mesh, own)
+    assert link > 0 and model._comm([gather], mesh, shared) == pytest.approx(link + 2e-3)
+    grad = Collective("all-reduce", "data", 1, 10**6)
+    assert model._comm([grad], mesh, shared) == model._comm([grad], mesh, own) > 0
+    assert shared.shared_core_time(10**6, 8) == pytest.approx(2e-3)
+    assert own.shared_core_time(10**6, 8) == 0.0
 
 
 def test_predict_cli_refuses_one_config_in_one_line(capsys):

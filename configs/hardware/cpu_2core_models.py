@@ -51,5 +51,7 @@ def get_config():
     c.memory_bandwidth = 9.51e9
     c.memory_kernel_costs = {"generate": (0.0, 1.68e9)}
     c.kernel_s = 0.39e-6  # measured (micro.measure_kernel), not fitted
+    c.collective_cpu_rate = 3.0e9  # measured (micro.measure_collective_cpu), not fitted
+    c.shared_cores = 2
     c.fit = ("compute_efficiency",)
     return c

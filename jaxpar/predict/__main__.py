@@ -217,6 +217,7 @@ def _calibrate(args) -> int:
             profile = dataclasses.replace(profile, narrow_width=found["narrow_width"])
             kernel = micro.measure_kernel()
             print(micro.kernel_report(kernel))
+            print(micro.collective_cpu_report(micro.measure_collective_cpu()))
             if "kernel_s" not in names:  # measured, not fitted: the fit prices with it
                 profile = dataclasses.replace(profile, kernel_s=kernel["kernel_s"])
         print(calibrate.report(profile, runs, names))

@@ -109,6 +109,13 @@ class Profile:
     # convolutions, the forward's do not (measured: micro.measure_forward). A backward
     # that recomputes its forward is a training step's mix, priced as it is. 1.0: as any.
     forward_speedup: float = 1.0
+    # Simulated devices that share `shared_cores` cores (this CPU's 8 on 2): a collective
+    # inside the step (not the gradient sync) is work on those cores, its payload at
+    # `collective_cpu_rate` bytes per CPU-second (micro.measure_collective_cpu), and every
+    # device of the mesh does its part on the same cores: bytes x devices / (cores x rate)
+    # seconds on top of its link price. 0: devices of their own (every GPU).
+    collective_cpu_rate: float = 0.0
+    shared_cores: int = 0
     # images/sec the input pipeline delivers per step's host (0: unbounded); the bench measures
     # it for every row (loader_images_per_sec)
     loader_images_per_sec: float = 0.0
@@ -124,6 +131,13 @@ class Profile:
     # {model name: run}. A row of such a model computes at that run's efficiency (worked out
     # when first needed: it compiles the run's step); other models at compute_efficiency.
     model_runs: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    def shared_core_time(self, nbytes: float, devices: int) -> float:
+        """Seconds the shared cores spend on an in-step collective's `nbytes` per device when
+        `devices` devices run it (0 where devices have cores of their own)."""
+        if not (self.collective_cpu_rate and self.shared_cores):
+            return 0.0
+        return nbytes * devices / (self.shared_cores * self.collective_cpu_rate)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s per device for `dtype`; the float32 figure for a dtype not listed."""
@@ -273,6 +287,8 @@ def from_config(c: Any) -> Profile:
         matmul_kernel_s=float(get("matmul_kernel_s", 0.0) or 0.0),
         memory_kernel_costs=_memory_costs(get("memory_kernel_costs", {}) or {}),
         forward_speedup=float(get("forward_speedup", 1.0) or 1.0),
+        collective_cpu_rate=float(get("collective_cpu_rate", 0.0) or 0.0),
+        shared_cores=int(get("shared_cores", 0) or 0),
         notes=str(get("notes", "")),
         calibration=calibration,
     )

@@ -22,6 +22,18 @@ difference of their kernel counts, so the call's own dispatch drops out. About 0
 (2026-11-27): a profile that fits kernel_s to whole steps instead puts memory-bound work
 there (cpu_2core.py: 7.0 us, memory-bound kernels priced at nothing).
 
+Collectives inside the step on cores the devices share (`measure_collective_cpu`). This CPU's
+8 simulated devices run on 2 cores, so a collective between a step's layers is work on those
+cores: a tensor split's step burns 21 CPU-ms a device more than a data split's at the same
+FLOPs, its cores busier, not idler (docs/predict.md, "Where the tensor rows' time goes").
+Measured: on all the devices, layers of `x = tanh(conv(all_gather(x)))` (a column-parallel
+layer) and of `x = tanh(psum(conv(x)))` (a row-parallel one), each beside the same program
+with the collective replaced by local work of the same shape (the gathered copies made
+locally; no sum), their process CPU time per call (time.process_time: every thread's); the
+payload (each device's result of the collective) over the extra CPU time is the profile's
+collective_cpu_rate. The payload, 1 MB a device, is the size of a tensor split's
+collectives in the default suite (26.7 MB a device over 32 a step).
+
 The forward pass (`measure_forward`). A pipeline runs each chunk's forward as a program of its
 own. On XLA:CPU a training step's backward carries memory-bound work its FLOPs do not show
 (transposed operands, reversed kernels, the max-pool gradient's index tensors), so rates fitted
@@ -151,6 +163,81 @@ def kernel_report(m: dict[str, Any]) -> str:
     chains = ", ".join(f"{k} kernels {t * 1e6:.1f} us" for k, t in zip(m["kernels"], m["seconds"]))
     return (f"a kernel's fixed time (chains of tiny kernels: {chains})\n"
             f"  c.kernel_s = {m['kernel_s']:.3g}")  # fmt: skip
+
+
+def _collective_program(kind: str, n: int, batch: int, side: int, channels: int, layers: int):
+    """Layers over n devices: "gather" / "copy" (the gathered input made locally), "psum" /
+    "local" (no sum); (compiled, args, payload bytes a device a collective)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((n,), ("t",), devices=jax.devices()[:n])
+    part = channels // n
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+
+    def body(x, w):
+        for _ in range(layers):
+            if kind == "gather":
+                x = jnp.tanh(conv(jax.lax.all_gather(x, "t", axis=3, tiled=True), w))
+            elif kind == "copy":
+                x = jnp.tanh(conv(jnp.concatenate([x * (1.0 + i) for i in range(n)], 3), w))
+            elif kind == "psum":
+                x = jnp.tanh(jax.lax.psum(conv(x, w), "t"))[..., :part]
+            else:
+                x = jnp.tanh(conv(x, w) * 2.0)[..., :part]
+        return x
+
+    shape = (3, 3, channels, part) if kind in ("gather", "copy") else (3, 3, part, channels)
+    spec = P(None, None, None, "t")
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P()), out_specs=spec))
+    x = jax.device_put(jnp.full((batch, side, side, channels), 0.01, jnp.float32),
+                       NamedSharding(mesh, spec))  # fmt: skip
+    w = jnp.full(shape, 0.001, jnp.float32)
+    return fn.lower(x, w).compile(), (x, w), batch * side * side * channels * 4
+
+
+def _cpu_seconds(compiled, args, seconds: float) -> float:
+    """Process CPU seconds per call (all threads), over at least `seconds` of calls."""
+    import jax
+
+    jax.block_until_ready(compiled(*args))
+    calls, wall, cpu = 0, time.perf_counter(), time.process_time()
+    while calls < 3 or time.perf_counter() - wall < seconds:
+        jax.block_until_ready(compiled(*args))
+        calls += 1
+    return (time.process_time() - cpu) / calls
+
+
+def measure_collective_cpu(devices: int = 8, batch: int = 64, side: int = 8,
+                           channels: int = 64, layers: int = 8, seconds: float = 2.0
+                           ) -> dict[str, Any]:  # fmt: skip
+    """{"extra": {kind: CPU seconds a collective beyond its local stand-in}, "payload": bytes
+    a device a collective, "devices": n, "rate": payload bytes per CPU-second, both kinds}."""
+    import jax
+
+    n = min(devices, jax.device_count())
+    extra, payload = {}, 0
+    for kind, local in (("gather", "copy"), ("psum", "local")):
+        times = {}
+        for k in (kind, local):
+            compiled, args, payload = _collective_program(k, n, batch, side, channels, layers)
+            times[k] = _cpu_seconds(compiled, args, seconds)
+        extra[kind] = (times[kind] - times[local]) / layers
+    spent = sum(extra.values())
+    rate = len(extra) * payload * n / spent if spent > 0 else 0.0
+    return {"extra": extra, "payload": payload, "devices": n, "rate": rate}
+
+
+def collective_cpu_report(m: dict[str, Any]) -> str:
+    each = ", ".join(f"{k} {v * 1e3:.2f} CPU-ms" for k, v in m["extra"].items())
+    return (f"collectives inside a step on shared cores ({m['devices']} devices, "
+            f"{m['payload'] / 1e6:.2f} MB a device each: {each} beyond local work)\n"
+            f"  c.collective_cpu_rate = {m['rate']:.3g}")  # fmt: skip
 
 
 def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]:

@@ -76,12 +76,17 @@ def _hidden(windows, grad: float, compute: float, w: Workload, profile: Profile)
 
 
 def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0) -> float:
+    """Seconds of collectives `cols`: each at its link price, and an in-step one (not the
+    gradient sync) also at what it costs cores the devices share (Profile.shared_core_time)."""
     total = 0.0
     place = _placement(mesh_shape, profile)
+    devices = math.prod(mesh_shape.values())
     for c in cols:
         group = [place(first_device + i) for i in links.group_of(c.axes, mesh_shape)]
         each = links.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
         total += each * c.count
+        if len(group) > 1 and not _is_grad_sync(c, "step", mesh_shape):
+            total += profile.shared_core_time(c.bytes, devices)
     return total
 
 
