@@ -241,7 +241,8 @@ def test_overlap_hides_at_most_the_backward():
 # significant digits).
 PROFILE_FIGURES = {
     "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.578,
-                  "kernel_s": 6.97e-6, "narrow_width": 8.0, "forward_speedup": 1.34},
+                  "kernel_s": 6.97e-6, "narrow_width": 8.0, "forward_speedup": 1.34,
+                  "collective_cpu_rate": 3.0e9, "shared_cores": 2},
     # cpu_2core's, with memory-bound kernels at their traced rates, both cores' peak and a
     # kernel's measured fixed time: the matmul rate alone fitted to the same four rows
     "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.553,
