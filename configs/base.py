@@ -21,6 +21,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.learning_rate = 0.05  # peak learning rate (before linear scaling, if on)
     config.lr_linear_scaling = False  # peak lr = learning_rate * global_batch / lr_base_batch_size
     config.lr_base_batch_size = 256  # the batch that learning_rate is meant for (Goyal et al.)
+    # The noise scale's rule instead (McCandlish et al. 2018, eq. 2.6): with B_noise > 0 here,
+    # peak lr = eps_max / (1 + B_noise / global_batch), eps_max fixed so that
+    # lr_base_batch_size gets learning_rate (jaxpar/optim.py). 0: off.
+    config.lr_noise_scale = 0.0
     config.lr_schedule = "cosine"  # "cosine" (warmup then cosine to 0) or "constant"
     config.warmup_steps = 20
     # Steps the learning-rate schedule spans (0: num_train_steps). Set it to continue a
@@ -35,8 +39,18 @@ def get_config() -> ml_collections.ConfigDict:
     config.optimizer.nesterov = False
     config.optimizer.trust_coefficient = 0.001  # lars: eta of the layer-wise trust ratio
 
+    # The gradient noise scale B_simple (McCandlish et al. 2018) from the step's two gradient
+    # sizes (jaxpar/noise_scale.py): per step in metrics.jsonl ("noise" lines), the run's
+    # average in the summary. Its estimates are smoothed with this moving-average decay.
+    config.measure_noise_scale = True
+    config.noise_scale_decay = 0.95
     config.log_every_steps = 20
     config.eval_every_steps = 100  # 0: evaluate only at the end
+    # Time to a target (jaxpar/target.py): the first evaluation reaching it gives the
+    # summary's steps_to_target, examples_to_target and time_to_target_s. 0: no target.
+    config.target_accuracy = 0.0
+    config.target_eval_loss = 0.0
+    config.stop_at_target = False  # end the run at the first evaluation that reaches it
     # At the end, also evaluate the first N train images (inference mode, unaugmented): the
     # summary's train accuracy and the train/test gap. 0: none.
     config.eval_train_examples = 0

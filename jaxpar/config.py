@@ -125,6 +125,7 @@ def _check_settings(config: ml_collections.ConfigDict) -> None:
     for key in ("eval_every_steps", "checkpoint_every_steps"):
         check(config[key] >= 0, f"{key} must be >= 0 (0 turns it off)")
     choice(config.lr_schedule, LR_SCHEDULES, "lr_schedule")
+    _check_target(config)
     choice(config.optimizer.name, OPTIMIZERS, "optimizer.name")
     check(0 <= config.optimizer.momentum < 1, "optimizer.momentum must be in [0, 1)")
     check((reason := models.check_name(config.model.name)) is None, str(reason))
@@ -140,6 +141,26 @@ def _check_settings(config: ml_collections.ConfigDict) -> None:
     choice(config.sync.batch_norm, BN_SYNC, "sync.batch_norm")
     check(config.host_device_count >= 1, "host_device_count must be >= 1")
     check(config.checkpoint.max_to_keep >= 1, "checkpoint.max_to_keep must be >= 1")
+
+
+def _check_target(config: ml_collections.ConfigDict) -> None:
+    """The time-to-target keys and the learning-rate rule across batch sizes."""
+    accuracy = config.get("target_accuracy", 0.0)
+    check(0 <= accuracy <= 1, f"target_accuracy must be in [0, 1] (0: none), got {accuracy}")
+    check(config.get("target_eval_loss", 0.0) >= 0, "target_eval_loss must be >= 0 (0: none)")
+    if config.get("stop_at_target", False):
+        check(accuracy > 0 or config.get("target_eval_loss", 0.0) > 0,
+              "stop_at_target=True needs a target: set --config.target_accuracy (or "
+              "--config.target_eval_loss)")  # fmt: skip
+        check(config.eval_every_steps > 0,
+              "stop_at_target=True needs evaluations during the run: set "
+              "--config.eval_every_steps to a positive step count")  # fmt: skip
+    noise = config.get("lr_noise_scale", 0.0)
+    check(noise >= 0, f"lr_noise_scale must be >= 0 (0: off), got {noise}")
+    check(not (noise and config.lr_linear_scaling),
+          "lr_linear_scaling and lr_noise_scale are two rules for the same rate; set one")  # fmt: skip
+    decay = config.get("noise_scale_decay", 0.95)
+    check(0 <= decay < 1, f"noise_scale_decay must be in [0, 1), got {decay}")
 
 
 def _tuple(names) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 from jaxpar import console, units
 from jaxpar import metrics as metrics_lib
+from jaxpar import noise_scale as noise_lib
 from jaxpar import watchdog as watchdog_lib
 from jaxpar.checkpoint import Checkpointer
 from jaxpar.data.prefetch import InputStats
@@ -107,9 +108,11 @@ class LogWindow:
         timer: StepTimer,
         ckpt: Checkpointer | None,
         feed: InputStats | None = None,
+        noise: noise_lib.NoiseScale | None = None,
     ):
         self.writer, self.progress, self.schedule = writer, progress, schedule
         self.batch_size, self.timer, self.ckpt, self.feed = batch_size, timer, ckpt, feed
+        self.noise = noise  # given: each step's "noise" line, and the smoothed figure shown
         self.last: dict[str, float] = {}  # the last train line
         self._restart()
 
@@ -132,6 +135,7 @@ class LogWindow:
             "learning_rate": float(self.schedule(info.step - 1)),
             "images_per_sec": len(fetched) * self.batch_size / seconds,
             **self._input(),
+            **self._noise(fetched, info.step),
         }
         self.writer.write(info.step, "train", **self.last)
         if self.progress is not None:
@@ -141,10 +145,23 @@ class LogWindow:
                     input=units.seconds(self.last["input_s_per_step"]),
                     wait=units.seconds(self.last["input_wait_s_per_step"]),
                 )
+            if "noise_scale" in self.last and np.isfinite(self.last["noise_scale"]):
+                shown["B_noise"] = f"{self.last['noise_scale']:.0f}"
             lr = units.rate(self.last["learning_rate"])
             self.progress.update(info.step, loss=self.last["loss"], lr=lr, **shown)
         stop_if_diverged(fetched, info.step, self.ckpt)
         self._restart()
+
+    def _noise(self, fetched: list[dict], step: int) -> dict[str, float]:
+        """Each of the window's steps' noise-scale line (metrics.jsonl "noise", TensorBoard);
+        the smoothed B_simple after the last for the train line."""
+        if self.noise is None or "grad_sq_small" not in fetched[-1]:
+            return {}
+        first = step - len(fetched) + 1
+        for j, m in enumerate(fetched):
+            record = self.noise.add(first + j, float(m["grad_sq_small"]), float(m["grad_sq_big"]))
+            self.writer.write(first + j, "noise", **record)
+        return {"noise_scale": self.noise.smoothed}
 
     def _input(self) -> dict[str, float]:
         """Mean host seconds per batch and mean wait for it, over the batches the window's
@@ -171,11 +188,23 @@ class Evaluation:
         evaluate: Callable[[Any], dict[str, float]],
         writer: metrics_lib.MetricWriter,
         timer: StepTimer,
+        target=None,
+        clock: Callable[[], float] | None = None,
     ):
         self.evaluate, self.writer, self.timer = evaluate, writer, timer
         self.last: dict[str, float] = {}  # the last evaluation
+        # given: each evaluation is checked against the target (target.Target), with the
+        # training seconds so far (`clock`, once the step evaluated has finished)
+        self.target, self.clock = target, clock
+        self.seconds, self.count = 0.0, 0  # what the evaluations cost, and how many ran
+        self.reached_now = False  # this evaluation reached the target for the first time
 
     def __call__(self, info: StepInfo) -> None:
+        trained = None
+        if self.target is not None and self.target.wanted:
+            jax.block_until_ready(info.state)  # the step is done: its time is training time
+            trained = self.clock()
+        t0 = time.perf_counter()
         with self.timer.off_clock():
             self.timer.watch.doing(f"evaluating at step {info.step}", compiling=not self.last)
             self.last = self.evaluate(info.state)
@@ -184,6 +213,10 @@ class Evaluation:
                 f"eval at step {info.step}: loss {self.last['loss']:.4f}  "
                 f"accuracy {self.last['accuracy']:.4f}"
             )
+        self.seconds += time.perf_counter() - t0
+        self.count += 1
+        self.reached_now = trained is not None and self.target.check(info.step, self.last,
+                                                                     trained)  # fmt: skip
 
 
 class Checkpoints:

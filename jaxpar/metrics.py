@@ -255,10 +255,11 @@ class MetricWriter:
             self._tb = None
 
 
-def last_summary(workdir: str) -> dict[str, Any] | None:
-    """The last "summary" record of WORKDIR/metrics.jsonl, or None."""
+def records(workdir: str, split: str, until: int | None = None) -> list[dict[str, Any]]:
+    """The records of one split ("train", "eval", "noise", "summary") of WORKDIR/metrics.jsonl
+    in file order, up to step `until` if given (a line cut short by a kill is skipped)."""
     path = os.path.join(workdir, "metrics.jsonl")
-    found = None
+    found = []
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             for line in f:
@@ -266,6 +267,12 @@ def last_summary(workdir: str) -> dict[str, Any] | None:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                if record.get("split") == "summary":
-                    found = record
+                if record.get("split") == split and (until is None or record["step"] <= until):
+                    found.append(record)
     return found
+
+
+def last_summary(workdir: str) -> dict[str, Any] | None:
+    """The last "summary" record of WORKDIR/metrics.jsonl, or None."""
+    found = records(workdir, "summary")
+    return found[-1] if found else None

@@ -6,13 +6,32 @@ import ml_collections
 import optax
 
 
-def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
-    """The configured peak rate, linearly scaled by global_batch_size / lr_base_batch_size if
-    asked (Goyal et al. 2017: learning_rate is the rate for lr_base_batch_size images)."""
-    lr = float(config.learning_rate)
+def batch_scaled_rate(rule: str, lr: float, base_batch: int, batch: int, noise: float = 0.0):
+    """The rate for `batch` images given `lr` for `base_batch`: "none" keeps it, "linear"
+    scales it by batch / base_batch (Goyal et al. 2017), "noise" follows McCandlish et al.'s
+    optimal rate eps(B) = eps_max / (1 + B_noise / B) with eps_max fixed by (base_batch, lr)."""
+    if rule == "linear":
+        return lr * batch / base_batch
+    if rule == "noise":
+        return lr * (1 + noise / base_batch) / (1 + noise / batch)
+    if rule == "none":
+        return lr
+    raise ValueError(f"unknown learning-rate rule {rule!r}; choose none, linear or noise")
+
+
+def batch_rule(config: ml_collections.ConfigDict) -> str:
+    """Which rule sets the rate across batch sizes: "linear", "noise" or "none"."""
     if config.lr_linear_scaling:
-        lr *= config.global_batch_size / config.get("lr_base_batch_size", 256)
-    return lr
+        return "linear"
+    return "noise" if config.get("lr_noise_scale", 0.0) > 0 else "none"
+
+
+def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+    """The configured peak rate, scaled from lr_base_batch_size to global_batch_size by the
+    config's rule (`batch_rule`): learning_rate is the rate for lr_base_batch_size images."""
+    return batch_scaled_rate(batch_rule(config), float(config.learning_rate),
+                             config.get("lr_base_batch_size", 256), config.global_batch_size,
+                             config.get("lr_noise_scale", 0.0))  # fmt: skip
 
 
 def schedule_steps(config: ml_collections.ConfigDict) -> int:

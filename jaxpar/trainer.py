@@ -27,11 +27,13 @@ from jaxpar import (
     console,
     hooks,
     models,
+    noise_scale,
     optim,
     parallel,
     preemption,
     profiling,
     resume,
+    target,
     units,
 )
 from jaxpar import checkpoint as checkpoint_lib
@@ -193,7 +195,7 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
             restored = ckpt.restore(setup.strategy.host_target(), set_aside=not eval_only)
         if eval_only:
             return _evaluate_only(run, restored)
-        if restored is not None and restored[1] >= total:
+        if restored is not None and (restored[1] >= total or _ended_at_target(run, restored[1])):
             return resume.finished(run.workdir, restored[1], config)
         state, start = resume.initial_state(setup.strategy, config, ckpt, restored)
         is_lead = jax.process_index() == 0
@@ -229,6 +231,8 @@ class _Outcome:
     train: dict[str, float]  # the last train line
     evaluation: dict[str, float]  # the last evaluation
     stopped: bool  # by a stop request, before the last step
+    last_step: int  # the step the run ended after (num_train_steps, or the target's)
+    extra: dict[str, Any]  # the noise scale's and the target's summary figures
 
 
 def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
@@ -240,16 +244,22 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     timer = hooks.StepTimer(watch)
     progress = console.Progress(total, start_step=start) if is_lead else None
     feed = InputStats()  # what each batch cost the host and the loop's wait for it
+    noise = _noise_tracker(setup, run.workdir, start)
     window = hooks.LogWindow(
-        writer, progress, setup.schedule, config.global_batch_size, timer, ckpt, feed
+        writer, progress, setup.schedule, config.global_batch_size, timer, ckpt, feed, noise
     )
-    evaluation = hooks.Evaluation(lambda st: evaluate(setup, st, watch), writer, timer)
+    goal = target.Target.from_config(config)
+    t_start = time.perf_counter()
+    clock = lambda: time.perf_counter() - t_start - timer.excluded_s
+    evaluation = hooks.Evaluation(lambda st: evaluate(setup, st, watch), writer, timer, goal, clock)
     after_step = hooks.Hooks()
     after_step.add_hook(window.log, every=config.log_every_steps)
     after_step.add_hook(evaluation, every=config.eval_every_steps)
+    saver = None
     if ckpt is not None:  # asked every step: Orbax's policy picks the steps (Checkpointer.due)
         meta = optim.schedule_meta(config)
-        after_step.add_hook(hooks.Checkpoints(ckpt, setup.strategy.canonical, meta, window, timer))
+        saver = hooks.Checkpoints(ckpt, setup.strategy.canonical, meta, window, timer)
+        after_step.add_hook(saver)
     profile = run.profile and is_lead
     tracer = profiling.StepTrace(run.workdir, start + TIMING_WARMUP_STEPS, total, profile)
     with contextlib.ExitStack() as cleanup:
@@ -278,8 +288,61 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
             if info.stopping and not info.final:
                 logger.info(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
                 break
+            if evaluation.reached_now and config.stop_at_target and not info.final:
+                _end_at_target(info, window, saver)
+                break
     stopped = info.stopping and not info.final
-    return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped)
+    extra = goal.summary(info.step, evaluation.seconds, evaluation.count)
+    # what a plan from this run (jaxpar/plan/steps.py) needs to know of its learning rate
+    extra.update(
+        lr_rule=optim.batch_rule(config),
+        peak_learning_rate=optim.peak_learning_rate(config),
+        lr_base_batch_size=config.lr_base_batch_size,
+        sync_mode=config.sync.mode,
+    )
+    if noise is not None:
+        extra.update(noise.summary(goal.reached_step))
+    return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped, info.step,
+                    extra)  # fmt: skip
+
+
+def _ended_at_target(run: _Run, step: int) -> bool:
+    """Whether the run in the workdir stopped at its target at `step` (stop_at_target): then
+    it is finished, as a run is after its last step."""
+    if not run.setup.config.stop_at_target:
+        return False
+    done = metrics_lib.last_summary(run.workdir) or {}
+    return bool(done.get("target_reached")) and done.get("steps") == step
+
+
+def _noise_tracker(setup: Setup, workdir: str, start: int) -> noise_scale.NoiseScale | None:
+    """The run's noise-scale tracker (continued from metrics.jsonl on a resume), or None with
+    a line saying why the step measures none."""
+    groups = setup.strategy.noise_groups()
+    if isinstance(groups, str):
+        if setup.config.get("measure_noise_scale", True):
+            logger.info(f"gradient noise scale: not measured ({groups})")
+        return None
+    big = setup.config.global_batch_size
+    tracker = noise_scale.NoiseScale(big / groups, big, setup.config.noise_scale_decay)
+    if start:
+        tracker.replay(metrics_lib.records(workdir, "noise", until=start))
+    logger.info(
+        f"gradient noise scale: from {groups} groups of {big // groups} images against the "
+        f"whole batch of {big}, every step (noise lines in metrics.jsonl)"
+    )
+    return tracker
+
+
+def _end_at_target(info: hooks.StepInfo, window: hooks.LogWindow, saver) -> None:
+    """stop_at_target: the steps not logged yet are logged and the state saved, as after a
+    last step."""
+    last = dataclasses.replace(info, final=True)
+    if window.metrics:
+        window.log(last)
+    if saver is not None:
+        saver(last)
+    logger.info(f"stopping at step {info.step}: the target is reached (stop_at_target=True)")
 
 
 def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -> dict[str, Any]:
@@ -292,7 +355,7 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
         mesh_shape=tuple(int(v) for v in setup.mesh.devices.shape),
         mesh_axes=tuple(setup.mesh.axis_names),
         partitioning=setup.strategy.partitioning(),
-        steps=setup.config.num_train_steps,
+        steps=outcome.last_step,
         global_batch_size=setup.config.global_batch_size,
         step_times=outcome.step_times,
         warmup=TIMING_WARMUP_STEPS,
@@ -307,11 +370,12 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
         report=report,
     )
     summary.update(_epochs(setup, summary))
+    summary.update(outcome.extra)
     if outcome.stopped:
         summary["preempted"] = True
     else:
         summary.update(_train_split(run, outcome.state, summary))
-        writer.write(setup.config.num_train_steps, "summary", **summary)
+        writer.write(outcome.last_step, "summary", **summary)
         logger.info(console.summary_table(summary))
         logger.info(f"metrics: {run.workdir}/metrics.jsonl")
     summary["state"] = setup.strategy.canonical(outcome.state)
@@ -324,7 +388,7 @@ def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
     n = setup.dataset.spec.num_train
     out = {
         "train_examples": n,
-        "epochs": setup.config.num_train_steps * setup.config.global_batch_size / n,
+        "epochs": summary["steps"] * setup.config.global_batch_size / n,
     }
     if summary.get("images_per_sec"):
         out["seconds_per_epoch"] = n / summary["images_per_sec"]

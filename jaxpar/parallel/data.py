@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.parallel import sync, tensor, variables
+from jaxpar.parallel import norms, sync, tensor, variables
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import eval_sums, init_state, loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
@@ -169,14 +169,38 @@ class DataParallel(Strategy):
 
     # -- the step ---------------------------------------------------------------------------
 
+    def noise_groups(self) -> int | str:
+        """The replicas times the accumulation slices: each slice of each replica is a small
+        batch (slices of replica 0 first, in row order), under a rule that combines the
+        replicas' gradients every step."""
+        if not self.config.get("measure_noise_scale", True):
+            return "measure_noise_scale=False"
+        if self.gather is not None:
+            return ("the mesh shards parameters (fsdp), whose gradients arrive summed over "
+                    "replicas, so the noise scale is not measured here")  # fmt: skip
+        if not self.rule.combines:
+            return (f"sync.mode={self.rule.name} forms no combined gradient of the step's "
+                    "replicas; measure the noise scale under sync.mode=allreduce (the same "
+                    "model and batch)")  # fmt: skip
+        groups = self.replicas.count * self.accum
+        if groups == 1:
+            return ("one replica and one slice give one gradient size; set "
+                    "--config.grad_accum_steps=2 (or more) to measure the noise scale")  # fmt: skip
+        return groups
+
     def _train_body(self, state, batch):
         rule = self.rule
-        loss, stats, accuracy, grads = loss_and_grads(
+        measure = isinstance(self.noise_groups(), int)
+        loss, stats, accuracy, grads, small = loss_and_grads(
             self.model, rule.local_params(state), rule.local_stats(state.batch_stats), batch,
             bn_axis_name=rule.bn_axis_name, constrain=self.constrain, chunks=self.accum,
-            gather=self.gather,
+            gather=self.gather, slice_sq=norms.local_sq if measure else None,
         )  # fmt: skip
-        return rule.update(state, self.grads_in_layout(grads), stats), rule.metrics(loss, accuracy)
+        state, big = rule.update_measured(state, self.grads_in_layout(grads), stats)
+        metrics = rule.metrics(loss, accuracy)
+        if measure:  # the two squared norms of the noise scale (noise_scale.py)
+            metrics.update(grad_sq_small=self.replicas.pmean(small), grad_sq_big=big)
+        return state, metrics
 
     def _sm(self, fn, in_specs, out_specs):
         return self.replicas.shard_map(fn, self.mesh, in_specs, out_specs, self.auto_axes)

@@ -85,9 +85,12 @@ def loss_and_grads(
     constrain=None,
     chunks: int = 1,
     gather=None,
+    slice_sq=None,
 ):
     """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
-    across replicas here. `params` must be per-replica values inside shard_map (see
+    across replicas here; and, given `slice_sq` (a function of a gradient: its squared norm,
+    parallel/norms.py), the mean over the slices of each slice's gradient's squared norm (the
+    replica's gradient's when `chunks` is 1), for the noise scale, else None. `params` must be per-replica values inside shard_map (see
     sync/base.py) for the gradient to stay local.
 
     `chunks` > 1 accumulates the gradient over that many equal slices of the batch, one after
@@ -106,18 +109,19 @@ def loss_and_grads(
     )
     if chunks == 1:
         (loss, (stats, acc)), grads = grad_fn(params, batch_stats, batch)
-        return loss, stats, acc, grads
+        return loss, stats, acc, grads, None if slice_sq is None else slice_sq(grads)
     sliced = jax.tree.map(lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:]), batch)
 
     def one(total, part):
         (loss, (_, acc)), grads = grad_fn(params, batch_stats, part)
-        return jax.tree.map(jnp.add, total, grads), (loss, acc)
+        sq = jnp.zeros(()) if slice_sq is None else slice_sq(grads)
+        return jax.tree.map(jnp.add, total, grads), (loss, acc, sq)
 
     zero = jax.tree.map(jnp.zeros_like, params)  # keeps the params' per-device type
-    grads, (loss, acc) = jax.lax.scan(one, zero, sliced, unroll=True)
+    grads, (loss, acc, sq) = jax.lax.scan(one, zero, sliced, unroll=True)
     grads = jax.tree.map(lambda g: g / chunks, grads)
     loss, acc = jnp.mean(loss), jnp.mean(acc)
-    return loss, batch_stats, acc, grads
+    return loss, batch_stats, acc, grads, None if slice_sq is None else jnp.mean(sq)
 
 
 def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:

@@ -219,6 +219,13 @@ class Strategy(abc.ABC):
     def num_stages(self) -> int:
         return 1
 
+    def noise_groups(self) -> int | str:
+        """How many equal small batches of the global batch the train step reports the mean
+        squared gradient norm of (`grad_sq_small`, beside the whole batch's `grad_sq_big`, in
+        its metrics: the gradient noise scale, noise_scale.py), or why it reports none, in one
+        line."""
+        return f"strategy {self.name} does not measure the gradient noise scale"
+
     def schedule_events(self) -> list | None:
         """Per device stage, its events in order (parallel/schedules.py); None: no pipeline."""
         return None

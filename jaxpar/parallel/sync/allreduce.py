@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from jaxpar.parallel import norms
 from jaxpar.parallel.sync.base import SyncRule
 
 
@@ -17,7 +18,10 @@ def average_gradients(grads, replicas, specs=None):
 class AllReduce(SyncRule):
     name = "allreduce"
     impls = ("shard_map", "pmap")
+    combines = True
 
-    def update(self, state, grads, stats):
-        grads = average_gradients(grads, self.replicas, self.variable_specs["params"])
-        return state.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
+    def update_measured(self, state, grads, stats):
+        specs = self.variable_specs["params"]
+        grads = average_gradients(grads, self.replicas, specs)
+        new = state.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
+        return new, norms.sq_norm(grads, specs, self.manual_axes)

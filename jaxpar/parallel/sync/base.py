@@ -48,6 +48,11 @@ class SyncRule:
     # Why the rule cannot run beside a tensor axis or pipeline stages; None: it can.
     refuses_tensor: str | None = None
     refuses_stages: str | None = None
+    # Whether the update applies one combined gradient of this step's replicas (allreduce,
+    # parameter_server, sharded): then `update_measured` reports its squared norm, the noise
+    # scale's big batch (noise_scale.py). Rules whose replicas step apart, or on stale
+    # gradients, form none.
+    combines = False
 
     def __init__(self, config, replicas: Replicas, tx, variable_specs: dict):
         self.config, self.replicas, self.tx = config, replicas, tx
@@ -116,7 +121,20 @@ class SyncRule:
     def update(self, state: TrainState, grads, stats) -> TrainState:
         """Combine this replica's `grads` with the others' and apply them; `stats` are the
         replica's new BatchNorm statistics."""
-        raise NotImplementedError
+        return self.update_measured(state, grads, stats)[0]
+
+    def update_measured(self, state: TrainState, grads, stats) -> tuple[TrainState, Any]:
+        """`update`, and the squared norm of the combined gradient it applied (the same
+        scalar on every replica), or None for a rule that forms none (`combines`). A rule
+        overrides one of the two: this one where it `combines`."""
+        if type(self).update is SyncRule.update:
+            raise NotImplementedError(f"{type(self).__name__} defines neither update")
+        return self.update(state, grads, stats), None
+
+    @property
+    def manual_axes(self) -> tuple[str, ...]:
+        """The axes the step body is manual over (where collectives are explicit)."""
+        return self.replicas.axes if self.replicas.manual else ()
 
     def metrics(self, loss, accuracy) -> dict:
         if self.per_replica_metrics:

@@ -22,11 +22,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxpar.parallel import norms
 from jaxpar.parallel.sync.base import SyncRule, block, stack, stacked, unblock
 
 
 class ParameterServer(SyncRule):
     name = "parameter_server"
+    combines = True
 
     def __init__(self, config, replicas, tx, variable_specs):
         super().__init__(config, replicas, tx, variable_specs)
@@ -68,7 +70,7 @@ class ParameterServer(SyncRule):
     def eval_model(self, state):
         return block(state.params), state.batch_stats  # every copy is the server's
 
-    def update(self, state, grads, stats):
+    def update_measured(self, state, grads, stats):
         r = self.replicas
         params, opt_state = block(state.params), block(state.opt_state)
         total = grads
@@ -82,6 +84,9 @@ class ParameterServer(SyncRule):
             return new.params, new.opt_state
 
         is_server = r.index() == self.server
+        # the server's combined gradient's squared norm, to every replica (two scalar sums)
+        sq = norms.sq_norm(mean, self.variable_specs["params"], self.manual_axes)
+        sq = r.psum(jnp.where(is_server, sq, 0.0))
         params, opt_state = lax.cond(is_server, serve, lambda p, o, g: (p, o),
                                      params, opt_state, mean)  # fmt: skip
         out = params
@@ -94,4 +99,4 @@ class ParameterServer(SyncRule):
             params=unblock(out),
             opt_state=unblock(opt_state),
             batch_stats=self.shared_stats(stats),
-        )
+        ), sq

@@ -26,11 +26,13 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import is_spec
+from jaxpar.parallel import norms
 from jaxpar.parallel.sync.base import SyncRule
 
 
 class Sharded(SyncRule):
     name = "sharded"
+    combines = True
 
     @classmethod
     def check(cls, config, data):
@@ -52,7 +54,13 @@ class Sharded(SyncRule):
 
     def specs(self, shapes):
         specs = super().specs(shapes)
-        dims = self.split_dims(shapes.params)
+        param_specs = self.slice_specs(shapes.params)
+        return specs.replace(opt_state=self.like_params(shapes.opt_state, param_specs))
+
+    def slice_specs(self, param_shapes):
+        """Per parameter, the spec of this replica's slice: its own, split over the replica
+        axes along `split_dims`' dimension."""
+        dims = self.split_dims(param_shapes)
 
         def add_data(spec: P, dim, shape):
             if dim is None:
@@ -63,13 +71,12 @@ class Sharded(SyncRule):
             )
             return P(*parts)
 
-        param_specs = jax.tree.map(add_data, self.variable_specs["params"], dims, shapes.params,
-                                   is_leaf=is_spec)  # fmt: skip
-        return specs.replace(opt_state=self.like_params(shapes.opt_state, param_specs))
+        return jax.tree.map(add_data, self.variable_specs["params"], dims, param_shapes,
+                            is_leaf=is_spec)  # fmt: skip
 
-    def update(self, state, grads, stats):
-        dims = self.split_dims(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                            state.params))  # fmt: skip
+    def update_measured(self, state, grads, stats):
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
+        dims = self.split_dims(shapes)
         r = self.replicas
         size = lambda x, d: x.shape[d] // self.num_replicas
 
@@ -81,8 +88,9 @@ class Sharded(SyncRule):
                                                                  size(p, d), d)  # fmt: skip
 
         grads = jax.tree.map(my_grad, grads, dims)
+        sq = norms.sq_norm(grads, self.slice_specs(shapes), self.manual_axes)
         mine = state.replace(params=jax.tree.map(my_param, state.params, dims))
         new = mine.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
         # All-gather: every replica receives every updated slice.
         gather = lambda p, d: p if d is None else r.all_gather(p, d)
-        return new.replace(params=jax.tree.map(gather, new.params, dims))
+        return new.replace(params=jax.tree.map(gather, new.params, dims)), sq

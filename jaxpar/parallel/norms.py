@@ -1,0 +1,52 @@
+"""Squared gradient norms inside a step body: what the gradient noise scale is measured from
+(jaxpar/noise_scale.py).
+
+A step reports two scalars, each the squared L2 norm of a whole model's gradient: the mean over
+its equal small groups (replicas, accumulation slices, micro-batches) of each group's gradient,
+and the combined gradient the update applies. Nothing but these scalars crosses devices: each
+device sums the squares of its own pieces, and a scalar psum adds the pieces a leaf is split
+into over manual (shard_map) axes; over axes left to the sharding rules (tensor, spatial) the
+leaves are whole arrays to the program and XLA adds the pieces itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxpar.mesh import is_spec
+
+
+def local_sq(tree: Any) -> jax.Array:
+    """The sum of squares of every leaf of `tree` as this device sees it (float32)."""
+    leaves = jax.tree.leaves(tree)
+    if not leaves:
+        return jnp.zeros((), jnp.float32)
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
+
+
+def _split_over(spec: P, manual: tuple[str, ...]) -> tuple[str, ...]:
+    named = {a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))}
+    return tuple(a for a in manual if a in named)
+
+
+def sq_norm(tree: Any, specs: Any, manual: tuple[str, ...]) -> jax.Array:
+    """The squared norm of the whole of `tree` inside shard_map over the `manual` axes, where
+    leaf i is split as `specs` says: the leaves split over some manual axes are summed over
+    those (one scalar psum per distinct group), the others are whole on every device."""
+    leaves, treedef = jax.tree.flatten(tree)
+    if specs is None:
+        return local_sq(leaves)
+    spec_leaves = treedef.flatten_up_to(specs) if not is_spec(specs) else [specs] * len(leaves)
+    groups: dict[tuple[str, ...], list] = {}
+    for x, spec in zip(leaves, spec_leaves, strict=True):
+        groups.setdefault(_split_over(spec, manual), []).append(x)
+    total = jnp.zeros((), jnp.float32)
+    for over, xs in groups.items():
+        part = local_sq(xs)
+        total = total + (lax.psum(part, over) if over else part)
+    return total

@@ -1,0 +1,198 @@
+"""Steps to a target at any global batch, from one reference run (McCandlish et al. 2018).
+
+The exact partitionings compute the same function, so at one global batch they need the same
+steps; across batch sizes the empirical model of large-batch training says
+
+    S(B) = S_min (1 + B_noise / B)        E(B) = B S(B) = E_min (1 + B / B_noise)
+
+where B_noise is the gradient noise scale (measured by every jaxpar run: noise_scale.py) and
+S_min = S(B0) / (1 + B_noise / B0) follows from the reference run's steps S(B0) at batch B0.
+The model assumes the learning rate at each batch is (near) the best for it: the rule it is
+stated with is the paper's eps(B) = eps_max / (1 + B_noise / B) (`lr_rule="noise"`, a config
+a user runs with --config.lr_noise_scale=B_noise); linear scaling with warmup
+(`lr_rule="linear"`) follows it while B << B_noise. A run at one fixed rate for every batch
+(`"none"`) is outside the model: its prediction says so.
+
+B_noise grows as training proceeds (Pollux's traces: ~70 to ~39k on CIFAR-10). The prediction
+uses the reference run's average up to its target (the ratio of the two estimates' means over
+those steps), the figure that describes the steps being counted.
+
+The approximate sync modes change the steps a batch needs: `SYNC_STEP_FACTORS` holds the
+multipliers measured from paired runs (the bench's time_to_target suite, docs/results.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from jaxpar import metrics as metrics_lib
+from jaxpar.errors import ConfigError
+
+LR_RULES = ("noise", "linear", "none")
+
+# Steps to the target of an approximate sync mode over allreduce's at the same global batch,
+# measured by `python -m jaxpar.bench --suite time_to_target` (docs/results.md, "Time to a
+# target"): local_sgd by its period, async by its largest staleness. Keys: (mode, setting).
+SYNC_STEP_FACTORS: dict[tuple[str, int], float] = {}
+
+
+def sync_factor(mode: str, setting: int = 0) -> float | None:
+    """The steps multiplier of a sync mode (1 for the exact ones), or None where none was
+    measured for this setting."""
+    if mode in ("allreduce", "parameter_server", "sharded"):
+        return 1.0
+    return SYNC_STEP_FACTORS.get((mode, int(setting)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """One measured run to a target: what the steps model starts from."""
+
+    batch_size: int  # B0, the reference run's global batch
+    steps_to_target: int  # S(B0)
+    noise_scale: float  # B_noise: the run's average up to the target
+    lr_rule: str  # how its learning rate would change with the batch (LR_RULES)
+    target: str = ""  # what it reached, in words
+    source: str = ""  # the workdir or file it was read from
+    noise_trace: tuple[tuple[int, float], ...] = ()  # (step, B_simple) over the run
+    learning_rate: float | None = None  # its peak rate, at batch_size
+    target_accuracy: float | None = None  # the accuracy target it reached, if one
+
+    @property
+    def min_steps(self) -> float:
+        """S_min: the steps at an infinite batch."""
+        return self.steps_to_target / (1 + self.noise_scale / self.batch_size)
+
+    @property
+    def min_examples(self) -> float:
+        """E_min: the examples at a batch of one."""
+        return self.steps_to_target * self.batch_size / (1 + self.batch_size / self.noise_scale)
+
+    def steps(self, batch: float) -> float:
+        """Predicted steps to the target at global batch `batch`: S_min (1 + B_noise / B)."""
+        return steps_at(batch, self.min_steps, self.noise_scale)
+
+    def examples(self, batch: float) -> float:
+        return batch * self.steps(batch)
+
+    def learning_rate_at(self, batch: float) -> float | None:
+        """The rate the prediction assumes at `batch`, by the reference's rule."""
+        from jaxpar.optim import batch_scaled_rate
+
+        if self.learning_rate is None:
+            return None
+        return batch_scaled_rate(self.lr_rule, self.learning_rate, self.batch_size, batch,
+                                 self.noise_scale)  # fmt: skip
+
+    def caveat(self) -> str | None:
+        """Why the prediction may not hold for this reference, in one line, or None."""
+        if self.lr_rule == "none":
+            return ("the reference kept one learning rate for every batch (lr_rule none); the "
+                    "steps model assumes the rate follows the batch (--config.lr_noise_scale)")  # fmt: skip
+        return None
+
+
+def steps_at(batch: float, min_steps: float, noise_scale: float) -> float:
+    """S(B) = S_min (1 + B_noise / B)."""
+    return min_steps * (1 + noise_scale / batch)
+
+
+def fit_min_steps(batch: float, steps: float, noise_scale: float) -> float:
+    """S_min from one measured (batch, steps) pair and B_noise."""
+    return steps / (1 + noise_scale / batch)
+
+
+def load(path: str, target_accuracy: float | None = None) -> Reference:
+    """A reference from a run's workdir (its metrics.jsonl summary and noise lines) or from a
+    JSON file of the same figures measured elsewhere (docs/time_to_target.md)."""
+    if os.path.isdir(path):
+        return from_workdir(path, target_accuracy)
+    if os.path.isfile(path):
+        return from_json(path, target_accuracy)
+    raise ConfigError(f"--from-run {path!r}: no such workdir or JSON file")
+
+
+def from_workdir(workdir: str, target_accuracy: float | None = None) -> Reference:
+    summary = metrics_lib.last_summary(workdir)
+    if summary is None:
+        raise ConfigError(f"--from-run {workdir}: no finished run there (metrics.jsonl has no "
+                          "summary); train it to its end first")  # fmt: skip
+    if "noise_scale" not in summary:
+        raise ConfigError(f"--from-run {workdir}: the run measured no gradient noise scale; "
+                          "rerun it with data replicas or --config.grad_accum_steps=2 under "
+                          "sync.mode=allreduce")  # fmt: skip
+    steps = summary.get("steps_to_target")
+    if steps is None:
+        aim = summary.get("target") or "no target was set"
+        raise ConfigError(f"--from-run {workdir}: the run never reached its target ({aim}); "
+                          "nothing to extrapolate from: train to a target it reaches "
+                          "(--config.target_accuracy)")  # fmt: skip
+    if target_accuracy and abs(summary.get("target_accuracy", -1) - target_accuracy) > 1e-9:
+        raise ConfigError(f"--from-run {workdir} reached {summary.get('target')!r}, not accuracy "
+                          f"{target_accuracy:g}; rerun it with --config.target_accuracy="
+                          f"{target_accuracy:g}")  # fmt: skip
+    trace = tuple((r["step"], r["noise_scale"]) for r in metrics_lib.records(workdir, "noise")
+                  if r.get("noise_scale") is not None and math.isfinite(r["noise_scale"]))  # fmt: skip
+    return _checked(Reference(
+        batch_size=int(summary["global_batch_size"]),
+        steps_to_target=int(steps),
+        noise_scale=float(summary.get("noise_scale_to_target", summary["noise_scale"])),
+        lr_rule=summary.get("lr_rule", "none"),
+        target=summary.get("target", ""),
+        source=workdir,
+        noise_trace=trace,
+        learning_rate=summary.get("peak_learning_rate"),
+        target_accuracy=summary.get("target_accuracy"),
+    ), workdir)  # fmt: skip
+
+
+def from_json(path: str, target_accuracy: float | None = None) -> Reference:
+    """The JSON form (docs/time_to_target.md): batch_size, steps_to_target, lr_rule, and the
+    noise scale as noise_scale (one figure) or noise_trace ([[step, B_simple], ...], averaged
+    up to the target)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data: dict[str, Any] = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--from-run {path}: not a readable JSON file ({e})") from None
+    missing = [k for k in ("batch_size", "steps_to_target", "lr_rule") if k not in data]
+    if "noise_scale" not in data and "noise_trace" not in data:
+        missing.append("noise_scale or noise_trace")
+    if missing:
+        raise ConfigError(f"--from-run {path}: missing {', '.join(missing)} "
+                          "(docs/time_to_target.md lists the fields)")  # fmt: skip
+    trace = tuple((int(s), float(b)) for s, b in data.get("noise_trace", ()))
+    steps = int(data["steps_to_target"])
+    noise = data.get("noise_scale")
+    if noise is None:
+        upto = [b for s, b in trace if s <= steps and math.isfinite(b)]
+        noise = sum(upto) / len(upto) if upto else math.nan
+    if (
+        target_accuracy
+        and abs(float(data.get("target_accuracy", target_accuracy)) - target_accuracy) > 1e-9
+    ):
+        raise ConfigError(f"--from-run {path} reached accuracy {data['target_accuracy']}, "
+                              f"not {target_accuracy:g}")  # fmt: skip
+    return _checked(Reference(
+        batch_size=int(data["batch_size"]), steps_to_target=steps, noise_scale=float(noise),
+        lr_rule=str(data["lr_rule"]), target=str(data.get("target", "")), source=path,
+        noise_trace=trace, learning_rate=data.get("learning_rate"),
+        target_accuracy=data.get("target_accuracy"),
+    ), path)  # fmt: skip
+
+
+def _checked(ref: Reference, where: str) -> Reference:
+    if ref.lr_rule not in LR_RULES:
+        raise ConfigError(f"--from-run {where}: lr_rule {ref.lr_rule!r}; choose from "
+                          f"{', '.join(LR_RULES)}")  # fmt: skip
+    if not (math.isfinite(ref.noise_scale) and ref.noise_scale > 0):
+        raise ConfigError(f"--from-run {where}: its noise scale ({ref.noise_scale}) is not a "
+                          "positive number: the run was too short for the estimate to settle; "
+                          "train longer (a few hundred steps) before planning from it")  # fmt: skip
+    if ref.batch_size < 1 or ref.steps_to_target < 1:
+        raise ConfigError(f"--from-run {where}: batch_size and steps_to_target must be >= 1")
+    return ref
