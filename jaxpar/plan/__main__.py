@@ -1,6 +1,7 @@
 """`python -m jaxpar.plan --config FILE --profile PROFILE [--memory_gib G] [--top N] [--devices N]
 [--all_sync] [--splits flops,params] [--expand 3] [--axes data,fsdp,stage,tensor]
 [--max_candidates 40] [--measure K] [--out DIR]
+[--target-accuracy A [--from-run WORKDIR_OR_JSON] [--batches 64,256,1024]]
 [--config.KEY=VALUE ...]`
 
 Ranks the partitionings of one config on a hardware profile by predicted step time: every
@@ -12,6 +13,14 @@ round 3 combines their best settings; at most --max_candidates predictions. Prin
 --top that fit the memory limit, the fastest that do not, and the command that runs the best.
 --measure K runs the top K on this machine (the bench) and compares. Nothing runs on the
 predicted hardware: programs are compiled with abstract inputs on simulated CPU devices.
+
+With --target-accuracy the candidates are also ranked by predicted time to that accuracy:
+the search runs at each global batch of --batches (default: the reference's x 1/4, 1, 4, 16
+and the config's own), and each candidate's predicted steps to the target (from the reference
+run's steps and noise scale, jaxpar/plan/steps.py) times its predicted step time orders them.
+--from-run names the reference: a finished run's workdir or a JSON file of the same figures
+(docs/time_to_target.md); without it the config itself is first trained to the target on this
+machine (a calibration run in OUT/calibration).
 """
 
 from __future__ import annotations
@@ -142,6 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, default=0, help="run the top K on this machine")
     parser.add_argument("--measure_steps", type=int, default=20, help="steps per measured row")
     parser.add_argument("--out", help="write OUT/plan.json (and the measurement) here")
+    parser.add_argument("--target-accuracy", "--target_accuracy", type=float,
+                        dest="target_accuracy", help="rank by predicted time to this accuracy")  # fmt: skip
+    parser.add_argument("--from-run", "--from_run", dest="from_run",
+                        help="the reference run: a workdir or a JSON file (docs/time_to_target.md)")  # fmt: skip
+    parser.add_argument("--batches", default="",
+                        help="global batches to rank at, comma-separated (default: the "
+                             "reference's x 1/4, 1, 4, 16 and the config's)")  # fmt: skip
     args, rest = parser.parse_known_args(argv)
     overrides, unknown = configfile.split_overrides(rest)
     if unknown:
@@ -167,6 +183,21 @@ def _main(args, overrides: dict) -> int:
     for flag in ("top", "expand", "max_candidates", "measure_steps"):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag} must be >= 1")
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        raise ConfigError(f"--target-accuracy {args.target_accuracy}: use a value in (0, 1]")
+    if args.from_run and args.target_accuracy is None:
+        raise ConfigError("--from-run needs --target-accuracy (the accuracy the run reached)")
+    try:
+        batches = [int(b) for b in args.batches.split(",") if b.strip()]
+    except ValueError:
+        raise ConfigError(f"--batches {args.batches!r}: comma-separated integers") from None
+    if any(b < 1 for b in batches):
+        raise ConfigError(f"--batches {args.batches!r}: each batch must be >= 1")
+    reference = None
+    if args.from_run:  # before any compile: a bad reference is one line at once
+        from jaxpar.plan import steps as steps_lib
+
+        reference = steps_lib.load(args.from_run, args.target_accuracy)
     names = [a.strip() for a in args.axes.split(",") if a.strip()] or None
     from jaxpar import axes as axes_lib
 
@@ -196,6 +227,13 @@ def _main(args, overrides: dict) -> int:
     print(text)
     fitting, too_big = rank(result.rows, limit)
     out = Path(args.out) if args.out else None
+    to_target = None
+    if args.target_accuracy is not None:
+        if reference is None:
+            out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
+            reference = _calibrate(args.config, config, overrides, args.target_accuracy, out)
+        to_target = _rank_to_target(args, config, profile, n, limit, names, splits, reference,
+                                    batches, result)  # fmt: skip
     measured = None
     if args.measure and fitting:
         out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
@@ -211,9 +249,71 @@ def _main(args, overrides: dict) -> int:
             "refused": [{"candidate": c.as_dict(), "reason": why_not}
                         for c, why_not in result.refused],
             "recommendation": recommendation, "command": cmd, "measured": measured,
+            **(to_target or {}),
         }, default=str)  # fmt: skip
         print(f"\nwrote {out / 'plan.json'}")
     return 0
+
+
+def _calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
+    """Train the config itself to the target on this machine (stopping there), and read the
+    reference from that run: the path without --from-run."""
+    from jaxpar import trainer
+    from jaxpar.plan import steps as steps_lib
+
+    workdir = out / "calibration"
+    print(f"\nno --from-run: training {config_file} to accuracy {accuracy:g} on this machine "
+          f"first ({workdir}; up to {config.num_train_steps} steps)", flush=True)  # fmt: skip
+    run = configfile.override(config.copy_and_resolve_references(), {
+        "target_accuracy": accuracy, "stop_at_target": True,
+        "eval_every_steps": config.eval_every_steps or max(1, config.num_train_steps // 20),
+        "checkpoint_every_steps": 0,
+    })  # fmt: skip
+    trainer.train_and_evaluate(run, str(workdir))
+    return steps_lib.load(str(workdir), accuracy)
+
+
+def _rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):
+    """The time-to-target ranking over the batches: printed, and returned for plan.json."""
+    from jaxpar.plan import to_target
+    from jaxpar.plan.search import plan
+
+    batches = batches or to_target.default_batches(reference, config.global_batch_size)
+    per_batch = max(8, args.max_candidates // len(batches))
+    print(f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: batch "
+          f"{reference.batch_size} reached it in {reference.steps_to_target} steps, noise scale "
+          f"{reference.noise_scale:,.0f} (learning-rate rule {reference.lr_rule}); predicted "
+          f"steps S(B) = {reference.min_steps:,.1f} x (1 + {reference.noise_scale:,.0f} / B)",
+          flush=True)  # fmt: skip
+    if caveat := reference.caveat():
+        print(f"note: {caveat}")
+    rows = []
+    for b in batches:
+        if b == config.global_batch_size:
+            found = result
+        else:
+            at = configfile.override(config.copy_and_resolve_references(),
+                                     {"global_batch_size": b})  # fmt: skip
+            try:
+                found = plan(at, profile, n, args.all_sync, splits, args.expand, per_batch,
+                             limit, axes=names)  # fmt: skip
+            except ValueError as e:
+                print(f"batch {b}: {oneline.first_line(e)}")
+                continue
+        rows += to_target.rows_to_target(found.rows, b, reference, config, limit)
+    ranked, fastest = to_target.rank(rows, config.global_batch_size)
+    print("\n" + "\n".join(to_target.table(ranked, args.top)))
+    print(to_target.verdict(ranked, fastest))
+    skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
+    if skipped:
+        print(f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
+              "jaxpar/plan/steps.py SYNC_STEP_FACTORS)")  # fmt: skip
+    return {
+        "target_accuracy": args.target_accuracy,
+        "reference": {k: v for k, v in vars(reference).items() if k != "noise_trace"},
+        "to_target_rows": rows,
+        "to_target_ranked": [r["name"] for r in ranked],
+    }
 
 
 INTERRUPTED = ("stopped; OUT/plan.json is written only when the plan is done (what --measure "

@@ -1,0 +1,157 @@
+"""Rank candidates by predicted time to a target: predicted steps (plan/steps.py) at each
+candidate's global batch and sync mode, times its predicted step time on the profile.
+
+The planner's throughput search (`search.plan`) runs once per global batch; every row that
+fits the memory limit becomes a time-to-target row. What decides a row's place against the
+winner is the larger of its two ratios to the winner's: the steps it needs, or its step time
+(a row that does not fit is decided by memory).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from jaxpar.plan.steps import Reference, sync_factor
+
+
+def default_batches(reference: Reference, config_batch: int) -> list[int]:
+    """The global batches tried: the reference's x 1/4, 1, 4, 16 and the config's own."""
+    b0 = reference.batch_size
+    return sorted({max(1, b0 // 4), b0, 4 * b0, 16 * b0, int(config_batch)})
+
+
+def sync_setting(mode: str, config) -> int:
+    """The setting a sync mode's steps multiplier is keyed by."""
+    if mode == "local_sgd":
+        return int(config.sync.period)
+    if mode == "async":
+        return int(config.sync.max_staleness)
+    return 0
+
+
+def rows_to_target(
+    rows: Sequence[dict[str, Any]], batch: int, reference: Reference, config, limit: float
+) -> list[dict[str, Any]]:
+    """Time-to-target rows of one batch's predicted rows (failed predictions and sync modes
+    with no measured multiplier are left out, the latter with `skipped_reason`)."""
+    out = []
+    base_steps = reference.steps(batch)
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        cand = r["candidate"]
+        mode = cand["sync"] if _replicas(r) > 1 else "allreduce"
+        factor = sync_factor(mode, sync_setting(mode, config))
+        row = {
+            "name": f"B={batch} {r['name']}",
+            "candidate": r["name"],
+            "mesh_axes": list(cand["axes"]),
+            "mesh_shape": list(cand["mesh"]),
+            "global_batch_size": batch,
+            "sync_mode": mode,
+            "step_s": r["step_time_s"],
+            "images_per_sec": batch / r["step_time_s"],
+            "memory_bytes_per_device": r["memory_bytes_per_device"],
+            "fits": r["memory_bytes_per_device"] <= limit,
+            "learning_rate": reference.learning_rate_at(batch),
+        }
+        if factor is None:
+            row["skipped_reason"] = f"no measured steps multiplier for {mode} at this setting"
+            row.update(steps_to_target=None, time_to_target_s=None)
+        else:
+            steps = base_steps * factor
+            row.update(steps_to_target=steps, time_to_target_s=steps * r["step_time_s"],
+                       sync_steps_factor=factor)  # fmt: skip
+        out.append(row)
+    return out
+
+
+def _replicas(row: dict) -> int:
+    from jaxpar.plan.candidates import candidate_of
+
+    return candidate_of(row).replicas
+
+
+def rank(rows: list[dict[str, Any]], config_batch: int) -> tuple[list[dict], dict | None]:
+    """(the rows that fit and have a prediction, soonest first; images/sec's pick: the
+    fastest of them at the config's own batch, what the throughput ranking recommends). Each
+    row gets `decided_by` against the winner, the winner against images/sec's pick."""
+    ok = sorted((r for r in rows if r["fits"] and r["time_to_target_s"] is not None),
+                key=lambda r: r["time_to_target_s"])  # fmt: skip
+    at_config = [r for r in ok if r["global_batch_size"] == config_batch]
+    pick = max(at_config, key=lambda r: r["images_per_sec"]) if at_config else None
+    for r in ok:
+        r["decided_by"] = decided_by(r, pick if r is ok[0] and pick else ok[0])
+    for r in rows:
+        if not r["fits"]:
+            r["decided_by"] = "memory"
+    return ok, pick
+
+
+def decided_by(row: dict, other: dict) -> str:
+    """Which factor separates `row`'s time to target from `other`'s: "steps" or "step time"
+    (the larger log-ratio), or "same" when they are the same row or tie."""
+    if row is other:
+        return "same"
+    steps = math.log(row["steps_to_target"] / other["steps_to_target"])
+    step = math.log(row["step_s"] / other["step_s"])
+    if abs(steps) < 1e-12 and abs(step) < 1e-12:
+        return "same"
+    return "steps" if abs(steps) >= abs(step) else "step time"
+
+
+def table(ranked: list[dict], top: int) -> list[str]:
+    """The ranked rows as a markdown table."""
+    lines = [
+        (
+            "| rank | global batch | candidate | steps to target | step | time to target | "
+            "img/s | decided by |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(ranked[:top], 1):
+        lines.append(
+            f"| {i} | {r['global_batch_size']} | {r['candidate']} | "
+            f"{r['steps_to_target']:,.0f} | {1e3 * r['step_s']:.3f} ms | "
+            f"{_duration(r['time_to_target_s'])} | {r['images_per_sec']:,.0f} | "
+            f"{r['decided_by']} |"
+        )
+    return lines
+
+
+def verdict(ranked: list[dict], throughput_best: dict | None) -> str:
+    """One line: whether ranking by time to target changes the images/sec ranking's winner."""
+    if not ranked:
+        return "no candidate fits and has a prediction: nothing to rank"
+    best = ranked[0]
+    if throughput_best is None:
+        return f"soonest to the target: {best['name']} ({_duration(best['time_to_target_s'])})"
+    same = throughput_best["name"] == best["name"]
+    if same:
+        return (f"time to target picks what images/sec picks: {best['name']} "
+                f"({_duration(best['time_to_target_s'])}); the batch's extra steps do not "
+                "outweigh its step time here")  # fmt: skip
+    changed = []
+    if best["global_batch_size"] != throughput_best["global_batch_size"]:
+        changed.append("batch")
+    if best["sync_mode"] != throughput_best["sync_mode"]:
+        changed.append("sync mode")
+    if best["candidate"] != throughput_best["candidate"]:
+        changed.append("partitioning")
+    ratio = throughput_best["time_to_target_s"] / best["time_to_target_s"]
+    return (f"time to target changes the winner ({' and '.join(changed)}): {best['name']} "
+            f"reaches the target in {_duration(best['time_to_target_s'])}, {ratio:.2f}x sooner "
+            f"than images/sec's pick {throughput_best['name']} "
+            f"({throughput_best['images_per_sec']:,.0f} img/s, "
+            f"{_duration(throughput_best['time_to_target_s'])}), decided by "
+            f"{decided_by(throughput_best, best)}")  # fmt: skip
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
