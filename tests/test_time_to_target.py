@@ -1,0 +1,168 @@
+"""Time to a target: the noise-scale estimator against closed-form values, the steps model and
+the learning-rate rule against the paper's relations, the target's summary figures from real
+runs, and the one-line refusals of a plan from a run that cannot be planned from."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from util import tiny_config
+
+from jaxpar import optim, trainer
+from jaxpar.errors import ConfigError
+from jaxpar.noise_scale import NoiseScale
+from jaxpar.plan import steps as steps_lib
+from jaxpar.plan import to_target
+
+
+def test_estimator_recovers_the_closed_form_of_linear_regression():
+    """Loss 0.5 (w.x - y)^2 with x ~ N(0, I_D), y = w*.x + eps, eps ~ N(0, s^2): at w, with
+    d = w - w*, the per-example gradient (d.x - eps) x has mean G = d and E[g g^T] =
+    (|d|^2 + s^2) I + 2 d d^T, so |G|^2 = |d|^2 and tr(Sigma) = (D + 1)|d|^2 + D s^2."""
+    rng = np.random.default_rng(0)
+    dim, s, groups, b_small, steps = 10, 0.5, 8, 4, 3000
+    d = rng.normal(size=dim) * 0.3
+    noise = NoiseScale(b_small=b_small, b_big=groups * b_small, decay=0.99)
+    for step in range(1, steps + 1):
+        x = rng.normal(size=(groups, b_small, dim))
+        eps = rng.normal(size=(groups, b_small)) * s
+        g = (x @ d - eps)[..., None] * x  # per-example gradients
+        small = g.mean(axis=1)  # each group's gradient
+        sq_small = float(np.mean(np.sum(small**2, axis=-1)))
+        sq_big = float(np.sum(small.mean(axis=0) ** 2))
+        noise.add(step, sq_small, sq_big)
+    g2 = float(d @ d)
+    trace = (dim + 1) * g2 + dim * s**2
+    mean_g2 = np.mean([h[1] for h in noise.history])
+    mean_trace = np.mean([h[2] for h in noise.history])
+    assert mean_g2 == pytest.approx(g2, rel=0.05)
+    assert mean_trace == pytest.approx(trace, rel=0.03)
+    assert noise.average() == pytest.approx(trace / g2, rel=0.06)
+    assert noise.smoothed == pytest.approx(trace / g2, rel=0.3)  # ~100 steps' worth
+
+
+def test_the_naive_estimate_would_be_biased_where_the_unbiased_one_is_not():
+    """|G_big|^2 alone overestimates |G|^2 by tr(Sigma)/B: the correction is what the
+    estimator is for."""
+    rng = np.random.default_rng(1)
+    dim, d = 20, np.full(20, 0.05)
+    noise = NoiseScale(b_small=2, b_big=16)
+    naive = []
+    for step in range(2000):
+        x = rng.normal(size=(8, 2, dim))
+        g = (x @ d - rng.normal(size=(8, 2)))[..., None] * x
+        small = g.mean(axis=1)
+        sq_big = float(np.sum(small.mean(axis=0) ** 2))
+        naive.append(sq_big)
+        noise.add(step + 1, float(np.mean(np.sum(small**2, -1))), sq_big)
+    g2 = float(d @ d)
+    assert np.mean(naive) > 10 * g2
+    assert np.mean([h[1] for h in noise.history]) == pytest.approx(g2, rel=0.25)
+
+
+def test_steps_model_passes_through_the_reference_and_trades_steps_for_examples():
+    ref = steps_lib.Reference(batch_size=64, steps_to_target=500, noise_scale=256.0,
+                              lr_rule="noise", learning_rate=0.1)  # fmt: skip
+    assert ref.steps(64) == pytest.approx(500)
+    for b in (16, 256, 1024):
+        # E(B) = E_min (1 + B / B_noise), S(B) = S_min (1 + B_noise / B) (McCandlish eq. 2.11)
+        assert ref.examples(b) == pytest.approx(ref.min_examples * (1 + b / 256.0))
+        assert ref.steps(b) == pytest.approx(ref.min_steps * (1 + 256.0 / b))
+    assert ref.steps(256) / ref.steps(1024) == pytest.approx(2 / 1.25)  # S(B_noise) = 2 S_min
+    assert ref.min_steps == pytest.approx(500 / 5)
+
+
+def test_learning_rate_rules_across_batches():
+    lr, base, bn = 0.1, 64, 192.0
+    assert optim.batch_scaled_rate("noise", lr, base, base, bn) == pytest.approx(lr)
+    eps_max = lr * (1 + bn / base)
+    assert optim.batch_scaled_rate("noise", lr, base, 10**9, bn) == pytest.approx(eps_max)
+    assert optim.batch_scaled_rate("noise", lr, base, 192, bn) == pytest.approx(eps_max / 2)
+    assert optim.batch_scaled_rate("linear", lr, base, 256) == pytest.approx(0.4)
+    config = tiny_config(lr_noise_scale=bn, lr_base_batch_size=base, global_batch_size=192,
+                         learning_rate=lr)  # fmt: skip
+    assert optim.batch_rule(config) == "noise"
+    assert optim.peak_learning_rate(config) == pytest.approx(eps_max / 2)
+
+
+def _run(tmp_path, **overrides):
+    config = tiny_config(mesh_shape=(2, 1, 1), num_devices=2, **overrides)
+    return trainer.train_and_evaluate(config, str(tmp_path))
+
+
+def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path):
+    summary = _run(tmp_path, num_train_steps=6, eval_every_steps=2, target_eval_loss=100.0,
+                   stop_at_target=True, checkpoint_every_steps=0)  # fmt: skip
+    assert summary["target_reached"] is True
+    assert summary["steps_to_target"] == 2 == summary["steps"]  # the first evaluation
+    assert summary["examples_to_target"] == 2 * 16
+    assert 0 < summary["time_to_target_s"] < summary["wall_time_s"]
+    lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    noise = [x for x in lines if x["split"] == "noise"]
+    assert [x["step"] for x in noise] == [1, 2]  # one line a step, none after the stop
+    assert summary["noise_scale_b_small"] == 8 and summary["noise_scale_b_big"] == 16
+    assert summary["noise_scale_steps"] == 2
+
+
+def test_a_target_never_reached_ends_the_run_normally(tmp_path):
+    summary = _run(tmp_path, num_train_steps=3, eval_every_steps=1, target_accuracy=1.0,
+                   stop_at_target=True, checkpoint_every_steps=0)  # fmt: skip
+    assert summary["target_reached"] is False and summary["steps"] == 3
+    assert "steps_to_target" not in summary
+    with pytest.raises(ConfigError, match="never reached its target"):
+        steps_lib.load(str(tmp_path), 1.0)
+
+
+def test_from_run_refusals_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="no such workdir"):
+        steps_lib.load(str(tmp_path / "nope"))
+    bad = tmp_path / "ref.json"
+    bad.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100}))
+    with pytest.raises(ConfigError, match="missing lr_rule, noise_scale or noise_trace"):
+        steps_lib.load(str(bad))
+    bad.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100, "lr_rule": "noise",
+                               "noise_trace": [[10, -5.0], [20, -1.0]]}))  # fmt: skip
+    with pytest.raises(ConfigError, match="not a positive number"):
+        steps_lib.load(str(bad))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100, "lr_rule": "noise",
+                                "noise_trace": [[10, 50.0], [100, 150.0], [200, 900.0]]}))  # fmt: skip
+    ref = steps_lib.load(str(good))
+    assert ref.noise_scale == pytest.approx(100.0)  # averaged up to the target's step only
+
+
+def _row(batch, step_s, steps, sync="allreduce", fits=True):
+    return {"name": f"B={batch} {sync}", "candidate": sync, "global_batch_size": batch,
+            "sync_mode": sync, "step_s": step_s, "images_per_sec": batch / step_s,
+            "fits": fits, "steps_to_target": steps,
+            "time_to_target_s": None if steps is None else steps * step_s}  # fmt: skip
+
+
+def test_ranking_by_time_to_target_and_what_decides():
+    rows = [
+        _row(128, 0.010, 400),  # images/sec's pick at the config's batch: 4.0 s
+        _row(1024, 0.050, 60),  # 3.0 s: fewer steps win over a slower step
+        _row(1024, 0.020, 60, fits=False),  # would be soonest, but does not fit
+        _row(128, 0.012, None, sync="async"),  # no multiplier: not ranked
+    ]
+    ranked, pick = to_target.rank(rows, 128)
+    assert [r["time_to_target_s"] for r in ranked] == [pytest.approx(3.0), pytest.approx(4.0)]
+    assert pick is rows[0]
+    assert ranked[0]["decided_by"] == "steps"
+    assert rows[2]["decided_by"] == "memory"
+    assert "changes the winner (batch)" in to_target.verdict(ranked, pick)
+    assert math.isclose(steps_lib.sync_factor("sharded"), 1.0)
+
+
+def test_plan_refuses_a_reference_it_cannot_use_before_compiling(tmp_path, capsys):
+    from jaxpar.plan.__main__ import main
+
+    base = ["--config", "configs/vgg19_data.py", "--profile", "configs/hardware/h100_sxm_x8.py"]
+    assert main([*base, "--from-run", str(tmp_path)]) == 2
+    assert "--from-run needs --target-accuracy" in capsys.readouterr().err
+    assert main([*base, "--target-accuracy", "0.9", "--from-run", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no finished run there" in err and len(err.splitlines()) == 1
