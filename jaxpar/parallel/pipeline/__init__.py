@@ -106,15 +106,18 @@ class Pipeline(Strategy):
         constrain = (tensor.constrain_fn(rules, variables.joins(shape, model))
                      if self.auto_axes else None)  # fmt: skip
         self.layouts, self.chunks, self.programs_of = [], [], []
-        for c in range(self.num_chunks):
-            layers = slice(self.bounds[c], self.bounds[c + 1])
-            specs = variables.specs(model, rules, shape, layers)
+        spans = [slice(a, b) for a, b in zip(self.bounds[:-1], self.bounds[1:])]
+        chunk_specs = [variables.specs(model, rules, shape, layers) for layers in spans]
+        self.gathers = [variables.gather_fn(specs["params"], shape) for specs in chunk_specs]
+        self.measure = isinstance(self.noise_groups(), int)  # the noise scale's norms too
+        for c, (layers, specs) in enumerate(zip(spans, chunk_specs)):
             rule = sync.build(config, self.replicas, tx, specs)
-            lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers)
+            lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers,
+                              self.measure)  # fmt: skip
             chunk = Chunk(c, self.stage_of[c], layers, c == 0, c == self.num_chunks - 1,
                           lay.mesh, model, rule, self.replicas, self.num_microbatches,
                           self.auto_axes, constrain, lay.state_specs, lay.acc_specs,
-                          variables.gather_fn(specs["params"], shape))  # fmt: skip
+                          self.gathers[c], self.measure)  # fmt: skip
             self.layouts.append(lay)
             self.chunks.append(chunk)
             self.programs_of.append(ChunkPrograms(chunk))
@@ -129,6 +132,28 @@ class Pipeline(Strategy):
         self._boundaries: dict = {}
         self.runner = Runner(self)
         self._compiled = False
+
+    def noise_groups(self) -> int | str:
+        """The micro-batches times the data replicas of a stage: each (micro-batch, replica)
+        is a small batch (put_batch says which rows), under a rule that combines the replicas'
+        gradients every step; each chunk measures its layers' part (chunks.py)."""
+        if not self.config.get("measure_noise_scale", True):
+            return "measure_noise_scale=False"
+        if any(g is not None for g in self.gathers):
+            return ("the mesh shards parameters (fsdp), whose gradients a pipeline stage "
+                    "accumulates summed over replicas, so the noise scale is not measured "
+                    "here")  # fmt: skip
+        rule = sync.MODES[self.config.sync.mode]
+        if not rule.combines:
+            return (f"sync.mode={rule.name} forms no combined gradient of the step's "
+                    "replicas; measure the noise scale under sync.mode=allreduce (the same "
+                    "model and batch)")  # fmt: skip
+        groups = self.num_microbatches * self.data
+        if groups == 1:
+            return ("one replica and one micro-batch give one gradient size; set "
+                    "--config.pipeline.num_microbatches=2 (or more) to measure the noise "
+                    "scale")  # fmt: skip
+        return groups
 
     # -- state ------------------------------------------------------------------------------
 

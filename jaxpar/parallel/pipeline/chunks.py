@@ -19,6 +19,11 @@ keep the backward's residuals instead of recomputing the forward:
 - update: the chunk's sync rule combines the accumulated gradients over the replicas and applies
   them (TrainState.apply_gradients), the only place replicas meet.
 
+The gradient noise scale (`Chunk.measure`, noise_scale.py): the accumulator is then a pair,
+(gradients, per replica the sum of its micro-batches' squared gradient norms), each increment's
+squared norm taken as it is added; update returns the chunk's two parts of the step's squared
+norms as scalars, which the runner adds over the chunks.
+
 Every program takes the chunk's placed TrainState (the runner puts the current BatchNorm
 statistics in); what a replica computes with is its sync rule's `local_params`/`local_stats`.
 Inside shard_map every residual keeps its varying-ness over the replica axes (what the
@@ -37,7 +42,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import mesh as mesh_lib
-from jaxpar.parallel import tensor
+from jaxpar.parallel import norms, tensor
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import accuracy, cross_entropy, logit_sums
 from jaxpar.parallel.sync.base import SyncRule, block, manual
@@ -64,6 +69,7 @@ class Chunk:
     state_specs: Any  # PartitionSpecs of its placed TrainState, every mesh axis
     acc_specs: Any  # of its per-replica gradient accumulator
     gather: Any = None  # model.apply's gather of sharded parameters (fsdp), or None
+    measure: bool = False  # the noise scale's squared norms too (the accumulator a pair)
 
     @property
     def param_specs(self):
@@ -146,7 +152,16 @@ class ChunkPrograms:
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P()))
 
     def accumulate(self, acc, grads):
-        return jax.tree.map(lambda a, g: a + g[None], acc, self.in_layout(grads))
+        """The accumulator plus one micro-batch's gradient (this replica's, scaled by 1/M:
+        the step's gradient is the micro-batches' mean), and when measuring plus the squared
+        norm of the micro-batch's own mean gradient, M times that increment."""
+        grads = self.in_layout(grads)
+        add = lambda total: jax.tree.map(lambda a, g: a + g[None], total, grads)
+        if not self.ck.measure:
+            return add(acc)
+        total, sq = acc
+        m = self.ck.num_microbatches
+        return add(total), sq + (m * m) * norms.local_sq(grads)[None]
 
     def sm(self, fn, in_specs, out_specs):
         return self.ck.replicas.shard_map(fn, self.ck.mesh, in_specs, out_specs,
@@ -185,10 +200,18 @@ class ChunkPrograms:
         return (self.boundary(g_x), acc) if not self.ck.first else acc
 
     def update(self, state, acc):
+        """The updated state and a zeroed accumulator; when measuring also the chunk's parts
+        of the step's two squared norms (its mean over (micro-batch, replica) of their
+        gradients' squared norms; its combined gradient's), each the same on every replica."""
         rule = self.ck.rule
-        grads = self.in_layout(block(acc))
-        new = rule.update(state, grads, rule.local_stats(state.batch_stats))
-        return new, jax.tree.map(jnp.zeros_like, acc)
+        total, sq = acc if self.ck.measure else (acc, None)
+        grads = self.in_layout(block(total))
+        new, big = rule.update_measured(state, grads, rule.local_stats(state.batch_stats))
+        zero = jax.tree.map(jnp.zeros_like, acc)
+        if not self.ck.measure:
+            return new, zero
+        small = self.ck.replicas.pmean(block(sq) / self.ck.num_microbatches)
+        return new, zero, (small, big)
 
     def evaluate(self, state, x, *label_mask):
         params, stats = self.ck.rule.eval_model(state)
@@ -296,8 +319,12 @@ class ChunkPrograms:
             acc if first else (data, acc))  # fmt: skip
         out["bwd"] = self.on(self.sm(self.bwd, (st, data, data, acc), bwd_out),
                              donate_argnums=3)  # fmt: skip
-        out["update"] = self.on(self.sm(self.update, (st, acc), (st, acc)),
-                                donate_argnums=(0, 1), out_shardings=self.placed())  # fmt: skip
+        update_out, placed = (st, acc), self.placed()
+        if ck.measure:
+            scalar = jax.sharding.NamedSharding(ck.mesh, P())
+            update_out, placed = (*update_out, (P(), P())), (*placed, (scalar, scalar))
+        out["update"] = self.on(self.sm(self.update, (st, acc), update_out),
+                                donate_argnums=(0, 1), out_shardings=placed)  # fmt: skip
         eval_in = (st, data, data, data) if last else (st, data)
         out["eval"] = self.on(self.sm(self.evaluate, eval_in, P() if last else data))
 

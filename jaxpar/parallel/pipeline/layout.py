@@ -56,9 +56,11 @@ def select(tree: Any, keep: set[str], layer_names: set[str]) -> Any:
 class ChunkLayout:
     """One chunk's placed state: its sync rule's layout of the chunk's layers on its stage's
     devices, plus a per-replica gradient accumulator (params-shaped, with a leading axis over
-    the replica axes each leaf is not already split over: fsdp's shards arrive summed)."""
+    the replica axes each leaf is not already split over: fsdp's shards arrive summed). With
+    `measure` (the gradient noise scale) the accumulator is a pair: that, and per replica one
+    float32 sum of squared norms (chunks.py)."""
 
-    def __init__(self, model, tx, rule, mesh, layers: slice):
+    def __init__(self, model, tx, rule, mesh, layers: slice, measure: bool = False):
         self.model, self.tx, self.rule, self.mesh, self.layers = model, tx, rule, mesh, layers
         self.names = {layer.name for layer in model.layers[layers]}
         shared = jax.eval_shape(lambda r: init_state(model, tx, r, layers), jax.random.key(0))
@@ -71,6 +73,10 @@ class ChunkLayout:
                                               p.dtype),
             shared.params, rule.variable_specs["params"],
         )  # fmt: skip
+        if measure:
+            self.acc_specs = (self.acc_specs, stacked(P(), rule.replicas))
+            sq = jax.ShapeDtypeStruct((rule.replicas.count,), jnp.float32)
+            self.acc_shapes = (self.acc_shapes, sq)
         self.shardings = (
             mesh_lib.shardings(mesh, self.state_specs),
             mesh_lib.shardings(mesh, self.acc_specs),

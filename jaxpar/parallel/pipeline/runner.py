@@ -14,6 +14,7 @@ residuals); the runner counts those bytes per device and keeps the peak of the l
 from __future__ import annotations
 
 import jax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.parallel.state import add_sums
@@ -91,13 +92,39 @@ class Runner:
                 step.sent_f[(c + 1, m)] = self.send(y, d, stage_of[c + 1], c, rows)
             elif kind == "B" and c > 0:
                 step.sent_b[(c - 1, m)] = self.send(g, d, stage_of[c - 1], c - 1, rows)
+        parts = [None] * self.num_chunks  # per chunk, its noise-scale scalars (measuring)
         for c in range(self.num_chunks):
-            st[c], acc[c] = self.on(stage_of[c], lambda c=c: pipe.programs_of[c].programs["update"](
-                st[c].replace(batch_stats=stats[c]), acc[c])) or (None, None)  # fmt: skip
+            out = self.on(stage_of[c], lambda c=c: pipe.programs_of[c].programs["update"](
+                st[c].replace(batch_stats=stats[c]), acc[c]))  # fmt: skip
+            st[c], acc[c], *noise = out or (None,) * (2 + pipe.measure)
+            parts[c] = noise[0] if noise else None
         self.peak_stash_bytes = step.peak
         metrics = self.on(stage_of[c_last], lambda: _mean_metrics(
             {"loss": step.losses, "accuracy": step.accuracies}))  # fmt: skip
-        return st, acc, self.to_all(metrics, ("accuracy", "loss"))
+        metrics = self.to_all(metrics, ("accuracy", "loss"))
+        if pipe.measure:
+            metrics = {**metrics, **self._noise(parts)}
+        return st, acc, metrics
+
+    def _noise(self, parts: list) -> dict:
+        """The step's two squared norms (noise_scale.py): the chunks' parts (each a pair of
+        scalars on its stage) added, on the last chunk's stage, or with several processes
+        on every device, as the loss is (`to_all`): one scalar gather per stage."""
+        pipe, last = self.pipe, self.pipe.stage_of[-1]
+        on_stage = []
+        for s in range(self.k):
+            mine = [p for c, p in enumerate(parts) if pipe.stage_of[c] == s]
+            if not mine:
+                continue
+            total = self.on(s, lambda mine=mine: _sum_pairs(mine))
+            if pipe.multi:
+                template = (jax.ShapeDtypeStruct((), jax.numpy.float32),) * 2
+                total = pipe.mover.gather_tree(total, template, s, (P(), P()))
+            else:
+                total = jax.device_put(total, NamedSharding(pipe.meshes[last], P()))
+            on_stage.append(total)
+        small, big = on_stage[0] if len(on_stage) == 1 else _sum_pairs(on_stage)
+        return {"grad_sq_small": small, "grad_sq_big": big}
 
     def _forward(self, c, m, state, stats, batch, step):
         """One F event of chunk c on this process's stage; returns the output to send on."""
@@ -194,6 +221,12 @@ class _Step:
 def _mean_metrics(metrics: dict[str, list]) -> dict[str, jax.Array]:
     """The step's loss and accuracy: means over the micro-batches, in one computation."""
     return {key: sum(values) / len(values) for key, values in metrics.items()}
+
+
+@jax.jit
+def _sum_pairs(pairs: list) -> tuple:
+    """Pairs of scalars added, in one computation."""
+    return tuple(sum(values) for values in zip(*pairs))
 
 
 def _device_bytes(tree) -> int:

@@ -1,0 +1,109 @@
+"""The gradient noise scale's two squared norms, as every strategy's train step reports them
+(`grad_sq_small`, `grad_sq_big`; jaxpar/noise_scale.py), against plain jax.grad on one device.
+
+Every strategy groups the global batch into equal runs of consecutive rows: data parallelism's
+replica r, accumulation slice k is group r * slices + k; a pipeline's (micro-batch m, replica
+r) is group r * M + m (put_batch: micro-batch m holds the m-th 1/M of every replica's share).
+So the reference is the same on every mesh: each run's gradient (its mean loss), and the whole
+batch's. BatchNorm is off (tiny_config), so the groups' gradients are independent.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxpar import trainer
+from jaxpar.parallel.state import forward_loss, init_state
+from tests.util import tiny_config
+
+RTOL = 1e-5
+
+
+def first_step(config, num_devices: int) -> tuple[dict, object]:
+    """The first train step's metrics (floats) and the strategy."""
+    setup = trainer.setup(config, jax.devices()[:num_devices])
+    state = setup.strategy.init_state(jax.random.key(config.seed))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    _, metrics = setup.strategy.train_step(state, batch)
+    return {k: float(v) for k, v in metrics.items()}, setup.strategy
+
+
+@functools.cache
+def reference(groups: int, **overrides) -> tuple[float, float]:
+    """(mean over the `groups` consecutive runs of the batch of their gradients' squared
+    norms, the whole batch's gradient's squared norm), from jax.grad on one device."""
+    config = tiny_config(**overrides)
+    setup = trainer.setup(config, jax.devices()[:1])
+    model = setup.model
+    state = jax.jit(functools.partial(init_state, model, setup.strategy.tx))(
+        jax.random.key(config.seed)
+    )
+    batch = trainer.local_train_batch(setup, 0)
+
+    @jax.jit
+    def sq(batch):
+        grads = jax.grad(lambda p: forward_loss(model, p, state.batch_stats, batch)[0])(
+            state.params
+        )
+        return sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
+
+    parts = [jax.tree.map(lambda v, i=i: np.split(v, groups)[i], batch) for i in range(groups)]
+    small = np.mean([float(sq(part)) for part in parts])
+    return small, float(sq(batch))
+
+
+DATA_CASES = {
+    "data8": (8, {"mesh_shape": (8, 1, 1)}, 8),
+    "data2-tensor4-accum2": (8, {"mesh_shape": (2, 1, 4), "grad_accum_steps": 2}, 4),
+    "one-device-accum4": (1, {"mesh_shape": (1, 1, 1), "grad_accum_steps": 4}, 4),
+    "pipeline-data2-stage2-M2": (4, {"mesh_shape": (2, 2, 1), "pipeline.schedule": "1f1b",
+                                     "pipeline.num_microbatches": 2}, 4),
+    # zero-bubble V: two chunks a stage, residuals kept, the backward split in B and W
+    "pipeline-zbv-stage2-tensor2-M2": (4, {"mesh_shape": (1, 2, 2), "pipeline.schedule": "zb-v",
+                                           "pipeline.num_microbatches": 2,
+                                           "pipeline.remat": False}, 2),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(DATA_CASES))
+def test_step_reports_the_groups_and_the_whole_gradient(case):
+    devices, overrides, groups = DATA_CASES[case]
+    metrics, strategy = first_step(tiny_config(**overrides), devices)
+    assert strategy.noise_groups() == groups
+    small, big = reference(groups)
+    np.testing.assert_allclose(metrics["grad_sq_small"], small, rtol=RTOL)
+    np.testing.assert_allclose(metrics["grad_sq_big"], big, rtol=RTOL)
+    assert small > big  # a smaller batch's gradient is noisier
+
+
+def test_one_gradient_size_reports_none():
+    """One device without accumulation, or a pipeline of one replica and one micro-batch,
+    have one batch size: no noise scale, and a reason."""
+    for devices, overrides in [
+        (1, {"mesh_shape": (1, 1, 1)}),
+        (2, {"mesh_shape": (1, 2, 1), "pipeline.num_microbatches": 1}),
+    ]:
+        metrics, strategy = first_step(tiny_config(**overrides), devices)
+        assert isinstance(strategy.noise_groups(), str)
+        assert "grad_sq_small" not in metrics
+
+
+def test_same_groups_same_figures_on_any_mesh():
+    """Four groups of 4 rows of the same batch: as 4 replicas, as one device's 4 accumulation
+    slices, as 2 replicas x 2 slices beside a tensor axis, as a pipeline's 2 replicas x 2
+    micro-batches: the same two figures."""
+    runs = [
+        (4, {"mesh_shape": (4, 1, 1)}),
+        (1, {"mesh_shape": (1, 1, 1), "grad_accum_steps": 4}),
+        (4, {"mesh_shape": (2, 1, 2), "grad_accum_steps": 2}),
+        (4, {"mesh_shape": (2, 2, 1), "pipeline.num_microbatches": 2}),
+    ]
+    figures = []
+    for devices, overrides in runs:
+        metrics, _ = first_step(tiny_config(**overrides), devices)
+        figures.append((metrics["grad_sq_small"], metrics["grad_sq_big"]))
+    for other in figures[1:]:
+        np.testing.assert_allclose(other, figures[0], rtol=RTOL)
