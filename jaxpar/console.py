@@ -114,7 +114,24 @@ def _summary_rows() -> list[tuple[str, str | None, Any]]:
         ("eval accuracy", "eval_accuracy", None),
         ("train-split accuracy (inference)", "train_eval_accuracy", None),
         ("train - test accuracy gap", "generalization_gap", None),
+        ("gradient noise scale, run average", "noise_scale", _noise),
+        ("  smoothed, at the end", "noise_scale_last", _noise),
+        ("  up to the target", "noise_scale_to_target", _noise),
+        ("  small / whole batch", "noise_scale_b_small", None),
+        ("target", "target", None),
+        ("steps to target", "steps_to_target", None),
+        ("examples to target", "examples_to_target", None),
+        ("time to target (training)", "time_to_target_s", secs),
+        ("evaluations, their time", "eval_time_s", secs),
     ]
+
+
+def _noise(value: float) -> str:
+    """B_simple as it prints: not yet positive early in training (|G|^2 still below its
+    noise), which is said rather than shown as a negative figure."""
+    if value is None or not math.isfinite(value) or value <= 0:
+        return "not settled (|G|^2 estimate <= 0)"
+    return f"{value:,.1f}"
 
 
 def _summary_value(summary: dict[str, Any], key: str | None, show) -> str | None:
@@ -134,6 +151,10 @@ def _summary_value(summary: dict[str, Any], key: str | None, show) -> str | None
         value = _fmt(value) if isinstance(value, float) else str(value)
     if key == "analytic_bubble" and summary.get("analytic_bubble_formula"):
         value = f"{value}  {summary['analytic_bubble_formula']}"
+    if key == "noise_scale_b_small":
+        value = f"{summary[key]:g} / {summary['noise_scale_b_big']:g} images"
+    if key == "eval_time_s" and summary.get("evaluations"):
+        value = f"{summary['evaluations']} evaluations, {value}"
     if key == "bytes_between_stages_per_step":
         value = f"{value}  ({STAGE_TO_STAGE_MEANING})"
     return value

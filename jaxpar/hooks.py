@@ -145,7 +145,7 @@ class LogWindow:
                     input=units.seconds(self.last["input_s_per_step"]),
                     wait=units.seconds(self.last["input_wait_s_per_step"]),
                 )
-            if "noise_scale" in self.last and np.isfinite(self.last["noise_scale"]):
+            if self.last.get("noise_scale") is not None:
                 shown["B_noise"] = f"{self.last['noise_scale']:.0f}"
             lr = units.rate(self.last["learning_rate"])
             self.progress.update(info.step, loss=self.last["loss"], lr=lr, **shown)
@@ -161,7 +161,7 @@ class LogWindow:
         for j, m in enumerate(fetched):
             record = self.noise.add(first + j, float(m["grad_sq_small"]), float(m["grad_sq_big"]))
             self.writer.write(first + j, "noise", **record)
-        return {"noise_scale": self.noise.smoothed}
+        return {"noise_scale": record["noise_scale"]}
 
     def _input(self) -> dict[str, float]:
         """Mean host seconds per batch and mean wait for it, over the batches the window's

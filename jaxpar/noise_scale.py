@@ -68,7 +68,7 @@ class NoiseScale:
             "grad_trace_est": trace,
             "grad_sq_smoothed": self.smoothed_g2,
             "grad_trace_smoothed": self.smoothed_trace,
-            "noise_scale": self.smoothed,
+            "noise_scale": _finite(self.smoothed),
         }
 
     def replay(self, records: Iterable[dict]) -> None:
@@ -101,12 +101,17 @@ class NoiseScale:
         """The summary's figures: the run's average B_simple (and up to `until`, the step a
         target was reached, when given), the last smoothed value, and the two batch sizes."""
         out = {
-            "noise_scale": self.average(),
-            "noise_scale_last": self.smoothed,
+            "noise_scale": _finite(self.average()),
+            "noise_scale_last": _finite(self.smoothed),
             "noise_scale_b_small": self.b_small,
             "noise_scale_b_big": self.b_big,
             "noise_scale_steps": len(self.history),
         }
         if until is not None:
-            out["noise_scale_to_target"] = self.average(until)
+            out["noise_scale_to_target"] = _finite(self.average(until))
         return out
+
+
+def _finite(value: float) -> float | None:
+    """None for a figure not defined yet (|G|^2 not positive): metrics.jsonl stays JSON."""
+    return value if math.isfinite(value) else None

@@ -105,6 +105,8 @@ def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path)
     assert [x["step"] for x in noise] == [1, 2]  # one line a step, none after the stop
     assert summary["noise_scale_b_small"] == 8 and summary["noise_scale_b_big"] == 16
     assert summary["noise_scale_steps"] == 2
+    with pytest.raises(ConfigError, match="measured over 2 steps; at least 20"):
+        steps_lib.load(str(tmp_path))  # too short a run to plan from
 
 
 def test_a_target_never_reached_ends_the_run_normally(tmp_path):

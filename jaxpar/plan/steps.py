@@ -33,6 +33,9 @@ from jaxpar import metrics as metrics_lib
 from jaxpar.errors import ConfigError
 
 LR_RULES = ("noise", "linear", "none")
+# Steps of noise-scale figures a reference needs: the estimates are smoothed over about 20
+# steps (noise_scale_decay 0.95), and an average over fewer is mostly one step's noise.
+MIN_NOISE_STEPS = 20
 
 # Steps to the target of an approximate sync mode over allreduce's at the same global batch,
 # measured by `python -m jaxpar.bench --suite time_to_target` (docs/results.md, "Time to a
@@ -131,6 +134,11 @@ def from_workdir(workdir: str, target_accuracy: float | None = None) -> Referenc
         raise ConfigError(f"--from-run {workdir}: the run never reached its target ({aim}); "
                           "nothing to extrapolate from: train to a target it reaches "
                           "(--config.target_accuracy)")  # fmt: skip
+    measured = summary.get("noise_scale_steps", 0)
+    if measured and measured < MIN_NOISE_STEPS:
+        raise ConfigError(f"--from-run {workdir}: the noise scale was measured over {measured} "
+                          f"steps; at least {MIN_NOISE_STEPS} are needed for its average to say "
+                          "anything (train longer, or to a later target)")  # fmt: skip
     if target_accuracy and abs(summary.get("target_accuracy", -1) - target_accuracy) > 1e-9:
         raise ConfigError(f"--from-run {workdir} reached {summary.get('target')!r}, not accuracy "
                           f"{target_accuracy:g}; rerun it with --config.target_accuracy="
@@ -140,7 +148,7 @@ def from_workdir(workdir: str, target_accuracy: float | None = None) -> Referenc
     return _checked(Reference(
         batch_size=int(summary["global_batch_size"]),
         steps_to_target=int(steps),
-        noise_scale=float(summary.get("noise_scale_to_target", summary["noise_scale"])),
+        noise_scale=_average(summary),
         lr_rule=summary.get("lr_rule", "none"),
         target=summary.get("target", ""),
         source=workdir,
@@ -148,6 +156,14 @@ def from_workdir(workdir: str, target_accuracy: float | None = None) -> Referenc
         learning_rate=summary.get("peak_learning_rate"),
         target_accuracy=summary.get("target_accuracy"),
     ), workdir)  # fmt: skip
+
+
+def _average(summary: dict) -> float:
+    """The run's B_noise up to its target (its whole average where that is missing)."""
+    for key in ("noise_scale_to_target", "noise_scale"):
+        if summary.get(key) is not None:
+            return float(summary[key])
+    return math.nan
 
 
 def from_json(path: str, target_accuracy: float | None = None) -> Reference:
