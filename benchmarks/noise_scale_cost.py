@@ -12,17 +12,23 @@ squared norm), one over the combined gradient, and two scalar all-reduces.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxpar import configfile
 
 MESHES = {
     "data 8": {"mesh_shape": (8, 1, 1)},
     "data 2 x tensor 4": {"mesh_shape": (2, 1, 4)},
-    "1 device, 4 slices": {"mesh_shape": (1, 1, 1), "num_devices": 1, "grad_accum_steps": 4,
-                           "model.batch_norm": False},  # fmt: skip
+    "1 device, 4 slices": {
+        "mesh_shape": (1, 1, 1),
+        "num_devices": 1,
+        "grad_accum_steps": 4,
+        "model.batch_norm": False,
+    },
 }
 
 
