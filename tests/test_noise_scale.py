@@ -65,6 +65,10 @@ DATA_CASES = {
     "pipeline-zbv-stage2-tensor2-M2": (4, {"mesh_shape": (1, 2, 2), "pipeline.schedule": "zb-v",
                                            "pipeline.num_microbatches": 2,
                                            "pipeline.remat": False}, 2),
+    # fsdp: a replica's gradient of its sharded leaves is squared before the reduce-scatter
+    "data2-fsdp4": (8, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (2, 4)}, 8),
+    "fsdp4-accum2": (4, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (1, 4),
+                         "grad_accum_steps": 2}, 8),
 }  # fmt: skip
 
 
@@ -94,12 +98,13 @@ def test_one_gradient_size_reports_none():
 def test_same_groups_same_figures_on_any_mesh():
     """Four groups of 4 rows of the same batch: as 4 replicas, as one device's 4 accumulation
     slices, as 2 replicas x 2 slices beside a tensor axis, as a pipeline's 2 replicas x 2
-    micro-batches: the same two figures."""
+    micro-batches, as 4 fsdp replicas: the same two figures."""
     runs = [
         (4, {"mesh_shape": (4, 1, 1)}),
         (1, {"mesh_shape": (1, 1, 1), "grad_accum_steps": 4}),
         (4, {"mesh_shape": (2, 1, 2), "grad_accum_steps": 2}),
         (4, {"mesh_shape": (2, 2, 1), "pipeline.num_microbatches": 2}),
+        (4, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (1, 4)}),
     ]
     figures = []
     for devices, overrides in runs:

@@ -172,12 +172,11 @@ class DataParallel(Strategy):
     def noise_groups(self) -> int | str:
         """The replicas times the accumulation slices: each slice of each replica is a small
         batch (slices of replica 0 first, in row order), under a rule that combines the
-        replicas' gradients every step."""
+        replicas' gradients every step. Under fsdp each layer's backward squares the
+        replica's own gradient of its sharded parameters before they are summed over the
+        replicas (state.loss_and_grads' `probe`)."""
         if not self.config.get("measure_noise_scale", True):
             return "measure_noise_scale=False"
-        if self.gather is not None:
-            return ("the mesh shards parameters (fsdp), whose gradients arrive summed over "
-                    "replicas, so the noise scale is not measured here")  # fmt: skip
         if not self.rule.combines:
             return (f"sync.mode={self.rule.name} forms no combined gradient of the step's "
                     "replicas; measure the noise scale under sync.mode=allreduce (the same "
@@ -195,12 +194,18 @@ class DataParallel(Strategy):
             self.model, rule.local_params(state), rule.local_stats(state.batch_stats), batch,
             bn_axis_name=rule.bn_axis_name, constrain=self.constrain, chunks=self.accum,
             gather=self.gather, slice_sq=norms.local_sq if measure else None,
+            probe=self.probe() if measure and self.gather is not None else None,
         )  # fmt: skip
         state, big = rule.update_measured(state, self.grads_in_layout(grads), stats)
         metrics = rule.metrics(loss, accuracy)
         if measure:  # the two squared norms of the noise scale (noise_scale.py)
             metrics.update(grad_sq_small=self.replicas.pmean(small), grad_sq_big=big)
         return state, metrics
+
+    def probe(self):
+        """fsdp's zero scalar whose gradient is a replica's squared norm of its sharded
+        parameters' gradient (variables.Gathered.probed), per replica."""
+        return self.replicas.varying(jnp.zeros((), jnp.float32))
 
     def _sm(self, fn, in_specs, out_specs):
         return self.replicas.shard_map(fn, self.mesh, in_specs, out_specs, self.auto_axes)

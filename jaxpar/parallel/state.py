@@ -86,12 +86,19 @@ def loss_and_grads(
     chunks: int = 1,
     gather=None,
     slice_sq=None,
+    probe=None,
 ):
     """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
     across replicas here; and, given `slice_sq` (a function of a gradient: its squared norm,
     parallel/norms.py), the mean over the slices of each slice's gradient's squared norm (the
-    replica's gradient's when `chunks` is 1), for the noise scale, else None. `params` must be per-replica values inside shard_map (see
-    sync/base.py) for the gradient to stay local.
+    replica's gradient's when `chunks` is 1), for the noise scale, else None. `params` must
+    be per-replica values inside shard_map (see sync/base.py) for the gradient to stay local.
+
+    With parameters sharded (`gather`, fsdp) their gradients arrive summed over the replicas,
+    so a replica's own is squared inside each layer's backward instead: give `probe` (a zero
+    scalar varying over the replica axes, variables.Gathered.probed) and the sharded leaves'
+    part of that squared norm is the loss's derivative with respect to it; `slice_sq` takes
+    the leaves left whole.
 
     `chunks` > 1 accumulates the gradient over that many equal slices of the batch, one after
     another (a lax.scan): the same mean loss, gradient and accuracy, with a working set
@@ -101,21 +108,34 @@ def loss_and_grads(
     than the same ones in straight-line code (LeNet, 512 rows in 32 slices on one device:
     514 img/s rolled, 3,117 unrolled, 676 in one piece).
     """
-    grad_fn = jax.value_and_grad(
-        functools.partial(
-            forward_loss, model, bn_axis_name=bn_axis_name, constrain=constrain, gather=gather
-        ),
-        has_aux=True,
-    )
+    loss_fn = functools.partial(forward_loss, model, bn_axis_name=bn_axis_name,
+                                constrain=constrain)  # fmt: skip
+    if probe is None or gather is None or slice_sq is None:
+        value_and_grad = jax.value_and_grad(functools.partial(loss_fn, gather=gather),
+                                            has_aux=True)  # fmt: skip
+
+        def grad_fn(params, batch_stats, batch):
+            out, grads = value_and_grad(params, batch_stats, batch)
+            return out, grads, None if slice_sq is None else slice_sq(grads)
+
+    else:
+        probed = jax.value_and_grad(
+            lambda p, probe, s, b: loss_fn(p, s, b, gather=gather.probed(probe)),
+            argnums=(0, 1), has_aux=True,
+        )  # fmt: skip
+
+        def grad_fn(params, batch_stats, batch):
+            out, (grads, sharded_sq) = probed(params, probe, batch_stats, batch)
+            return out, grads, sharded_sq + slice_sq(gather.whole(grads))
+
     if chunks == 1:
-        (loss, (stats, acc)), grads = grad_fn(params, batch_stats, batch)
-        return loss, stats, acc, grads, None if slice_sq is None else slice_sq(grads)
+        (loss, (stats, acc)), grads, sq = grad_fn(params, batch_stats, batch)
+        return loss, stats, acc, grads, sq
     sliced = jax.tree.map(lambda x: x.reshape(chunks, x.shape[0] // chunks, *x.shape[1:]), batch)
 
     def one(total, part):
-        (loss, (_, acc)), grads = grad_fn(params, batch_stats, part)
-        sq = jnp.zeros(()) if slice_sq is None else slice_sq(grads)
-        return jax.tree.map(jnp.add, total, grads), (loss, acc, sq)
+        (loss, (_, acc)), grads, sq = grad_fn(params, batch_stats, part)
+        return jax.tree.map(jnp.add, total, grads), (loss, acc, jnp.zeros(()) if sq is None else sq)
 
     zero = jax.tree.map(jnp.zeros_like, params)  # keeps the params' per-device type
     grads, (loss, acc, sq) = jax.lax.scan(one, zero, sliced, unroll=True)

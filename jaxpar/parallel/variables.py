@@ -127,16 +127,34 @@ class Gathered:
     shards through a zero that depends on the output gradient, so that no compiler can merge
     it with the forward's (XLA:CPU removes optimisation barriers before common-subexpression
     elimination, which merged the two gathers of a plain `jax.checkpoint` and kept every
-    layer's gathered parameters alive from forward to backward)."""
+    layer's gathered parameters alive from forward to backward).
 
-    def __init__(self, where: dict):
-        self.where = where
+    `probed(probe)` (the gradient noise scale, noise_scale.py): the same, with each wrapped
+    layer also taking `probe`, a zero scalar varying over the replica axes, whose cotangent
+    its backward sets to the squared norm of the layer's sharded leaves' gradient as this
+    device computed it, before the reduce-scatter sums it over the replicas: so d loss /
+    d probe is the replica's own gradient's squared norm over every sharded leaf, which no
+    other way sees; `whole` gives the leaves it leaves out, whose gradients stay local."""
+
+    def __init__(self, where: dict, probe=None):
+        self.where, self.probe = where, probe
+
+    def probed(self, probe) -> Gathered:
+        return Gathered(self.where, probe)
+
+    def whole(self, grads) -> list:
+        """The leaves of a params-shaped tree that no parameter-sharding axis splits."""
+        out = []
+        jax.tree.map(lambda pairs, g: None if pairs else out.append(g), self.where, grads,
+                     is_leaf=_is_split)  # fmt: skip
+        return out
 
     def wrap(self, name: str, run):
         where = self.where.get(name, {})
         if not any(jax.tree.leaves(where, is_leaf=_is_split)):
             return run
-        return _gathered_layer(run, where)
+        layer, probe = _gathered_layer(run, where), self.probe
+        return lambda shards, stats, x, keys: layer(shards, stats, x, keys, probe)
 
 
 def _gather(shards, where):
@@ -165,20 +183,20 @@ def _gathered_layer(run, where):
     static: dict = {}  # the pullback's structure, from the forward's trace to the backward's
 
     @jax.custom_vjp
-    def layer(shards, stats, x, keys):
+    def layer(shards, stats, x, keys, probe):
         return run(_gather(shards, where), stats, x, keys)
 
-    def fwd(shards, stats, x, keys):
+    def fwd(shards, stats, x, keys, probe):
         full = _gather(shards, where)
         out, pullback = jax.vjp(lambda p, x: run(p, stats, x, keys), full, x)
         leaves, static["tree"] = jax.tree.flatten(pullback)
         position = {id(leaf): i for i, leaf in enumerate(jax.tree.leaves(full))}
         static["kinds"] = [position.get(id(leaf)) for leaf in leaves]
         kept = [leaf for leaf, kind in zip(leaves, static["kinds"]) if kind is None]
-        return out, (shards, stats, kept)
+        return out, (shards, stats, kept, probe)
 
     def bwd(residuals, cotangent):
-        shards, stats, kept = residuals
+        shards, stats, kept, probe = residuals
         zero = jnp.ravel(jax.tree.leaves(cotangent)[0])[0] * 0  # ties the gather to the backward
         again = jax.tree.leaves(_gather(jax.tree.map(lambda s: s + zero.astype(s.dtype), shards),
                                         where))  # fmt: skip
@@ -186,7 +204,14 @@ def _gathered_layer(run, where):
         leaves = [next(stored) if k is None else again[k] for k in static["kinds"]]
         grads, dx = jax.tree.unflatten(static["tree"], leaves)(cotangent)
         no_stats = jax.tree.map(jnp.zeros_like, stats)
-        return _scatter(grads, where), no_stats, dx, None
+        sq = None
+        if probe is not None:  # this device's gradient of the sharded leaves, squared
+            split = []
+            jax.tree.map(lambda pairs, g: split.append(g) if pairs else None, where, grads,
+                         is_leaf=_is_split)  # fmt: skip
+            sq = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in split)
+            sq = sq.astype(probe.dtype)
+        return _scatter(grads, where), no_stats, dx, None, sq
 
     layer.defvjp(fwd, bwd)
     return layer
