@@ -53,6 +53,11 @@ KEYS = (
     "predicted_efficiency",
     # predicted against measured: predicted / measured - 1 (images/sec; memory per device)
     "predicted_error", "predicted_memory_error",
+    # time to a target (suite time_to_target: jaxpar.bench.time_to_target), measured and
+    # predicted by the steps model from the suite's reference row
+    "steps_to_target", "time_to_target_s", "accuracy_at_target", "noise_scale_to_target",
+    "sync_mode", "sync_setting", "predicted_steps_to_target", "predicted_steps_error",
+    "predicted_steps_late", "predicted_time_to_target_s", "predicted_time_error",
 )  # fmt: skip
 
 _SPEC_KEYS = ("name", "group", "scaling", "baseline", "repeats", "label", "reference", "seed",

@@ -26,6 +26,7 @@ from jaxpar.bench import outdir
 from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import suite as suite_lib
+from jaxpar.bench import time_to_target as ttt_lib
 from jaxpar.bench.outdir import Refused
 from jaxpar.files import write_json, write_text
 
@@ -204,6 +205,7 @@ class Sweep:
             ]
         )
         machine = _machine(records)
+        ttt_model = self._time_to_target(rows, records, table)
         predicted = False
         if final and self.predict:  # after the last row: the predictor's own process
             args = (table, self.suite, self.predict, self.overrides, self.out)
@@ -221,6 +223,15 @@ class Sweep:
                                                        is not None) for r in rows)  # fmt: skip
         if is_study:
             write_text(os.path.join(self.out, "accuracy.md"), study)
+        if ttt_model is not False:  # a time-to-target suite: its study beside the results
+            write_text(os.path.join(self.out, "time_to_target.md"),
+                       ttt_lib.markdown(table, ttt_model))  # fmt: skip
+            write_text(os.path.join(self.out, "time_to_target.csv"), ttt_lib.to_csv(table))
+            write_json(os.path.join(self.out, "time_to_target.json"),
+                       {"model": ttt_model, "summary": ttt_lib.summary(table),
+                        "rows": [{k: r.get(k) for k in ("name", "global_batch_size",
+                                  "num_devices", "mesh_shape", "mesh_axes", "strategy",
+                                  "step_time_median_s", *ttt_lib.KEYS)} for r in table]})  # fmt: skip
         if predicted:
             write_text(
                 os.path.join(self.out, "predicted.md"),
@@ -230,6 +241,8 @@ class Sweep:
             print("\n" + results_lib.markdown(table, machine))
             if predicted:
                 print(_read_text(os.path.join(self.out, "predicted.md")))
+            if ttt_model is not False:
+                print("time to target:\n" + _read_text(os.path.join(self.out, "time_to_target.md")))
             if is_study:
                 print("accuracy study (rows of one setting under several seeds folded):\n" + study)
             if self.plots:
@@ -240,6 +253,18 @@ class Sweep:
             print(f"results: {self.out}/results.json, results.csv, results.md"
                   + (", predicted.md" if predicted else ""))  # fmt: skip
         return table
+
+    def _time_to_target(self, rows, records, table):
+        """A time-to-target suite's figures added to `table` (jaxpar.bench.time_to_target);
+        the reference's model (None: no reference yet), or False for any other suite."""
+        spec = suite_lib.load_suite(self.suite)
+        if not ttt_lib.is_study(spec):
+            return False
+        first = {name: reps[min(reps)] for name, reps in records.items() if reps}
+        return ttt_lib.annotate(
+            table, rows, first, spec.get("reference_row", ""),
+            noise_of=lambda name: ttt_lib.noise_records(self._paths(name, 0)[2]),
+        )  # fmt: skip
 
 
 def _read_text(path: str) -> str:

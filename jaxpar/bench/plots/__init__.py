@@ -16,7 +16,10 @@ common.py holds what they share.
 - predicted_vs_measured.png: predicted against measured images/sec (log-log), one point per
   row coloured by partitioning family, the y = x line and a +-15% band, the worst rows named,
   the median |error| and Spearman's rank correlation in the title (rows predicted with
-  `python -m jaxpar.bench --predict PROFILE`).
+  `python -m jaxpar.bench --predict PROFILE`);
+- time_to_target.png: steps to target against global batch on the steps model's curve from
+  the reference row, and time to target per setup, measured beside predicted (rows of a
+  time-to-target suite, annotated by jaxpar.bench.time_to_target).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from jaxpar.bench.plots.bubble import bubble
 from jaxpar.bench.plots.memory_vs_bytes import memory_vs_bytes
 from jaxpar.bench.plots.predicted_vs_measured import predicted_vs_measured
 from jaxpar.bench.plots.scaling import scaling, unplaced
+from jaxpar.bench.plots.time_to_target import time_to_target
 
 __all__ = [
     "accuracy_vs_batch",
@@ -37,6 +41,7 @@ __all__ = [
     "plot_all",
     "predicted_vs_measured",
     "scaling",
+    "time_to_target",
     "unplaced",
 ]
 logger = logging.getLogger(__name__)
@@ -55,6 +60,7 @@ def plot_all(rows: list[dict], out: str) -> list[str]:
         ("bubble.png", lambda p: bubble(rows, p)),
         ("accuracy_vs_batch.png", lambda p: accuracy_vs_batch(rows, p)),
         ("predicted_vs_measured.png", lambda p: predicted_vs_measured(rows, p)),
+        ("time_to_target.png", lambda p: time_to_target(rows, p)),
     ):
         path = os.path.join(out, name)
         if draw(path):

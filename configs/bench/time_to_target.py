@@ -1,0 +1,90 @@
+"""Suite `time_to_target`: how long does one network take to reach a target accuracy, at each
+global batch, partitioning and sync mode, and does the steps model (jaxpar.plan.steps)
+predict it from one reference run?
+
+Run:  python -m jaxpar.bench --suite time_to_target --out runs/time_to_target
+Expect 7 rows in about 4 minutes on 2 CPU cores; time_to_target.md (measured against predicted
+steps and time to target, one line per row, Spearman's rank correlation of the times below),
+its .json and .csv, and time_to_target.png (steps against batch on the predicted curve; time to
+target per setup). docs/time_to_target.md has the figures and what they mean.
+
+Set-up: lenet at width 0.375 without BatchNorm on the embedded digits (20,000 train images;
+2,000 test images evaluated every 5 steps), SGD with momentum 0.9 at a constant learning rate,
+target test accuracy 0.9, each run stopped at the first evaluation that reaches it. The
+learning rate follows the noise scale's rule at every batch (--config.lr_noise_scale, McCandlish
+et al. 2018): 0.05 at the reference batch 64, eps(B) = eps_max / (1 + B_noise / B) with
+B_noise = 39.4, the figure measured at batch 64 (docs/time_to_target.md).
+
+The first row is the reference: the steps model takes S(64) and B_noise from it alone, and
+predicts every other row's steps (x the sync mode's SYNC_STEP_FACTORS multiplier) and its time
+(predicted steps x the row's own median step time). Large batches run each device's share in
+slices of 16 rows (grad_accum_steps: the same step, faster on these CPUs).
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs.bench import row, suite
+
+REFERENCE_BATCH = 64
+NOISE_SCALE = 39.4  # B_noise measured at batch 64 (digits, lenet 0.375, to accuracy 0.9)
+TARGET = 0.9
+CHUNK = 16  # rows per device per slice of gradient accumulation
+
+
+def data_row(batch: int, name: str = "", **extra) -> dict:
+    """Data parallelism over 8 devices at `batch`, each device's share in CHUNK-row slices."""
+    keys = {"mesh_shape": (8, 1, 1), "num_devices": 8, "global_batch_size": batch,
+            "grad_accum_steps": max(1, batch // 8 // CHUNK), **extra}  # fmt: skip
+    return row(name or f"data 8, batch {batch}", keys, group="data", scaling="none")
+
+
+def rows() -> tuple[dict, ...]:
+    b0 = REFERENCE_BATCH
+    return (
+        data_row(b0, f"data 8, batch {b0} (reference)"),
+        data_row(16),
+        data_row(256),
+        data_row(1024),
+        row(
+            "data 2 x tensor 4, batch 32",
+            {"mesh_shape": (2, 1, 4), "num_devices": 8, "global_batch_size": 32},
+            group="hybrid",
+            scaling="none",
+        ),
+        data_row(
+            b0, f"local SGD period 4, batch {b0}", **{"sync.mode": "local_sgd", "sync.period": 4}
+        ),
+        data_row(
+            b0, f"async staleness 2, batch {b0}", **{"sync.mode": "async", "sync.max_staleness": 2}
+        ),
+    )
+
+
+def get_config() -> ml_collections.ConfigDict:
+    out = suite(
+        "configs/base.py",
+        {
+            "model.name": "lenet",
+            "model.width": 0.375,
+            "model.batch_norm": False,
+            "data.name": "digits",
+            "data.num_eval": 2000,
+            "target_accuracy": TARGET,
+            "stop_at_target": True,
+            "eval_every_steps": 5,
+            "eval_batch_size": 1000,
+            "num_train_steps": 2000,  # a cap: every row stops at the target long before
+            "learning_rate": 0.05,
+            "lr_base_batch_size": REFERENCE_BATCH,
+            "lr_noise_scale": NOISE_SCALE,
+            "lr_schedule": "constant",
+            "warmup_steps": 0,
+            "log_every_steps": 100,
+            "checkpoint_every_steps": 0,
+        },
+        rows(),
+    )
+    out.reference_row = rows()[0]["name"]
+    return out

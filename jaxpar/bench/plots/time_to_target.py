@@ -1,0 +1,69 @@
+"""time_to_target.png: steps to the target against global batch (the steps model's curve from
+the reference row, the measured rows on it) and time to the target per setup (measured beside
+predicted)."""
+
+from __future__ import annotations
+
+from jaxpar.bench.plots import common
+from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
+
+
+def time_to_target(rows: list[dict], path: str) -> bool:
+    """Left: steps to target against batch (log-log), S_min (1 + B_noise / B) from the
+    reference row (and with the late B_noise, dashed), measured points by family and sync mode.
+    Right: time to target per row, measured and predicted bars. For rows annotated by
+    jaxpar.bench.time_to_target (a time-to-target suite)."""
+    rows = [r for r in common.ok(rows) if r.get("model_min_steps") is not None]
+    if not rows:
+        return False
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8))
+    batches = sorted({r["global_batch_size"] for r in rows})
+    lo, hi = batches[0] / 1.5, batches[-1] * 1.5
+    grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
+    first = rows[0]
+    s_min, noise = first["model_min_steps"], first["model_noise_scale"]
+    ax.plot(grid, [s_min * (1 + noise / b) for b in grid], color="black", lw=1,
+            label=f"S_min (1 + B_noise/B): B_noise {noise:.0f}, S_min {s_min:.0f}")  # fmt: skip
+    late = first.get("model_noise_scale_late")
+    if late:
+        ref = next((r for r in rows if r["name"] == first["reference_row"]), None)
+        if ref and ref.get("steps_to_target"):
+            s_late = ref["steps_to_target"] / (1 + late / ref["global_batch_size"])
+            ax.plot(grid, [s_late * (1 + late / b) for b in grid], color="grey", ls="--", lw=1,
+                    label=f"late B_noise {late:.0f}, S_min {s_late:.0f}")  # fmt: skip
+    markers = common.markers(rows)
+    kinds: dict[str, list[dict]] = {}
+    for r in rows:
+        mode = r.get("sync_mode") or "allreduce"
+        key = common.family(r) + ("" if mode == "allreduce" else f", {mode}")
+        kinds.setdefault(key, []).append(r)
+    for key, sel in kinds.items():
+        sel = [r for r in sel if r.get("steps_to_target")]
+        if sel:
+            ax.scatter([r["global_batch_size"] for r in sel], [r["steps_to_target"] for r in sel],
+                       marker=markers.get(key.split(",")[0], "o"), s=50, zorder=3,
+                       label=f"measured: {key}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.set_xlabel("global batch size")
+    ax.set_ylabel("steps to target")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("steps to target against batch\n(model from the reference row)")
+    timed = [r for r in rows if r.get("time_to_target_s")]
+    names = [r["name"] for r in timed]
+    y = range(len(timed))
+    bx.barh([i + 0.2 for i in y], [r["time_to_target_s"] for r in timed], height=0.4,
+            label="measured [clock]")  # fmt: skip
+    bx.barh([i - 0.2 for i in y], [r.get("predicted_time_to_target_s") or 0 for r in timed],
+            height=0.4, label="predicted (steps model x measured s/step)")  # fmt: skip
+    bx.set_yticks(list(y), names, fontsize=7)
+    bx.invert_yaxis()
+    bx.set_xscale("log")
+    bx.set_xlabel("training seconds to target (evaluations and compile excluded)")
+    from jaxpar.bench import time_to_target as ttt  # the rank correlation (pure functions)
+
+    rho = ttt.summary(rows)["spearman_time"]
+    rho_text = "n/a" if rho is None else f"{rho:.2f}"
+    return common.finish(fig, bx, path, f"time to target per setup (Spearman rho {rho_text})", 7)
