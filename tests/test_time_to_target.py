@@ -4,6 +4,7 @@ runs, and the one-line refusals of a plan from a run that cannot be planned from
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -168,3 +169,39 @@ def test_plan_refuses_a_reference_it_cannot_use_before_compiling(tmp_path, capsy
     assert main([*base, "--target-accuracy", "0.9", "--from-run", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no finished run there" in err and len(err.splitlines()) == 1
+
+
+@functools.cache
+def _data_8_norms():
+    return _first_norms(tiny_config(mesh_shape=(8, 1, 1)))
+
+
+def _first_norms(config):
+    import jax
+
+    setup = trainer.setup(config, jax.devices()[:8])
+    state = setup.strategy.init_state(jax.random.key(0))
+    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    _, metrics = setup.strategy.train_step(state, batch)
+    metrics = jax.device_get(metrics)
+    return setup.strategy.noise_groups(), metrics["grad_sq_small"], metrics["grad_sq_big"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"mesh_axes": ("node", "data", "tensor"), "mesh_shape": (2, 2, 2), "grad_accum_steps": 2},
+        {"mesh_axes": ("data", "spatial"), "mesh_shape": (4, 2), "grad_accum_steps": 2},
+        {"mesh_shape": (8, 1, 1), "sync.mode": "sharded"},
+        {"mesh_shape": (8, 1, 1), "sync.mode": "parameter_server"},
+    ],
+    ids=["node-data-tensor", "data-spatial", "sharded", "parameter_server"],
+)
+def test_the_same_groups_give_the_same_norms_on_any_mesh_and_exact_sync_mode(overrides):
+    """Eight groups of two rows each, in row order: whether they are replicas over node x data,
+    or slices of replicas beside tensor or spatial splits, or replicas under another exact
+    sync mode, the two squared norms are those of data parallelism over 8."""
+    ref = _data_8_norms()
+    got = _first_norms(tiny_config(**overrides))
+    assert got[0] == ref[0] == 8
+    np.testing.assert_allclose(got[1:], ref[1:], rtol=2e-6)
