@@ -2,11 +2,13 @@
 
     python benchmarks/noise_scale_cost.py [--repeat 3] [--steps 60] [--config.KEY=VALUE ...]
 
-Trains the config (default: the main job's VGG19 at quarter width, 8 simulated devices) with
-`measure_noise_scale` on and off, alternating on and off `--repeat` times so that the
-machine's load falls on both alike, and prints each mesh's median step time with and without,
-and their ratio. The measurement adds, per step, one pass over each replica's gradient (its
-squared norm), one over the combined gradient, and two scalar all-reduces.
+For each mesh, the config (default: the main job's VGG19 at quarter width, 8 simulated
+devices) with `measure_noise_scale` on and off: first the compiled step programs' FLOPs and
+bytes accessed per device (XLA's cost analysis: exact, whatever the machine's load), then the
+median step time of short training runs, alternating on and off `--repeat` times so that the
+machine's load falls on both alike. The measurement adds, per step, one pass over each
+replica's (or slice's) gradient for its squared norm, one over the combined gradient, and two
+scalar all-reduces.
 """
 
 from __future__ import annotations
@@ -44,24 +46,58 @@ def main(argv: list[str]) -> None:
     from jaxpar import log, trainer
 
     log.setup()
-    print("| mesh | step, measured | step, not measured | ratio |")
-    print("|---|---|---|---|")
+
+    def config_of(mesh: dict, on: bool):
+        config = configfile.load(args.config)
+        return configfile.override(
+            config,
+            {
+                **overrides,
+                **mesh,
+                "measure_noise_scale": on,
+                "num_train_steps": args.steps,
+                "log_every_steps": args.steps,
+                "eval_every_steps": 0,
+                "checkpoint_every_steps": 0,
+                "pipeline.num_microbatches": 1,
+            },
+        )
+
+    header = "| mesh | FLOPs, on / off | bytes accessed, on / off | step on | step off | ratio |"
+    table = [header, "|---|---|---|---|---|---|"]
     for name, mesh in MESHES.items():
+        cost = {on: program_cost(trainer, config_of(mesh, on)) for on in (True, False)}
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.repeat):
             for on in (True, False):
-                config = configfile.load(args.config)
-                configfile.override(config, {
-                    **overrides, **mesh, "measure_noise_scale": on,
-                    "num_train_steps": args.steps, "log_every_steps": args.steps,
-                    "eval_every_steps": 0, "checkpoint_every_steps": 0,
-                    "pipeline.num_microbatches": 1,
-                })  # fmt: skip
                 with tempfile.TemporaryDirectory() as workdir:
-                    summary = trainer.train_and_evaluate(config, workdir)
+                    summary = trainer.train_and_evaluate(config_of(mesh, on), workdir)
                 times[on].append(summary["step_time_median_s"])
         on, off = statistics.median(times[True]), statistics.median(times[False])
-        print(f"| {name} | {1e3 * on:.2f} ms | {1e3 * off:.2f} ms | {on / off:.3f} |", flush=True)
+        flops = cost[True][0] / cost[False][0]
+        moved = cost[True][1] / cost[False][1]
+        table.append(
+            f"| {name} | {flops:.4f} | {moved:.4f} | {1e3 * on:.2f} ms | "
+            f"{1e3 * off:.2f} ms | {on / off:.3f} |"
+        )
+    print("\n".join(table))
+
+
+def program_cost(trainer, config) -> tuple[float, float]:
+    """(FLOPs, bytes accessed) per device of the step's compiled programs, summed over a
+    step's calls."""
+    import jax
+
+    setup = trainer.setup(config)
+    programs = setup.strategy.programs(setup.strategy.batch_shapes(config.global_batch_size))
+    flops = moved = 0.0
+    for p in programs:
+        with jax.set_mesh(p.mesh):
+            cost = p.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        flops += p.times * float(cost.get("flops", 0.0))
+        moved += p.times * float(cost.get("bytes accessed", 0.0))
+    return flops, moved
 
 
 if __name__ == "__main__":

@@ -65,8 +65,9 @@ def test_the_naive_estimate_would_be_biased_where_the_unbiased_one_is_not():
 
 
 def test_steps_model_passes_through_the_reference_and_trades_steps_for_examples():
-    ref = steps_lib.Reference(batch_size=64, steps_to_target=500, noise_scale=256.0,
-                              lr_rule="noise", learning_rate=0.1)  # fmt: skip
+    ref = steps_lib.Reference(
+        batch_size=64, steps_to_target=500, noise_scale=256.0, lr_rule="noise", learning_rate=0.1
+    )
     assert ref.steps(64) == pytest.approx(500)
     for b in (16, 256, 1024):
         # E(B) = E_min (1 + B / B_noise), S(B) = S_min (1 + B_noise / B) (McCandlish eq. 2.11)
@@ -83,8 +84,9 @@ def test_learning_rate_rules_across_batches():
     assert optim.batch_scaled_rate("noise", lr, base, 10**9, bn) == pytest.approx(eps_max)
     assert optim.batch_scaled_rate("noise", lr, base, 192, bn) == pytest.approx(eps_max / 2)
     assert optim.batch_scaled_rate("linear", lr, base, 256) == pytest.approx(0.4)
-    config = tiny_config(lr_noise_scale=bn, lr_base_batch_size=base, global_batch_size=192,
-                         learning_rate=lr)  # fmt: skip
+    config = tiny_config(
+        lr_noise_scale=bn, lr_base_batch_size=base, global_batch_size=192, learning_rate=lr
+    )
     assert optim.batch_rule(config) == "noise"
     assert optim.peak_learning_rate(config) == pytest.approx(eps_max / 2)
 
@@ -95,8 +97,14 @@ def _run(tmp_path, **overrides):
 
 
 def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path):
-    summary = _run(tmp_path, num_train_steps=6, eval_every_steps=2, target_eval_loss=100.0,
-                   stop_at_target=True, checkpoint_every_steps=0)  # fmt: skip
+    summary = _run(
+        tmp_path,
+        num_train_steps=6,
+        eval_every_steps=2,
+        target_eval_loss=100.0,
+        stop_at_target=True,
+        checkpoint_every_steps=0,
+    )
     assert summary["target_reached"] is True
     assert summary["steps_to_target"] == 2 == summary["steps"]  # the first evaluation
     assert summary["examples_to_target"] == 2 * 16
@@ -111,8 +119,14 @@ def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path)
 
 
 def test_a_target_never_reached_ends_the_run_normally(tmp_path):
-    summary = _run(tmp_path, num_train_steps=3, eval_every_steps=1, target_accuracy=1.0,
-                   stop_at_target=True, checkpoint_every_steps=0)  # fmt: skip
+    summary = _run(
+        tmp_path,
+        num_train_steps=3,
+        eval_every_steps=1,
+        target_accuracy=1.0,
+        stop_at_target=True,
+        checkpoint_every_steps=0,
+    )
     assert summary["target_reached"] is False and summary["steps"] == 3
     assert "steps_to_target" not in summary
     with pytest.raises(ConfigError, match="never reached its target"):
@@ -126,22 +140,45 @@ def test_from_run_refusals_are_one_line(tmp_path):
     bad.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100}))
     with pytest.raises(ConfigError, match="missing lr_rule, noise_scale or noise_trace"):
         steps_lib.load(str(bad))
-    bad.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100, "lr_rule": "noise",
-                               "noise_trace": [[10, -5.0], [20, -1.0]]}))  # fmt: skip
+    bad.write_text(
+        json.dumps(
+            {
+                "batch_size": 64,
+                "steps_to_target": 100,
+                "lr_rule": "noise",
+                "noise_trace": [[10, -5.0], [20, -1.0]],
+            }
+        )
+    )
     with pytest.raises(ConfigError, match="not a positive number"):
         steps_lib.load(str(bad))
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100, "lr_rule": "noise",
-                                "noise_trace": [[10, 50.0], [100, 150.0], [200, 900.0]]}))  # fmt: skip
+    good.write_text(
+        json.dumps(
+            {
+                "batch_size": 64,
+                "steps_to_target": 100,
+                "lr_rule": "noise",
+                "noise_trace": [[10, 50.0], [100, 150.0], [200, 900.0]],
+            }
+        )
+    )
     ref = steps_lib.load(str(good))
     assert ref.noise_scale == pytest.approx(100.0)  # averaged up to the target's step only
 
 
 def _row(batch, step_s, steps, sync="allreduce", fits=True):
-    return {"name": f"B={batch} {sync}", "candidate": sync, "global_batch_size": batch,
-            "sync_mode": sync, "step_s": step_s, "images_per_sec": batch / step_s,
-            "fits": fits, "steps_to_target": steps,
-            "time_to_target_s": None if steps is None else steps * step_s}  # fmt: skip
+    return {
+        "name": f"B={batch} {sync}",
+        "candidate": sync,
+        "global_batch_size": batch,
+        "sync_mode": sync,
+        "step_s": step_s,
+        "images_per_sec": batch / step_s,
+        "fits": fits,
+        "steps_to_target": steps,
+        "time_to_target_s": None if steps is None else steps * step_s,
+    }
 
 
 def test_ranking_by_time_to_target_and_what_decides():

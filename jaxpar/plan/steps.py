@@ -88,14 +88,17 @@ class Reference:
 
         if self.learning_rate is None:
             return None
-        return batch_scaled_rate(self.lr_rule, self.learning_rate, self.batch_size, batch,
-                                 self.noise_scale)  # fmt: skip
+        return batch_scaled_rate(
+            self.lr_rule, self.learning_rate, self.batch_size, batch, self.noise_scale
+        )
 
     def caveat(self) -> str | None:
         """Why the prediction may not hold for this reference, in one line, or None."""
         if self.lr_rule == "none":
-            return ("the reference kept one learning rate for every batch (lr_rule none); the "
-                    "steps model assumes the rate follows the batch (--config.lr_noise_scale)")  # fmt: skip
+            return (
+                "the reference kept one learning rate for every batch (lr_rule none); the "
+                "steps model assumes the rate follows the batch (--config.lr_noise_scale)"
+            )
         return None
 
 
@@ -122,40 +125,56 @@ def load(path: str, target_accuracy: float | None = None) -> Reference:
 def from_workdir(workdir: str, target_accuracy: float | None = None) -> Reference:
     summary = metrics_lib.last_summary(workdir)
     if summary is None:
-        raise ConfigError(f"--from-run {workdir}: no finished run there (metrics.jsonl has no "
-                          "summary); train it to its end first")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {workdir}: no finished run there (metrics.jsonl has no "
+            "summary); train it to its end first"
+        )
     if "noise_scale" not in summary:
-        raise ConfigError(f"--from-run {workdir}: the run measured no gradient noise scale; "
-                          "rerun it with data replicas or --config.grad_accum_steps=2 under "
-                          "sync.mode=allreduce")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {workdir}: the run measured no gradient noise scale; "
+            "rerun it with data replicas or --config.grad_accum_steps=2 under "
+            "sync.mode=allreduce"
+        )
     steps = summary.get("steps_to_target")
     if steps is None:
         aim = summary.get("target") or "no target was set"
-        raise ConfigError(f"--from-run {workdir}: the run never reached its target ({aim}); "
-                          "nothing to extrapolate from: train to a target it reaches "
-                          "(--config.target_accuracy)")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {workdir}: the run never reached its target ({aim}); "
+            "nothing to extrapolate from: train to a target it reaches "
+            "(--config.target_accuracy)"
+        )
     measured = summary.get("noise_scale_steps", 0)
     if measured and measured < MIN_NOISE_STEPS:
-        raise ConfigError(f"--from-run {workdir}: the noise scale was measured over {measured} "
-                          f"steps; at least {MIN_NOISE_STEPS} are needed for its average to say "
-                          "anything (train longer, or to a later target)")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {workdir}: the noise scale was measured over {measured} "
+            f"steps; at least {MIN_NOISE_STEPS} are needed for its average to say "
+            "anything (train longer, or to a later target)"
+        )
     if target_accuracy and abs(summary.get("target_accuracy", -1) - target_accuracy) > 1e-9:
-        raise ConfigError(f"--from-run {workdir} reached {summary.get('target')!r}, not accuracy "
-                          f"{target_accuracy:g}; rerun it with --config.target_accuracy="
-                          f"{target_accuracy:g}")  # fmt: skip
-    trace = tuple((r["step"], r["noise_scale"]) for r in metrics_lib.records(workdir, "noise")
-                  if r.get("noise_scale") is not None and math.isfinite(r["noise_scale"]))  # fmt: skip
-    return _checked(Reference(
-        batch_size=int(summary["global_batch_size"]),
-        steps_to_target=int(steps),
-        noise_scale=_average(summary),
-        lr_rule=summary.get("lr_rule", "none"),
-        target=summary.get("target", ""),
-        source=workdir,
-        noise_trace=trace,
-        learning_rate=summary.get("peak_learning_rate"),
-        target_accuracy=summary.get("target_accuracy"),
-    ), workdir)  # fmt: skip
+        raise ConfigError(
+            f"--from-run {workdir} reached {summary.get('target')!r}, not accuracy "
+            f"{target_accuracy:g}; rerun it with --config.target_accuracy="
+            f"{target_accuracy:g}"
+        )
+    trace = tuple(
+        (r["step"], r["noise_scale"])
+        for r in metrics_lib.records(workdir, "noise")
+        if r.get("noise_scale") is not None and math.isfinite(r["noise_scale"])
+    )
+    return _checked(
+        Reference(
+            batch_size=int(summary["global_batch_size"]),
+            steps_to_target=int(steps),
+            noise_scale=_average(summary),
+            lr_rule=summary.get("lr_rule", "none"),
+            target=summary.get("target", ""),
+            source=workdir,
+            noise_trace=trace,
+            learning_rate=summary.get("peak_learning_rate"),
+            target_accuracy=summary.get("target_accuracy"),
+        ),
+        workdir,
+    )
 
 
 def _average(summary: dict) -> float:
@@ -179,8 +198,10 @@ def from_json(path: str, target_accuracy: float | None = None) -> Reference:
     if "noise_scale" not in data and "noise_trace" not in data:
         missing.append("noise_scale or noise_trace")
     if missing:
-        raise ConfigError(f"--from-run {path}: missing {', '.join(missing)} "
-                          "(docs/time_to_target.md lists the fields)")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {path}: missing {', '.join(missing)} "
+            "(docs/time_to_target.md lists the fields)"
+        )
     trace = tuple((int(s), float(b)) for s, b in data.get("noise_trace", ()))
     steps = int(data["steps_to_target"])
     noise = data.get("noise_scale")
@@ -191,24 +212,36 @@ def from_json(path: str, target_accuracy: float | None = None) -> Reference:
         target_accuracy
         and abs(float(data.get("target_accuracy", target_accuracy)) - target_accuracy) > 1e-9
     ):
-        raise ConfigError(f"--from-run {path} reached accuracy {data['target_accuracy']}, "
-                              f"not {target_accuracy:g}")  # fmt: skip
-    return _checked(Reference(
-        batch_size=int(data["batch_size"]), steps_to_target=steps, noise_scale=float(noise),
-        lr_rule=str(data["lr_rule"]), target=str(data.get("target", "")), source=path,
-        noise_trace=trace, learning_rate=data.get("learning_rate"),
-        target_accuracy=data.get("target_accuracy"),
-    ), path)  # fmt: skip
+        raise ConfigError(
+            f"--from-run {path} reached accuracy {data['target_accuracy']}, not {target_accuracy:g}"
+        )
+    return _checked(
+        Reference(
+            batch_size=int(data["batch_size"]),
+            steps_to_target=steps,
+            noise_scale=float(noise),
+            lr_rule=str(data["lr_rule"]),
+            target=str(data.get("target", "")),
+            source=path,
+            noise_trace=trace,
+            learning_rate=data.get("learning_rate"),
+            target_accuracy=data.get("target_accuracy"),
+        ),
+        path,
+    )
 
 
 def _checked(ref: Reference, where: str) -> Reference:
     if ref.lr_rule not in LR_RULES:
-        raise ConfigError(f"--from-run {where}: lr_rule {ref.lr_rule!r}; choose from "
-                          f"{', '.join(LR_RULES)}")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {where}: lr_rule {ref.lr_rule!r}; choose from {', '.join(LR_RULES)}"
+        )
     if not (math.isfinite(ref.noise_scale) and ref.noise_scale > 0):
-        raise ConfigError(f"--from-run {where}: its noise scale ({ref.noise_scale}) is not a "
-                          "positive number: the run was too short for the estimate to settle; "
-                          "train longer (a few hundred steps) before planning from it")  # fmt: skip
+        raise ConfigError(
+            f"--from-run {where}: its noise scale ({ref.noise_scale}) is not a "
+            "positive number: the run was too short for the estimate to settle; "
+            "train longer (a few hundred steps) before planning from it"
+        )
     if ref.batch_size < 1 or ref.steps_to_target < 1:
         raise ConfigError(f"--from-run {where}: batch_size and steps_to_target must be >= 1")
     return ref

@@ -62,8 +62,11 @@ def rows_to_target(
             row.update(steps_to_target=None, time_to_target_s=None)
         else:
             steps = base_steps * factor
-            row.update(steps_to_target=steps, time_to_target_s=steps * r["step_time_s"],
-                       sync_steps_factor=factor)  # fmt: skip
+            row.update(
+                steps_to_target=steps,
+                time_to_target_s=steps * r["step_time_s"],
+                sync_steps_factor=factor,
+            )
         out.append(row)
     return out
 
@@ -78,8 +81,10 @@ def rank(rows: list[dict[str, Any]], config_batch: int) -> tuple[list[dict], dic
     """(the rows that fit and have a prediction, soonest first; images/sec's pick: the
     fastest of them at the config's own batch, what the throughput ranking recommends). Each
     row gets `decided_by` against the winner, the winner against images/sec's pick."""
-    ok = sorted((r for r in rows if r["fits"] and r["time_to_target_s"] is not None),
-                key=lambda r: r["time_to_target_s"])  # fmt: skip
+    ok = sorted(
+        (r for r in rows if r["fits"] and r["time_to_target_s"] is not None),
+        key=lambda r: r["time_to_target_s"],
+    )
     at_config = [r for r in ok if r["global_batch_size"] == config_batch]
     pick = max(at_config, key=lambda r: r["images_per_sec"]) if at_config else None
     for r in ok:
@@ -130,9 +135,11 @@ def verdict(ranked: list[dict], throughput_best: dict | None) -> str:
         return f"soonest to the target: {best['name']} ({_duration(best['time_to_target_s'])})"
     same = throughput_best["name"] == best["name"]
     if same:
-        return (f"time to target picks what images/sec picks: {best['name']} "
-                f"({_duration(best['time_to_target_s'])}); the batch's extra steps do not "
-                "outweigh its step time here")  # fmt: skip
+        return (
+            f"time to target picks what images/sec picks: {best['name']} "
+            f"({_duration(best['time_to_target_s'])}); the batch's extra steps do not "
+            "outweigh its step time here"
+        )
     changed = []
     if best["global_batch_size"] != throughput_best["global_batch_size"]:
         changed.append("batch")
@@ -141,12 +148,14 @@ def verdict(ranked: list[dict], throughput_best: dict | None) -> str:
     if best["candidate"] != throughput_best["candidate"]:
         changed.append("partitioning")
     ratio = throughput_best["time_to_target_s"] / best["time_to_target_s"]
-    return (f"time to target changes the winner ({' and '.join(changed)}): {best['name']} "
-            f"reaches the target in {_duration(best['time_to_target_s'])}, {ratio:.2f}x sooner "
-            f"than images/sec's pick {throughput_best['name']} "
-            f"({throughput_best['images_per_sec']:,.0f} img/s, "
-            f"{_duration(throughput_best['time_to_target_s'])}), decided by "
-            f"{decided_by(throughput_best, best)}")  # fmt: skip
+    return (
+        f"time to target changes the winner ({' and '.join(changed)}): {best['name']} "
+        f"reaches the target in {_duration(best['time_to_target_s'])}, {ratio:.2f}x sooner "
+        f"than images/sec's pick {throughput_best['name']} "
+        f"({throughput_best['images_per_sec']:,.0f} img/s, "
+        f"{_duration(throughput_best['time_to_target_s'])}), decided by "
+        f"{decided_by(throughput_best, best)}"
+    )
 
 
 def _duration(seconds: float) -> str:
