@@ -69,6 +69,16 @@ DATA_CASES = {
     "data2-fsdp4": (8, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (2, 4)}, 8),
     "fsdp4-accum2": (4, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (1, 4),
                          "grad_accum_steps": 2}, 8),
+    # and in a pipeline's stages, recomputing (1F1B) or from residuals split in B and W
+    "pipeline-fsdp2-stage2-tensor2-M2": (8, {"mesh_axes": ("data", "fsdp", "stage", "tensor"),
+                                             "mesh_shape": (1, 2, 2, 2),
+                                             "pipeline.schedule": "1f1b",
+                                             "pipeline.num_microbatches": 2}, 4),
+    "pipeline-zbh1-data2-fsdp2-stage2-M2": (8, {"mesh_axes": ("data", "fsdp", "stage"),
+                                                "mesh_shape": (2, 2, 2),
+                                                "pipeline.schedule": "zb-h1",
+                                                "pipeline.remat": False,
+                                                "pipeline.num_microbatches": 2}, 8),
 }  # fmt: skip
 
 

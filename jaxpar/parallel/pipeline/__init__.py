@@ -106,18 +106,17 @@ class Pipeline(Strategy):
         constrain = (tensor.constrain_fn(rules, variables.joins(shape, model))
                      if self.auto_axes else None)  # fmt: skip
         self.layouts, self.chunks, self.programs_of = [], [], []
-        spans = [slice(a, b) for a, b in zip(self.bounds[:-1], self.bounds[1:])]
-        chunk_specs = [variables.specs(model, rules, shape, layers) for layers in spans]
-        self.gathers = [variables.gather_fn(specs["params"], shape) for specs in chunk_specs]
         self.measure = isinstance(self.noise_groups(), int)  # the noise scale's norms too
-        for c, (layers, specs) in enumerate(zip(spans, chunk_specs)):
+        for c in range(self.num_chunks):
+            layers = slice(self.bounds[c], self.bounds[c + 1])
+            specs = variables.specs(model, rules, shape, layers)
             rule = sync.build(config, self.replicas, tx, specs)
             lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers,
                               self.measure)  # fmt: skip
             chunk = Chunk(c, self.stage_of[c], layers, c == 0, c == self.num_chunks - 1,
                           lay.mesh, model, rule, self.replicas, self.num_microbatches,
                           self.auto_axes, constrain, lay.state_specs, lay.acc_specs,
-                          self.gathers[c], self.measure)  # fmt: skip
+                          variables.gather_fn(specs["params"], shape), self.measure)  # fmt: skip
             self.layouts.append(lay)
             self.chunks.append(chunk)
             self.programs_of.append(ChunkPrograms(chunk))
@@ -136,13 +135,10 @@ class Pipeline(Strategy):
     def noise_groups(self) -> int | str:
         """The micro-batches times the data replicas of a stage: each (micro-batch, replica)
         is a small batch (put_batch says which rows), under a rule that combines the replicas'
-        gradients every step; each chunk measures its layers' part (chunks.py)."""
+        gradients every step; each chunk measures its layers' part (chunks.py), under fsdp
+        squared in each sharded layer's backward before its reduce-scatter."""
         if not self.config.get("measure_noise_scale", True):
             return "measure_noise_scale=False"
-        if any(g is not None for g in self.gathers):
-            return ("the mesh shards parameters (fsdp), whose gradients a pipeline stage "
-                    "accumulates summed over replicas, so the noise scale is not measured "
-                    "here")  # fmt: skip
         rule = sync.MODES[self.config.sync.mode]
         if not rule.combines:
             return (f"sync.mode={rule.name} forms no combined gradient of the step's "

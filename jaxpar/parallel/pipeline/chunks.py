@@ -22,7 +22,10 @@ keep the backward's residuals instead of recomputing the forward:
 The gradient noise scale (`Chunk.measure`, noise_scale.py): the accumulator is then a pair,
 (gradients, per replica the sum of its micro-batches' squared gradient norms), each increment's
 squared norm taken as it is added; update returns the chunk's two parts of the step's squared
-norms as scalars, which the runner adds over the chunks.
+norms as scalars, which the runner adds over the chunks. Under fsdp a sharded leaf's increment
+arrives summed over the replicas, so each layer's backward squares the replica's own first:
+the chunk's forward passes a zero `probe` to its sharded layers, whose cotangent is that
+squared norm (variables.Gathered.probed).
 
 Every program takes the chunk's placed TrainState (the runner puts the current BatchNorm
 statistics in); what a replica computes with is its sync rule's `local_params`/`local_stats`.
@@ -129,11 +132,18 @@ class ChunkPrograms:
         """(params, stats) this replica computes with."""
         return self.ck.rule.local_params(state), self.ck.rule.local_stats(state.batch_stats)
 
-    def apply(self, params, stats, x, layers, train=True):
+    def apply(self, params, stats, x, layers, train=True, probe=None):
         bn = self.ck.rule.bn_axis_name if train else None
+        gather = self.ck.gather if probe is None else self.ck.gather.probed(probe)
         return self.ck.model.apply(params, stats, x, train=train, layers=layers,
                                    bn_axis_name=bn, constrain=self.ck.constrain,
-                                   gather=self.ck.gather)  # fmt: skip
+                                   gather=gather)  # fmt: skip
+
+    def probe(self):
+        """The zero scalar a measuring fsdp chunk differentiates at (per replica), or None."""
+        if self.ck.measure and self.ck.gather is not None:
+            return self.ck.replicas.varying(jnp.zeros((), jnp.float32))
+        return None
 
     def loss(self, y, target):
         return cross_entropy(y, target), accuracy(y, target)
@@ -151,17 +161,22 @@ class ChunkPrograms:
         mesh = jax.sharding.get_abstract_mesh()
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P()))
 
-    def accumulate(self, acc, grads):
+    def accumulate(self, acc, grads, sharded_sq=None):
         """The accumulator plus one micro-batch's gradient (this replica's, scaled by 1/M:
         the step's gradient is the micro-batches' mean), and when measuring plus the squared
-        norm of the micro-batch's own mean gradient, M times that increment."""
+        norm of the micro-batch's own mean gradient, M times that increment (under fsdp:
+        `sharded_sq`, the probe's cotangent, for the sharded leaves)."""
         grads = self.in_layout(grads)
         add = lambda total: jax.tree.map(lambda a, g: a + g[None], total, grads)
         if not self.ck.measure:
             return add(acc)
         total, sq = acc
+        if self.ck.gather is None:
+            inc = norms.local_sq(grads)
+        else:
+            inc = sharded_sq + norms.local_sq(self.ck.gather.whole(grads))
         m = self.ck.num_microbatches
-        return add(total), sq + (m * m) * norms.local_sq(grads)[None]
+        return add(total), sq + (m * m) * inc[None]
 
     def sm(self, fn, in_specs, out_specs):
         return self.ck.replicas.shard_map(fn, self.ck.mesh, in_specs, out_specs,
@@ -180,19 +195,19 @@ class ChunkPrograms:
     def bwd(self, state, x, target, acc):
         params, stats = self.local(state)
 
-        def f(p, x):
-            y, new_stats = self.apply(p, stats, x, self.ck.layers)
+        def f(p, x, probe):
+            y, new_stats = self.apply(p, stats, x, self.ck.layers, probe=probe)
             if not self.ck.last:
                 return y, new_stats
             loss, correct = self.loss(y, target)
             return loss, (new_stats, correct)
 
-        out, vjp, aux = jax.vjp(f, params, x, has_aux=True)
+        out, vjp, aux = jax.vjp(f, params, x, self.probe(), has_aux=True)
         # d(step loss)/d(micro-batch loss) = 1/M; the local loss is per replica.
         r = self.ck.replicas
         cot = r.varying(jnp.asarray(self.inv_m, out.dtype)) if self.ck.last else target
-        g_params, g_x = vjp(cot)
-        acc = self.accumulate(acc, g_params)
+        g_params, g_x, sharded_sq = vjp(cot)
+        acc = self.accumulate(acc, g_params, sharded_sq)
         if self.ck.last:
             new_stats, correct = aux
             metrics = (r.pmean(out), r.pmean(correct))
@@ -228,13 +243,14 @@ class ChunkPrograms:
         local, stats = self.local(state)
         new_stats = dict(stats)
         pullbacks = []
+        probe = self.probe()
         for i, name in zip(self.layer_ids, self.names):
             sub = {name: stats[name]} if name in stats else {}
 
-            def f(p, x, i=i, name=name, sub=sub):
-                return self.apply({name: p}, sub, x, slice(i, i + 1))
+            def f(p, x, probe, i=i, name=name, sub=sub):
+                return self.apply({name: p}, sub, x, slice(i, i + 1), probe=probe)
 
-            x, pullback, layer_stats = jax.vjp(f, local[name], x, has_aux=True)
+            x, pullback, layer_stats = jax.vjp(f, local[name], x, probe, has_aux=True)
             new_stats.update(layer_stats)
             pullbacks.append(pullback)
         r = self.ck.replicas
@@ -279,32 +295,35 @@ class ChunkPrograms:
 
     def _walk(self, state, stored, cot):
         """Backward through the chunk's layers from the residuals: the input gradient, each
-        layer's output gradient, and the parameter gradients (dropped by XLA where unused)."""
+        layer's output gradient, the parameter gradients and (fsdp, measuring) the probe's
+        cotangents' sum (the last two dropped by XLA where unused)."""
         pullbacks = self.pullbacks(state, stored)
         if self.ck.last:  # the loss's pullback, with d(step loss)/d(micro-batch loss) = 1/M
             one = jnp.asarray(self.inv_m, self.loss_dtype)
             (cot,) = pullbacks.pop()(self.ck.replicas.varying(one))
-        grads, outs = {}, []
+        grads, outs, sharded = {}, [], []
         for name, pullback in reversed(list(zip(self.names, pullbacks))):
             outs.insert(0, cot)
-            g_params, cot = pullback(cot)
+            g_params, cot, sq = pullback(cot)
             grads[name] = g_params
-        return cot, outs, grads
+            sharded.append(sq)
+        return cot, outs, grads, _total(sharded)
 
     def bwd_res(self, state, stored, *cot_acc):
         *cot, acc = cot_acc
-        g_x, _, grads = self._walk(state, stored, cot[0] if cot else None)
-        acc = self.accumulate(acc, grads)
+        g_x, _, grads, sharded_sq = self._walk(state, stored, cot[0] if cot else None)
+        acc = self.accumulate(acc, grads, sharded_sq)
         return acc if self.ck.first else (self.boundary(g_x), acc)
 
     def bwd_in(self, state, stored, *cot):
-        g_x, outs, _ = self._walk(state, stored, cot[0] if cot else None)
+        g_x, outs, _, _ = self._walk(state, stored, cot[0] if cot else None)
         return outs if self.ck.first else (self.boundary(g_x), outs)
 
     def bwd_w(self, state, stored, outs, acc):
         pullbacks = self.pullbacks(state, stored)
-        grads = {name: pb(g)[0] for name, pb, g in zip(self.names, pullbacks, outs)}
-        return self.accumulate(acc, grads)
+        parts = [pb(g) for pb, g in zip(pullbacks, outs)]
+        grads = {name: part[0] for name, part in zip(self.names, parts)}
+        return self.accumulate(acc, grads, _total([part[2] for part in parts]))
 
     # -- compiled -----------------------------------------------------------------------
 
@@ -363,3 +382,8 @@ class ChunkPrograms:
         """NamedShardings of (state, accumulator) on the chunk's stage."""
         specs = (self.ck.state_specs, self.ck.acc_specs)
         return tuple(mesh_lib.shardings(self.ck.mesh, s) for s in specs)
+
+
+def _total(parts: list):
+    """The probes' cotangents added (None where the chunk has no probe)."""
+    return None if any(p is None for p in parts) else sum(parts)
