@@ -30,7 +30,7 @@ from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import norms, sync, tensor, variables
 from jaxpar.parallel.replicas import Replicas
-from jaxpar.parallel.state import eval_sums, init_state, loss_and_grads
+from jaxpar.parallel.state import eval_sums, init_state, measured_loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
 from jaxpar.parallel.sync.base import manual
 
@@ -174,7 +174,7 @@ class DataParallel(Strategy):
         batch (slices of replica 0 first, in row order), under a rule that combines the
         replicas' gradients every step. Under fsdp each layer's backward squares the
         replica's own gradient of its sharded parameters before they are summed over the
-        replicas (state.loss_and_grads' `probe`)."""
+        replicas (state.measured_loss_and_grads' `probe`)."""
         if not self.config.get("measure_noise_scale", True):
             return "measure_noise_scale=False"
         if not self.rule.combines:
@@ -190,7 +190,7 @@ class DataParallel(Strategy):
     def _train_body(self, state, batch):
         rule = self.rule
         measure = isinstance(self.noise_groups(), int)
-        loss, stats, accuracy, grads, small = loss_and_grads(
+        loss, stats, accuracy, grads, small = measured_loss_and_grads(
             self.model, rule.local_params(state), rule.local_stats(state.batch_stats), batch,
             bn_axis_name=rule.bn_axis_name, constrain=self.constrain, chunks=self.accum,
             gather=self.gather, slice_sq=norms.local_sq if measure else None,

@@ -75,7 +75,15 @@ def forward_loss(
     return cross_entropy(logits, batch["label"]), (new_stats, accuracy(logits, batch["label"]))
 
 
-def loss_and_grads(
+def loss_and_grads(model, params, batch_stats, batch, **options):
+    """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
+    across replicas here. `params` must be per-replica values inside shard_map (see
+    sync/base.py) for the gradient to stay local. `options` as `measured_loss_and_grads`
+    takes them, without the noise scale's."""
+    return measured_loss_and_grads(model, params, batch_stats, batch, **options)[:4]
+
+
+def measured_loss_and_grads(
     model,
     params,
     batch_stats,
@@ -88,11 +96,9 @@ def loss_and_grads(
     slice_sq=None,
     probe=None,
 ):
-    """This replica's (loss, new batch statistics, accuracy, gradient): nothing is reduced
-    across replicas here; and, given `slice_sq` (a function of a gradient: its squared norm,
+    """`loss_and_grads`, and, given `slice_sq` (a function of a gradient: its squared norm,
     parallel/norms.py), the mean over the slices of each slice's gradient's squared norm (the
-    replica's gradient's when `chunks` is 1), for the noise scale, else None. `params` must
-    be per-replica values inside shard_map (see sync/base.py) for the gradient to stay local.
+    replica's gradient's when `chunks` is 1), for the noise scale, else None.
 
     With parameters sharded (`gather`, fsdp) their gradients arrive summed over the replicas,
     so a replica's own is squared inside each layer's backward instead: give `probe` (a zero
