@@ -146,9 +146,11 @@ class Pipeline(Strategy):
                     "model and batch)")  # fmt: skip
         groups = self.num_microbatches * self.data
         if groups == 1:
-            return ("one replica and one micro-batch give one gradient size; set "
-                    "--config.pipeline.num_microbatches=2 (or more) to measure the noise "
-                    "scale")  # fmt: skip
+            fix = "--config.pipeline.num_microbatches=2 (or more)"
+            if self.schedule == "naive":  # which runs one micro-batch
+                fix = f"--config.pipeline.schedule=1f1b (or gpipe) and {fix}"
+            return (f"one replica and one micro-batch give one gradient size; set {fix} to "
+                    "measure the noise scale")  # fmt: skip
         return groups
 
     # -- state ------------------------------------------------------------------------------
