@@ -25,6 +25,12 @@ from jaxpar import configfile
 MESHES = {
     "data 8": {"mesh_shape": (8, 1, 1)},
     "data 2 x tensor 4": {"mesh_shape": (2, 1, 4)},
+    "data 2 x fsdp 4": {"mesh_axes": ("data", "fsdp"), "mesh_shape": (2, 4)},
+    "hybrid (2,2,2), 1f1b, M=4": {
+        "mesh_shape": (2, 2, 2),
+        "pipeline.schedule": "1f1b",
+        "pipeline.num_microbatches": 4,
+    },
     "1 device, 4 slices": {
         "mesh_shape": (1, 1, 1),
         "num_devices": 1,
@@ -52,6 +58,7 @@ def main(argv: list[str]) -> None:
         return configfile.override(
             config,
             {
+                "pipeline.num_microbatches": 1,
                 **overrides,
                 **mesh,
                 "measure_noise_scale": on,
@@ -59,7 +66,6 @@ def main(argv: list[str]) -> None:
                 "log_every_steps": args.steps,
                 "eval_every_steps": 0,
                 "checkpoint_every_steps": 0,
-                "pipeline.num_microbatches": 1,
             },
         )
 
