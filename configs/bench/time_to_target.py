@@ -3,7 +3,7 @@ global batch, partitioning and sync mode, and does the steps model (jaxpar.plan.
 predict it from one reference run?
 
 Run:  python -m jaxpar.bench --suite time_to_target --out runs/time_to_target
-Expect 7 rows in about 4 minutes on 2 CPU cores; time_to_target.md (measured against predicted
+Expect 10 rows in about 6 minutes on 2 CPU cores; time_to_target.md (measured against predicted
 steps and time to target, one line per row, Spearman's rank correlation of the times below),
 its .json and .csv, and time_to_target.png (steps against batch on the predicted curve; time to
 target per setup). docs/time_to_target.md has the figures and what they mean.
@@ -40,6 +40,14 @@ def data_row(batch: int, name: str = "", **extra) -> dict:
     return row(name or f"data 8, batch {batch}", keys, group="data", scaling="none")
 
 
+def device_row(batch: int, n: int) -> dict:
+    """Seed 002's question: the reference batch on fewer devices (1 device: two accumulation
+    slices, so that the step still has two gradient sizes). The same steps; another clock."""
+    keys = {"mesh_shape": (n, 1, 1), "num_devices": n, "global_batch_size": batch,
+            "grad_accum_steps": 2 if n == 1 else 1}  # fmt: skip
+    return row(f"data {n}, batch {batch}", keys, group="devices", scaling="none")
+
+
 def rows() -> tuple[dict, ...]:
     b0 = REFERENCE_BATCH
     return (
@@ -59,6 +67,7 @@ def rows() -> tuple[dict, ...]:
         data_row(
             b0, f"async staleness 2, batch {b0}", **{"sync.mode": "async", "sync.max_staleness": 2}
         ),
+        *(device_row(b0, n) for n in (1, 2, 4)),
     )
 
 
