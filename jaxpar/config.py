@@ -54,6 +54,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, i
 
 def _check_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
     """mesh_axes and mesh_shape against `num_devices`, each axis' own check; the sizes."""
+    check(
+        config.get("mesh_axes", None) is None or len(tuple(config.mesh_axes)) > 0,
+        "mesh_axes is empty; name the mesh's axes, e.g. --config.mesh_axes='(\"data\",)' "
+        "--config.mesh_shape='(-1,)', or leave it out for the default (data, stage, tensor)",
+    )
     names = mesh_lib.axis_names(config)
     shape = tuple(config.mesh_shape)
     known = ", ".join(axes.names())

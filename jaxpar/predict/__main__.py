@@ -20,7 +20,7 @@ import io
 import sys
 from pathlib import Path
 
-from jaxpar import configfile, oneline
+from jaxpar import configfile, log, oneline
 from jaxpar.files import write_json, write_text
 from jaxpar.predict import load_profile, predict_rows, recommend
 from jaxpar.predict.suites import add_reference, load_rows
@@ -105,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from jaxpar.predict import here
+
+    log.setup()  # jaxpar's own lines (the trainer's, a calibration's) on stdout
 
     args, rest = _parser().parse_known_args(argv)
     if args.calibrate:
