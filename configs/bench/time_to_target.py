@@ -8,7 +8,7 @@ steps and time to target, one line per row, Spearman's rank correlation of the t
 its .json and .csv, and time_to_target.png (steps against batch on the predicted curve; time to
 target per setup). docs/time_to_target.md has the figures and what they mean.
 
-Set-up: lenet at width 0.375 without BatchNorm on the embedded digits (20,000 train images;
+Set-up: lenet at width 0.375 without BatchNorm on the embedded digits (60,000 train images;
 2,000 test images evaluated every 5 steps), SGD with momentum 0.9 at a constant learning rate,
 target test accuracy 0.9, each run stopped at the first evaluation that reaches it. The
 learning rate follows the noise scale's rule at every batch (--config.lr_noise_scale, McCandlish
@@ -65,7 +65,7 @@ def rows() -> tuple[dict, ...]:
             b0, f"local SGD period 4, batch {b0}", **{"sync.mode": "local_sgd", "sync.period": 4}
         ),
         data_row(
-            b0, f"async staleness 2, batch {b0}", **{"sync.mode": "async", "sync.max_staleness": 2}
+            b0, f"async staleness 1, batch {b0}", **{"sync.mode": "async", "sync.max_staleness": 1}
         ),
         *(device_row(b0, n) for n in (1, 2, 4)),
     )

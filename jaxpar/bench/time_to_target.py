@@ -171,6 +171,13 @@ def _pct(v) -> str:
     return "" if v is None else f"{100 * v:+.0f}%"
 
 
+def _with_error(value, error) -> str:
+    """ "132 (+2%)", or the value alone where there is nothing measured to compare with."""
+    if value is None:
+        return ""
+    return f"{value:.0f}" + (f" ({_pct(error)})" if error is not None else "")
+
+
 def _sync_cell(r: dict) -> str:
     mode, setting = r.get("sync_mode") or "allreduce", r.get("sync_setting")
     word = {"local_sgd": "period", "async": "staleness"}.get(mode)
@@ -193,15 +200,13 @@ def markdown(table: list[dict], model: dict | None) -> str:
             continue
         steps = str(r["steps_to_target"]) if r.get("steps_to_target") else "not reached"
         pred = ("no multiplier measured" if r.get("sync_factor") is None
-                else f"{_f(r.get('predicted_steps_to_target'), '.0f')} "
-                     f"({_pct(r.get('predicted_steps_error'))})")  # fmt: skip
-        late = ""
-        if r.get("predicted_steps_late") is not None:
-            late = f"{r['predicted_steps_late']:.0f} ({_pct(r.get('predicted_steps_late_error'))})"
+                else _with_error(r.get("predicted_steps_to_target"),
+                                 r.get("predicted_steps_error")))  # fmt: skip
+        late = _with_error(r.get("predicted_steps_late"), r.get("predicted_steps_late_error"))
         ptime = ""
         if r.get("predicted_time_to_target_s") is not None:
-            ptime = (f"{r['predicted_time_to_target_s']:.1f} "
-                     f"({_pct(r.get('predicted_time_error'))})")  # fmt: skip
+            err = r.get("predicted_time_error")
+            ptime = f"{r['predicted_time_to_target_s']:.1f}" + (f" ({_pct(err)})" if err else "")
         cells = [
             r["name"], str(r["global_batch_size"]), str(r["num_devices"] or ""),
             results_lib.mesh_cell(r), _sync_cell(r), steps, pred, late,

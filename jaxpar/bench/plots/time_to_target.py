@@ -40,6 +40,14 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     for key, sel in kinds.items():
         sel = [r for r in sel if r.get("steps_to_target")]
         if sel:
+            multiplied = [r for r in sel if r.get("sync_factor") not in (None, 1.0)
+                          and r.get("predicted_steps_to_target")]  # fmt: skip
+            if multiplied:  # the curve x the sync mode's multiplier, hollow
+                ax.scatter([r["global_batch_size"] for r in multiplied],
+                           [r["predicted_steps_to_target"] for r in multiplied],
+                           marker=markers.get(key.split(",")[0], "o"), s=50, zorder=3,
+                           facecolors="none", edgecolors="grey",
+                           label=f"predicted: {key} (x SYNC_STEP_FACTORS)")  # fmt: skip
             ax.scatter([r["global_batch_size"] for r in sel], [r["steps_to_target"] for r in sel],
                        marker=markers.get(key.split(",")[0], "o"), s=50, zorder=3,
                        label=f"measured: {key}")  # fmt: skip
