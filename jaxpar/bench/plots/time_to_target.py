@@ -4,6 +4,8 @@ predicted)."""
 
 from __future__ import annotations
 
+from matplotlib.ticker import FuncFormatter
+
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
@@ -16,7 +18,7 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     rows = [r for r in common.ok(rows) if r.get("model_min_steps") is not None]
     if not rows:
         return False
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 6.2))
     batches = sorted({r["global_batch_size"] for r in rows})
     lo, hi = batches[0] / 1.5, batches[-1] * 1.5
     grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
@@ -57,7 +59,8 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     ax.set_xlabel("global batch size")
     ax.set_ylabel("steps to target")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    # under the axes: the points fill every corner
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     ax.set_title("steps to target against batch\n(model from the reference row)")
     timed = [r for r in rows if r.get("time_to_target_s")]
     names = [r["name"] for r in timed]
@@ -69,6 +72,10 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     bx.set_yticks(list(y), names, fontsize=7)
     bx.invert_yaxis()
     bx.set_xscale("log")
+    # plain seconds at 1, 2 and 5 of each decade (not 2x10^0, 3x10^0, ... crowding)
+    plain = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "125" else "")
+    bx.xaxis.set_major_formatter(plain)
+    bx.xaxis.set_minor_formatter(plain)
     bx.set_xlabel("training seconds to target (evaluations and compile excluded)")
     from jaxpar.bench import time_to_target as ttt  # the rank correlation (pure functions)
 
