@@ -242,3 +242,18 @@ def test_the_same_groups_give_the_same_norms_on_any_mesh_and_exact_sync_mode(ove
     got = _first_norms(tiny_config(**overrides))
     assert got[0] == ref[0] == 8
     np.testing.assert_allclose(got[1:], ref[1:], rtol=2e-6)
+
+
+def test_global_batch_norm_couples_replicas_so_nothing_is_measured():
+    """Under BatchNorm over the global batch a replica's gradient is not that of its own
+    images: the step refuses to measure (one line), and measures per replica under local
+    BatchNorm."""
+    import jax
+
+    def groups(**overrides):
+        config = tiny_config(mesh_shape=(2, 1, 1), num_devices=2, **overrides)
+        return trainer.setup(config, jax.devices()[:2]).strategy.noise_groups()
+
+    refused = groups(**{"model.batch_norm": True})
+    assert isinstance(refused, str) and "sync.batch_norm=local" in refused
+    assert groups(**{"model.batch_norm": True, "sync.batch_norm": "local"}) == 2

@@ -175,12 +175,11 @@ class DataParallel(Strategy):
         replicas' gradients every step. Under fsdp each layer's backward squares the
         replica's own gradient of its sharded parameters before they are summed over the
         replicas (state.measured_loss_and_grads' `probe`)."""
-        if not self.config.get("measure_noise_scale", True):
-            return "measure_noise_scale=False"
-        if not self.rule.combines:
-            return (f"sync.mode={self.rule.name} forms no combined gradient of the step's "
-                    "replicas; measure the noise scale under sync.mode=allreduce (the same "
-                    "model and batch)")  # fmt: skip
+        reason = norms.why_not_measured(
+            self.config, self.model, self.rule.combines, self.replicas.count
+        )
+        if reason:
+            return reason
         groups = self.replicas.count * self.accum
         if groups == 1:
             return ("one replica and one slice give one gradient size; set "

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.parallel import schedules, stages, sync, tensor, variables
+from jaxpar.parallel import norms, schedules, stages, sync, tensor, variables
 from jaxpar.parallel.pipeline import checks, shapes, transfer
 from jaxpar.parallel.pipeline.chunks import Chunk, ChunkPrograms
 from jaxpar.parallel.pipeline.layout import ChunkLayout, merge
@@ -137,13 +137,10 @@ class Pipeline(Strategy):
         is a small batch (put_batch says which rows), under a rule that combines the replicas'
         gradients every step; each chunk measures its layers' part (chunks.py), under fsdp
         squared in each sharded layer's backward before its reduce-scatter."""
-        if not self.config.get("measure_noise_scale", True):
-            return "measure_noise_scale=False"
-        rule = sync.MODES[self.config.sync.mode]
-        if not rule.combines:
-            return (f"sync.mode={rule.name} forms no combined gradient of the step's "
-                    "replicas; measure the noise scale under sync.mode=allreduce (the same "
-                    "model and batch)")  # fmt: skip
+        combines = sync.MODES[self.config.sync.mode].combines
+        reason = norms.why_not_measured(self.config, self.model, combines, self.data)
+        if reason:
+            return reason
         groups = self.num_microbatches * self.data
         if groups == 1:
             fix = "--config.pipeline.num_microbatches=2 (or more)"
