@@ -257,3 +257,35 @@ def test_global_batch_norm_couples_replicas_so_nothing_is_measured():
     refused = groups(**{"model.batch_norm": True})
     assert isinstance(refused, str) and "sync.batch_norm=local" in refused
     assert groups(**{"model.batch_norm": True, "sync.batch_norm": "local"}) == 2
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"mesh_axes": ("data", "tensor"), "mesh_shape": (2, 4), "grad_accum_steps": 2},
+        {"mesh_axes": ("data", "fsdp"), "mesh_shape": (2, 4)},
+    ],
+    ids=["data-tensor", "data-fsdp"],
+)
+def test_measuring_moves_scalars_only(overrides):
+    """The compiled step's collectives with the measurement on against off: a few calls more,
+    carrying scalars (the norms' sums; under tensor, XLA sums each leaf's squares over the
+    axis, for each slice and the combined gradient), never a gradient gathered or reduced
+    again."""
+    import jax
+
+    from jaxpar import analysis
+
+    def moved(on: bool):
+        config = tiny_config(measure_noise_scale=on, **overrides)
+        strategy = trainer.setup(config, jax.devices()[:8]).strategy
+        report = analysis.report(strategy, config.global_batch_size, timing=False)
+        calls = sum(row[3] for row in report["collectives"])
+        return report["collective_bytes_per_device"], calls
+
+    (off, calls_off), (on, calls_on) = moved(False), moved(True)
+    leaves = 18  # vgg11's parameter leaves (8 convs and 1 dense, kernel and bias each)
+    gradients = 1 + overrides.get("grad_accum_steps", 1)  # the slices' and the combined
+    assert off > 10_000  # the gradient's own traffic
+    assert 0 < on - off <= 4 * (gradients * leaves + 4), (on, off)  # float32 scalars
+    assert 0 < calls_on - calls_off <= 4, (calls_on, calls_off)
