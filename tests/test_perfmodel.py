@@ -566,14 +566,18 @@ def test_parameter_server_permutes_are_priced_on_the_data_axis():
     profile = _profile(intra=hardware.Link(bandwidth, 0.0))
     config = tiny_config(mesh_shape=(4, 1, 1), **{"sync.mode": "parameter_server"})
     row = predict_config(config, profile)
-    # besides: the loss and accuracy (2 x 4 bytes), all-reduced over the 4 replicas
-    metrics = {"all-reduce data": 8}
+    # besides: the loss and accuracy (2 x 4 bytes) and the noise scale's two squared norms
+    # (the replicas' mean of their own, the server's combined one to every replica), all
+    # reduced over the 4 replicas
+    metrics = {"all-reduce data": 8 + 8}
     assert row["collective_bytes_per_device"] == {"collective-permute data": 6 * 4 * params,
                                                   **metrics}  # fmt: skip
-    assert row["comm_s"] == pytest.approx((6 * 4 * params + 1.5 * 8) / bandwidth)
+    assert row["comm_s"] == pytest.approx((6 * 4 * params + 1.5 * 16) / bandwidth)
     allreduce = predict_config(tiny_config(mesh_shape=(4, 1, 1)), profile)
-    assert allreduce["collective_bytes_per_device"] == {"all-reduce data": 4 * params + 8}
-    assert allreduce["comm_s"] == pytest.approx(1.5 * (4 * params + 8) / bandwidth)
+    # the gradient, the loss, the accuracy and the replicas' mean squared norm (the combined
+    # gradient's is taken on every replica after the all-reduce: no bytes)
+    assert allreduce["collective_bytes_per_device"] == {"all-reduce data": 4 * params + 12}
+    assert allreduce["comm_s"] == pytest.approx(1.5 * (4 * params + 12) / bandwidth)
 
 
 def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):

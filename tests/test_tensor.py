@@ -108,9 +108,10 @@ def test_explain_lists_the_collectives_of_a_known_model():
     config = hybrid_config((8, 1, 1))
     text = explain.explain(config, jax.devices())
     setup = trainer.setup(config, jax.devices())
-    # Data parallel: exactly one all-reduce over "data", of the gradient plus two scalars.
+    # Data parallel: exactly one all-reduce over "data", of the gradient plus three scalars
+    # (the loss, the accuracy and the noise scale's mean of the replicas' squared norms).
     rows = [line.split() for line in text.splitlines() if line.startswith("  step ")]
-    assert rows == [["step", "all-reduce", "data", "1", f"{4 * setup.model.num_params + 8:,}"]]
+    assert rows == [["step", "all-reduce", "data", "1", f"{4 * setup.model.num_params + 12:,}"]]
     assert any("conv3/Conv_0/kernel" in line and line.endswith("P()") for line in text.splitlines())
 
     text = explain.explain(hybrid_config((1, 1, 8)), jax.devices())
