@@ -45,6 +45,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--config", default="configs/vgg19_hybrid.py")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--only", default="", help="the meshes whose name contains this")
     args, rest = parser.parse_known_args(argv)
     overrides, _ = configfile.split_overrides(rest)
     configfile.set_host_device_count(8)
@@ -72,6 +73,8 @@ def main(argv: list[str]) -> None:
     header = "| mesh | FLOPs, on / off | bytes accessed, on / off | step on | step off | ratio |"
     table = [header, "|---|---|---|---|---|---|"]
     for name, mesh in MESHES.items():
+        if args.only not in name:
+            continue
         cost = {on: program_cost(trainer, config_of(mesh, on)) for on in (True, False)}
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.repeat):
