@@ -62,7 +62,15 @@ class Target:
             ok = ok and evaluation["loss"] <= self.eval_loss
         return ok
 
-    def check(self, step: int, evaluation: dict[str, float], train_seconds: float) -> bool:
+    def replay(self, evaluations: list[dict]) -> None:
+        """Continue from a resumed run's evaluations (metrics.jsonl "eval" lines): a target met
+        before the resume keeps its step; its time is unknown (the clock started again)."""
+        for e in evaluations:
+            self.check(e["step"], e, math.nan, quiet=True)
+
+    def check(
+        self, step: int, evaluation: dict[str, float], train_seconds: float, quiet: bool = False
+    ) -> bool:
         """Record an evaluation after `step` steps and `train_seconds` of training; True the
         first time it meets the target."""
         self.best_accuracy = max(self.best_accuracy, evaluation["accuracy"])
@@ -71,6 +79,8 @@ class Target:
             return False
         self.reached_step, self.reached_seconds = step, train_seconds
         self.reached = {"accuracy": evaluation["accuracy"], "loss": evaluation["loss"]}
+        if quiet:
+            return True
         logger.info(
             f"target reached at step {step} ({self.describe()}: accuracy "
             f"{evaluation['accuracy']:.4f}, loss {evaluation['loss']:.4f}) after "
@@ -101,7 +111,8 @@ class Target:
         out.update(
             steps_to_target=self.reached_step,
             examples_to_target=self.reached_step * self.batch_size,
-            time_to_target_s=self.reached_seconds,
+            # None where the target was met before a resume: that run's clock is gone
+            time_to_target_s=None if math.isnan(self.reached_seconds) else self.reached_seconds,
             accuracy_at_target=self.reached["accuracy"],
             eval_loss_at_target=self.reached["loss"],
         )

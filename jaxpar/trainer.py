@@ -249,6 +249,8 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
         writer, progress, setup.schedule, config.global_batch_size, timer, ckpt, feed, noise
     )
     goal = target.Target.from_config(config)
+    if start and goal.wanted:  # a target met before the resume keeps its step
+        goal.replay(metrics_lib.records(run.workdir, "eval", until=start))
     t_start = time.perf_counter()
     clock = lambda: time.perf_counter() - t_start - timer.excluded_s
     evaluation = hooks.Evaluation(lambda st: evaluate(setup, st, watch), writer, timer, goal, clock)

@@ -289,3 +289,17 @@ def test_measuring_moves_scalars_only(overrides):
     assert off > 10_000  # the gradient's own traffic
     assert 0 < on - off <= 4 * (gradients * leaves + 4), (on, off)  # float32 scalars
     assert 0 < calls_on - calls_off <= 4, (calls_on, calls_off)
+
+
+def test_a_target_met_before_a_resume_keeps_its_step(tmp_path):
+    common = {
+        "eval_every_steps": 2,
+        "target_eval_loss": 100.0,
+        "checkpoint_every_steps": 2,
+        "schedule_steps": 6,
+    }
+    first = _run(tmp_path, num_train_steps=4, **common)
+    assert first["steps_to_target"] == 2 and first["time_to_target_s"] > 0
+    resumed = _run(tmp_path, num_train_steps=6, **common)  # continues from step 4
+    assert resumed["steps"] == 6 and resumed["steps_to_target"] == 2
+    assert resumed["time_to_target_s"] is None  # the first run's clock is not kept
