@@ -154,16 +154,22 @@ def _check_target(config: ml_collections.ConfigDict) -> None:
     check(0 <= accuracy <= 1, f"target_accuracy must be in [0, 1] (0: none), got {accuracy}")
     check(config.get("target_eval_loss", 0.0) >= 0, "target_eval_loss must be >= 0 (0: none)")
     if config.get("stop_at_target", False):
-        check(accuracy > 0 or config.get("target_eval_loss", 0.0) > 0,
-              "stop_at_target=True needs a target: set --config.target_accuracy (or "
-              "--config.target_eval_loss)")  # fmt: skip
-        check(config.eval_every_steps > 0,
-              "stop_at_target=True needs evaluations during the run: set "
-              "--config.eval_every_steps to a positive step count")  # fmt: skip
+        check(
+            accuracy > 0 or config.get("target_eval_loss", 0.0) > 0,
+            "stop_at_target=True needs a target: set --config.target_accuracy (or "
+            "--config.target_eval_loss)",
+        )
+        check(
+            config.eval_every_steps > 0,
+            "stop_at_target=True needs evaluations during the run: set "
+            "--config.eval_every_steps to a positive step count",
+        )
     noise = config.get("lr_noise_scale", 0.0)
     check(noise >= 0, f"lr_noise_scale must be >= 0 (0: off), got {noise}")
-    check(not (noise and config.lr_linear_scaling),
-          "lr_linear_scaling and lr_noise_scale are two rules for the same rate; set one")  # fmt: skip
+    check(
+        not (noise and config.lr_linear_scaling),
+        "lr_linear_scaling and lr_noise_scale are two rules for the same rate; set one",
+    )
     decay = config.get("noise_scale_decay", 0.95)
     check(0 <= decay < 1, f"noise_scale_decay must be in [0, 1), got {decay}")
 

@@ -215,8 +215,7 @@ class Evaluation:
             )
         self.seconds += time.perf_counter() - t0
         self.count += 1
-        self.reached_now = trained is not None and self.target.check(info.step, self.last,
-                                                                     trained)  # fmt: skip
+        self.reached_now = trained is not None and self.target.check(info.step, self.last, trained)
 
 
 class Checkpoints:

@@ -29,9 +29,13 @@ def batch_rule(config: ml_collections.ConfigDict) -> str:
 def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
     """The configured peak rate, scaled from lr_base_batch_size to global_batch_size by the
     config's rule (`batch_rule`): learning_rate is the rate for lr_base_batch_size images."""
-    return batch_scaled_rate(batch_rule(config), float(config.learning_rate),
-                             config.get("lr_base_batch_size", 256), config.global_batch_size,
-                             config.get("lr_noise_scale", 0.0))  # fmt: skip
+    return batch_scaled_rate(
+        batch_rule(config),
+        float(config.learning_rate),
+        config.get("lr_base_batch_size", 256),
+        config.global_batch_size,
+        config.get("lr_noise_scale", 0.0),
+    )
 
 
 def schedule_steps(config: ml_collections.ConfigDict) -> int:

@@ -304,8 +304,9 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     )
     if noise is not None:
         extra.update(noise.summary(goal.reached_step))
-    return _Outcome(state, timer.times, feed, window.last, evaluation.last, stopped, info.step,
-                    extra)  # fmt: skip
+    return _Outcome(
+        state, timer.times, feed, window.last, evaluation.last, stopped, info.step, extra
+    )
 
 
 def _ended_at_target(run: _Run, step: int) -> bool:

@@ -224,14 +224,33 @@ class Sweep:
         if is_study:
             write_text(os.path.join(self.out, "accuracy.md"), study)
         if ttt_model is not False:  # a time-to-target suite: its study beside the results
-            write_text(os.path.join(self.out, "time_to_target.md"),
-                       ttt_lib.markdown(table, ttt_model))  # fmt: skip
+            write_text(
+                os.path.join(self.out, "time_to_target.md"), ttt_lib.markdown(table, ttt_model)
+            )
             write_text(os.path.join(self.out, "time_to_target.csv"), ttt_lib.to_csv(table))
-            write_json(os.path.join(self.out, "time_to_target.json"),
-                       {"model": ttt_model, "summary": ttt_lib.summary(table),
-                        "rows": [{k: r.get(k) for k in ("name", "global_batch_size",
-                                  "num_devices", "mesh_shape", "mesh_axes", "strategy",
-                                  "step_time_median_s", *ttt_lib.KEYS)} for r in table]})  # fmt: skip
+            write_json(
+                os.path.join(self.out, "time_to_target.json"),
+                {
+                    "model": ttt_model,
+                    "summary": ttt_lib.summary(table),
+                    "rows": [
+                        {
+                            k: r.get(k)
+                            for k in (
+                                "name",
+                                "global_batch_size",
+                                "num_devices",
+                                "mesh_shape",
+                                "mesh_axes",
+                                "strategy",
+                                "step_time_median_s",
+                                *ttt_lib.KEYS,
+                            )
+                        }
+                        for r in table
+                    ],
+                },
+            )
         if predicted:
             write_text(
                 os.path.join(self.out, "predicted.md"),
@@ -262,9 +281,12 @@ class Sweep:
             return False
         first = {name: reps[min(reps)] for name, reps in records.items() if reps}
         return ttt_lib.annotate(
-            table, rows, first, spec.get("reference_row", ""),
+            table,
+            rows,
+            first,
+            spec.get("reference_row", ""),
             noise_of=lambda name: ttt_lib.noise_records(self._paths(name, 0)[2]),
-        )  # fmt: skip
+        )
 
 
 def _read_text(path: str) -> str:

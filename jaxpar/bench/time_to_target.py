@@ -26,13 +26,32 @@ from jaxpar.bench import results as results_lib
 
 # The keys this study adds to each row of results.json / .csv (None where they do not apply).
 KEYS = (
-    "target", "target_reached", "steps_to_target", "examples_to_target", "time_to_target_s",
-    "accuracy_at_target", "eval_time_s", "evaluations", "noise_scale", "noise_scale_to_target",
-    "lr_rule", "peak_learning_rate", "sync_mode", "sync_setting", "sync_factor",
-    "reference_row", "model_min_steps", "model_noise_scale", "model_noise_scale_late",
-    "predicted_steps_to_target", "predicted_steps_error", "predicted_steps_late",
-    "predicted_steps_late_error", "predicted_time_to_target_s", "predicted_time_error",
-)  # fmt: skip
+    "target",
+    "target_reached",
+    "steps_to_target",
+    "examples_to_target",
+    "time_to_target_s",
+    "accuracy_at_target",
+    "eval_time_s",
+    "evaluations",
+    "noise_scale",
+    "noise_scale_to_target",
+    "lr_rule",
+    "peak_learning_rate",
+    "sync_mode",
+    "sync_setting",
+    "sync_factor",
+    "reference_row",
+    "model_min_steps",
+    "model_noise_scale",
+    "model_noise_scale_late",
+    "predicted_steps_to_target",
+    "predicted_steps_error",
+    "predicted_steps_late",
+    "predicted_steps_late_error",
+    "predicted_time_to_target_s",
+    "predicted_time_error",
+)
 
 
 def is_study(spec) -> bool:
@@ -44,8 +63,10 @@ def is_study(spec) -> bool:
 def sync_of(config: dict) -> tuple[str, int]:
     """(mode, setting) of a row's config: local_sgd's period, async's max staleness, else 0."""
     mode = config.get("sync.mode", "allreduce")
-    setting = {"local_sgd": config.get("sync.period", 4),
-               "async": config.get("sync.max_staleness", 2)}.get(mode, 0)  # fmt: skip
+    setting = {
+        "local_sgd": config.get("sync.period", 4),
+        "async": config.get("sync.max_staleness", 2),
+    }.get(mode, 0)
     return mode, int(setting)
 
 
@@ -78,8 +99,9 @@ def _error(predicted, measured):
     return predicted / measured - 1 if predicted is not None and measured else None
 
 
-def annotate(table: list[dict], spec_rows, records: dict[str, dict], reference: str = "",
-             noise_of=None) -> dict | None:  # fmt: skip
+def annotate(
+    table: list[dict], spec_rows, records: dict[str, dict], reference: str = "", noise_of=None
+) -> dict | None:
     """Add KEYS to each row of `table` (aggregated rows, suite order) from its record (the
     first repeat's summary, by row name) and the reference row (`reference`, else the first row
     that reached the target and measured a noise scale); `noise_of(name)` gives a row's noise
@@ -98,20 +120,31 @@ def annotate(table: list[dict], spec_rows, records: dict[str, dict], reference: 
         row["sync_factor"] = steps_lib.sync_factor(row["sync_mode"], row["sync_setting"])
     ref = next((r for r in table if r["name"] == reference), None) if reference else None
     if ref is None:
-        ref = next((r for r in table if r["status"] == "ok" and r.get("steps_to_target")
-                    and r.get("noise_scale_to_target")), None)  # fmt: skip
+        ref = next(
+            (
+                r
+                for r in table
+                if r["status"] == "ok"
+                and r.get("steps_to_target")
+                and r.get("noise_scale_to_target")
+            ),
+            None,
+        )
     if ref is None or not ref.get("steps_to_target") or not ref.get("noise_scale_to_target"):
         return None
     model = steps_lib.Reference(
-        batch_size=int(ref["global_batch_size"]), steps_to_target=int(ref["steps_to_target"]),
-        noise_scale=float(ref["noise_scale_to_target"]), lr_rule=ref.get("lr_rule") or "none",
-    )  # fmt: skip
+        batch_size=int(ref["global_batch_size"]),
+        steps_to_target=int(ref["steps_to_target"]),
+        noise_scale=float(ref["noise_scale_to_target"]),
+        lr_rule=ref.get("lr_rule") or "none",
+    )
     late, late_noise = None, None
     if noise_of is not None:
         late_noise = late_noise_scale(noise_of(ref["name"]), model.steps_to_target)
     if late_noise and late_noise > 0:
-        late = steps_lib.Reference(model.batch_size, model.steps_to_target, late_noise,
-                                   model.lr_rule)  # fmt: skip
+        late = steps_lib.Reference(
+            model.batch_size, model.steps_to_target, late_noise, model.lr_rule
+        )
     for row in table:
         row["reference_row"] = ref["name"]
         row["model_min_steps"], row["model_noise_scale"] = model.min_steps, model.noise_scale
@@ -146,8 +179,9 @@ def summary(table: list[dict]) -> dict[str, Any]:
     """Spearman's rank correlation of predicted against measured time to target over the rows
     with both, and the median and largest |error| of the predicted steps."""
     both = [r for r in table if r.get("predicted_time_to_target_s") and r.get("time_to_target_s")]
-    rho = results_lib.spearman([r["time_to_target_s"] for r in both],
-                               [r["predicted_time_to_target_s"] for r in both])  # fmt: skip
+    rho = results_lib.spearman(
+        [r["time_to_target_s"] for r in both], [r["predicted_time_to_target_s"] for r in both]
+    )
     out: dict[str, Any] = {"rows_compared": len(both), "spearman_time": rho}
     for key in ("predicted_steps_error", "predicted_steps_late_error", "predicted_time_error"):
         errs = sorted(abs(r[key]) for r in table if r.get(key) is not None)
@@ -195,24 +229,37 @@ def markdown(table: list[dict], model: dict | None) -> str:
     lines = [head, "|" + "---|" * 13]
     for r in table:
         if r["status"] != "ok":
-            lines.append(f"| {r['name']} | {r['global_batch_size'] or ''} | | | | failed: "
-                         f"{r['error']} | | | | | | | |")  # fmt: skip
+            lines.append(
+                f"| {r['name']} | {r['global_batch_size'] or ''} | | | | failed: "
+                f"{r['error']} | | | | | | | |"
+            )
             continue
         steps = str(r["steps_to_target"]) if r.get("steps_to_target") else "not reached"
-        pred = ("no multiplier measured" if r.get("sync_factor") is None
-                else _with_error(r.get("predicted_steps_to_target"),
-                                 r.get("predicted_steps_error")))  # fmt: skip
+        pred = (
+            "no multiplier measured"
+            if r.get("sync_factor") is None
+            else _with_error(r.get("predicted_steps_to_target"), r.get("predicted_steps_error"))
+        )
         late = _with_error(r.get("predicted_steps_late"), r.get("predicted_steps_late_error"))
         ptime = ""
         if r.get("predicted_time_to_target_s") is not None:
             err = r.get("predicted_time_error")
             ptime = f"{r['predicted_time_to_target_s']:.1f}" + (f" ({_pct(err)})" if err else "")
         cells = [
-            r["name"], str(r["global_batch_size"]), str(r["num_devices"] or ""),
-            results_lib.mesh_cell(r), _sync_cell(r), steps, pred, late,
-            _f(r.get("step_time_median_s"), ".4f"), _f(r.get("time_to_target_s"), ".1f"), ptime,
-            _f(r.get("accuracy_at_target"), ".4f"), _f(r.get("eval_time_s"), ".1f"),
-        ]  # fmt: skip
+            r["name"],
+            str(r["global_batch_size"]),
+            str(r["num_devices"] or ""),
+            results_lib.mesh_cell(r),
+            _sync_cell(r),
+            steps,
+            pred,
+            late,
+            _f(r.get("step_time_median_s"), ".4f"),
+            _f(r.get("time_to_target_s"), ".1f"),
+            ptime,
+            _f(r.get("accuracy_at_target"), ".4f"),
+            _f(r.get("eval_time_s"), ".1f"),
+        ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     text = "\n".join(lines) + "\n"
     if model:
@@ -222,8 +269,10 @@ def markdown(table: list[dict], model: dict | None) -> str:
             f"S_min {model['min_steps']:.1f}"
         )
         if model.get("noise_scale_late"):
-            text += (f"; late B_noise {model['noise_scale_late']:.1f} (second half of its steps), "
-                     f"S_min {model['min_steps_late']:.1f}")  # fmt: skip
+            text += (
+                f"; late B_noise {model['noise_scale_late']:.1f} (second half of its steps), "
+                f"S_min {model['min_steps_late']:.1f}"
+            )
         text += ".\n"
     s = summary(table)
     rho = "n/a" if s["spearman_time"] is None else f"{s['spearman_time']:.3f}"
@@ -234,15 +283,23 @@ def markdown(table: list[dict], model: dict | None) -> str:
         f"{_pct(s['max_abs_predicted_steps_error']).lstrip('+')}"
     )
     if s["median_abs_predicted_steps_late_error"] is not None:
-        text += (f" (late B_noise: median "
-                 f"{_pct(s['median_abs_predicted_steps_late_error']).lstrip('+')}, largest "
-                 f"{_pct(s['max_abs_predicted_steps_late_error']).lstrip('+')})")  # fmt: skip
+        text += (
+            f" (late B_noise: median "
+            f"{_pct(s['median_abs_predicted_steps_late_error']).lstrip('+')}, largest "
+            f"{_pct(s['max_abs_predicted_steps_late_error']).lstrip('+')})"
+        )
     return text + ".\n"
 
 
 def to_csv(table: list[dict]) -> str:
-    cols = ("name", "global_batch_size", "num_devices", "mesh_shape", "strategy",
-            "step_time_median_s") + KEYS  # fmt: skip
+    cols = (
+        "name",
+        "global_batch_size",
+        "num_devices",
+        "mesh_shape",
+        "strategy",
+        "step_time_median_s",
+    ) + KEYS
     lines = [",".join(cols)]
     for r in table:
         cells = []

@@ -182,8 +182,10 @@ class DataParallel(Strategy):
             return reason
         groups = self.replicas.count * self.accum
         if groups == 1:
-            return ("one replica and one slice give one gradient size; set "
-                    "--config.grad_accum_steps=2 (or more) to measure the noise scale")  # fmt: skip
+            return (
+                "one replica and one slice give one gradient size; set "
+                "--config.grad_accum_steps=2 (or more) to measure the noise scale"
+            )
         return groups
 
     def _train_body(self, state, batch):

@@ -145,8 +145,9 @@ class Gathered:
     def whole(self, grads) -> list:
         """The leaves of a params-shaped tree that no parameter-sharding axis splits."""
         out = []
-        jax.tree.map(lambda pairs, g: None if pairs else out.append(g), self.where, grads,
-                     is_leaf=_is_split)  # fmt: skip
+        jax.tree.map(
+            lambda pairs, g: None if pairs else out.append(g), self.where, grads, is_leaf=_is_split
+        )
         return out
 
     def wrap(self, name: str, run):
@@ -207,8 +208,9 @@ def _gathered_layer(run, where):
         sq = None
         if probe is not None:  # this device's gradient of the sharded leaves, squared
             split = []
-            jax.tree.map(lambda pairs, g: split.append(g) if pairs else None, where, grads,
-                         is_leaf=_is_split)  # fmt: skip
+            jax.tree.map(
+                lambda pairs, g: split.append(g) if pairs else None, where, grads, is_leaf=_is_split
+            )
             sq = sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in split)
             sq = sq.astype(probe.dtype)
         return _scatter(grads, where), no_stats, dx, None, sq

@@ -151,13 +151,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", type=int, default=0, help="run the top K on this machine")
     parser.add_argument("--measure_steps", type=int, default=20, help="steps per measured row")
     parser.add_argument("--out", help="write OUT/plan.json (and the measurement) here")
-    parser.add_argument("--target-accuracy", "--target_accuracy", type=float,
-                        dest="target_accuracy", help="rank by predicted time to this accuracy")  # fmt: skip
-    parser.add_argument("--from-run", "--from_run", dest="from_run",
-                        help="the reference run: a workdir or a JSON file (docs/time_to_target.md)")  # fmt: skip
-    parser.add_argument("--batches", default="",
-                        help="global batches to rank at, comma-separated (default: the "
-                             "reference's x 1/4, 1, 4, 16 and the config's)")  # fmt: skip
+    parser.add_argument(
+        "--target-accuracy",
+        "--target_accuracy",
+        type=float,
+        dest="target_accuracy",
+        help="rank by predicted time to this accuracy",
+    )
+    parser.add_argument(
+        "--from-run",
+        "--from_run",
+        dest="from_run",
+        help="the reference run: a workdir or a JSON file (docs/time_to_target.md)",
+    )
+    parser.add_argument(
+        "--batches",
+        default="",
+        help="global batches to rank at, comma-separated (default: the "
+        "reference's x 1/4, 1, 4, 16 and the config's)",
+    )
     args, rest = parser.parse_known_args(argv)
     overrides, unknown = configfile.split_overrides(rest)
     if unknown:
@@ -232,8 +244,9 @@ def _main(args, overrides: dict) -> int:
         if reference is None:
             out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
             reference = _calibrate(args.config, config, overrides, args.target_accuracy, out)
-        to_target = _rank_to_target(args, config, profile, n, limit, names, splits, reference,
-                                    batches, result)  # fmt: skip
+        to_target = _rank_to_target(
+            args, config, profile, n, limit, names, splits, reference, batches, result
+        )
     measured = None
     if args.measure and fitting:
         out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
@@ -262,13 +275,20 @@ def _calibrate(config_file: str, config, overrides: dict, accuracy: float, out: 
     from jaxpar.plan import steps as steps_lib
 
     workdir = out / "calibration"
-    print(f"\nno --from-run: training {config_file} to accuracy {accuracy:g} on this machine "
-          f"first ({workdir}; up to {config.num_train_steps} steps)", flush=True)  # fmt: skip
-    run = configfile.override(config.copy_and_resolve_references(), {
-        "target_accuracy": accuracy, "stop_at_target": True,
-        "eval_every_steps": config.eval_every_steps or max(1, config.num_train_steps // 20),
-        "checkpoint_every_steps": 0,
-    })  # fmt: skip
+    print(
+        f"\nno --from-run: training {config_file} to accuracy {accuracy:g} on this machine "
+        f"first ({workdir}; up to {config.num_train_steps} steps)",
+        flush=True,
+    )
+    run = configfile.override(
+        config.copy_and_resolve_references(),
+        {
+            "target_accuracy": accuracy,
+            "stop_at_target": True,
+            "eval_every_steps": config.eval_every_steps or max(1, config.num_train_steps // 20),
+            "checkpoint_every_steps": 0,
+        },
+    )
     trainer.train_and_evaluate(run, str(workdir))
     return steps_lib.load(str(workdir), accuracy)
 
@@ -280,11 +300,13 @@ def _rank_to_target(args, config, profile, n, limit, names, splits, reference, b
 
     batches = batches or to_target.default_batches(reference, config.global_batch_size)
     per_batch = max(8, args.max_candidates // len(batches))
-    print(f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: batch "
-          f"{reference.batch_size} reached it in {reference.steps_to_target} steps, noise scale "
-          f"{reference.noise_scale:,.0f} (learning-rate rule {reference.lr_rule}); predicted "
-          f"steps S(B) = {reference.min_steps:,.1f} x (1 + {reference.noise_scale:,.0f} / B)",
-          flush=True)  # fmt: skip
+    print(
+        f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: batch "
+        f"{reference.batch_size} reached it in {reference.steps_to_target} steps, noise scale "
+        f"{reference.noise_scale:,.0f} (learning-rate rule {reference.lr_rule}); predicted "
+        f"steps S(B) = {reference.min_steps:,.1f} x (1 + {reference.noise_scale:,.0f} / B)",
+        flush=True,
+    )
     if caveat := reference.caveat():
         print(f"note: {caveat}")
     rows = []
@@ -292,11 +314,11 @@ def _rank_to_target(args, config, profile, n, limit, names, splits, reference, b
         if b == config.global_batch_size:
             found = result
         else:
-            at = configfile.override(config.copy_and_resolve_references(),
-                                     {"global_batch_size": b})  # fmt: skip
+            at = configfile.override(config.copy_and_resolve_references(), {"global_batch_size": b})
             try:
-                found = plan(at, profile, n, args.all_sync, splits, args.expand, per_batch,
-                             limit, axes=names)  # fmt: skip
+                found = plan(
+                    at, profile, n, args.all_sync, splits, args.expand, per_batch, limit, axes=names
+                )
             except ValueError as e:
                 print(f"batch {b}: {oneline.first_line(e)}")
                 continue
@@ -306,8 +328,10 @@ def _rank_to_target(args, config, profile, n, limit, names, splits, reference, b
     print(to_target.verdict(ranked, fastest))
     skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
     if skipped:
-        print(f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
-              "jaxpar/plan/steps.py SYNC_STEP_FACTORS)")  # fmt: skip
+        print(
+            f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
+            "jaxpar/plan/steps.py SYNC_STEP_FACTORS)"
+        )
     return {
         "target_accuracy": args.target_accuracy,
         "reference": {k: v for k, v in vars(reference).items() if k != "noise_trace"},

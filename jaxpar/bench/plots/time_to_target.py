@@ -24,15 +24,26 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
     first = rows[0]
     s_min, noise = first["model_min_steps"], first["model_noise_scale"]
-    ax.plot(grid, [s_min * (1 + noise / b) for b in grid], color="black", lw=1,
-            label=f"S_min (1 + B_noise/B): B_noise {noise:.0f}, S_min {s_min:.0f}")  # fmt: skip
+    ax.plot(
+        grid,
+        [s_min * (1 + noise / b) for b in grid],
+        color="black",
+        lw=1,
+        label=f"S_min (1 + B_noise/B): B_noise {noise:.0f}, S_min {s_min:.0f}",
+    )
     late = first.get("model_noise_scale_late")
     if late:
         ref = next((r for r in rows if r["name"] == first["reference_row"]), None)
         if ref and ref.get("steps_to_target"):
             s_late = ref["steps_to_target"] / (1 + late / ref["global_batch_size"])
-            ax.plot(grid, [s_late * (1 + late / b) for b in grid], color="grey", ls="--", lw=1,
-                    label=f"late B_noise {late:.0f}, S_min {s_late:.0f}")  # fmt: skip
+            ax.plot(
+                grid,
+                [s_late * (1 + late / b) for b in grid],
+                color="grey",
+                ls="--",
+                lw=1,
+                label=f"late B_noise {late:.0f}, S_min {s_late:.0f}",
+            )
     markers = common.markers(rows)
     kinds: dict[str, list[dict]] = {}
     for r in rows:
@@ -42,17 +53,30 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     for key, sel in kinds.items():
         sel = [r for r in sel if r.get("steps_to_target")]
         if sel:
-            multiplied = [r for r in sel if r.get("sync_factor") not in (None, 1.0)
-                          and r.get("predicted_steps_to_target")]  # fmt: skip
+            multiplied = [
+                r
+                for r in sel
+                if r.get("sync_factor") not in (None, 1.0) and r.get("predicted_steps_to_target")
+            ]
             if multiplied:  # the curve x the sync mode's multiplier, hollow
-                ax.scatter([r["global_batch_size"] for r in multiplied],
-                           [r["predicted_steps_to_target"] for r in multiplied],
-                           marker=markers.get(key.split(",")[0], "o"), s=50, zorder=3,
-                           facecolors="none", edgecolors="grey",
-                           label=f"predicted: {key} (x SYNC_STEP_FACTORS)")  # fmt: skip
-            ax.scatter([r["global_batch_size"] for r in sel], [r["steps_to_target"] for r in sel],
-                       marker=markers.get(key.split(",")[0], "o"), s=50, zorder=3,
-                       label=f"measured: {key}")  # fmt: skip
+                ax.scatter(
+                    [r["global_batch_size"] for r in multiplied],
+                    [r["predicted_steps_to_target"] for r in multiplied],
+                    marker=markers.get(key.split(",")[0], "o"),
+                    s=50,
+                    zorder=3,
+                    facecolors="none",
+                    edgecolors="grey",
+                    label=f"predicted: {key} (x SYNC_STEP_FACTORS)",
+                )
+            ax.scatter(
+                [r["global_batch_size"] for r in sel],
+                [r["steps_to_target"] for r in sel],
+                marker=markers.get(key.split(",")[0], "o"),
+                s=50,
+                zorder=3,
+                label=f"measured: {key}",
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(batches, [str(b) for b in batches])
@@ -65,10 +89,18 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     timed = [r for r in rows if r.get("time_to_target_s")]
     names = [r["name"] for r in timed]
     y = range(len(timed))
-    bx.barh([i + 0.2 for i in y], [r["time_to_target_s"] for r in timed], height=0.4,
-            label="measured [clock]")  # fmt: skip
-    bx.barh([i - 0.2 for i in y], [r.get("predicted_time_to_target_s") or 0 for r in timed],
-            height=0.4, label="predicted (steps model x measured s/step)")  # fmt: skip
+    bx.barh(
+        [i + 0.2 for i in y],
+        [r["time_to_target_s"] for r in timed],
+        height=0.4,
+        label="measured [clock]",
+    )
+    bx.barh(
+        [i - 0.2 for i in y],
+        [r.get("predicted_time_to_target_s") or 0 for r in timed],
+        height=0.4,
+        label="predicted (steps model x measured s/step)",
+    )
     bx.set_yticks(list(y), names, fontsize=7)
     bx.invert_yaxis()
     bx.set_xscale("log")

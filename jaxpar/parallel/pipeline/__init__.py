@@ -111,12 +111,25 @@ class Pipeline(Strategy):
             layers = slice(self.bounds[c], self.bounds[c + 1])
             specs = variables.specs(model, rules, shape, layers)
             rule = sync.build(config, self.replicas, tx, specs)
-            lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers,
-                              self.measure)  # fmt: skip
-            chunk = Chunk(c, self.stage_of[c], layers, c == 0, c == self.num_chunks - 1,
-                          lay.mesh, model, rule, self.replicas, self.num_microbatches,
-                          self.auto_axes, constrain, lay.state_specs, lay.acc_specs,
-                          variables.gather_fn(specs["params"], shape), self.measure)  # fmt: skip
+            lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers, self.measure)
+            chunk = Chunk(
+                c,
+                self.stage_of[c],
+                layers,
+                c == 0,
+                c == self.num_chunks - 1,
+                lay.mesh,
+                model,
+                rule,
+                self.replicas,
+                self.num_microbatches,
+                self.auto_axes,
+                constrain,
+                lay.state_specs,
+                lay.acc_specs,
+                variables.gather_fn(specs["params"], shape),
+                self.measure,
+            )
             self.layouts.append(lay)
             self.chunks.append(chunk)
             self.programs_of.append(ChunkPrograms(chunk))
@@ -146,8 +159,10 @@ class Pipeline(Strategy):
             fix = "--config.pipeline.num_microbatches=2 (or more)"
             if self.schedule == "naive":  # which runs one micro-batch
                 fix = f"--config.pipeline.schedule=1f1b (or gpipe) and {fix}"
-            return (f"one replica and one micro-batch give one gradient size; set {fix} to "
-                    "measure the noise scale")  # fmt: skip
+            return (
+                f"one replica and one micro-batch give one gradient size; set {fix} to "
+                "measure the noise scale"
+            )
         return groups
 
     # -- state ------------------------------------------------------------------------------

@@ -135,9 +135,16 @@ class ChunkPrograms:
     def apply(self, params, stats, x, layers, train=True, probe=None):
         bn = self.ck.rule.bn_axis_name if train else None
         gather = self.ck.gather if probe is None else self.ck.gather.probed(probe)
-        return self.ck.model.apply(params, stats, x, train=train, layers=layers,
-                                   bn_axis_name=bn, constrain=self.ck.constrain,
-                                   gather=gather)  # fmt: skip
+        return self.ck.model.apply(
+            params,
+            stats,
+            x,
+            train=train,
+            layers=layers,
+            bn_axis_name=bn,
+            constrain=self.ck.constrain,
+            gather=gather,
+        )
 
     def probe(self):
         """The zero scalar a measuring fsdp chunk differentiates at (per replica), or None."""
@@ -342,8 +349,9 @@ class ChunkPrograms:
         if ck.measure:
             scalar = jax.sharding.NamedSharding(ck.mesh, P())
             update_out, placed = (*update_out, (P(), P())), (*placed, (scalar, scalar))
-        out["update"] = self.on(self.sm(self.update, (st, acc), update_out),
-                                donate_argnums=(0, 1), out_shardings=placed)  # fmt: skip
+        out["update"] = self.on(
+            self.sm(self.update, (st, acc), update_out), donate_argnums=(0, 1), out_shardings=placed
+        )
         eval_in = (st, data, data, data) if last else (st, data)
         out["eval"] = self.on(self.sm(self.evaluate, eval_in, P() if last else data))
 

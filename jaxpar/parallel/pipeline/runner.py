@@ -94,8 +94,12 @@ class Runner:
                 step.sent_b[(c - 1, m)] = self.send(g, d, stage_of[c - 1], c - 1, rows)
         parts = [None] * self.num_chunks  # per chunk, its noise-scale scalars (measuring)
         for c in range(self.num_chunks):
-            out = self.on(stage_of[c], lambda c=c: pipe.programs_of[c].programs["update"](
-                st[c].replace(batch_stats=stats[c]), acc[c]))  # fmt: skip
+            out = self.on(
+                stage_of[c],
+                lambda c=c: pipe.programs_of[c].programs["update"](
+                    st[c].replace(batch_stats=stats[c]), acc[c]
+                ),
+            )
             st[c], acc[c], *noise = out or (None,) * (2 + pipe.measure)
             parts[c] = noise[0] if noise else None
         self.peak_stash_bytes = step.peak

@@ -71,8 +71,9 @@ class Sharded(SyncRule):
             )
             return P(*parts)
 
-        return jax.tree.map(add_data, self.variable_specs["params"], dims, param_shapes,
-                            is_leaf=is_spec)  # fmt: skip
+        return jax.tree.map(
+            add_data, self.variable_specs["params"], dims, param_shapes, is_leaf=is_spec
+        )
 
     def update_measured(self, state, grads, stats):
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
