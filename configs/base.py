@@ -77,6 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
     # On a CPU-only machine, simulate this many devices (XLA_FLAGS) when jaxpar.train starts.
     # Ignored if XLA_FLAGS already sets a count; it does not affect GPUs or TPUs.
     config.host_device_count = 8
+    # XLA's persistent compilation cache (jaxpar/compile_cache.py): "auto" is
+    # $JAX_COMPILATION_CACHE_DIR if set, else ~/.cache/jaxpar/xla, shared by every run;
+    # a path; or "" to compile everything afresh.
+    config.compile_cache = "auto"
     # Use only the first N devices present (0: all), like tf_cnn_benchmarks' --num_gpus:
     # the 1-device baseline and scaling curves on one machine.
     config.num_devices = 0

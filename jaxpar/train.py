@@ -16,7 +16,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from jaxpar import cluster, configfile, log, oneline
+from jaxpar import cluster, compile_cache, configfile, log, oneline
 
 configfile.make_configs_importable()  # `from configs import base` from any directory
 
@@ -117,6 +117,7 @@ def main(argv: list[str]) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     # JAX is imported only now, after XLA_FLAGS is set.
     _join_cluster()
+    compile_cache.enable(config.get("compile_cache", "auto"))  # --explain too uses it
     _run(config)
 
 

@@ -24,6 +24,7 @@ from jaxpar import (
     analysis,
     axes,
     cluster,
+    compile_cache,
     console,
     hooks,
     models,
@@ -157,13 +158,15 @@ def train_and_evaluate(
     stop), each with a one-line message.
     """
     wall0 = time.perf_counter()
+    compile_cache.enable(config.get("compile_cache", "auto"))  # before anything compiles
+    compiled = compile_cache.counts()
     built = setup(config, devices, workdir)
     is_lead = jax.process_index() == 0
     if is_lead:
         workdir_lib.prepare(workdir)
     lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
     with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
-        result = _run(_Run(built, workdir, watch, wall0, profile), eval_only)
+        result = _run(_Run(built, workdir, watch, wall0, profile, compiled), eval_only)
     cluster.finish()  # several processes: every one is past its last collective
     return result
 
@@ -178,6 +181,7 @@ class _Run:
     watch: watchdog_lib.Watchdog
     wall0: float  # when it started (perf_counter)
     profile: bool
+    compiled: compile_cache.Counts  # the programs this process had built when it started
 
 
 def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
@@ -208,17 +212,20 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
             )
         first = setup.strategy.put_batch(local_train_batch(setup, start))
         watch.doing("compiling the train step", compiling=True)
+        before = compile_cache.counts()
         setup.strategy.compile(state, first)
+        step_programs = compile_cache.counts() - before
         watch.beat("compiling the train step")
         logger.info(
-            f"compiled the train step in {units.seconds(setup.strategy.compile_time_s)}; training "
-            f"steps {start + 1}-{total} of {config.global_batch_size} images"
+            f"compiled the train step in {units.seconds(setup.strategy.compile_time_s)} "
+            f"({step_programs.said()}); training steps {start + 1}-{total} of "
+            f"{config.global_batch_size} images"
         )
         outcome = _train(run, state, first, start, writer, ckpt)
         if ckpt is not None:  # the last save is complete (or its failure raised) before the report
             watch.doing("waiting for the last checkpoint to be written")
             ckpt.close()
-        return _summarise(run, outcome, writer)
+        return _summarise(run, outcome, writer, step_programs)
 
 
 @dataclasses.dataclass
@@ -348,8 +355,14 @@ def _end_at_target(info: hooks.StepInfo, window: hooks.LogWindow, saver) -> None
     logger.info(f"stopping at step {info.step}: the target is reached (stop_at_target=True)")
 
 
-def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -> dict[str, Any]:
-    """The summary record (written and shown unless the run was stopped), with the state."""
+def _summarise(
+    run: _Run,
+    outcome: _Outcome,
+    writer: metrics_lib.MetricWriter,
+    step_programs: compile_cache.Counts,
+) -> dict[str, Any]:
+    """The summary record (written and shown unless the run was stopped), with the state;
+    `step_programs`: what compiling the train step built."""
     setup = run.setup
     jax.block_until_ready(outcome.state)
     report = _strategy_report(setup)
@@ -374,6 +387,7 @@ def _summarise(run: _Run, outcome: _Outcome, writer: metrics_lib.MetricWriter) -
     )
     summary.update(_epochs(setup, summary))
     summary.update(outcome.extra)
+    summary.update(compile_cache.summary(step_programs, compile_cache.counts() - run.compiled))
     if outcome.stopped:
         summary["preempted"] = True
     else:

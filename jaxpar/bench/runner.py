@@ -168,6 +168,8 @@ class Sweep:
         if self.xla_cache:  # rows share stage programs (gpipe and 1f1b compile the same ones)
             env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(self.out, "xla-cache"))
             env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        else:  # compile_cache "auto" reads it: every row compiles cold
+            env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
         with open(log, "w", encoding="utf-8") as f:
             proc = subprocess.Popen(
                 cmd,
