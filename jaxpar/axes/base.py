@@ -12,7 +12,8 @@ An axis plays one role:
 - `batch`: the global batch is split over it (data, node, fsdp). A step is SPMD over every
   batch axis of size > 1 (`jax.shard_map`, manual); the data replicas are all of them
   together, in mesh order, and synchronisation rules combine over them. Hooks: `mean` (how a
-  gradient is averaged when this axis is in the group, e.g. node's hierarchical all-reduce),
+  gradient is averaged when this axis is in the group, e.g. node's hierarchical all-reduce)
+  and `fuses` (whether it takes the step's gradient leaves as one buffer),
   `param_dims` (which dimension of a parameter the axis shards, e.g. fsdp) and `gather`.
 - `layers`: the layers are cut into consecutive stages, one per index (stage); each stage
   runs on its slice of the mesh, where the other axes still apply.
@@ -99,6 +100,13 @@ class Axis:
         shard_map, or None to leave it to the default (one all-reduce, `lax.pmean`).
         `others`: the group without this axis."""
         return None
+
+    def fuses(self, others: tuple[str, ...]) -> bool:
+        """Whether `mean` over this axis and `others` is this axis' own (not None), so that
+        `Replicas.mean_grads` hands it the leaves averaged over that group as one flat
+        buffer (this device's own part: manual over every axis). Default: wherever `mean` is
+        overridden."""
+        return type(self).mean is not Axis.mean
 
     def param_dim(self, shape: tuple[int, ...], names: tuple, taken: tuple, size: int):
         """The dimension of a parameter leaf (its shape, its dimensions' logical names, and

@@ -13,10 +13,13 @@ inside it (data, fsdp) runs in three steps, each on its own links,
 
 so what crosses nodes per device is 1/g of the gradient bytes (g = devices per node in the
 group), not all of them. `Replicas.mean_grads` hands this hook every gradient leaf of a step
-averaged over the same axes as one flat buffer (Horovod's fusion buffer), padded here to a
+averaged over the same axes as one flat buffer (Horovod's fusion buffer) of this device's own
+parts (beside tensor or spatial: its shards of the leaves they split), padded here to a
 multiple of g: three collectives a step, not three per leaf (VGG19's 33 leaves would pay 99
 latencies, which the predictor prices at 5-10 us per ring step: more than the bytes cost on
-two H100 nodes). With `node` alone the mean is one all-reduce.
+two H100 nodes). With `node` alone (or beside tensor, spatial, stage only) the mean is
+data's, one all-reduce per leaf, and the step compiles data's program
+(tests/test_node_programs.py).
 
 Synchronisation modes (sync.mode): `allreduce` averages hierarchically as above (and
 `sharded` does for the parameters it cannot split); every other mode treats node x data as
@@ -36,6 +39,9 @@ from jaxpar.axes.base import Axis, register
 
 
 class Node(Axis):
+    def fuses(self, others):
+        return bool(others)  # alone, its mean is the default all-reduce, leaf by leaf
+
     def mean(self, x, group, others):
         if not others:
             return None

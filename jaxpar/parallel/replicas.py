@@ -11,6 +11,7 @@ is the identity. This is the only place that knows about that case.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -29,6 +30,8 @@ class Replicas:
     def __init__(self, shape: dict[str, int]):
         self.axes = axes_lib.replica_axes(shape)  # batch axes of size > 1, in mesh order
         self.sizes = {a: shape[a] for a in self.axes}
+        # the rules axes of size > 1 (tensor, spatial): GSPMD's inside the step body
+        self.auto = {a: shape[a] for a in axes_lib.auto_axes(shape)}
         self.count = math.prod(self.sizes.values())
 
     @property
@@ -51,9 +54,11 @@ class Replicas:
         """The gradient average over the replicas: per leaf, a mean over the replica axes the
         leaf is not split over (a leaf split over fsdp arrives summed over fsdp already, by
         its all-gather's transpose, and is divided by that axis' size); an axis in the group
-        may average its own way (node: hierarchically, `Axis.mean`). Where one does, the
-        leaves averaged over the same axes go as one flat buffer (Horovod's tensor fusion):
-        its three collectives once a step, not three per leaf, whose latencies would add up."""
+        may average its own way (node beside data or fsdp: hierarchically, `Axis.mean`).
+        Where one does, the leaves averaged over the same axes go as one flat buffer
+        (Horovod's tensor fusion): its collectives once a step, not once per leaf, whose
+        latencies would add up. Every other leaf takes the default mean on its own, as under
+        `data`."""
         if not self.manual:
             return grads
         leaves, treedef = jax.tree.flatten(grads)
@@ -68,28 +73,61 @@ class Replicas:
             g = out[i] = g / summed if summed > 1 else g
             if not over:
                 continue
-            if self._own_mean(over):
+            if self._fuses(over):
                 fused.setdefault((over, g.dtype), []).append(i)
             else:
                 out[i] = self._mean(g, over)
         for (over, _), idx in fused.items():
-            mean = self._mean(jnp.concatenate([out[i].reshape(-1) for i in idx]), over)
-            start = 0
-            for i in idx:
-                size = out[i].size
-                out[i] = mean[start : start + size].reshape(out[i].shape)
-                start += size
+            means = self._fused_mean([out[i] for i in idx], [specs[i] for i in idx], over)
+            for i, mean in zip(idx, means, strict=True):
+                out[i] = mean
         return treedef.unflatten(out)
 
     @staticmethod
-    def _own_mean(group: tuple[str, ...]) -> bool:
-        """Whether an axis of `group` averages its own way (overrides `Axis.mean`)."""
-        return any(type(axes_lib.get(a)).mean is not axes_lib.Axis.mean for a in group)
+    def _fuses(group: tuple[str, ...]) -> bool:
+        """Whether an axis of `group` averages over it its own way (`Axis.fuses`)."""
+        return any(axes_lib.get(a).fuses(tuple(b for b in group if b != a)) for a in group)
 
-    def mean(self, x: jax.Array) -> jax.Array:
+    def mean(self, x: jax.Array, spec: P | None = None) -> jax.Array:
         """One leaf's mean over every replica axis, the way the axes average (node:
-        hierarchically)."""
-        return self._mean(x, self.axes) if self.manual else x
+        hierarchically); `spec`: its PartitionSpec (its split over the rules axes is kept)."""
+        if not self.manual:
+            return x
+        if not self._fuses(self.axes):
+            return self._mean(x, self.axes)
+        return self._fused_mean([x], [spec or P()], self.axes)[0]
+
+    def _fused_mean(self, leaves: list, specs: list, group: tuple[str, ...]) -> list:
+        """The means of `leaves` over `group` by the axes' own hook, as one flat buffer of
+        this device's parts of them: the rules axes (tensor, spatial) made manual around it,
+        each leaf entering split as its spec says. Under GSPMD a collective over the
+        replica axes takes its operand whole over the rules axes, and a flat buffer of
+        leaves split along different dimensions cannot be split like any of them: every
+        split leaf would be gathered and sliced back (before: twice the tensor traffic and
+        hundreds of collective-permutes a step)."""
+
+        def local(parts):
+            mean = self._mean(jnp.concatenate([p.reshape(-1) for p in parts]), group)
+            ends = list(itertools.accumulate(p.size for p in parts))[:-1]
+            return [m.reshape(p.shape) for m, p in zip(jnp.split(mean, ends), parts, strict=True)]
+
+        if not self.auto:
+            return local(leaves)
+        ruled = [self._ruled(spec) for spec in specs]
+        mesh, manual = jax.sharding.get_abstract_mesh(), frozenset(self.auto)
+        # check_vma=False: a leaf whole over the rules axes shares the buffer with split ones,
+        # so its mean is typed as varying over them; it is not (every device of the rules
+        # axes sums the same numbers over its own group, as the default all-reduce does)
+        fn = jax.shard_map(
+            local, mesh=mesh, in_specs=(ruled,), out_specs=ruled, axis_names=manual, check_vma=False
+        )
+        return fn(leaves)
+
+    def _ruled(self, spec: P) -> P:
+        """`spec` over the rules axes only (inside the step body the replica axes are
+        manual already: a leaf is this device's shard of them)."""
+        keep = lambda p: tuple(a for a in (p if isinstance(p, tuple) else (p,)) if a in self.auto)
+        return P(*(keep(p) or None if p else None for p in spec))
 
     def _mean(self, x, group: tuple[str, ...]):
         for a in group:

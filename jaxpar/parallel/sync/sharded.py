@@ -81,14 +81,14 @@ class Sharded(SyncRule):
         r = self.replicas
         size = lambda x, d: x.shape[d] // self.num_replicas
 
-        def my_grad(g, d):  # reduce-scatter: device i receives the sum of every replica's slice i
-            return r.mean(g) if d is None else r.reduce_scatter(g, d) / self.num_replicas
+        def my_grad(g, d, spec):  # reduce-scatter: device i receives the sum of replicas' slice i
+            return r.mean(g, spec) if d is None else r.reduce_scatter(g, d) / self.num_replicas
 
         def my_param(p, d):
             return p if d is None else lax.dynamic_slice_in_dim(p, r.index() * size(p, d),
                                                                  size(p, d), d)  # fmt: skip
 
-        grads = jax.tree.map(my_grad, grads, dims)
+        grads = jax.tree.map(my_grad, grads, dims, self.variable_specs["params"])
         sq = norms.sq_norm(grads, self.slice_specs(shapes), self.manual_axes)
         mine = state.replace(params=jax.tree.map(my_param, state.params, dims))
         new = mine.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
