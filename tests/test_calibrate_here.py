@@ -43,7 +43,7 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert profile.thin_efficiency == micro["thin_conv_float32"] / micro["float32_flops_per_s"] > 0
     assert all(0 < v < math.inf for v in profile.peak_flops.values())
     assert 0 < profile.intra.bandwidth < math.inf and 0 < profile.intra.latency < math.inf
-    step = profile.program_time(calibration_ops(run, profile.compiler), run["dtype"])
+    step = profile.program_time(calibration_ops(run, profile.target), run["dtype"])
     step += profile.step_overhead_s + profile.program_overhead_s
     assert abs(run["batch_size"] / step / run["images_per_sec"] - 1) < 0.01
 

@@ -126,7 +126,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     run = {"name": "vgg11:0.125:32:float32:8", "model": "vgg11", "width": 0.125,
            "batch_norm": True, "head": "auto", "image_shape": (32, 32, 3), "num_classes": 10,
            "dtype": "float32", "batch_size": 8}  # fmt: skip
-    step = truth.program_time(calibration_ops(run, "gpu"), "float32") + 30e-6  # + dispatch
+    step = truth.program_time(calibration_ops(run), "float32") + 30e-6  # + dispatch
     run["images_per_sec"] = 8 / step
     path = tmp_path / "gpu.py"
     report = here.write_profile(str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed))
@@ -245,7 +245,7 @@ def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
     rows = [{**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0}
             for r, _ in layers]  # fmt: skip
     table = kernels.measured(rows)
-    ops = calibration_ops(run, "gpu")
+    ops = calibration_ops(run)
     convs = [m for m in ops.matmuls if m.keys]
     assert sum(n for _, n in layers) == 19 and len(convs) == 3 * 19 - 1
     found = [m for m in convs

@@ -69,6 +69,7 @@ def get_config():
         tf_cnn_benchmarks_run("resnet50", 224, batch_size=64, images_per_sec=219.0),
     ]
     c.compiler = "gpu"
+    c.gpu = "p100_sxm2"
     c.memory_bandwidth = 0.9 * 732 * GB
     # the matrix kernels' costs from DeepBench's P100 kernel timings (jaxpar/predict/kernels.py)
     c.kernel_benchmarks = "configs/hardware/kernels/deepbench_p100.csv"

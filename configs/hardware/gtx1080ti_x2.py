@@ -37,6 +37,7 @@ def get_config():
     c.intra = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
     c.inter = {"bandwidth": 5 * GB, "latency": 20e-6, "rings": 1}
     c.compiler = "gpu"
+    c.gpu = "gtx1080ti"
     c.memory_bandwidth = 0.9 * 484 * GB
     c.kernel_benchmarks = "configs/hardware/kernels/deepbench_gtx1080ti.csv"
     c.kernel_s = 37e-6  # configs/hardware/dgx1_p100.py's fitted per-kernel time (TensorFlow 1.x)

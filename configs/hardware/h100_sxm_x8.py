@@ -72,6 +72,7 @@ def get_config():
     ]  # fmt: skip
     c.fit = ("compute_efficiency", "launch_s")
     c.compiler = "gpu"
+    c.gpu = "h100_sxm"
     # measured in AlexNet's kernel trace on an H100 80GB HBM3 (docs/predict.md, "Inside the
     # step"): memory-bound kernels at 2.49 us + bytes / 2.45 TB/s, the first layer (3 input
     # channels) and its weight gradient at 37.4 TFLOP/s

@@ -37,6 +37,7 @@ def get_config():
     c = h100_sxm_x8.get_config()
     c.name = "8x H200 SXM NVLink"
     c.memory_bytes = 139 * GB
+    c.gpu = "h200_sxm"
     c.memory_bandwidth = 0.9 * 4.8e12
     c.launch_s = 9.58e-6  # the H100 profile's fitted costs (8.69 us before the tile width, 10.6 us
     # before gpufusion's rule 7)

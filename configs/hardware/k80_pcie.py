@@ -52,6 +52,7 @@ def get_config():
     c.fit = ("compute_efficiency", "conv3x3_efficiency")
     c.conv3x3_efficiency = 1.0  # a start for the fit
     c.compiler = "gpu"
+    c.gpu = "k80"
     c.memory_bandwidth = 0.9 * 240 * GB
     c.calibration_candidates = [
         run("inception_v3", 299, batch_size=64, images_per_sec=30.5),

@@ -223,7 +223,7 @@ def _main(args, overrides: dict) -> int:
 
     from jaxpar.plan.report import report
     from jaxpar.plan.search import plan, rank
-    from jaxpar.predict import load_profile
+    from jaxpar.predict import gputarget, load_profile
 
     profile = load_profile(args.profile)
     n = args.devices or profile.num_devices
@@ -231,6 +231,7 @@ def _main(args, overrides: dict) -> int:
     print(f"planning {args.config} ({config.model.name} width {config.model.width:g}, global "
           f"batch {config.global_batch_size}) on {profile.name}: {n} devices, "
           f"{limit / 2**30:.2f} GiB per device", flush=True)  # fmt: skip
+    print(f"  {gputarget.programs_line(profile.target)}", flush=True)
     result = plan(config, profile, n, args.all_sync, splits, args.expand, args.max_candidates,
                   limit, axes=names)  # fmt: skip
     text, recommendation, cmd = report(result, profile, limit, args.top, args.config, config,

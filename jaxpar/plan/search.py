@@ -216,7 +216,9 @@ def _calls(config, profile) -> dict[str, int]:
         from jaxpar.predict.workload import collective_calls, workload
 
         out: dict[str, int] = {}
-        for key, col, times in collective_calls(workload(config, profile.num_devices)):
+        for key, col, times in collective_calls(
+            workload(config, profile.num_devices, profile.target)
+        ):
             out[key] = out.get(key, 0) + col.count * times
         return out
     except Exception:  # noqa: BLE001

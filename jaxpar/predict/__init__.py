@@ -45,7 +45,7 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
                 "mesh_axes": tuple(shape), "num_devices": n,
                 "fits": False, "error": f"needs {n} devices, profile "
                 f"{profile.name} has {profile.num_devices}"}  # fmt: skip
-    w = workload(config, profile.num_devices)
+    w = workload(config, profile.num_devices, profile.target)
     row = predict_workload(w, profile)
     row["collective_bytes_per_device"] = describe(w)
     return row

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from jaxpar import configfile, log, oneline
 from jaxpar.files import write_json, write_text
-from jaxpar.predict import load_profile, predict_rows, recommend
+from jaxpar.predict import gputarget, load_profile, predict_rows, recommend
 from jaxpar.predict.suites import add_reference, load_rows
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
@@ -159,6 +159,7 @@ def _report(profile, rows: list[dict], overlap: float | None) -> None:
           f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
           f"{per_kernel}, gradient all-reduce overlap "
           f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}")  # fmt: skip
+    print(f"  {gputarget.programs_line(profile.target)}")
     for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
         print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
     print(table(rows))

@@ -91,7 +91,7 @@ def cross_check(profile: hardware.Profile, runs: list[dict], names: tuple[str, .
         fitted = hardware.fit(profile, others, names).profile
         for r in (r for r in runs if r["model"] == model):
             step = fitted.program_time(
-                calibration_ops(r, fitted.compiler), r.get("dtype", "float32")
+                calibration_ops(r, fitted.target), r.get("dtype", "float32")
             )
             step += fitted.step_overhead_s + fitted.program_overhead_s
             out.append({**r, "predicted_images_per_sec": r["batch_size"] / step,

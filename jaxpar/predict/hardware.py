@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,10 @@ import numpy as np
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import opclass, workload
+from jaxpar.predict import gputarget, opclass, workload
 from jaxpar.predict.links import Link  # a Profile's links
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +59,14 @@ class Profile:
     memory_bandwidth: float = 0.0
     kernel_s: float = 0.0
     launch_s: float = 0.0
-    # Whose program is priced: "cpu" (the program compiled here, as it is) or "gpu" (the same
-    # program as XLA:GPU would fuse it: gpufusion.py). On "gpu" with a memory_bandwidth, every
-    # matrix kernel is priced on a roofline: the longer of its FLOPs at its class's rate and
-    # its bytes at the bandwidth.
+    # How programs are priced: "cpu" or "gpu". On "gpu" with a memory_bandwidth, every matrix
+    # kernel is priced on a roofline: the longer of its FLOPs at its class's rate and its bytes
+    # at the bandwidth.
     compiler: str = "cpu"
+    # The GPU whose own programs are priced (a gputarget.GPUS name): XLA:GPU compiles every
+    # program for it on this machine. "" (or where that cannot be done here): the programs
+    # compiled for simulated CPU devices.
+    gpu: str = ""
     # A matrix kernel whose narrowest GEMM dimension (output rows, output features or products
     # per output) is n runs at n / (n + narrow_width) of its class's rate (0: off): a GPU's
     # tiles are 64-128 wide; a CPU's vector registers hold 8 float32 and its GEMM kernels block
@@ -131,6 +137,11 @@ class Profile:
     # {model name: run}. A row of such a model computes at that run's efficiency (worked out
     # when first needed: it compiles the run's step); other models at compute_efficiency.
     model_runs: dict[str, dict] = dataclasses.field(default_factory=dict)
+
+    @property
+    def target(self) -> gputarget.Target | None:
+        """What this profile's programs are compiled for: its GPUs, or None (CPU devices)."""
+        return gputarget.target(self.gpu, self.num_devices, self.devices_per_node)
 
     def shared_core_time(self, nbytes: float, devices: int) -> float:
         """Seconds the shared cores spend on an in-step collective's `nbytes` per device when
@@ -278,6 +289,7 @@ def from_config(c: Any) -> Profile:
         kernel_s=float(get("kernel_s", 0.0) or 0.0),
         launch_s=float(get("launch_s", 0.0) or 0.0),
         compiler=str(get("compiler", "cpu")),
+        gpu=str(get("gpu", "") or ""),
         loader_images_per_sec=float(get("loader_images_per_sec", 0.0) or 0.0),
         peers=_peers(get("peers"), int(get("devices_per_node"))),
         unwired=Link(**dict(get("unwired"))) if get("unwired") else None,
@@ -296,6 +308,8 @@ def from_config(c: Any) -> Profile:
         raise ConfigError(f"profile {profile.name}: peers and unwired go together")
     if profile.overlap is not None and not 0.0 <= profile.overlap <= 1.0:
         raise ConfigError(f"profile {profile.name}: overlap must be in [0, 1] or None")
+    if profile.gpu and profile.gpu not in gputarget.GPUS:
+        raise ConfigError(f"profile {profile.name}: {gputarget.unavailable(profile.gpu)}")
     if profile.compiler not in ("cpu", "gpu"):
         raise ConfigError(f"profile {profile.name}: compiler must be 'cpu' or 'gpu', "
                           f"not {profile.compiler!r}")  # fmt: skip
@@ -315,7 +329,15 @@ def from_config(c: Any) -> Profile:
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
     if fitted:
         names = tuple(get("fit", ("compute_efficiency",)))
-        profile = fit(profile, fitted, names).profile
+        result = fit(profile, fitted, names)
+        profile = result.profile
+        for name in result.at_bound:
+            log.warning(
+                "profile %s: %s fitted at its bound (%g)",
+                profile.name,
+                name,
+                getattr(profile, name),
+            )
     runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
     profile = dataclasses.replace(profile, model_runs=runs)
     if profile.compute_efficiency <= 0:
@@ -375,7 +397,7 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
     a prediction of the calibration run itself gives back the measured images/sec."""
     step = _measured_step(profile, run)
-    ops = workload.calibration_ops(run, profile.compiler)
+    ops = workload.calibration_ops(run, profile.target)
     dtype = run.get("dtype", "float32")
     rest = step - profile.device_time(dataclasses.replace(ops, matmul_flops=0.0,
                                                           conv3x3_flops=0.0), dtype)  # fmt: skip
@@ -437,6 +459,9 @@ FITTABLE = ("compute_efficiency", "conv3x3_efficiency", "memory_bandwidth", "ker
 class Fit:
     profile: Profile
     rows: list[dict[str, Any]]  # each run with measured and fitted images/sec and the error
+    # the fitted costs that ended at their bound (a fraction of peak at 1): the fit wanted more
+    # than the model allows, so the rows' errors say less than they seem to
+    at_bound: tuple[str, ...] = ()
 
 
 def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) -> Fit:
@@ -458,7 +483,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
                           f"{len(names)} calibration runs, got {len(runs)}")  # fmt: skip
     if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
         profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
-    ops = [workload.calibration_ops(r, profile.compiler) for r in runs]
+    ops = [workload.calibration_ops(r, profile.target) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 0.5, "memory_bandwidth": 1e11,
              "kernel_s": 1e-6, "launch_s": 1e-6, "step_overhead_s": 1e-3,
@@ -485,8 +510,9 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
              for d in (0.0, np.log(10.0), -np.log(10.0))]  # fmt: skip
     best = min(tries, key=lambda t: t.cost)
     fitted = with_costs(best.x)
+    at_bound = tuple(n for n, x, top in zip(names, best.x, upper) if x >= top - 1e-4)
     rows = [
         {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}
         for r, t, t_m in zip(runs, predicted(fitted), measured)
     ]
-    return Fit(fitted, rows)
+    return Fit(fitted, rows, at_bound)

@@ -98,25 +98,25 @@ def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:
 def _phase_seconds(ck, phase: str, w: Workload, profile: Profile) -> float:
     """One call of chunk `ck`'s program for `phase`, a forward-only one at the profile's
     forward_speedup."""
-    seconds = _seconds(ck.op_classes(phase, profile.compiler), w, profile)
+    seconds = _seconds(ck.op_classes(phase), w, profile)
     return seconds / profile.forward_speedup if phase == "fwd" else seconds
 
 
 def _share(w: Workload, profile: Profile) -> float:
     """Each device's share of one device's rate when all N are busy at once (compute_pool)."""
     if profile.compute_pool and not w.schedule:
-        return profile.pool(w.num_devices, kernel_flops(w, profile.compiler)) / w.num_devices
+        return profile.pool(w.num_devices, kernel_flops(w)) / w.num_devices
     return 1.0
 
 
-def kernel_flops(w: Workload, compiler: str = "cpu") -> float | None:
+def kernel_flops(w: Workload) -> float | None:
     """Mean FLOPs of the matrix kernels of one step, over all its programs and their calls
     (None where none were read): the size a shared pool's speedup depends on."""
     flops = count = 0.0
     for c in w.chunks:
         for phase in c.flops:
             calls = schedules.calls_per_step(phase, w.num_microbatches)
-            matmuls = c.op_classes(phase, compiler).matmuls
+            matmuls = c.op_classes(phase).matmuls
             flops += calls * sum(m.flops for m in matmuls)
             count += calls * len(matmuls)
     return flops / count if count else None
@@ -135,7 +135,7 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
     if not w.schedule:
         (chunk,) = w.chunks
         compute = _seconds(
-            chunk.op_classes("step", profile.compiler), w, profile, _share(w, profile)
+            chunk.op_classes("step"), w, profile, _share(w, profile)
         )
         cols = chunk.collectives.get("step", ())
         sync = [_is_grad_sync(c, "step", w.mesh_shape) for c in cols]
@@ -166,9 +166,9 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     for c in w.chunks:
         for phase in c.flops:
             times = schedules.calls_per_step(phase, w.num_microbatches)
-            seconds = profile.device_time(c.op_classes(phase, profile.compiler), w.dtype, w.name)
+            seconds = profile.device_time(c.op_classes(phase), w.dtype, w.name)
             total += times * seconds / (profile.forward_speedup if phase == "fwd" else 1.0)
-    return total * per_stage / profile.pool(w.num_devices, kernel_flops(w, profile.compiler))
+    return total * per_stage / profile.pool(w.num_devices, kernel_flops(w))
 
 
 def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
@@ -266,9 +266,10 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
         "global_batch_size": w.global_batch,
         "schedule": w.schedule or None,
         "num_microbatches": w.num_microbatches if w.schedule else None,
-        "memory_bytes_per_device": w.memory_per_device(profile.compiler),
+        "memory_bytes_per_device": w.memory_bytes_per_device,
+        "memory_from": w.compiled_for,
         "memory_capacity_bytes": profile.memory_bytes,
-        "fits": w.memory_per_device(profile.compiler) <= profile.memory_bytes,
+        "fits": w.memory_bytes_per_device <= profile.memory_bytes,
         "param_bytes": w.param_bytes,
         "overlap": profile.overlap,
     }

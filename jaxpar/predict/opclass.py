@@ -359,8 +359,9 @@ def _called(rest: str) -> list[str]:
     return out
 
 
-def classify(text: str) -> OpClasses:
-    """Op classes of one compiled program (its `as_text()`), per device per call."""
+def classify(text: str, compiler: str = "cpu") -> OpClasses:
+    """Op classes of one compiled program (its `as_text()`), per device per call; `compiler`
+    "gpu" for an XLA:GPU program (its memory-bound kernels' classes are the GPU's)."""
     comps = _computations(text)
     types = {name: result for body in comps.values() for name, result, _, _ in body}
 
@@ -386,6 +387,8 @@ def classify(text: str) -> OpClasses:
                 continue
             if op in ("convolution", "dot"):
                 mm = _matmul(op, result, rest, types)
+            elif op == "custom-call" and _LIBRARY.search(rest):
+                mm = library_call(result, rest, types)
             elif op == "fusion":
                 mm = sum((inner(c) for c in _called(rest)), OpClasses())
             else:
@@ -394,7 +397,7 @@ def classify(text: str) -> OpClasses:
                 out = out + mm + OpClasses(kernels=1)
                 continue
             kind, results = memory_class(op, rest, comps)
-            kind = cpu_class(kind, result, rest, types)
+            kind = cpu_class(kind, result, rest, types) if compiler == "cpu" else kind
             moved = kernel_bytes(result, rest, types, kind)
             lane = moved / results if kind == "reduce_few" else 0.0
             out = out + OpClasses(memory_bytes=moved, kernels=1, lane_bytes=lane,
@@ -402,6 +405,86 @@ def classify(text: str) -> OpClasses:
         return out
 
     return walk("ENTRY")
+
+
+# A cuDNN convolution or a cuBLAS matrix product in an XLA:GPU program (a custom call).
+_LIBRARY = re.compile(r'custom_call_target="__(cudnn\$conv\w*|cublas\$[\w$]*)"')
+_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+
+
+def library_call(result: str, rest: str, types: dict[str, str]) -> OpClasses:
+    """A cuDNN convolution or cuBLAS product of an XLA:GPU program, as one matrix kernel.
+
+    XLA:GPU writes each of a convolution's three kernels with the forward convolution's window
+    and dimension labels: the forward reads (x, w) and writes y, the input gradient reads (dy,
+    w) and writes dx, the weight gradient reads (x, dy) and writes dw. So x, w and y are found
+    by the kernel's kind, and each kernel does the forward's multiply-adds."""
+    target = _LIBRARY.search(rest).group(1)
+    args = [a for a in _operands(rest) if a in types]
+    arrays = [types[a] for a in args]
+    out = _arrays(result)[0]  # cuDNN and cuBLAS return (result, scratch)
+    moved = float(hlo.shape_bytes(out) + sum(hlo.shape_bytes(t) for t in arrays))
+    if target.startswith("cublas"):
+        contract = _CONTRACTING.search(rest)
+        lhs = _dims(arrays[0]) if arrays else []
+        idx = [int(d.strip('"')) for d in contract.group(1).split(",") if d] if contract else []
+        k = math.prod(lhs[i] for i in idx) if idx else 1
+        n, flops = (_dims(out) or [1])[-1], 2.0 * _elements(out) * k
+        narrow = max(1, min(_elements(out) // max(n, 1), n, k))
+        return OpClasses(
+            matmul_flops=flops, matmuls=(Matmul(flops, moved, False, narrow, tile=narrow),)
+        )
+    if len(arrays) < 2:
+        return OpClasses()
+    kind = (
+        "input gradient"
+        if "BackwardInput" in target
+        else "filter gradient"
+        if "BackwardFilter" in target
+        else "forward"
+    )
+    x, w, y = {
+        "forward": (arrays[0], arrays[1], out),
+        "input gradient": (out, arrays[1], arrays[0]),
+        "filter gradient": (arrays[0], out, arrays[1]),
+    }[kind]
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    window = re.search(r"window=\{([^}]*)\}", rest)
+    xd, wd, yd = _dims(x), _dims(w), _dims(y)
+    if not labels or not window or len(xd) != 4 or len(wd) != 4 or len(yd) != 4:
+        return OpClasses()
+    xl, wl, yl = labels.groups()
+
+    def field(name: str) -> tuple[int, int]:
+        found = re.search(rf"\b{name}=(\d+)x(\d+)", window.group(1))
+        return (int(found.group(1)), int(found.group(2))) if found else (1, 1)
+
+    n, c, k = xd[xl.index("b")], xd[xl.index("f")], yd[yl.index("f")]
+    h, wide, p, q = xd[xl.index("0")], xd[xl.index("1")], yd[yl.index("0")], yd[yl.index("1")]
+    r, s = field("size")
+    stride = field("stride")
+    per_output = math.prod(wd) // max(wd[wl.index("o")], 1)  # r x s x c / groups
+    flops = 2.0 * math.prod(yd) * per_output
+    grouped = per_output != r * s * c
+    winograd = (
+        r == s
+        and str(r) in _WINOGRAD
+        and stride == (1, 1)
+        and not grouped
+        and not re.search(r"lhs_dilate=|rhs_dilate=", rest)
+    )
+    rows = n * h * wide if kind == "input gradient" else n * p * q
+    gemm = {
+        "forward": (rows, k, per_output),
+        "input gradient": (rows, c, k * r * s),
+        "filter gradient": (per_output, k, rows),
+    }[kind]
+    thin = c < THIN and kind != "input gradient"
+    key = (n, h, wide, c, k, r, s, *stride, p, q, kind)
+    mm = Matmul(flops, moved, winograd, max(1, min(gemm)), thin, max(1, min(rows, c, k)), (key,))
+    if winograd:
+        return OpClasses(conv3x3_flops=flops, matmuls=(mm,))
+    return OpClasses(matmul_flops=flops, matmuls=(mm,))
 
 
 def kernel_bytes(result: str, rest: str, types: dict[str, str], kind: str) -> float:

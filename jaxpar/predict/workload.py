@@ -12,6 +12,7 @@ programs, and the schedule's events say when each runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -24,7 +25,7 @@ from jaxpar import analysis, axes, collectives, configfile, models, optim, paral
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import gpufusion, opclass, overlap
+from jaxpar.predict import gputarget, opclass, overlap
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -56,18 +57,15 @@ class ChunkCost:
     flops: dict[str, float]  # by phase ("step", "fwd", "bwd", "wgt", "update")
     collectives: dict[str, tuple[Collective, ...]]  # by phase
     send_bytes: int  # activation sent to the next chunk per micro-batch (0 on the last)
-    # by phase: matmul FLOPs, memory-bound bytes and kernels (opclass); {} = price `flops`
-    # as matmul FLOPs alone
+    # by phase: matmul FLOPs, memory-bound bytes and kernels of the compiled programs
+    # (opclass); {} = price `flops` as matmul FLOPs alone
     ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
-    # the same, as XLA:GPU would fuse the programs (gpufusion)
-    gpu_ops: dict[str, opclass.OpClasses] = dataclasses.field(default_factory=dict)
     # by phase: where each collective (element) stands in its program (overlap.windows)
     windows: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
-    def op_classes(self, phase: str, compiler: str = "cpu") -> opclass.OpClasses:
-        """The phase's op classes as `compiler` ("cpu": the program compiled here; "gpu": as
-        XLA:GPU would fuse it); `flops` as matmul FLOPs where none were read."""
-        found = (self.gpu_ops if compiler == "gpu" else self.ops).get(phase)
+    def op_classes(self, phase: str) -> opclass.OpClasses:
+        """The phase's op classes; `flops` as matmul FLOPs where none were read."""
+        found = self.ops.get(phase)
         return found or opclass.OpClasses(matmul_flops=self.flops.get(phase, 0.0))
 
 
@@ -78,16 +76,10 @@ class StageCost:
     state_bytes: int  # parameters, optimizer state, batch statistics (+ gradient accumulator)
     temp_bytes: int  # largest temporary of the stage's compiled programs
     stash_bytes: int  # stored activations at the schedule's peak (pipelines)
-    gpu_temp_bytes: int = 0  # the largest temporary as XLA:GPU would fuse them (gpufusion)
 
     @property
     def memory_bytes(self) -> int:
         return self.state_bytes + self.temp_bytes + self.stash_bytes
-
-    def memory(self, compiler: str = "cpu") -> int:
-        """Bytes per device: the CPU program's, or with the GPU's temporaries (gpufusion)."""
-        temp = self.gpu_temp_bytes if compiler == "gpu" else self.temp_bytes
-        return self.state_bytes + temp + self.stash_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +96,8 @@ class Workload:
     events: tuple  # schedules.stage_events, () without a pipeline
     chunks: tuple[ChunkCost, ...]
     stages: tuple[StageCost, ...]
+    # the programs read: "XLA:CPU" (simulated CPU devices) or a GPU target's description
+    compiled_for: str = "XLA:CPU programs on simulated CPU devices"
 
     @property
     def num_devices(self) -> int:
@@ -111,11 +105,8 @@ class Workload:
 
     @property
     def memory_bytes_per_device(self) -> int:
+        """The busiest stage's bytes per device, as its compiler allocates them."""
         return max(s.memory_bytes for s in self.stages)
-
-    def memory_per_device(self, compiler: str = "cpu") -> int:
-        """The busiest stage's bytes per device as `compiler` would allocate them."""
-        return max(s.memory(compiler) for s in self.stages)
 
     def stage_flops(self) -> list[float]:
         """FLOPs of one training step per device of each stage (every call of every program)."""
@@ -140,32 +131,34 @@ def input_spec(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int],
     return tuple(spec.image_shape), spec.num_classes
 
 
-def calibration_flops(run: dict[str, Any]) -> float:
+def calibration_flops(run: dict[str, Any], target: gputarget.Target | None = None) -> float:
     """Matmul FLOPs (convolutions and dot products) of one single-device training step of a
     profile's calibration run, from the compiled step."""
-    return calibration_ops(run).flops
+    return calibration_ops(run, target).flops
 
 
 _CALIBRATION_RUNS: dict[str, Workload] = {}  # compiled once per run and process
 _RUN_ONLY = ("images_per_sec", "name", "source", "memory_bytes")  # what a run measured, not is
 
 
-def calibration_workload(run: dict[str, Any]) -> Workload:
+def calibration_workload(run: dict[str, Any], target: gputarget.Target | None = None) -> Workload:
     """The single-device workload of a calibration run (a model, its input and batch size; see
-    configs/hardware/dgx1_p100.py). Loading a profile fits it to its runs, so each run's step
-    is compiled once per process."""
-    key = json.dumps({k: v for k, v in run.items() if k not in _RUN_ONLY}, sort_keys=True,
-                     default=str)  # fmt: skip
+    configs/hardware/dgx1_p100.py), compiled for one GPU of `target` or one CPU device. Loading
+    a profile fits it to its runs, so each run's step is compiled once per process."""
+    kept = {k: v for k, v in run.items() if k not in _RUN_ONLY}
+    key = json.dumps([kept, target and target.gpu], sort_keys=True, default=str)
     if key not in _CALIBRATION_RUNS:
-        _CALIBRATION_RUNS[key] = workload(run_config(run), 1)
+        _CALIBRATION_RUNS[key] = workload(run_config(run), 1, target and target.single())
     return _CALIBRATION_RUNS[key]
 
 
-def calibration_ops(run: dict[str, Any], compiler: str = "cpu") -> opclass.OpClasses:
-    """Op classes of one single-device training step of a calibration run, from its compiled
-    step, as `compiler` runs it (opclass for "cpu", gpufusion for "gpu")."""
-    (chunk,) = calibration_workload(run).chunks
-    return chunk.op_classes("step", compiler)
+def calibration_ops(
+    run: dict[str, Any], target: gputarget.Target | None = None
+) -> opclass.OpClasses:
+    """Op classes of one single-device training step of a calibration run, from its step
+    compiled for `target`'s GPU (or a CPU device)."""
+    (chunk,) = calibration_workload(run, target).chunks
+    return chunk.op_classes("step")
 
 
 def run_config(run: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -208,64 +201,73 @@ def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
 _CACHE: dict[str, Workload] = {}
 
 
-def workload(config: ml_collections.ConfigDict, num_devices: int | None = None) -> Workload:
-    """Costs of `config` on a mesh of its own size (a -1 takes `num_devices`), compiled on
-    the first devices jax has (simulated CPU devices are fine). Cached per config."""
-    key = f"{config.to_json()} {num_devices}"
+def workload(
+    config: ml_collections.ConfigDict,
+    num_devices: int | None = None,
+    target: gputarget.Target | None = None,
+) -> Workload:
+    """Costs of `config` on a mesh of its own size (a -1 takes `num_devices`), compiled for
+    `target`'s GPUs without them (gputarget), or on the first devices jax has (simulated CPU
+    devices are fine). Cached per config and target."""
+    key = f"{config.to_json()} {num_devices} {target}"
     if key not in _CACHE:
-        _CACHE[key] = _workload(config, num_devices)
+        with gputarget.uncached() if target else contextlib.nullcontext():
+            _CACHE[key] = _workload(config, num_devices, target)
     return _CACHE[key]
 
 
-def strategy_for(config: ml_collections.ConfigDict, num_devices: int | None = None,
-                 devices: list | None = None):  # fmt: skip
+def strategy_for(
+    config: ml_collections.ConfigDict, num_devices: int | None = None, devices: list | None = None
+):
     """The strategy the trainer would build for `config` (on `devices`, or the first devices
     jax has)."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.sync.impl = "shard_map"  # pmap runs the same collectives; compile one path
     if config.get("strategy", "auto") == "pmap":
         config.strategy = "data"
-    shape = resolve_mesh(config, num_devices or len(jax.devices()))
+    devices = devices or jax.devices()
+    shape = resolve_mesh(config, num_devices or len(devices))
     n = math.prod(shape.values())
-    if n > len(jax.devices()):
+    if n > len(devices):
         raise ConfigError(
-            f"predicting a {n}-device mesh compiles on {n} devices but jax has "
-            f"{len(jax.devices())}; set XLA_FLAGS=--xla_force_host_platform_device_count={n}"
+            f"predicting a {n}-device mesh compiles on {n} devices but there are "
+            f"{len(devices)}; set XLA_FLAGS=--xla_force_host_platform_device_count={n}"
         )
     config.mesh_shape = tuple(shape.values())
     image_shape, classes = input_spec(config)
     model = models.build(config.model, image_shape, classes)
-    mesh = mesh_lib.make_mesh(shape, (devices or jax.devices())[:n])
+    mesh = mesh_lib.make_mesh(shape, devices[:n])
     return parallel.build(config, model, mesh, optim.make_optimizer(config))
 
 
-def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Workload:
-    strategy = strategy_for(config, num_devices)
+def _workload(
+    config: ml_collections.ConfigDict, num_devices: int | None, target: gputarget.Target | None
+) -> Workload:
+    strategy = strategy_for(config, num_devices, target and target.devices())
     batch = int(config.global_batch_size)
     progs = analysis.programs(strategy, batch)
     sent = strategy.sent_bytes_per_device(batch)
     chunks = []
-    gpu_temp: dict[int, int] = {}
     for c in sorted({p.chunk for p in progs}):
         mine = [p for p in progs if p.chunk == c]
         flops: dict[str, float] = {}
         cols: dict[str, tuple] = {}
         ops: dict[str, opclass.OpClasses] = {}
-        gpu: dict[str, opclass.OpClasses] = {}
         wins: dict[str, tuple] = {}
         for p in mine:
             phase = PHASE[p.role]
             text = p.compiled.as_text()
-            flops[phase] = flops.get(phase, 0.0) + analysis.program_flops(p.compiled)
+            classes = opclass.classify(text, "gpu" if target else "cpu")
+            # XLA:GPU's compile-only programs have no cost analysis: their FLOPs are the
+            # matrix kernels' (what the cost analysis counts bar the elementwise work)
+            counted = analysis.program_flops(p.compiled) if not target else classes.flops
+            flops[phase] = flops.get(phase, 0.0) + counted
             cols[phase] = cols.get(phase, ()) + _rows(p.compiled, dict(p.mesh.shape))
-            ops[phase] = ops.get(phase, opclass.OpClasses()) + opclass.classify(text)
-            fused = gpufusion.analyse(text, config.model.dtype)
-            gpu[phase] = gpu.get(phase, opclass.OpClasses()) + fused.ops
-            gpu_temp[p.stage] = max(gpu_temp.get(p.stage, 0), fused.temp_bytes)
+            ops[phase] = ops.get(phase, opclass.OpClasses()) + classes
             wins[phase] = wins.get(phase, ()) + overlap.windows(text, dict(p.mesh.shape))
-        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops, gpu, wins))
+        chunks.append(ChunkCost(c, mine[0].stage, flops, cols, sent[c], ops, wins))
     report = analysis.stage_memory(strategy, batch, progs)
-    stages = tuple(StageCost(*row, gpu_temp.get(s, 0)) for s, row in enumerate(zip(*report)))
+    stages = tuple(StageCost(*row) for row in zip(*report))
     model = strategy.model
     return Workload(
         name=model.name,
@@ -280,6 +282,7 @@ def _workload(config: ml_collections.ConfigDict, num_devices: int | None) -> Wor
         events=tuple(tuple(e) for e in strategy.schedule_events() or ()),
         chunks=tuple(chunks),
         stages=stages,
+        compiled_for=target.describe() if target else Workload.compiled_for,
     )
 
 
