@@ -28,7 +28,7 @@ from typing import Any
 from jaxpar import configfile, units
 from jaxpar.bench.results import spearman
 from jaxpar.errors import ConfigError
-from jaxpar.predict import hardware
+from jaxpar.predict import gputarget, hardware
 from jaxpar.predict.workload import calibration_ops
 
 TARGETS = {"single": 0.15, "points": 5.0, "median": 0.10, "rank": 0.8}
@@ -74,13 +74,16 @@ def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple,
         if len(rest) < len(names) or not rest:
             continue
         fitted = hardware.fit(profile, rest, names).profile
+        # the baseline: every row predicted at the median images/sec of the rows fitted on
+        constant = statistics.median(float(o["images_per_sec"]) for o in rest)
         for r in (r for r in runs if r["model"] == model):
-            ops = calibration_ops(r, fitted.compiler)
+            ops = calibration_ops(r, fitted.target)
             step = fitted.program_time(ops, r.get("dtype", "float32"))
             step += fitted.step_overhead_s + fitted.program_overhead_s
             predicted = r["batch_size"] / step
             out.append({**r, "predicted_images_per_sec": predicted,
                         "error": predicted / float(r["images_per_sec"]) - 1,
+                        "baseline_error": constant / float(r["images_per_sec"]) - 1,
                         "fitted_on": sorted({o["model"] for o in rest}),
                         "models_left": len({o["model"] for o in rest})})  # fmt: skip
     return out
@@ -126,29 +129,65 @@ def report_profile(path: str, say: Callable[[str], None] | None = None
     `say` takes progress lines."""
     profile, fitted, candidates, names, suites = _spec(path)
     title = f"## {profile.name} ({Path(path).name}; fit {', '.join(names)}; compiler "
-    lines = [title + f"{profile.compiler})", "", *_kernel_lines(path, profile)]
+    lines = [title + f"{profile.compiler})", "", gputarget.programs_line(profile.target), ""]
+    lines += [*_fit_lines(profile, fitted, names), *_kernel_lines(path, profile)]
     figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
-    runs = fitted + candidates
+    runs = [{**r, "held_out": False} for r in fitted] + [
+        {**r, "held_out": True} for r in candidates
+    ]
     if len({r["model"] for r in runs}) >= 2:
         loo = leave_one_out(profile, runs, names, say)
-        head = "| left out | dtype | batch | published/measured img/s | predicted | error | "
-        lines += [head + "fitted on |", "|---|---|---|---|---|---|---|"]
-        for r in loo:
-            lines.append(f"| {r['model']} | {r.get('dtype', 'float32')} | {r['batch_size']} | "
-                         f"{float(r['images_per_sec']):,.1f} | "
-                         f"{r['predicted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% | "
-                         f"{'+'.join(r['fitted_on'])} |")  # fmt: skip
+        for held, part in ((False, "in the shipped fit"), (True, "held out (never fitted)")):
+            mine = [r for r in loo if r["held_out"] == held]
+            if not mine:
+                continue
+            head = f"\nrows {part}, each model left out in turn:\n\n| left out | dtype | batch"
+            lines += [
+                head + " | published/measured img/s | predicted | error | baseline error "
+                "| fitted on |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            for r in mine:
+                lines.append(
+                    f"| {r['model']} | {r.get('dtype', 'float32')} | {r['batch_size']} | "
+                    f"{float(r['images_per_sec']):,.1f} | "
+                    f"{r['predicted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% | "
+                    f"{100 * r['baseline_error']:+.1f}% | "
+                    f"{'+'.join(r['fitted_on'])} |"
+                )
+        lines.append(
+            "\n(baseline: every row predicted at the median images/sec of the rows fitted on)"
+        )
         counted = [abs(r["error"]) for r in loo]  # a profile of two or more models
         if counted:
+            base = max(abs(r["baseline_error"]) for r in loo)
             figures["single"] = max(counted)
-            lines.append(f"\nworst single-device error of a model left out: "
-                         f"{100 * max(counted):.1f}% ({_mark(max(counted) <= TARGETS['single'])}"
-                         f" the 15% target)")  # fmt: skip
+            lines.append(
+                f"\nworst single-device error of a model left out: "
+                f"{100 * max(counted):.1f}% ({_mark(max(counted) <= TARGETS['single'])}"
+                f" the 15% target; the baseline's worst: {100 * base:.1f}%)"
+            )
     else:
         lines.append(f"one model in its runs ({len(runs)} run(s)): no model to leave out")
     for suite in suites:
         lines += ["", *_suite_lines(path, suite, figures, say)]
     return lines, figures
+
+
+def _fit_lines(profile: hardware.Profile, runs: list[dict], names: tuple) -> list[str]:
+    """The shipped fit's costs, and those at their bound."""
+    if not runs or len(runs) < len(names):
+        return []
+    result = hardware.fit(profile, runs, names)
+    costs = ", ".join(f"{n} {getattr(result.profile, n):.3g}" for n in names)
+    bound = (
+        f"AT ITS BOUND: {', '.join(result.at_bound)} (the fit wanted more than the model allows)"
+        if result.at_bound
+        else "none at a bound"
+    )
+    worst = max(abs(r["error"]) for r in result.rows)
+    line = f"shipped fit on {len(runs)} run(s): {costs}; {bound}; worst fitted row "
+    return [line + f"{100 * worst:.1f}%", ""]
 
 
 def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
@@ -203,9 +242,15 @@ def _suite_lines(path: str, suite: str, figures: dict, say=None) -> list[str]:
     if len(errors) >= 3 and here:  # measured on this machine: the median and the ranking
         med, rank = statistics.median(errors), spearman(meas, pred)
         figures["median"], figures["rank"] = med, rank
-        lines.append(f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
-                     f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.3f} "
-                     f"({_mark(rank >= TARGETS['rank'])} 0.8) over {len(errors)} rows")  # fmt: skip
+        constant = statistics.median(meas)
+        base = statistics.median(abs(constant / m - 1) for m in meas)
+        lines.append(
+            f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
+            f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.3f} "
+            f"({_mark(rank >= TARGETS['rank'])} 0.8) over {len(errors)} rows; the "
+            f"baseline (every row at the median measured images/sec): median |error| "
+            f"{100 * base:.1f}%, no ranking"
+        )
         lines += _repeat_line(spec, [r["name"] for r in rows if r.get("reference_images_per_sec")])
     return lines
 
