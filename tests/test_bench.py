@@ -14,7 +14,7 @@ import pytest
 from matplotlib.collections import PathCollection
 
 from jaxpar import config as config_lib
-from jaxpar import trainer
+from jaxpar import stats, trainer
 from jaxpar.bench import plots, predicted, results
 from jaxpar.bench.__main__ import main as bench_main
 from jaxpar.bench.outdir import Refused
@@ -433,20 +433,20 @@ def test_an_edited_row_is_measured_again_and_its_old_record_kept(fake, capsys):
 
 
 def test_spearman_on_known_inputs():
-    assert results.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert results.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert stats.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert stats.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
     # one swapped pair in five: 1 - 6 * sum(d^2) / (n (n^2 - 1)) = 1 - 6 * 4 / 120
-    assert results.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    assert stats.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
     # ties share the average rank: x ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4); Pearson's r
     # of the ranks: deviations (-1.5, 0, 0, 1.5) and (-1.5, -0.5, 0.5, 1.5), 4.5 / sqrt(4.5 * 5)
-    assert results.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / 22.5**0.5)
+    assert stats.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(4.5 / 22.5**0.5)
     # unsorted, with a tie: x ranks (2, 3.5, 3.5, 1), deviations (-0.5, 1, 1, -1.5) against
     # (-1.5, -0.5, 0.5, 1.5): -1.5 / sqrt(4.5 * 5) (ordinal ranks (2, 3, 4, 1) would give -0.2)
-    assert results.spearman([10, 20, 20, 5], [1, 2, 3, 4]) == pytest.approx(-1.5 / 22.5**0.5)
-    assert results.spearman([5, 5, 5], [1, 2, 3]) is None  # no ranking on one side
-    assert results.spearman([1.0], [2.0]) is None
+    assert stats.spearman([10, 20, 20, 5], [1, 2, 3, 4]) == pytest.approx(-1.5 / 22.5**0.5)
+    assert stats.spearman([5, 5, 5], [1, 2, 3]) is None  # no ranking on one side
+    assert stats.spearman([1.0], [2.0]) is None
     with pytest.raises(ValueError):
-        results.spearman([1, 2], [1])
+        stats.spearman([1, 2], [1])
 
 
 def _predicted_row(name, rate, status="ok", **extra):

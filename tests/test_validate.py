@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from jaxpar.predict import hardware, validate
+from jaxpar.predict import fitting, validate
 
 # Three runs of two tiny models: fit on vgg11's two runs, predict resnet20, and back.
 PROFILE = """
@@ -42,7 +42,7 @@ def test_leave_one_model_out_report(tmp_path):
     loo = validate.leave_one_out(profile, fitted + candidates, names)
     by_model = {r["model"]: r for r in loo}
     # resnet20 predicted from the vgg11 fit alone: the same as fitting by hand
-    fit = hardware.fit(profile, fitted, names).profile
+    fit = fitting.fit(profile, fitted, names).profile
     ops = validate.calibration_ops(candidates[0], fit.target)
     step = fit.program_time(ops, "float32") + fit.step_overhead_s + fit.program_overhead_s
     assert by_model["resnet20"]["predicted_images_per_sec"] == 8 / step

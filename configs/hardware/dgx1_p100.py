@@ -33,9 +33,10 @@ Sources and assumptions:
   per-kernel time is TensorFlow 1.x's (each op a kernel of its own), which the published
   figures measure; jaxpar's fused XLA program would pay less (the H100's trace: 2.5 us), so
   steps of small kernels (small batches, 32x32 maps) come out pessimistic for jaxpar here.
-- Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): memory-bound
-  kernels at 0.9 x the 732 GB/s datasheet rate (streaming kernels reach about that on HBM2),
-  matrix kernels on a roofline.
+- Priced from XLA:GPU's own programs for P100s (`gpu = "p100_sxm2"`, compiled here:
+  jaxpar/predict/gputarget.py): memory-bound kernels at 0.9 x the 732 GB/s datasheet rate
+  (streaming kernels reach about that on HBM2), matrix kernels on a roofline. On those
+  programs the one fitted cost leaves VGG16 at 140 images/sec (-9%) and ResNet-50 at 222 (+1%).
 - Calibration candidates, never fitted by this profile: the other single-GPU figures
   tf_cnn_benchmarks published for the DGX-1 (tensorflow.org/performance/benchmarks, 2017;
   synthetic ImageNet, float32): Inception-v3 142 images/sec (batch 64), ResNet-152 91.8

@@ -12,12 +12,10 @@ Sources and assumptions:
   published kernel timings of a GTX 1080 Ti (94 convolution shapes, forward and both
   gradients, CUDA 8.0.88, cuDNN 6.0.21: configs/hardware/kernels/deepbench_gtx1080ti.csv;
   jaxpar/predict/kernels.py fits 3x3/5x5 stride-1 kernels at 1.54 x peak, the others at
-  0.76, 35 us per kernel, a kernel's median error 24.5%). Priced as XLA:GPU would run the
-  step (`compiler = "gpu"`), memory-bound kernels at 0.9 x 484 GB/s, and each kernel's
+  0.76, 35 us per kernel, a kernel's median error 24.5%). Priced from XLA:GPU's own programs for
+  a GTX 1080 Ti (`gpu = "gtx1080ti"`, compiled here), memory-bound kernels at 0.9 x 484 GB/s, and each kernel's
   framework and launch time taken from the DGX-1's fit to tf_cnn_benchmarks (37 us,
-  TensorFlow 1.x, which seed 000's server ran too). Until 2026-11-26 this profile assumed
-  the P100's fitted rates less a tenth (3x3 convolutions 1.24 x peak, other matmuls 0.33)
-  on the CPU's program. Replace with your own measurement (`python -m jaxpar.predict
+  TensorFlow 1.x, which seed 000's server ran too). Replace with your own measurement (`python -m jaxpar.predict
   --calibrate`) when you have one.
 - overlap = 0 (all-reduce after the backward).
 """

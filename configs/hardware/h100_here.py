@@ -141,11 +141,11 @@ def get_config():
     # 2.58 / 2.14 / 2.45 TB/s to ResNet-50's / Inception-v3's / AlexNet's (docs/predict.md)
     c.memory_bandwidth = 2.5e12
     c.kernel_s = 2.0e-6
-    # edited: each class of memory-bound kernel at its own costs (gpufusion's rule 8), from
+    # edited: each class of memory-bound kernel at its own costs, from
     # the kernel traces of ResNet-50 and AlexNet without command buffers fitted together
     # (benchmarks/gpu_trace.py with both rows; docs/predict.md): a transpose (a weight into
     # cuDNN's layout) and a pooling window move their bytes at about half an elementwise
-    # kernel's rate, and a reduction starts slower. Since 2026-11-27 (rule 9) a reduction
+    # kernel's rate, and a reduction starts slower. A reduction
     # into few results is priced apart, by one result's lane: reduce refitted on the same two
     # traces without those, reduce_few on five (the VGG19 rows' three added: the two hold
     # only 0.04 GB of them); docs/predict.md, "Reductions into few results"

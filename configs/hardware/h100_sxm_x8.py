@@ -10,35 +10,26 @@ Sources and assumptions:
 - NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU into the NVSwitches; NCCL
   all-reduce reaches ~360 GB/s bus bandwidth on 8 GPUs (nccl-tests on DGX H100, without
   NVLink SHARP). We take 360 GB/s as one "ring" and 5 us per step.
-- Compute: fitted to the four measured single-GPU runs (one H100 80GB
-  HBM3, JAX 0.11.2, CUDA 13, jaxpar at e58f54e, configs/vgg19_data.py at full width,
-  synthetic CIFAR-shaped data, images/sec): float32 batch 128: 31,784; bfloat16 batch 128:
-  27,789; float32 batch 512: 55,925; bfloat16 batch 512: 100,044. Two costs are fitted
-  (`fit`), by operation class (jaxpar/predict/opclass.py): the convolutions' fraction of
-  peak, and the host's time to launch one kernel. A step takes the longer of the device's
-  work and the host's launches (JAX dispatches asynchronously), so a small batch is bound by
-  the launches: bfloat16 at batch 128 is slower than float32 because its program has more
-  kernels (704 against 630: the casts), not because its convolutions are slower. Fitted on
-  the CPU program (before gpufusion): 0.26 of peak and 6.6 us per kernel, the four rows
-  within 9% (docs/predict.md, "One H100"). Until 2026-11-26 (second session) the device time
-  per kernel was fitted with them and the memory-bound kernels priced at 0.9 x the datasheet's
-  3.35 TB/s: ResNet-50 came out 16.1% fast. Now the H100's own kernel trace prices them
-  (AlexNet's, traced on an H100 80GB HBM3: memory-bound kernels at 2.49 us + bytes / 2.45
-  TB/s, the first layer at 37.4 TFLOP/s; ResNet-50's trace is not used, it is the check) and
-  two costs are fitted: 0.68 of peak and 10.6 us launched per kernel, the rows within 10%.
-  Since 2026-11-27 the same trace prices each class of memory-bound kernel at its own costs
-  (gpufusion's rules 7 and 8: split reductions, transposes and windows at about half an
-  elementwise kernel's rate) and the fit gives 0.81 of peak and 8.7 us; ResNet-50 -8.6% ->
-  -5.0% (-7.2% before rule 7's split reductions); -1.1% since a ReLU's input (the
-  pre-ReLU value) is computed inside its two users (gpufusion's rule 2). Note that jaxpar's step
-  has grown faster since e58f54e (37,422 img/s at float32 batch 128 on 2026-11-26):
-  configs/hardware/h100_here.py is this GPU measured later.
-- Priced as XLA:GPU would run it (`compiler = "gpu"`, jaxpar/predict/gpufusion.py): the CPU
-  program re-fused as the GPU compiler fuses, memory-bound kernels at the traced costs above,
-  matrix kernels on a roofline.
+- Compute: fitted to the four measured single-GPU runs (one H100 80GB HBM3, JAX 0.11.2, CUDA
+  13, jaxpar at e58f54e, configs/vgg19_data.py at full width, synthetic CIFAR-shaped data,
+  images/sec; history: jaxpar's step has grown faster since, 37,422 img/s at float32 batch 128
+  on 2026-11-26, and configs/hardware/h100_here.py is this GPU measured later): float32 batch
+  128: 31,784; bfloat16 batch 128: 27,789; float32 batch 512: 55,925; bfloat16 batch 512:
+  100,044. Two costs are fitted (`fit`): the convolutions' fraction of peak, and the host's
+  time to launch one kernel. A step takes the longer of the device's work and the host's
+  launches (JAX dispatches asynchronously), so a small batch is bound by the launches.
+  Fitted on XLA:GPU's own programs for one H100 (compiled here: jaxpar/predict/gputarget.py):
+  0.953 of peak and 11.8 us per kernel launched (`python -m jaxpar.predict --validate
+  --profile configs/hardware/h100_sxm_x8.py`).
+- Priced from XLA:GPU's programs for 8 H100s (`gpu = "h100_sxm"`): every kernel they launch
+  (cuDNN convolutions and Triton GEMMs on a roofline, XLA:GPU's fusions at the costs AlexNet's
+  kernel trace measured on an H100 80GB HBM3, by class: memory-bound kernels at 2.49 us +
+  bytes / 2.45 TB/s, the first layer at 37.4 TFLOP/s); memory per GPU from XLA:GPU's buffer
+  assignment.
 - Calibration candidate, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on
   an H100 80GB HBM3 with benchmarks/single_device.py: 4,745 images/sec (docs/predict.md, "Measured
-  later"). `python -m jaxpar.predict --validate` predicts it from the VGG19 rows alone.
+  later"). `python -m jaxpar.predict --validate` predicts it from the VGG19 rows alone: 4,673
+  (-1.5%).
 - overlap = None: as XLA:GPU schedules jaxpar's step. Its collectives are asynchronous and the
   latency-hiding scheduler starts each gradient's all-reduce once the gradient is computed, so
   the predictor sends the gradients one after another from where each is ready in the program
@@ -83,11 +74,11 @@ def get_config():
     # on an H100 80GB HBM3 by here.py's narrow convolutions (configs/hardware/h100_here.py)
     c.tile_width = 128.0
     # and each class of memory-bound kernel at its own costs, from the same trace
-    # (benchmarks/gpu_trace.py; gpufusion's rule 8)
+    # (benchmarks/gpu_trace.py)
     c.memory_kernel_costs = {
         "elementwise": (1.84e-6, 3.00e12),
         "reduce": (3.78e-6, 2.67e12),
-        # a reduction into few results (rule 9), about 1.1 GB/s per result: not in AlexNet's
+        # a reduction into few results (opclass.reduction_class), about 1.1 GB/s per result: not in AlexNet's
         # program; from the traces h100_here.py's costs come from (docs/predict.md)
         "reduce_few": (0.73e-6, 1.07e9),
         "transpose": (0.04e-6, 0.83e12),

@@ -7,21 +7,19 @@ Sources and assumptions:
 - H200 SXM: the H100 SXM's tensor cores (989.4 TFLOP/s dense bfloat16, 494.7 TF32:
   jaxpar/peak_flops.py), 141 GB HBM3e (~139 GB usable) at 4.8 TB/s (NVIDIA H200 datasheet);
   NVLink 4 through NVSwitch as the H100's (configs/hardware/h100_sxm_x8.py).
-- Priced as XLA:GPU would run the step (`compiler = "gpu"`): memory-bound kernels at 0.9 x
-  4.8 TB/s, matrix kernels on a roofline. The host's launch time and the device's time per
+- Priced from XLA:GPU's own programs for H200s (`gpu = "h200_sxm"`, compiled here):
+  memory-bound kernels at 0.9 x 4.8 TB/s, matrix kernels on a roofline. The host's launch time and the device's time per
   kernel are the H100 profile's fitted ones (same host software, same compiler), and so is
   the first layer's rate (thin_efficiency, from the H100's trace: the same tensor cores and
   cuDNN); only the convolutions' fraction of peak is fitted here. No H200 kernel was traced,
-  so its memory-bound kernels are not priced by class (the H100's are: gpufusion's rule 8).
+  so its memory-bound kernels are not priced by class (the H100's are).
 - Calibration: three single-GPU rows measured on one H200 with benchmarks/single_device.py
   (JAX 0.11.2, CUDA 13; jaxpar's one-device step, synthetic data, 10 classes, BatchNorm,
   full width; docs/predict.md, "Measured later"): VGG19 at 32x32 in bfloat16, batch 512:
   111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256: 6,324; ResNet-50 at
   224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row alone (the
-  convolutions at 0.42 of peak); the two ResNet-50 rows are candidates, predicted by
-  `--validate` from it (+4.5% and +0.8%; +12.2% and +8.4% before the first layer had its
-  own rate), and VGG19 from them (-4.5%; -14.2%). Since gpufusion's rule 2 computes a
-  ReLU's input (the pre-ReLU value) inside its users (2026-11-27): +9.4%, +1.4% and -8.3%.
+  convolutions at 0.48 of peak); the two ResNet-50 rows are candidates, predicted by
+  `--validate` from it (docs/predict.md, "What the validation says").
   single_device.py trains with plain SGD where the profile's runs use the base config's
   optimizer: a difference of one memory-bound update per step (under 1% of these steps).
 - overlap = None: as XLA:GPU schedules the step (see the H100 profile).
@@ -39,12 +37,10 @@ def get_config():
     c.memory_bytes = 139 * GB
     c.gpu = "h200_sxm"
     c.memory_bandwidth = 0.9 * 4.8e12
-    c.launch_s = 9.58e-6  # the H100 profile's fitted costs (8.69 us before the tile width, 10.6 us
-    # before gpufusion's rule 7)
+    c.launch_s = 11.8e-6  # the H100 profile's fitted launch time
     c.kernel_s = 0.35e-6
     # no trace of an H200's kernels: every memory-bound kernel at the bandwidth above (the
-    # H100's per-class costs, gpufusion's rule 8, took the ResNet-50 rows from +4.6% / +0.9% to
-    # -13.9% / -16.2%: its classes' bandwidths are the H100's)
+    # H100's per-class bandwidths are the H100's memory's)
     c.memory_kernel_costs = {}
     # the tensor-core tile (tile_width 128, from the H100 profile): an H200's narrow
     # convolutions, timed by --calibrate-here on 2026-11-27, fit 128 too (docs/predict.md)

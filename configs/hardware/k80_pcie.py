@@ -17,7 +17,9 @@ Sources and assumptions:
   2017, Google Compute Engine K80; synthetic ImageNet, float32). Seed 003's "4.4x faster on
   P100 than K80" gives 154 / 4.4 = 35 for VGG16, in agreement; it quotes the K80 baselines as
   "30 images/sec on InceptionV3 and 50 images/sec on Resnet50".
-- Priced as XLA:GPU would run it (`compiler = "gpu"`): memory-bound kernels at 0.9 x 240 GB/s.
+- Priced as a GPU (`compiler = "gpu"`: memory-bound kernels at 0.9 x 240 GB/s) but from the
+  programs XLA:CPU compiles: a K80's compute capability (3.7) is below what CUDA 12, and so
+  JAX's CUDA plugin, compiles for (`gpu = "k80"` says so in one line when the profile loads).
 - Calibration candidates, never fitted by this profile: the same page's other single-K80
   figures: Inception-v3 30.5 images/sec (batch 64), ResNet-152 20.0 (batch 32), AlexNet 656
   (batch 512). `python -m jaxpar.predict --validate` predicts each from a fit on the others.

@@ -14,8 +14,9 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.bench import suite as suite_lib
-from jaxpar.bench.results import mesh_cell, mib_cell, number_cell, spearman
+from jaxpar.bench.results import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
+from jaxpar.stats import spearman
 
 # predictions.json's row key -> the bench row's key (jaxpar.predict.model's `_row`)
 PREDICTED = {

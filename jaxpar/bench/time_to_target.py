@@ -22,6 +22,7 @@ import math
 import os
 from typing import Any
 
+from jaxpar import stats
 from jaxpar.bench import results as results_lib
 
 # The keys this study adds to each row of results.json / .csv (None where they do not apply).
@@ -179,7 +180,7 @@ def summary(table: list[dict]) -> dict[str, Any]:
     """Spearman's rank correlation of predicted against measured time to target over the rows
     with both, and the median and largest |error| of the predicted steps."""
     both = [r for r in table if r.get("predicted_time_to_target_s") and r.get("time_to_target_s")]
-    rho = results_lib.spearman(
+    rho = stats.spearman(
         [r["time_to_target_s"] for r in both], [r["predicted_time_to_target_s"] for r in both]
     )
     out: dict[str, Any] = {"rows_compared": len(both), "spearman_time": rho}

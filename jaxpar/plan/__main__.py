@@ -30,7 +30,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from jaxpar import configfile, log, oneline
+from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
 
@@ -127,6 +127,7 @@ def extra_overrides(overrides: dict, n: int, profile) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     log.setup()  # jaxpar's lines (a measured candidate's sweep) on stdout
+    compile_cache.enable()  # programs compiled before (CPU ones) load from disk
     parser = argparse.ArgumentParser(
         prog="python -m jaxpar.plan",
         usage="%(prog)s --config FILE --profile PROFILE [--config.KEY=VALUE ...] [options]",

@@ -20,7 +20,7 @@ import io
 import sys
 from pathlib import Path
 
-from jaxpar import configfile, log, oneline
+from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
 from jaxpar.predict import gputarget, load_profile, predict_rows, recommend
 from jaxpar.predict.suites import add_reference, load_rows
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
                         "costs (--fit) to single-device runs: bench sweeps' 1-device rows, or "
                         "files listing runs")  # fmt: skip
     parser.add_argument("--fit", default="compute_efficiency", help="comma-separated costs "
-                        "to fit with --calibrate (hardware.FITTABLE)")  # fmt: skip
+                        "to fit with --calibrate (fitting.FITTABLE)")  # fmt: skip
     parser.add_argument("--pool", action="store_true", help="with --calibrate: measure this "
                         "machine's compute_pool, links, narrow_width and kernel_s (simulated CPU "
                         "devices; kernel_s is priced with, not fitted, unless --fit names it)")  # fmt: skip
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxpar.predict import here
 
     log.setup()  # jaxpar's own lines (the trainer's, a calibration's) on stdout
+    compile_cache.enable()  # programs compiled before (CPU ones) load from disk
 
     args, rest = _parser().parse_known_args(argv)
     if args.calibrate:
@@ -203,7 +204,7 @@ def _validate(args) -> int:
 
 def _calibrate(args) -> int:
     """--calibrate: fit, report each run's fit and the cross-model check, optionally --pool."""
-    from jaxpar.predict import calibrate, hardware, micro
+    from jaxpar.predict import calibrate, fitting, micro
 
     try:
         (profile,) = [load_profile(p) for p in args.profile[:1]]
@@ -225,7 +226,7 @@ def _calibrate(args) -> int:
                 profile = dataclasses.replace(profile, kernel_s=kernel["kernel_s"])
         print(calibrate.report(profile, runs, names))
         if args.pool:  # its price at the rates just fitted
-            fitted = hardware.fit(profile, runs, names).profile
+            fitted = fitting.fit(profile, runs, names).profile
             print(micro.forward_report(fitted, micro.measure_forward(runs[0])))
     except ValueError as e:
         oneline.print_error(oneline.first_line(e))

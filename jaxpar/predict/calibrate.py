@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import hardware
+from jaxpar.predict import fitting, hardware
 from jaxpar.predict.workload import calibration_ops, input_spec, run_config, strategy_for
 
 _RUN_KEYS = {"model.name": "model", "model.width": "width", "model.batch_norm": "batch_norm",
@@ -88,7 +88,7 @@ def cross_check(profile: hardware.Profile, runs: list[dict], names: tuple[str, .
         others = [r for r in runs if r["model"] != model]
         if len(others) < len(names):
             continue
-        fitted = hardware.fit(profile, others, names).profile
+        fitted = fitting.fit(profile, others, names).profile
         for r in (r for r in runs if r["model"] == model):
             step = fitted.program_time(
                 calibration_ops(r, fitted.target), r.get("dtype", "float32")
@@ -149,7 +149,7 @@ def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) ->
 
 def report(profile: hardware.Profile, runs: list[dict], names: tuple[str, ...]) -> str:
     """The fitted costs, each run's fit, and the cross-model check, as text."""
-    result = hardware.fit(profile, runs, names)
+    result = fitting.fit(profile, runs, names)
     p = result.profile
     lines = [f"fitted {', '.join(names)} on {len(runs)} single-device run(s):"]
     for n in names:

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from jaxpar import configfile, models, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibrate, hardware, kernels, opclass, traces
+from jaxpar.predict import calibrate, fitting, hardware, kernels, opclass, traces
 from jaxpar.predict.workload import run_config
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
@@ -59,7 +59,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--here-rows", help=say + "MODEL:WIDTH:IMAGE:DTYPE:BATCH,... to time "
                         "(default: two small rows on a CPU, four full-width ones on a GPU)")  # fmt: skip
     parser.add_argument("--here-seconds", type=float, default=2.0, help=say + "seconds per row")
-    parser.add_argument("--here-fit", help=say + "costs to fit (hardware.FITTABLE; default "
+    parser.add_argument("--here-fit", help=say + "costs to fit (fitting.FITTABLE; default "
                         "compute_efficiency,kernel_s, or compute_efficiency for one row)")  # fmt: skip
     parser.add_argument("--here-devices", type=int, help=say + "the profile's node holds this many "
                         "of these devices (default: the ones here; links stay placeholders)")  # fmt: skip
@@ -71,8 +71,8 @@ def _plan(args) -> tuple[list[str], tuple[str, ...]]:
     rows = [r for r in (args.here_rows or "").split(",") if r] or list(GPU_ROWS if gpu else CPU_ROWS)  # fmt: skip
     given = (getattr(args, "here_fit", None) or "").split(",")
     names = tuple(n.strip() for n in given if n.strip()) or DEFAULT_FIT[: len(rows)]
-    if bad := [n for n in names if n not in hardware.FITTABLE]:
-        raise ConfigError(f"--here-fit: no cost {bad[0]!r}; one of {', '.join(hardware.FITTABLE)}")
+    if bad := [n for n in names if n not in fitting.FITTABLE]:
+        raise ConfigError(f"--here-fit: no cost {bad[0]!r}; one of {', '.join(fitting.FITTABLE)}")
     if len(rows) < len(names):
         raise ConfigError(f"fitting {len(names)} costs needs {len(names)} rows, not "
                           f"{len(rows)}: add --here-rows or name fewer in --here-fit")  # fmt: skip

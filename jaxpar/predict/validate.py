@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxpar import configfile, units
-from jaxpar.bench.results import spearman
 from jaxpar.errors import ConfigError
-from jaxpar.predict import gputarget, hardware
+from jaxpar.predict import fitting, gputarget, hardware
 from jaxpar.predict.workload import calibration_ops
+from jaxpar.stats import spearman
 
 TARGETS = {"single": 0.15, "points": 5.0, "median": 0.10, "rank": 0.8}
 
@@ -73,7 +73,7 @@ def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple,
         rest = [r for r in runs if r["model"] != model]
         if len(rest) < len(names) or not rest:
             continue
-        fitted = hardware.fit(profile, rest, names).profile
+        fitted = fitting.fit(profile, rest, names).profile
         # the baseline: every row predicted at the median images/sec of the rows fitted on
         constant = statistics.median(float(o["images_per_sec"]) for o in rest)
         for r in (r for r in runs if r["model"] == model):
@@ -178,7 +178,7 @@ def _fit_lines(profile: hardware.Profile, runs: list[dict], names: tuple) -> lis
     """The shipped fit's costs, and those at their bound."""
     if not runs or len(runs) < len(names):
         return []
-    result = hardware.fit(profile, runs, names)
+    result = fitting.fit(profile, runs, names)
     costs = ", ".join(f"{n} {getattr(result.profile, n):.3g}" for n in names)
     bound = (
         f"AT ITS BOUND: {', '.join(result.at_bound)} (the fit wanted more than the model allows)"

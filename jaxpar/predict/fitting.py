@@ -1,0 +1,184 @@
+"""Fitting a profile's costs to measured single-device runs: `calibrate` solves the matmul
+efficiency from one run, `fit` solves any of FITTABLE from several by bounded least squares
+and says which ended at a bound. Each run's program is compiled for the profile's target
+(workload.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any
+
+from jaxpar.errors import ConfigError
+from jaxpar.predict import workload
+
+if TYPE_CHECKING:
+    from jaxpar.predict.hardware import Profile
+
+
+def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
+    """Set compute efficiency from one measured single-device run: images/sec of a named model
+    at a batch size. The step's op classes are the compiled single-device step's own (as the
+    predictor counts every program); the profile's other costs (memory bandwidth, per-kernel
+    times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
+    a prediction of the calibration run itself gives back the measured images/sec."""
+    step = _measured_step(profile, run)
+    ops = workload.calibration_ops(run, profile.target)
+    dtype = run.get("dtype", "float32")
+    rest = step - profile.device_time(
+        dataclasses.replace(ops, matmul_flops=0.0, conv3x3_flops=0.0), dtype
+    )
+    if rest <= 0 or profile.host_time(ops) >= step:
+        raise ConfigError(
+            f"profile {profile.name}: the calibration run ({run['model']}, batch "
+            f"{run['batch_size']}) takes {step * 1e3:.2f} ms, no more than the profile's fixed "
+            "and per-kernel costs; calibrate on a larger batch"
+        )
+    peak = profile.peak(dtype)
+    ratio = (
+        profile.conv3x3_efficiency / profile.compute_efficiency
+        if profile.conv3x3_efficiency and profile.compute_efficiency
+        else 1.0
+    )
+    eff = (ops.matmul_flops + ops.conv3x3_flops / ratio) / rest / peak
+    if profile.compiler == "gpu" and profile.memory_bandwidth:  # on a roofline: solved
+        return _solve_efficiency(profile, ops, dtype, step, eff, ratio)
+    return dataclasses.replace(
+        profile,
+        compute_efficiency=eff,
+        conv3x3_efficiency=eff * ratio if profile.conv3x3_efficiency else 0.0,
+    )
+
+
+def _solve_efficiency(
+    profile: Profile, ops, dtype: str, step: float, eff: float, ratio: float
+) -> Profile:
+    """The matmul efficiency (3x3 convolutions at `ratio` times it) whose program time is
+    `step`, by bisection in log space: on a roofline a kernel bound by its bytes does not
+    speed up with a higher rate, so the time is not inversely proportional to it."""
+
+    def at(e: float) -> Profile:
+        return dataclasses.replace(
+            profile,
+            compute_efficiency=e,
+            conv3x3_efficiency=e * ratio if profile.conv3x3_efficiency else 0.0,
+        )
+
+    lo, hi = math.log(eff) - 3.0, math.log(eff) + 12.0
+    if at(math.exp(hi)).program_time(ops, dtype) > step:
+        raise ConfigError(
+            f"profile {profile.name}: the calibration run's memory-bound work "
+            f"alone takes longer than its measured {step * 1e3:.2f} ms"
+        )
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(math.exp(mid)).program_time(ops, dtype) > step else (lo, mid)
+    return at(math.exp(hi))
+
+
+def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
+    """The measured step's time less the profile's fixed step and program costs."""
+    batch = int(run["batch_size"])
+    return (
+        batch / float(run["images_per_sec"])
+        - profile.step_overhead_s
+        - (profile.program_overhead_s)
+    )
+
+
+# Profile costs `fit` may solve for, each positive (fitted in log space).
+FITTABLE = (
+    "compute_efficiency",
+    "conv3x3_efficiency",
+    "memory_bandwidth",
+    "kernel_s",
+    "launch_s",
+    "step_overhead_s",
+    "narrow_width",
+    "thin_efficiency",
+    "matmul_kernel_s",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    profile: Profile
+    rows: list[dict[str, Any]]  # each run with measured and fitted images/sec and the error
+    # the fitted costs that ended at their bound (a fraction of peak at 1): the fit wanted more
+    # than the model allows, so the rows' errors say less than they seem to
+    at_bound: tuple[str, ...] = ()
+
+
+def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) -> Fit:
+    """Least-squares fit of the profile costs `names` (see FITTABLE) to measured single-device
+    runs (relative error of each run's step time); the other costs stay as the profile gives
+    them, except that a fit of compute_efficiency without conv3x3_efficiency prices every
+    matmul class at the one compute_efficiency (a fit of neither keeps the profile's classes,
+    e.g. from its kernel_benchmarks: kernels.py). Needs at least as many runs as costs. The runs' op classes come from their compiled
+    steps (workload.calibration_ops)."""
+    import numpy as np
+    from scipy import optimize
+
+    bad = [n for n in names if n not in FITTABLE]
+    if bad or not names:
+        raise ConfigError(
+            f"profile {profile.name}: fit must name some of {', '.join(FITTABLE)}"
+            f"{f'; not {bad[0]!r}' if bad else ''}"
+        )
+    if len(runs) < len(names):
+        raise ConfigError(
+            f"profile {profile.name}: fitting {len(names)} costs needs at least "
+            f"{len(names)} calibration runs, got {len(runs)}"
+        )
+    if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
+        profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
+    ops = [workload.calibration_ops(r, profile.target) for r in runs]
+    measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
+    start = {
+        "compute_efficiency": 0.5,
+        "conv3x3_efficiency": 0.5,
+        "memory_bandwidth": 1e11,
+        "kernel_s": 1e-6,
+        "launch_s": 1e-6,
+        "step_overhead_s": 1e-3,
+        "narrow_width": 32.0,
+        "thin_efficiency": 0.05,
+        "matmul_kernel_s": 1e-5,
+    }
+
+    def with_costs(logs) -> Profile:
+        values = {n: float(np.exp(v)) for n, v in zip(names, logs)}
+        return dataclasses.replace(profile, **values)
+
+    def predicted(p: Profile) -> np.ndarray:
+        return np.array(
+            [
+                p.program_time(o, r.get("dtype", "float32"))
+                + p.step_overhead_s
+                + p.program_overhead_s
+                for o, r in zip(ops, runs)
+            ]
+        )
+
+    x0 = np.array([np.log(getattr(profile, n) or start[n]) for n in names])
+    # the step is a max of device and host time: a cost on the side that does not bind has no
+    # gradient, so start from a few scales of the first guess and keep the best
+    # a fraction of peak is at most 1 (3x3 convolutions: 3, Winograd does fewer products)
+    top = {"compute_efficiency": 0.0, "thin_efficiency": 0.0, "conv3x3_efficiency": np.log(3.0)}
+    upper = np.array([top.get(n, np.inf) for n in names])
+    tries = [
+        optimize.least_squares(
+            lambda x: predicted(with_costs(x)) / measured - 1,
+            np.minimum(x0 + d, upper - 1e-6),
+            bounds=(-np.inf, upper),
+        )
+        for d in (0.0, np.log(10.0), -np.log(10.0))
+    ]
+    best = min(tries, key=lambda t: t.cost)
+    fitted = with_costs(best.x)
+    at_bound = tuple(n for n, x, top in zip(names, best.x, upper) if x >= top - 1e-4)
+    rows = [
+        {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}
+        for r, t, t_m in zip(runs, predicted(fitted), measured)
+    ]
+    return Fit(fitted, rows, at_bound)
