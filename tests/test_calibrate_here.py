@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from configs import base
-from jaxpar.predict import hardware, here, predict_config
+from jaxpar.predict import fitting, here, predict_config
 from jaxpar.predict.workload import calibration_ops
 
 
@@ -36,7 +36,7 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     report = here.write_profile(str(path), micro, [run], ("compute_efficiency",))
     assert "measured img/s" in report and f"--profile {path}" in report
 
-    profile = hardware.load_profile(path)  # fitted to its one run as it loads
+    profile = fitting.load_profile(path)  # fitted to its one run as it loads
     assert profile.name == "8 x cpu (measured here)" and profile.num_devices == 8
     assert 0 < profile.memory_bandwidth < math.inf
     # the first layer's convolution, timed here, against the matmul's rate
@@ -114,7 +114,7 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
              "memory_bandwidth_array_bytes": 1 << 30, "memory_bandwidth": 7e11,
              "launch_s": 30e-6, "sync_call_s": 60e-6, "kernel_s": 3e-6,
              "peak_memory_bytes": 16e9}  # fmt: skip
-    truth = hardware.from_config({
+    truth = fitting.from_config({
         "name": "a GPU", "num_devices": 1, "devices_per_node": 1,
         "peak_flops": {"float32": 1e13}, "memory_bytes": 16e9,
         "intra": {"bandwidth": 1e11, "latency": 0.0}, "compiler": "gpu",
@@ -141,7 +141,7 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     assert len(own) >= 3 and len(table) == 24 + len(own)
     c = configfile.load(str(path))
     traced = runpy.run_path(str(path))["MEASURED"]["traced"]
-    p = hardware.load_profile(path)
+    p = fitting.load_profile(path)
     assert tuple(c.fit) == here.TRACED_FIT and traced["named_share"] == 1.0
     assert (
         p.memory_kernel_costs == traced["memory_kernel_costs"]

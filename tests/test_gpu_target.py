@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from jaxpar import analysis
-from jaxpar.predict import gputarget, hardware, opclass
+from jaxpar.predict import fitting, gputarget, hardware, opclass
 from jaxpar.predict.workload import strategy_for, workload
 from tests.util import tiny_config
 
@@ -138,7 +138,7 @@ def test_memory_per_gpu_is_xla_gpus_not_the_cpus():
 
 
 def _profile() -> hardware.Profile:
-    return hardware.from_config(
+    return fitting.from_config(
         {
             "name": "test GPU",
             "num_devices": 8,

@@ -203,7 +203,7 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     convolutions read from its forward as 43 shapes (34 layers of 1x7, 7x1, 1x3 or 3x1); one
     small 1x7 shape's three kernels timed from a trace, within their programs' time, priced
     by a profile as kernels.py prices a table's kernel, and written as a kernel table."""
-    from jaxpar.predict import hardware, here, kernels
+    from jaxpar.predict import fitting, here, kernels
 
     where = importlib.util.spec_from_file_location("conv_micro", Path("benchmarks/conv_micro.py"))
     conv_micro = importlib.util.module_from_spec(where)
@@ -225,7 +225,7 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     timed = conv_micro.measure(small, "float32", calls=2)
     for _, column in conv_micro.KINDS:
         assert 0 < timed[column] <= timed[column.replace("_ms", "_all_ms")]
-    profile = hardware.from_config({
+    profile = fitting.from_config({
         "name": "a GPU", "num_devices": 1, "devices_per_node": 1,
         "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9,
         "intra": {"bandwidth": 1e9, "latency": 0.0}, "compiler": "gpu",

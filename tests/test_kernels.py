@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import hardware, kernels
+from jaxpar.predict import fitting, hardware, kernels
 
 GB = 1e9
 TABLE = "configs/hardware/kernels/deepbench_p100.csv"
@@ -131,7 +131,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     path = tmp_path / "gpu.py"
     report = here.write_profile(str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed))
     assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
-    p = hardware.load_profile(path)
+    p = fitting.load_profile(path)
     assert p.compiler == "gpu" and p.tile_width == 128.0 and "tile_width 128" in path.read_text()
     for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
                         ("matmul_kernel_s", 40e-6), ("kernel_s", 3e-6)):  # fmt: skip
@@ -148,7 +148,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     path = tmp_path / "gpu_traced.py"
     here.write_profile(str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT,
                        ("float32", timed))  # fmt: skip
-    p = hardware.load_profile(path)
+    p = fitting.load_profile(path)
     assert p.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernel_s == 3e-6
     assert p.matmul_kernel_s == pytest.approx(40e-6, rel=2e-3)
     assert "kernel traces of vgg11_0p125_32_float32_8" in path.read_text()

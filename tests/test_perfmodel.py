@@ -75,7 +75,7 @@ def test_a_rank_order_ring_over_a_cube_mesh_runs_at_its_unwired_hop():
     # a DGX-1's hybrid cube mesh: each quad wired all to all, GPU i to GPU i + 4; NCCL 1.x's
     # ring over 0..7 in rank order crosses 3 -> 4 and 7 -> 0, which have no NVLink
     cube = [(a, b) for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4 or b == a + 4]
-    p = hardware.from_config({
+    p = fitting.from_config({
         "name": "cube", "num_devices": 8, "devices_per_node": 8, "peak_flops": {"float32": 1e12},
         "memory_bytes": 16 * GB, "intra": {"bandwidth": 20 * GB, "latency": 0.0},
         "unwired": {"bandwidth": 5 * GB, "latency": 0.0}, "peers": cube,
@@ -88,12 +88,12 @@ def test_a_rank_order_ring_over_a_cube_mesh_runs_at_its_unwired_hop():
     assert links.collective_time("all-reduce", GB, list(range(8)), p) == pytest.approx(0.35)
     assert links.transfer_link(3, 7, p) == p.intra and links.transfer_link(3, 4, p) == p.unwired
     with pytest.raises(ConfigError, match="go together"):
-        hardware.from_config({"name": "x", "num_devices": 8,
+        fitting.from_config({"name": "x", "num_devices": 8,
                               "devices_per_node": 8, "peak_flops": {"float32": 1e12},
                               "memory_bytes": GB, "intra": {"bandwidth": GB, "latency": 0.0},
                               "peers": cube, "compute_efficiency": 0.5})  # fmt: skip
     with pytest.raises(ConfigError, match="not a pair"):
-        hardware.from_config({"name": "x", "num_devices": 8, "devices_per_node": 8,
+        fitting.from_config({"name": "x", "num_devices": 8, "devices_per_node": 8,
                               "peak_flops": {"float32": 1e12}, "memory_bytes": GB,
                               "intra": {"bandwidth": GB, "latency": 0.0}, "peers": [(0, 8)],
                               "unwired": {"bandwidth": GB, "latency": 0.0},
@@ -176,7 +176,7 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
     old = _profile(compiler="gpu", memory_bandwidth=1e18, narrow_width=4.0)
     assert old.device_time(ops, "float32") == pytest.approx(ops.memory_bytes / 1e18 + sum(
         m.flops / (rate * m.narrow / (m.narrow + 4.0)) for m in ops.matmuls))  # fmt: skip
-    assert hardware.from_config({"name": "t", "num_devices": 1, "devices_per_node": 1,
+    assert fitting.from_config({"name": "t", "num_devices": 1, "devices_per_node": 1,
                                  "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9,
                                  "intra": {"bandwidth": 1e9, "latency": 0.0},
                                  "compute_efficiency": 0.5, "tile_width": 64}).tile_width == 64.0  # fmt: skip
@@ -391,7 +391,7 @@ def _tiny(model: str, **keys):
 def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
     """`calibrations` give a model its own efficiency (one VGG16 figure does not tell a
     ResNet's rate): each model's 1-device row comes back at its run's images/sec."""
-    p = hardware.from_config({
+    p = fitting.from_config({
         "name": "two models", "num_devices": 2, "devices_per_node": 2,
         "peak_flops": {"float32": 1e12}, "memory_bytes": 16 * GB,
         "intra": {"bandwidth": 10 * GB, "latency": 0.0},

@@ -25,7 +25,7 @@ from jaxpar.plan import (
 )
 from jaxpar.plan import __main__ as cli
 from jaxpar.plan.report import report
-from jaxpar.predict import hardware
+from jaxpar.predict import fitting
 from tests.util import tiny_config
 
 GIB = 2**30
@@ -35,7 +35,7 @@ THREE = ("data", "stage", "tensor")
 
 
 def _profile(n: int = 8, memory: float = 1e9):
-    return hardware.from_config({
+    return fitting.from_config({
         "name": "tiny", "num_devices": n, "devices_per_node": n,
         "peak_flops": {"float32": 1e12}, "memory_bytes": memory,
         "intra": {"bandwidth": 10e9, "latency": 1e-5}, "compute_efficiency": 0.5,
@@ -298,7 +298,7 @@ def test_why_names_the_links_a_collective_runs_on():
     from jaxpar.plan import why
 
     # the links of configs/hardware/h100_sxm_2nodes_ib.py (loading it fits its compute: 15 s)
-    profile = hardware.from_config({
+    profile = fitting.from_config({
         "name": "2 x 8", "num_devices": 16, "devices_per_node": 8,
         "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9, "compute_efficiency": 0.5,
         "intra": {"bandwidth": 360e9, "latency": 5e-6},
@@ -326,7 +326,7 @@ def test_why_names_an_unwired_hop_inside_a_node():
     from jaxpar.plan import why
 
     cube = [(a, b) for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4 or b == a + 4]
-    profile = hardware.from_config({
+    profile = fitting.from_config({
         "name": "cube", "num_devices": 8, "devices_per_node": 8,
         "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9, "compute_efficiency": 0.5,
         "intra": {"bandwidth": 18e9, "latency": 1e-5}, "peers": cube,

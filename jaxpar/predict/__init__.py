@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxpar import oneline, units
-from jaxpar.predict.hardware import Profile, load_profile
+from jaxpar.predict.fitting import load_profile
+from jaxpar.predict.hardware import Profile
 from jaxpar.predict.model import predict_workload
 from jaxpar.predict.workload import Workload, describe, resolve_mesh, workload
 

@@ -1,19 +1,65 @@
-"""Fitting a profile's costs to measured single-device runs: `calibrate` solves the matmul
-efficiency from one run, `fit` solves any of FITTABLE from several by bounded least squares
-and says which ended at a bound. Each run's program is compiled for the profile's target
-(workload.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
+"""A profile loaded and fitted to its measured runs (`load_profile`, `from_config`): the
+matrix kernels' costs from published per-kernel timings (kernels.py), the matmul efficiency
+from one run (`calibrate`), any of FITTABLE from several by bounded least squares (`fit`,
+which says which cost ended at a bound). Each run's program is compiled for the profile's
+target (workload.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
+from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import workload
+from jaxpar.predict import hardware, kernels, workload
+from jaxpar.predict.hardware import Profile
 
-if TYPE_CHECKING:
-    from jaxpar.predict.hardware import Profile
+log = logging.getLogger(__name__)
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load a profile file (`get_config()` -> ConfigDict), fitted where it says how."""
+    path = Path(path)
+    if not path.is_file():
+        shipped = Path(configfile.ROOT, "configs", "hardware").glob("*.py")
+        known = sorted(p.name for p in shipped if p.stem[0] != "_")
+        raise ConfigError(f"no hardware profile {str(path)!r}; choose one of {', '.join(known)}")
+    return from_config(configfile.load(str(path)))
+
+
+def from_config(c: Any) -> Profile:
+    """A Profile from a profile ConfigDict (or dict), its costs fitted where it says how: the
+    matrix kernels to `kernel_benchmarks`, the efficiency to one `calibration` run, the `fit`
+    costs to `calibration_runs`, and each model of `calibrations` its own efficiency."""
+    get = c.get if hasattr(c, "get") else (lambda k, d=None: getattr(c, k, d))
+    profile = hardware.from_config(c)
+    table = get("kernel_benchmarks")
+    if table:  # the matrix kernels' costs from the GPU's own per-kernel timings
+        names = tuple(get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
+        dtype = str(get("kernel_dtype", "float32") or "float32")
+        rows = kernels.load(table)
+        profile = kernels.fit(profile, rows, names, dtype).profile
+        if get("price_measured", False):  # and its layers' kernels at their measured times
+            measured = kernels.measured(rows)
+            profile = dataclasses.replace(profile, measured_kernels=measured, measured_dtype=dtype)
+    if profile.calibration:
+        profile = calibrate(profile, profile.calibration)
+    fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
+    if fitted:
+        result = fit(profile, fitted, tuple(get("fit", ("compute_efficiency",))))
+        profile = result.profile
+        for name in result.at_bound:
+            value = getattr(profile, name)
+            log.warning("profile %s: %s fitted at its bound (%g)", profile.name, name, value)
+    runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
+    own = {model: calibrate(profile, run).compute_efficiency for model, run in runs.items()}
+    profile = dataclasses.replace(profile, model_runs=runs, model_efficiency=own)
+    if profile.compute_efficiency <= 0:
+        raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
+    return profile
 
 
 def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:

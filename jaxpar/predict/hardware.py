@@ -6,17 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import math
-from pathlib import Path
 from typing import Any
 
-from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, gputarget, opclass
+from jaxpar.predict import gputarget, opclass
 from jaxpar.predict.links import Link  # a Profile's links
-
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +127,11 @@ class Profile:
     notes: str = ""
     calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Single-device calibration runs of particular models (`calibrations` in the profile):
-    # {model name: run}. A row of such a model computes at that run's efficiency (worked out
-    # when first needed: it compiles the run's step); other models at compute_efficiency.
+    # {model name: run}, and each one's efficiency (fitting.from_config compiles the run's
+    # step). A row of such a model computes at that efficiency; other models at
+    # compute_efficiency.
     model_runs: dict[str, dict] = dataclasses.field(default_factory=dict)
+    model_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def target(self) -> gputarget.Target | None:
@@ -153,16 +150,10 @@ class Profile:
         return self.peak_flops.get(dtype) or self.peak_flops["float32"]
 
     def efficiency(self, model: str | None = None) -> float:
-        """Achieved over peak: `model`'s own calibration run's if the profile has one, else the
-        profile's compute_efficiency."""
-        run = self.model_runs.get(model)
-        if run is None:
-            return self.compute_efficiency
-        key = (self.peak(run.get("dtype", "float32")), self.step_overhead_s,
-               self.program_overhead_s, repr(sorted(run.items())))  # fmt: skip
-        if key not in _EFFICIENCY:
-            _EFFICIENCY[key] = fitting.calibrate(self, run).compute_efficiency
-        return _EFFICIENCY[key]
+        """Achieved over peak: `model`'s own calibration run's if the profile has one (worked
+        out as the profile loaded: fitting.from_config), else the profile's
+        compute_efficiency."""
+        return self.model_efficiency.get(model, self.compute_efficiency)
 
     def flops_per_s(self, dtype: str, model: str | None = None) -> float:
         """Achieved matmul FLOP/s per device for `dtype` (peak x calibrated efficiency, of
@@ -248,21 +239,9 @@ class Profile:
         return max(self.device_time(ops, dtype, model), self.host_time(ops))
 
 
-_EFFICIENCY: dict[tuple, float] = {}  # calibrations worked out so far (each compiles a step)
-
-
-def load_profile(path: str | Path) -> Profile:
-    """Load a profile config file (`get_config()` -> ConfigDict); calibrate it if it says how."""
-    path = Path(path)
-    if not path.is_file():
-        shipped = Path(configfile.ROOT, "configs", "hardware").glob("*.py")
-        known = sorted(p.name for p in shipped if p.stem[0] != "_")
-        raise ConfigError(f"no hardware profile {str(path)!r}; choose one of {', '.join(known)}")
-    return from_config(configfile.load(str(path)))
-
-
 def from_config(c: Any) -> Profile:
-    """A Profile from a profile ConfigDict (or dict); see configs/hardware/*.py for the keys."""
+    """A Profile from a profile ConfigDict (or dict), validated, its costs as the file gives
+    them (fitting.from_config fits those it says to); see configs/hardware/*.py for the keys."""
     get = c.get if hasattr(c, "get") else (lambda k, d=None: getattr(c, k, d))
     calibration = dict(get("calibration", {}) or {})
     profile = Profile(
@@ -311,35 +290,6 @@ def from_config(c: Any) -> Profile:
     if profile.compiler not in ("cpu", "gpu"):
         raise ConfigError(f"profile {profile.name}: compiler must be 'cpu' or 'gpu', "
                           f"not {profile.compiler!r}")  # fmt: skip
-    table = get("kernel_benchmarks")
-    if table:  # the matrix kernels' costs from the GPU's own per-kernel timings
-        from jaxpar.predict import kernels
-
-        names = tuple(get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
-        dtype = str(get("kernel_dtype", "float32") or "float32")
-        rows = kernels.load(table)
-        profile = kernels.fit(profile, rows, names, dtype).profile
-        if get("price_measured", False):  # and its layers' kernels at their measured times
-            profile = dataclasses.replace(profile, measured_kernels=kernels.measured(rows),
-                                          measured_dtype=dtype)  # fmt: skip
-    if calibration:
-        profile = fitting.calibrate(profile, calibration)
-    fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
-    if fitted:
-        names = tuple(get("fit", ("compute_efficiency",)))
-        result = fitting.fit(profile, fitted, names)
-        profile = result.profile
-        for name in result.at_bound:
-            log.warning(
-                "profile %s: %s fitted at its bound (%g)",
-                profile.name,
-                name,
-                getattr(profile, name),
-            )
-    runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
-    profile = dataclasses.replace(profile, model_runs=runs)
-    if profile.compute_efficiency <= 0:
-        raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
     return profile
 
 

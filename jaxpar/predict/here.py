@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from jaxpar import configfile, models, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibrate, fitting, hardware, kernels, opclass, traces
+from jaxpar.predict import calibrate, fitting, kernels, opclass, traces
 from jaxpar.predict.workload import run_config
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
@@ -600,7 +600,7 @@ def fit_report(path) -> str:
     """Load the profile (which fits it) and report its fit, its programs compiled for the CPU
     as the predictor compiles them: on an accelerator, in a CPU-only subprocess."""
     if jax.devices()[0].platform == "cpu":
-        profile, c = hardware.load_profile(path), configfile.load(str(path))
+        profile, c = fitting.load_profile(path), configfile.load(str(path))
         return calibrate.report(profile, [dict(r) for r in c.calibration_runs], tuple(c.fit))
     code = "import sys; from jaxpar.predict import here; print(here.fit_report(sys.argv[1]))"
     done = subprocess.run([sys.executable, "-c", code, str(Path(path).resolve())], check=False,
