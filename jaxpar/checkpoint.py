@@ -19,6 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
 
 from jaxpar import oneline
 from jaxpar.errors import ConfigError, TrainingError
@@ -95,6 +97,11 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=handlers
         )
+        # The same handlers again, for reads that each process makes alone (`_attempt`).
+        self._readers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
         self._closed = False
 
     def due(self, step: int, force: bool = False) -> bool:
@@ -131,8 +138,8 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def restore(self, target, set_aside: bool = True) -> tuple[Any, int] | None:
-        """The newest checkpoint, as host arrays shaped like `target`, and its step; None if
-        there is none.
+        """The newest checkpoint that every process reads back, as host arrays shaped like
+        `target`, and its step; None if there is none.
 
         A checkpoint of another model, or one whose state has another structure (e.g. written
         with another synchronisation mode), is a one-line ConfigError, and nothing is moved.
@@ -140,32 +147,51 @@ class Checkpointer:
         and, with `set_aside`, moved to `unreadable-STEP` in the same folder (kept, never
         deleted), then the next older one is tried: the unreadable one must not stay the
         newest, or every save at or below its step would be refused. Without `set_aside`
-        (`--eval_only`, which writes nothing) it is left in place and skipped."""
+        (`--eval_only`, which writes nothing) it is left in place and skipped.
+
+        With several processes, each reads the checkpoint itself and then they compare
+        verdicts (`_agree`): one that any process cannot read is unreadable for all of them,
+        so that they all resume from the same step or all start anew, never one from a step
+        another cannot read (its own files damaged, a disk or cache only it sees)."""
         for step in sorted(self.manager.all_steps(), reverse=True):
-            try:
-                meta = self._read(step, ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-            except _Unreadable as e:
-                self._unreadable(step, e.__cause__, set_aside)
+            outcome = self._attempt(step, target)
+            verdicts = _agree(outcome)
+            mismatch = [text for kind, text in verdicts if kind == _MISMATCH]
+            if mismatch:  # another run's workdir: nothing is moved
+                raise ConfigError(mismatch[0])
+            failed = {p: text for p, (kind, text) in enumerate(verdicts) if kind == _UNREADABLE}
+            if failed:
+                self._unreadable(step, failed, set_aside)
                 continue
-            self._check(meta, step)
-            try:
-                self._check_structure(step, target)
-                restored = self._read(
-                    step, ocp.args.Composite(state=ocp.args.StandardRestore(target))
-                ).state
-            except _Unreadable as e:
-                self._unreadable(step, e.__cause__, set_aside)
-                continue
+            state, meta = outcome
             self.restored_meta = dict(meta)
-            return jax.tree.map(np.asarray, restored), step
+            return jax.tree.map(np.asarray, state), step
         return None
 
-    def _read(self, step: int, args):
-        """`manager.restore(step, args)`; any failure to read is `_Unreadable`."""
+    def _attempt(self, step: int, target):
+        """(state, meta) of checkpoint `step` as this process reads it, or the ConfigError or
+        `_Unreadable` that says why not. Orbax's item handlers are called directly: the
+        manager's `restore` ends at a barrier of every process, which a process whose read
+        failed would never reach (the processes' later barriers would then pair wrongly)."""
         try:
-            return self.manager.restore(step, args=args)
+            meta = self._read(step, "meta", ocp.args.JsonRestore())
+            self._check(meta, step)
+            self._check_structure(step, target)
+            return self._read(step, "state", ocp.args.StandardRestore(target)), meta
+        except ConfigError as e:
+            return e
+        except _Unreadable as e:
+            _quiet_closed_loops()
+            return e
+
+    def _read(self, step: int, item: str, args):
+        """Item `item` of checkpoint `step`, read by this process alone; any failure to read is
+        `_Unreadable`."""
+        path = epath.Path(self.directory) / str(step) / item
+        try:
+            return self._readers[item].restore(path, args=args)
         except Exception as e:  # whatever the files do, they do not read back
-            raise _Unreadable from e
+            raise _Unreadable(_why(e)) from e
 
     def _check_structure(self, step: int, target) -> None:
         """A one-line ConfigError if checkpoint `step` holds a state of another structure or
@@ -173,7 +199,7 @@ class Checkpointer:
         try:
             tree = self.manager.item_metadata(step)["state"].tree
         except Exception as e:  # missing or corrupt tree metadata
-            raise _Unreadable from e
+            raise _Unreadable(_why(e)) from e
         saved = ocp.tree.to_flat_dict(tree)
         wanted = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
         extra, missing = sorted(set(saved) - set(wanted)), sorted(set(wanted) - set(saved))
@@ -195,18 +221,25 @@ class Checkpointer:
                     "another --workdir or the settings it was written with"
                 )
 
-    def _unreadable(self, step: int, error: BaseException | None, set_aside: bool) -> None:
-        """Say that checkpoint `step` does not read back and, with `set_aside`, move it to
-        `unreadable-STEP` (process 0 moves it; every process then lists the folder again)."""
+    def _unreadable(self, step: int, failed: dict[int, str], set_aside: bool) -> None:
+        """Say that checkpoint `step` does not read back (`failed`: the processes that could
+        not read it, with why) and, with `set_aside`, move it to `unreadable-STEP` (process 0
+        moves it; every process then lists the folder again)."""
         older = [s for s in self.manager.all_steps() if s < step]
-        then = f"trying the checkpoint of step {max(older)}" if older else "no older checkpoint"
-        _quiet_closed_loops()
-        why = _short(oneline.first_line(error) if error else "", 120)
-        why = f"{type(error).__name__}: {why}" if error else "unknown error"
+        n = jax.process_count()
+        then = "every process trying" if n > 1 else "trying"
+        then = f"{then} the checkpoint of step {max(older)}" if older else "no older checkpoint"
+        where = ""
+        if len(failed) < n:  # the others read it: say which could not
+            names = ", ".join(map(str, sorted(failed)))
+            where = f" in process{'es' if len(failed) > 1 else ''} {names} of {n}"
+        why = failed[min(failed)]
         source = os.path.join(self.directory, str(step))
         if not set_aside:
-            logger.info(f"checkpoint {step} in {self.directory} does not read back ({why}); left "
-                     f"in place, {then}")  # fmt: skip
+            logger.info(
+                f"checkpoint {step} in {self.directory} does not read back{where} ({why}); "
+                f"left in place, {then}"
+            )
             return
         aside = _free_path(os.path.join(self.directory, f"unreadable-{step}"))
         if jax.process_index() == 0:
@@ -214,15 +247,16 @@ class Checkpointer:
                 os.rename(source, aside)
             except OSError as e:
                 raise TrainingError(
-                    f"checkpoint {step} in {self.directory} does not read back ({why}) and "
-                    f"cannot be moved aside to {aside}: {e.strerror or e}. Move {source} out of "
-                    "the way yourself and rerun"
+                    f"checkpoint {step} in {self.directory} does not read back{where} ({why}) "
+                    f"and cannot be moved aside to {aside}: {e.strerror or e}. Move {source} out "
+                    "of the way yourself and rerun"
                 ) from None
             logger.info(
-                f"checkpoint {step} does not read back ({why}); moved it aside to {aside} "
-                f"(kept, not deleted), {then if older else then + ', so the run starts anew'}"
+                f"checkpoint {step} does not read back{where} ({why}); moved it aside to "
+                f"{aside} (kept, not deleted), "
+                f"{then if older else then + ', so the run starts anew'}"
             )
-        if jax.process_count() > 1:
+        if n > 1:
             ocp.multihost.sync_global_processes(f"jaxpar_checkpoint_{step}_set_aside")
         self.manager.reload()
 
@@ -236,7 +270,8 @@ class Checkpointer:
                 )
 
     def close(self) -> None:
-        """Wait for a save in progress, then release the manager (once; later calls do nothing)."""
+        """Wait for a save in progress, then release the manager and the readers (once; later
+        calls do nothing)."""
         if self._closed:
             return
         self._closed = True
@@ -244,6 +279,8 @@ class Checkpointer:
             self.wait()
         finally:
             self.manager.close()
+            for reader in self._readers.values():
+                reader.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -288,7 +325,37 @@ def _quiet_closed_loops() -> None:
 
 
 class _Unreadable(Exception):
-    """A checkpoint's files do not read back (the cause says why)."""
+    """A checkpoint's files do not read back (the message says why in one line)."""
+
+
+def _why(error: BaseException) -> str:
+    """A failure to read, in one short line: its type and the first line of its message."""
+    return f"{type(error).__name__}: {_short(oneline.first_line(error), 120)}"
+
+
+# What a process found when it read a checkpoint (`_agree`)
+_READ, _UNREADABLE, _MISMATCH = 0, 1, 2
+_TEXT_BYTES = 1024  # the most of a verdict's message that is passed on
+
+
+def _agree(outcome) -> list[tuple[int, str]]:
+    """Every process's verdict on one checkpoint, in process order: (_READ, ""), (_UNREADABLE,
+    why) or (_MISMATCH, the ConfigError's message), from `outcome`, what `_attempt` returned
+    in each. One process_allgather of 1 KiB per process across all of them (gloo on CPU), which
+    every process reaches: their reads have no barrier in them. One process: its own."""
+    if isinstance(outcome, ConfigError):
+        kind, text = _MISMATCH, str(outcome)
+    elif isinstance(outcome, _Unreadable):
+        kind, text = _UNREADABLE, str(outcome)
+    else:
+        kind, text = _READ, ""
+    if jax.process_count() == 1:
+        return [(kind, text)]
+    row = np.zeros(1 + _TEXT_BYTES, np.uint8)  # the kind, then the text (NUL-padded)
+    raw = text.encode()[:_TEXT_BYTES]
+    row[0], row[1 : 1 + len(raw)] = kind, np.frombuffer(raw, np.uint8)
+    rows = np.asarray(multihost_utils.process_allgather(row))
+    return [(int(r[0]), bytes(r[1:]).rstrip(b"\0").decode(errors="ignore")) for r in rows]
 
 
 def _free_path(path: str) -> str:
