@@ -25,7 +25,8 @@ port, which JAX binds to every interface ([::]:PORT) unless told otherwise: here
 the coordinator's own address when that is a loopback one, else where
 --coordinator_bind_address says, else JAX's default (`bind_address`). Every process's gloo
 listens on a few ports of its own, on the address its machine's name resolves to; with a
-loopback coordinator, on that address instead. So a run on one machine (launch/local.py, the
+loopback coordinator, or under a cluster (SLURM) with the service bound to a loopback address,
+on that address instead (`gloo_host`). So a run on one machine (launch/local.py, the
 tests) listens on loopback only. The JAX internals used here are in jaxpar.jax_internals,
 checked before joining.
 """
@@ -95,6 +96,22 @@ def bind_address(coordinator: str | None, given: str | None = None) -> str | Non
     return coordinator if is_loopback(host) else None
 
 
+def gloo_host(coordinator: str | None, bind: str | None = None) -> str | None:
+    """The loopback host gloo listens on in a job on one machine, else None (the address this
+    machine's name resolves to, gloo's default). One machine: the coordinator is a loopback
+    address; or, where JAX finds the coordinator (`coordinator` None or "auto": SLURM, ...),
+    its service is bound to one (`bind`, else JAX_COORDINATOR_BIND_ADDRESS), so that no other
+    machine could join."""
+    if coordinator not in (None, "auto"):
+        host = split_address(coordinator, "--coordinator")[0]
+    elif bind or os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+        flag = "--coordinator_bind_address" if bind else "JAX_COORDINATOR_BIND_ADDRESS"
+        host = split_address(bind or os.environ["JAX_COORDINATOR_BIND_ADDRESS"], flag)[0]
+    else:
+        return None
+    return host if is_loopback(host) else None
+
+
 def detected_cluster() -> str | None:
     """The launcher that started this process as one of several, if any."""
     for var, name in _CLUSTER_ENV.items():
@@ -128,8 +145,8 @@ def initialize(
     jax_internals.set_option("jax_cpu_collectives_implementation", "gloo")
     # report lost processes instead of aborting every process
     jax_internals.set_option("jax_enable_recoverability", True)
-    host = None if auto else split_address(coordinator, "--coordinator")[0]
-    if host is not None and is_loopback(host):  # one machine: gloo on loopback too
+    host = gloo_host(None if auto else coordinator, bind)
+    if host is not None:  # one machine: gloo on loopback too
         jax_internals.gloo_listen_on(host)
     if auto:
         jax.distributed.initialize(
