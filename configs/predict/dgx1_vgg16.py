@@ -24,6 +24,7 @@ def get_config():
             "data.name": "synthetic",
             "data.image_shape": (224, 224, 3),
             "data.num_classes": 1000,
+            "measure_noise_scale": False,  # tf_cnn_benchmarks measures none
         },
         (
             {

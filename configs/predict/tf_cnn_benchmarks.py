@@ -66,7 +66,13 @@ def table_suite(table: str):
                 config |= {"model.head": "imagenet", "model.batch_norm": False}
             rows.append({"name": f"{model} data {n}", "config": config,
                          "reference": float(images_per_sec)})  # fmt: skip
-    # tf_cnn_benchmarks normalises over each GPU's batch (no synchronised BatchNorm)
-    common = {"model.width": 1.0, "data.name": "synthetic", "data.num_classes": 1000,
-              "sync.batch_norm": "local"}  # fmt: skip
+    # tf_cnn_benchmarks normalises over each GPU's batch (no synchronised BatchNorm) and
+    # measures no gradient noise scale (jaxpar's costs a reduction per parameter on a GPU)
+    common = {
+        "model.width": 1.0,
+        "data.name": "synthetic",
+        "data.num_classes": 1000,
+        "sync.batch_norm": "local",
+        "measure_noise_scale": False,
+    }
     return suite("configs/base.py", common, rows)
