@@ -10,7 +10,7 @@ algorithms are picked on the GPU at run time; the programs' kernels and memory d
 on them).
 
 The packages it needs are jax-cuda12-plugin and jax-cuda12-pjrt of the pinned JAX release
-(requirements-gpu-compile.txt: about 0.5 GB, no CUDA libraries). Without them `target` says
+(requirements-gpu-compile.txt: about 0.6 GB, no CUDA runtime libraries). Without them `target` says
 so in one line and the caller compiles for simulated CPU devices instead.
 """
 
