@@ -267,7 +267,7 @@ PROFILE_FIGURES = {
     "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 1.0,
                   "matmul_kernel_s": 5.88e-6, "memory_bandwidth": 2.5e12, "kernel_s": 2e-6,
                   "thin_efficiency": 0.045, "tile_width": 128},
-    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.500,
+    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.479,
                     "memory_bandwidth": 0.9 * 4.8e12, "tile_width": 128},
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
     "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},

@@ -47,7 +47,8 @@ def profiles_to_check(paths: list[str] | None) -> list[str]:
 
 
 def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, list[str]]:
-    """(the profile with nothing fitted, its fitted runs, its candidates, fit names, suites)."""
+    """(the profile fitted to nothing but its kernel table, its fitted runs, its candidates,
+    fit names, suites)."""
     c = configfile.load(path)
     fitted = [dict(r) for r in c.get("calibration_runs", ()) or ()]
     if c.get("calibration"):
@@ -55,9 +56,9 @@ def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, l
     candidates = [dict(r) for r in c.get("calibration_candidates", ()) or ()]
     names = tuple(c.get("fit", ("compute_efficiency",)) or ("compute_efficiency",))
     suites = list(c.get("validation", ()) or ())
-    bare = hardware.from_config({k: v for k, v in c.items()
-                                 if k not in ("calibration_runs", "calibration", "calibrations")}
-                                | {"compute_efficiency": c.get("compute_efficiency") or 0.4})  # fmt: skip
+    runs = ("calibration_runs", "calibration", "calibrations")
+    kept = {k: v for k, v in c.items() if k not in runs}
+    bare = fitting.from_config(kept | {"compute_efficiency": c.get("compute_efficiency") or 0.4})
     return bare, fitted, candidates, names, suites
 
 
