@@ -12,8 +12,8 @@ import pytest
 
 from jaxpar import data as data_lib
 from jaxpar import optim, parallel
+from jaxpar import suites as suite_lib
 from jaxpar.bench import accuracy, results
-from jaxpar.bench import suite as suite_lib
 from jaxpar.bench.runner import Sweep
 from jaxpar.data.base import normalize
 

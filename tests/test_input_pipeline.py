@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from jaxpar import console, metrics, trainer
-from jaxpar.bench import suite as suite_lib
+from jaxpar import suites as suite_lib
 from jaxpar.data import Prefetcher
 from tests.util import override, tiny_config
 

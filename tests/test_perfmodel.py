@@ -432,7 +432,7 @@ def test_published_efficiency_sits_beside_the_prediction():
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
     from jaxpar.bench import predicted, results
     from jaxpar.predict.__main__ import table
-    from jaxpar.predict.suites import add_reference
+    from jaxpar.suites import add_reference
 
     rows = [
         {"name": "m 1", "model": "m", "num_devices": 1, "status": "ok", "efficiency": 1.0},

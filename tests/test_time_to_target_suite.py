@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jaxpar.bench import suite as suite_lib
+from jaxpar import suites as suite_lib
 from jaxpar.bench import time_to_target as ttt
 from jaxpar.plan import steps as steps_lib
 

@@ -92,7 +92,7 @@ def test_published_tables_give_each_row_its_model_s_efficiency():
     """tf_cnn_benchmarks' DGX-1 table as a suite: five models on 1-8 GPUs at their own batch
     per GPU (AlexNet 512), each multi-GPU row's reference efficiency against its own model's
     1-GPU figure: AlexNet's 17,822 on 8 GPUs over 8 x 2,987 is 74.6%."""
-    from jaxpar.predict.suites import add_reference, load_rows
+    from jaxpar.suites import add_reference, load_rows
 
     rows = load_rows(None, "configs/predict/dgx1_tf_cnn_benchmarks.py", {})
     assert len(rows) == 20

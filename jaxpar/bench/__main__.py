@@ -46,7 +46,7 @@ import os
 import sys
 
 from jaxpar import configfile, log, oneline
-from jaxpar.bench import suite as suite_lib
+from jaxpar import suites as suite_lib
 from jaxpar.errors import ConfigError
 
 

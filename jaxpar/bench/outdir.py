@@ -8,7 +8,7 @@ import json
 import os
 import re
 
-from jaxpar.bench import suite as suite_lib
+from jaxpar import suites as suite_lib
 from jaxpar.files import write_json
 
 MANIFEST = "sweep.json"

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from jaxpar import configfile
-from jaxpar.bench import suite as suite_lib
+from jaxpar import suites as suite_lib
 from jaxpar.bench.results import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
 from jaxpar.stats import spearman
@@ -73,7 +73,7 @@ def _subset(table: list[dict], suite: str, out: str) -> str:
 
 _SUBSET = '''"""The rows of {suite} that this OUT holds (written by python -m jaxpar.bench --predict)."""
 
-from jaxpar.bench import suite as suite_lib
+from jaxpar import suites as suite_lib
 
 
 def get_config():

@@ -21,11 +21,11 @@ import time
 from typing import Any
 
 from jaxpar import configfile
+from jaxpar import suites as suite_lib
 from jaxpar.bench import accuracy as accuracy_lib
 from jaxpar.bench import outdir
 from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
-from jaxpar.bench import suite as suite_lib
 from jaxpar.bench import time_to_target as ttt_lib
 from jaxpar.bench.outdir import Refused
 from jaxpar.files import write_json, write_text

@@ -23,7 +23,7 @@ from pathlib import Path
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
 from jaxpar.predict import gputarget, load_profile, predict_rows, recommend
-from jaxpar.predict.suites import add_reference, load_rows
+from jaxpar.suites import add_reference, load_rows
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
 # XLA_FLAGS or JAX_PLATFORMS already say otherwise, 16 simulated CPU devices, no accelerator

@@ -57,7 +57,7 @@ def runs_from(source: str) -> list[dict[str, Any]]:
 
 def runs_from_sweep(out: str) -> list[dict[str, Any]]:
     """The measured 1-device rows of a bench sweep directory as calibration runs."""
-    from jaxpar.bench import suite as suite_lib
+    from jaxpar import suites as suite_lib
 
     path = os.path.join(out, "results.json")
     if not os.path.exists(path):

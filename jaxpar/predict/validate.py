@@ -100,7 +100,7 @@ def suite_rows(
     another of the profile's suites already predicted (two clouds' tables of the same runs)
     is not predicted again (`say`: a progress line per row)."""
     from jaxpar.predict import load_profile, predict_config, predict_rows
-    from jaxpar.predict.suites import add_reference, load_rows
+    from jaxpar.suites import add_reference, load_rows
 
     if ("profile", profile_path) not in _PREDICTED:
         _PREDICTED["profile", profile_path] = load_profile(profile_path)
