@@ -37,8 +37,9 @@ def program_flops(compiled) -> float:
 def step_flops(strategy, batch_size: int) -> float:
     """FLOPs of one train step over all devices' programs, from XLA's cost analysis of the
     compiled programs (per device, times the devices of each program's mesh)."""
-    return sum(p.times * program_flops(p.compiled) * p.num_devices
-               for p in programs(strategy, batch_size))  # fmt: skip
+    return sum(
+        p.times * program_flops(p.compiled) * p.num_devices for p in programs(strategy, batch_size)
+    )
 
 
 def _materialize(args):
@@ -70,8 +71,12 @@ def measure_pipeline(strategy, batch_size: int, repeats: int = 3) -> dict[str, A
     """
     events = strategy.schedule_events()
     n = schedules.num_chunks(events)
-    clocks = {"forward": [0.0] * n, "backward": [0.0] * n, "backward input": [0.0] * n,
-              "backward weights": [0.0] * n}  # fmt: skip
+    clocks = {
+        "forward": [0.0] * n,
+        "backward": [0.0] * n,
+        "backward input": [0.0] * n,
+        "backward weights": [0.0] * n,
+    }
     for p in programs(strategy, batch_size):
         if p.role in clocks:
             clocks[p.role][p.chunk] = time_program(p, repeats)
@@ -100,8 +105,9 @@ def stage_memory(strategy, batch_size: int, progs) -> tuple[list[int], list[int]
     largest temporaries, and of stored activations at the schedule's peak."""
     k = strategy.num_stages
     state = [per_device_bytes(pairs) for pairs in strategy.stage_states(strategy.state_shapes())]
-    temp = [max((_temp_bytes(p.compiled) for p in progs if p.stage == s), default=0)
-            for s in range(k)]  # fmt: skip
+    temp = [
+        max((_temp_bytes(p.compiled) for p in progs if p.stage == s), default=0) for s in range(k)
+    ]
     stash = strategy.stored_activation_bytes(batch_size) or [0] * k
     return state, temp, stash
 

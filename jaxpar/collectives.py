@@ -113,8 +113,9 @@ def ring_allreduce_wire_bytes(payload: int, n: int) -> float:
     return 2 * (n - 1) / n * payload if n > 1 else 0.0
 
 
-def collective_summary(rows: list[list], data_size: int, replica_axes: str = "data"
-                       ) -> dict[str, Any]:  # fmt: skip
+def collective_summary(
+    rows: list[list], data_size: int, replica_axes: str = "data"
+) -> dict[str, Any]:
     """Totals from [where, kind, axes, count, bytes per step, every] rows (`per_step_rows`):
     bytes per device per step of the busiest program group (collectives that run once every
     K steps at their per-step average), its breakdown by kind and by mesh axis, and the
@@ -134,8 +135,11 @@ def collective_summary(rows: list[list], data_size: int, replica_axes: str = "da
             by_axis[axes] = by_axis.get(axes, 0) + nbytes
     payload = by_kind_axis(crossing, busiest, "all-reduce", replica_axes)
     ruled = {a for a in axes_lib.names() if axes_lib.get(a).role == "rules"}
-    halo = sum(r[4] for r in crossing if r[0] == busiest and r[1] == "collective-permute"
-               and set(r[2].split("+")) & ruled)  # fmt: skip
+    halo = sum(
+        r[4]
+        for r in crossing
+        if r[0] == busiest and r[1] == "collective-permute" and set(r[2].split("+")) & ruled
+    )
     return {
         "collectives": rows,
         "collective_bytes_per_device": groups[busiest] if busiest else 0,

@@ -63,9 +63,11 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[str
     shape = tuple(config.mesh_shape)
     known = ", ".join(axes.names())
     for name in names:
-        check(axes.registered(name),
-              f"mesh_axes names {name!r}, which is not a mesh axis; choose from {known} "
-              "(a new axis is one module that registers it: jaxpar/axes/)")  # fmt: skip
+        check(
+            axes.registered(name),
+            f"mesh_axes names {name!r}, which is not a mesh axis; choose from {known} "
+            "(a new axis is one module that registers it: jaxpar/axes/)",
+        )
     check(len(set(names)) == len(names), f"mesh_axes {names} names an axis twice")
     fix = mesh_lib.example(names, num_devices)
     check(
@@ -78,10 +80,12 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[str
         f"mesh_shape {shape} must hold positive sizes and at most one -1",
     )
     for name in names[1:]:
-        check(not axes.get(name).outermost,
-              f"the {name} axis must come first in mesh_axes (its indices are blocks of "
-              f"consecutive devices: processes, nodes), got {names}; e.g. "
-              f"--config.mesh_axes='{_tuple((name, *[a for a in names if a != name]))}'")  # fmt: skip
+        check(
+            not axes.get(name).outermost,
+            f"the {name} axis must come first in mesh_axes (its indices are blocks of "
+            f"consecutive devices: processes, nodes), got {names}; e.g. "
+            f"--config.mesh_axes='{_tuple((name, *[a for a in names if a != name]))}'",
+        )
     resolved = resolve_shape(shape, num_devices)
     check(
         -1 not in resolved and math.prod(resolved) == num_devices,
@@ -101,8 +105,11 @@ def _check_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[str
 def _check_batches(config: ml_collections.ConfigDict, sizes: dict[str, int]) -> None:
     """The step count and both batch sizes, which the batch axes' replicas must divide."""
     data = axes.num_replicas(sizes)
-    over = "the batch axes " + " x ".join(axes.batch_axes(sizes)) if len(
-        axes.batch_axes(sizes)) > 1 else "the data axis"  # fmt: skip
+    over = (
+        "the batch axes " + " x ".join(axes.batch_axes(sizes))
+        if len(axes.batch_axes(sizes)) > 1
+        else "the data axis"
+    )
     check(config.num_train_steps > 0, "num_train_steps must be positive")
     check(config.global_batch_size > 0, "global_batch_size must be positive")
     check(

@@ -69,8 +69,10 @@ def _collectives(fig) -> list[str]:
     for where, kind, axes, count, nbytes, every in rows:
         line = f"  {where:<8} {kind:<20} {axes:<14} {count:>5} {round(nbytes):>14,}"
         if every > 1:
-            line += (f"  once every {every} steps: {round(nbytes * every):,} bytes each time, "
-                     "the per-step average shown")  # fmt: skip
+            line += (
+                f"  once every {every} steps: {round(nbytes * every):,} bytes each time, "
+                "the per-step average shown"
+            )
         out.append(line)
     if trivial:
         out.append(f"  ({trivial} reductions over one-device groups move nothing; not listed)")
@@ -101,8 +103,10 @@ def explain(config, devices=None) -> str:
         f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
         f"run by strategy {strategy.name}; global batch {config.global_batch_size}"
     )
-    roles = [f"  {a:<8} {mesh.shape[a]:>3}  {axes_lib.get(a).role:<7} {axes_lib.get(a).doc}"
-             for a in mesh.axis_names]  # fmt: skip
+    roles = [
+        f"  {a:<8} {mesh.shape[a]:>3}  {axes_lib.get(a).role:<7} {axes_lib.get(a).doc}"
+        for a in mesh.axis_names
+    ]
     model = (
         f"model {setup.model.name}: {setup.model.num_params:,} parameters, "
         f"{setup.model.flops_per_example / 1e6:,.1f} forward MFLOPs per image"

@@ -28,8 +28,10 @@ _DTYPE_BYTES = {
 }
 _OP = re.compile(r"=\s*(.+?)\s+(" + "|".join(KINDS) + r")(-start)?\(")
 _SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
-_GROUPS = re.compile(r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)"
-                     r"|source_target_pairs=(\{[\d,{}]*\})")  # fmt: skip
+_GROUPS = re.compile(
+    r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)"
+    r"|source_target_pairs=(\{[\d,{}]*\})"
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -104,8 +104,9 @@ def check() -> None:
     missing = {p: why for p, why in INTERNALS.items() if not _resolves(p)}
     if _GLOO not in missing and not _takes_hostname(resolve(_GLOO)):
         missing[f"{_GLOO}(hostname=...)"] = INTERNALS[_GLOO]
-    missing |= {f"jax.config option {o}": why for o, why in OPTIONS.items()
-                if o not in jax.config.values}  # fmt: skip
+    missing |= {
+        f"jax.config option {o}": why for o, why in OPTIONS.items() if o not in jax.config.values
+    }
     if len(missing) == 1:
         raise _moved(*next(iter(missing.items())))
     if missing:

@@ -34,16 +34,16 @@ def resolve_shape(mesh_shape: Sequence[int], num_devices: int) -> tuple[int, ...
 
 def shape_of(config, num_devices: int) -> dict[str, int]:
     """{axis: size} of a config's mesh with its -1 resolved for `num_devices` (unchecked)."""
-    return dict(zip(axis_names(config), resolve_shape(config.mesh_shape, num_devices),
-                    strict=True))  # fmt: skip
+    return dict(zip(axis_names(config), resolve_shape(config.mesh_shape, num_devices), strict=True))
 
 
 def make_mesh(shape: dict[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh with automatic (GSPMD) axis types, so shardings propagate where not explicit."""
     devices = list(devices if devices is not None else jax.devices())
     names = tuple(shape)
-    return jax.make_mesh(tuple(shape.values()), names, axis_types=(AxisType.Auto,) * len(names),
-                         devices=devices)  # fmt: skip
+    return jax.make_mesh(
+        tuple(shape.values()), names, axis_types=(AxisType.Auto,) * len(names), devices=devices
+    )
 
 
 def index_along(mesh: Mesh, axis: str, index: int) -> Mesh:

@@ -90,8 +90,13 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     if opt.name == "adam":
         return optax.adamw(schedule, weight_decay=wd)  # decoupled; wd=0 is plain Adam
     if opt.name == "lars":
-        return optax.lars(schedule, weight_decay=wd, momentum=opt.momentum,
-                          nesterov=opt.nesterov, trust_coefficient=opt.trust_coefficient)  # fmt: skip
+        return optax.lars(
+            schedule,
+            weight_decay=wd,
+            momentum=opt.momentum,
+            nesterov=opt.nesterov,
+            trust_coefficient=opt.trust_coefficient,
+        )
     tx = optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov)
     if wd:
         tx = optax.chain(optax.add_decayed_weights(wd), tx)

@@ -77,8 +77,10 @@ def check_schedule(config, restored_meta: dict, start: int) -> None:
     if differ.size == 0:  # e.g. a constant rate over a longer run: nothing changes
         return
     at = int(differ[0])
-    rates = (f"the rate at step {at + 1} is {units.rate(float(new[at]))} instead of "
-             f"{units.rate(float(old[at]))}")  # fmt: skip
+    rates = (
+        f"the rate at step {at + 1} is {units.rate(float(new[at]))} instead of "
+        f"{units.rate(float(old[at]))}"
+    )
     if config.schedule_steps:  # asked for explicitly: go on, and say what changes
         logger.info(f"learning-rate schedule changed on resuming at step {start}: {rates}")
         return

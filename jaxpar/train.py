@@ -86,8 +86,11 @@ def parse_flags(argv: list[str]) -> list[str]:
         if missing:
             text = f"config file {missing.group(1)} does not exist; check the --config path"
         elif isinstance(e, AttributeError) and "has no attribute 'get_config'" in text:
-            given = [b.split("=", 1)[1] if "=" in b else c
-                     for b, c in zip(argv, [*argv[1:], "?"]) if b.split("=")[0] == "--config"]  # fmt: skip
+            given = [
+                b.split("=", 1)[1] if "=" in b else c
+                for b, c in zip(argv, [*argv[1:], "?"])
+                if b.split("=")[0] == "--config"
+            ]
             path = given[-1] if given else "?"
             text = f"--config {path} has no get_config(): not an experiment config file"
         elif isinstance(e, AttributeError) and "Did you mean" in text:

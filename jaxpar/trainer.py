@@ -111,8 +111,9 @@ def setup(
 def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
     """This process's share of global batch `step` (deterministic in seed and step)."""
     share = setup.strategy.batch_share()
-    return setup.dataset.train_batch(step, setup.config.global_batch_size, *share,
-                                     example_ids=setup.model.stochastic)  # fmt: skip
+    return setup.dataset.train_batch(
+        step, setup.config.global_batch_size, *share, example_ids=setup.model.stochastic
+    )
 
 
 def evaluate(

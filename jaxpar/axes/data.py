@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from jaxpar.axes.base import Axis, register
 
-DATA = register(Axis("data", "batch", "the global batch, one share per device; replicas agree "
-                     "by sync.mode", word="data",
-                     phrase="data parallel over {n}"))  # fmt: skip
+DATA = register(
+    Axis(
+        "data",
+        "batch",
+        "the global batch, one share per device; replicas agree by sync.mode",
+        word="data",
+        phrase="data parallel over {n}",
+    )
+)

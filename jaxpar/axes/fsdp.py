@@ -38,13 +38,17 @@ class FSDP(Axis):
         if sizes[self.name] == 1:
             return None
         if config.sync.mode != "allreduce":
-            return (f"the {self.name} axis shards parameters and optimizer state itself; it "
-                    f"runs with sync.mode=allreduce, not {config.sync.mode}")  # fmt: skip
+            return (
+                f"the {self.name} axis shards parameters and optimizer state itself; it "
+                f"runs with sync.mode=allreduce, not {config.sync.mode}"
+            )
         if config.sync.impl != "shard_map":
             return f"the {self.name} axis needs sync.impl=shard_map; pmap is data-parallel only"
         if config.optimizer.name not in ("sgd", "adam"):
-            return (f"the {self.name} axis updates slices of each parameter, which needs an "
-                    f"elementwise optimizer (sgd, adam), not {config.optimizer.name}")  # fmt: skip
+            return (
+                f"the {self.name} axis updates slices of each parameter, which needs an "
+                f"elementwise optimizer (sgd, adam), not {config.optimizer.name}"
+            )
         return None
 
     def param_dim(self, shape, names, taken, size):
@@ -61,6 +65,13 @@ class FSDP(Axis):
         return lax.all_gather(x, self.name, axis=dim, tiled=True)
 
 
-FSDP_AXIS = register(FSDP("fsdp", "batch", "the global batch, and every parameter, gradient "
-                          "and optimizer state (gathered per layer)", word="fsdp", phrase="fully sharded data parallel over {n}",
-                          shards_params=True))  # fmt: skip
+FSDP_AXIS = register(
+    FSDP(
+        "fsdp",
+        "batch",
+        "the global batch, and every parameter, gradient and optimizer state (gathered per layer)",
+        word="fsdp",
+        phrase="fully sharded data parallel over {n}",
+        shards_params=True,
+    )
+)

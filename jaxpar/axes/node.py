@@ -57,6 +57,15 @@ class Node(Axis):
         return whole[: math.prod(x.shape)].reshape(x.shape)
 
 
-NODE = register(Node("node", "batch", "the global batch across nodes (processes): gradients "
-                     "reduced inside a node, then across, then gathered", word="node", phrase="data parallel over {n} nodes",
-                     outermost=True, across_nodes=True))  # fmt: skip
+NODE = register(
+    Node(
+        "node",
+        "batch",
+        "the global batch across nodes (processes): gradients "
+        "reduced inside a node, then across, then gathered",
+        word="node",
+        phrase="data parallel over {n} nodes",
+        outermost=True,
+        across_nodes=True,
+    )
+)

@@ -55,8 +55,13 @@ import numpy as np
 from jaxpar.axes.base import Axis, get, register
 from jaxpar.models.blocks import equations
 
-WINDOWED = ("conv_general_dilated", "reduce_window_max", "reduce_window_sum", "reduce_window_min",
-            "reduce_window")  # fmt: skip
+WINDOWED = (
+    "conv_general_dilated",
+    "reduce_window_max",
+    "reduce_window_sum",
+    "reduce_window_min",
+    "reduce_window",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,15 +104,35 @@ def _windows(jaxpr) -> list[Window]:
             h, w, c = dn.lhs_spec[2], dn.lhs_spec[3], dn.lhs_spec[1]
             k = (rhs[dn.rhs_spec[2]] - 1) * eqn.params["rhs_dilation"][0] + 1
             out = eqn.outvars[0].aval.shape[dn.out_spec[2]]
-            found.append(Window("conv", lhs[h], out, lhs[w], lhs[c], k,
-                                eqn.params["window_strides"][0], eqn.params["padding"][0][0]))  # fmt: skip
+            found.append(
+                Window(
+                    "conv",
+                    lhs[h],
+                    out,
+                    lhs[w],
+                    lhs[c],
+                    k,
+                    eqn.params["window_strides"][0],
+                    eqn.params["padding"][0][0],
+                )
+            )
         elif name in WINDOWED:
             shape = eqn.invars[0].aval.shape
             p = eqn.params
             k = (p["window_dimensions"][1] - 1) * p["window_dilation"][1] + 1
             if k > 1 or p["window_strides"][1] > 1:
-                found.append(Window("pool", shape[1], eqn.outvars[0].aval.shape[1], shape[2],
-                                    shape[3], k, p["window_strides"][1], p["padding"][1][0]))  # fmt: skip
+                found.append(
+                    Window(
+                        "pool",
+                        shape[1],
+                        eqn.outvars[0].aval.shape[1],
+                        shape[2],
+                        shape[3],
+                        k,
+                        p["window_strides"][1],
+                        p["padding"][1][0],
+                    )
+                )
     return found
 
 
@@ -146,12 +171,24 @@ def _problem(layer, s: int) -> tuple[str, int, int]:
         halo = w.halo(s)
         if halo is None:
             bad = w.height if w.height % s else w.out_height
-            return (f"a {w.op} {'reads' if bad == w.height else 'writes'} {bad} rows, which do "
-                    f"not divide over {s} devices"), 0, 0  # fmt: skip
+            return (
+                (
+                    f"a {w.op} {'reads' if bad == w.height else 'writes'} {bad} rows, which do "
+                    f"not divide over {s} devices"
+                ),
+                0,
+                0,
+            )
         band = w.height // s
         if max(halo) > band:
-            return (f"its {w.kernel}-row {w.op} window reaches {max(halo)} rows past a band of "
-                    f"{band}"), 0, 0  # fmt: skip
+            return (
+                (
+                    f"its {w.kernel}-row {w.op} window reaches {max(halo)} rows past a band of "
+                    f"{band}"
+                ),
+                0,
+                0,
+            )
         rows += sum(halo)
         elements += sum(halo) * w.width * w.channels
     return "", rows, elements
@@ -182,9 +219,11 @@ class Spatial(Axis):
         first = plan(model, s)[0]
         if not first.split:
             h = model.input_shape[0]
-            return (f"spatial={s} cannot split {model.name}'s first layer {first.name} "
-                    f"({h}-row input): {first.why}; use a spatial size that divides the map "
-                    "into bands at least as deep as its windows reach, or another axis")  # fmt: skip
+            return (
+                f"spatial={s} cannot split {model.name}'s first layer {first.name} "
+                f"({h}-row input): {first.why}; use a spatial size that divides the map "
+                "into bands at least as deep as its windows reach, or another axis"
+            )
         return None
 
     def joins(self, sizes, model):
@@ -197,19 +236,27 @@ class Spatial(Axis):
         for a, n in sizes.items():
             if a != self.name and _batch_axis(a):
                 per_device //= n
-        rows = [(f"spatial split over {s} (rows of each map; halo: rows a device between "
-                 f"two neighbours receives, forward; bytes for this device's {per_device} "
-                 "images, the backward sends its gradient back):"),
-                (f"  {'layer':<12} {'input rows':>10} {'band':>6} {'halo rows':>9} "
-                 f"{'halo bytes':>12}  runs on")]  # fmt: skip
+        rows = [
+            (
+                f"spatial split over {s} (rows of each map; halo: rows a device between "
+                f"two neighbours receives, forward; bytes for this device's {per_device} "
+                "images, the backward sends its gradient back):"
+            ),
+            (
+                f"  {'layer':<12} {'input rows':>10} {'band':>6} {'halo rows':>9} "
+                f"{'halo bytes':>12}  runs on"
+            ),
+        ]
         for x in plan(model, s):
             where = "bands" if x.split else "whole map" + (", input gathered" if x.gathers else "")
             if x.why:
                 where += f" ({x.why})"
             band = str(x.height // s) if x.split else "-"
             nbytes = x.halo_elements * itemsize * per_device
-            rows.append(f"  {x.name:<12} {x.height or '-':>10} {band:>6} {x.halo_rows:>9} "
-                        f"{nbytes:>12,}  {where}")  # fmt: skip
+            rows.append(
+                f"  {x.name:<12} {x.height or '-':>10} {band:>6} {x.halo_rows:>9} "
+                f"{nbytes:>12,}  {where}"
+            )
         return "\n".join(rows)
 
 
@@ -217,6 +264,14 @@ def _batch_axis(name: str) -> bool:
     return get(name).role == "batch"
 
 
-SPATIAL = register(Spatial("spatial", "rules", "rows of every feature map (halos exchanged at "
-                           "band borders)", word="spatial", phrase="spatial over {n}",
-                           rules=(("height", "spatial"),), sums_gradients=True))  # fmt: skip
+SPATIAL = register(
+    Spatial(
+        "spatial",
+        "rules",
+        "rows of every feature map (halos exchanged at band borders)",
+        word="spatial",
+        phrase="spatial over {n}",
+        rules=(("height", "spatial"),),
+        sums_gradients=True,
+    )
+)

@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from jaxpar.axes.base import Axis, register
 
-STAGE = register(Axis("stage", "layers", "the layers, cut into consecutive pipeline stages",
-                      word="pipeline",
-                      phrase="pipeline over {n} stages"))  # fmt: skip
+STAGE = register(
+    Axis(
+        "stage",
+        "layers",
+        "the layers, cut into consecutive pipeline stages",
+        word="pipeline",
+        phrase="pipeline over {n} stages",
+    )
+)

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 from jaxpar.axes.base import Axis, register
 
-TENSOR = register(Axis("tensor", "rules", "channels of variables and activations, by "
-                       "tensor.rules", word="tensor",
-                       phrase="tensor parallel over {n}"))  # fmt: skip
+TENSOR = register(
+    Axis(
+        "tensor",
+        "rules",
+        "channels of variables and activations, by tensor.rules",
+        word="tensor",
+        phrase="tensor parallel over {n}",
+    )
+)

@@ -65,8 +65,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", default="", help="run only rows whose name matches (regex)")
     parser.add_argument("--no_xla_cache", action="store_true", help="compile every row cold")
     parser.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--predict", default="", help="a hardware profile (configs/hardware/"
-                        "*.py): every row predicted on it beside the measurement")  # fmt: skip
+    parser.add_argument(
+        "--predict",
+        default="",
+        help="a hardware profile (configs/hardware/"
+        "*.py): every row predicted on it beside the measurement",
+    )
     parser.add_argument("--_row", help=argparse.SUPPRESS)  # internal: run one row
     parser.add_argument("--_repeat", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(rest)

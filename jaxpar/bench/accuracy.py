@@ -98,10 +98,17 @@ def markdown(entries: list[dict], reference_name: str = "published") -> str:
     lines = [head, "|" + "---|" * 11]
     for e in entries:
         cells = [
-            e["group"], str(e["global_batch_size"] or ""), str(e["num_devices"] or ""),
-            accuracy_text(e), reference_text(e["reference"]), _f(e["train_accuracy"], ".4f"),
-            _f(e["gap"], "+.4f"), _f(e["final_loss"], ".4f"), _f(e["epochs"], ".0f"),
-            str(e["steps"] or ""), _f(e["seconds_per_epoch"], ".1f"),
-        ]  # fmt: skip
+            e["group"],
+            str(e["global_batch_size"] or ""),
+            str(e["num_devices"] or ""),
+            accuracy_text(e),
+            reference_text(e["reference"]),
+            _f(e["train_accuracy"], ".4f"),
+            _f(e["gap"], "+.4f"),
+            _f(e["final_loss"], ".4f"),
+            _f(e["epochs"], ".0f"),
+            str(e["steps"] or ""),
+            _f(e["seconds_per_epoch"], ".1f"),
+        ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"

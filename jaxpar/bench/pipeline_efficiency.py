@@ -27,9 +27,16 @@ import jax
 
 from jaxpar import analysis, configfile, log, trainer
 
-ROWS = (("gpipe", True, 1), ("gpipe", False, 1), ("1f1b", True, 1), ("1f1b", False, 1),
-        ("interleaved", True, 2), ("interleaved", False, 2), ("zb-h1", False, 1),
-        ("zb-v", False, 1))  # fmt: skip
+ROWS = (
+    ("gpipe", True, 1),
+    ("gpipe", False, 1),
+    ("1f1b", True, 1),
+    ("1f1b", False, 1),
+    ("interleaved", True, 2),
+    ("interleaved", False, 2),
+    ("zb-h1", False, 1),
+    ("zb-v", False, 1),
+)
 
 
 def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
@@ -86,8 +93,10 @@ def main() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     k = args.stages
     configfile.set_host_device_count(k)  # before JAX starts its CPU backend
-    header = ("| schedule | remat | split | M | bounds | step GFLOPs | stored MB/stage (max) "
-              "| analytic | timeline | slowest/mean chunk | wall s | wall / flops split |")  # fmt: skip
+    header = (
+        "| schedule | remat | split | M | bounds | step GFLOPs | stored MB/stage (max) "
+        "| analytic | timeline | slowest/mean chunk | wall s | wall / flops split |"
+    )
     print(header + "\n|" + "---|" * 12, flush=True)
     records, walls = [], {}
     cache = tempfile.mkdtemp(prefix="jaxpar-layer-times-")  # one profiling pass per M
@@ -97,13 +106,20 @@ def main() -> None:
         for schedule, remat, v in rows:
             for split in args.split:
                 config = base.get_config()
-                config.update_from_flattened_dict({
-                    "model.name": "vgg19", "model.width": args.width, "data.name": "synthetic",
-                    "global_batch_size": args.batch, "mesh_shape": (1, k, 1),
-                    "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
-                    "pipeline.remat": remat, "pipeline.virtual_stages": v,
-                    "pipeline.split": split,
-                })  # fmt: skip
+                config.update_from_flattened_dict(
+                    {
+                        "model.name": "vgg19",
+                        "model.width": args.width,
+                        "data.name": "synthetic",
+                        "global_batch_size": args.batch,
+                        "mesh_shape": (1, k, 1),
+                        "pipeline.schedule": schedule,
+                        "pipeline.num_microbatches": m,
+                        "pipeline.remat": remat,
+                        "pipeline.virtual_stages": v,
+                        "pipeline.split": split,
+                    }
+                )
                 r = measure(config, jax.devices()[:k], args.steps, cache)
                 name = f"{schedule} v={v}" if v > 1 else schedule
                 walls[(name, remat, m, split)] = r["wall_step_s"]

@@ -20,14 +20,21 @@ from jaxpar.stats import spearman
 
 # predictions.json's row key -> the bench row's key (jaxpar.predict.model's `_row`)
 PREDICTED = {
-    "profile": "predicted_profile", "status": "predicted_status", "error": "predicted_failure",
-    "images_per_sec": "predicted_images_per_sec", "step_time_s": "predicted_step_time_s",
-    "compute_s": "predicted_compute_s", "comm_s": "predicted_comm_s",
-    "bubble_s": "predicted_bubble_s", "overhead_s": "predicted_overhead_s",
+    "profile": "predicted_profile",
+    "status": "predicted_status",
+    "error": "predicted_failure",
+    "images_per_sec": "predicted_images_per_sec",
+    "step_time_s": "predicted_step_time_s",
+    "compute_s": "predicted_compute_s",
+    "comm_s": "predicted_comm_s",
+    "bubble_s": "predicted_bubble_s",
+    "overhead_s": "predicted_overhead_s",
     "schedule_bubble": "predicted_bubble",
-    "memory_bytes_per_device": "predicted_memory_bytes_per_device", "fits": "predicted_fits",
-    "speedup": "predicted_speedup", "efficiency": "predicted_efficiency",
-}  # fmt: skip
+    "memory_bytes_per_device": "predicted_memory_bytes_per_device",
+    "fits": "predicted_fits",
+    "speedup": "predicted_speedup",
+    "efficiency": "predicted_efficiency",
+}
 
 
 def predict_table(
@@ -39,17 +46,26 @@ def predict_table(
     Only the rows OUT holds are predicted (a suite file of those rows in OUT/predicted)."""
     out = os.path.join(sweep_out, "predicted")
     os.makedirs(out, exist_ok=True)
-    cmd = [sys.executable, "-m", "jaxpar.predict", "--suite", _subset(table, suite, out),
-           "--profile", profile, "--out", out]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "jaxpar.predict",
+        "--suite",
+        _subset(table, suite, out),
+        "--profile",
+        profile,
+        "--out",
+        out,
+    ]
     cmd += configfile.override_args(overrides)
     print(f"predicting {len(table)} rows on {profile} ...", flush=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([suite_lib.ROOT,
-                                                       os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([suite_lib.ROOT, os.environ.get("PYTHONPATH", "")])
+    )
     env.pop("XLA_FLAGS", None)  # the predictor sets its own device count
     log = os.path.join(sweep_out, "logs", "predicted.log")
     with open(log, "w", encoding="utf-8") as f:
-        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                             cwd=suite_lib.ROOT)  # fmt: skip
+        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=suite_lib.ROOT)
     if rc != 0:
         print(f"prediction failed (exit {rc}); see {log}", flush=True)
         return False
@@ -105,10 +121,12 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
         if r["predicted_images_per_sec"] and loader and r["predicted_images_per_sec"] > loader:
             r["predicted_images_per_sec"] = loader
         measured_ok = r.get("status") == "ok"
-        r["predicted_error"] = _ratio(r["predicted_images_per_sec"],
-                                      r.get("images_per_sec") if measured_ok else None)  # fmt: skip
-        r["predicted_memory_error"] = _ratio(r["predicted_memory_bytes_per_device"],
-                                             r.get("memory_bytes_per_device"))  # fmt: skip
+        r["predicted_error"] = _ratio(
+            r["predicted_images_per_sec"], r.get("images_per_sec") if measured_ok else None
+        )
+        r["predicted_memory_error"] = _ratio(
+            r["predicted_memory_bytes_per_device"], r.get("memory_bytes_per_device")
+        )
     return rows
 
 
@@ -124,8 +142,14 @@ def prediction_summary(rows: list[dict]) -> dict[str, Any]:
     and mean |predicted_error|, the worst row and its (signed) error, and Spearman's rho of
     predicted against measured images/sec. None figures where no row has both."""
     both = [r for r in rows if r.get("predicted_error") is not None]
-    out: dict[str, Any] = {"n": len(both), "median_abs_error": None, "mean_abs_error": None,
-                           "worst": None, "worst_error": None, "spearman": None}  # fmt: skip
+    out: dict[str, Any] = {
+        "n": len(both),
+        "median_abs_error": None,
+        "mean_abs_error": None,
+        "worst": None,
+        "worst_error": None,
+        "spearman": None,
+    }
     if not both:
         return out
     errors = [abs(r["predicted_error"]) for r in both]
@@ -190,8 +214,12 @@ def predicted_markdown(rows: list[dict], profile: str) -> str:
         )
         if pok:
             guess = number_cell(r["predicted_images_per_sec"], ",.1f")
-            parts = [r["predicted_compute_s"], r["predicted_comm_s"], r["predicted_bubble_s"],
-                     r["predicted_overhead_s"]]  # fmt: skip
+            parts = [
+                r["predicted_compute_s"],
+                r["predicted_comm_s"],
+                r["predicted_bubble_s"],
+                r["predicted_overhead_s"],
+            ]
             step = f"{_ms(r['predicted_step_time_s'])} (" + " / ".join(map(_ms, parts)) + ")"
         else:
             why = r.get("predicted_failure") or "not predicted"
@@ -204,15 +232,23 @@ def predicted_markdown(rows: list[dict], profile: str) -> str:
             r.get("memory_bytes_per_device") is not None
             or r.get("predicted_memory_bytes_per_device") is not None
         ):
-            memory = (f"{mib_cell(r.get('memory_bytes_per_device'))} / "
-                      f"{mib_cell(r.get('predicted_memory_bytes_per_device'))}")  # fmt: skip
+            memory = (
+                f"{mib_cell(r.get('memory_bytes_per_device'))} / "
+                f"{mib_cell(r.get('predicted_memory_bytes_per_device'))}"
+            )
             if r.get("predicted_memory_error") is not None:
                 memory += f" ({_signed(r['predicted_memory_error'])})"
         cells = [
-            r["name"], mesh_cell(r), measured, guess,
+            r["name"],
+            mesh_cell(r),
+            measured,
+            guess,
             _signed(r.get("predicted_error")),
-            _ms(r.get("step_time_median_s")) if ok else "", step, bubble, memory,
-        ]  # fmt: skip
+            _ms(r.get("step_time_median_s")) if ok else "",
+            step,
+            bubble,
+            memory,
+        ]
         if published:
             ref, eff = r.get("reference_efficiency"), r.get("predicted_efficiency")
             delta = f"{100 * (eff - ref):+.1f} pt" if ref is not None and eff is not None else ""

@@ -24,44 +24,115 @@ HEADER = (
 
 # Keys every row carries (None where a figure does not apply or the row failed).
 KEYS = (
-    "name", "group", "scaling", "status", "error", "mesh_shape", "mesh_axes", "num_devices",
+    "name",
+    "group",
+    "scaling",
+    "status",
+    "error",
+    "mesh_shape",
+    "mesh_axes",
+    "num_devices",
     "strategy",
-    "pipeline_schedule", "num_microbatches", "global_batch_size", "repeats",
-    "images_per_sec", "images_per_sec_stderr", "images_per_sec_p10", "images_per_sec_p90",
-    "speedup", "efficiency", "baseline", "step_time_median_s", "compile_time_s",
-    "input_s_per_step", "input_wait_s_per_step", "input_wait_share", "loader_images_per_sec",
+    "pipeline_schedule",
+    "num_microbatches",
+    "global_batch_size",
+    "repeats",
+    "images_per_sec",
+    "images_per_sec_stderr",
+    "images_per_sec_p10",
+    "images_per_sec_p90",
+    "speedup",
+    "efficiency",
+    "baseline",
+    "step_time_median_s",
+    "compile_time_s",
+    "input_s_per_step",
+    "input_wait_s_per_step",
+    "input_wait_share",
+    "loader_images_per_sec",
     "input_bound",
-    "num_params", "param_bytes", "param_bytes_per_device", "opt_state_bytes_per_device",
-    "state_bytes_per_device", "program_temp_bytes_per_device",
-    "stored_activation_bytes_per_device", "memory_bytes_per_device",
-    "collective_bytes_per_device", "collective_bytes_by_kind", "collective_bytes_by_axis",
-    "data_allreduce_bytes", "data_allreduce_over_params", "ring_allreduce_wire_bytes",
+    "num_params",
+    "param_bytes",
+    "param_bytes_per_device",
+    "opt_state_bytes_per_device",
+    "state_bytes_per_device",
+    "program_temp_bytes_per_device",
+    "stored_activation_bytes_per_device",
+    "memory_bytes_per_device",
+    "collective_bytes_per_device",
+    "collective_bytes_by_kind",
+    "collective_bytes_by_axis",
+    "data_allreduce_bytes",
+    "data_allreduce_over_params",
+    "ring_allreduce_wire_bytes",
     "halo_bytes_per_device",
-    "bytes_between_stages", "stage_transfer_bytes_per_device", "analytic_bubble",
-    "measured_bubble", "model_flops_per_image", "model_flops_per_sec", "mfu", "final_loss",
+    "bytes_between_stages",
+    "stage_transfer_bytes_per_device",
+    "analytic_bubble",
+    "measured_bubble",
+    "model_flops_per_image",
+    "model_flops_per_sec",
+    "mfu",
+    "final_loss",
     "eval_accuracy",
     # the accuracy study (jaxpar.bench.accuracy): the setting a row repeats under another seed,
     # the published figure, and how the run generalised
-    "label", "reference", "seed", "steps", "epochs", "seconds_per_epoch", "eval_loss",
-    "train_eval_loss", "train_eval_accuracy", "generalization_gap",
+    "label",
+    "reference",
+    "seed",
+    "steps",
+    "epochs",
+    "seconds_per_epoch",
+    "eval_loss",
+    "train_eval_loss",
+    "train_eval_accuracy",
+    "generalization_gap",
     # a published efficiency for the row, and the row predicted on a hardware profile
     # (python -m jaxpar.bench --predict PROFILE)
-    "reference_efficiency", "predicted_profile", "predicted_status", "predicted_failure",
-    "predicted_images_per_sec", "predicted_step_time_s", "predicted_compute_s",
-    "predicted_comm_s", "predicted_bubble_s", "predicted_overhead_s", "predicted_bubble",
-    "predicted_memory_bytes_per_device", "predicted_fits", "predicted_speedup",
+    "reference_efficiency",
+    "predicted_profile",
+    "predicted_status",
+    "predicted_failure",
+    "predicted_images_per_sec",
+    "predicted_step_time_s",
+    "predicted_compute_s",
+    "predicted_comm_s",
+    "predicted_bubble_s",
+    "predicted_overhead_s",
+    "predicted_bubble",
+    "predicted_memory_bytes_per_device",
+    "predicted_fits",
+    "predicted_speedup",
     "predicted_efficiency",
     # predicted against measured: predicted / measured - 1 (images/sec; memory per device)
-    "predicted_error", "predicted_memory_error",
+    "predicted_error",
+    "predicted_memory_error",
     # time to a target (suite time_to_target: jaxpar.bench.time_to_target), measured and
     # predicted by the steps model from the suite's reference row
-    "steps_to_target", "time_to_target_s", "accuracy_at_target", "noise_scale_to_target",
-    "sync_mode", "sync_setting", "predicted_steps_to_target", "predicted_steps_error",
-    "predicted_steps_late", "predicted_time_to_target_s", "predicted_time_error",
-)  # fmt: skip
+    "steps_to_target",
+    "time_to_target_s",
+    "accuracy_at_target",
+    "noise_scale_to_target",
+    "sync_mode",
+    "sync_setting",
+    "predicted_steps_to_target",
+    "predicted_steps_error",
+    "predicted_steps_late",
+    "predicted_time_to_target_s",
+    "predicted_time_error",
+)
 
-_SPEC_KEYS = ("name", "group", "scaling", "baseline", "repeats", "label", "reference", "seed",
-              "reference_efficiency")  # fmt: skip
+_SPEC_KEYS = (
+    "name",
+    "group",
+    "scaling",
+    "baseline",
+    "repeats",
+    "label",
+    "reference",
+    "seed",
+    "reference_efficiency",
+)
 
 
 def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
@@ -195,8 +266,13 @@ def markdown(rows: list[dict], machine: str = "") -> str:
     mfu = any(r.get("mfu") is not None for r in rows)  # a device whose peak jaxpar knows (GPUs)
     if mfu:
         head = head.replace(" | eval acc |", " | MFU [clock] | eval acc |")
-    lines = [f"*{machine}*\n" if machine else "", HEADER, "", head,
-             "|" + "---|" * (15 if mfu else 14)]  # fmt: skip
+    lines = [
+        f"*{machine}*\n" if machine else "",
+        HEADER,
+        "",
+        head,
+        "|" + "---|" * (15 if mfu else 14),
+    ]
     for r in rows:
         rate = number_cell(r["images_per_sec"], ".1f")
         if r["images_per_sec_stderr"] is not None:
@@ -207,11 +283,21 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         mesh = mesh_cell(r)
         status = "ok" if r["status"] == "ok" else f"failed: {r['error']}"
         cells = [
-            r["name"], mesh, str(r["num_devices"] or ""), rate, number_cell(r["speedup"], ".2f"),
-            number_cell(r["efficiency"], ".2f"), _loader(r), mib_cell(r["memory_bytes_per_device"]),
-            _coll(r), number_cell(r["data_allreduce_over_params"], ".3f"),
-            mib_cell(r["bytes_between_stages"]), bubble, number_cell(r["eval_accuracy"], ".3f"), status,
-        ]  # fmt: skip
+            r["name"],
+            mesh,
+            str(r["num_devices"] or ""),
+            rate,
+            number_cell(r["speedup"], ".2f"),
+            number_cell(r["efficiency"], ".2f"),
+            _loader(r),
+            mib_cell(r["memory_bytes_per_device"]),
+            _coll(r),
+            number_cell(r["data_allreduce_over_params"], ".3f"),
+            mib_cell(r["bytes_between_stages"]),
+            bubble,
+            number_cell(r["eval_accuracy"], ".3f"),
+            status,
+        ]
         if mfu:  # model FLOPs per second over the devices' peak
             cells.insert(12, "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")

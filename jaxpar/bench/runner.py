@@ -221,8 +221,10 @@ class Sweep:
         study = accuracy_lib.markdown(accuracy_lib.study(table), self._reference)
         # an accuracy study: rows outside the scaling plots that name a setting (label, seeds
         # folded) or a published figure; not every scaling="none" row (pipeline_efficiency's)
-        is_study = any(r.get("scaling") == "none" and (r.get("label") or r.get("reference")
-                                                       is not None) for r in rows)  # fmt: skip
+        is_study = any(
+            r.get("scaling") == "none" and (r.get("label") or r.get("reference") is not None)
+            for r in rows
+        )
         if is_study:
             write_text(os.path.join(self.out, "accuracy.md"), study)
         if ttt_model is not False:  # a time-to-target suite: its study beside the results
@@ -271,8 +273,10 @@ class Sweep:
 
                 made = plots_lib.plot_all(table, self.out)
                 print("plots: " + ", ".join(made) if made else "plots: none for these rows")
-            print(f"results: {self.out}/results.json, results.csv, results.md"
-                  + (", predicted.md" if predicted else ""))  # fmt: skip
+            print(
+                f"results: {self.out}/results.json, results.csv, results.md"
+                + (", predicted.md" if predicted else "")
+            )
         return table
 
     def _time_to_target(self, rows, records, table):

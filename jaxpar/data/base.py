@@ -77,9 +77,18 @@ class Prefix:
         return self.source.gather(indices)
 
 
-def render_split(render, num: int, split: str, seed: int, *, name: str, split_ids: dict,
-                 num_classes: int, shape: tuple[int, ...], chunk: int
-                 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def render_split(
+    render,
+    num: int,
+    split: str,
+    seed: int,
+    *,
+    name: str,
+    split_ids: dict,
+    num_classes: int,
+    shape: tuple[int, ...],
+    chunk: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """An embedded dataset's split: `num` uint8 images of `shape` drawn by `render(rng,
     labels)` `chunk` at a time, and balanced int32 labels. Deterministic in (num, split,
     seed); train and eval use different streams; the arrays are read-only."""

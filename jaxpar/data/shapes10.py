@@ -116,5 +116,14 @@ def _render(rng: np.random.Generator, labels: np.ndarray) -> np.ndarray:
 def generate(num: int, split: str, seed: int = _SEED) -> tuple[np.ndarray, np.ndarray]:
     """`num` images uint8 [num, 32, 32, 3] and balanced labels of one split (cached;
     base.render_split)."""
-    return render_split(_render, num, split, seed, name="shapes10", split_ids=_SPLIT_IDS,
-                        num_classes=NUM_CLASSES, shape=(SIZE, SIZE, 3), chunk=_CHUNK)  # fmt: skip
+    return render_split(
+        _render,
+        num,
+        split,
+        seed,
+        name="shapes10",
+        split_ids=_SPLIT_IDS,
+        num_classes=NUM_CLASSES,
+        shape=(SIZE, SIZE, 3),
+        chunk=_CHUNK,
+    )

@@ -34,8 +34,10 @@ def check_name(name: str) -> str | None:
     if not is_import_path(name):
         if name in NAMES:
             return None
-        return (f"unknown model.name {name!r}; choose one of {', '.join(NAMES)}, or give the "
-                "import path of a builder of your own (package.module:fn)")  # fmt: skip
+        return (
+            f"unknown model.name {name!r}; choose one of {', '.join(NAMES)}, or give the "
+            "import path of a builder of your own (package.module:fn)"
+        )
     try:
         _builder(name)
     except (ImportError, AttributeError, TypeError, ValueError) as e:
@@ -57,8 +59,9 @@ def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> 
     """Build the model named in `model_config` (a registered name, or a builder's import path)
     for a dataset's input shape and classes."""
     if is_import_path(model_config.name):
-        return _build_external(model_config.name, model_config, tuple(input_shape),
-                               int(num_classes))  # fmt: skip
+        return _build_external(
+            model_config.name, model_config, tuple(input_shape), int(num_classes)
+        )
     return _build(
         model_config.name,
         tuple(input_shape),
@@ -80,8 +83,10 @@ def _build_external(name, model_config, input_shape, num_classes) -> SequentialM
     if key not in _EXTERNAL:
         model = _builder(name)(model_config, input_shape, num_classes)
         if not isinstance(model, SequentialModel):
-            raise ConfigError(f"model.name {name!r} returned {type(model).__name__}, not a "
-                              "jaxpar.models.SequentialModel")  # fmt: skip
+            raise ConfigError(
+                f"model.name {name!r} returned {type(model).__name__}, not a "
+                "jaxpar.models.SequentialModel"
+            )
         _EXTERNAL[key] = model
     return _EXTERNAL[key]
 

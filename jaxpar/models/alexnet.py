@@ -23,29 +23,59 @@ from jaxpar.models.vgg import scaled
 NAMES = ("alexnet",)
 
 
-def alexnet(input_shape: tuple[int, int, int], num_classes: int, *, width: float = 1.0,
-            dtype: Any = None, dropout: bool = False):  # fmt: skip
+def alexnet(
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    width: float = 1.0,
+    dtype: Any = None,
+    dropout: bool = False,
+):
     kw = {} if dtype is None else {"dtype": dtype}
     c = lambda n: scaled(n, width)
     rate = 0.5 if dropout else 0.0
     if min(input_shape[:2]) >= 224:
         blocks = [
-            ("conv1", AlexConv(features=c(64), kernel=11, stride=4, padding=((2, 2), (2, 2)),
-                               pool=3, in_axis="image", **kw)),
+            (
+                "conv1",
+                AlexConv(
+                    features=c(64),
+                    kernel=11,
+                    stride=4,
+                    padding=((2, 2), (2, 2)),
+                    pool=3,
+                    in_axis="image",
+                    **kw,
+                ),
+            ),
             ("conv2", AlexConv(features=c(192), kernel=5, padding=((2, 2), (2, 2)), pool=3, **kw)),
             ("conv3", AlexConv(features=c(384), kernel=3, padding=((1, 1), (1, 1)), **kw)),
             ("conv4", AlexConv(features=c(256), kernel=3, padding=((1, 1), (1, 1)), **kw)),
             ("conv5", AlexConv(features=c(256), kernel=3, padding=((1, 1), (1, 1)), pool=3, **kw)),
             ("pool", AdaptivePool(size=6, dropout=rate, **kw)),
-        ]  # fmt: skip
+        ]
         hidden = (c(4096), c(4096))
     else:
         blocks = [
-            ("conv1", AlexConv(features=c(64), kernel=5, pool=3, pool_padding="SAME",
-                               lrn="after_pool", in_axis="image", **kw)),
-            ("conv2", AlexConv(features=c(64), kernel=5, pool=3, pool_padding="SAME",
-                               lrn="before_pool", **kw)),
-        ]  # fmt: skip
+            (
+                "conv1",
+                AlexConv(
+                    features=c(64),
+                    kernel=5,
+                    pool=3,
+                    pool_padding="SAME",
+                    lrn="after_pool",
+                    in_axis="image",
+                    **kw,
+                ),
+            ),
+            (
+                "conv2",
+                AlexConv(
+                    features=c(64), kernel=5, pool=3, pool_padding="SAME", lrn="before_pool", **kw
+                ),
+            ),
+        ]
         hidden, rate = (c(384), c(192)), 0.0
     blocks += [
         (
@@ -63,8 +93,14 @@ def alexnet(input_shape: tuple[int, int, int], num_classes: int, *, width: float
 def lrn(x, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75):
     """TensorFlow's local response normalisation across channels (tf.nn.lrn)."""
     window = 2 * depth_radius + 1
-    sq = lax.reduce_window(x * x, 0.0, lax.add, (1, 1, 1, window), (1, 1, 1, 1),
-                           ((0, 0), (0, 0), (0, 0), (depth_radius, depth_radius)))  # fmt: skip
+    sq = lax.reduce_window(
+        x * x,
+        0.0,
+        lax.add,
+        (1, 1, 1, window),
+        (1, 1, 1, 1),
+        ((0, 0), (0, 0), (0, 0), (depth_radius, depth_radius)),
+    )
     return x / (bias + alpha * sq) ** beta
 
 
@@ -83,8 +119,11 @@ class AlexConv(Block):
 
     @nn.compact
     def __call__(self, x, train: bool, keys=None):
-        x = nn.relu(self.conv(x, self.features, self.kernel, self.stride, self.padding,
-                              self.in_axis, bias=True))  # fmt: skip
+        x = nn.relu(
+            self.conv(
+                x, self.features, self.kernel, self.stride, self.padding, self.in_axis, bias=True
+            )
+        )
         if self.lrn == "before_pool":
             x = lrn(x)
         if self.pool:

@@ -82,11 +82,16 @@ class Block(nn.Module):
         bias = not self.batch_norm if bias is None else bias
         k = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
         return nn.Conv(
-            features, k, strides=(stride, stride), padding=padding, use_bias=bias,
-            dtype=self.dtype, param_dtype=wide(self.dtype),
+            features,
+            k,
+            strides=(stride, stride),
+            padding=padding,
+            use_bias=bias,
+            dtype=self.dtype,
+            param_dtype=wide(self.dtype),
             kernel_init=named(CONV_INIT, (None, None, in_axis, "conv_out")),
             bias_init=named(nn.initializers.zeros_init(), ("conv_out",)),
-        )(x)  # fmt: skip
+        )(x)
 
     def bn(self, x, train):
         """BatchNorm over the batch (synchronised over `bn_axis_name` in training); its
@@ -98,16 +103,20 @@ class Block(nn.Module):
         if not self.batch_norm:
             return x
         return nn.BatchNorm(
-            use_running_average=not train, momentum=0.9, epsilon=self.bn_epsilon,
-            dtype=self.dtype, param_dtype=wide(self.dtype),
+            use_running_average=not train,
+            momentum=0.9,
+            epsilon=self.bn_epsilon,
+            dtype=self.dtype,
+            param_dtype=wide(self.dtype),
             axis_name=self.bn_axis_name if train else None,
             use_fast_variance=False,  # two passes: E[(x - mean)^2] does not cancel
             scale_init=named(nn.initializers.ones_init(), ("conv_out",)),
             bias_init=named(nn.initializers.zeros_init(), ("conv_out",)),
-        )(x)  # fmt: skip
+        )(x)
 
-    def conv_bn(self, x, train, features, kernel, stride=1, padding="SAME", relu=True,
-                in_axis="conv_in"):  # fmt: skip
+    def conv_bn(
+        self, x, train, features, kernel, stride=1, padding="SAME", relu=True, in_axis="conv_in"
+    ):
         x = self.bn(self.conv(x, features, kernel, stride, padding, in_axis), train)
         return nn.relu(x) if relu else x
 
@@ -220,8 +229,10 @@ class PooledHead(Block):
             x = nn.relu(self.bn(x, train))
         x = jnp.mean(x, axis=(1, 2))
         x = nn.Dense(
-            self.num_classes, dtype=self.dtype, param_dtype=wide(self.dtype),
+            self.num_classes,
+            dtype=self.dtype,
+            param_dtype=wide(self.dtype),
             kernel_init=named(DENSE_INIT, ("embed", "classes")),
             bias_init=named(nn.initializers.zeros_init(), ("classes",)),
-        )(x)  # fmt: skip
+        )(x)
         return x.astype(wide(self.dtype))

@@ -20,9 +20,16 @@ DEPTHS = {"densenet40": 40, "densenet100": 100}
 NAMES = tuple(DEPTHS)
 
 
-def densenet(name: str, input_shape: tuple[int, int, int], num_classes: int, *,
-             width: float = 1.0, growth: int = 12, batch_norm: bool = True,
-             dtype: Any = None):  # fmt: skip
+def densenet(
+    name: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    width: float = 1.0,
+    growth: int = 12,
+    batch_norm: bool = True,
+    dtype: Any = None,
+):
     kw: dict[str, Any] = {"batch_norm": batch_norm}
     if dtype is not None:
         kw["dtype"] = dtype

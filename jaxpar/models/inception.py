@@ -21,8 +21,14 @@ from jaxpar.models.resnet import sequential
 NAMES = ("inception_v3",)
 
 
-def inception_v3(input_shape: tuple[int, int, int], num_classes: int, *, width: float = 1.0,
-                 batch_norm: bool = True, dtype: Any = None):  # fmt: skip
+def inception_v3(
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    width: float = 1.0,
+    batch_norm: bool = True,
+    dtype: Any = None,
+):
     if min(input_shape[:2]) < 75:
         raise ConfigError(
             f"inception_v3 needs inputs of at least 75x75 pixels, got "
@@ -33,11 +39,15 @@ def inception_v3(input_shape: tuple[int, int, int], num_classes: int, *, width: 
     if dtype is not None:
         kw["dtype"] = dtype
     modules = [("stem", InceptionStem(**kw))]
-    modules += [(f"mixed5{x}", Inception(kind="A", pool_features=p, **kw))
-                for x, p in zip("bcd", (32, 64, 64))]  # fmt: skip
+    modules += [
+        (f"mixed5{x}", Inception(kind="A", pool_features=p, **kw))
+        for x, p in zip("bcd", (32, 64, 64))
+    ]
     modules.append(("mixed6a", Inception(kind="B", **kw)))
-    modules += [(f"mixed6{x}", Inception(kind="C", c7=c7, **kw))
-                for x, c7 in zip("bcde", (128, 160, 160, 192))]  # fmt: skip
+    modules += [
+        (f"mixed6{x}", Inception(kind="C", c7=c7, **kw))
+        for x, c7 in zip("bcde", (128, 160, 160, 192))
+    ]
     modules.append(("mixed7a", Inception(kind="D", **kw)))
     modules += [(f"mixed7{x}", Inception(kind="E", **kw)) for x in "bc"]
     head = {k: v for k, v in kw.items() if k != "width"}
@@ -86,8 +96,9 @@ class Inception(Block):
         return jnp.concatenate(getattr(self, f"_{self.kind.lower()}")(x, train), axis=-1)
 
     def _pool(self, x):
-        return nn.avg_pool(x, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)),
-                           count_include_pad=True)  # fmt: skip
+        return nn.avg_pool(
+            x, (3, 3), strides=(1, 1), padding=((1, 1), (1, 1)), count_include_pad=True
+        )
 
     def _a(self, x, t):
         c, f = self.c, lambda *a: _bn_conv(self, *a)

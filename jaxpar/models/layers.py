@@ -21,8 +21,17 @@ DENSE_HE_INIT = nn.initializers.variance_scaling(2.0, "fan_in", "normal")
 # Every logical axis name a layer gives its variables or activations. Sharding rules
 # (`tensor.rules`) may only name these; a misspelt name would silently split nothing.
 # "height": the rows of a feature map (activations only; the spatial axis splits them).
-LOGICAL_AXES = ("batch", "height", "image", "conv_in", "conv_out", "embed", "mlp", "hidden",
-                "classes")  # fmt: skip
+LOGICAL_AXES = (
+    "batch",
+    "height",
+    "image",
+    "conv_in",
+    "conv_out",
+    "embed",
+    "mlp",
+    "hidden",
+    "classes",
+)
 
 
 def wide(dtype) -> Any:

@@ -23,9 +23,15 @@ IMAGENET = {"resnet50": (3, 4, 6, 3), "resnet152": (3, 8, 36, 3)}
 NAMES = (*CIFAR, *IMAGENET)
 
 
-def resnet(name: str, input_shape: tuple[int, int, int], num_classes: int, *,
-           width: float = 1.0, batch_norm: bool = True,
-           dtype: Any = None) -> SequentialModel:  # fmt: skip
+def resnet(
+    name: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    *,
+    width: float = 1.0,
+    batch_norm: bool = True,
+    dtype: Any = None,
+) -> SequentialModel:
     kw: dict[str, Any] = {"batch_norm": batch_norm}
     if dtype is not None:
         kw["dtype"] = dtype

@@ -23,8 +23,16 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "pipeline": Pipeline,
 }
 
-__all__ = ["STRATEGIES", "Program", "Strategy", "TrainState", "build", "check_model", "choose",
-           "validate"]  # fmt: skip
+__all__ = [
+    "STRATEGIES",
+    "Program",
+    "Strategy",
+    "TrainState",
+    "build",
+    "check_model",
+    "choose",
+    "validate",
+]
 
 
 def choose(config, mesh_shape: dict[str, int]) -> str:
@@ -64,15 +72,21 @@ def validate(config, num_devices: int) -> dict[str, int]:
     accum = config.get("grad_accum_steps", 1)
     if accum != 1:
         per_device = config.global_batch_size // axes.num_replicas(shape)
-        config_lib.check(isinstance(accum, int) and accum >= 1,
-                         f"grad_accum_steps must be a positive integer, got {accum!r}")  # fmt: skip
-        config_lib.check(strategy.accumulates,
-                         f"grad_accum_steps={accum} needs data or tensor parallelism, not "
-                         f"strategy={strategy.name}; a pipeline splits its batch with "
-                         "pipeline.num_microbatches")  # fmt: skip
-        config_lib.check(per_device % accum == 0,
-                         f"grad_accum_steps={accum} does not divide each device's batch of "
-                         f"{per_device}; use a divisor of {per_device}")  # fmt: skip
+        config_lib.check(
+            isinstance(accum, int) and accum >= 1,
+            f"grad_accum_steps must be a positive integer, got {accum!r}",
+        )
+        config_lib.check(
+            strategy.accumulates,
+            f"grad_accum_steps={accum} needs data or tensor parallelism, not "
+            f"strategy={strategy.name}; a pipeline splits its batch with "
+            "pipeline.num_microbatches",
+        )
+        config_lib.check(
+            per_device % accum == 0,
+            f"grad_accum_steps={accum} does not divide each device's batch of "
+            f"{per_device}; use a divisor of {per_device}",
+        )
     return shape
 
 

@@ -49,27 +49,39 @@ class DataParallel(Strategy):
     @classmethod
     def check(cls, config, shape):
         if config.sync.impl != cls.impl:
-            return (f"strategy={cls.name} runs with sync.impl={cls.impl}, not "
-                    f"{config.sync.impl}; change one of them (strategy=auto follows sync.impl)")  # fmt: skip
+            return (
+                f"strategy={cls.name} runs with sync.impl={cls.impl}, not "
+                f"{config.sync.impl}; change one of them (strategy=auto follows sync.impl)"
+            )
         other = [a for a, n in shape.items() if n > 1 and a not in axes.batch_axes(shape)]
         if other:
             names, n = tuple(shape), math.prod(shape.values())
             first = axes.batch_axes(shape)[0] if axes.batch_axes(shape) else names[0]
-            sizes = [shape[a] * math.prod(shape[o] for o in other) if a == first
-                     else 1 if a in other else shape[a] for a in names]  # fmt: skip
-            return (f"strategy={cls.name} splits the batch only, but the mesh "
-                    f"{axes.spelled(shape)} has {'/'.join(other)} > 1; use "
-                    f"--config.mesh_shape={mesh_lib.spelled_shape(names, sizes)} (all {n} "
-                    "devices on the batch) or strategy=auto")  # fmt: skip
+            sizes = [
+                shape[a] * math.prod(shape[o] for o in other)
+                if a == first
+                else 1
+                if a in other
+                else shape[a]
+                for a in names
+            ]
+            return (
+                f"strategy={cls.name} splits the batch only, but the mesh "
+                f"{axes.spelled(shape)} has {'/'.join(other)} > 1; use "
+                f"--config.mesh_shape={mesh_lib.spelled_shape(names, sizes)} (all {n} "
+                "devices on the batch) or strategy=auto"
+            )
         return None
 
     @classmethod
     def check_model(cls, config, shape, model):
         accum = config.get("grad_accum_steps", 1)
         if accum > 1 and any(layer.names.get("batch_stats") for layer in model.layers):
-            return (f"grad_accum_steps={accum} would compute BatchNorm statistics per slice "
-                    f"of the batch, which changes the model {model.name} trains; use "
-                    "grad_accum_steps=1 (or a model without BatchNorm)")  # fmt: skip
+            return (
+                f"grad_accum_steps={accum} would compute BatchNorm statistics per slice "
+                f"of the batch, which changes the model {model.name} trains; use "
+                "grad_accum_steps=1 (or a model without BatchNorm)"
+            )
         return None
 
     def __init__(self, config, model, mesh, tx):
@@ -122,8 +134,11 @@ class DataParallel(Strategy):
         return self._canonical_shapes
 
     def state_shapes(self):
-        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            self._device_shapes, self.state_sharding)  # fmt: skip
+        return jax.tree.map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            self._device_shapes,
+            self.state_sharding,
+        )
 
     def place(self, host_state):
         host_state = self._fit(host_state)
@@ -151,20 +166,25 @@ class DataParallel(Strategy):
     # -- batches ----------------------------------------------------------------------------
 
     def put_batch(self, local_batch):
-        return {k: jax.make_array_from_process_local_data(self.batch_sharding, v)
-                for k, v in local_batch.items()}  # fmt: skip
+        return {
+            k: jax.make_array_from_process_local_data(self.batch_sharding, v)
+            for k, v in local_batch.items()
+        }
 
     def batch_shapes(self, batch_size, eval=False):
         image = (batch_size, *self.model.input_shape)
-        out = {"image": jax.ShapeDtypeStruct(image, jnp.float32, sharding=self.batch_sharding),
-               "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32,
-                                             sharding=self.batch_sharding)}  # fmt: skip
+        out = {
+            "image": jax.ShapeDtypeStruct(image, jnp.float32, sharding=self.batch_sharding),
+            "label": jax.ShapeDtypeStruct((batch_size,), jnp.int32, sharding=self.batch_sharding),
+        }
         if eval:
-            out["mask"] = jax.ShapeDtypeStruct((batch_size,), jnp.float32,
-                                               sharding=self.batch_sharding)  # fmt: skip
+            out["mask"] = jax.ShapeDtypeStruct(
+                (batch_size,), jnp.float32, sharding=self.batch_sharding
+            )
         elif self.model.stochastic:
-            out["example"] = jax.ShapeDtypeStruct((batch_size,), jnp.uint32,
-                                                  sharding=self.batch_sharding)  # fmt: skip
+            out["example"] = jax.ShapeDtypeStruct(
+                (batch_size,), jnp.uint32, sharding=self.batch_sharding
+            )
         return out
 
     # -- the step ---------------------------------------------------------------------------
@@ -192,11 +212,17 @@ class DataParallel(Strategy):
         rule = self.rule
         measure = isinstance(self.noise_groups(), int)
         loss, stats, accuracy, grads, small = measured_loss_and_grads(
-            self.model, rule.local_params(state), rule.local_stats(state.batch_stats), batch,
-            bn_axis_name=rule.bn_axis_name, constrain=self.constrain, chunks=self.accum,
-            gather=self.gather, slice_sq=norms.local_sq if measure else None,
+            self.model,
+            rule.local_params(state),
+            rule.local_stats(state.batch_stats),
+            batch,
+            bn_axis_name=rule.bn_axis_name,
+            constrain=self.constrain,
+            chunks=self.accum,
+            gather=self.gather,
+            slice_sq=norms.local_sq if measure else None,
             probe=self.probe() if measure and self.gather is not None else None,
-        )  # fmt: skip
+        )
         state, big = rule.update_measured(state, self.grads_in_layout(grads), stats)
         metrics = rule.metrics(loss, accuracy)
         if measure:  # the two squared norms of the noise scale (noise_scale.py)
@@ -242,13 +268,17 @@ class DataParallel(Strategy):
         if self.rule.eval_kind == "each":  # independent: every replica evaluates every image
             batch = jax.tree.map(lambda x: self.replicas.all_gather(x, 0), batch)
             return jax.tree.map(lambda x: x[None], eval_sums(self.model, params, stats, batch))
-        return self.replicas.psum(eval_sums(self.model, params, stats, batch, self.constrain,
-                                            self.gather))  # fmt: skip
+        return self.replicas.psum(
+            eval_sums(self.model, params, stats, batch, self.constrain, self.gather)
+        )
 
     def _jit_eval(self):
         each = self.rule.eval_kind == "each"
-        fn = self._sm(self._eval_body, (manual(self.state_specs, self.replicas), self.batch_spec),
-                      self.batch_spec if each else P())  # fmt: skip
+        fn = self._sm(
+            self._eval_body,
+            (manual(self.state_specs, self.replicas), self.batch_spec),
+            self.batch_spec if each else P(),
+        )
 
         @jax.jit  # one computation (dispatch.py counts computations)
         def evaluate(state, batch):

@@ -37,8 +37,10 @@ class PmapDataParallel(DataParallel):
     def check(cls, config, shape):
         reason = super().check(config, shape)
         if reason is None and len(axes.replica_axes(shape)) > 1:
-            reason = (f"sync.impl=pmap maps over one axis, but the mesh {axes.spelled(shape)} "
-                      "splits the batch over several; use sync.impl=shard_map")  # fmt: skip
+            reason = (
+                f"sync.impl=pmap maps over one axis, but the mesh {axes.spelled(shape)} "
+                "splits the batch over several; use sync.impl=shard_map"
+            )
         if reason is None and axes.sharding_axes(shape):
             reason = "sync.impl=pmap keeps whole replicas; fsdp needs sync.impl=shard_map"
         return reason
@@ -76,15 +78,20 @@ class PmapDataParallel(DataParallel):
 
     def put_batch(self, local_batch):
         n = len(self.devices)
-        split = {k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:]))
-                 for k, v in local_batch.items()}  # fmt: skip
+        split = {
+            k: np.reshape(v, (n, v.shape[0] // n, *v.shape[1:])) for k, v in local_batch.items()
+        }
         return jax.device_put(split, self.stacked)
 
     def batch_shapes(self, batch_size, eval=False):
         n = len(self.devices)
         flat = super().batch_shapes(batch_size, eval)
-        return {k: jax.ShapeDtypeStruct((n, v.shape[0] // n, *v.shape[1:]), v.dtype,
-                                        sharding=self.stacked) for k, v in flat.items()}  # fmt: skip
+        return {
+            k: jax.ShapeDtypeStruct(
+                (n, v.shape[0] // n, *v.shape[1:]), v.dtype, sharding=self.stacked
+            )
+            for k, v in flat.items()
+        }
 
     def _jit_train(self):
         return jax.pmap(self._train_body, self.axis, devices=self.devices, donate_argnums=0)

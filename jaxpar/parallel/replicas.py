@@ -66,8 +66,9 @@ class Replicas:
         out: list[Any] = list(leaves)
         fused: dict[tuple, list[int]] = {}
         for i, (g, spec) in enumerate(zip(leaves, specs, strict=True)):
-            split = {a for part in spec if part for a in (part if isinstance(part, tuple)
-                                                          else (part,))}  # fmt: skip
+            split = {
+                a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))
+            }
             over = tuple(a for a in self.axes if a not in split)
             summed = math.prod(self.sizes[a] for a in self.axes if a in split)
             g = out[i] = g / summed if summed > 1 else g
@@ -175,5 +176,6 @@ class Replicas:
         if not self.manual:
             return fn
         names = frozenset(self.axes) if auto_axes else frozenset(mesh.axis_names)
-        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                             axis_names=names)  # fmt: skip
+        return jax.shard_map(
+            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=names
+        )

@@ -155,10 +155,14 @@ def _zero_bubble_v(k: int, m: int) -> list[list[Event]]:
             g, j = divmod(i, k)
             t = 6 * k * g + 2 * j - (2 * (k - q) if g == full else 0)
             late = 2 * q if g == full - 1 and j >= q > 0 else 0
-            ticks += [(t + s, ("F", a, i)), (t + 2 * k - 1 - s, ("F", b, i)),
-                      (t + 2 * k + s, ("B", b, i)), (t + 4 * k - 1 - s, ("B", a, i)),
-                      (t + late + 4 * k + s, ("W", b, i)),
-                      (t + late + 6 * k - 1 - s, ("W", a, i))]  # fmt: skip
+            ticks += [
+                (t + s, ("F", a, i)),
+                (t + 2 * k - 1 - s, ("F", b, i)),
+                (t + 2 * k + s, ("B", b, i)),
+                (t + 4 * k - 1 - s, ("B", a, i)),
+                (t + late + 4 * k + s, ("W", b, i)),
+                (t + late + 6 * k - 1 - s, ("W", a, i)),
+            ]
         out.append([e for _, e in sorted(ticks)])
     return out
 
@@ -290,9 +294,14 @@ def render(events: list[list[Event]]) -> str:
     )
 
 
-FORMULAS = {"naive": "(K-1)/(M+K-1)", "gpipe": "(K-1)/(M+K-1)", "1f1b": "(K-1)/(M+K-1)",
-            "interleaved": "(K-1)/(vM+K-1)", "zb-h1": "(K-1)/(3M+K-1), M >= K",
-            "zb-v": "(K-1+r)/(6M+K-1+r), r = -M mod K, M >= K"}  # fmt: skip
+FORMULAS = {
+    "naive": "(K-1)/(M+K-1)",
+    "gpipe": "(K-1)/(M+K-1)",
+    "1f1b": "(K-1)/(M+K-1)",
+    "interleaved": "(K-1)/(vM+K-1)",
+    "zb-h1": "(K-1)/(3M+K-1), M >= K",
+    "zb-v": "(K-1+r)/(6M+K-1+r), r = -M mod K, M >= K",
+}
 
 
 def bubble_formula(name: str) -> str:

@@ -160,11 +160,17 @@ def stage_table(
     chunked = stage_of is not None and len(set(stage_of)) < len(bounds) - 1
     ms = model.times.chunk_times(bounds) if model.times is not None else None
     if sent is None:
-        sent = [0 if b == len(model.layers) else 2 * 4 * model.layers[b - 1].activation_size
-                * batch_size for b in bounds[1:]]  # fmt: skip
+        sent = [
+            0
+            if b == len(model.layers)
+            else 2 * 4 * model.layers[b - 1].activation_size * batch_size
+            for b in bounds[1:]
+        ]
     head = f"{'chunk':>5} {'stage':>5}" if chunked else f"{'stage':>5}"
-    rows = [f"{head} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'to next, MiB/step':>18}"
-            + (f" {'ms/micro-batch':>15}" if ms else "")]  # fmt: skip
+    rows = [
+        f"{head} {'layers':<16} {'params':>12} {'GFLOPs/batch':>13} {'to next, MiB/step':>18}"
+        + (f" {'ms/micro-batch':>15}" if ms else "")
+    ]
     for s, (a, b) in enumerate(itertools.pairwise(bounds)):
         layers = model.layers[a:b]
         names = layers[0].name if len(layers) == 1 else f"{layers[0].name}-{layers[-1].name}"

@@ -69,9 +69,16 @@ def forward_loss(
     gather=None,
 ) -> tuple[jax.Array, tuple[Any, jax.Array]]:
     """Training-mode loss on `batch`; aux = (updated batch stats, accuracy)."""
-    logits, new_stats = model.apply(params, batch_stats, batch["image"], train=True,
-                                    bn_axis_name=bn_axis_name, constrain=constrain,
-                                    example=batch.get("example"), gather=gather)  # fmt: skip
+    logits, new_stats = model.apply(
+        params,
+        batch_stats,
+        batch["image"],
+        train=True,
+        bn_axis_name=bn_axis_name,
+        constrain=constrain,
+        example=batch.get("example"),
+        gather=gather,
+    )
     return cross_entropy(logits, batch["label"]), (new_stats, accuracy(logits, batch["label"]))
 
 
@@ -160,11 +167,13 @@ def logit_sums(logits, labels, mask) -> dict[str, jax.Array]:
     }
 
 
-def eval_sums(model: SequentialModel, params, batch_stats, batch, constrain=None,
-              gather=None) -> dict:  # fmt: skip
+def eval_sums(
+    model: SequentialModel, params, batch_stats, batch, constrain=None, gather=None
+) -> dict:
     """Masked sums of loss and correct predictions over a (local) eval batch."""
-    logits, _ = model.apply(params, batch_stats, batch["image"], train=False, constrain=constrain,
-                            gather=gather)  # fmt: skip
+    logits, _ = model.apply(
+        params, batch_stats, batch["image"], train=False, constrain=constrain, gather=gather
+    )
     return logit_sums(logits, batch["label"], batch["mask"])
 
 

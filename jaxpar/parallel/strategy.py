@@ -138,8 +138,12 @@ class Strategy(abc.ABC):
         x tensor 2". `name` is the implementation (config.strategy), this is what it does."""
         sync = self.config.get("sync") or {}
         chunks = len(self.bounds) - 1 if self.bounds else 1
-        return partitioning(dict(self.mesh.shape), self.schedule, sync.get("mode", "allreduce"),
-                            chunks // max(self.num_stages, 1))  # fmt: skip
+        return partitioning(
+            dict(self.mesh.shape),
+            self.schedule,
+            sync.get("mode", "allreduce"),
+            chunks // max(self.num_stages, 1),
+        )
 
     # -- state ------------------------------------------------------------------------------
 

@@ -79,8 +79,10 @@ def layer_specs(layer, rules: Rules) -> dict:
     """{"params": ..., "batch_stats": ...} of PartitionSpecs over mesh axes for one layer's
     variables: its logical names (flax's logical partitioning, models/base.py) mapped by the
     rules."""
-    return {coll: jax.tree.map(lambda names: spec(tuple(names), rules), tree, is_leaf=is_spec)
-            for coll, tree in layer.names.items()}  # fmt: skip
+    return {
+        coll: jax.tree.map(lambda names: spec(tuple(names), rules), tree, is_leaf=is_spec)
+        for coll, tree in layer.names.items()
+    }
 
 
 def variable_specs(model: SequentialModel, rules: Rules, layers: slice = slice(None)) -> dict:

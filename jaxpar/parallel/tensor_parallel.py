@@ -29,11 +29,15 @@ class TensorParallel(DataParallel):
         if stage and shape[stage] > 1:
             names = tuple(shape)
             first = axes.batch_axes(shape)[0] if axes.batch_axes(shape) else names[0]
-            sizes = [shape[a] * shape[stage] if a == first else 1 if a == stage else shape[a]
-                     for a in names]  # fmt: skip
-            return (f"strategy=tensor has no stages, but the mesh is {axes.spelled(shape)}; "
-                    f"use --config.mesh_shape={mesh_lib.spelled_shape(names, sizes)} or "
-                    "strategy=auto")  # fmt: skip
+            sizes = [
+                shape[a] * shape[stage] if a == first else 1 if a == stage else shape[a]
+                for a in names
+            ]
+            return (
+                f"strategy=tensor has no stages, but the mesh is {axes.spelled(shape)}; "
+                f"use --config.mesh_shape={mesh_lib.spelled_shape(names, sizes)} or "
+                "strategy=auto"
+            )
         return None
 
     @classmethod
@@ -46,8 +50,9 @@ class TensorParallel(DataParallel):
         super().__init__(config, model, mesh, tx)
         # the rules axes it splits, after "data" where replicas are manual: "data+tensor",
         # "spatial", "spatial+tensor"
-        self.name = "+".join((["data"] if self.replicas.manual else [])
-                             + list(axes.auto_axes(dict(mesh.shape))))  # fmt: skip
+        self.name = "+".join(
+            (["data"] if self.replicas.manual else []) + list(axes.auto_axes(dict(mesh.shape)))
+        )
 
     def grads_in_layout(self, grads):
         return tensor.constrain_tree(grads, self.rule.variable_specs["params"])

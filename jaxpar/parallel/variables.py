@@ -33,8 +33,12 @@ def rules_on(rules: tensor.Rules, shape: dict[str, int]) -> tensor.Rules:
     present = set(axes.auto_axes(shape))
     out = [(name, axis if axis in present else None) for name, axis in rules]
     mapped = {name for name, axis in out if axis is not None}
-    own = [(name, a) for a in axes.auto_axes(shape) for name, _ in axes.get(a).rules
-           if name not in mapped]  # fmt: skip
+    own = [
+        (name, a)
+        for a in axes.auto_axes(shape)
+        for name, _ in axes.get(a).rules
+        if name not in mapped
+    ]
     ruled = {name for name, _ in own}
     return tuple(r for r in out if r[0] not in ruled) + tuple(own)
 
@@ -44,12 +48,14 @@ def joins(shape: dict[str, int], model: SequentialModel) -> dict[str, frozenset]
     return {a: axes.get(a).joins(shape, model) for a in axes.auto_axes(shape)}
 
 
-def specs(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int],
-          layers: slice = slice(None)) -> dict:  # fmt: skip
+def specs(
+    model: SequentialModel, rules: tensor.Rules, shape: dict[str, int], layers: slice = slice(None)
+) -> dict:
     """{"params": {...}, "batch_stats": {...}} PartitionSpecs of `layers`' variables over the
     mesh `shape` ({axis: size})."""
-    out = jax.tree.map(_trim, tensor.variable_specs(model, rules_on(rules, shape), layers),
-                       is_leaf=is_spec)  # fmt: skip
+    out = jax.tree.map(
+        _trim, tensor.variable_specs(model, rules_on(rules, shape), layers), is_leaf=is_spec
+    )
     sharding = axes.sharding_axes(shape)
     if not sharding:
         return out
@@ -58,9 +64,11 @@ def specs(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int],
         names = layer.names.get("params", {})
         out["params"][layer.name] = jax.tree.map(
             lambda spec, leaf, logical: _shard(spec, leaf.shape, tuple(logical), sharding, shape),
-            out["params"][layer.name], shapes[layer.name], names,
+            out["params"][layer.name],
+            shapes[layer.name],
+            names,
             is_leaf=is_spec,
-        )  # fmt: skip
+        )
     return out
 
 
@@ -76,8 +84,9 @@ def _trim(spec: P) -> P:
 def _shard(spec: P, shape: tuple, names: tuple, sharding, sizes) -> P:
     parts = list(spec) + [None] * (len(shape) - len(spec))
     for name in sharding:
-        dim = axes.get(name).param_dim(shape, names, tuple(p is not None for p in parts),
-                                       sizes[name])  # fmt: skip
+        dim = axes.get(name).param_dim(
+            shape, names, tuple(p is not None for p in parts), sizes[name]
+        )
         if dim is not None:
             parts[dim] = name
     while parts and parts[-1] is None:
@@ -97,9 +106,10 @@ def sharded_leaves(param_specs: dict, shape: dict[str, int]) -> dict:
     along (empty for a whole leaf)."""
     sharding = set(axes.sharding_axes(shape))
     return jax.tree.map(
-        lambda s: Split((p, d) for d, p in enumerate(s) if p in sharding), param_specs,
+        lambda s: Split((p, d) for d, p in enumerate(s) if p in sharding),
+        param_specs,
         is_leaf=is_spec,
-    )  # fmt: skip
+    )
 
 
 def gather_fn(param_specs: dict, shape: dict[str, int]) -> Gathered | None:
@@ -199,8 +209,9 @@ def _gathered_layer(run, where):
     def bwd(residuals, cotangent):
         shards, stats, kept, probe = residuals
         zero = jnp.ravel(jax.tree.leaves(cotangent)[0])[0] * 0  # ties the gather to the backward
-        again = jax.tree.leaves(_gather(jax.tree.map(lambda s: s + zero.astype(s.dtype), shards),
-                                        where))  # fmt: skip
+        again = jax.tree.leaves(
+            _gather(jax.tree.map(lambda s: s + zero.astype(s.dtype), shards), where)
+        )
         stored = iter(kept)
         leaves = [next(stored) if k is None else again[k] for k in static["kinds"]]
         grads, dx = jax.tree.unflatten(static["tree"], leaves)(cotangent)

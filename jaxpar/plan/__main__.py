@@ -64,14 +64,25 @@ def _measure(
 
     this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.compute_pool)
     if not this_machine:
-        print(f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "
-              f"devices), not {profile.name}'s: compare the order, not the numbers")  # fmt: skip
+        print(
+            f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "
+            f"devices), not {profile.name}'s: compare the order, not the numbers"
+        )
     rows = []
     for r in top:
         c = candidate_of(r)
-        rows.append({"name": f"plan {c.name}", "config": c.overrides(config), "group": "",
-                     "scaling": "strong", "baseline": "", "label": "", "reference": None,
-                     "reference_efficiency": None})  # fmt: skip
+        rows.append(
+            {
+                "name": f"plan {c.name}",
+                "config": c.overrides(config),
+                "group": "",
+                "scaling": "strong",
+                "baseline": "",
+                "label": "",
+                "reference": None,
+                "reference_efficiency": None,
+            }
+        )
     common = {
         **overrides,
         "num_train_steps": args.measure_steps,
@@ -88,8 +99,11 @@ def _measure(
         f"def get_config():\n    return suite({os.path.abspath(config_file)!r}, {common!r}, "
         f"{tuple(rows)!r})\n",
     )
-    print(f"\nmeasuring the top {len(rows)} on this machine: python -m jaxpar.bench --suite "
-          f"{suite_file} --out {out / 'measured'}", flush=True)  # fmt: skip
+    print(
+        f"\nmeasuring the top {len(rows)} on this machine: python -m jaxpar.bench --suite "
+        f"{suite_file} --out {out / 'measured'}",
+        flush=True,
+    )
     table_rows = Sweep(suite=str(suite_file), out=str(out / "measured"), plots=False).run()
     got = {t["name"]: t for t in table_rows}
     result = []
@@ -97,14 +111,24 @@ def _measure(
         m = got.get(spec["name"], {})
         measured = m.get("images_per_sec") if m.get("status") == "ok" else None
         err = (r["images_per_sec"] / measured - 1) if measured else None
-        result.append({"name": r["name"], "predicted_images_per_sec": r["images_per_sec"],
-                       "measured_images_per_sec": measured, "error": err,
-                       "measured_status": m.get("status"), "measured_error": m.get("error")})  # fmt: skip
+        result.append(
+            {
+                "name": r["name"],
+                "predicted_images_per_sec": r["images_per_sec"],
+                "measured_images_per_sec": measured,
+                "error": err,
+                "measured_status": m.get("status"),
+                "measured_error": m.get("error"),
+            }
+        )
     print("\n| predicted rank | candidate | predicted img/s | measured img/s | prediction error |")
     print("|---|---|---|---|---|")
     for i, x in enumerate(result, 1):
-        meas = f"{x['measured_images_per_sec']:,.1f}" if x["measured_images_per_sec"] else (
-            f"failed: {x['measured_error']}")  # fmt: skip
+        meas = (
+            f"{x['measured_images_per_sec']:,.1f}"
+            if x["measured_images_per_sec"]
+            else (f"failed: {x['measured_error']}")
+        )
         err = f"{100 * x['error']:+.0f}%" if x["error"] is not None else "-"
         print(f"| {i} | {x['name']} | {x['predicted_images_per_sec']:,.1f} | {meas} | {err} |")
     ok = [x for x in result if x["measured_images_per_sec"]]
@@ -112,8 +136,10 @@ def _measure(
     same = sum(a["measured_images_per_sec"] >= b["measured_images_per_sec"] for a, b in pairs)
     if pairs:
         verdict = "agrees with" if same == len(pairs) else "differs from"
-        print(f"measured order {verdict} the predicted one: {same} of {len(pairs)} pairs in the "
-              "same order")  # fmt: skip
+        print(
+            f"measured order {verdict} the predicted one: {same} of {len(pairs)} pairs in the "
+            "same order"
+        )
     return result
 
 
@@ -140,14 +166,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, help="plan for N devices (<= the profile's)")
     parser.add_argument("--memory_gib", type=float, help="memory limit per device (GiB)")
     parser.add_argument("--top", type=int, default=5, help="rows of the ranked table")
-    parser.add_argument("--all_sync", action="store_true",
-                        help="also approximate sync modes (local_sgd, async, independent)")  # fmt: skip
-    parser.add_argument("--splits", default="flops",
-                        help="pipeline split policies, comma-separated (flops,params,uniform)")  # fmt: skip
+    parser.add_argument(
+        "--all_sync",
+        action="store_true",
+        help="also approximate sync modes (local_sgd, async, independent)",
+    )
+    parser.add_argument(
+        "--splits",
+        default="flops",
+        help="pipeline split policies, comma-separated (flops,params,uniform)",
+    )
     parser.add_argument("--expand", type=int, default=3, help="meshes round 2 expands")
-    parser.add_argument("--axes", default="",
-                        help="mesh axes to enumerate, comma-separated (default: every registered "
-                             "axis; node is added on a profile of several nodes)")  # fmt: skip
+    parser.add_argument(
+        "--axes",
+        default="",
+        help="mesh axes to enumerate, comma-separated (default: every registered "
+        "axis; node is added on a profile of several nodes)",
+    )
     parser.add_argument("--max_candidates", type=int, default=40, help="predictions at most")
     parser.add_argument("--measure", type=int, default=0, help="run the top K on this machine")
     parser.add_argument("--measure_steps", type=int, default=20, help="steps per measured row")
@@ -229,15 +264,35 @@ def _main(args, overrides: dict) -> int:
     profile = load_profile(args.profile)
     n = args.devices or profile.num_devices
     limit = args.memory_gib * 2**30 if args.memory_gib else profile.memory_bytes
-    print(f"planning {args.config} ({config.model.name} width {config.model.width:g}, global "
-          f"batch {config.global_batch_size}) on {profile.name}: {n} devices, "
-          f"{limit / 2**30:.2f} GiB per device", flush=True)  # fmt: skip
+    print(
+        f"planning {args.config} ({config.model.name} width {config.model.width:g}, global "
+        f"batch {config.global_batch_size}) on {profile.name}: {n} devices, "
+        f"{limit / 2**30:.2f} GiB per device",
+        flush=True,
+    )
     print(f"  {gputarget.programs_line(profile.target)}", flush=True)
-    result = plan(config, profile, n, args.all_sync, splits, args.expand, args.max_candidates,
-                  limit, axes=names)  # fmt: skip
-    text, recommendation, cmd = report(result, profile, limit, args.top, args.config, config,
-                                       extra_overrides(overrides, n, profile), args.expand,
-                                       args.max_candidates)  # fmt: skip
+    result = plan(
+        config,
+        profile,
+        n,
+        args.all_sync,
+        splits,
+        args.expand,
+        args.max_candidates,
+        limit,
+        axes=names,
+    )
+    text, recommendation, cmd = report(
+        result,
+        profile,
+        limit,
+        args.top,
+        args.config,
+        config,
+        extra_overrides(overrides, n, profile),
+        args.expand,
+        args.max_candidates,
+    )
     print(text)
     fitting, too_big = rank(result.rows, limit)
     out = Path(args.out) if args.out else None
@@ -257,15 +312,27 @@ def _main(args, overrides: dict) -> int:
         measured = _measure(args, args.config, config, overrides, top, args.profile, profile, out)
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        write_json(str(out / "plan.json"), {
-            "config": args.config, "overrides": overrides, "profile": args.profile,
-            "num_devices": n, "memory_limit_bytes": limit, "rows": result.rows,
-            "ranked": [r["name"] for r in fitting], "not_fitting": [r["name"] for r in too_big],
-            "refused": [{"candidate": c.as_dict(), "reason": why_not}
-                        for c, why_not in result.refused],
-            "recommendation": recommendation, "command": cmd, "measured": measured,
-            **(to_target or {}),
-        }, default=str)  # fmt: skip
+        write_json(
+            str(out / "plan.json"),
+            {
+                "config": args.config,
+                "overrides": overrides,
+                "profile": args.profile,
+                "num_devices": n,
+                "memory_limit_bytes": limit,
+                "rows": result.rows,
+                "ranked": [r["name"] for r in fitting],
+                "not_fitting": [r["name"] for r in too_big],
+                "refused": [
+                    {"candidate": c.as_dict(), "reason": why_not} for c, why_not in result.refused
+                ],
+                "recommendation": recommendation,
+                "command": cmd,
+                "measured": measured,
+                **(to_target or {}),
+            },
+            default=str,
+        )
         print(f"\nwrote {out / 'plan.json'}")
     return 0
 
@@ -342,8 +409,10 @@ def _rank_to_target(args, config, profile, n, limit, names, splits, reference, b
     }
 
 
-INTERRUPTED = ("stopped; OUT/plan.json is written only when the plan is done (what --measure "
-               "measured so far stays in OUT/measured)")  # fmt: skip
+INTERRUPTED = (
+    "stopped; OUT/plan.json is written only when the plan is done (what --measure "
+    "measured so far stays in OUT/measured)"
+)
 
 if __name__ == "__main__":
     oneline.run_main(main, INTERRUPTED)

@@ -61,8 +61,9 @@ class Candidate:
         """Data replicas where the sync mode matters: the batch axes but fsdp's (which runs
         allreduce only)."""
         shape = self.shape
-        return math.prod(shape[a] for a in axes_lib.batch_axes(shape)
-                         if not axes_lib.get(a).shards_params)  # fmt: skip
+        return math.prod(
+            shape[a] for a in axes_lib.batch_axes(shape) if not axes_lib.get(a).shards_params
+        )
 
     @property
     def named_axes(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -103,8 +104,9 @@ class Candidate:
         """The `--config.KEY=VALUE` settings that make `config` this candidate."""
         names, sizes = self.named_axes
         out: dict[str, Any] = {}
-        if names != DEFAULT_AXES or (config is not None and tuple(
-                config.get("mesh_axes", DEFAULT_AXES)) != DEFAULT_AXES):  # fmt: skip
+        if names != DEFAULT_AXES or (
+            config is not None and tuple(config.get("mesh_axes", DEFAULT_AXES)) != DEFAULT_AXES
+        ):
             out["mesh_axes"] = names
         out["mesh_shape"] = tuple(sizes)
         if self.schedule:
@@ -138,13 +140,15 @@ def factorisations(n: int, k: int = 3) -> list[tuple[int, ...]]:
     data-heavy first)."""
     if k == 1:
         return [(n,)]
-    out = [(d, *rest) for d in range(1, n + 1) if n % d == 0
-           for rest in factorisations(n // d, k - 1)]  # fmt: skip
+    out = [
+        (d, *rest) for d in range(1, n + 1) if n % d == 0 for rest in factorisations(n // d, k - 1)
+    ]
     return sorted(out, key=lambda m: tuple(-x for x in m))
 
 
-def meshes(n: int, nodes: int = 1, names: Sequence[str] | None = None
-           ) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:  # fmt: skip
+def meshes(
+    n: int, nodes: int = 1, names: Sequence[str] | None = None
+) -> list[tuple[tuple[str, ...], tuple[int, ...]]]:
     """(axes, sizes) of every mesh of n devices the planner tries: every factorisation over
     `names` (default: every registered axis, a user's own included, but those placed across
     nodes); with `nodes` > 1 (a profile of several nodes that the run spans), also every one
@@ -192,9 +196,11 @@ def space(
         if stage == 1:
             out += [Candidate(mesh, sync=s, axes=names) for s in modes]
             continue
-        per_replica = math.gcd(config.global_batch_size, eval_batch) // data if (
-            config.global_batch_size % data == 0 and eval_batch % data == 0
-        ) else 0  # fmt: skip
+        per_replica = (
+            math.gcd(config.global_batch_size, eval_batch) // data
+            if (config.global_batch_size % data == 0 and eval_batch % data == 0)
+            else 0
+        )
         counts = microbatch_counts(per_replica, stage) or [1]  # refused below, with the reason
         for schedule in SCHEDULES:
             # what the trainer always refuses is not offered: naive runs one micro-batch,
@@ -207,8 +213,7 @@ def space(
                     for v in VIRTUAL_STAGES if schedule == "interleaved" else (1,):
                         for split in splits:
                             for s in modes:
-                                out.append(Candidate(mesh, schedule, m, remat, v, split, s,
-                                                     names))  # fmt: skip
+                                out.append(Candidate(mesh, schedule, m, remat, v, split, s, names))
     return out
 
 

@@ -50,8 +50,10 @@ def _why(row: dict, profile) -> str:
         moved = sum(v / on[k][0] for k, v in priced.items())  # seconds at full bandwidth
         if calls and moved < 0.5 * row["comm_s"]:  # the per-call latency dominates
             top, n = max(calls.items(), key=lambda kv: kv[1])
-            return (f"{head}: latency-bound, {sum(calls.values())} collective calls/step "
-                    f"(most: {top} x{n}) at {1e6 * _latency(row, profile):g} us per ring step")  # fmt: skip
+            return (
+                f"{head}: latency-bound, {sum(calls.values())} collective calls/step "
+                f"(most: {top} x{n}) at {1e6 * _latency(row, profile):g} us per ring step"
+            )
         return f"{head}: {kind} {nbytes / 1e6:,.1f} MB/step over {where} ({link / 1e9:g} GB/s)"
     if worst == "bubble":
         c = row.get("candidate") or {}

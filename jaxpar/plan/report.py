@@ -14,8 +14,10 @@ def _ms(s: float) -> str:
 
 def table(rows: list[dict], profile) -> str:
     """The ranked candidates as a markdown table."""
-    head = ("| rank | mesh | schedule | M | remat | v | sync | img/s | speedup | step ms | "
-            "compute | comm | bubble | overhead | GiB/device | why |")  # fmt: skip
+    head = (
+        "| rank | mesh | schedule | M | remat | v | sync | img/s | speedup | step ms | "
+        "compute | comm | bubble | overhead | GiB/device | why |"
+    )
     lines = [head, "|" + "---|" * 16]
     for i, r in enumerate(rows, 1):
         c, cand = r["candidate"], candidate_of(r)

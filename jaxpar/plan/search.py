@@ -91,8 +91,16 @@ def plan(
     found.run(_round_two(best, by_mesh, defaults), "round 2")
     found.run(_round_three(best, by_mesh, defaults, found.done), "round 3")
     _add_speedups(found.rows, baseline, limit)
-    return Plan(found.rows, refused, baseline, n, len(valid), len(valid) - len(found.done),
-                len(meshes), unseen)  # fmt: skip
+    return Plan(
+        found.rows,
+        refused,
+        baseline,
+        n,
+        len(valid),
+        len(valid) - len(found.done),
+        len(meshes),
+        unseen,
+    )
 
 
 class _Predictions:
@@ -121,8 +129,19 @@ class _Predictions:
             elapsed = time.perf_counter() - self.t0
             rate = len(self.done) / elapsed if elapsed else 0.0
             eta = (total_planned - len(self.done)) / rate if rate else 0.0
-            self.say(_progress_line(len(self.done), total_planned, round_name, c, row,
-                                    self.limit, time.perf_counter() - t, rate, eta))  # fmt: skip
+            self.say(
+                _progress_line(
+                    len(self.done),
+                    total_planned,
+                    round_name,
+                    c,
+                    row,
+                    self.limit,
+                    time.perf_counter() - t,
+                    rate,
+                    eta,
+                )
+            )
 
 
 def _order(row: dict | None, limit: float) -> tuple[int, float]:
@@ -159,10 +178,16 @@ def _round_three(best: list, by_mesh: dict, defaults: dict, done: dict) -> list[
     for m in best:
         mine = [(c, done[c]) for c in by_mesh[m] if done.get(c)]
         d = defaults[m]
-        knob = min((p for p in mine if p[0].sync == d.sync and p[0].split == d.split),
-                   key=lambda p: _fast(p[1]), default=(d, None))[0]  # fmt: skip
-        sync = min((p for p in mine if _same_pipeline(p[0], d) and p[0].split == d.split),
-                   key=lambda p: _fast(p[1]), default=(d, None))[0]  # fmt: skip
+        knob = min(
+            (p for p in mine if p[0].sync == d.sync and p[0].split == d.split),
+            key=lambda p: _fast(p[1]),
+            default=(d, None),
+        )[0]
+        sync = min(
+            (p for p in mine if _same_pipeline(p[0], d) and p[0].split == d.split),
+            key=lambda p: _fast(p[1]),
+            default=(d, None),
+        )[0]
         combo = dataclasses.replace(knob, sync=sync.sync)
         if combo in by_mesh[m] and combo not in done:
             combos.append(combo)
@@ -180,7 +205,11 @@ def _add_speedups(rows: list[dict], baseline: dict | None, limit: float) -> None
 
 def _same_pipeline(a: Candidate, b: Candidate, split: bool = True) -> bool:
     same = (a.schedule, a.microbatches, a.remat, a.virtual) == (
-        b.schedule, b.microbatches, b.remat, b.virtual)  # fmt: skip
+        b.schedule,
+        b.microbatches,
+        b.remat,
+        b.virtual,
+    )
     return same and (not split or a.split == b.split)
 
 
@@ -232,10 +261,14 @@ def _progress_line(i, total, round_name, c, row, limit, took, rate, eta) -> str:
         what = f"failed: {row.get('error')}"
     else:
         fit = "" if row["memory_bytes_per_device"] <= limit else "  does not fit"
-        what = (f"{1e3 * row['step_time_s']:9.3f} ms  {row['memory_bytes_per_device'] / 2**30:6.2f}"
-                f" GiB{fit}")  # fmt: skip
-    return (f"[{i:3d}/{total}] {round_name}  {c.name:<44} {what}  ({took:.1f} s; "
-            f"{rate:.2f}/s, ETA {units.clock(eta)})")  # fmt: skip
+        what = (
+            f"{1e3 * row['step_time_s']:9.3f} ms  {row['memory_bytes_per_device'] / 2**30:6.2f}"
+            f" GiB{fit}"
+        )
+    return (
+        f"[{i:3d}/{total}] {round_name}  {c.name:<44} {what}  ({took:.1f} s; "
+        f"{rate:.2f}/s, ETA {units.clock(eta)})"
+    )
 
 
 def rank(rows: Sequence[dict], memory_bytes: float) -> tuple[list[dict], list[dict]]:

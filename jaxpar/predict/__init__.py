@@ -42,10 +42,14 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
     shape = resolve_mesh(config, profile.num_devices)
     n = math.prod(shape.values())
     if n > profile.num_devices:  # refuse before compiling anything
-        return {"status": "failed", "mesh_shape": tuple(shape.values()),
-                "mesh_axes": tuple(shape), "num_devices": n,
-                "fits": False, "error": f"needs {n} devices, profile "
-                f"{profile.name} has {profile.num_devices}"}  # fmt: skip
+        return {
+            "status": "failed",
+            "mesh_shape": tuple(shape.values()),
+            "mesh_axes": tuple(shape),
+            "num_devices": n,
+            "fits": False,
+            "error": f"needs {n} devices, profile {profile.name} has {profile.num_devices}",
+        }
     w = workload(config, profile.num_devices, profile.target)
     row = predict_workload(w, profile)
     row["collective_bytes_per_device"] = describe(w)
@@ -53,9 +57,12 @@ def predict_config(config, profile: Profile, overlap: float | None = None) -> di
 
 
 def predict_rows(
-    configs: Sequence[Any], profile: Profile, overlap: float | None = None, predict=None,
+    configs: Sequence[Any],
+    profile: Profile,
+    overlap: float | None = None,
+    predict=None,
     say: Callable[[str], None] | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """Predict every config (or (name, config) pair); add speedup and efficiency against the
     1-device row of the same model (the first such row; a 1-device row against itself), as
     images/sec ratios. `predict(config, profile, overlap)` in place of predict_config (a
@@ -71,8 +78,16 @@ def predict_rows(
             row = {"status": "failed", "error": oneline.first_line(e), "fits": False}
         rows.append({"name": name, **row})
         if say is not None:
-            say(progress_line(i + 1, len(configs), name, row, time.perf_counter() - t,
-                              time.perf_counter() - t0))  # fmt: skip
+            say(
+                progress_line(
+                    i + 1,
+                    len(configs),
+                    name,
+                    row,
+                    time.perf_counter() - t,
+                    time.perf_counter() - t0,
+                )
+            )
     bases: dict = {}
     for r in rows:
         if r.get("num_devices") == 1 and r["status"] == "ok":
@@ -87,11 +102,16 @@ def predict_rows(
 
 def progress_line(done: int, total: int, name: str, row: dict, took: float, elapsed: float) -> str:
     """One row done: "predicted 3/32 tensor 8: 355.1 img/s (4.2 s); elapsed 00:13, ETA 01:30"."""
-    what = (f"{row['images_per_sec']:,.1f} img/s" if row.get("status") == "ok"
-            else f"refused: {row.get('error', '?')}")  # fmt: skip
+    what = (
+        f"{row['images_per_sec']:,.1f} img/s"
+        if row.get("status") == "ok"
+        else f"refused: {row.get('error', '?')}"
+    )
     eta = elapsed / done * (total - done)
-    return (f"predicted {done}/{total} {name}: {what} ({took:.1f} s); elapsed "
-            f"{units.clock(elapsed)}, ETA {units.clock(eta)}")  # fmt: skip
+    return (
+        f"predicted {done}/{total} {name}: {what} ({took:.1f} s); elapsed "
+        f"{units.clock(elapsed)}, ETA {units.clock(eta)}"
+    )
 
 
 def recommend(rows: Sequence[dict[str, Any]]) -> str:

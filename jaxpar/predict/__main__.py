@@ -36,8 +36,10 @@ if "--calibrate-here" not in sys.argv:  # that one times this machine's own devi
 def table(rows: list[dict]) -> str:
     """A markdown table of the predicted rows."""
     ref = any(r.get("reference_images_per_sec") or r.get("reference_efficiency") for r in rows)
-    head = ("| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
-            "GiB/device | fits |" + (" reference img/s | ref. eff. | eff. - ref. |" if ref else ""))  # fmt: skip
+    head = (
+        "| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
+        "GiB/device | fits |" + (" reference img/s | ref. eff. | eff. - ref. |" if ref else "")
+    )
     lines = [head, "|" + "---|" * (14 if ref else 11)]
     for r in rows:
         if r["status"] != "ok":
@@ -79,24 +81,43 @@ def _parser() -> argparse.ArgumentParser:
         epilog=configfile.OVERRIDES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", action="append", default=[],
-                        help="configs/hardware/*.py (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--profile", action="append", default=[], help="configs/hardware/*.py (repeatable)"
+    )
     parser.add_argument("--config", help="one experiment config file")
     parser.add_argument("--suite", help="a suite file (base, overrides, rows)")
     parser.add_argument("--overlap", type=float, help="override the profile's overlap (0..1)")
-    parser.add_argument("--loader_images_per_sec", type=float, help="cap every row at the "
-                        "input pipeline's images/sec (the bench measures it per row)")  # fmt: skip
+    parser.add_argument(
+        "--loader_images_per_sec",
+        type=float,
+        help="cap every row at the input pipeline's images/sec (the bench measures it per row)",
+    )
     parser.add_argument("--out", help="write predictions.json and predictions.csv here")
-    parser.add_argument("--calibrate", nargs="+", metavar="SOURCE", help="fit the profile's "
-                        "costs (--fit) to single-device runs: bench sweeps' 1-device rows, or "
-                        "files listing runs")  # fmt: skip
-    parser.add_argument("--fit", default="compute_efficiency", help="comma-separated costs "
-                        "to fit with --calibrate (fitting.FITTABLE)")  # fmt: skip
-    parser.add_argument("--pool", action="store_true", help="with --calibrate: measure this "
-                        "machine's compute_pool, links, narrow_width and kernel_s (simulated CPU "
-                        "devices; kernel_s is priced with, not fitted, unless --fit names it)")  # fmt: skip
-    parser.add_argument("--validate", action="store_true", help="report every profile's (or "
-                        "each --profile's) errors on figures it was not fitted to")  # fmt: skip
+    parser.add_argument(
+        "--calibrate",
+        nargs="+",
+        metavar="SOURCE",
+        help="fit the profile's "
+        "costs (--fit) to single-device runs: bench sweeps' 1-device rows, or "
+        "files listing runs",
+    )
+    parser.add_argument(
+        "--fit",
+        default="compute_efficiency",
+        help="comma-separated costs to fit with --calibrate (fitting.FITTABLE)",
+    )
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="with --calibrate: measure this "
+        "machine's compute_pool, links, narrow_width and kernel_s (simulated CPU "
+        "devices; kernel_s is priced with, not fitted, unless --fit names it)",
+    )
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="report every profile's (or each --profile's) errors on figures it was not fitted to",
+    )
     from jaxpar.predict import here
 
     here.add_arguments(parser)
@@ -126,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profiles = [load_profile(p) for p in args.profile]
         if args.loader_images_per_sec:
-            profiles = [dataclasses.replace(p, loader_images_per_sec=args.loader_images_per_sec)
-                        for p in profiles]  # fmt: skip
+            profiles = [
+                dataclasses.replace(p, loader_images_per_sec=args.loader_images_per_sec)
+                for p in profiles
+            ]
         configs = load_rows(args.config, args.suite, overrides)
         named = [(name, config) for name, config, _ in configs]
         say = _say if len(named) > 1 else None  # one row: its table is the progress
@@ -138,28 +161,39 @@ def main(argv: list[str] | None = None) -> int:
         oneline.print_error(oneline.first_line(e))
         return 2
     refused = {r["error"] for _, rows in results for r in rows if r["status"] == "failed"}
-    if len(named) == 1 and len(refused) == 1 and not any(r["status"] == "ok" for _, rs in results
-                                                         for r in rs):  # fmt: skip
+    if (
+        len(named) == 1
+        and len(refused) == 1
+        and not any(r["status"] == "ok" for _, rs in results for r in rs)
+    ):
         oneline.print_error(refused.pop())  # one config the trainer refuses: what it would say
         return 2
     for profile, rows in results:
         _report(profile, rows, profile.overlap if args.overlap is None else args.overlap)
     if args.out:
-        _write(Path(args.out), [{"profile_file": f, **r}
-                                for f, (_, rs) in zip(args.profile, results) for r in rs])  # fmt: skip
+        _write(
+            Path(args.out),
+            [{"profile_file": f, **r} for f, (_, rs) in zip(args.profile, results) for r in rs],
+        )
     return 0
 
 
 def _report(profile, rows: list[dict], overlap: float | None) -> None:
     """One profile's predictions on the console: its costs, the table, the recommendation."""
-    conv3x3 = (f", 3x3 convolutions at {profile.conv3x3_efficiency:.3f}"
-               if profile.conv3x3_efficiency else "")  # fmt: skip
-    per_kernel = (f", host {profile.launch_s * 1e6:.1f} us per kernel launched"
-                  if profile.launch_s else "")  # fmt: skip
-    print(f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
-          f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
-          f"{per_kernel}, gradient all-reduce overlap "
-          f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}")  # fmt: skip
+    conv3x3 = (
+        f", 3x3 convolutions at {profile.conv3x3_efficiency:.3f}"
+        if profile.conv3x3_efficiency
+        else ""
+    )
+    per_kernel = (
+        f", host {profile.launch_s * 1e6:.1f} us per kernel launched" if profile.launch_s else ""
+    )
+    print(
+        f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
+        f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
+        f"{per_kernel}, gradient all-reduce overlap "
+        f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}"
+    )
     print(f"  {gputarget.programs_line(profile.target)}")
     for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
         print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")

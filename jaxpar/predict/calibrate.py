@@ -29,17 +29,26 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict import fitting, hardware
 from jaxpar.predict.workload import calibration_ops, input_spec, run_config, strategy_for
 
-_RUN_KEYS = {"model.name": "model", "model.width": "width", "model.batch_norm": "batch_norm",
-             "model.head": "head", "model.dtype": "dtype"}  # fmt: skip
+_RUN_KEYS = {
+    "model.name": "model",
+    "model.width": "width",
+    "model.batch_norm": "batch_norm",
+    "model.head": "head",
+    "model.dtype": "dtype",
+}
 
 
 def run_of(config, images_per_sec: float) -> dict[str, Any]:
     """A calibration run (the dict profiles list) for a 1-device config and its measured rate."""
     image_shape, classes = input_spec(config)
     run = {short: config[key.split(".")[0]][key.split(".")[1]] for key, short in _RUN_KEYS.items()}
-    return {**run, "image_shape": tuple(image_shape), "num_classes": int(classes),
-            "batch_size": int(config.global_batch_size),
-            "images_per_sec": float(images_per_sec)}  # fmt: skip
+    return {
+        **run,
+        "image_shape": tuple(image_shape),
+        "num_classes": int(classes),
+        "batch_size": int(config.global_batch_size),
+        "images_per_sec": float(images_per_sec),
+    }
 
 
 def runs_from(source: str) -> list[dict[str, Any]]:
@@ -90,13 +99,16 @@ def cross_check(profile: hardware.Profile, runs: list[dict], names: tuple[str, .
             continue
         fitted = fitting.fit(profile, others, names).profile
         for r in (r for r in runs if r["model"] == model):
-            step = fitted.program_time(
-                calibration_ops(r, fitted.target), r.get("dtype", "float32")
-            )
+            step = fitted.program_time(calibration_ops(r, fitted.target), r.get("dtype", "float32"))
             step += fitted.step_overhead_s + fitted.program_overhead_s
-            out.append({**r, "predicted_images_per_sec": r["batch_size"] / step,
-                        "error": r["batch_size"] / step / r["images_per_sec"] - 1,
-                        "fitted_on": sorted({o["model"] for o in others})})  # fmt: skip
+            out.append(
+                {
+                    **r,
+                    "predicted_images_per_sec": r["batch_size"] / step,
+                    "error": r["batch_size"] / step / r["images_per_sec"] - 1,
+                    "fitted_on": sorted({o["model"] for o in others}),
+                }
+            )
     return out
 
 
@@ -142,8 +154,15 @@ def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) ->
         alone = max(rate(1) for _ in range(2))
         for n in counts:
             together = max(rate(n) for _ in range(2))
-            out.append({"n": n, "batch_size": batch, "kernel_flops": size,
-                        "images_per_sec": alone * batch, "speedup": together / alone})  # fmt: skip
+            out.append(
+                {
+                    "n": n,
+                    "batch_size": batch,
+                    "kernel_flops": size,
+                    "images_per_sec": alone * batch,
+                    "speedup": together / alone,
+                }
+            )
     return out
 
 
@@ -159,25 +178,44 @@ def report(profile: hardware.Profile, runs: list[dict], names: tuple[str, ...]) 
     lines.append("| run | model | dtype | batch | measured img/s | fitted img/s | error |")
     lines.append("|---|---|---|---|---|---|---|")
     for r in result.rows:
-        lines.append(f"| {r.get('name', '')} | {r['model']} | {r.get('dtype', 'float32')} | "
-                     f"{r['batch_size']} | {r['images_per_sec']:,.1f} | "
-                     f"{r['fitted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% |")  # fmt: skip
+        lines.append(
+            f"| {r.get('name', '')} | {r['model']} | {r.get('dtype', 'float32')} | "
+            f"{r['batch_size']} | {r['images_per_sec']:,.1f} | "
+            f"{r['fitted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% |"
+        )
     cross = cross_check(profile, runs, names)
     if cross:
-        lines += ["", "each model predicted from a fit on the other models only:", "",
-                  "| model | batch | fitted on | measured img/s | predicted | error |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "each model predicted from a fit on the other models only:",
+            "",
+            "| model | batch | fitted on | measured img/s | predicted | error |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in cross:
-            lines.append(f"| {r['model']} | {r['batch_size']} | {'+'.join(r['fitted_on'])} | "
-                         f"{r['images_per_sec']:,.1f} | {r['predicted_images_per_sec']:,.1f} | "
-                         f"{100 * r['error']:+.1f}% |")  # fmt: skip
+            lines.append(
+                f"| {r['model']} | {r['batch_size']} | {'+'.join(r['fitted_on'])} | "
+                f"{r['images_per_sec']:,.1f} | {r['predicted_images_per_sec']:,.1f} | "
+                f"{100 * r['error']:+.1f}% |"
+            )
         errors = sorted(abs(r["error"]) for r in cross)
-        lines.append(f"cross-model median |error| {100 * statistics.median(errors):.1f}% "
-                     f"over {len(errors)} run(s)")  # fmt: skip
+        lines.append(
+            f"cross-model median |error| {100 * statistics.median(errors):.1f}% "
+            f"over {len(errors)} run(s)"
+        )
     lines.append("")
     lines.append("calibration_runs for the profile file:")
-    keep = ("model", "width", "batch_norm", "head", "dtype", "image_shape", "num_classes",
-            "batch_size", "images_per_sec")  # fmt: skip
+    keep = (
+        "model",
+        "width",
+        "batch_norm",
+        "head",
+        "dtype",
+        "image_shape",
+        "num_classes",
+        "batch_size",
+        "images_per_sec",
+    )
     for r in runs:
         lines.append("    " + repr({k: r[k] for k in keep if k in r}) + ",")
     return "\n".join(lines)
@@ -206,12 +244,17 @@ def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1
     found = {}
     for n in counts:
         mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
-        body = jax.shard_map(lambda a: jax.lax.psum(a, "x"), mesh=mesh,
-                             in_specs=PartitionSpec("x"), out_specs=PartitionSpec("x"))  # fmt: skip
+        body = jax.shard_map(
+            lambda a: jax.lax.psum(a, "x"),
+            mesh=mesh,
+            in_specs=PartitionSpec("x"),
+            out_specs=PartitionSpec("x"),
+        )
         fn = jax.jit(body)
         for size in sizes:
-            x = jax.device_put(jnp.ones(n * size // 4, jnp.float32),
-                               jax.NamedSharding(mesh, PartitionSpec("x")))  # fmt: skip
+            x = jax.device_put(
+                jnp.ones(n * size // 4, jnp.float32), jax.NamedSharding(mesh, PartitionSpec("x"))
+            )
             found[n, size] = timed(fn, x)
     # ring all-reduce: 2(n-1)/n x bytes / bw + 2(n-1) x latency, least squares in (1/bw, lat)
     a = np.array([[2 * (n - 1) / n * b, 2 * (n - 1)] for n, b in found])
@@ -225,27 +268,42 @@ def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1
         out = small(out)  # dispatched without waiting, as the trainer dispatches
         calls += 1
     jax.block_until_ready(out)
-    return {"allreduce_s": found, "latency": float(latency), "bandwidth": float(1 / inv_bw),
-            "program_s": (time.perf_counter() - start) / calls}  # fmt: skip
+    return {
+        "allreduce_s": found,
+        "latency": float(latency),
+        "bandwidth": float(1 / inv_bw),
+        "program_s": (time.perf_counter() - start) / calls,
+    }
 
 
 def links_report(links: dict) -> str:
     lines = ["links between simulated devices (psum over N devices, per-device bytes):"]
     for (n, size), t in links["allreduce_s"].items():
         lines.append(f"  N={n} {size:>9,} B: {t * 1e3:.3f} ms")
-    lines.append(f"  ring fit: latency {links['latency'] * 1e6:.1f} us per step, bandwidth "
-                 f"{links['bandwidth'] / 1e9:.2f} GB/s; one small program dispatched "
-                 f"{links['program_s'] * 1e6:.0f} us")  # fmt: skip
-    lines.append(f"  c.intra = {{'bandwidth': {links['bandwidth']:.3g}, 'latency': "
-                 f"{links['latency']:.3g}, 'rings': 1}}")  # fmt: skip
+    lines.append(
+        f"  ring fit: latency {links['latency'] * 1e6:.1f} us per step, bandwidth "
+        f"{links['bandwidth'] / 1e9:.2f} GB/s; one small program dispatched "
+        f"{links['program_s'] * 1e6:.0f} us"
+    )
+    lines.append(
+        f"  c.intra = {{'bandwidth': {links['bandwidth']:.3g}, 'latency': "
+        f"{links['latency']:.3g}, 'rings': 1}}"
+    )
     return "\n".join(lines)
 
 
 def pool_runs(run: dict[str, Any], pool: list[dict]) -> list[dict[str, Any]]:
     """The one-device measurements `measure_pool` made (one per batch), as calibration runs."""
     alone = {m["batch_size"]: m["images_per_sec"] for m in pool}
-    return [{**run, "name": f"1 device, batch {batch} (pool)", "batch_size": batch,
-             "images_per_sec": rate} for batch, rate in alone.items()]  # fmt: skip
+    return [
+        {
+            **run,
+            "name": f"1 device, batch {batch} (pool)",
+            "batch_size": batch,
+            "images_per_sec": rate,
+        }
+        for batch, rate in alone.items()
+    ]
 
 
 def pool_report(run: dict[str, Any], pool: list[dict]) -> str:
@@ -256,9 +314,11 @@ def pool_report(run: dict[str, Any], pool: list[dict]) -> str:
         )
     ]
     for m in pool:
-        lines.append(f"  batch {m['batch_size']} (matrix kernels of {m['kernel_flops'] / 1e6:.1f} "
-                     f"MFLOP on average; alone {m['images_per_sec']:,.1f} img/s): {m['n']} at "
-                     f"once {m['speedup']:.2f}x its rate")  # fmt: skip
+        lines.append(
+            f"  batch {m['batch_size']} (matrix kernels of {m['kernel_flops'] / 1e6:.1f} "
+            f"MFLOP on average; alone {m['images_per_sec']:,.1f} img/s): {m['n']} at "
+            f"once {m['speedup']:.2f}x its rate"
+        )
     points = tuple(
         (m["n"], float(f"{m['kernel_flops']:.3g}"), round(m["speedup"], 2)) for m in pool
     )

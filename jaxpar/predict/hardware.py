@@ -171,8 +171,9 @@ class Profile:
         for point in self.compute_pool:
             size, speedup = (point[1], point[2]) if len(point) == 3 else (1.0, point[1])
             by_n.setdefault(int(point[0]), []).append((float(size), float(speedup)))
-        points = [(1, 1.0)] + [(k, _along_size(sorted(v), kernel_flops)) for k, v in
-                               sorted(by_n.items()) if k > 1]  # fmt: skip
+        points = [(1, 1.0)] + [
+            (k, _along_size(sorted(v), kernel_flops)) for k, v in sorted(by_n.items()) if k > 1
+        ]
         for (n0, s0), (n1, s1) in itertools.pairwise(points):
             if n0 <= n <= n1:
                 return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
@@ -211,9 +212,10 @@ class Profile:
 
             def priced(m: opclass.Matmul) -> float:
                 return self.matmul_kernel_s + max(
-                    m.flops / (thin if m.thin and thin else
-                               peak * (ratio if m.winograd else 1) * share(m)),
-                    m.moved / bw)  # fmt: skip
+                    m.flops
+                    / (thin if m.thin and thin else peak * (ratio if m.winograd else 1) * share(m)),
+                    m.moved / bw,
+                )
 
             def cost(m: opclass.Matmul) -> float:
                 for key in m.keys if table else ():
@@ -226,8 +228,10 @@ class Profile:
             return fixed + sum(cost(m) for m in ops.matmuls)
         if self.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
             d0 = self.narrow_width
-            return fixed + sum(m.flops * (m.narrow + d0) / m.narrow
-                               / (peak * (ratio if m.winograd else 1)) for m in ops.matmuls)  # fmt: skip
+            return fixed + sum(
+                m.flops * (m.narrow + d0) / m.narrow / (peak * (ratio if m.winograd else 1))
+                for m in ops.matmuls
+            )
         return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
 
     def host_time(self, ops: opclass.OpClasses) -> float:
@@ -288,8 +292,9 @@ def from_config(c: Any) -> Profile:
     if profile.gpu and profile.gpu not in gputarget.GPUS:
         raise ConfigError(f"profile {profile.name}: {gputarget.unavailable(profile.gpu)}")
     if profile.compiler not in ("cpu", "gpu"):
-        raise ConfigError(f"profile {profile.name}: compiler must be 'cpu' or 'gpu', "
-                          f"not {profile.compiler!r}")  # fmt: skip
+        raise ConfigError(
+            f"profile {profile.name}: compiler must be 'cpu' or 'gpu', not {profile.compiler!r}"
+        )
     return profile
 
 
@@ -301,8 +306,7 @@ def _peers(pairs, per_node: int) -> frozenset | None:
     for pair in pairs:
         a, b = (int(i) for i in pair)
         if not (0 <= a < per_node and 0 <= b < per_node) or a == b:
-            raise ConfigError(f"peers: {tuple(pair)} is not a pair of a node's "
-                              f"{per_node} devices")  # fmt: skip
+            raise ConfigError(f"peers: {tuple(pair)} is not a pair of a node's {per_node} devices")
         out.add((min(a, b), max(a, b)))
     return frozenset(out)
 
@@ -311,8 +315,10 @@ def _memory_costs(value) -> dict[str, tuple[float, float]]:
     costs = {str(k): (float(v[0]), float(v[1])) for k, v in dict(value).items()}
     unknown = set(costs) - set(opclass.MEMORY_CLASSES)
     if unknown or any(bw <= 0 or each < 0 for each, bw in costs.values()):
-        raise ConfigError(f"memory_kernel_costs: classes are {', '.join(opclass.MEMORY_CLASSES)}, "
-                          f"each (seconds per kernel >= 0, bytes/s > 0); got {dict(value)}")  # fmt: skip
+        raise ConfigError(
+            f"memory_kernel_costs: classes are {', '.join(opclass.MEMORY_CLASSES)}, "
+            f"each (seconds per kernel >= 0, bytes/s > 0); got {dict(value)}"
+        )
     return costs
 
 

@@ -35,8 +35,12 @@ from jaxpar.predict import calibrate, fitting, kernels, opclass, traces
 from jaxpar.predict.workload import run_config
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
-GPU_ROWS = ("vgg19:1.0:32:float32:128", "vgg19:1.0:32:bfloat16:512",
-            "resnet50:1.0:224:bfloat16:128", "resnet20:1.0:32:float32:128")  # fmt: skip
+GPU_ROWS = (
+    "vgg19:1.0:32:float32:128",
+    "vgg19:1.0:32:bfloat16:512",
+    "resnet50:1.0:224:bfloat16:128",
+    "resnet20:1.0:32:float32:128",
+)
 DEFAULT_FIT = ("compute_efficiency", "kernel_s")
 # on a GPU, once its matrix kernels' costs come from its own kernel table (kernels.py): the
 # per-kernel time of every kernel, fitted to the model rows
@@ -54,36 +58,57 @@ MODEL_SHAPES = 24
 def add_arguments(parser) -> None:
     """--calibrate-here OUT.py, --here-rows, --here-seconds, --here-fit."""
     say = "with --calibrate-here: "
-    parser.add_argument("--calibrate-here", metavar="OUT.py", help="time this machine's device "
-                        "and its one-device training step; write a hardware profile to OUT.py")  # fmt: skip
-    parser.add_argument("--here-rows", help=say + "MODEL:WIDTH:IMAGE:DTYPE:BATCH,... to time "
-                        "(default: two small rows on a CPU, four full-width ones on a GPU)")  # fmt: skip
+    parser.add_argument(
+        "--calibrate-here",
+        metavar="OUT.py",
+        help="time this machine's device "
+        "and its one-device training step; write a hardware profile to OUT.py",
+    )
+    parser.add_argument(
+        "--here-rows",
+        help=say + "MODEL:WIDTH:IMAGE:DTYPE:BATCH,... to time "
+        "(default: two small rows on a CPU, four full-width ones on a GPU)",
+    )
     parser.add_argument("--here-seconds", type=float, default=2.0, help=say + "seconds per row")
-    parser.add_argument("--here-fit", help=say + "costs to fit (fitting.FITTABLE; default "
-                        "compute_efficiency,kernel_s, or compute_efficiency for one row)")  # fmt: skip
-    parser.add_argument("--here-devices", type=int, help=say + "the profile's node holds this many "
-                        "of these devices (default: the ones here; links stay placeholders)")  # fmt: skip
+    parser.add_argument(
+        "--here-fit",
+        help=say + "costs to fit (fitting.FITTABLE; default "
+        "compute_efficiency,kernel_s, or compute_efficiency for one row)",
+    )
+    parser.add_argument(
+        "--here-devices",
+        type=int,
+        help=say + "the profile's node holds this many "
+        "of these devices (default: the ones here; links stay placeholders)",
+    )
 
 
 def _plan(args) -> tuple[list[str], tuple[str, ...]]:
     """The rows to time and the costs to fit, checked before anything is timed."""
     gpu = jax.devices()[0].platform == "gpu"
-    rows = [r for r in (args.here_rows or "").split(",") if r] or list(GPU_ROWS if gpu else CPU_ROWS)  # fmt: skip
+    rows = [r for r in (args.here_rows or "").split(",") if r] or list(
+        GPU_ROWS if gpu else CPU_ROWS
+    )
     given = (getattr(args, "here_fit", None) or "").split(",")
     names = tuple(n.strip() for n in given if n.strip()) or DEFAULT_FIT[: len(rows)]
     if bad := [n for n in names if n not in fitting.FITTABLE]:
         raise ConfigError(f"--here-fit: no cost {bad[0]!r}; one of {', '.join(fitting.FITTABLE)}")
     if len(rows) < len(names):
-        raise ConfigError(f"fitting {len(names)} costs needs {len(names)} rows, not "
-                          f"{len(rows)}: add --here-rows or name fewer in --here-fit")  # fmt: skip
+        raise ConfigError(
+            f"fitting {len(names)} costs needs {len(names)} rows, not "
+            f"{len(rows)}: add --here-rows or name fewer in --here-fit"
+        )
     if not args.here_seconds > 0:
         raise ConfigError("--here-seconds must be positive")
     if getattr(args, "here_devices", None) is not None and args.here_devices < 1:
         raise ConfigError("--here-devices must be at least 1")
     if gpu and "compute_efficiency" in names and "conv3x3_efficiency" not in names:
-        print("note: on a GPU the profile's matrix kernels are priced from the kernels timed "
-              "here; fitting compute_efficiency alone to the rows drops their 3x3 rate (the "
-              "default fits kernel_s: leave out --here-fit)", file=sys.stderr)  # fmt: skip
+        print(
+            "note: on a GPU the profile's matrix kernels are priced from the kernels timed "
+            "here; fitting compute_efficiency alone to the rows drops their 3x3 rate (the "
+            "default fits kernel_s: leave out --here-fit)",
+            file=sys.stderr,
+        )
     return [parse_row(r)["name"] for r in rows], names
 
 
@@ -113,8 +138,10 @@ def run(args) -> int:
         oneline.print_error(oneline.first_line(e))
         return 2
     print(text)
-    print(f"\ntook {time.perf_counter() - t0:.1f} s: microbenchmarks {t1 - t0:.1f} s, model "
-          f"runs {t2 - t1:.1f} s, links, fit and report {time.perf_counter() - t2:.1f} s")  # fmt: skip
+    print(
+        f"\ntook {time.perf_counter() - t0:.1f} s: microbenchmarks {t1 - t0:.1f} s, model "
+        f"runs {t2 - t1:.1f} s, links, fit and report {time.perf_counter() - t2:.1f} s"
+    )
     return 0
 
 
@@ -169,8 +196,9 @@ def _thin_rate(device, dtype: str, seconds: float) -> float:
     w = jax.device_put(jnp.ones((7, 7, 3, 64), dtype) * 0.01, device)
 
     def loss(w, x):
-        y = jax.lax.conv_general_dilated(x, w, (2, 2), [(3, 3), (3, 3)],
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        y = jax.lax.conv_general_dilated(
+            x, w, (2, 2), [(3, 3), (3, 3)], dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
         return jnp.sum(y.astype(jnp.float32))
 
     grad = jax.jit(jax.grad(loss))
@@ -251,16 +279,22 @@ def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> li
         f = jax.device_put(jnp.ones((r, s, c, k), dtype) * 0.01, device)
 
         def conv(x, f, strides=strides, pad=pad):
-            return jax.lax.conv_general_dilated(x, f, strides, pad,
-                                                dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+            return jax.lax.conv_general_dilated(
+                x, f, strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC")
+            )
 
         y = jax.device_put(jnp.ones(jax.eval_shape(conv, x, f).shape, dtype), device)
         forward = jax.jit(conv)
         input_grad = jax.jit(lambda x, f, y, conv=conv: jax.vjp(lambda v: conv(v, f), x)[1](y)[0])
         filter_grad = jax.jit(lambda x, f, y, conv=conv: jax.vjp(lambda v: conv(x, v), f)[1](y)[0])
-        out.append({**row, "forward_ms": 1e3 * _per_call(forward, (x, f), seconds),
-                    "input_grad_ms": 1e3 * _per_call(input_grad, (x, f, y), seconds),
-                    "filter_grad_ms": 1e3 * _per_call(filter_grad, (x, f, y), seconds)})  # fmt: skip
+        out.append(
+            {
+                **row,
+                "forward_ms": 1e3 * _per_call(forward, (x, f), seconds),
+                "input_grad_ms": 1e3 * _per_call(input_grad, (x, f, y), seconds),
+                "filter_grad_ms": 1e3 * _per_call(filter_grad, (x, f, y), seconds),
+            }
+        )
     return out
 
 
@@ -271,9 +305,13 @@ def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
     (`launch_s`) and with a wait after each (`sync_call_s`), and the memory per device."""
     gpu = (device := jax.devices()[0]).platform == "gpu"
     put = lambda a: jax.device_put(a, device)
-    out: dict[str, Any] = {"platform": device.platform, "device_kind": device.device_kind,
-                           "jax": jax.__version__, "seconds": seconds,  # simulated CPU devices:
-                           "num_devices": jax.local_device_count() if gpu else len(jax.devices())}  # fmt: skip
+    out: dict[str, Any] = {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "jax": jax.__version__,
+        "seconds": seconds,  # simulated CPU devices:
+        "num_devices": jax.local_device_count() if gpu else len(jax.devices()),
+    }
     matmul = jax.jit(lambda a, b: a @ b)
     for dtype in ("float32", "bfloat16") if gpu else ("float32",):
         rates = {}
@@ -306,15 +344,24 @@ def parse_row(spec: str) -> dict[str, Any]:
         model, width, image, dtype, batch = spec.split(":")
         width, image, batch = float(width), int(image), int(batch)
     except ValueError:
-        raise ConfigError(f"row {spec!r}: expected MODEL:WIDTH:IMAGE:DTYPE:BATCH, "
-                          "e.g. vgg19:0.25:32:float32:32") from None  # fmt: skip
+        raise ConfigError(
+            f"row {spec!r}: expected MODEL:WIDTH:IMAGE:DTYPE:BATCH, e.g. vgg19:0.25:32:float32:32"
+        ) from None
     if model not in models.NAMES:
         raise ConfigError(f"row {spec!r}: no model {model!r}; one of {', '.join(models.NAMES)}")
     if dtype not in ("float32", "bfloat16") or min(width, image, batch) <= 0:
         raise ConfigError(f"row {spec!r}: dtype float32 or bfloat16; width, image, batch > 0")
-    return {"name": spec, "model": model, "width": width, "batch_norm": True, "head": "auto",
-            "image_shape": (image, image, 3), "num_classes": 10, "dtype": dtype,
-            "batch_size": batch}  # fmt: skip
+    return {
+        "name": spec,
+        "model": model,
+        "width": width,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (image, image, 3),
+        "num_classes": 10,
+        "dtype": dtype,
+        "batch_size": batch,
+    }
 
 
 def _images_per_sec(run: dict[str, Any], seconds: float) -> float:
@@ -401,17 +448,24 @@ def traced_costs(pairs: list[tuple[str, str]], failed: tuple = ()) -> dict[str, 
         return {**out, "skipped": "no row traced" + (f" ({failed[0]})" if failed else "")}
     out["named_share"] = min(shares)
     if min(shares) < NAMED_SHARE:
-        return {**out, "skipped": f"only {min(shares):.0%} of a trace's kernel time names its "
-                "instruction (XLA_FLAGS=--xla_gpu_enable_command_buffer= names all)"}  # fmt: skip
+        return {
+            **out,
+            "skipped": f"only {min(shares):.0%} of a trace's kernel time names its "
+            "instruction (XLA_FLAGS=--xla_gpu_enable_command_buffer= names all)",
+        }
     costs = traces.memory_costs(rows)
     if costs["all"] is None or not costs["classes"]:
         return {**out, "skipped": "too few memory-bound kernels in the traces"}
     (fixed, bandwidth), classes = costs["all"], costs["classes"]
     if not (0 < bandwidth < math.inf):
         return {**out, "skipped": "the memory-bound kernels' fit is not positive"}
-    return {**out, "kernel_s": fixed, "memory_bandwidth": bandwidth,
-            "memory_kernel_costs": {k: (float(v[0]), float(v[1])) for k, v in classes.items()},
-            "kernels": {k: v[0] for k, v in costs["figures"].items() if v[0]}}  # fmt: skip
+    return {
+        **out,
+        "kernel_s": fixed,
+        "memory_bandwidth": bandwidth,
+        "memory_kernel_costs": {k: (float(v[0]), float(v[1])) for k, v in classes.items()},
+        "kernels": {k: v[0] for k, v in costs["figures"].items() if v[0]},
+    }
 
 
 def trace_and_fit(rows: list[str]) -> dict[str, Any]:
@@ -429,64 +483,111 @@ def _links(micro: dict[str, Any]) -> tuple[dict, str]:
     if micro["platform"] == "gpu":
         return {"bandwidth": 100e9, "latency": 5e-6, "rings": 1}, (
             "PLACEHOLDER: NVLink unknown, 100 GB/s and 5 us assumed; replace with nccl-tests' "
-            "bus bandwidth")  # fmt: skip
+            "bus bandwidth"
+        )
     n, placeholder = len(jax.devices()), {"bandwidth": 5e9, "latency": 25e-6, "rings": 1}
     if n < 2:
         return placeholder, "PLACEHOLDER: one device here, no link to measure (5 GB/s, 25 us)"
-    found = calibrate.measure_links(tuple(k for k in (2, 4, 8) if k <= n), seconds=micro["seconds"])  # fmt: skip
+    found = calibrate.measure_links(tuple(k for k in (2, 4, 8) if k <= n), seconds=micro["seconds"])
     bw, lat = found["bandwidth"], found["latency"]
-    times = ", ".join(f"N={k} {b:,} B: {t * 1e3:.3f} ms"
-                      for (k, b), t in found["allreduce_s"].items())  # fmt: skip
+    times = ", ".join(
+        f"N={k} {b:,} B: {t * 1e3:.3f} ms" for (k, b), t in found["allreduce_s"].items()
+    )
     if not (0 < bw < math.inf and 0 < lat < math.inf):
         return placeholder, f"PLACEHOLDER: the ring fit of psum times ({times}) was not positive"
     return {"bandwidth": bw, "latency": lat, "rings": 1}, (
         f"psum between simulated devices ({times}) fitted to the ring formula "
-        f"(calibrate.measure_links): {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per step")  # fmt: skip
+        f"(calibrate.measure_links): {bw / 1e9:.2f} GB/s, {lat * 1e6:.1f} us per step"
+    )
 
 
-def _docstring(path, m: dict, runs: list[dict], names: tuple, link_note: str,
-               table_note: str = "") -> str:  # fmt: skip
+def _docstring(
+    path, m: dict, runs: list[dict], names: tuple, link_note: str, table_note: str = ""
+) -> str:
     """Where, when and how the profile was measured, and the figures."""
     gpu = m["platform"] == "gpu"
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    kernel = "launch_s" if gpu else "kernel_s (its fit's start; XLA:CPU runs kernels on the host: launch_s 0)"  # fmt: skip
+    kernel = (
+        "launch_s"
+        if gpu
+        else "kernel_s (its fit's start; XLA:CPU runs kernels on the host: launch_s 0)"
+    )
     info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    cpu = next((i.split(":", 1)[1].strip() for i in info if i.startswith("model name")), platform.machine())  # fmt: skip
+    cpu = next(
+        (i.split(":", 1)[1].strip() for i in info if i.startswith("model name")), platform.machine()
+    )
     lines = [
-        (f"{m['num_devices']} x {m['device_kind']} ({m['platform']}), measured {when}, JAX "
-         f"{m['jax']}; host {platform.node()}: {cpu}, {os.cpu_count()} cores."),
-        *([(f"A node of {m['num_devices']} (--here-devices); {m['devices_here']} here, the first "
-            "timed alone.")] if "devices_here" in m else []),
-        "", f"Made with:  python -m jaxpar.predict --calibrate-here {path}", "",
+        (
+            f"{m['num_devices']} x {m['device_kind']} ({m['platform']}), measured {when}, JAX "
+            f"{m['jax']}; host {platform.node()}: {cpu}, {os.cpu_count()} cores."
+        ),
+        *(
+            [
+                (
+                    f"A node of {m['num_devices']} (--here-devices); {m['devices_here']} here, the first "
+                    "timed alone."
+                )
+            ]
+            if "devices_here" in m
+            else []
+        ),
+        "",
+        f"Made with:  python -m jaxpar.predict --calibrate-here {path}",
+        "",
         "Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):",
-        *(f"- {d} matmul GFLOP/s by size: " + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in
-          m[f"matmul_{d}"].items()) for d in ("float32", "bfloat16") if f"matmul_{d}" in m),
+        *(
+            f"- {d} matmul GFLOP/s by size: "
+            + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in m[f"matmul_{d}"].items())
+            for d in ("float32", "bfloat16")
+            if f"matmul_{d}" in m
+        ),
         "  peak_flops: the largest size's rate (the fitted compute_efficiency scales it)",
-        *(f"- {d} 7x7/2 convolution of 3 channels and its weight gradient: "
-          f"{m[f'thin_conv_{d}'] / 1e9:,.1f} GFLOP/s ({m[f'thin_conv_{d}'] / m[f'{d}_flops_per_s']:.3f}"
-          " of the matmul's: thin_efficiency)" for d in ("float32", "bfloat16") if f"thin_conv_{d}" in m),
-        *(f"- {d} 3x3 convolution over 256 features by its output features n (forward and both "
-          "gradients), GFLOP/s: " + ", ".join(f"{n}: {r / 1e9:,.0f}" for n, r in
-          m[f"narrow_conv_{d}"].items()) + f" (tile_width {fit_tile_width(m[f'narrow_conv_{d}']):g}:"
-          " n / tile_width of the widest rate below it)"
-          for d in ("float32", "bfloat16") if f"narrow_conv_{d}" in m),
-        (f"- memory bandwidth (x * 2 + 1 in place over {m['memory_bandwidth_array_bytes'] >> 20:,}"
-         f" MiB): {m['memory_bandwidth'] / 1e9:.2f} GB/s read + written"),
-        (f"- one small kernel inside a program (chains of 32x32 matmuls): "
-         f"{m['kernel_s'] * 1e6:.2f} us -> {kernel}"),
-        (f"- one tiny jitted program: {m['launch_s'] * 1e6:.1f} us dispatched without waiting "
-         f"(-> program_overhead_s), {m['sync_call_s'] * 1e6:.1f} us with a wait after each"),
-        f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB", f"- links: {link_note}",
+        *(
+            f"- {d} 7x7/2 convolution of 3 channels and its weight gradient: "
+            f"{m[f'thin_conv_{d}'] / 1e9:,.1f} GFLOP/s ({m[f'thin_conv_{d}'] / m[f'{d}_flops_per_s']:.3f}"
+            " of the matmul's: thin_efficiency)"
+            for d in ("float32", "bfloat16")
+            if f"thin_conv_{d}" in m
+        ),
+        *(
+            f"- {d} 3x3 convolution over 256 features by its output features n (forward and both "
+            "gradients), GFLOP/s: "
+            + ", ".join(f"{n}: {r / 1e9:,.0f}" for n, r in m[f"narrow_conv_{d}"].items())
+            + f" (tile_width {fit_tile_width(m[f'narrow_conv_{d}']):g}:"
+            " n / tile_width of the widest rate below it)"
+            for d in ("float32", "bfloat16")
+            if f"narrow_conv_{d}" in m
+        ),
+        (
+            f"- memory bandwidth (x * 2 + 1 in place over {m['memory_bandwidth_array_bytes'] >> 20:,}"
+            f" MiB): {m['memory_bandwidth'] / 1e9:.2f} GB/s read + written"
+        ),
+        (
+            f"- one small kernel inside a program (chains of 32x32 matmuls): "
+            f"{m['kernel_s'] * 1e6:.2f} us -> {kernel}"
+        ),
+        (
+            f"- one tiny jitted program: {m['launch_s'] * 1e6:.1f} us dispatched without waiting "
+            f"(-> program_overhead_s), {m['sync_call_s'] * 1e6:.1f} us with a wait after each"
+        ),
+        f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB",
+        f"- links: {link_note}",
         *([f"- {table_note}"] if table_note else []),
         *([_traced_note(m["traced"])] if m.get("traced") else []),
-        "", "Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:",
+        "",
+        "Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:",
         *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
         f"Fitted when the profile loads: {', '.join(names)}.",
-    ]  # fmt: skip
+    ]
     if not gpu and m["num_devices"] > 1:
-        lines += ["", ("compute_pool is not measured (0: each simulated device computes as if "
-                       "alone): measure it (--calibrate SWEEP --pool) before trusting "
-                       "multi-device rows.")]  # fmt: skip
+        lines += [
+            "",
+            (
+                "compute_pool is not measured (0: each simulated device computes as if "
+                "alone): measure it (--calibrate SWEEP --pool) before trusting "
+                "multi-device rows."
+            ),
+        ]
     return "\n".join(textwrap.fill(line, 96, subsequent_indent="  ") for line in lines)
 
 
@@ -533,8 +634,13 @@ def kernel_table_path(path) -> Path:
     return Path(path).with_name(Path(path).stem + "_kernels.csv")
 
 
-def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
-                  table: tuple[str, list[dict]] | None = None) -> str:  # fmt: skip
+def write_profile(
+    path,
+    micro: dict,
+    runs: list[dict],
+    fit_names=DEFAULT_FIT,
+    table: tuple[str, list[dict]] | None = None,
+) -> str:
     """Write a profile of this machine (the measured figures, links, `calibration_runs` = runs,
     `fit` = fit_names) to `path`, load it back (which fits it) and return a text report.
     `table` (dtype, rows): convolution kernels timed here (time_kernels), written beside the
@@ -544,56 +650,89 @@ def write_profile(path, micro: dict, runs: list[dict], fit_names=DEFAULT_FIT,
     f32 = micro["float32_flops_per_s"]
     values = {
         "name": f"{micro['num_devices']} x {micro['device_kind']} (measured here)",
-        "num_devices": micro["num_devices"], "devices_per_node": micro["num_devices"],
+        "num_devices": micro["num_devices"],
+        "devices_per_node": micro["num_devices"],
         "peak_flops": {"float32": f32, "bfloat16": micro.get("bfloat16_flops_per_s", f32)},
-        "memory_bytes": micro["peak_memory_bytes"], "memory_bandwidth": micro["memory_bandwidth"],
-        "kernel_s": 0.0 if gpu else micro["kernel_s"], "launch_s": micro["kernel_s"] * gpu,
+        "memory_bytes": micro["peak_memory_bytes"],
+        "memory_bandwidth": micro["memory_bandwidth"],
+        "kernel_s": 0.0 if gpu else micro["kernel_s"],
+        "launch_s": micro["kernel_s"] * gpu,
         # the first layer's convolutions, in the compute dtype the runs use most
         "thin_efficiency": _thin_efficiency(micro, runs),
         # a GPU's tensor-core tile, from its narrow convolutions (0: not measured, a CPU)
         "tile_width": _tile_width(micro, runs),
-        "program_overhead_s": micro["launch_s"], "compiler": "gpu" if gpu else "cpu",
+        "program_overhead_s": micro["launch_s"],
+        "compiler": "gpu" if gpu else "cpu",
         # a GPU's collectives are asynchronous and XLA:GPU schedules them under the backward
         # (overlap.py reads where from the program); XLA:CPU's are not
-        "intra": link, "inter": link, "overlap": None if gpu else 0.0, "fit": names,
-    }  # fmt: skip
+        "intra": link,
+        "inter": link,
+        "overlap": None if gpu else 0.0,
+        "fit": names,
+    }
     if not values["tile_width"]:
         del values["tile_width"]
     traced = micro.get("traced") or {}
     if traced.get("memory_kernel_costs"):  # the rows' own kernel traces (traced_costs)
-        values |= {"memory_bandwidth": traced["memory_bandwidth"], "kernel_s": traced["kernel_s"],
-                   "memory_kernel_costs": traced["memory_kernel_costs"]}  # fmt: skip
+        values |= {
+            "memory_bandwidth": traced["memory_bandwidth"],
+            "kernel_s": traced["kernel_s"],
+            "memory_kernel_costs": traced["memory_kernel_costs"],
+        }
     if table:
         dtype, rows = table
         csv = kernel_table_path(path)
-        kernels.write(csv, rows, f"Convolution kernels timed on one {micro['device_kind']} in "
-                      f"{dtype} by python -m jaxpar.predict --calibrate-here ({len(rows)} "
-                      "shapes: DeepBench's image layers, then the rows' own (own_shapes); "
-                      "jaxpar/predict/here.py time_kernels).")  # fmt: skip
+        kernels.write(
+            csv,
+            rows,
+            f"Convolution kernels timed on one {micro['device_kind']} in "
+            f"{dtype} by python -m jaxpar.predict --calibrate-here ({len(rows)} "
+            "shapes: DeepBench's image layers, then the rows' own (own_shapes); "
+            "jaxpar/predict/here.py time_kernels).",
+        )
         root = Path(configfile.ROOT).resolve()
         where = csv.resolve()
-        values |= {"kernel_benchmarks": str(where.relative_to(root) if where.is_relative_to(root)
-                                            else where),
-                   "kernel_fit": kernels.DEFAULT_FIT, "kernel_dtype": dtype,
-                   # its rows' own layers among them: a step's kernels of those layers at their
-                   # measured times (Profile.measured_kernels)
-                   "price_measured": True}  # fmt: skip
-        table_note = (f"convolution kernels ({len(rows)} shapes, forward and both gradients, "
-                      f"{dtype}) timed into {csv.name}: the matrix kernels' costs "
-                      f"({', '.join(kernels.DEFAULT_FIT)}), fitted to them as the profile loads")  # fmt: skip
+        values |= {
+            "kernel_benchmarks": str(
+                where.relative_to(root) if where.is_relative_to(root) else where
+            ),
+            "kernel_fit": kernels.DEFAULT_FIT,
+            "kernel_dtype": dtype,
+            # its rows' own layers among them: a step's kernels of those layers at their
+            # measured times (Profile.measured_kernels)
+            "price_measured": True,
+        }
+        table_note = (
+            f"convolution kernels ({len(rows)} shapes, forward and both gradients, "
+            f"{dtype}) timed into {csv.name}: the matrix kernels' costs "
+            f"({', '.join(kernels.DEFAULT_FIT)}), fitted to them as the profile loads"
+        )
     fmt = lambda v: pprint.pformat(v, width=96, sort_dicts=False)
-    source = "".join([
-        f'"""{_docstring(path, micro, runs, names, link_note, table_note)}\n"""\n\nimport ml_collections\n\n',
-        f"MEASURED = {fmt(micro)}\nRUNS = [\n", *(textwrap.indent(f"{fmt(r)},\n", "    ") for r in runs),
-        "]\n\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n",
-        *(f"    c.{k} = {fmt(v)}\n" for k, v in values.items()),
-        "    c.calibration_runs = RUNS\n    return c\n",
-    ])  # fmt: skip
+    source = "".join(
+        [
+            f'"""{_docstring(path, micro, runs, names, link_note, table_note)}\n"""\n\nimport ml_collections\n\n',
+            f"MEASURED = {fmt(micro)}\nRUNS = [\n",
+            *(textwrap.indent(f"{fmt(r)},\n", "    ") for r in runs),
+            "]\n\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n",
+            *(f"    c.{k} = {fmt(v)}\n" for k, v in values.items()),
+            "    c.calibration_runs = RUNS\n    return c\n",
+        ]
+    )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(source, encoding="utf-8")
     cmd = f"--profile {path} --config configs/vgg19_hybrid.py"
-    return "\n".join([f"wrote {path}", source.split('"""')[1].strip(), "", fit_report(path), "", "next:",
-                      f"  python -m jaxpar.plan {cmd}", f"  python -m jaxpar.predict {cmd}"])  # fmt: skip
+    return "\n".join(
+        [
+            f"wrote {path}",
+            source.split('"""')[1].strip(),
+            "",
+            fit_report(path),
+            "",
+            "next:",
+            f"  python -m jaxpar.plan {cmd}",
+            f"  python -m jaxpar.predict {cmd}",
+        ]
+    )
 
 
 def fit_report(path) -> str:
@@ -603,9 +742,14 @@ def fit_report(path) -> str:
         profile, c = fitting.load_profile(path), configfile.load(str(path))
         return calibrate.report(profile, [dict(r) for r in c.calibration_runs], tuple(c.fit))
     code = "import sys; from jaxpar.predict import here; print(here.fit_report(sys.argv[1]))"
-    done = subprocess.run([sys.executable, "-c", code, str(Path(path).resolve())], check=False,
-                          cwd=configfile.ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(path).resolve())],
+        check=False,
+        cwd=configfile.ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         raise ConfigError(f"fitting {path}: {(done.stderr.strip().splitlines() or ['?'])[-1]}")
     return done.stdout.rstrip()

@@ -32,8 +32,22 @@ from jaxpar.predict import opclass
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
 # the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
 SHIPPED = "configs/hardware/kernels/deepbench_p100.csv"
-_COLUMNS = ("W", "H", "C", "N", "K", "R", "S", "pad_h", "pad_w", "stride_h", "stride_w",
-            "forward_ms", "input_grad_ms", "filter_grad_ms")  # fmt: skip
+_COLUMNS = (
+    "W",
+    "H",
+    "C",
+    "N",
+    "K",
+    "R",
+    "S",
+    "pad_h",
+    "pad_w",
+    "stride_h",
+    "stride_w",
+    "forward_ms",
+    "input_grad_ms",
+    "filter_grad_ms",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,17 +92,26 @@ def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
     flops = 2.0 * n * p * q * k * c * r * s
     stride1 = int(row["stride_h"]) == int(row["stride_w"]) == 1
     winograd = stride1 and r == s and str(r) in opclass._WINOGRAD
-    x_bytes, y_bytes, w_bytes = (bytes_per_element * v for v in (n * h * w * c, n * p * q * k,
-                                                                 k * c * r * s))  # fmt: skip
+    x_bytes, y_bytes, w_bytes = (
+        bytes_per_element * v for v in (n * h * w * c, n * p * q * k, k * c * r * s)
+    )
     moved = float(x_bytes + y_bytes + w_bytes)
     label = f"{r}x{s} s{int(row['stride_h'])} {w}x{h}x{c}->{k} n{n}"
-    views = (("forward", "forward_ms", (n * p * q, k, c * r * s)),
-             ("input gradient", "input_grad_ms", (n * h * w, c, k * r * s)),
-             ("filter gradient", "filter_grad_ms", (k, c * r * s, n * p * q)))  # fmt: skip
+    views = (
+        ("forward", "forward_ms", (n * p * q, k, c * r * s)),
+        ("input gradient", "input_grad_ms", (n * h * w, c, k * r * s)),
+        ("filter gradient", "filter_grad_ms", (k, c * r * s, n * p * q)),
+    )
     tile = min(n * p * q, c, k)  # each tap's features through the tiles (Matmul.tile)
-    return [Kernel(f"{label} {kind}", opclass.Matmul(flops, moved, winograd, min(dims),
-                                                     tile=tile), row[column] * 1e-3)
-            for kind, column, dims in views if row[column] > 0]  # fmt: skip
+    return [
+        Kernel(
+            f"{label} {kind}",
+            opclass.Matmul(flops, moved, winograd, min(dims), tile=tile),
+            row[column] * 1e-3,
+        )
+        for kind, column, dims in views
+        if row[column] > 0
+    ]
 
 
 def measured(rows: list[dict[str, float]]) -> dict[tuple, tuple]:
@@ -115,8 +138,11 @@ def measured(rows: list[dict[str, float]]) -> dict[tuple, tuple]:
 def price(profile: Any, kernel: Kernel, dtype: str = "float32") -> float:
     """Seconds the profile gives one kernel alone (its device_time of that kernel)."""
     m = kernel.matmul
-    ops = opclass.OpClasses(conv3x3_flops=m.flops if m.winograd else 0.0,
-                            matmul_flops=0.0 if m.winograd else m.flops, matmuls=(m,))  # fmt: skip
+    ops = opclass.OpClasses(
+        conv3x3_flops=m.flops if m.winograd else 0.0,
+        matmul_flops=0.0 if m.winograd else m.flops,
+        matmuls=(m,),
+    )
     return profile.device_time(ops, dtype)
 
 
@@ -136,8 +162,12 @@ class KernelFit:
         return priced / sum(k.seconds for k, _ in self.errors)
 
 
-def fit(profile: Any, rows: list[dict[str, float]], names: tuple[str, ...] = DEFAULT_FIT,
-        dtype: str = "float32") -> KernelFit:  # fmt: skip
+def fit(
+    profile: Any,
+    rows: list[dict[str, float]],
+    names: tuple[str, ...] = DEFAULT_FIT,
+    dtype: str = "float32",
+) -> KernelFit:
     """The profile's `names` costs least-squares fitted (in log space) to the table's kernel
     times, each kernel's relative error weighing the same. Needs a GPU profile with a memory
     bandwidth (`compiler = "gpu"`): only there does device_time price each matrix kernel."""
@@ -145,15 +175,23 @@ def fit(profile: Any, rows: list[dict[str, float]], names: tuple[str, ...] = DEF
     from scipy import optimize
 
     if profile.compiler != "gpu" or not profile.memory_bandwidth:
-        raise ConfigError(f"profile {profile.name}: kernel_benchmarks needs compiler = 'gpu' "
-                          "and a memory_bandwidth (each matrix kernel priced on its own)")  # fmt: skip
+        raise ConfigError(
+            f"profile {profile.name}: kernel_benchmarks needs compiler = 'gpu' "
+            "and a memory_bandwidth (each matrix kernel priced on its own)"
+        )
     table = [k for row in rows for k in kernels(row)]
     if len(table) < len(names):
-        raise ConfigError(f"profile {profile.name}: the kernel benchmark table holds "
-                          f"{len(table)} kernels, fewer than the {len(names)} costs to fit")  # fmt: skip
+        raise ConfigError(
+            f"profile {profile.name}: the kernel benchmark table holds "
+            f"{len(table)} kernels, fewer than the {len(names)} costs to fit"
+        )
     measured = np.array([k.seconds for k in table])
-    start = {"compute_efficiency": 0.5, "conv3x3_efficiency": 1.0, "matmul_kernel_s": 2e-5,
-             "narrow_width": 16.0}  # fmt: skip
+    start = {
+        "compute_efficiency": 0.5,
+        "conv3x3_efficiency": 1.0,
+        "matmul_kernel_s": 2e-5,
+        "narrow_width": 16.0,
+    }
 
     def at(logs) -> Any:
         return dataclasses.replace(profile, **{n: float(np.exp(v)) for n, v in zip(names, logs)})
@@ -211,8 +249,12 @@ def _row_key(eqn) -> tuple | None:
     an uneven padding (SAME on an even window) read as its smaller side; None for a grouped
     or dilated one, or one of other than two spatial dimensions."""
     p = eqn.params
-    if (p["feature_group_count"] != 1 or p["batch_group_count"] != 1 or len(p["padding"]) != 2
-            or any(d != 1 for d in (*(p["lhs_dilation"] or ()), *(p["rhs_dilation"] or ())))):  # fmt: skip
+    if (
+        p["feature_group_count"] != 1
+        or p["batch_group_count"] != 1
+        or len(p["padding"]) != 2
+        or any(d != 1 for d in (*(p["lhs_dilation"] or ()), *(p["rhs_dilation"] or ())))
+    ):
         return None
     lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
     dims = p["dimension_numbers"]  # (batch, feature, spatial...), (out, in, spatial...)
@@ -237,7 +279,10 @@ def write(path: str | Path, rows: list[dict[str, float]], header: str) -> None:
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     lines.append(",".join(_COLUMNS))
     for r in rows:
-        lines.append(",".join(str(int(r[c])) if i < 11 else f"{float(r[c]):.4g}"
-                              for i, c in enumerate(_COLUMNS)))  # fmt: skip
+        lines.append(
+            ",".join(
+                str(int(r[c])) if i < 11 else f"{float(r[c]):.4g}" for i, c in enumerate(_COLUMNS)
+            )
+        )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -87,8 +87,14 @@ def collective_time(
         if nodes == 1:
             return ring_allreduce_time(nbytes, n, ring_link(group, profile))
         # hierarchical: reduce-scatter in the node, all-reduce of 1/local across, all-gather
-        ring = ring_link([i for i in group if i // profile.devices_per_node
-                          == group[0] // profile.devices_per_node], profile)  # fmt: skip
+        ring = ring_link(
+            [
+                i
+                for i in group
+                if i // profile.devices_per_node == group[0] // profile.devices_per_node
+            ],
+            profile,
+        )
         inside = reduce_scatter_time(nbytes / local, local, ring) + allgather_time(
             nbytes, local, ring
         )

@@ -72,8 +72,9 @@ def _layer(batch: int, side: int, channels: int, width: int):
     import jax.numpy as jnp
 
     def loss(w, x):
-        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        y = jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
         return jnp.sum(y * y)
 
     x = jnp.ones((batch, side, side, channels), jnp.float32)
@@ -100,8 +101,7 @@ def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
     best = None
     for step in range(64 * 4 + 1):
         d0 = step / 4
-        work = [sum(m.flops * (m.narrow + d0) / m.narrow for m in ops.matmuls)
-                for ops, _ in points]  # fmt: skip
+        work = [sum(m.flops * (m.narrow + d0) / m.narrow for m in ops.matmuls) for ops, _ in points]
         logs = [math.log(w / t) for w, (_, t) in zip(work, points)]
         rate = statistics.fmean(logs)
         err = sum((x - rate) ** 2 for x in logs)
@@ -111,8 +111,9 @@ def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
     return d0, math.exp(rate)
 
 
-def measure_narrow(widths=WIDTHS, batch: int = 64, side: int = 16, channels: int = 32,
-            seconds: float = 0.5) -> dict[str, Any]:  # fmt: skip
+def measure_narrow(
+    widths=WIDTHS, batch: int = 64, side: int = 16, channels: int = 32, seconds: float = 0.5
+) -> dict[str, Any]:
     """{"rates": {width: FLOP/s}, "narrow_width": d0, "flops_per_s": the fitted rate}."""
     points, rates = [], {}
     for width in widths:
@@ -127,9 +128,11 @@ def measure_narrow(widths=WIDTHS, batch: int = 64, side: int = 16, channels: int
 
 def narrow_report(m: dict[str, Any]) -> str:
     rates = ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in m["rates"].items())
-    return (f"narrow matrix kernels (a 3x3 convolution's gradient, by output features; "
-            f"GFLOP/s): {rates}\n  fitted: n / (n + {m['narrow_width']:g}) of "
-            f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s\n  c.narrow_width = {m['narrow_width']:g}")  # fmt: skip
+    return (
+        f"narrow matrix kernels (a 3x3 convolution's gradient, by output features; "
+        f"GFLOP/s): {rates}\n  fitted: n / (n + {m['narrow_width']:g}) of "
+        f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s\n  c.narrow_width = {m['narrow_width']:g}"
+    )
 
 
 def _chain(layers: int, side: int = 8):
@@ -161,8 +164,10 @@ def measure_kernel(layers=(16, 256), seconds: float = 0.5) -> dict[str, Any]:
 
 def kernel_report(m: dict[str, Any]) -> str:
     chains = ", ".join(f"{k} kernels {t * 1e6:.1f} us" for k, t in zip(m["kernels"], m["seconds"]))
-    return (f"a kernel's fixed time (chains of tiny kernels: {chains})\n"
-            f"  c.kernel_s = {m['kernel_s']:.3g}")  # fmt: skip
+    return (
+        f"a kernel's fixed time (chains of tiny kernels: {chains})\n"
+        f"  c.kernel_s = {m['kernel_s']:.3g}"
+    )
 
 
 def _collective_program(kind: str, n: int, batch: int, side: int, channels: int, layers: int):
@@ -177,8 +182,9 @@ def _collective_program(kind: str, n: int, batch: int, side: int, channels: int,
     part = channels // n
 
     def conv(x, w):
-        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
 
     def body(x, w):
         for _ in range(layers):
@@ -195,8 +201,9 @@ def _collective_program(kind: str, n: int, batch: int, side: int, channels: int,
     shape = (3, 3, channels, part) if kind in ("gather", "copy") else (3, 3, part, channels)
     spec = P(None, None, None, "t")
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, P()), out_specs=spec))
-    x = jax.device_put(jnp.full((batch, side, side, channels), 0.01, jnp.float32),
-                       NamedSharding(mesh, spec))  # fmt: skip
+    x = jax.device_put(
+        jnp.full((batch, side, side, channels), 0.01, jnp.float32), NamedSharding(mesh, spec)
+    )
     w = jnp.full(shape, 0.001, jnp.float32)
     return fn.lower(x, w).compile(), (x, w), batch * side * side * channels * 4
 
@@ -213,9 +220,14 @@ def _cpu_seconds(compiled, args, seconds: float) -> float:
     return (time.process_time() - cpu) / calls
 
 
-def measure_collective_cpu(devices: int = 8, batch: int = 64, side: int = 8,
-                           channels: int = 64, layers: int = 8, seconds: float = 2.0
-                           ) -> dict[str, Any]:  # fmt: skip
+def measure_collective_cpu(
+    devices: int = 8,
+    batch: int = 64,
+    side: int = 8,
+    channels: int = 64,
+    layers: int = 8,
+    seconds: float = 2.0,
+) -> dict[str, Any]:
     """{"extra": {kind: CPU seconds a collective beyond its local stand-in}, "payload": bytes
     a device a collective, "devices": n, "rate": payload bytes per CPU-second, both kinds}."""
     import jax
@@ -235,9 +247,11 @@ def measure_collective_cpu(devices: int = 8, batch: int = 64, side: int = 8,
 
 def collective_cpu_report(m: dict[str, Any]) -> str:
     each = ", ".join(f"{k} {v * 1e3:.2f} CPU-ms" for k, v in m["extra"].items())
-    return (f"collectives inside a step on shared cores ({m['devices']} devices, "
-            f"{m['payload'] / 1e6:.2f} MB a device each: {each} beyond local work)\n"
-            f"  c.collective_cpu_rate = {m['rate']:.3g}")  # fmt: skip
+    return (
+        f"collectives inside a step on shared cores ({m['devices']} devices, "
+        f"{m['payload'] / 1e6:.2f} MB a device each: {each} beyond local work)\n"
+        f"  c.collective_cpu_rate = {m['rate']:.3g}"
+    )
 
 
 def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]:
@@ -257,17 +271,23 @@ def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]
     fn = jax.jit(lambda p, s, x: model.apply(p, s, x, train=True))
     compiled = fn.lower(variables["params"], variables["batch_stats"], x).compile()
     args = (variables["params"], variables["batch_stats"], x)
-    return {"ops": opclass.classify(compiled.as_text()), "seconds": _seconds(compiled, args, seconds),
-            "dtype": run.get("dtype", "float32"), "model": run["model"]}  # fmt: skip
+    return {
+        "ops": opclass.classify(compiled.as_text()),
+        "seconds": _seconds(compiled, args, seconds),
+        "dtype": run.get("dtype", "float32"),
+        "model": run["model"],
+    }
 
 
 def forward_report(profile, forward: dict[str, Any]) -> str:
     """The forward pass's time against its price on `profile` (fitted), and the speedup."""
     price = profile.device_time(forward["ops"], forward["dtype"], forward["model"])
     speedup = price / forward["seconds"]
-    return (f"forward pass ({forward['model']}, one device): {forward['seconds'] * 1e3:.2f} ms, "
-            f"priced at the fitted rates {price * 1e3:.2f} ms\n"
-            f"  c.forward_speedup = {speedup:.2f}")  # fmt: skip
+    return (
+        f"forward pass ({forward['model']}, one device): {forward['seconds'] * 1e3:.2f} ms, "
+        f"priced at the fitted rates {price * 1e3:.2f} ms\n"
+        f"  c.forward_speedup = {speedup:.2f}"
+    )
 
 
 def _dispatches(stages: int) -> int:
@@ -278,8 +298,13 @@ def _dispatches(stages: int) -> int:
 
 
 LAYOUTS = ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (4, 2))  # (devices per stage, stages)
-HOST_COSTS = ("stage_overhead_s", "stage_device_overhead_s", "microbatch_overhead_s",
-              "program_overhead_s", "program_device_overhead_s")  # fmt: skip
+HOST_COSTS = (
+    "stage_overhead_s",
+    "stage_device_overhead_s",
+    "microbatch_overhead_s",
+    "program_overhead_s",
+    "program_device_overhead_s",
+)
 
 
 def host_features(k: int, m: int, d: int = 1) -> list[float]:
@@ -314,9 +339,14 @@ def host_seconds(costs, k: int, m: int, d: int, step_s: float) -> float:
     return step_s + sum(get(n) * f for n, f in zip(HOST_COSTS, host_features(k, m, d)))
 
 
-def measure_host(run: dict[str, Any], layouts=LAYOUTS, microbatches=(1, 2, 4, 8),
-                 steps: int = 10, repeats: int = 3,
-                 stream=sys.stderr) -> list[tuple[int, int, int, float]]:  # fmt: skip
+def measure_host(
+    run: dict[str, Any],
+    layouts=LAYOUTS,
+    microbatches=(1, 2, 4, 8),
+    steps: int = 10,
+    repeats: int = 3,
+    stream=sys.stderr,
+) -> list[tuple[int, int, int, float]]:
     """[(K, M, D, seconds)]: the dispatching thread's CPU time per training step of the run's
     model at a quarter of its width as a K-stage GPipe pipeline over M micro-batches, each
     stage's batch split over D devices (the mesh (D, K, 1)), for each (D, K) of `layouts`, the
@@ -331,8 +361,9 @@ def measure_host(run: dict[str, Any], layouts=LAYOUTS, microbatches=(1, 2, 4, 8)
 
     most = max(d * k for d, k in layouts)
     if len(jax.devices()) < most:
-        raise ValueError(f"measuring the pipeline's host time needs {most} devices, "
-                         f"jax has {len(jax.devices())}")  # fmt: skip
+        raise ValueError(
+            f"measuring the pipeline's host time needs {most} devices, jax has {len(jax.devices())}"
+        )
     out = []
     for d, k in layouts:
         for m in microbatches:
@@ -354,20 +385,30 @@ def measure_host(run: dict[str, Any], layouts=LAYOUTS, microbatches=(1, 2, 4, 8)
             out.append((k, m, d, best))
             if stream is not None:
                 eta = (time.perf_counter() - started) / len(out) * (total - len(out))
-                print(f"  host time {len(out)}/{total}: K={k} M={m} D={d} {best * 1e3:.2f} ms "
-                      f"a step, ETA {units.clock(eta)}", file=stream, flush=True)  # fmt: skip
+                print(
+                    f"  host time {len(out)}/{total}: K={k} M={m} D={d} {best * 1e3:.2f} ms "
+                    f"a step, ETA {units.clock(eta)}",
+                    file=stream,
+                    flush=True,
+                )
     return out
 
 
 def host_report(points: list[tuple], step_s: float) -> str:
     """The measured host times, the fitted costs and how well they carry."""
     costs = fit_host(points, step_s)
-    lines = [("pipeline runner's host time per step (dispatching thread's CPU time; GPipe, "
-              "the run's model at a quarter of its width, D devices per stage):")]  # fmt: skip
+    lines = [
+        (
+            "pipeline runner's host time per step (dispatching thread's CPU time; GPipe, "
+            "the run's model at a quarter of its width, D devices per stage):"
+        )
+    ]
     for *layout, t in points:
         k, m, d = (*layout, 1)[:3]
         fitted = host_seconds(costs, k, m, d, step_s)
-        lines.append(f"  K={k} M={m} D={d}: {t * 1e3:.2f} ms (fitted {fitted * 1e3:.2f}, "
-                     f"{100 * (fitted / t - 1):+.0f}%)")  # fmt: skip
+        lines.append(
+            f"  K={k} M={m} D={d}: {t * 1e3:.2f} ms (fitted {fitted * 1e3:.2f}, "
+            f"{100 * (fitted / t - 1):+.0f}%)"
+        )
     lines.append("  " + "; ".join(f"c.{n} = {v:.3g}" for n, v in costs.items()))
     return "\n".join(lines)

@@ -52,8 +52,11 @@ def _is_grad_sync(c, phase: str, mesh_shape: dict[str, int]) -> bool:
     all-gather; fsdp's reduce-scatters) or axes that sum whole parameters' gradients too
     (spatial), in a whole step or a stage's update."""
     batch = {a for a in mesh_shape if axes.get(a).role == "batch" or axes.get(a).sums_gradients}
-    return (c.kind in ("all-reduce", "reduce-scatter") and set(c.axes.split("+")) <= batch
-            and phase in ("step", "update"))  # fmt: skip
+    return (
+        c.kind in ("all-reduce", "reduce-scatter")
+        and set(c.axes.split("+")) <= batch
+        and phase in ("step", "update")
+    )
 
 
 def _hidden(windows, grad: float, compute: float, w: Workload, profile: Profile) -> float:
@@ -125,18 +128,22 @@ def kernel_flops(w: Workload) -> float | None:
 def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
     """Predicted step of workload `w` on `profile`: times (s), images/sec, memory and fit."""
     if w.num_devices > profile.num_devices:
-        return _row(w, profile, None, f"needs {w.num_devices} devices, profile has "
-                    f"{profile.num_devices}")  # fmt: skip
+        return _row(
+            w, profile, None, f"needs {w.num_devices} devices, profile has {profile.num_devices}"
+        )
     last = _placement(w.mesh_shape, profile)(w.num_devices - 1)
     if last >= profile.num_devices:
         nodes = profile.num_devices // profile.devices_per_node
-        return _row(w, profile, None, f"places each node index on nodes of its own: needs "
-                    f"{last // profile.devices_per_node + 1} nodes, profile has {nodes}")  # fmt: skip
+        return _row(
+            w,
+            profile,
+            None,
+            f"places each node index on nodes of its own: needs "
+            f"{last // profile.devices_per_node + 1} nodes, profile has {nodes}",
+        )
     if not w.schedule:
         (chunk,) = w.chunks
-        compute = _seconds(
-            chunk.op_classes("step"), w, profile, _share(w, profile)
-        )
+        compute = _seconds(chunk.op_classes("step"), w, profile, _share(w, profile))
         cols = chunk.collectives.get("step", ())
         sync = [_is_grad_sync(c, "step", w.mesh_shape) for c in cols]
         grad = _comm([c for c, g in zip(cols, sync) if g], w.mesh_shape, profile)
@@ -184,12 +191,16 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     compute, comm = [0.0] * k, [0.0] * k
     for ck in w.chunks:
         c = ck.chunk
-        coll = {phase: _comm(ck.collectives.get(phase, ()), full, profile, first(ck.stage))
-                for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
+        coll = {
+            phase: _comm(ck.collectives.get(phase, ()), full, profile, first(ck.stage))
+            for phase in ("fwd", "bwd", "wgt")
+        }
         send = _send_time(w, c, profile)
         recv_grad = _send_time(w, c - 1, profile) if c else 0.0
-        flop_s = {phase: _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0
-                  for phase in ("fwd", "bwd", "wgt")}  # fmt: skip
+        flop_s = {
+            phase: _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0
+            for phase in ("fwd", "bwd", "wgt")
+        }
         fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
         bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
         wgt[c] = flop_s["wgt"] + coll["wgt"] + (over if "wgt" in ck.flops else 0.0)
@@ -202,8 +213,7 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         finish[stage] = max(finish[stage], end)
     grads = [0.0] * k
     for ck in w.chunks:
-        grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile,
-                                 first(ck.stage))  # fmt: skip
+        grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile, first(ck.stage))
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
     if profile.compute_pool:  # one host thread dispatches every stage's programs and

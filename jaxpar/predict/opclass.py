@@ -32,8 +32,17 @@ import typing
 from jaxpar import hlo
 
 # Instructions that launch nothing: they name, pack or unpack buffers.
-_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
-         "partition-id", "replica-id", "iota"}  # fmt: skip
+_FREE = {
+    "parameter",
+    "constant",
+    "tuple",
+    "get-tuple-element",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "iota",
+}
 _CONTROL = {"while", "call", "conditional"}  # their bodies' kernels count, not themselves
 _HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
@@ -87,12 +96,15 @@ class OpClasses:
     lane_bytes: float = 0.0
 
     def __add__(self, other: OpClasses) -> OpClasses:
-        return OpClasses(self.matmul_flops + other.matmul_flops,
-                         self.conv3x3_flops + other.conv3x3_flops,
-                         self.memory_bytes + other.memory_bytes, self.kernels + other.kernels,
-                         self.matmuls + other.matmuls,
-                         _merge(self.memory_classes, other.memory_classes),
-                         self.lane_bytes + other.lane_bytes)  # fmt: skip
+        return OpClasses(
+            self.matmul_flops + other.matmul_flops,
+            self.conv3x3_flops + other.conv3x3_flops,
+            self.memory_bytes + other.memory_bytes,
+            self.kernels + other.kernels,
+            self.matmuls + other.matmuls,
+            _merge(self.memory_classes, other.memory_classes),
+            self.lane_bytes + other.lane_bytes,
+        )
 
     @property
     def flops(self) -> float:
@@ -204,16 +216,20 @@ def _winograd(result: str, rest: str) -> bool:
 
 def _matmul(op: str, result: str, rest: str, types: dict[str, str]) -> OpClasses:
     flops = _matmul_flops(op, result, rest, types)
-    moved = float(hlo.shape_bytes(result) + sum(hlo.shape_bytes(types[a])
-                                                for a in _operands(rest) if a in types))  # fmt: skip
+    moved = float(
+        hlo.shape_bytes(result)
+        + sum(hlo.shape_bytes(types[a]) for a in _operands(rest) if a in types)
+    )
     narrow, thin = _narrow(op, result, rest, types), _thin(op, result, rest, types)
     tile = _tile(op, result, rest, types) if op == "convolution" else narrow
     keys = conv_keys(result, rest, types) if op == "convolution" else ()
     if op == "convolution" and _winograd(result, rest):
-        return OpClasses(conv3x3_flops=flops,
-                         matmuls=(Matmul(flops, moved, True, narrow, thin, tile, keys),))  # fmt: skip
-    return OpClasses(matmul_flops=flops,
-                     matmuls=(Matmul(flops, moved, False, narrow, thin, tile, keys),))  # fmt: skip
+        return OpClasses(
+            conv3x3_flops=flops, matmuls=(Matmul(flops, moved, True, narrow, thin, tile, keys),)
+        )
+    return OpClasses(
+        matmul_flops=flops, matmuls=(Matmul(flops, moved, False, narrow, thin, tile, keys),)
+    )
 
 
 KINDS = ("forward", "input gradient", "filter gradient")
@@ -230,8 +246,13 @@ def conv_keys(result: str, rest: str, types: dict[str, str]) -> tuple:
     labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
     window = re.search(r"window=\{([^}]*)\}", rest)
     args = _operands(rest)
-    if (not labels or not window or len(args) < 2 or args[0] not in types
-            or re.search(r"feature_group_count=[02-9]|batch_group_count=[02-9]", rest)):  # fmt: skip
+    if (
+        not labels
+        or not window
+        or len(args) < 2
+        or args[0] not in types
+        or re.search(r"feature_group_count=[02-9]|batch_group_count=[02-9]", rest)
+    ):
         return ()
     lhs, out = _dims(types[args[0]]), _dims(result)
     ll, _, ol = labels.groups()
@@ -249,15 +270,41 @@ def conv_keys(result: str, rest: str, types: dict[str, str]) -> tuple:
     lmap = (at(lhs, ll, "0"), at(lhs, ll, "1"))
     omap = (at(out, ol, "0"), at(out, ol, "1"))
     if size[0] * size[1] > omap[0] * omap[1]:  # a weight gradient: [C, R, S, K] from x and dy
-        return ((at(lhs, ll, "f"), *lmap, at(lhs, ll, "b"), at(out, ol, "f"), *omap,
-                 *field("rhs_dilate"), *size, "filter gradient"),)  # fmt: skip
+        return (
+            (
+                at(lhs, ll, "f"),
+                *lmap,
+                at(lhs, ll, "b"),
+                at(out, ol, "f"),
+                *omap,
+                *field("rhs_dilate"),
+                *size,
+                "filter gradient",
+            ),
+        )
     lhs_dilate = field("lhs_dilate")
-    backward = (at(out, ol, "b"), *omap, at(out, ol, "f"), at(lhs, ll, "f"), *size, *lhs_dilate,
-                *lmap, "input gradient")  # fmt: skip
+    backward = (
+        at(out, ol, "b"),
+        *omap,
+        at(out, ol, "f"),
+        at(lhs, ll, "f"),
+        *size,
+        *lhs_dilate,
+        *lmap,
+        "input gradient",
+    )
     if lhs_dilate != (1, 1):
         return (backward,)
-    forward = (at(lhs, ll, "b"), *lmap, at(lhs, ll, "f"), at(out, ol, "f"), *size,
-               *field("stride"), *omap, "forward")  # fmt: skip
+    forward = (
+        at(lhs, ll, "b"),
+        *lmap,
+        at(lhs, ll, "f"),
+        at(out, ol, "f"),
+        *size,
+        *field("stride"),
+        *omap,
+        "forward",
+    )
     return (forward, backward) if field("stride") == (1, 1) else (forward,)
 
 
@@ -400,8 +447,9 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
             kind = cpu_class(kind, result, rest, types) if compiler == "cpu" else kind
             moved = kernel_bytes(result, rest, types, kind)
             lane = moved / results if kind == "reduce_few" else 0.0
-            out = out + OpClasses(memory_bytes=moved, kernels=1, lane_bytes=lane,
-                                  memory_classes=((kind, moved, 1),))  # fmt: skip
+            out = out + OpClasses(
+                memory_bytes=moved, kernels=1, lane_bytes=lane, memory_classes=((kind, moved, 1),)
+            )
         return out
 
     return walk("ENTRY")

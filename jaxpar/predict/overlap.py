@@ -71,9 +71,15 @@ def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
         for arg in opclass._operands(rest):
             src = producer.get(arg, arg)
             at = position.get(src, 0)
-            elements.append(Window(kind, axes, hlo.shape_bytes(types.get(arg, "")),
-                                   done_flops[at] / total if src in position else 0.0,
-                                   None))  # fmt: skip
+            elements.append(
+                Window(
+                    kind,
+                    axes,
+                    hlo.shape_bytes(types.get(arg, "")),
+                    done_flops[at] / total if src in position else 0.0,
+                    None,
+                )
+            )
         if op.endswith("-start"):
             starts[name] = len(out)
         out.append(elements)

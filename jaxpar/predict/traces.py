@@ -94,8 +94,11 @@ def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str,
         if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))
     }
     if gpu:
-        spans = [(e["args"].get("hlo_op", "?"), e["dur"]) for e in events
-                 if e.get("ph") == "X" and e["pid"] in gpu]  # fmt: skip
+        spans = [
+            (e["args"].get("hlo_op", "?"), e["dur"])
+            for e in events
+            if e.get("ph") == "X" and e["pid"] in gpu
+        ]
     else:
         spans = [(e["name"], e["dur"]) for e in events if e.get("ph") == "X" and e["name"] in top]
     per: dict[str, float] = collections.defaultdict(float)
@@ -114,8 +117,12 @@ def cpu_matrix_flops(name: str, comps: dict, types: dict) -> tuple[float, bool]:
     if op in ("convolution", "dot"):
         found = [(op, result, rest)]
     elif op == "fusion":
-        found = [(o, r, rr) for c in opclass._called(rest) for _, r, o, rr in comps.get(c, ())
-                 if o in ("convolution", "dot")]  # fmt: skip
+        found = [
+            (o, r, rr)
+            for c in opclass._called(rest)
+            for _, r, o, rr in comps.get(c, ())
+            if o in ("convolution", "dot")
+        ]
     else:
         return 0.0, False
     kernels = [m for o, r, rr in found for m in opclass._matmul(o, r, rr, types).matmuls]
@@ -183,8 +190,18 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
     return rows, sum(times.values()), steps, device
 
 
-COLUMNS = ("program", "device", "name", "flops", "thin", "bytes", "seconds", "class", "tile",
-           "results")  # fmt: skip
+COLUMNS = (
+    "program",
+    "device",
+    "name",
+    "flops",
+    "thin",
+    "bytes",
+    "seconds",
+    "class",
+    "tile",
+    "results",
+)
 
 
 def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
@@ -198,8 +215,20 @@ def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
         out.writerow(COLUMNS)
         for program, device, rows in programs:
             for r in rows:
-                out.writerow([program, device, r[0], f"{r[1]:.6g}", int(bool(r[2])),
-                              f"{r[3]:.6g}", f"{r[4]:.6g}", r[5], r[6], r[7]])  # fmt: skip
+                out.writerow(
+                    [
+                        program,
+                        device,
+                        r[0],
+                        f"{r[1]:.6g}",
+                        int(bool(r[2])),
+                        f"{r[3]:.6g}",
+                        f"{r[4]:.6g}",
+                        r[5],
+                        r[6],
+                        r[7],
+                    ]
+                )
 
 
 def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
@@ -210,9 +239,17 @@ def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         for line in csv.DictReader(f):
             programs.setdefault((line["program"], line["device"]), []).append(
-                (line["name"], float(line["flops"]), bool(int(line["thin"])),
-                 float(line["bytes"]), float(line["seconds"]), line["class"],
-                 int(line["tile"]), int(line["results"])))  # fmt: skip
+                (
+                    line["name"],
+                    float(line["flops"]),
+                    bool(int(line["thin"])),
+                    float(line["bytes"]),
+                    float(line["seconds"]),
+                    line["class"],
+                    int(line["tile"]),
+                    int(line["results"]),
+                )
+            )
     return [(p, d, rows) for (p, d), rows in programs.items()]
 
 

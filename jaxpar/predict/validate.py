@@ -62,15 +62,21 @@ def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, l
     return bare, fitted, candidates, names, suites
 
 
-def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple,
-                  say: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+def leave_one_out(
+    profile: hardware.Profile,
+    runs: list[dict],
+    names: tuple,
+    say: Callable[[str], None] | None = None,
+) -> list[dict]:
     """Each model's runs predicted by the `names` costs fitted on the other models' runs
     (`say`: a progress line per model)."""
     out, models, t0 = [], sorted({r["model"] for r in runs}), time.perf_counter()
     for i, model in enumerate(models):
         if say is not None:
-            say(f"leave-one-out {i + 1}/{len(models)}: fitting without {model}; elapsed "
-                f"{units.clock(time.perf_counter() - t0)}")  # fmt: skip
+            say(
+                f"leave-one-out {i + 1}/{len(models)}: fitting without {model}; elapsed "
+                f"{units.clock(time.perf_counter() - t0)}"
+            )
         rest = [r for r in runs if r["model"] != model]
         if len(rest) < len(names) or not rest:
             continue
@@ -82,11 +88,16 @@ def leave_one_out(profile: hardware.Profile, runs: list[dict], names: tuple,
             step = fitted.program_time(ops, r.get("dtype", "float32"))
             step += fitted.step_overhead_s + fitted.program_overhead_s
             predicted = r["batch_size"] / step
-            out.append({**r, "predicted_images_per_sec": predicted,
-                        "error": predicted / float(r["images_per_sec"]) - 1,
-                        "baseline_error": constant / float(r["images_per_sec"]) - 1,
-                        "fitted_on": sorted({o["model"] for o in rest}),
-                        "models_left": len({o["model"] for o in rest})})  # fmt: skip
+            out.append(
+                {
+                    **r,
+                    "predicted_images_per_sec": predicted,
+                    "error": predicted / float(r["images_per_sec"]) - 1,
+                    "baseline_error": constant / float(r["images_per_sec"]) - 1,
+                    "fitted_on": sorted({o["model"] for o in rest}),
+                    "models_left": len({o["model"] for o in rest}),
+                }
+            )
     return out
 
 
@@ -113,8 +124,9 @@ def suite_rows(
         return _PREDICTED[key]
 
     configs = load_rows(None, suite, {})
-    rows = predict_rows([(name, config) for name, config, _ in configs], profile, None, predict,
-                        say=say)  # fmt: skip
+    rows = predict_rows(
+        [(name, config) for name, config, _ in configs], profile, None, predict, say=say
+    )
     add_reference(rows, [ref for _, _, ref in configs])
     return rows
 
@@ -123,8 +135,9 @@ def _mark(ok: bool) -> str:
     return "meets" if ok else "MISSES"
 
 
-def report_profile(path: str, say: Callable[[str], None] | None = None
-                   ) -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+def report_profile(
+    path: str, say: Callable[[str], None] | None = None
+) -> tuple[list[str], dict[str, Any]]:
     """Report lines for one profile and its figures ({"single": worst |error| with >= 2
     models left, "points": worst |points|, "median", "rank"}; None where not checked);
     `say` takes progress lines."""
@@ -203,9 +216,11 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     names = tuple(c.get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
     kf = kernels.fit(profile, kernels.load(table), names, c.get("kernel_dtype", "float32"))
     costs = ", ".join(f"{n} {getattr(kf.profile, n):.3g}" for n in names)
-    line = (f"matrix kernels from {table} (fitted before any model, every model's runs priced "
-            f"with them): {len(kf.errors)} kernels, median |error| "
-            f"{100 * kf.median_error:.1f}%, total {kf.total_ratio:.2f} x measured; {costs}")  # fmt: skip
+    line = (
+        f"matrix kernels from {table} (fitted before any model, every model's runs priced "
+        f"with them): {len(kf.errors)} kernels, median |error| "
+        f"{100 * kf.median_error:.1f}%, total {kf.total_ratio:.2f} x measured; {costs}"
+    )
     return [line, ""]
 
 
@@ -227,9 +242,13 @@ def _suite_lines(path: str, suite: str, figures: dict, say=None) -> list[str]:
         if pt is not None and r["num_devices"] > 1:
             points.append(abs(pt))
         mine = r.get("efficiency")
-        cells = [f"{ref:,.1f}" if ref else "-", f"{100 * err:+.1f}%" if err is not None else "-",
-                 f"{100 * mine:.1f}%" if mine else "-", f"{100 * eff:.1f}%" if eff else "-",
-                 f"{pt:+.1f}" if pt is not None else "-"]  # fmt: skip
+        cells = [
+            f"{ref:,.1f}" if ref else "-",
+            f"{100 * err:+.1f}%" if err is not None else "-",
+            f"{100 * mine:.1f}%" if mine else "-",
+            f"{100 * eff:.1f}%" if eff else "-",
+            f"{pt:+.1f}" if pt is not None else "-",
+        ]
         lines.append(f"| {r['name']} | {r['images_per_sec']:,.1f} | " + " | ".join(cells) + " |")
     spec = configfile.load(suite)
     here = bool(spec.get("measured_here", False))
@@ -237,9 +256,11 @@ def _suite_lines(path: str, suite: str, figures: dict, say=None) -> list[str]:
         worst = max(points)
         figures["points"] = max(worst, figures["points"] or 0.0)
         within = sum(p <= TARGETS["points"] for p in points)
-        lines.append(f"\nworst efficiency difference: {worst:.1f} points "
-                     f"({_mark(worst <= TARGETS['points'])} the 5-point target); {within} of "
-                     f"{len(points)} multi-device rows within 5 points")  # fmt: skip
+        lines.append(
+            f"\nworst efficiency difference: {worst:.1f} points "
+            f"({_mark(worst <= TARGETS['points'])} the 5-point target); {within} of "
+            f"{len(points)} multi-device rows within 5 points"
+        )
     if len(errors) >= 3 and here:  # measured on this machine: the median and the ranking
         med, rank = statistics.median(errors), spearman(meas, pred)
         figures["median"], figures["rank"] = med, rank
@@ -266,13 +287,18 @@ def _repeat_line(spec, names: list[str]) -> list[str]:
         return []
     first, second = [a for a, _ in pairs], [b for _, b in pairs]
     diff = statistics.median(abs(a / b - 1) for a, b in pairs)
-    line = (f"the measurement's own two repeats over {len(pairs)} of these rows: rank "
-            f"correlation {spearman(first, second):.2f}, median difference {100 * diff:.1f}%")  # fmt: skip
+    line = (
+        f"the measurement's own two repeats over {len(pairs)} of these rows: rank "
+        f"correlation {spearman(first, second):.2f}, median difference {100 * diff:.1f}%"
+    )
     return [line]
 
 
-def run(paths: list[str] | None, say: Callable[[str], None] | None = None,
-        emit: Callable[[str], None] | None = None) -> str:  # fmt: skip
+def run(
+    paths: list[str] | None,
+    say: Callable[[str], None] | None = None,
+    emit: Callable[[str], None] | None = None,
+) -> str:
     """The whole report, as markdown text; `emit` takes each profile's part as it is done
     and then the summary, `say` progress lines."""
     _PREDICTED.clear()
@@ -283,8 +309,10 @@ def run(paths: list[str] | None, say: Callable[[str], None] | None = None,
     emit("\n".join(out))
     for i, path in enumerate(checked):
         if say is not None:
-            say(f"validating {i + 1}/{len(checked)}: {path}; elapsed "
-                f"{units.clock(time.perf_counter() - t0)}")  # fmt: skip
+            say(
+                f"validating {i + 1}/{len(checked)}: {path}; elapsed "
+                f"{units.clock(time.perf_counter() - t0)}"
+            )
         lines, figures = report_profile(path, say)
         out += [*lines, ""]
         emit("\n".join([*lines, ""]))
@@ -293,10 +321,12 @@ def run(paths: list[str] | None, say: Callable[[str], None] | None = None,
     start = len(out)
     out += ["## Summary", "", head + "here | rank correlation here |", "|---|---|---|---|---|"]
     for name, f in summary:
-        cells = [f"{100 * f['single']:.1f}%" if f["single"] is not None else "-",
-                 f"{f['points']:.1f}" if f["points"] is not None else "-",
-                 f"{100 * f['median']:.1f}%" if f["median"] is not None else "-",
-                 f"{f['rank']:.3f}" if f["rank"] is not None else "-"]  # fmt: skip
+        cells = [
+            f"{100 * f['single']:.1f}%" if f["single"] is not None else "-",
+            f"{f['points']:.1f}" if f["points"] is not None else "-",
+            f"{100 * f['median']:.1f}%" if f["median"] is not None else "-",
+            f"{f['rank']:.3f}" if f["rank"] is not None else "-",
+        ]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     emit("\n".join(out[start:]))
     return "\n".join(out)

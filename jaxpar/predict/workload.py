@@ -36,8 +36,14 @@ _KNOWN_DATA = {
 }
 
 # Program roles -> the clock they run on in the predictor's timeline.
-PHASE = {"train step": "step", "forward": "fwd", "backward": "bwd", "backward input": "bwd",
-         "backward weights": "wgt", "update": "update"}  # fmt: skip
+PHASE = {
+    "train step": "step",
+    "forward": "fwd",
+    "backward": "bwd",
+    "backward input": "bwd",
+    "backward weights": "wgt",
+    "update": "update",
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,8 +51,11 @@ def plot_all(rows: list[dict], out: str) -> list[str]:
     """Draw every plot these rows support into `out`; return the files written. Rows a
     scaling or memory plot cannot place are named in one logged line per plot."""
     made = []
-    left_out: dict[str, dict[str, str]] = {"scaling_strong": {}, "scaling_weak": {},
-                                           "memory_vs_bytes": {}}  # fmt: skip
+    left_out: dict[str, dict[str, str]] = {
+        "scaling_strong": {},
+        "scaling_weak": {},
+        "memory_vs_bytes": {},
+    }
     for name, draw in (
         ("scaling_strong.png", lambda p: scaling(rows, "strong", p, left_out["scaling_strong"])),
         ("scaling_weak.png", lambda p: scaling(rows, "weak", p, left_out["scaling_weak"])),

@@ -25,8 +25,10 @@ def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
         es = sorted(es, key=lambda e: e["global_batch_size"])
         x = [e["global_batch_size"] for e in es]
         y = [1 - e["accuracy"] for e in es]  # test error: 1.5% and 50% on one axis
-        err = [[e["accuracy_max"] - e["accuracy"] for e in es],
-               [e["accuracy"] - e["accuracy_min"] for e in es]]  # fmt: skip
+        err = [
+            [e["accuracy_max"] - e["accuracy"] for e in es],
+            [e["accuracy"] - e["accuracy_min"] for e in es],
+        ]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=g)
     refs = {}
     for es in lines.values():
@@ -38,8 +40,16 @@ def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
         x = sorted(refs)
         mid = [1 - (refs[b][0] + refs[b][1]) / 2 for b in x]
         half = [(refs[b][1] - refs[b][0]) / 2 for b in x]
-        ax.errorbar(x, mid, yerr=half, color="black", ls="--", marker="s", capsize=3,
-                    label="published (reference)")  # fmt: skip
+        ax.errorbar(
+            x,
+            mid,
+            yerr=half,
+            color="black",
+            ls="--",
+            marker="s",
+            capsize=3,
+            label="published (reference)",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = sorted(batches(entries))

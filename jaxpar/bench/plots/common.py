@@ -12,8 +12,15 @@ from jaxpar import axes
 
 MIB = 2**20
 # One marker per family of partitioning (`family`); an axis registered later gets a spare.
-MARKERS = {"1 device": "*", "data": "o", "pipeline": "s", "tensor": "^", "fsdp": "v",
-           "node": "P", "hybrid": "D"}  # fmt: skip
+MARKERS = {
+    "1 device": "*",
+    "data": "o",
+    "pipeline": "s",
+    "tensor": "^",
+    "fsdp": "v",
+    "node": "P",
+    "hybrid": "D",
+}
 _SPARE = ("X", "h", "<", ">", "p", "d")
 
 

@@ -22,8 +22,11 @@ def memory_vs_bytes(rows: list[dict], path: str, left_out: dict | None = None) -
     recorded before their per-device stage transfers were (no
     stage_transfer_bytes_per_device) are left out and named in `left_out`."""
     rows = [r for r in common.ok(rows) if r["memory_bytes_per_device"] is not None]
-    old = {r["name"]: "recorded without stage_transfer_bytes_per_device: measure it again"
-           for r in rows if _staged(r) and r.get("stage_transfer_bytes_per_device") is None}  # fmt: skip
+    old = {
+        r["name"]: "recorded without stage_transfer_bytes_per_device: measure it again"
+        for r in rows
+        if _staged(r) and r.get("stage_transfer_bytes_per_device") is None
+    }
     rows = [r for r in rows if r["name"] not in old]
     if len(rows) < 2:
         return False

@@ -62,8 +62,9 @@ def scaling(rows: list[dict], kind: str, path: str, left_out: dict | None = None
             yerr=[r["images_per_sec_stderr"] or 0 for r in line],
         )
         rated = [r for r in line if r["efficiency"] is not None]
-        ax2.plot([r["num_devices"] for r in rated], [r["efficiency"] for r in rated], marker="o",
-                 label=g)  # fmt: skip
+        ax2.plot(
+            [r["num_devices"] for r in rated], [r["efficiency"] for r in rated], marker="o", label=g
+        )
     top = max(r["num_devices"] for r in rows)
     ax2.axhline(1.0, color="grey", lw=0.8, ls="--")
     for ax in (ax1, ax2):
@@ -86,8 +87,13 @@ def scaling(rows: list[dict], kind: str, path: str, left_out: dict | None = None
     if missing:
         names = list(missing)
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        fig.text(0.01, 0.01, f"not placed ({len(names)} rows, named in the sweep's output): "
-                 f"{shown}", fontsize=7, color="dimgrey")  # fmt: skip
+        fig.text(
+            0.01,
+            0.01,
+            f"not placed ({len(names)} rows, named in the sweep's output): {shown}",
+            fontsize=7,
+            color="dimgrey",
+        )
         fig.tight_layout(rect=(0, 0.05, 1, 1))
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -50,8 +50,15 @@ from jaxpar.parallel.pipeline.runner import Runner
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.strategy import Program, Strategy, per_device_bytes
 
-_ROLES = {"fwd": "forward", "fwd_res": "forward", "bwd": "backward", "bwd_res": "backward",
-          "bwd_in": "backward input", "bwd_w": "backward weights", "update": "update"}  # fmt: skip
+_ROLES = {
+    "fwd": "forward",
+    "fwd_res": "forward",
+    "bwd": "backward",
+    "bwd_res": "backward",
+    "bwd_in": "backward input",
+    "bwd_w": "backward weights",
+    "update": "update",
+}
 
 
 @flax.struct.dataclass
@@ -103,8 +110,9 @@ class Pipeline(Strategy):
         # the rules axes (tensor parallelism) inside each stage
         self.auto_axes = bool(axes.auto_axes(shape))
         rules = variables.rules_on(tensor.rules_from(config), shape)
-        constrain = (tensor.constrain_fn(rules, variables.joins(shape, model))
-                     if self.auto_axes else None)  # fmt: skip
+        constrain = (
+            tensor.constrain_fn(rules, variables.joins(shape, model)) if self.auto_axes else None
+        )
         self.layouts, self.chunks, self.programs_of = [], [], []
         self.measure = isinstance(self.noise_groups(), int)  # the noise scale's norms too
         for c in range(self.num_chunks):
@@ -169,8 +177,10 @@ class Pipeline(Strategy):
 
     def _each_chunk(self, fn) -> tuple[tuple, tuple]:
         """(states, accumulators) from fn(chunk) -> (state, acc), None off this process."""
-        parts = [fn(c) if self.local_stages[self.stage_of[c]] else (None, None)
-                 for c in range(self.num_chunks)]  # fmt: skip
+        parts = [
+            fn(c) if self.local_stages[self.stage_of[c]] else (None, None)
+            for c in range(self.num_chunks)
+        ]
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
     def init_state(self, rng):
@@ -190,8 +200,10 @@ class Pipeline(Strategy):
         process calls), so that every process holds the whole state, as Orbax needs."""
         parts = list(state.chunks)
         if self.multi:
-            parts = [self.mover.gather_tree(st, lay.device_shapes, self.stage_of[c], lay.state_specs)
-                     for c, (st, lay) in enumerate(zip(parts, self.layouts))]  # fmt: skip
+            parts = [
+                self.mover.gather_tree(st, lay.device_shapes, self.stage_of[c], lay.state_specs)
+                for c, (st, lay) in enumerate(zip(parts, self.layouts))
+            ]
         return merge([lay.canonical(st) for lay, st in zip(self.layouts, parts)])
 
     def canonical_shapes(self):
@@ -233,14 +245,18 @@ class Pipeline(Strategy):
             s = self._home(key)
             grouped = np.reshape(value, (d, m, -1, *value.shape[1:])).swapaxes(0, 1)
             parts = [np.reshape(g, (-1, *value.shape[1:])) for g in grouped]
-            out[key] = [transfer.put(p, self.batch_sharding[s]) if self.local_stages[s] else None
-                        for p in parts]  # fmt: skip
+            out[key] = [
+                transfer.put(p, self.batch_sharding[s]) if self.local_stages[s] else None
+                for p in parts
+            ]
         return out
 
     def batch_shapes(self, batch_size, eval=False):
         rows = batch_size // self.num_microbatches
-        keys = {"image": ((rows, *self.model.input_shape), jnp.float32),
-                "label": ((rows,), jnp.int32)}  # fmt: skip
+        keys = {
+            "image": ((rows, *self.model.input_shape), jnp.float32),
+            "label": ((rows,), jnp.int32),
+        }
         if eval:
             keys["mask"] = ((rows,), jnp.float32)
         return {
@@ -285,8 +301,9 @@ class Pipeline(Strategy):
             for name in names:
                 times = schedules.calls_per_step(name, self.num_microbatches)
                 lowered = progs[name].lower(*args[name])
-                out.append(Program(name, _ROLES[name], ck.stage, c, ck.mesh, times, args[name],
-                                   lowered))  # fmt: skip
+                out.append(
+                    Program(name, _ROLES[name], ck.stage, c, ck.mesh, times, args[name], lowered)
+                )
         return out
 
     @property
@@ -297,8 +314,9 @@ class Pipeline(Strategy):
         return self.events
 
     def analytic_bubble(self) -> float:
-        return schedules.analytic_bubble(self.k, self.num_microbatches, self.schedule,
-                                         self.virtual_stages)  # fmt: skip
+        return schedules.analytic_bubble(
+            self.k, self.num_microbatches, self.schedule, self.virtual_stages
+        )
 
     def boundary_bytes(self, batch_size: int) -> list[int]:
         """Per chunk, the stage-to-stage bytes per step across the boundary after it: its
@@ -306,10 +324,13 @@ class Pipeline(Strategy):
         batch (in the dtype carried). 0 after the last chunk, and where the next chunk is on
         the same device stage (ZB-V's turn: nothing moves)."""
         out = self.boundary(batch_size)
-        crosses = [c + 1 < len(out) and self.stage_of[c + 1] != self.stage_of[c]
-                   for c in range(len(out))]  # fmt: skip
-        return [2 * int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize if cross else 0
-                for x, cross in zip(out, crosses)]  # fmt: skip
+        crosses = [
+            c + 1 < len(out) and self.stage_of[c + 1] != self.stage_of[c] for c in range(len(out))
+        ]
+        return [
+            2 * int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize if cross else 0
+            for x, cross in zip(out, crosses)
+        ]
 
     def bytes_between_stages(self, batch_size: int) -> int:
         """Stage-to-stage bytes per step: every boundary's activations forward and their
@@ -318,8 +339,10 @@ class Pipeline(Strategy):
 
     def sent_bytes_per_device(self, batch_size: int) -> list[int]:
         rows = batch_size // self.num_microbatches
-        out = [int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize // self.data
-               for x in self.boundary(rows)[:-1]]  # fmt: skip
+        out = [
+            int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize // self.data
+            for x in self.boundary(rows)[:-1]
+        ]
         return [*out, 0]
 
     def stored_activation_bytes(self, batch_size: int) -> list[int]:
@@ -338,8 +361,11 @@ class Pipeline(Strategy):
         live, peak = [0] * self.k, [0] * self.k
         for kind, c, _ in self.order:
             d = self.stage_of[c]
-            change = {"F": stash[c], "B": kept[c] - (0 if self.split_backward else stash[c]),
-                      "W": -stash[c] - kept[c]}[kind]  # fmt: skip
+            change = {
+                "F": stash[c],
+                "B": kept[c] - (0 if self.split_backward else stash[c]),
+                "W": -stash[c] - kept[c],
+            }[kind]
             if kind == "B" and self.remat:
                 change = -stash[c]
             live[d] += change
@@ -360,10 +386,17 @@ class Pipeline(Strategy):
             legend += " (input gradient only), Wi = its weight gradient"
         if self.num_chunks > self.k:
             legend += "; Fi.c = in chunk c (the table says which stage holds each chunk)"
-        return "\n".join([
-            head,
-            stages.stage_table(self.model, self.bounds, batch_size, self.stage_of,
-                               self.boundary_bytes(batch_size)),
-            legend + ":",
-            schedules.render(self.events),
-        ])  # fmt: skip
+        return "\n".join(
+            [
+                head,
+                stages.stage_table(
+                    self.model,
+                    self.bounds,
+                    batch_size,
+                    self.stage_of,
+                    self.boundary_bytes(batch_size),
+                ),
+                legend + ":",
+                schedules.render(self.events),
+            ]
+        )

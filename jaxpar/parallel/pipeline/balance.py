@@ -66,8 +66,10 @@ class LayerTimes:
         the timed layer programs: a chunk pays that once per program, not once per layer."""
         d = self.dispatch
         if self.remat:
-            return [max(f - d, 0.0) + max(fb - d, 0.0)
-                    for f, fb in zip(self.forward, self.forward_backward)]  # fmt: skip
+            return [
+                max(f - d, 0.0) + max(fb - d, 0.0)
+                for f, fb in zip(self.forward, self.forward_backward)
+            ]
         return [max(fb - d, 0.0) for fb in self.forward_backward]
 
     def boundary_costs(self) -> list[float]:
@@ -126,11 +128,15 @@ def measure(model, config, mesh, workdir: str | None = None) -> LayerTimes:
     times = _agree(times)
     if times.source == "measured":
         where = f"; cached in {path}" if path else ""
-        logger.info(f"pipeline.split=time: timed {len(model.layers)} layers at {rows} rows per "
-            f"micro-batch in {units.seconds(times.profile_s)}{where}")  # fmt: skip
+        logger.info(
+            f"pipeline.split=time: timed {len(model.layers)} layers at {rows} rows per "
+            f"micro-batch in {units.seconds(times.profile_s)}{where}"
+        )
     else:
-        logger.info(f"pipeline.split=time: layer times reused from {times.source} (measured in "
-            f"{units.seconds(times.profile_s)} for the same model, shapes and devices)")  # fmt: skip
+        logger.info(
+            f"pipeline.split=time: layer times reused from {times.source} (measured in "
+            f"{units.seconds(times.profile_s)} for the same model, shapes and devices)"
+        )
     return times
 
 
@@ -178,9 +184,16 @@ def _profile(model, config, rows: int, src, dst) -> LayerTimes:
     # by one, each layer pays it per program; fused into a chunk, once per program.
     layers_best = best[:-1]
     dispatch = max(best[-1][0], min(b[0] for b in layers_best))
-    return LayerTimes(tuple(b[0] for b in layers_best), tuple(b[1] for b in layers_best),
-                      tuple(b[2] for b in layers_best), dispatch, bool(config.pipeline.remat),
-                      rows, time.perf_counter() - t0, "measured")  # fmt: skip
+    return LayerTimes(
+        tuple(b[0] for b in layers_best),
+        tuple(b[1] for b in layers_best),
+        tuple(b[2] for b in layers_best),
+        dispatch,
+        bool(config.pipeline.remat),
+        rows,
+        time.perf_counter() - t0,
+        "measured",
+    )
 
 
 def time_fastest(fn, args) -> float:
@@ -204,9 +217,16 @@ def _read(path: str | None, key: dict, remat: bool) -> LayerTimes | None:
             saved = json.load(f)
         if saved.get("key") != key:
             return None
-        return LayerTimes(tuple(saved["forward"]), tuple(saved["forward_backward"]),
-                          tuple(saved["send"]), float(saved["dispatch"]), remat,
-                          int(key["rows"]), float(saved["profile_s"]), path)  # fmt: skip
+        return LayerTimes(
+            tuple(saved["forward"]),
+            tuple(saved["forward_backward"]),
+            tuple(saved["send"]),
+            float(saved["dispatch"]),
+            remat,
+            int(key["rows"]),
+            float(saved["profile_s"]),
+            path,
+        )
     except (OSError, ValueError, KeyError, TypeError):  # unreadable: measure again
         return None
 
@@ -215,10 +235,18 @@ def _write(path: str, key: dict, times: LayerTimes) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"key": key, "forward": times.forward,
-                   "forward_backward": times.forward_backward, "send": times.send,
-                   "dispatch": times.dispatch, "profile_s": times.profile_s}, f,
-                  indent=1)  # fmt: skip
+        json.dump(
+            {
+                "key": key,
+                "forward": times.forward,
+                "forward_backward": times.forward_backward,
+                "send": times.send,
+                "dispatch": times.dispatch,
+                "profile_s": times.profile_s,
+            },
+            f,
+            indent=1,
+        )
     os.replace(tmp, path)
 
 
@@ -232,6 +260,10 @@ def _agree(times: LayerTimes) -> LayerTimes:
     n = len(times.forward)
     packed = np.array([*times.forward, *times.forward_backward, *times.send, times.dispatch])
     packed = np.asarray(multihost_utils.broadcast_one_to_all(packed), np.float64)
-    return dataclasses.replace(times, forward=tuple(packed[:n]),
-                               forward_backward=tuple(packed[n:2 * n]),
-                               send=tuple(packed[2 * n:3 * n]), dispatch=float(packed[-1]))  # fmt: skip
+    return dataclasses.replace(
+        times,
+        forward=tuple(packed[:n]),
+        forward_backward=tuple(packed[n : 2 * n]),
+        send=tuple(packed[2 * n : 3 * n]),
+        dispatch=float(packed[-1]),
+    )

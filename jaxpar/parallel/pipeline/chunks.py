@@ -186,8 +186,7 @@ class ChunkPrograms:
         return add(total), sq + (m * m) * inc[None]
 
     def sm(self, fn, in_specs, out_specs):
-        return self.ck.replicas.shard_map(fn, self.ck.mesh, in_specs, out_specs,
-                                          self.ck.auto_axes)  # fmt: skip
+        return self.ck.replicas.shard_map(fn, self.ck.mesh, in_specs, out_specs, self.ck.auto_axes)
 
     def on(self, fn, **jit_kwargs):
         return OnMesh(jax.jit(fn, **jit_kwargs), self.ck.mesh)
@@ -284,8 +283,7 @@ class ChunkPrograms:
         return out, self.ck.rule.placed_stats(new_stats), stored
 
     def stored_specs(self) -> list:
-        return [P(along) if along else P() for kind, along in self.residuals[1]
-                if kind == "stored"]  # fmt: skip
+        return [P(along) if along else P() for kind, along in self.residuals[1] if kind == "stored"]
 
     def pullbacks(self, state, stored):
         treedef, kinds = self.residuals
@@ -341,10 +339,8 @@ class ChunkPrograms:
         out: dict[str, Any] = {}
         stats_spec = st.batch_stats
         out["fwd"] = self.on(self.sm(self.fwd, (st, data), (data, stats_spec)))
-        bwd_out = (data, acc, stats_spec, (P(), P())) if last else (
-            acc if first else (data, acc))  # fmt: skip
-        out["bwd"] = self.on(self.sm(self.bwd, (st, data, data, acc), bwd_out),
-                             donate_argnums=3)  # fmt: skip
+        bwd_out = (data, acc, stats_spec, (P(), P())) if last else (acc if first else (data, acc))
+        out["bwd"] = self.on(self.sm(self.bwd, (st, data, data, acc), bwd_out), donate_argnums=3)
         update_out, placed = (st, acc), self.placed()
         if ck.measure:
             scalar = jax.sharding.NamedSharding(ck.mesh, P())
@@ -373,17 +369,23 @@ class ChunkPrograms:
         res, n = self.stored_specs, len(self.names)
         out["fwd_res"] = Deferred(make_fwd)
         out["bwd_res"] = Deferred(
-            make(self.bwd_res, lambda: (st, res(), *cot_in, acc),
-                 lambda: acc if first else (data, acc), donate_argnums=3 - last)
-        )  # fmt: skip
+            make(
+                self.bwd_res,
+                lambda: (st, res(), *cot_in, acc),
+                lambda: acc if first else (data, acc),
+                donate_argnums=3 - last,
+            )
+        )
         out["bwd_in"] = Deferred(
-            make(self.bwd_in, lambda: (st, res(), *cot_in),
-                 lambda: [data] * n if first else (data, [data] * n))
-        )  # fmt: skip
+            make(
+                self.bwd_in,
+                lambda: (st, res(), *cot_in),
+                lambda: [data] * n if first else (data, [data] * n),
+            )
+        )
         out["bwd_w"] = Deferred(
-            make(self.bwd_w, lambda: (st, res(), [data] * n, acc), lambda: acc,
-                 donate_argnums=3)
-        )  # fmt: skip
+            make(self.bwd_w, lambda: (st, res(), [data] * n, acc), lambda: acc, donate_argnums=3)
+        )
         return out
 
     def placed(self):

@@ -69,10 +69,10 @@ class ChunkLayout:
         self.state_specs = rule.specs(self.device_shapes)
         self.acc_specs = stacked(rule.variable_specs["params"], rule.replicas)
         self.acc_shapes = jax.tree.map(
-            lambda p, s: jax.ShapeDtypeStruct((stacked_size(s, rule.replicas), *p.shape),
-                                              p.dtype),
-            shared.params, rule.variable_specs["params"],
-        )  # fmt: skip
+            lambda p, s: jax.ShapeDtypeStruct((stacked_size(s, rule.replicas), *p.shape), p.dtype),
+            shared.params,
+            rule.variable_specs["params"],
+        )
         if measure:
             self.acc_specs = (self.acc_specs, stacked(P(), rule.replicas))
             sq = jax.ShapeDtypeStruct((rule.replicas.count,), jnp.float32)
@@ -86,8 +86,10 @@ class ChunkLayout:
     def abstract(self) -> tuple:
         """(state, accumulator) as ShapeDtypeStructs with their shardings."""
         with_sharding = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-        return (jax.tree.map(with_sharding, self.device_shapes, self.shardings[0]),
-                jax.tree.map(with_sharding, self.acc_shapes, self.shardings[1]))  # fmt: skip
+        return (
+            jax.tree.map(with_sharding, self.device_shapes, self.shardings[0]),
+            jax.tree.map(with_sharding, self.acc_shapes, self.shardings[1]),
+        )
 
     def init(self, rng) -> tuple:
         """(state, accumulator) created directly on the stage's devices."""

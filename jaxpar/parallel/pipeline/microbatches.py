@@ -42,17 +42,23 @@ def candidate_microbatches(config, data: int, k: int) -> list[int]:
 def choose_microbatches(model, config, mesh, workdir: str | None = None) -> int:
     """`_choose`, cached in WORKDIR/microbatches.json with what it was chosen for, so that a
     resumed run keeps its micro-batches (and its numerics) rather than re-measuring."""
-    key = {**cache_key(model, config, 0, list(mesh.devices.flat)), "rows": None,
-           "mesh": dict(mesh.shape), "batch": config.global_batch_size,
-           "schedule": config.pipeline.schedule,
-           "virtual_stages": config.pipeline.virtual_stages}  # fmt: skip
+    key = {
+        **cache_key(model, config, 0, list(mesh.devices.flat)),
+        "rows": None,
+        "mesh": dict(mesh.shape),
+        "batch": config.global_batch_size,
+        "schedule": config.pipeline.schedule,
+        "virtual_stages": config.pipeline.virtual_stages,
+    }
     path = os.path.join(workdir, "microbatches.json") if workdir else None
     try:
         with open(path or "", encoding="utf-8") as f:
             saved = json.load(f)
         if saved.get("key") == key:
-            logger.info(f"pipeline.num_microbatches=auto: M={saved['m']}, chosen by the first run "
-                f"in this workdir ({path})")  # fmt: skip
+            logger.info(
+                f"pipeline.num_microbatches=auto: M={saved['m']}, chosen by the first run "
+                f"in this workdir ({path})"
+            )
             return int(saved["m"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -111,10 +117,15 @@ def _choose(model, config, mesh) -> int:
         chosen = int(multihost_utils.broadcast_one_to_all(np.int32(best[0])))
         best = next(r for r in table if r[0] == chosen)
     shown = ", ".join(f"M={m}: {units.seconds(t)}" for m, t, _, _ in table)
-    reason = ("the largest the batch allows" if best is table[-1] else
-              f"more micro-batches cost more per program than their smaller bubble saves "
-              f"(bubble {best[2]:.3f} at M={best[0]})")  # fmt: skip
-    logger.info(f"pipeline.num_microbatches=auto: chose M={best[0]}, {reason}; predicted steps "
+    reason = (
+        "the largest the batch allows"
+        if best is table[-1]
+        else f"more micro-batches cost more per program than their smaller bubble saves "
+        f"(bubble {best[2]:.3f} at M={best[0]})"
+    )
+    logger.info(
+        f"pipeline.num_microbatches=auto: chose M={best[0]}, {reason}; predicted steps "
         f"{shown} (timed the model at {len(table)} micro-batch sizes in "
-        f"{units.seconds(time.perf_counter() - t0)})")  # fmt: skip
+        f"{units.seconds(time.perf_counter() - t0)})"
+    )
     return best[0]

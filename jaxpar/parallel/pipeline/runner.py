@@ -86,8 +86,9 @@ class Runner:
                 outs = step.free("kept", (c, m), d)
                 acc[c] = self.run(c, "bwd_w", st[c], step.free("stash", (c, m), d), outs, acc[c])
             else:
-                g = self._backward(c, m, st[c].replace(batch_stats=stats[c]), stats, acc, batch,
-                                   step)  # fmt: skip
+                g = self._backward(
+                    c, m, st[c].replace(batch_stats=stats[c]), stats, acc, batch, step
+                )
             if kind == "F" and c < c_last:
                 step.sent_f[(c + 1, m)] = self.send(y, d, stage_of[c + 1], c, rows)
             elif kind == "B" and c > 0:
@@ -103,8 +104,10 @@ class Runner:
             st[c], acc[c], *noise = out or (None,) * (2 + pipe.measure)
             parts[c] = noise[0] if noise else None
         self.peak_stash_bytes = step.peak
-        metrics = self.on(stage_of[c_last], lambda: _mean_metrics(
-            {"loss": step.losses, "accuracy": step.accuracies}))  # fmt: skip
+        metrics = self.on(
+            stage_of[c_last],
+            lambda: _mean_metrics({"loss": step.losses, "accuracy": step.accuracies}),
+        )
         metrics = self.to_all(metrics, ("accuracy", "loss"))
         if pipe.measure:
             metrics = {**metrics, **self._noise(parts)}
@@ -189,8 +192,12 @@ class Runner:
             for c in range(c_last):
                 y = self.on(stage_of[c], lambda c=c, x=x: self._eval(c, chunks[c], x))
                 x = self.send(y, stage_of[c], stage_of[c + 1], c, rows)
-            sums = self.on(last, lambda x=x, m=m: self._eval(
-                c_last, chunks[-1], x, batch["label"][m], batch["mask"][m]))  # fmt: skip
+            sums = self.on(
+                last,
+                lambda x=x, m=m: self._eval(
+                    c_last, chunks[-1], x, batch["label"][m], batch["mask"][m]
+                ),
+            )
             if totals is None:
                 totals = sums
             else:

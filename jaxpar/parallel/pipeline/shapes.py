@@ -26,10 +26,17 @@ def boundary_shapes(model, chunks, rows: int) -> list[jax.ShapeDtypeStruct]:
         variables = jax.eval_shape(lambda ck=ck: model.init(jax.random.key(0), ck.layers))
         with jax.set_mesh(ck.mesh):  # tensor layout rules resolve against the stage
             x = jax.eval_shape(
-                lambda v, x, ck=ck: model.apply(v["params"], v["batch_stats"], x, train=False,
-                                                layers=ck.layers, constrain=ck.constrain)[0],
-                variables, x,
-            )  # fmt: skip
+                lambda v, x, ck=ck: model.apply(
+                    v["params"],
+                    v["batch_stats"],
+                    x,
+                    train=False,
+                    layers=ck.layers,
+                    constrain=ck.constrain,
+                )[0],
+                variables,
+                x,
+            )
         out.append(jax.ShapeDtypeStruct(x.shape, x.dtype))
     return out
 
@@ -42,8 +49,9 @@ def outputs(lowered):
     """A lowered program's outputs as abstract arrays with the shardings the compiled program
     gives them (what the next program receives at run time)."""
     shardings = lowered.compile().output_shardings
-    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                        lowered.out_info, shardings)  # fmt: skip
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), lowered.out_info, shardings
+    )
 
 
 def step_programs(remat: bool, split_backward: bool, last: bool) -> list[str]:

@@ -99,8 +99,9 @@ class Mover:
         """Move `x` (sharded `spec` over stage a's devices; None where this process owns none
         of them) to stage b's devices with the same spec; None where this process owns none
         of stage b's devices. Every process calls it (one position in the program order)."""
-        devices = np.concatenate([self._stage_devices(a), self._stage_devices(b)],
-                                 axis=self.position)  # fmt: skip
+        devices = np.concatenate(
+            [self._stage_devices(a), self._stage_devices(b)], axis=self.position
+        )
         if not owns(devices):
             self.inflight.skip()
             return None

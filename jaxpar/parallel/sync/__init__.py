@@ -37,12 +37,16 @@ def check(config, shape: dict[str, int]) -> str | None:
     ruled = axes.auto_axes(shape)
     if ruled and rule.refuses_tensor:
         fix = _mesh_hint(shape, ruled)
-        return (f"{mode} cannot combine with the {'/'.join(ruled)} axis "
-                f"({rule.refuses_tensor}); use {fix}")  # fmt: skip
+        return (
+            f"{mode} cannot combine with the {'/'.join(ruled)} axis "
+            f"({rule.refuses_tensor}); use {fix}"
+        )
     if axes.num_stages(shape) > 1 and rule.refuses_stages:
         fix = _mesh_hint(shape, (axes.stage_axis(shape),))
-        return (f"{mode} cannot combine with pipeline stages ({rule.refuses_stages}); use "
-                f"sync.mode=allreduce, or {fix}")  # fmt: skip
+        return (
+            f"{mode} cannot combine with pipeline stages ({rule.refuses_stages}); use "
+            f"sync.mode=allreduce, or {fix}"
+        )
     return rule.check(config, axes.num_replicas(shape))
 
 
@@ -57,8 +61,10 @@ def _mesh_hint(shape: dict[str, int], drop: tuple[str, ...]) -> str:
     hint = f"--config.mesh_shape={mesh_lib.spelled_shape(names, every)}"
     n = math.prod(fewer)
     if n < math.prod(every):
-        hint += (f", or --config.mesh_shape={mesh_lib.spelled_shape(names, fewer)} "
-                 f"--config.num_devices={n}")  # fmt: skip
+        hint += (
+            f", or --config.mesh_shape={mesh_lib.spelled_shape(names, fewer)} "
+            f"--config.num_devices={n}"
+        )
     return hint
 
 

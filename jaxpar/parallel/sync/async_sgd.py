@@ -65,8 +65,9 @@ class Async(SyncRule):
         if not self.depth:
             return specs
         lead = self.replicas.axes or None
-        queues = jax.tree.map(lambda s: P(lead, None, *s), self.variable_specs["params"],
-                              is_leaf=is_spec)  # fmt: skip
+        queues = jax.tree.map(
+            lambda s: P(lead, None, *s), self.variable_specs["params"], is_leaf=is_spec
+        )
         return specs.replace(sync={"pending": queues})
 
     def update(self, state, grads, stats):
@@ -80,5 +81,6 @@ class Async(SyncRule):
             if self.aware:
                 scale = 1.0 / jnp.maximum(delay, 1).astype(jnp.float32)
                 grads = jax.tree.map(lambda g: g * scale, grads)
-        return state.apply_gradients(self.tx, self.replicas.pmean(grads),
-                                     batch_stats=self.shared_stats(stats), sync=sync)  # fmt: skip
+        return state.apply_gradients(
+            self.tx, self.replicas.pmean(grads), batch_stats=self.shared_stats(stats), sync=sync
+        )

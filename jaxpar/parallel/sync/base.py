@@ -97,9 +97,13 @@ class SyncRule:
         anything else (step counts) is replicated."""
         replicated = jax.tree.map(lambda _: P(), opt_shapes)
         return optax.tree_map_params(
-            self.tx, lambda _, s: s, replicated, param_specs,
-            transform_non_params=lambda _: P(), is_leaf=is_spec,
-        )  # fmt: skip
+            self.tx,
+            lambda _, s: s,
+            replicated,
+            param_specs,
+            transform_non_params=lambda _: P(),
+            is_leaf=is_spec,
+        )
 
     # --- inside the step body --------------------------------------------------------------
     def local_params(self, state: TrainState):

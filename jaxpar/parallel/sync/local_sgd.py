@@ -43,8 +43,10 @@ class Independent(SyncRule):
     @classmethod
     def check(cls, config, data):
         if config.model.batch_norm and config.sync.batch_norm == "global":
-            return (f"sync.mode={cls.name} trains replicas apart, so BatchNorm cannot use "
-                    "global statistics; set --config.sync.batch_norm=local")  # fmt: skip
+            return (
+                f"sync.mode={cls.name} trains replicas apart, so BatchNorm cannot use "
+                "global statistics; set --config.sync.batch_norm=local"
+            )
         return None
 
     def from_shared(self, state):
@@ -79,8 +81,11 @@ class Independent(SyncRule):
         mine = state.replace(params=block(state.params), opt_state=block(state.opt_state))
         new = mine.apply_gradients(self.tx, grads, batch_stats=stats)
         new = self.average_if_due(new)
-        return new.replace(params=unblock(new.params), batch_stats=unblock(new.batch_stats),
-                           opt_state=unblock(new.opt_state))  # fmt: skip
+        return new.replace(
+            params=unblock(new.params),
+            batch_stats=unblock(new.batch_stats),
+            opt_state=unblock(new.opt_state),
+        )
 
     def average_if_due(self, state):
         return state
@@ -101,8 +106,10 @@ class LocalSGD(Independent):
         if config.sync.period < 1:
             return f"sync.period must be >= 1 (steps between averages), got {config.sync.period}"
         if config.sync.opt_state_at_average not in ("local", "average"):
-            return (f"unknown sync.opt_state_at_average {config.sync.opt_state_at_average!r}; "
-                    "choose local or average")  # fmt: skip
+            return (
+                f"unknown sync.opt_state_at_average {config.sync.opt_state_at_average!r}; "
+                "choose local or average"
+            )
         return super().check(config, data)
 
     def average(self, tree):

@@ -61,8 +61,10 @@ class ParameterServer(SyncRule):
 
     def specs(self, shapes):
         specs = super().specs(shapes)
-        return specs.replace(params=stacked(specs.params, self.replicas),
-                             opt_state=stacked(specs.opt_state, self.replicas))  # fmt: skip
+        return specs.replace(
+            params=stacked(specs.params, self.replicas),
+            opt_state=stacked(specs.opt_state, self.replicas),
+        )
 
     def local_params(self, state):
         return block(state.params)
@@ -87,8 +89,9 @@ class ParameterServer(SyncRule):
         # the server's combined gradient's squared norm, to every replica (two scalar sums)
         sq = norms.sq_norm(mean, self.variable_specs["params"], self.manual_axes)
         sq = r.psum(jnp.where(is_server, sq, 0.0))
-        params, opt_state = lax.cond(is_server, serve, lambda p, o, g: (p, o),
-                                     params, opt_state, mean)  # fmt: skip
+        params, opt_state = lax.cond(
+            is_server, serve, lambda p, o, g: (p, o), params, opt_state, mean
+        )
         out = params
         for worker in self.workers:  # parameters out: one (server -> worker) pair each
             received = r.ppermute(params, [(self.server, worker)])

@@ -37,8 +37,10 @@ class Sharded(SyncRule):
     @classmethod
     def check(cls, config, data):
         if config.optimizer.name not in ("sgd", "adam"):
-            return (f"sync.mode=sharded updates slices of each parameter, which needs an "
-                    f"elementwise optimizer (sgd, adam), not {config.optimizer.name}")  # fmt: skip
+            return (
+                f"sync.mode=sharded updates slices of each parameter, which needs an "
+                f"elementwise optimizer (sgd, adam), not {config.optimizer.name}"
+            )
         return None
 
     def split_dims(self, param_shapes) -> dict:
@@ -85,8 +87,11 @@ class Sharded(SyncRule):
             return r.mean(g, spec) if d is None else r.reduce_scatter(g, d) / self.num_replicas
 
         def my_param(p, d):
-            return p if d is None else lax.dynamic_slice_in_dim(p, r.index() * size(p, d),
-                                                                 size(p, d), d)  # fmt: skip
+            return (
+                p
+                if d is None
+                else lax.dynamic_slice_in_dim(p, r.index() * size(p, d), size(p, d), d)
+            )
 
         grads = jax.tree.map(my_grad, grads, dims, self.variable_specs["params"])
         sq = norms.sq_norm(grads, self.slice_specs(shapes), self.manual_axes)
