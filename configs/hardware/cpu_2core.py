@@ -1,91 +1,69 @@
 """This machine: 2 AMD EPYC cores (AVX2, FMA) and 23 GB of RAM, running jaxpar's 8 simulated
 CPU devices (`--xla_force_host_platform_device_count=8`) in one process.
 
-Run:  python -m jaxpar.bench --out bench-out --predict configs/hardware/cpu_2core.py
-      (the default suite measured here, every row predicted beside its measurement)
+Run:  python -m jaxpar.predict --validate --profile configs/hardware/cpu_2core.py   # 3 min
+      python -m jaxpar.bench --out bench-out --predict configs/hardware/cpu_2core.py
 
-Calibrated from single-device measurements only, so that every multi-device row of a sweep is
-a check (docs/predict.md, "This machine: predicted against measured"). Made with
+Expect from --validate: the default suite's 32 partitionings measured here
+(configs/predict/cpu_measured.py, 2026-11-26) at a median |error| of 5.1% and a rank
+correlation of 0.912 (last run 2026-11-27; the measurement's own two repeats agree at 0.83),
+and the other models of configs/bench/cpu_models.py left out up to 66% off: ResNet-50 and
+AlexNet at 64x64 come out 65-70% too fast, because this profile prices memory-bound kernels at
+nothing. It is for the partitionings of the model it is fitted to; for other models use
+cpu_2core_models.py. The bench line measures the default suite here (about 15 min) and
+predicts every row beside its measurement.
+
+Made with, on a quiet machine (load average below 2; another job on the cores shifts every
+figure):
 
     python -m jaxpar.bench --out /tmp/bench_q --repeat 2
     python -m jaxpar.predict --calibrate /tmp/bench_q --profile configs/hardware/cpu_2core.py \
         --fit compute_efficiency,kernel_s --pool
 
-on a quiet machine (load average below 2; another job on the cores shifts every figure):
-- The default suite's 1-device row (VGG19 width 0.25, BatchNorm, shapes10, batch 64): 333.9
-  images/sec, and one device alone at batch 32 / 16 / 8 (measured by --pool): 317.7 / 302.9 /
-  271.2. Two costs fitted to the four (op classes, jaxpar/predict/opclass.py), with the
-  two measured below: matmuls at 0.578 x the nominal peak, 7.0 us per kernel; the four come
-  back within 1.1%.
-- narrow_width 8, measured (jaxpar/predict/micro.py, printed by --pool; 7, 7, 9.25 and 10.25
-  in four runs on 2026-11-26): a 3x3 convolution layer's gradient with 2 / 4 / 8 / 16 / 32 /
-  64 output features ran at 29 / 53 / 70 / 86 / 88 / 90 GFLOP/s, so a matrix kernel whose
-  narrowest GEMM dimension is n runs at n / (n + 8) of its class's rate. A tensor-parallel
-  step's convolutions have 2-16 output features per device (VGG19 width 0.25 over 8), which
-  is why tensor 8 runs 40% slower than data 8 at the same FLOPs per device.
-- forward_speedup 1.34, measured (micro.measure_forward, printed by --pool): the model's
-  forward alone on one device at batch 64 takes 46.7 ms (three runs, within 0.2 ms), which
-  these rates, fitted to training steps, price at 62.6 ms. XLA:CPU's backward carries
-  transposed operands, reversed kernels and max-pool index tensors that its FLOPs do not
-  show; a pipeline's forward programs have none of them.
+Figures and their sources (docs/predict.md, "This machine: predicted against measured"):
+- Fitted to single-device runs only, so that every multi-device row is a check: the default
+  suite's 1-device row (VGG19 width 0.25, BatchNorm, shapes10, batch 64): 333.9 images/sec,
+  and one device alone at batch 32 / 16 / 8 (measured by --pool): 317.7 / 302.9 / 271.2.
+  Two costs fitted to the four (op classes, with the measured figures below): matmuls at
+  0.578 x the nominal peak, 7.0 us per kernel; the four come back within 1.1%.
+- Peak: 2 cores x ~3 GHz x 32 float32 FLOP/cycle (two 8-wide FMA units) ~ 100 GFLOP/s per
+  core; only the fitted fraction of it matters.
+- Memory-bound kernels are inside the per-kernel and matmul costs (memory_bandwidth 0): that
+  holds for models with VGG19's ratio of memory-bound bytes to FLOPs and not beyond (the
+  CANDIDATES below, measured here, never fitted).
+- narrow_width 8, measured (--pool; four runs on 2026-11-26: 7, 7, 9.25, 10.25): a 3x3
+  convolution layer's gradient with 2 / 4 / 8 / 16 / 32 / 64 output features ran at 29 / 53 /
+  70 / 86 / 88 / 90 GFLOP/s, so a matrix kernel whose narrowest GEMM dimension is n runs at
+  n / (n + 8) of its class's rate. A tensor-parallel step's convolutions have 2-16 output
+  features per device (VGG19 width 0.25 over 8).
+- forward_speedup 1.34, measured (--pool): the model's forward alone on one device at batch
+  64 takes 46.7 ms (three runs, within 0.2 ms), which the fitted rates price at 62.6 ms.
+  XLA:CPU's backward carries transposed operands, reversed kernels and max-pool index tensors
+  that its FLOPs do not show; a pipeline's forward programs have none of them.
 - compute_pool: N simulated devices, each running its own copy of the step at batch 32, 16 or
-  8, together reach these times one device's rate at that batch, the mean of three
-  --pool runs on 2026-11-26 (each figure's three runs within 0.05-0.2 of each other):
+  8, together reach these times one device's rate at that batch (--pool; the mean of three
+  runs on 2026-11-26, each figure's three within 0.05-0.2 of each other):
 
       matrix kernels (batch)  N = 2   N = 4   N = 8
       92.9 MFLOP (32)         1.20    1.37    1.45
       46.5 MFLOP (16)         1.30    1.49    1.47
       23.2 MFLOP (8)          1.31    1.49    1.56
 
-  One device already keeps most of both cores busy (XLA:CPU runs a large convolution on
-  several threads); smaller kernels leave more of them idle for the other devices. The
-  predictor looks a step up by the mean FLOPs of its matrix kernels: a pipeline's
-  micro-batch programs and a tensor split's narrow ones have small ones. (Before 2026-11-26
-  the profile had one figure per N from one run, 1.17 / 1.39 / 1.45, at the diagonal.)
-- Peak: 2 cores x ~3 GHz x 32 float32 FLOP/cycle (two 8-wide FMA units) ~ 100 GFLOP/s per
-  core; only the fitted fraction of it matters.
-- Memory-bound kernels are inside the per-kernel and matmul costs (memory_bandwidth 0). That
-  holds for models with VGG19's ratio of memory-bound bytes to FLOPs and not beyond: the
-  CANDIDATES below (other models measured here, never fitted) put ResNet-50 and AlexNet at
-  64x64 65-70% too fast, whose memory-bound kernels take 92 of 162 and 133 of 158 ms of their
-  traced steps at 6-10 GB/s (docs/predict.md, "Other models on one device"). Counted as
-  they are read (a slice as the slice), all seven models' memory-bound kernels run at 9.51
-  GB/s but the iotas and broadcasts that write arrays from nothing, at 1.68;
-  cpu_2core_models.py prices them so (and a kernel's fixed time measured, 0.39 us, and the
-  cores' work of collectives inside the step, below, as here) and predicts the other
-  models within 8.5% (left out of fits on the others, within 10.5%) and this suite at a
-  median of 4.7% and a rank correlation of 0.855 (this profile: 5.1%, 0.912): it for other
-  models, either for the partitionings (docs/predict.md, "The CPU's memory-bound kernels
-  read as they run, and priced" and what follows it).
+  One device already keeps most of both cores busy; smaller kernels leave more of them idle
+  for the other devices. A step is looked up by the mean FLOPs of its matrix kernels.
 - Collectives inside the step (not the gradient sync) are work on the 2 cores all devices
   share: their payload at 3.0 GB/s of CPU time, every device of the mesh doing its part
-  (micro.measure_collective_cpu, printed by --pool: an all-gather and a psum of 1 MB a
-  device on 8 devices, beyond local work of their shape, in process CPU time; three runs
-  on 2026-11-27: 2.9, 3.6, 2.5 GB/s). A tensor split's step burns 21 CPU-ms a device more
-  than a data split's, its cores busier, not idler. With it this suite's 32 rows come
-  to a median of 5.1% and a rank correlation of 0.912 (5.6% and 0.804 before: the tensor
-  rows were right because the narrow-kernel rate, fitted with memory-bound work in it,
-  overpriced them by what the collectives cost; the hybrids 4-19% fast).
-- Links, measured by the same --pool run (calibrate.measure_links, as nccl-tests measures a
-  GPU's): psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted to the ring
-  formula: 25 us per ring step, 4.75 GB/s. Measured with the devices otherwise idle; inside a
-  training step the device threads also compete for the cores, which this does not see.
-- Overheads: ~1 ms per step, estimated. The pipeline runner's host time, measured
-  (micro.measure_host, printed by --pool): the dispatching thread's CPU time per step of
-  VGG19 at width 0.0625 as GPipe over M = 1/2/4/8 micro-batches, fitted as costs per stage,
-  per micro-batch and per program or transfer dispatched (2K-1 programs and 2(K-1) transfers
-  a micro-batch), and what each further device of a stage adds per stage and per dispatch
-  (the arguments' buffers, one per device).
-  - One device per stage (K = 2/4/8; two quiet runs' mean, 2026-11-26): 0.47 ms per stage,
-    1.42 ms per micro-batch, 73 us per dispatch, each of the 4-34 ms points within 13%.
-  - Further devices (mesh (D, K, 1): K = 2/4 stages of two devices and K = 2 of four beside
-    the above; two runs on 2026-11-27, fitted together, 5-38 ms): 0.48 ms per stage and
-    59 us per dispatch for each device past the first; 21 of the 24 points within 17%.
-    That day's machine was louder: its one-device points fitted 0.96 ms / 2.28 ms / 39 us,
-    which the profile does not take (its multi-device rows were measured on the quiet day).
-  A bare jitted program dispatches in ~4 us here (--pool prints it): the runner's bookkeeping
-  per micro-batch (slicing, accumulating, waiting) is most of it. (Before 2026-11-26: 0.3 ms
-  per program, estimated so that the 8-stage rows came out right.)
+  (--pool: an all-gather and a psum of 1 MB a device on 8 devices, beyond local work of their
+  shape, in process CPU time; three runs on 2026-11-27: 2.9, 3.6, 2.5 GB/s).
+- Links, measured by --pool: psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted
+  to the ring formula: 25 us per ring step, 4.75 GB/s (devices otherwise idle).
+- Overheads: ~1 ms per step, estimated. The pipeline runner's host time, measured by --pool
+  (the dispatching thread's CPU time per step of VGG19 at width 0.0625 as GPipe over M =
+  1/2/4/8 micro-batches): with one device per stage (K = 2/4/8; two quiet runs' mean,
+  2026-11-26) 0.47 ms per stage, 1.42 ms per micro-batch and 73 us per program or transfer
+  dispatched, each of the 4-34 ms points within 13%; each further device of a stage (meshes
+  (D, K, 1); two runs on 2026-11-27, fitted together) adds 0.48 ms per stage and 59 us per
+  dispatch, 21 of the 24 points within 17%.
 """
 
 import ml_collections

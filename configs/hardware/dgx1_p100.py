@@ -1,10 +1,21 @@
 """NVIDIA DGX-1 (2016): 8x Tesla P100 SXM2 16 GB, NVLink 1.0 hybrid cube-mesh, NCCL.
 
-Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_vgg16.py
+Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_vgg16.py   # 20 s
+      python -m jaxpar.predict --validate --profile configs/hardware/dgx1_p100.py
+
+Expect (2026-11-28, docs/predict.md): full-width VGG16 at batch 64 per GPU on 1 / 2 / 4 / 8
+P100s at 139.8 / 261.8 / 507.5 / 999.0 images/sec, efficiencies 93.6 / 90.7 / 89.3% against
+tf_cnn_benchmarks' published 95.8 / 94.8 / 87.7% (-2.2 / -4.1 / +1.6 points; nothing
+multi-GPU is fitted). --validate prints the kernel table's fit, `kernel_s` 32.4 us, each model
+left out (AlexNet -11.0%, Inception-v3 +18.8%, ResNet-152 -11.0%, ResNet-50 +0.3%, VGG16
+-9.3%) and the published multi-GPU tables (batch 64: 8 of 15 rows within 5 points; batch 32:
+1 of 12; seed 003's medians: 6 of 6). Programs are XLA:GPU's own for P100s, compiled here
+without a GPU.
 
 Sources and assumptions:
 - P100 SXM2: 10.6 TFLOP/s float32, 21.2 TFLOP/s float16 (NVIDIA P100 datasheet), 16 GB HBM2
-  at 732 GB/s; ~15.9 GB usable after the CUDA context.
+  at 732 GB/s; ~15.9 GB usable after the CUDA context. Memory-bound kernels at 0.9 x 732
+  GB/s (streaming kernels reach about that on HBM2), matrix kernels on a roofline.
 - NVLink 1.0: 20 GB/s per direction per link, 4 links per GPU, every GPU linked directly to the
   other three of its quad and to its counterpart in the other quad (DGX-1 system architecture
   white paper, 2017). A P2P copy over one link measures ~18 GB/s per direction
@@ -13,39 +24,33 @@ Sources and assumptions:
   bundled NCCL 1.x, which runs one ring (multi-ring NCCL 2 came later). Latency per ring step
   ~10 us (NCCL 1 launch + NVLink hop). Not described (no `peers`): NCCL 1.x builds its ring in
   rank order, so a ring over all eight GPUs in order crosses 3 -> 4 and 7 -> 0, which the cube
-  mesh does not wire, through the hosts; docs/predict.md ("tf_cnn_benchmarks' whole tables")
-  says what describing it does to the published tables, and why it is left out.
-- Compute, by operation class (jaxpar/predict/opclass.py). The matrix kernels' costs come
-  from published per-kernel timings of the P100, not from any model: DeepBench's 94
-  convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN 6.0.21: one
-  cuDNN release after tf_cnn_benchmarks' May 2017 runs, which list CUDA 8.0 and cuDNN 5.1),
-  configs/hardware/kernels/deepbench_p100.csv, each kernel
-  read as the predictor reads it in a compiled step and priced by this profile
-  (`kernel_benchmarks`, jaxpar/predict/kernels.py). Fitted to those 252 kernels: 3x3 and
-  5x5 stride-1 convolutions and their gradients (what cuDNN runs as Winograd transforms) at
-  1.47x the float32 peak in direct-convolution FLOPs, every other convolution and matmul at
-  0.64x, 58 us fixed per matrix kernel (a kernel's median error 21.7%). Then one cost of whole
-  steps, each kernel's framework and launch time (`kernel_s`, about 40 us), is fitted to two
-  single-GPU figures: tf_cnn_benchmarks VGG16, batch 64, synthetic ImageNet, float32: 154
-  images/sec; ResNet-50, batch 64: 219 images/sec (its published DGX-1 1-GPU figure).
-  Inception-v3 (batch 64: 219 / 1.61 = 136 images/sec, seed 003's median ratio) is not
-  fitted: the profile predicts it (docs/predict.md, "What the validation says"). The fitted
-  per-kernel time is TensorFlow 1.x's (each op a kernel of its own), which the published
-  figures measure; jaxpar's fused XLA program would pay less (the H100's trace: 2.5 us), so
-  steps of small kernels (small batches, 32x32 maps) come out pessimistic for jaxpar here.
-- Priced from XLA:GPU's own programs for P100s (`gpu = "p100_sxm2"`, compiled here:
-  jaxpar/predict/gputarget.py): memory-bound kernels at 0.9 x the 732 GB/s datasheet rate
-  (streaming kernels reach about that on HBM2), matrix kernels on a roofline. On those
-  programs the one fitted cost leaves VGG16 at 140 images/sec (-9%) and ResNet-50 at 222 (+1%).
-- Calibration candidates, never fitted by this profile: the other single-GPU figures
-  tf_cnn_benchmarks published for the DGX-1 (tensorflow.org/performance/benchmarks, 2017;
-  synthetic ImageNet, float32): Inception-v3 142 images/sec (batch 64), ResNet-152 91.8
-  (batch 64), AlexNet 2,987 (batch 512). `python -m jaxpar.predict --validate` predicts each
-  from a fit on the others (their AlexNet has 384 channels in conv4 where jaxpar's, torchvision's,
-  has 256: 5% fewer of its FLOPs).
-- overlap = 0: gradient all-reduce after the backward, as jaxpar's own step does. In
-  tf_cnn_benchmarks' replicated mode the all-reduce partly overlaps the backward; docs/predict.md's
-  validation table shows the prediction at overlap 0 and 1, with the published figures between.
+  mesh does not wire, through the hosts; describing it moves the NCCL models' 8-GPU rows as
+  that cause says but the parameter-server models' rows the wrong way (docs/log.md,
+  "tf_cnn_benchmarks' whole tables").
+- Matrix kernels' costs from published per-kernel timings of the P100, not from any model:
+  DeepBench's 94 convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN
+  6.0.21: one cuDNN release after tf_cnn_benchmarks' May 2017 runs, which list CUDA 8.0 and
+  cuDNN 5.1), configs/hardware/kernels/deepbench_p100.csv, each kernel read as a compiled
+  step's convolution is and priced by this profile (`kernel_benchmarks`). Fitted to those
+  252 kernels: 3x3 and 5x5 stride-1 convolutions and their gradients (what cuDNN runs as
+  Winograd transforms) at 1.47x the float32 peak in direct-convolution FLOPs, every other
+  convolution and matmul at 0.64x, 58 us fixed per matrix kernel (a kernel's median error
+  21.7%).
+- Then one cost of whole steps, each kernel's framework and launch time (`kernel_s`: 32.4
+  us), is fitted to two published single-GPU figures (tf_cnn_benchmarks, synthetic ImageNet,
+  float32, batch 64): VGG16 154 images/sec; ResNet-50 219 (they come back at 140, -9%, and
+  222, +1%). It is TensorFlow 1.x's per-op time, which the published figures measure;
+  jaxpar's fused XLA program would pay less, so steps of small kernels (small batches, 32x32
+  maps) and XLA:GPU's data-parallel steps (about 660 more kernels than the one-GPU step:
+  the combined all-reduce's slices) come out pessimistic for jaxpar here.
+- Held out, never fitted: the other single-GPU figures tf_cnn_benchmarks published for the
+  DGX-1 (tensorflow.org/performance/benchmarks, 2017; synthetic ImageNet, float32):
+  Inception-v3 142 images/sec (batch 64), ResNet-152 91.8 (batch 64), AlexNet 2,987 (batch
+  512; their AlexNet has 384 channels in conv4 where jaxpar's, torchvision's, has 256: 5%
+  fewer of its FLOPs); and the published 1-8 GPU tables named in `validation`.
+- overlap = 0: gradient all-reduce after the backward. In tf_cnn_benchmarks' replicated mode
+  it partly overlaps the backward; on XLA:GPU's programs the predictor reads the program's own
+  asynchronous pairs instead of this figure (docs/predict.md, "Limits known now").
 """
 
 import ml_collections

@@ -2,21 +2,25 @@
 
 Run:  python -m jaxpar.predict --profile configs/hardware/gtx1080ti_x2.py --suite configs/predict/vgg16_partitionings.py
 
+Expect predictions for the suite's rows of 1 and 2 devices (the others need more GPUs than
+the profile has), from XLA:GPU's own programs for a GTX 1080 Ti compiled here. No whole-model
+figure of this GPU is at hand, so nothing checks them: replace the costs with your own
+measurement (`python -m jaxpar.predict --calibrate`) when you have one.
+
 Sources and assumptions:
 - GTX 1080 Ti: 11.3 TFLOP/s float32 at boost clock, 11 GB GDDR5X (~10.5 GB usable) at
-  484 GB/s (NVIDIA specifications). No fast float16/bfloat16 path on consumer Pascal.
+  484 GB/s (NVIDIA specifications); memory-bound kernels at 0.9 x 484 GB/s. No fast
+  float16/bfloat16 path on consumer Pascal.
 - Link: PCIe 3.0 x16 per card; GeForce drivers disable peer-to-peer, and on a two-socket board
   the cards may sit on different sockets (QPI), so NCCL stages through host memory. We take
   5 GB/s per direction and 20 us per ring step.
-- Compute: no measured run of a whole model. The matrix kernels are priced from DeepBench's
-  published kernel timings of a GTX 1080 Ti (94 convolution shapes, forward and both
-  gradients, CUDA 8.0.88, cuDNN 6.0.21: configs/hardware/kernels/deepbench_gtx1080ti.csv;
-  jaxpar/predict/kernels.py fits 3x3/5x5 stride-1 kernels at 1.54 x peak, the others at
-  0.76, 35 us per kernel, a kernel's median error 24.5%). Priced from XLA:GPU's own programs for
-  a GTX 1080 Ti (`gpu = "gtx1080ti"`, compiled here), memory-bound kernels at 0.9 x 484 GB/s, and each kernel's
-  framework and launch time taken from the DGX-1's fit to tf_cnn_benchmarks (37 us,
-  TensorFlow 1.x, which seed 000's server ran too). Replace with your own measurement (`python -m jaxpar.predict
-  --calibrate`) when you have one.
+- Matrix kernels from DeepBench's published kernel timings of a GTX 1080 Ti (94 convolution
+  shapes, forward and both gradients, CUDA 8.0.88, cuDNN 6.0.21:
+  configs/hardware/kernels/deepbench_gtx1080ti.csv; fitted: 3x3/5x5 stride-1 kernels at
+  1.54 x peak, the others at 0.76, 35 us per kernel, a kernel's median error 24.5%).
+- Each kernel's framework and launch time: 37 us, the DGX-1 profile's fit of TensorFlow
+  1.x's per-op time (which seed 000's server ran too) on the programs it priced when this
+  was set; configs/hardware/dgx1_p100.py now fits 32.4 us.
 - overlap = 0 (all-reduce after the backward).
 """
 

@@ -1,7 +1,16 @@
-"""1 x NVIDIA H100 80GB HBM3 (gpu), measured 2026-11-26 15:57 UTC, JAX 0.11.2; host vm: Intel(R)
-  Xeon(R) Processor, 16 cores.
+"""8 x NVIDIA H100 80GB HBM3, calibrated on one lent H100 by --calibrate-here (2026-11-26 15:57
+UTC, JAX 0.11.2, CUDA 13, jaxpar at bd35080; host: Intel(R) Xeon(R) Processor, 16 cores).
 
 Made with:  python -m jaxpar.predict --calibrate-here configs/hardware/h100_here.py
+            (on the GPU, through `OUT=... bash benchmarks/gpu_calibration.sh`, which then
+            times benchmarks/single_device.py on more models, one process per row)
+Run:        python -m jaxpar.predict --validate --profile configs/hardware/h100_here.py
+
+Expect from --validate: the fit (compute_efficiency and matmul_kernel_s on the four rows
+below), then each of nine models left out of a fit on the others, the five CANDIDATES never
+fitted. It has not been run since the programs became XLA:GPU's own (2026-11-28), so its
+figures are not stated here (the last ones, on the retired simulation, are in docs/log.md).
+Every measured figure below is from the lent GPU and cannot be reproduced without one.
 
 Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
 - float32 matmul GFLOP/s by size: 1024: 34,546.1, 4096: 433,763.5, 8192: 459,131.4
@@ -13,29 +22,27 @@ Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
   with a wait after each
 - memory per device: 59.38 GiB
 - links: PLACEHOLDER: NVLink unknown, 100 GB/s and 5 us assumed; replace with nccl-tests' bus
-  bandwidth
+  bandwidth (edited: NVSwitch as h100_sxm_x8.py, below)
 
 Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:
 - vgg19:1.0:32:float32:128: 37,421.6
 - vgg19:1.0:32:bfloat16:512: 100,954.6
 - resnet50:1.0:224:bfloat16:128: 4,768.8
 - resnet20:1.0:32:float32:128: 51,053.5
-Fitted when the profile loads: compute_efficiency, kernel_s.
+Fitted when the profile loads: compute_efficiency, matmul_kernel_s.
 
-Recorded from one lent H100 with `OUT=... bash benchmarks/gpu_calibration.sh` (jaxpar at
-bd35080; the script runs the command above as a user would, then benchmarks/single_device.py
-on more models, one process per row). Shipped as measured but for four edits, each marked
-below: the node (8 of these GPUs on NVSwitch, as h100_sxm_x8.py: --calibrate-here saw one
-GPU and no link), overlap None (XLA:GPU's asynchronous collectives, as h100_sxm_x8.py),
-thin_efficiency, memory_bandwidth and kernel_s (from the GPU's kernel trace; the
-fit then names compute_efficiency and matmul_kernel_s), since 2026-11-27 the memory-bound
-kernels' costs by class (memory_kernel_costs, from the traces of ResNet-50 and AlexNet; the
-ResNet-50 row's left-out error therefore rests partly on its own trace) and the
-`calibration_candidates`: jaxpar's
-one-device step on five more models, timed in the same session on the same GPU, which
-`python -m jaxpar.predict --validate` predicts and never fits. (--calibrate-here made since
-fits memory_bandwidth, kernel_s and memory_kernel_costs from its own rows' kernel traces, as
-these were fitted by hand: docs/predict.md.)
+CANDIDATES: jaxpar's one-device step on five more models, timed with
+benchmarks/single_device.py in the same session on the same GPU (kernels and peak memory in
+use beside each).
+
+Edited after --calibrate-here wrote the file, each edit marked below: the node (8 of these
+GPUs on NVSwitch, as h100_sxm_x8.py: the GPU was timed alone), overlap None, and the costs
+read from the GPU's kernel traces (benchmarks/gpu_trace.py on traces of ResNet-50 and
+AlexNet taken with command buffers off, and of three VGG19 rows): memory_bandwidth and
+kernel_s, the memory-bound kernels' costs by class, the first layer's rate
+(thin_efficiency) and the tensor-core tile (tile_width, from the narrow convolutions
+--calibrate-here times). The ResNet-50 row's left-out error therefore rests partly on its
+own trace. --calibrate-here as it is now fits the traced costs itself.
 """
 
 import ml_collections

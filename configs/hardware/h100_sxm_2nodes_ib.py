@@ -3,6 +3,10 @@ ConnectX-7 NIC per GPU, as in DGX H100 SuperPODs. 16 GPUs.
 
 Run:  python -m jaxpar.predict --profile configs/hardware/h100_sxm_2nodes_ib.py --suite configs/predict/vgg16_partitionings.py --config.global_batch_size=512
 
+Expect every row of the suite on 16 H100s (XLA:GPU's programs for 2 x 8 GPUs, compiled here),
+the recommendation line last. Nothing multi-node is measured: the compute is h100_sxm_x8.py's
+(its fit and its checks).
+
 Sources and assumptions: as h100_sxm_x8.py inside a node (this file starts from it). Between
 nodes: 400 Gb/s = 50 GB/s per NIC per direction; NCCL reaches ~45 GB/s per NIC on large
 messages; we take 45 GB/s per GPU and 10 us per step (IB + proxy). A group spanning nodes is

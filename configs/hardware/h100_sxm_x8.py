@@ -1,6 +1,15 @@
 """One node of 8x H100 SXM 80 GB with NVLink 4 through NVSwitch (DGX/HGX H100).
 
-Run:  python -m jaxpar.predict --profile configs/hardware/h100_sxm_x8.py --suite configs/predict/vgg16_partitionings.py
+Run:  python -m jaxpar.predict --profile configs/hardware/h100_sxm_x8.py --suite configs/predict/h100_vgg19_single.py   # 30 s
+      python -m jaxpar.predict --validate --profile configs/hardware/h100_sxm_x8.py
+      python -m jaxpar.predict --profile configs/hardware/h100_sxm_x8.py --suite configs/predict/vgg16_partitionings.py
+
+Expect (2026-11-28, docs/predict.md, "What the validation says"): the four VGG19 rows it is
+fitted to within 4.8% of their measurements (31,689 / 27,873 / 58,549 / 95,270 img/s
+predicted); --validate prints the fit, 0.953 of peak and 11.8 us per kernel launched, none at
+a bound, and ResNet-50 at 224, never fitted, predicted from the VGG19 rows alone at 4,673
+img/s against 4,745 measured (-1.5%). Programs are XLA:GPU's own for 8 H100s, compiled here
+without a GPU (jaxpar/predict/gputarget.py; requirements-gpu-compile.txt).
 
 Sources and assumptions:
 - H100 SXM: 989.4 TFLOP/s dense bfloat16, 494.7 TFLOP/s dense TF32 (what XLA's default
@@ -10,31 +19,26 @@ Sources and assumptions:
 - NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU into the NVSwitches; NCCL
   all-reduce reaches ~360 GB/s bus bandwidth on 8 GPUs (nccl-tests on DGX H100, without
   NVLink SHARP). We take 360 GB/s as one "ring" and 5 us per step.
-- Compute: fitted to the four measured single-GPU runs (one H100 80GB HBM3, JAX 0.11.2, CUDA
-  13, jaxpar at e58f54e, configs/vgg19_data.py at full width, synthetic CIFAR-shaped data,
-  images/sec; history: jaxpar's step has grown faster since, 37,422 img/s at float32 batch 128
-  on 2026-11-26, and configs/hardware/h100_here.py is this GPU measured later): float32 batch
-  128: 31,784; bfloat16 batch 128: 27,789; float32 batch 512: 55,925; bfloat16 batch 512:
-  100,044. Two costs are fitted (`fit`): the convolutions' fraction of peak, and the host's
-  time to launch one kernel. A step takes the longer of the device's work and the host's
-  launches (JAX dispatches asynchronously), so a small batch is bound by the launches.
-  Fitted on XLA:GPU's own programs for one H100 (compiled here: jaxpar/predict/gputarget.py):
-  0.953 of peak and 11.8 us per kernel launched (`python -m jaxpar.predict --validate
-  --profile configs/hardware/h100_sxm_x8.py`).
-- Priced from XLA:GPU's programs for 8 H100s (`gpu = "h100_sxm"`): every kernel they launch
-  (cuDNN convolutions and Triton GEMMs on a roofline, XLA:GPU's fusions at the costs AlexNet's
-  kernel trace measured on an H100 80GB HBM3, by class: memory-bound kernels at 2.49 us +
-  bytes / 2.45 TB/s, the first layer at 37.4 TFLOP/s); memory per GPU from XLA:GPU's buffer
-  assignment.
-- Calibration candidate, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on
-  an H100 80GB HBM3 with benchmarks/single_device.py: 4,745 images/sec (docs/predict.md, "Measured
-  later"). `python -m jaxpar.predict --validate` predicts it from the VGG19 rows alone: 4,673
-  (-1.5%).
-- overlap = None: as XLA:GPU schedules jaxpar's step. Its collectives are asynchronous and the
-  latency-hiding scheduler starts each gradient's all-reduce once the gradient is computed, so
-  the predictor sends the gradients one after another from where each is ready in the program
-  (jaxpar/predict/overlap.py) and exposes only what outlasts the compute. `--overlap 0`
-  prices the all-reduce after the backward instead.
+- Compute, fitted (`fit`: the convolutions' fraction of peak and the host's time to launch
+  one kernel) to four single-GPU runs measured on a lent H100 80GB HBM3 (JAX 0.11.2, CUDA 13,
+  jaxpar at e58f54e, configs/vgg19_data.py at full width, synthetic CIFAR-shaped data; not
+  reproducible without a GPU): float32 batch 128: 31,784 images/sec; bfloat16 batch 128:
+  27,789; float32 batch 512: 55,925; bfloat16 batch 512: 100,044. A step takes the longer of
+  the device's work and the host's launches (JAX dispatches asynchronously), so a small batch
+  is bound by the launches.
+- Memory-bound kernels by class and the first layer (3 input channels) at 37.4 TFLOP/s, from
+  AlexNet's kernel trace on the same lent GPU (bfloat16, batch 256; benchmarks/gpu_trace.py):
+  every memory-bound kernel at 2.49 us + bytes / 2.45 TB/s, each class at its own costs
+  below; reductions into few results by one result's lane (from the traces h100_here.py's
+  costs come from). tile_width 128: a layer of n < 128 features fills n / 128 of each
+  tensor-core tile (measured on a lent H100 by --calibrate-here's narrow convolutions).
+- Held out, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on a lent H100
+  80GB HBM3 with `python benchmarks/single_device.py --rows resnet50:224:bfloat16:128`:
+  4,745 images/sec.
+- overlap = None: as XLA:GPU schedules the step (asynchronous collectives, each gradient's
+  all-reduce started once it is computed). On XLA:GPU's programs the predictor reads their
+  asynchronous pairs instead and at present finds no work between them, so the gradient
+  reduction is exposed (docs/predict.md, "Limits known now").
 """
 
 import ml_collections

@@ -3,26 +3,34 @@ memory.
 
 Run:  python -m jaxpar.predict --validate --profile configs/hardware/h200_sxm_x8.py
 
+Expect (2026-11-28, docs/predict.md, "What the validation says"): the fit, 0.479 of peak, on
+its one VGG19 row; the two ResNet-50 rows, never fitted, predicted from it at +8.9%
+(bfloat16, batch 256) and +3.4% (float32, batch 128); VGG19 predicted from the two ResNet-50
+rows at -9.8%. Programs are XLA:GPU's own for H200s, compiled here without a GPU.
+
 Sources and assumptions:
 - H200 SXM: the H100 SXM's tensor cores (989.4 TFLOP/s dense bfloat16, 494.7 TF32:
   jaxpar/peak_flops.py), 141 GB HBM3e (~139 GB usable) at 4.8 TB/s (NVIDIA H200 datasheet);
   NVLink 4 through NVSwitch as the H100's (configs/hardware/h100_sxm_x8.py).
-- Priced from XLA:GPU's own programs for H200s (`gpu = "h200_sxm"`, compiled here):
-  memory-bound kernels at 0.9 x 4.8 TB/s, matrix kernels on a roofline. The host's launch time and the device's time per
-  kernel are the H100 profile's fitted ones (same host software, same compiler), and so is
-  the first layer's rate (thin_efficiency, from the H100's trace: the same tensor cores and
-  cuDNN); only the convolutions' fraction of peak is fitted here. No H200 kernel was traced,
-  so its memory-bound kernels are not priced by class (the H100's are).
-- Calibration: three single-GPU rows measured on one H200 with benchmarks/single_device.py
-  (JAX 0.11.2, CUDA 13; jaxpar's one-device step, synthetic data, 10 classes, BatchNorm,
-  full width; docs/predict.md, "Measured later"): VGG19 at 32x32 in bfloat16, batch 512:
-  111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256: 6,324; ResNet-50 at
-  224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row alone (the
-  convolutions at 0.48 of peak); the two ResNet-50 rows are candidates, predicted by
-  `--validate` from it (docs/predict.md, "What the validation says").
+- Memory-bound kernels at 0.9 x 4.8 TB/s, matrix kernels on a roofline. No H200 kernel was
+  traced, so memory-bound kernels are not priced by class (the H100's per-class bandwidths
+  are the H100's memory's). The first layer's rate and the tensor-core tile (128) are the
+  H100 profile's (the same tensor cores and cuDNN; an H200's narrow convolutions, timed by
+  --calibrate-here on a lent H200, fit 128 too).
+- The host's launch time, 9.58 us per kernel, is the H100 node's as fitted before its
+  programs were XLA:GPU's own: at its fit on those (11.8 us) this profile's one row, 390
+  kernels in 4.57 ms, is bound by the host's launches and says nothing of the convolutions'
+  rate.
+- Calibration: three single-GPU rows measured on a lent H200 (JAX 0.11.2, CUDA 13; not
+  reproducible without a GPU) with `python benchmarks/single_device.py --seconds 2 --rows
+  resnet50:224:bfloat16:256,vgg19:32:bfloat16:512,resnet50:224:float32:128` (jaxpar's
+  one-device step, synthetic data, 10 classes, BatchNorm, full width): VGG19 at 32x32 in
+  bfloat16, batch 512: 111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256:
+  6,324; ResNet-50 at 224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row
+  alone (the convolutions' fraction of peak); the two ResNet-50 rows are held out.
   single_device.py trains with plain SGD where the profile's runs use the base config's
   optimizer: a difference of one memory-bound update per step (under 1% of these steps).
-- overlap = None: as XLA:GPU schedules the step (see the H100 profile).
+- overlap = None: as the H100 profile.
 """
 
 from configs.hardware import h100_sxm_x8

@@ -2,30 +2,35 @@
 n1-highmem-32 with 8 GPUs, the machines of seed 002 and seed 003.
 
 Run:  python -m jaxpar.predict --profile configs/hardware/k80_pcie.py --suite configs/predict/vgg16_partitionings.py
+      python -m jaxpar.predict --validate --profile configs/hardware/k80_pcie.py
+
+Expect a line, when the profile loads, that it is priced from XLA:CPU programs on simulated
+devices: a K80's compute capability (3.7) is below what CUDA 12, and so JAX's CUDA plugin,
+compiles for. --validate prints the two class rates fitted, each model left out of the fit
+and tf_cnn_benchmarks' published K80 tables; it has not been run since the simulation of
+XLA:GPU's fusion was retired (2026-11-28), so its figures are not stated here (the last ones
+are in docs/log.md).
 
 Sources and assumptions:
 - One K80 GPU (GK210, half a board): 4.37 TFLOP/s float32 at boost clock, 12 GB GDDR5
   (~11.4 GB usable) at 240 GB/s (NVIDIA K80 datasheet). No bfloat16: same rate.
+  Memory-bound kernels at 0.9 x 240 GB/s (`compiler = "gpu"`: priced as a GPU, on the CPU's
+  programs).
 - Links: PCIe 3.0 x16 moves ~12 GB/s per direction in practice, but the two GPUs of a board
   share one x16 slot through the board's PLX switch, and seed 002 found the clouds' GPUs
   behind the PCIe host bridge (PHB) without peer-to-peer access, so a ring step is staged
   through host memory (two copies). We take 4 GB/s per device per direction and 25 us per
   ring step (host-staged copy + launch).
-- Compute: fitted, as the DGX-1's, to two published single-GPU figures (3x3 and 5x5
-  stride-1 convolutions apart from every other matmul): tf_cnn_benchmarks' VGG16 at batch 32,
+- Compute: two class rates (3x3 and 5x5 stride-1 convolutions apart from every other
+  matmul) fitted to two published single-GPU figures: tf_cnn_benchmarks' VGG16 at batch 32,
   35.4 images/sec, and ResNet-50 at batch 64, 51.9 (tensorflow.org/performance/benchmarks,
   2017, Google Compute Engine K80; synthetic ImageNet, float32). Seed 003's "4.4x faster on
   P100 than K80" gives 154 / 4.4 = 35 for VGG16, in agreement; it quotes the K80 baselines as
   "30 images/sec on InceptionV3 and 50 images/sec on Resnet50".
-- Priced as a GPU (`compiler = "gpu"`: memory-bound kernels at 0.9 x 240 GB/s) but from the
-  programs XLA:CPU compiles: a K80's compute capability (3.7) is below what CUDA 12, and so
-  JAX's CUDA plugin, compiles for (`gpu = "k80"` says so in one line when the profile loads).
-- Calibration candidates, never fitted by this profile: the same page's other single-K80
-  figures: Inception-v3 30.5 images/sec (batch 64), ResNet-152 20.0 (batch 32), AlexNet 656
-  (batch 512). `python -m jaxpar.predict --validate` predicts each from a fit on the others.
+- Held out, never fitted: the same page's other single-K80 figures: Inception-v3 30.5
+  images/sec (batch 64), ResNet-152 20.0 (batch 32), AlexNet 656 (batch 512); and its 1-8 GPU
+  tables of five models on GCE's and AWS's K80s (configs/predict/tf_cnn_benchmarks.py).
 - overlap = 0 (all-reduce after the backward).
-- Checked (`python -m jaxpar.predict --validate`), nothing fitted: tf_cnn_benchmarks' published
-  1-8 GPU tables of five models on GCE's and AWS's K80s (configs/predict/tf_cnn_benchmarks.py).
 """
 
 import ml_collections
