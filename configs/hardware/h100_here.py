@@ -4,13 +4,16 @@ UTC, JAX 0.11.2, CUDA 13, jaxpar at bd35080; host: Intel(R) Xeon(R) Processor, 1
 Made with:  python -m jaxpar.predict --calibrate-here configs/hardware/h100_here.py
             (on the GPU, through `OUT=... bash benchmarks/gpu_calibration.sh`, which then
             times benchmarks/single_device.py on more models, one process per row)
-Run:        python -m jaxpar.predict --validate --profile configs/hardware/h100_here.py
+Run:        python -m jaxpar.predict --validate --profile configs/hardware/h100_here.py   # 70 s
 
-Expect from --validate: the fit (compute_efficiency and matmul_kernel_s on the four rows
-below), then each of nine models left out of a fit on the others, the five CANDIDATES never
-fitted. It has not been run since the programs became XLA:GPU's own (2026-11-28), so its
-figures are not stated here (the last ones, on the retired simulation, are in docs/log.md).
-Every measured figure below is from the lent GPU and cannot be reproduced without one.
+Expect from --validate (2026-11-28, on XLA:GPU's own programs compiled here; docs/predict.md,
+"What the validation says"): the fit on the four rows below, compute_efficiency AT ITS BOUND
+(1.0) and matmul_kernel_s 5.9 us, worst fitted row 11.1%; then each model left out of a fit
+on the others: the five CANDIDATES, never fitted, at AlexNet -4.9%, DenseNet-40 +19.8%,
+Inception-v3 +2.2%, ResNet-50 float32 -5.3%, VGG16 -11.6%, and the rows' own models at
+ResNet-20 +15.1%, ResNet-50 bfloat16 -4.0%, VGG19 -12.1% and -13.0% (median 11.6%; the 15%
+target missed by DenseNet-40 and ResNet-20). Every measured figure below is from the lent GPU
+and cannot be reproduced without one.
 
 Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
 - float32 matmul GFLOP/s by size: 1024: 34,546.1, 4096: 433,763.5, 8192: 459,131.4
