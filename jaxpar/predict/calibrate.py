@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, hardware
+from jaxpar.predict import fitting, hardware, micro, timer
 from jaxpar.predict.workload import calibration_ops, input_spec, run_config, strategy_for
 
 _RUN_KEYS = {
@@ -138,22 +137,23 @@ def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) ->
         size = sum(m.flops for m in matmuls) / max(len(matmuls), 1)
 
         def rate(k: int, programs: list = programs) -> float:
-            calls, start, pending = 0, time.perf_counter(), []
-            while time.perf_counter() - start < seconds or calls < 4 * k:
-                entry = programs[calls % k]
-                compiled, state, batch = entry
-                entry[1], metrics = compiled(state, batch)  # the state is donated: carry it
-                pending.append(metrics)
-                calls += 1
-                if len(pending) > 2 * k:
-                    jax.block_until_ready(pending.pop(0))
-            jax.block_until_ready(pending)
-            return calls / (time.perf_counter() - start)
+            """Programs run per second by the first k devices, each its own copy, one call
+            each a round, at most two rounds in flight; the better of two repeats."""
 
-        rate(1)  # warm-up
-        alone = max(rate(1) for _ in range(2))
+            def round_():
+                metrics = []
+                for entry in programs[:k]:
+                    compiled, state, batch = entry
+                    entry[1], out = compiled(state, batch)  # the state is donated: carry it
+                    metrics.append(out)
+                return metrics
+
+            timed = timer.measure(round_, seconds / 2, repeats=2, min_calls=4, window=2)
+            return k / timed.best
+
+        alone = rate(1)
         for n in counts:
-            together = max(rate(n) for _ in range(2))
+            together = rate(n)
             out.append(
                 {
                     "n": n,
@@ -234,12 +234,7 @@ def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1
     from jax.sharding import PartitionSpec
 
     def timed(fn, *args) -> float:
-        jax.block_until_ready(fn(*args))  # compile and warm up
-        calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds or calls < 5:
-            jax.block_until_ready(fn(*args))
-            calls += 1
-        return (time.perf_counter() - start) / calls
+        return timer.measure(lambda: fn(*args), seconds, min_calls=5).best
 
     found = {}
     for n in counts:
@@ -260,19 +255,11 @@ def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1
     a = np.array([[2 * (n - 1) / n * b, 2 * (n - 1)] for n, b in found])
     t = np.array(list(found.values()))
     (inv_bw, latency), *_ = np.linalg.lstsq(a / t[:, None], np.ones(len(t)), rcond=None)
-    small = jax.jit(lambda v: v + 1)
-    one = jax.device_put(jnp.ones(16), jax.devices()[0])
-    jax.block_until_ready(small(one))
-    calls, start, out = 0, time.perf_counter(), one
-    while time.perf_counter() - start < seconds:
-        out = small(out)  # dispatched without waiting, as the trainer dispatches
-        calls += 1
-    jax.block_until_ready(out)
     return {
         "allreduce_s": found,
         "latency": float(latency),
         "bandwidth": float(1 / inv_bw),
-        "program_s": (time.perf_counter() - start) / calls,
+        "program_s": micro.measure_dispatch(seconds),
     }
 
 

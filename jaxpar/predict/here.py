@@ -13,7 +13,6 @@ jaxpar/predict/traces.py): what the H100 profile's were fitted from by hand.
 from __future__ import annotations
 
 import datetime
-import functools
 import math
 import os
 import platform
@@ -31,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxpar import configfile, models, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibrate, fitting, kernels, opclass, traces
+from jaxpar.predict import calibrate, fitting, kernels, micro, opclass, timer, traces
 from jaxpar.predict.workload import run_config
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
@@ -146,44 +145,20 @@ def run(args) -> int:
 
 
 def _per_call(fn, args: tuple, seconds: float, sync_each: bool = False) -> float:
-    """Seconds per call of fn(*args) on the device: compiled and warmed up first, then 3
-    repeats of about seconds / 3 each (calls dispatched without waiting unless `sync_each`,
-    the device synchronised at the end), the best of them. A one-argument fn is chained,
-    its result the next call's argument (a donated buffer is written in place)."""
-    chained = len(args) == 1
-    out = jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*((out,) if chained else args)))
-    calls = max(2, min(200_000, int(seconds / 3 / max(time.perf_counter() - start, 1e-7))))
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = fn(*((out,) if chained else args))
-            if sync_each:
-                jax.block_until_ready(out)
-        jax.block_until_ready(out)
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+    """Seconds per call of fn(*args) on the device (timer.measure): 3 repeats of about
+    seconds / 3 each (calls dispatched without waiting unless `sync_each`, the device
+    synchronised at the end), the best of them. A one-argument fn is chained, its result the
+    next call's argument (a donated buffer is written in place)."""
+    held = [args]
 
+    def call():
+        out = fn(*held[0])
+        if len(args) == 1:
+            held[0] = (out,)
+        return out
 
-def _kernel_s(device, seconds: float) -> float:
-    """One small kernel's time inside a program: chains of tiny matmuls (kernels XLA does not
-    fuse away, as it fuses elementwise chains), the longer's extra time over its extra kernels."""
-
-    def chain(x, w, k: int):
-        for _ in range(k):
-            x = jnp.tanh(x @ w)
-        return x
-
-    x, w = (jax.device_put(a, device) for a in (jnp.ones((32, 32)), jnp.eye(32) * 0.5))
-    found = []
-    for k in (16, 256):
-        fn = jax.jit(functools.partial(chain, k=k))
-        count = opclass.classify(fn.lower(x, w).compile().as_text()).kernels
-        found.append((count, _per_call(fn, (x, w), seconds, sync_each=True)))
-    (k0, t0), (k1, t1) = found
-    return (t1 - t0) / (k1 - k0) if t1 > t0 and k1 > k0 else t1 / max(k1, 1)
+    window = 0 if sync_each else None
+    return timer.measure(call, seconds, repeats=3, min_calls=2, window=window).best
 
 
 def _thin_rate(device, dtype: str, seconds: float) -> float:
@@ -328,10 +303,11 @@ def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
     out["memory_bandwidth_array_bytes"] = x.nbytes
     elementwise = jax.jit(lambda v: v * 2 + 1, donate_argnums=0)  # in place: no page faults
     out["memory_bandwidth"] = 2 * x.nbytes / _per_call(elementwise, (x,), seconds)
-    tiny, small = jax.jit(lambda v: v + 1), put(jnp.ones(16, jnp.float32))
-    out["launch_s"] = _per_call(tiny, (small,), seconds)
-    out["sync_call_s"] = _per_call(tiny, (small,), seconds, sync_each=True)
-    out["kernel_s"] = _kernel_s(device, seconds)
+    out["launch_s"] = micro.measure_dispatch(seconds, device)
+    out["sync_call_s"] = micro.measure_dispatch(seconds, device, wait_each=True)
+    # one small kernel's time inside a program: chains of 32x32 matmuls (kernels XLA does not
+    # fuse away), the longer's extra time over its extra kernels
+    out["kernel_s"] = micro.measure_kernel(seconds=seconds, side=32, device=device)["kernel_s"]
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / len(jax.local_devices())
     limit = (device.memory_stats() or {}).get("bytes_limit")  # a GPU's; a CPU shares the RAM
     out["peak_memory_bytes"] = float(limit or ram)
@@ -374,17 +350,9 @@ def _images_per_sec(run: dict[str, Any], seconds: float) -> float:
     state = s.strategy.init_state(jax.random.key(0))
     batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
 
-    def steps(n: int) -> float:
-        nonlocal state
-        start = time.perf_counter()
-        for _ in range(n):
-            state, _ = s.strategy.train_step(state, batch)  # the state is donated: carry it
-        jax.block_until_ready(state)
-        return time.perf_counter() - start
-
-    steps(3)  # compile and warm up
-    n = max(3, int(seconds / steps(1)))
-    return run["batch_size"] * n / steps(n)
+    step = timer.carrying(s.strategy.train_step, state, batch)  # the state is donated
+    timed = timer.measure(step, seconds, warmup=3, min_calls=3, window=None)
+    return run["batch_size"] / timed.best
 
 
 def model_runs(rows: list[str], seconds: float) -> list[dict[str, Any]]:

@@ -62,7 +62,7 @@ import sys
 import time
 from typing import Any
 
-from jaxpar.predict import opclass
+from jaxpar.predict import opclass, timer
 
 WIDTHS = (2, 4, 8, 16, 32, 64)
 
@@ -84,15 +84,8 @@ def _layer(batch: int, side: int, channels: int, width: int):
 
 
 def _seconds(compiled, args, seconds: float) -> float:
-    import jax
-
-    jax.block_until_ready(compiled(*args))
-    times, start = [], time.perf_counter()
-    while len(times) < 10 or time.perf_counter() - start < seconds:
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t)
-    return min(times)  # the least disturbed call: other jobs share these cores
+    """The least disturbed call's seconds (other jobs share these cores), each waited for."""
+    return timer.measure(lambda: compiled(*args), seconds, min_calls=10).fastest
 
 
 def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
@@ -135,8 +128,9 @@ def narrow_report(m: dict[str, Any]) -> str:
     )
 
 
-def _chain(layers: int, side: int = 8):
-    """A program of `layers` tiny matrix kernels, each followed by an elementwise one."""
+def _chain(layers: int, side: int = 8, device=None):
+    """A program of `layers` tiny matrix kernels, each followed by an elementwise one (on
+    `device`, or JAX's default)."""
     import jax
     import jax.numpy as jnp
 
@@ -147,19 +141,44 @@ def _chain(layers: int, side: int = 8):
 
     x = jnp.full((side, side), 0.01, jnp.float32)
     w = jnp.eye(side, dtype=jnp.float32) * 0.5
+    if device is not None:
+        x, w = jax.device_put((x, w), device)
     return jax.jit(chain).lower(x, w).compile(), (x, w)
 
 
-def measure_kernel(layers=(16, 256), seconds: float = 0.5) -> dict[str, Any]:
+def measure_kernel(
+    layers=(16, 256), seconds: float = 0.5, side: int = 8, device=None
+) -> dict[str, Any]:
     """{"kernels": each chain's kernel count, "seconds": each chain's time, "kernel_s": the
-    time one more kernel adds}."""
+    time one more kernel adds (where the chains do not tell, the longer's time per kernel)}:
+    chains of `side` x `side` layers on `device` (JAX's default: None)."""
     kernels, times = [], []
     for n in layers:
-        compiled, args = _chain(n)
+        compiled, args = _chain(n, side, device)
         kernels.append(opclass.classify(compiled.as_text()).kernels)
         times.append(_seconds(compiled, args, seconds))
-    each = (times[-1] - times[0]) / (kernels[-1] - kernels[0])
-    return {"kernels": kernels, "seconds": times, "kernel_s": max(each, 0.0)}
+    (k0, t0), (k1, t1) = (kernels[0], times[0]), (kernels[-1], times[-1])
+    each = (t1 - t0) / (k1 - k0) if t1 > t0 and k1 > k0 else t1 / max(k1, 1)
+    return {"kernels": kernels, "seconds": times, "kernel_s": each}
+
+
+def measure_dispatch(seconds: float = 0.5, device=None, wait_each: bool = False) -> float:
+    """Seconds one tiny program (v + 1 on 16 float32, its result the next call's argument)
+    costs the host, dispatched without waiting as a trainer dispatches (`wait_each`: with a
+    wait after each call); the best of 3 repeats."""
+    import jax
+    import jax.numpy as jnp
+
+    tiny = jax.jit(lambda v: v + 1)
+    held = [jax.device_put(jnp.ones(16, jnp.float32), device)]
+
+    def call():
+        held[0] = tiny(held[0])
+        return held[0]
+
+    return timer.measure(
+        call, seconds, repeats=3, min_calls=2, window=0 if wait_each else None
+    ).best
 
 
 def kernel_report(m: dict[str, Any]) -> str:
@@ -210,14 +229,7 @@ def _collective_program(kind: str, n: int, batch: int, side: int, channels: int,
 
 def _cpu_seconds(compiled, args, seconds: float) -> float:
     """Process CPU seconds per call (all threads), over at least `seconds` of calls."""
-    import jax
-
-    jax.block_until_ready(compiled(*args))
-    calls, wall, cpu = 0, time.perf_counter(), time.process_time()
-    while calls < 3 or time.perf_counter() - wall < seconds:
-        jax.block_until_ready(compiled(*args))
-        calls += 1
-    return (time.process_time() - cpu) / calls
+    return timer.measure(lambda: compiled(*args), seconds, min_calls=3).cpu_s
 
 
 def measure_collective_cpu(
@@ -373,15 +385,11 @@ def measure_host(
             setup = trainer.setup(config, jax.devices()[: d * k])
             state = setup.strategy.init_state(jax.random.key(0))
             batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
-            best = math.inf
-            for i in range(repeats + 1):
-                start = time.thread_time()
-                for _ in range(steps):
-                    state, _ = setup.strategy.train_step(state, batch)
-                spent = (time.thread_time() - start) / steps
-                jax.block_until_ready(state)
-                if i:  # the first compiles
-                    best = min(best, spent)
+
+            step = timer.carrying(setup.strategy.train_step, state, batch)
+            # the first call compiles; the dispatching thread's CPU time, the least repeat's
+            timed = timer.measure(step, 0.0, calls=steps, repeats=repeats, window=None)
+            best = timed.thread_s
             out.append((k, m, d, best))
             if stream is not None:
                 eta = (time.perf_counter() - started) / len(out) * (total - len(out))
