@@ -176,7 +176,7 @@ def _write_table(path: str, rows: list[dict], args, device: str) -> None:
 
 def main(argv=None) -> int:
     from jaxpar.errors import ConfigError
-    from jaxpar.predict import here, kernels, load_profile
+    from jaxpar.predict import hererows, kernels, load_profile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="inception_v3:1:299:bfloat16:64",
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     try:
         if not os.path.isfile(args.profile):  # loaded once measured (it compiles its fits)
             load_profile(args.profile)  # its one-line error
-        runs = [here.parse_row(r) for r in (SMALL if args.small else args.rows.split(","))]
+        runs = [hererows.parse_row(r) for r in (SMALL if args.small else args.rows.split(","))]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from configs import base
-from jaxpar.predict import fitting, here, predict_config
+from jaxpar.predict import fitting, here, herebench, hereprofile, hererows, predict_config
 from jaxpar.predict.workload import calibration_ops
 
 
@@ -25,15 +25,15 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert here.run(nodes) == 2 and "--here-devices must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "x.py").exists()  # refused before anything was timed
 
-    micro = here.microbenchmarks(seconds=0.1)
+    micro = herebench.microbenchmarks(seconds=0.1)
     assert micro["platform"] == "cpu" and micro["num_devices"] == len(jax.devices()) == 8
     # measured, so only their signs are checked (a loaded machine reorders them: timings are
     # the benchmarks' business)
     assert micro["launch_s"] > 0 and micro["sync_call_s"] > 0 and micro["kernel_s"] > 0
-    (run,) = here.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
+    (run,) = hererows.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
     assert run["images_per_sec"] > 0 and run["image_shape"] == (32, 32, 3)
     path = tmp_path / "here_profile.py"
-    report = here.write_profile(str(path), micro, [run], ("compute_efficiency",))
+    report = hereprofile.write_profile(str(path), micro, [run], ("compute_efficiency",))
     assert "measured img/s" in report and f"--profile {path}" in report
 
     profile = fitting.load_profile(path)  # fitted to its one run as it loads
@@ -74,12 +74,12 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
     hand. Here on the CPU, whose traces join the same way: a row that cannot run is named,
     every class fitted prices its kernels at their traced total (a least-squares line with a
     fixed cost has residuals summing to zero), and a trace naming too little is not used."""
-    from jaxpar.predict import here, traces
+    from jaxpar.predict import hererows, traces
 
-    pairs, failed = here.trace_rows(["vgg11:0.125:32:float32:8", "vgg9:1:32:float32:8"],
+    pairs, failed = hererows.trace_rows(["vgg11:0.125:32:float32:8", "vgg9:1:32:float32:8"],
                                     str(tmp_path))  # fmt: skip
     assert len(pairs) == 1 and len(failed) == 1 and "no model 'vgg9'" in failed[0]
-    traced = here.traced_costs(pairs, failed)
+    traced = hererows.traced_costs(pairs, failed)
     assert traced["named_share"] == 1.0 and traced["not_traced"] == failed  # a CPU's: all named
     assert {"elementwise", "window"} <= set(traced["memory_kernel_costs"])
     assert traced["kernel_s"] >= 0 and traced["memory_bandwidth"] > 0
@@ -90,14 +90,14 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
         if name != "reduce_few":  # priced by bytes per result
             priced = sum(each + r[3] / bandwidth for r in mine)
             assert priced == pytest.approx(sum(r[4] for r in mine), rel=1e-6), name
-    skipped = here.traced_costs([])
+    skipped = hererows.traced_costs([])
     assert "skipped" in skipped and "memory_kernel_costs" not in skipped
-    here_share = here.NAMED_SHARE
+    here_share = hererows.NAMED_SHARE
     try:  # a trace that names too little of its time (a GPU's with command buffers on)
-        here.NAMED_SHARE = 1.01
-        assert "names its instruction" in here.traced_costs(pairs)["skipped"]
+        hererows.NAMED_SHARE = 1.01
+        assert "names its instruction" in hererows.traced_costs(pairs)["skipped"]
     finally:
-        here.NAMED_SHARE = here_share
+        hererows.NAMED_SHARE = here_share
 
 
 def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
@@ -127,8 +127,8 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
                          zip(kernels._COLUMNS[-3:], kernels.kernels({**r, "forward_ms": 1,
                              "input_grad_ms": 1, "filter_grad_ms": 1}))}} for r in rows]  # fmt: skip
 
-    monkeypatch.setattr(here, "microbenchmarks", lambda seconds: dict(micro))
-    monkeypatch.setattr(here, "time_kernels", timed)
+    monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: dict(micro))
+    monkeypatch.setattr(herebench, "time_kernels", timed)
     parser = argparse.ArgumentParser()
     here.add_arguments(parser)
     path = tmp_path / "gpu.py"
@@ -136,8 +136,8 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     args = parser.parse_args(["--calibrate-here", str(path), "--here-rows", row,
                               "--here-seconds", "0.2"])  # fmt: skip
     assert here.run(args) == 0, capsys.readouterr()
-    table = kernels.load(here.kernel_table_path(path))
-    own = here.own_shapes([row], "float32")
+    table = kernels.load(hereprofile.kernel_table_path(path))
+    own = herebench.own_shapes([row], "float32")
     assert len(own) >= 3 and len(table) == 24 + len(own)
     c = configfile.load(str(path))
     traced = runpy.run_path(str(path))["MEASURED"]["traced"]

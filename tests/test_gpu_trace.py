@@ -203,13 +203,13 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     convolutions read from its forward as 43 shapes (34 layers of 1x7, 7x1, 1x3 or 3x1); one
     small 1x7 shape's three kernels timed from a trace, within their programs' time, priced
     by a profile as kernels.py prices a table's kernel, and written as a kernel table."""
-    from jaxpar.predict import fitting, here, kernels
+    from jaxpar.predict import fitting, hererows, kernels
 
     where = importlib.util.spec_from_file_location("conv_micro", Path("benchmarks/conv_micro.py"))
     conv_micro = importlib.util.module_from_spec(where)
     where.loader.exec_module(conv_micro)
 
-    shapes = kernels.model_rows(here.parse_row("inception_v3:1:299:float32:64"))
+    shapes = kernels.model_rows(hererows.parse_row("inception_v3:1:299:float32:64"))
     assert (len(shapes), sum(n for _, n in shapes)) == (43, 94)
     groups = {}
     for row, n in shapes:

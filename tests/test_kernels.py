@@ -95,11 +95,11 @@ def test_a_bad_table_or_profile_is_one_line(tmp_path):
 
 
 def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path):
-    """--calibrate-here on a GPU times the table's image layers (here.time_kernels) and writes
+    """--calibrate-here on a GPU times the table's image layers (herebench.time_kernels) and writes
     them beside the profile; the profile loads its matrix kernels' costs from them and fits
     only the per-kernel time to the model row. A GPU's figures stood in for (made by a known
     profile: 0.6 / 1.5 of peak, 40 us a matrix kernel, 3 us a kernel), the CPU compiling."""
-    from jaxpar.predict import here
+    from jaxpar.predict import here, herebench, hereprofile
     from jaxpar.predict.workload import calibration_ops
 
     micro = {"platform": "gpu", "device_kind": "Test GPU", "jax": "0", "seconds": 0.1,
@@ -116,7 +116,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     rows = kernels.vision_rows(kernels.load(kernels.SHIPPED))
     assert len(rows) == 24 and all(r["W"] == r["H"] and r["C"] >= 8 for r in rows)
     # what the GPU would run, here on a small shape: three programs, each timed
-    (small,) = here.time_kernels([_row(8, 8, 8, 2, 8, 3, 3, 1, 1)], "float32", 0.01)
+    (small,) = herebench.time_kernels([_row(8, 8, 8, 2, 8, 3, 3, 1, 1)], "float32", 0.01)
     assert all(small[c] > 0 for c in kernels._COLUMNS[-3:])
     timed = []
     for row in rows:
@@ -129,7 +129,9 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     step = truth.program_time(calibration_ops(run), "float32") + 30e-6  # + dispatch
     run["images_per_sec"] = 8 / step
     path = tmp_path / "gpu.py"
-    report = here.write_profile(str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed))
+    report = hereprofile.write_profile(
+        str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed)
+    )
     assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
     p = fitting.load_profile(path)
     assert p.compiler == "gpu" and p.tile_width == 128.0 and "tile_width 128" in path.read_text()
@@ -138,7 +140,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         assert getattr(p, name) == pytest.approx(value, rel=2e-3), name
     # and keeps each timed kernel, to price a step's own convolutions of those shapes
     assert sum(map(len, p.measured_kernels.values())) == 3 * 24 and p.measured_dtype == "float32"
-    # with the rows' kernel traces (here.traced_costs): the memory-bound kernels' costs and the
+    # with the rows' kernel traces (hererows.traced_costs): the memory-bound kernels' costs and the
     # per-kernel time are the traces', and the rows fit only what a matrix kernel adds
     # inside a step (here the truth's per-class costs are its one kernel_s and bandwidth)
     traced = {"rows": ["vgg11_0p125_32_float32_8"], "not_traced": [], "named_share": 0.97,
@@ -146,7 +148,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
               "memory_kernel_costs": {k: (3e-6, 7e11) for k in ("elementwise", "reduce",
                                                                 "transpose", "window")}}  # fmt: skip
     path = tmp_path / "gpu_traced.py"
-    here.write_profile(str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT,
+    hereprofile.write_profile(str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT,
                        ("float32", timed))  # fmt: skip
     p = fitting.load_profile(path)
     assert p.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernel_s == 3e-6
@@ -158,10 +160,10 @@ def test_calibrate_here_times_the_rows_own_convolution_shapes():
     """Beside DeepBench's image layers, --calibrate-here on a GPU times the convolution shapes
     of its rows' own models computing in the table's dtype (kernels.model_rows): ResNet-20's
     at batch 8, the most frequent first, none thin, none of another dtype's row."""
-    from jaxpar.predict import here
+    from jaxpar.predict import herebench, hererows
 
     rows = ["resnet20:1.0:32:float32:8", "vgg11:0.25:32:bfloat16:8"]
-    shapes = here.own_shapes(rows, "float32")
+    shapes = herebench.own_shapes(rows, "float32")
     layers = [f"{r['R']}x{r['S']} s{r['stride_h']} {r['W']}x{r['H']}x{r['C']}->{r['K']}"
               for r in shapes]  # fmt: skip
     # 3 stages of 3 blocks (16, 32, 64 features on 32, 16, 8 maps): 3x3 stride-1 layers 6 + 5
@@ -170,10 +172,10 @@ def test_calibrate_here_times_the_rows_own_convolution_shapes():
     assert layers == ["3x3 s1 32x32x16->16", "3x3 s1 16x16x32->32", "3x3 s1 8x8x64->64",
                       "3x3 s2 32x32x16->32", "3x3 s2 16x16x32->64"]  # fmt: skip
     assert all(r["C"] >= 8 and r["N"] == 8 for r in shapes)
-    assert len(here.own_shapes(rows, "float32", limit=2)) == 2
+    assert len(herebench.own_shapes(rows, "float32", limit=2)) == 2
     assert (
-        len(here.own_shapes(rows, "bfloat16"))
-        == len(kernels.model_rows(here.parse_row(rows[1]))) - 1
+        len(herebench.own_shapes(rows, "bfloat16"))
+        == len(kernels.model_rows(hererows.parse_row(rows[1]))) - 1
     )  # VGG11's, less its first layer
 
 
@@ -237,10 +239,10 @@ def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
     each, but for the stem's input gradient, which no step computes) all found but the thin
     stem's two (priced apart: thin_efficiency), its dense layer's three dots none. (At full
     size likewise Inception-v3's 279 of 281 and ResNet-50's 156 of 158: docs/predict.md.)"""
-    from jaxpar.predict import here
+    from jaxpar.predict import hererows
     from jaxpar.predict.workload import calibration_ops
 
-    run = here.parse_row("resnet20:1.0:32:float32:8")
+    run = hererows.parse_row("resnet20:1.0:32:float32:8")
     layers = kernels.model_rows(run)
     rows = [{**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0}
             for r, _ in layers]  # fmt: skip

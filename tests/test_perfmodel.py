@@ -185,12 +185,13 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
 def test_the_tile_width_fits_the_rates_of_narrow_layers():
     """here.py's narrow convolutions: rate(n) = r0 x min(1, n / T) recovers T, measured rates
     with noise too (an H100's, docs/predict.md, "Narrow layers on a GPU": 128 in both dtypes)."""
-    from jaxpar.predict import here
+    from jaxpar.predict import herebench
 
-    assert here.fit_tile_width({n: 5e14 * min(1.0, n / 64) for n in here.NARROW_FEATURES}) == 64
+    narrow = herebench.NARROW_FEATURES
+    assert herebench.fit_tile_width({n: 5e14 * min(1.0, n / 64) for n in narrow}) == 64
     h100_bf16 = {8: 51.0, 16: 107.0, 32: 188.7, 64: 370.3, 128: 609.5, 256: 734.3}
-    assert here.fit_tile_width(h100_bf16) == 128
-    assert here.fit_tile_width({n: 1.0 for n in here.NARROW_FEATURES}) == 8  # never narrow
+    assert herebench.fit_tile_width(h100_bf16) == 128
+    assert herebench.fit_tile_width({n: 1.0 for n in narrow}) == 8  # never narrow
 
 
 def test_memory_over_capacity_does_not_fit():
@@ -673,7 +674,7 @@ def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
     a collective inside the step costs its link price plus its payload x the mesh's devices
     / (cores x rate), 8 x 1 MB / (2 x 2 GB/s) = 2 ms here; the gradient's all-reduce over
     data and a profile of devices with cores of their own pay the link price alone."""
-    from jaxpar.predict import model
+    from jaxpar.predict import commtime
     from jaxpar.predict.workload import Collective
 
     own = hardware.Profile("p", 8, 8, {"float32": 1e12}, 16e9, hardware.Link(1e10, 1e-5),
@@ -681,10 +682,12 @@ def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
     shared = dataclasses.replace(own, collective_cpu_rate=2e9, shared_cores=2)
     mesh = {"data": 2, "stage": 1, "tensor": 4}
     gather = Collective("all-gather", "tensor", 1, 10**6)
-    link = model._comm([gather], mesh, own)
-    assert link > 0 and model._comm([gather], mesh, shared) == pytest.approx(link + 2e-3)
+    link = commtime.collectives_time([gather], mesh, own)
+    with_cores = commtime.collectives_time([gather], mesh, shared)
+    assert link > 0 and with_cores == pytest.approx(link + 2e-3)
     grad = Collective("all-reduce", "data", 1, 10**6)
-    assert model._comm([grad], mesh, shared) == model._comm([grad], mesh, own) > 0
+    grad_shared = commtime.collectives_time([grad], mesh, shared)
+    assert grad_shared == commtime.collectives_time([grad], mesh, own) > 0
     assert shared.shared_core_time(10**6, 8) == pytest.approx(2e-3)
     assert own.shared_core_time(10**6, 8) == 0.0
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from jaxpar.predict import fitting, validate
+from jaxpar.predict import fitting, validate, validatesuites
 
 # Three runs of two tiny models: fit on vgg11's two runs, predict resnet20, and back.
 PROFILE = """
@@ -81,11 +81,12 @@ def test_measured_suites_report_how_far_their_repeats_agree():
     (a row that failed, here d, is left out), worked by hand."""
     spec = {"repeats": (("a", 100.0, 110.0), ("b", 200.0, 190.0), ("c", 300.0, 330.0),
                         ("d", 50.0, 40.0))}  # fmt: skip
-    (line,) = validate._repeat_line(spec, ["a", "b", "c"])
+    (line,) = validatesuites.repeat_line(spec, ["a", "b", "c"])
     # ranks agree; |100/110 - 1| = |300/330 - 1| = 9.1% and |200/190 - 1| = 5.3%
     assert line == ("the measurement's own two repeats over 3 of these rows: rank correlation "
                     "1.00, median difference 9.1%")  # fmt: skip
-    assert validate._repeat_line(spec, ["a", "b"]) == [] and validate._repeat_line({}, ["a"]) == []
+    assert validatesuites.repeat_line(spec, ["a", "b"]) == []
+    assert validatesuites.repeat_line({}, ["a"]) == []
 
 
 def test_published_tables_give_each_row_its_model_s_efficiency():
@@ -117,9 +118,9 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
     rows = [{"name": f"m data {n}", "status": "ok", "num_devices": n, "images_per_sec": 100.0 * n,
              "efficiency": eff, "reference_images_per_sec": None, "reference_efficiency": ref}
             for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))]  # fmt: skip
-    monkeypatch.setattr(validate, "suite_rows", lambda path, suite, say=None: rows)
+    monkeypatch.setattr(validatesuites, "suite_rows", lambda path, suite, say=None: rows)
     figures = {"points": None}
-    lines = validate._suite_lines("profile.py", str(suite), figures)
+    lines = validatesuites.suite_lines("profile.py", str(suite), figures)
     # -2, -8 and +2 points: the worst 8.0, two of three within 5
     assert figures["points"] == pytest.approx(8.0)
     assert lines[-1] == ("\nworst efficiency difference: 8.0 points (MISSES the 5-point target);"
@@ -139,12 +140,14 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
 
     monkeypatch.setattr(predict, "predict_config", fake)
     monkeypatch.setattr(predict, "load_profile", lambda path: object())
-    validate._PREDICTED.clear()
+    validatesuites._PREDICTED.clear()
     said = []
-    gce = validate.suite_rows("k80.py", "configs/predict/k80_gce_tf_cnn_benchmarks.py", said.append)
+    gce = validatesuites.suite_rows(
+        "k80.py", "configs/predict/k80_gce_tf_cnn_benchmarks.py", said.append
+    )
     assert len(said) == 20 and said[0].startswith("predicted 1/20 ") and "1.0 img/s" in said[0]
     assert ", ETA " in said[-1]
-    aws = validate.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
+    aws = validatesuites.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
     assert len(gce) == len(aws) == 20 and len(calls) == 20
     assert aws[-1]["reference_images_per_sec"] == 260.0  # each table keeps its own figures
-    validate._PREDICTED.clear()
+    validatesuites._PREDICTED.clear()

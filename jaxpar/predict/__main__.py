@@ -238,7 +238,7 @@ def _validate(args) -> int:
 
 def _calibrate(args) -> int:
     """--calibrate: fit, report each run's fit and the cross-model check, optionally --pool."""
-    from jaxpar.predict import calibrate, fitting, micro
+    from jaxpar.predict import calibrate, cpulinks, fitting, micro, pipelinehost
 
     try:
         (profile,) = [load_profile(p) for p in args.profile[:1]]
@@ -248,14 +248,18 @@ def _calibrate(args) -> int:
             pool = calibrate.measure_pool(runs[0])
             print(calibrate.pool_report(runs[0], pool))
             runs += calibrate.pool_runs(runs[0], pool)
-            print(calibrate.links_report(calibrate.measure_links()))
+            print(cpulinks.links_report(cpulinks.measure_links()))
             found = micro.measure_narrow()  # priced before the fit: it moves the rates
             print(micro.narrow_report(found))
-            print(micro.host_report(micro.measure_host(runs[0]), profile.step_overhead_s))
+            print(
+                pipelinehost.host_report(
+                    pipelinehost.measure_host(runs[0]), profile.step_overhead_s
+                )
+            )
             profile = dataclasses.replace(profile, narrow_width=found["narrow_width"])
             kernel = micro.measure_kernel()
             print(micro.kernel_report(kernel))
-            print(micro.collective_cpu_report(micro.measure_collective_cpu()))
+            print(cpulinks.collective_cpu_report(cpulinks.measure_collective_cpu()))
             if "kernel_s" not in names:  # measured, not fitted: the fit prices with it
                 profile = dataclasses.replace(profile, kernel_s=kernel["kernel_s"])
         print(calibrate.report(profile, runs, names))

@@ -12,9 +12,9 @@ single-device figures are fitted, so that every multi-device row stays a check.
 rate N simulated devices reach together when each runs its own copy of the 1-device step at
 once (no collectives). It is a property of the machine's cores and of the program's size,
 measured like a link's bandwidth, not fitted to any partitioning's figure. It also measures the
-links (`measure_links`) and how a matrix kernel's rate falls with its narrowest dimension
-(`micro.measure_narrow`: narrow_width, which the fit then prices with) and the forward pass
-(`micro.measure_forward`: forward_speedup, from the fitted rates).
+links (`cpulinks.measure_links`) and how a matrix kernel's rate falls with its narrowest
+dimension (`micro.measure_narrow`: narrow_width, which the fit then prices with) and the
+forward pass (`micro.measure_forward`: forward_speedup, from the fitted rates).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import statistics
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, hardware, micro, timer
+from jaxpar.predict import fitting, hardware, timer
 from jaxpar.predict.workload import calibration_ops, input_spec, run_config, strategy_for
 
 _RUN_KEYS = {
@@ -218,64 +218,6 @@ def report(profile: hardware.Profile, runs: list[dict], names: tuple[str, ...]) 
     )
     for r in runs:
         lines.append("    " + repr({k: r[k] for k in keep if k in r}) + ",")
-    return "\n".join(lines)
-
-
-def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1.0) -> dict:
-    """This machine's collective costs between simulated devices, as nccl-tests measures a
-    GPU's: the time of one all-reduce (a psum over a shard_map axis) of each per-device size
-    over N devices, and the host's cost of dispatching one small program. Returns
-    {"allreduce_s": {(N, bytes): s}, "latency": s, "bandwidth": bytes/s, "program_s": s}:
-    latency and bandwidth fitted to the ring formula (links.ring_allreduce_time) over all
-    (N, bytes)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import PartitionSpec
-
-    def timed(fn, *args) -> float:
-        return timer.measure(lambda: fn(*args), seconds, min_calls=5).best
-
-    found = {}
-    for n in counts:
-        mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
-        body = jax.shard_map(
-            lambda a: jax.lax.psum(a, "x"),
-            mesh=mesh,
-            in_specs=PartitionSpec("x"),
-            out_specs=PartitionSpec("x"),
-        )
-        fn = jax.jit(body)
-        for size in sizes:
-            x = jax.device_put(
-                jnp.ones(n * size // 4, jnp.float32), jax.NamedSharding(mesh, PartitionSpec("x"))
-            )
-            found[n, size] = timed(fn, x)
-    # ring all-reduce: 2(n-1)/n x bytes / bw + 2(n-1) x latency, least squares in (1/bw, lat)
-    a = np.array([[2 * (n - 1) / n * b, 2 * (n - 1)] for n, b in found])
-    t = np.array(list(found.values()))
-    (inv_bw, latency), *_ = np.linalg.lstsq(a / t[:, None], np.ones(len(t)), rcond=None)
-    return {
-        "allreduce_s": found,
-        "latency": float(latency),
-        "bandwidth": float(1 / inv_bw),
-        "program_s": micro.measure_dispatch(seconds),
-    }
-
-
-def links_report(links: dict) -> str:
-    lines = ["links between simulated devices (psum over N devices, per-device bytes):"]
-    for (n, size), t in links["allreduce_s"].items():
-        lines.append(f"  N={n} {size:>9,} B: {t * 1e3:.3f} ms")
-    lines.append(
-        f"  ring fit: latency {links['latency'] * 1e6:.1f} us per step, bandwidth "
-        f"{links['bandwidth'] / 1e9:.2f} GB/s; one small program dispatched "
-        f"{links['program_s'] * 1e6:.0f} us"
-    )
-    lines.append(
-        f"  c.intra = {{'bandwidth': {links['bandwidth']:.3g}, 'latency': "
-        f"{links['latency']:.3g}, 'rings': 1}}"
-    )
     return "\n".join(lines)
 
 

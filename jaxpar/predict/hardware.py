@@ -5,12 +5,10 @@ classes on them; loading one, fitted to its measured runs where it says so (fitt
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import gputarget, opclass
+from jaxpar.predict import gputarget, opclass, pricing
 from jaxpar.predict.links import Link  # a Profile's links
 
 
@@ -33,7 +31,7 @@ class Profile:
     program_overhead_s: float = 0.0  # per compiled program dispatched (pipelines run many)
     # the pipeline runner's host time per stage (its update, its state) and per micro-batch
     # (slicing the batch, accumulating), per step, and what each further device of a stage adds
-    # per stage and per program dispatched (its arguments' buffers): micro.measure_host
+    # per stage and per program dispatched (its arguments' buffers): pipelinehost.measure_host
     stage_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
     stage_device_overhead_s: float = 0.0
@@ -110,7 +108,7 @@ class Profile:
     forward_speedup: float = 1.0
     # Simulated devices that share `shared_cores` cores (this CPU's 8 on 2): a collective
     # inside the step (not the gradient sync) is work on those cores, its payload at
-    # `collective_cpu_rate` bytes per CPU-second (micro.measure_collective_cpu), and every
+    # `collective_cpu_rate` bytes per CPU-second (cpulinks.measure_collective_cpu), and every
     # device of the mesh does its part on the same cores: bytes x devices / (cores x rate)
     # seconds on top of its link price. 0: devices of their own (every GPU).
     collective_cpu_rate: float = 0.0
@@ -139,11 +137,8 @@ class Profile:
         return gputarget.target(self.gpu, self.num_devices, self.devices_per_node)
 
     def shared_core_time(self, nbytes: float, devices: int) -> float:
-        """Seconds the shared cores spend on an in-step collective's `nbytes` per device when
-        `devices` devices run it (0 where devices have cores of their own)."""
-        if not (self.collective_cpu_rate and self.shared_cores):
-            return 0.0
-        return nbytes * devices / (self.shared_cores * self.collective_cpu_rate)
+        """pricing.shared_core_time: the shared cores' seconds for an in-step collective."""
+        return pricing.shared_core_time(self, nbytes, devices)
 
     def peak(self, dtype: str) -> float:
         """Peak FLOP/s per device for `dtype`; the float32 figure for a dtype not listed."""
@@ -161,86 +156,20 @@ class Profile:
         return self.peak(dtype) * self.efficiency(model)
 
     def pool(self, n: int, kernel_flops: float | None = None) -> float:
-        """How many times one device's rate n busy devices reach together, each running
-        programs whose matrix kernels average `kernel_flops` FLOPs. Measured points: linear
-        in N from (1, 1.0), linear in log kernel size between measured sizes and flat beyond
-        them; without a size, the mean of each N's measured sizes."""
-        if not isinstance(self.compute_pool, tuple):
-            return min(float(n), self.compute_pool) if self.compute_pool else float(n)
-        by_n: dict[int, list[tuple[float, float]]] = {}
-        for point in self.compute_pool:
-            size, speedup = (point[1], point[2]) if len(point) == 3 else (1.0, point[1])
-            by_n.setdefault(int(point[0]), []).append((float(size), float(speedup)))
-        points = [(1, 1.0)] + [
-            (k, _along_size(sorted(v), kernel_flops)) for k, v in sorted(by_n.items()) if k > 1
-        ]
-        for (n0, s0), (n1, s1) in itertools.pairwise(points):
-            if n0 <= n <= n1:
-                return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
-        return points[-1][1]
+        """pricing.pool: how many times one device's rate n busy devices reach together."""
+        return pricing.pool(self, n, kernel_flops)
 
     def device_time(self, ops: opclass.OpClasses, dtype: str, model: str | None = None) -> float:
-        """Seconds one device runs a program of these op classes (alone on it): every kernel
-        costs kernel_s, so a kernel of f FLOPs reaches f / (f + kernel_s x rate) of its class's
-        rate (small kernels are slower); memory-bound kernels take their bytes at the
-        bandwidth; matrix kernels their FLOPs at their class's rate, or on a roofline (the
-        longer of that and their bytes at the bandwidth) where the profile prices a GPU's
-        program with a bandwidth."""
-        memory = ops.memory_bytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
-        fixed = memory + ops.kernels * self.kernel_s
-        costs = self.memory_kernel_costs
-        for name, nbytes, kernels in ops.memory_classes if costs else ():
-            name = name if name in costs else opclass.CLASS_FALLBACK.get(name, name)
-            if name in costs:  # this class at its own costs, not the defaults
-                each, bandwidth = costs[name]
-                # reduce_few's rate is one lane's: its bytes per result at it
-                lane = ops.lane_bytes if name == "reduce_few" else nbytes
-                fixed += kernels * (each - self.kernel_s) + lane / bandwidth
-                fixed -= nbytes / self.memory_bandwidth if self.memory_bandwidth else 0.0
-        if not ops.flops:
-            return fixed
-        eff = self.efficiency(model)  # a model's own calibration run scales both classes
-        ratio = self.conv3x3_efficiency / self.compute_efficiency if self.conv3x3_efficiency else 1
-        peak = self.peak(dtype) * eff
-        if self.compiler == "gpu" and self.memory_bandwidth and ops.matmuls:
-            bw, d0, tw = self.memory_bandwidth, self.narrow_width, self.tile_width
-            thin = self.peak(dtype) * self.thin_efficiency
-            share = (
-                (lambda m: min(1.0, m.tile / tw)) if tw else (lambda m: m.narrow / (m.narrow + d0))
-            )
-            table = self.measured_kernels if dtype == self.measured_dtype else {}
-
-            def priced(m: opclass.Matmul) -> float:
-                return self.matmul_kernel_s + max(
-                    m.flops
-                    / (thin if m.thin and thin else peak * (ratio if m.winograd else 1) * share(m)),
-                    m.moved / bw,
-                )
-
-            def cost(m: opclass.Matmul) -> float:
-                for key in m.keys if table else ():
-                    timed = table.get(key[1:])
-                    if timed:  # measured on this device: at its batch, or the nearest
-                        n, seconds, kernel = min(timed, key=lambda t: abs(math.log(t[0] / key[0])))
-                        return seconds if n == key[0] else seconds * priced(m) / priced(kernel)
-                return priced(m)
-
-            return fixed + sum(cost(m) for m in ops.matmuls)
-        if self.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
-            d0 = self.narrow_width
-            return fixed + sum(
-                m.flops * (m.narrow + d0) / m.narrow / (peak * (ratio if m.winograd else 1))
-                for m in ops.matmuls
-            )
-        return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio) + fixed
+        """pricing.device_time: seconds one device runs a program of these op classes."""
+        return pricing.device_time(self, ops, dtype, model)
 
     def host_time(self, ops: opclass.OpClasses) -> float:
-        """Seconds the host spends launching the program's kernels."""
-        return ops.kernels * self.launch_s
+        """pricing.host_time: seconds the host spends launching the program's kernels."""
+        return pricing.host_time(self, ops)
 
     def program_time(self, ops: opclass.OpClasses, dtype: str, model: str | None = None) -> float:
-        """A program's time: the longer of its device time and its host (launch) time."""
-        return max(self.device_time(ops, dtype, model), self.host_time(ops))
+        """pricing.program_time: the longer of a program's device time and host time."""
+        return pricing.program_time(self, ops, dtype, model)
 
 
 def from_config(c: Any) -> Profile:
@@ -329,16 +258,3 @@ def _pool(value) -> float | tuple:
     if any(len(p) not in (2, 3) for p in points):
         raise ConfigError("compute_pool: give (N, speedup) or (N, kernel FLOPs, speedup) points")
     return tuple((int(p[0]), *p[1:]) for p in points)
-
-
-def _along_size(points: list[tuple[float, float]], size: float | None) -> float:
-    """A speedup at kernel size `size` from (size, speedup) points sorted by size: linear in
-    log size between them, flat beyond them; None: their mean."""
-    if size is None:
-        return sum(s for _, s in points) / len(points)
-    if size <= points[0][0]:
-        return points[0][1]
-    for (k0, s0), (k1, s1) in itertools.pairwise(points):
-        if size <= k1:
-            return s0 + (s1 - s0) * math.log(size / k0) / math.log(k1 / k0)
-    return points[-1][1]

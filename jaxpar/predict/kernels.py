@@ -207,7 +207,7 @@ def fit(
 
 
 def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
-    """Every 2-D convolution of a calibration run's model (here.parse_row's dict) as a row of
+    """Every 2-D convolution of a calibration run's model (hererows.parse_row's dict) as a row of
     this table's format (its `N` the run's batch), with how many layers of the model have that
     shape, in the order the forward first meets them: read from the forward's jaxpr, so any
     model of jaxpar's registry or a builder of one's own. Grouped or dilated convolutions,

@@ -23,7 +23,7 @@ Assumptions, all stated (and the switchable one in the profile):
   collectives) starts after its last event.
 - The pipeline runner's host time: per step, per stage, per micro-batch and per program or
   transfer dispatched, the per-stage and per-dispatch costs growing with the devices of a
-  stage (the profile's overheads; measured on simulated CPU devices by micro.measure_host).
+  stage (the profile's overheads; measured on simulated CPU devices by pipelinehost.measure_host).
 - A forward-only program (a pipeline chunk's F) at the profile's forward_speedup over its op
   classes' price (XLA:CPU's backward carries memory-bound work its FLOPs do not show).
 - compute_pool (simulated CPU devices): N busy devices together reach pool(N, size) times one
@@ -35,62 +35,13 @@ Assumptions, all stated (and the switchable one in the profile):
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from jaxpar import axes
-from jaxpar import mesh as mesh_lib
 from jaxpar.parallel import schedules
-from jaxpar.predict import links, overlap
+from jaxpar.predict import commtime
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import Workload
-
-
-def _is_grad_sync(c, phase: str, mesh_shape: dict[str, int]) -> bool:
-    """The data-parallel gradient reduction (what `overlap` applies to): an all-reduce or
-    reduce-scatter over batch axes only (data; node x data's three steps but the final
-    all-gather; fsdp's reduce-scatters) or axes that sum whole parameters' gradients too
-    (spatial), in a whole step or a stage's update."""
-    batch = {a for a in mesh_shape if axes.get(a).role == "batch" or axes.get(a).sums_gradients}
-    return (
-        c.kind in ("all-reduce", "reduce-scatter")
-        and set(c.axes.split("+")) <= batch
-        and phase in ("step", "update")
-    )
-
-
-def _hidden(windows, grad: float, compute: float, w: Workload, profile: Profile) -> float:
-    """Seconds of the gradient reduction (`grad` in all) that run under the step's compute:
-    under the work between an asynchronous collective's start and done where the program has
-    such pairs; where the profile says `overlap = None` (a GPU's compiler: asynchronous
-    collectives started once their operand is ready), what of the gradients, sent one after
-    another from their ready points, ends before the compute does; else the profile's fixed
-    fraction `overlap` of it, at most the backward (2/3 of the compute)."""
-    mine = [x for x in windows if _is_grad_sync(x, "step", w.mesh_shape)]
-    total = sum(x.bytes for x in mine)
-    if not grad or not total:
-        return 0.0
-    times = [grad * x.bytes / total for x in mine]
-    if any(x.between is not None for x in mine):
-        return sum(min(t, (x.between or 0.0) * compute) for t, x in zip(times, mine))
-    if profile.overlap is None:
-        return grad - overlap.exposed(times, [x.ready for x in mine], compute)
-    return min(profile.overlap * grad, compute * 2 / 3)
-
-
-def _comm(cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0) -> float:
-    """Seconds of collectives `cols`: each at its link price, and an in-step one (not the
-    gradient sync) also at what it costs cores the devices share (Profile.shared_core_time)."""
-    total = 0.0
-    place = _placement(mesh_shape, profile)
-    devices = math.prod(mesh_shape.values())
-    for c in cols:
-        group = [place(first_device + i) for i in links.group_of(c.axes, mesh_shape)]
-        each = links.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
-        total += each * c.count
-        if len(group) > 1 and not _is_grad_sync(c, "step", mesh_shape):
-            total += profile.shared_core_time(c.bytes, devices)
-    return total
 
 
 def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:
@@ -131,7 +82,7 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
         return _row(
             w, profile, None, f"needs {w.num_devices} devices, profile has {profile.num_devices}"
         )
-    last = _placement(w.mesh_shape, profile)(w.num_devices - 1)
+    last = commtime.placement(w.mesh_shape, profile)(w.num_devices - 1)
     if last >= profile.num_devices:
         nodes = profile.num_devices // profile.devices_per_node
         return _row(
@@ -145,10 +96,14 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
         (chunk,) = w.chunks
         compute = _seconds(chunk.op_classes("step"), w, profile, _share(w, profile))
         cols = chunk.collectives.get("step", ())
-        sync = [_is_grad_sync(c, "step", w.mesh_shape) for c in cols]
-        grad = _comm([c for c, g in zip(cols, sync) if g], w.mesh_shape, profile)
-        other = _comm([c for c, g in zip(cols, sync) if not g], w.mesh_shape, profile)
-        hidden = _hidden(chunk.windows.get("step", ()), grad, compute, w, profile)
+        sync = [commtime.is_grad_sync(c, "step", w.mesh_shape) for c in cols]
+        grad = commtime.collectives_time(
+            [c for c, g in zip(cols, sync) if g], w.mesh_shape, profile
+        )
+        other = commtime.collectives_time(
+            [c for c, g in zip(cols, sync) if not g], w.mesh_shape, profile
+        )
+        hidden = commtime.hidden(chunk.windows.get("step", ()), grad, compute, w, profile)
         times = {
             "compute_s": compute,
             "comm_s": other + grad - hidden,
@@ -185,18 +140,20 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     # (the stage axis at size 1); in the full mesh stage s's devices are those with stage
     # index s, the first of them `first(s)` in mesh order.
     full, over = w.mesh_shape, profile.program_overhead_s
-    first = lambda s: _first(w, s)
+    first = lambda s: commtime.stage_start(w, s)
     n = len(w.chunks)
     fwd, bwd, wgt = [0.0] * n, [0.0] * n, [0.0] * n
     compute, comm = [0.0] * k, [0.0] * k
     for ck in w.chunks:
         c = ck.chunk
         coll = {
-            phase: _comm(ck.collectives.get(phase, ()), full, profile, first(ck.stage))
+            phase: commtime.collectives_time(
+                ck.collectives.get(phase, ()), full, profile, first(ck.stage)
+            )
             for phase in ("fwd", "bwd", "wgt")
         }
-        send = _send_time(w, c, profile)
-        recv_grad = _send_time(w, c - 1, profile) if c else 0.0
+        send = commtime.send_time(w, c, profile)
+        recv_grad = commtime.send_time(w, c - 1, profile) if c else 0.0
         flop_s = {
             phase: _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0
             for phase in ("fwd", "bwd", "wgt")
@@ -213,12 +170,14 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         finish[stage] = max(finish[stage], end)
     grads = [0.0] * k
     for ck in w.chunks:
-        grads[ck.stage] += _comm(ck.collectives.get("update", ()), full, profile, first(ck.stage))
+        grads[ck.stage] += commtime.collectives_time(
+            ck.collectives.get("update", ()), full, profile, first(ck.stage)
+        )
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
     if profile.compute_pool:  # one host thread dispatches every stage's programs and
         # transfers on the cores the devices compute on: all of them cost the step
-        crossings = sum(_send_time(w, ck.chunk, profile) > 0 for ck in w.chunks)
+        crossings = sum(commtime.send_time(w, ck.chunk, profile) > 0 for ck in w.chunks)
         programs = sum(len(ck.flops) - 1 for ck in w.chunks) + 2 * crossings  # per mb
     else:  # dispatch overlaps other stages' work: the busiest stage's programs
         programs = sum(len(ck.flops) - 1 for ck in w.chunks if ck.stage == busiest)
@@ -234,35 +193,6 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         "grad_allreduce_s": max(grads),
         "schedule_bubble": line.bubble,
     }
-
-
-def _send_time(w: Workload, c: int, profile: Profile) -> float:
-    """Seconds for chunk c to send its output activation (per device) to chunk c + 1."""
-    a, b = w.chunks[c].stage, w.chunks[c + 1].stage if c + 1 < len(w.chunks) else None
-    if b is None or a == b:
-        return 0.0
-    place = _placement(w.mesh_shape, profile)
-    link = links.transfer_link(place(_first(w, a)), place(_first(w, b)), profile)
-    return links.p2p_time(w.chunks[c].send_bytes, link)
-
-
-def _placement(mesh_shape: dict[str, int], profile: Profile):
-    """Mesh device index -> the profile's device index (device i is on node i //
-    devices_per_node): mesh order, except that each index of an axis placed across nodes
-    (node) starts a node of its own."""
-    across = [a for a in mesh_shape if axes.get(a).across_nodes and mesh_shape[a] > 1]
-    if not across:
-        return lambda i: i
-    block = math.prod(mesh_shape.values()) // mesh_shape[across[0]]
-    per = profile.devices_per_node
-    span = -(-block // per) * per  # whole nodes per index
-    return lambda i: (i // block) * span + i % block
-
-
-def _first(w: Workload, stage: int) -> int:
-    """The mesh-order index of stage `stage`'s first device."""
-    axis = axes.stage_axis(w.mesh_shape)
-    return mesh_lib.first_device(w.mesh_shape, {axis: stage} if axis else {})
 
 
 def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> dict[str, Any]:

@@ -27,11 +27,8 @@ from typing import Any
 
 from jaxpar import configfile, units
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, gputarget, hardware
+from jaxpar.predict import fitting, gputarget, hardware, validatesuites
 from jaxpar.predict.workload import calibration_ops
-from jaxpar.stats import spearman
-
-TARGETS = {"single": 0.15, "points": 5.0, "median": 0.10, "rank": 0.8}
 
 
 def profiles_to_check(paths: list[str] | None) -> list[str]:
@@ -101,40 +98,6 @@ def leave_one_out(
     return out
 
 
-_PREDICTED: dict = {}  # (profile file, a config's JSON) -> its predicted row, for one run
-
-
-def suite_rows(
-    profile_path: str, suite: str, say: Callable[[str], None] | None = None
-) -> list[dict]:
-    """A suite's rows predicted on the (fully fitted) profile, with their references; a row
-    another of the profile's suites already predicted (two clouds' tables of the same runs)
-    is not predicted again (`say`: a progress line per row)."""
-    from jaxpar.predict import load_profile, predict_config, predict_rows
-    from jaxpar.suites import add_reference, load_rows
-
-    if ("profile", profile_path) not in _PREDICTED:
-        _PREDICTED["profile", profile_path] = load_profile(profile_path)
-    profile = _PREDICTED["profile", profile_path]
-
-    def predict(config, profile, overlap):
-        key = (profile_path, config.to_json(sort_keys=True))
-        if key not in _PREDICTED:
-            _PREDICTED[key] = predict_config(config, profile, overlap)
-        return _PREDICTED[key]
-
-    configs = load_rows(None, suite, {})
-    rows = predict_rows(
-        [(name, config) for name, config, _ in configs], profile, None, predict, say=say
-    )
-    add_reference(rows, [ref for _, _, ref in configs])
-    return rows
-
-
-def _mark(ok: bool) -> str:
-    return "meets" if ok else "MISSES"
-
-
 def report_profile(
     path: str, say: Callable[[str], None] | None = None
 ) -> tuple[list[str], dict[str, Any]]:
@@ -178,13 +141,13 @@ def report_profile(
             figures["single"] = max(counted)
             lines.append(
                 f"\nworst single-device error of a model left out: "
-                f"{100 * max(counted):.1f}% ({_mark(max(counted) <= TARGETS['single'])}"
+                f"{100 * max(counted):.1f}% ({validatesuites.mark(max(counted) <= validatesuites.TARGETS['single'])}"
                 f" the 15% target; the baseline's worst: {100 * base:.1f}%)"
             )
     else:
         lines.append(f"one model in its runs ({len(runs)} run(s)): no model to leave out")
     for suite in suites:
-        lines += ["", *_suite_lines(path, suite, figures, say)]
+        lines += ["", *validatesuites.suite_lines(path, suite, figures, say)]
     return lines, figures
 
 
@@ -224,76 +187,6 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     return [line, ""]
 
 
-def _suite_lines(path: str, suite: str, figures: dict, say=None) -> list[str]:
-    if say is not None:
-        say(f"{suite}: predicting its rows")
-    rows = [r for r in suite_rows(path, suite, say) if r.get("status") == "ok"]
-    head = "| row | predicted img/s | reference img/s | error | predicted eff. | reference eff. "
-    lines = [f"{suite}:", "", head + "| points |", "|---|---|---|---|---|---|---|"]
-    errors, pred, meas, points = [], [], [], []
-    for r in rows:
-        ref, eff = r.get("reference_images_per_sec"), r.get("reference_efficiency")
-        err = r["images_per_sec"] / ref - 1 if ref else None
-        pt = 100 * (r["efficiency"] - eff) if eff and r.get("efficiency") is not None else None
-        if err is not None:
-            errors.append(abs(err))
-            pred.append(r["images_per_sec"])
-            meas.append(ref)
-        if pt is not None and r["num_devices"] > 1:
-            points.append(abs(pt))
-        mine = r.get("efficiency")
-        cells = [
-            f"{ref:,.1f}" if ref else "-",
-            f"{100 * err:+.1f}%" if err is not None else "-",
-            f"{100 * mine:.1f}%" if mine else "-",
-            f"{100 * eff:.1f}%" if eff else "-",
-            f"{pt:+.1f}" if pt is not None else "-",
-        ]
-        lines.append(f"| {r['name']} | {r['images_per_sec']:,.1f} | " + " | ".join(cells) + " |")
-    spec = configfile.load(suite)
-    here = bool(spec.get("measured_here", False))
-    if points and not here:
-        worst = max(points)
-        figures["points"] = max(worst, figures["points"] or 0.0)
-        within = sum(p <= TARGETS["points"] for p in points)
-        lines.append(
-            f"\nworst efficiency difference: {worst:.1f} points "
-            f"({_mark(worst <= TARGETS['points'])} the 5-point target); {within} of "
-            f"{len(points)} multi-device rows within 5 points"
-        )
-    if len(errors) >= 3 and here:  # measured on this machine: the median and the ranking
-        med, rank = statistics.median(errors), spearman(meas, pred)
-        figures["median"], figures["rank"] = med, rank
-        constant = statistics.median(meas)
-        base = statistics.median(abs(constant / m - 1) for m in meas)
-        lines.append(
-            f"\nimages/sec against measured: median |error| {100 * med:.1f}% "
-            f"({_mark(med <= TARGETS['median'])} 10%), rank correlation {rank:.3f} "
-            f"({_mark(rank >= TARGETS['rank'])} 0.8) over {len(errors)} rows; the "
-            f"baseline (every row at the median measured images/sec): median |error| "
-            f"{100 * base:.1f}%, no ranking"
-        )
-        lines += _repeat_line(spec, [r["name"] for r in rows if r.get("reference_images_per_sec")])
-    return lines
-
-
-def _repeat_line(spec, names: list[str]) -> list[str]:
-    """How far the measurement agrees with itself over the rows `names`, where the suite
-    keeps each row's repeats (`repeats`: (name, first, second)): the scale the median and the
-    ranking are read on."""
-    rates = {name: (a, b) for name, a, b in spec.get("repeats", ()) or ()}
-    pairs = [rates[n] for n in names if n in rates]
-    if len(pairs) < 3:
-        return []
-    first, second = [a for a, _ in pairs], [b for _, b in pairs]
-    diff = statistics.median(abs(a / b - 1) for a, b in pairs)
-    line = (
-        f"the measurement's own two repeats over {len(pairs)} of these rows: rank "
-        f"correlation {spearman(first, second):.2f}, median difference {100 * diff:.1f}%"
-    )
-    return [line]
-
-
 def run(
     paths: list[str] | None,
     say: Callable[[str], None] | None = None,
@@ -301,7 +194,7 @@ def run(
 ) -> str:
     """The whole report, as markdown text; `emit` takes each profile's part as it is done
     and then the summary, `say` progress lines."""
-    _PREDICTED.clear()
+    validatesuites.forget()
     out = ["# Validation: predictions against figures no profile was fitted to", ""]
     summary, t0 = [], time.perf_counter()
     emit = emit or (lambda part: None)
