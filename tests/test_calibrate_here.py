@@ -12,7 +12,7 @@ import pytest
 
 from configs import base
 from jaxpar.predict import fitting, here, herebench, hereprofile, hererows, predict_config
-from jaxpar.predict.workload import calibration_ops
+from jaxpar.predict.calibration import calibration_ops
 
 
 @pytest.mark.slow  # ~16 s on 2 cores: two compiles of the step, one of the 8-device program

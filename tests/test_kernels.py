@@ -100,7 +100,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     only the per-kernel time to the model row. A GPU's figures stood in for (made by a known
     profile: 0.6 / 1.5 of peak, 40 us a matrix kernel, 3 us a kernel), the CPU compiling."""
     from jaxpar.predict import here, herebench, hereprofile
-    from jaxpar.predict.workload import calibration_ops
+    from jaxpar.predict.calibration import calibration_ops
 
     micro = {"platform": "gpu", "device_kind": "Test GPU", "jax": "0", "seconds": 0.1,
              "num_devices": 1, "matmul_float32": {1024: 1e13}, "float32_flops_per_s": 1e13,
@@ -240,7 +240,7 @@ def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
     stem's two (priced apart: thin_efficiency), its dense layer's three dots none. (At full
     size likewise Inception-v3's 279 of 281 and ResNet-50's 156 of 158: docs/predict.md.)"""
     from jaxpar.predict import hererows
-    from jaxpar.predict.workload import calibration_ops
+    from jaxpar.predict.calibration import calibration_ops
 
     run = hererows.parse_row("resnet20:1.0:32:float32:8")
     layers = kernels.model_rows(run)

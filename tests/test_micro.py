@@ -9,7 +9,8 @@ import pytest
 
 from jaxpar import models
 from jaxpar.predict import cpulinks, micro, opclass, pipelinehost
-from jaxpar.predict.workload import input_spec, run_config
+from jaxpar.predict.calibration import run_config
+from jaxpar.predict.workload import input_spec
 
 
 def test_fit_recovers_the_narrow_width_and_the_rate():
@@ -106,7 +107,7 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     the benchmarks' business."""
     from jaxpar.predict import __main__ as cli
     from jaxpar.predict import calibrate, cpulinks, hardware, pipelinehost
-    from jaxpar.predict.workload import calibration_ops
+    from jaxpar.predict.calibration import calibration_ops
 
     truth = hardware.Profile("t", 8, 8, {"float32": 1e12}, 16e9, hardware.Link(1e10, 0.0),
                              hardware.Link(1e10, 0.0), 0.3, kernel_s=20e-6, narrow_width=6.0)  # fmt: skip

@@ -420,7 +420,7 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
     """configs/hardware/m60_x2.py states its compute efficiency as the P100's ResNet-50 one
     (219 images/sec, the compiled step's FLOPs per image at batch 64): check the figure."""
     from configs.hardware import dgx1_p100, m60_x2
-    from jaxpar.predict.workload import calibration_flops
+    from jaxpar.predict.calibration import calibration_flops
 
     run = next(r for r in dgx1_p100.get_config().calibration_runs if r["model"] == "resnet50")
     per_image = calibration_flops(dict(run)) / run["batch_size"]
@@ -587,7 +587,7 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     cross-model check (each model from a fit on the other) is exact; `--calibrate FILE`
     reads such runs from a file."""
     from jaxpar.predict import calibrate
-    from jaxpar.predict.workload import calibration_ops
+    from jaxpar.predict.calibration import calibration_ops
 
     truth = _profile(compute_efficiency=0.3, kernel_s=20e-6)
     runs = []

@@ -26,7 +26,8 @@ from typing import Any
 
 from jaxpar.errors import ConfigError
 from jaxpar.predict import fitting, hardware, timer
-from jaxpar.predict.workload import calibration_ops, input_spec, run_config, strategy_for
+from jaxpar.predict.calibration import calibration_ops, run_config
+from jaxpar.predict.workload import input_spec, strategy_for
 
 _RUN_KEYS = {
     "model.name": "model",

@@ -2,7 +2,7 @@
 matrix kernels' costs from published per-kernel timings (kernels.py), the matmul efficiency
 from one run (`calibrate`), any of FITTABLE from several by bounded least squares (`fit`,
 which says which cost ended at a bound). Each run's program is compiled for the profile's
-target (workload.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
+target (calibration.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import hardware, kernels, workload
+from jaxpar.predict import calibration, hardware, kernels, solve
 from jaxpar.predict.hardware import Profile
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
     a prediction of the calibration run itself gives back the measured images/sec."""
     step = _measured_step(profile, run)
-    ops = workload.calibration_ops(run, profile.target)
+    ops = calibration.calibration_ops(run, profile.target)
     dtype = run.get("dtype", "float32")
     rest = step - profile.device_time(
         dataclasses.replace(ops, matmul_flops=0.0, conv3x3_flops=0.0), dtype
@@ -110,16 +110,20 @@ def _solve_efficiency(
             conv3x3_efficiency=e * ratio if profile.conv3x3_efficiency else 0.0,
         )
 
-    lo, hi = math.log(eff) - 3.0, math.log(eff) + 12.0
-    if at(math.exp(hi)).program_time(ops, dtype) > step:
+    try:
+        found = solve.root(
+            "compute_efficiency",
+            lambda e: at(e).program_time(ops, dtype),
+            step,
+            math.log(eff) - 3.0,
+            math.log(eff) + 12.0,
+        )
+    except ValueError:
         raise ConfigError(
             f"profile {profile.name}: the calibration run's memory-bound work "
             f"alone takes longer than its measured {step * 1e3:.2f} ms"
-        )
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if at(math.exp(mid)).program_time(ops, dtype) > step else (lo, mid)
-    return at(math.exp(hi))
+        ) from None
+    return at(found.values["compute_efficiency"])
 
 
 def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
@@ -161,9 +165,8 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     them, except that a fit of compute_efficiency without conv3x3_efficiency prices every
     matmul class at the one compute_efficiency (a fit of neither keeps the profile's classes,
     e.g. from its kernel_benchmarks: kernels.py). Needs at least as many runs as costs. The runs' op classes come from their compiled
-    steps (workload.calibration_ops)."""
+    steps (calibration.calibration_ops)."""
     import numpy as np
-    from scipy import optimize
 
     bad = [n for n in names if n not in FITTABLE]
     if bad or not names:
@@ -178,7 +181,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
         )
     if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
         profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
-    ops = [workload.calibration_ops(r, profile.target) for r in runs]
+    ops = [calibration.calibration_ops(r, profile.target) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {
         "compute_efficiency": 0.5,
@@ -192,10 +195,6 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
         "matmul_kernel_s": 1e-5,
     }
 
-    def with_costs(logs) -> Profile:
-        values = {n: float(np.exp(v)) for n, v in zip(names, logs)}
-        return dataclasses.replace(profile, **values)
-
     def predicted(p: Profile) -> np.ndarray:
         return np.array(
             [
@@ -206,23 +205,18 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
             ]
         )
 
-    x0 = np.array([np.log(getattr(profile, n) or start[n]) for n in names])
     # the step is a max of device and host time: a cost on the side that does not bind has no
     # gradient, so start from a few scales of the first guess and keep the best
     # a fraction of peak is at most 1 (3x3 convolutions: 3, Winograd does fewer products)
-    top = {"compute_efficiency": 0.0, "thin_efficiency": 0.0, "conv3x3_efficiency": np.log(3.0)}
-    upper = np.array([top.get(n, np.inf) for n in names])
-    tries = [
-        optimize.least_squares(
-            lambda x: predicted(with_costs(x)) / measured - 1,
-            np.minimum(x0 + d, upper - 1e-6),
-            bounds=(-np.inf, upper),
-        )
-        for d in (0.0, np.log(10.0), -np.log(10.0))
-    ]
-    best = min(tries, key=lambda t: t.cost)
-    fitted = with_costs(best.x)
-    at_bound = tuple(n for n, x, top in zip(names, best.x, upper) if x >= top - 1e-4)
+    top = {"compute_efficiency": 1.0, "thin_efficiency": 1.0, "conv3x3_efficiency": 3.0}
+    solution = solve.least_squares(
+        lambda values: predicted(dataclasses.replace(profile, **values)) / measured - 1,
+        {n: getattr(profile, n) or start[n] for n in names},
+        {n: top[n] for n in names if n in top},
+        shifts=(0.0, np.log(10.0), -np.log(10.0)),
+    )
+    fitted = dataclasses.replace(profile, **solution.values)
+    at_bound = solution.at_bound
     rows = [
         {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}
         for r, t, t_m in zip(runs, predicted(fitted), measured)

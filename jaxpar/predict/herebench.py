@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpar.predict import kernels, micro, opclass, timer
+from jaxpar.predict import kernels, micro, opclass, solve, timer
 from jaxpar.predict.hererows import parse_row
 
 # the rows' own convolution shapes timed beside DeepBench's (own_shapes), at most
@@ -95,7 +95,9 @@ def fit_tile_width(rates: dict[int, float]) -> float:
         e = r - np.log(np.minimum(1.0, n / t))
         return float(np.sum((e - e.mean()) ** 2))
 
-    return float(min((2.0**k for k in range(3, 11)), key=cost))
+    return float(
+        solve.grid("tile_width", [2.0**k for k in range(3, 11)], cost).values["tile_width"]
+    )
 
 
 def own_shapes(rows: list[str], dtype: str, limit: int = MODEL_SHAPES) -> list[dict[str, float]]:

@@ -17,7 +17,7 @@ import jax
 from jaxpar import models, oneline
 from jaxpar.errors import ConfigError
 from jaxpar.predict import timer, traces
-from jaxpar.predict.workload import run_config
+from jaxpar.predict.calibration import run_config
 
 # the share of a traced step's kernel time that must name an instruction of its program for
 # its costs to be fitted (XLA's command buffers hide the names of what they hold)

@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import opclass
+from jaxpar.predict import opclass, solve
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
 # the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
@@ -172,7 +172,6 @@ def fit(
     times, each kernel's relative error weighing the same. Needs a GPU profile with a memory
     bandwidth (`compiler = "gpu"`): only there does device_time price each matrix kernel."""
     import numpy as np
-    from scipy import optimize
 
     if profile.compiler != "gpu" or not profile.memory_bandwidth:
         raise ConfigError(
@@ -193,17 +192,14 @@ def fit(
         "narrow_width": 16.0,
     }
 
-    def at(logs) -> Any:
-        return dataclasses.replace(profile, **{n: float(np.exp(v)) for n, v in zip(names, logs)})
-
-    def residuals(logs):
-        p = at(logs)
+    def residuals(values: dict[str, float]):
+        p = dataclasses.replace(profile, **values)
         return np.array([price(p, k, dtype) for k in table]) / measured - 1
 
-    x0 = np.log([getattr(profile, n) or start.get(n, 1e-5) for n in names])
-    best = optimize.least_squares(residuals, x0)
-    fitted = at(best.x)
-    return KernelFit(fitted, list(zip(table, residuals(best.x).tolist())))
+    given = {n: getattr(profile, n) or start.get(n, 1e-5) for n in names}
+    best = solve.least_squares(residuals, given).values  # unbounded, as fitted so far
+    fitted = dataclasses.replace(profile, **best)
+    return KernelFit(fitted, list(zip(table, residuals(best).tolist())))
 
 
 def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
@@ -217,7 +213,7 @@ def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
     import jax
 
     from jaxpar import models
-    from jaxpar.predict.workload import run_config
+    from jaxpar.predict.calibration import run_config
 
     config = run_config(run)
     model = models.build(config.model, tuple(run["image_shape"]), int(run["num_classes"]))

@@ -40,7 +40,7 @@ import math
 import statistics
 from typing import Any
 
-from jaxpar.predict import opclass, timer
+from jaxpar.predict import opclass, solve, timer
 
 WIDTHS = (2, 4, 8, 16, 32, 64)
 
@@ -67,19 +67,22 @@ def _seconds(compiled, args, seconds: float) -> float:
 
 
 def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
-    """(narrow_width, FLOP/s): the width that prices every program's matrix kernels at
-    n / (n + width) of one rate with the least squared log error over (op classes, seconds)."""
-    best = None
-    for step in range(64 * 4 + 1):
-        d0 = step / 4
+    """(narrow_width, FLOP/s): the width (0 to 64 in quarters: solve.grid) that prices every
+    program's matrix kernels at n / (n + width) of one rate with the least squared log error
+    over (op classes, seconds)."""
+
+    def logs(d0: float) -> list[float]:
         work = [sum(m.flops * (m.narrow + d0) / m.narrow for m in ops.matmuls) for ops, _ in points]
-        logs = [math.log(w / t) for w, (_, t) in zip(work, points)]
-        rate = statistics.fmean(logs)
-        err = sum((x - rate) ** 2 for x in logs)
-        if best is None or err < best[0] - 1e-12:
-            best = (err, d0, rate)
-    _, d0, rate = best
-    return d0, math.exp(rate)
+        return [math.log(w / t) for w, (_, t) in zip(work, points)]
+
+    def err(d0: float) -> float:
+        x = logs(d0)
+        rate = statistics.fmean(x)
+        return sum((v - rate) ** 2 for v in x)
+
+    widths = [step / 4 for step in range(64 * 4 + 1)]
+    d0 = solve.grid("narrow_width", widths, err, tol=1e-12).values["narrow_width"]
+    return d0, math.exp(statistics.fmean(logs(d0)))
 
 
 def measure_narrow(
@@ -174,7 +177,8 @@ def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]
     import jax.numpy as jnp
 
     from jaxpar import models
-    from jaxpar.predict.workload import input_spec, run_config
+    from jaxpar.predict.calibration import run_config
+    from jaxpar.predict.workload import input_spec
 
     config = run_config(run)
     image_shape, classes = input_spec(config)

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from jaxpar.predict import timer
+from jaxpar.predict import solve, timer
 
 
 def _dispatches(stages: int) -> int:
@@ -54,15 +54,7 @@ def fit_host(points: list[tuple], step_s: float) -> dict[str, float]:
 
     features = np.array([host_features(*p[:-1]) for p in points], float)
     target = np.array([p[-1] - step_s for p in points])
-    keep = [i for i in range(len(HOST_COSTS)) if features[:, i].any()]
-    while True:  # drop a negative cost and solve again (non-negative least squares)
-        coef, *_ = np.linalg.lstsq(features[:, keep], target, rcond=None)
-        if (coef >= 0).all():
-            break
-        keep.pop(int(np.argmin(coef)))
-    out = dict.fromkeys(HOST_COSTS, 0.0)
-    out.update({HOST_COSTS[i]: float(c) for i, c in zip(keep, coef)})
-    return out
+    return solve.nonnegative(HOST_COSTS, features, target).values
 
 
 def host_seconds(costs, k: int, m: int, d: int, step_s: float) -> float:
@@ -87,7 +79,7 @@ def measure_host(
     import jax
 
     from jaxpar import trainer, units
-    from jaxpar.predict.workload import run_config
+    from jaxpar.predict.calibration import run_config
 
     total, started = len(layouts) * len(microbatches), time.perf_counter()
 

@@ -28,7 +28,7 @@ from typing import Any
 from jaxpar import configfile, units
 from jaxpar.errors import ConfigError
 from jaxpar.predict import fitting, gputarget, hardware, validatesuites
-from jaxpar.predict.workload import calibration_ops
+from jaxpar.predict.calibration import calibration_ops
 
 
 def profiles_to_check(paths: list[str] | None) -> list[str]:
