@@ -1,6 +1,7 @@
 """Hardware profiles: a machine's devices, their peak FLOP/s, memory and per-kernel costs, and
-the links between them (links.py: what a collective costs on them); pricing a program's op
-classes on them; loading one, fitted to its measured runs where it says so (fitting.py)."""
+the links between them (links.py: what a collective costs on them), loaded from a profile file
+and validated; fitted to its measured runs where it says so (fitting.py). What a program costs
+on one is pricing.py's (the Profile's pricing methods call it)."""
 
 from __future__ import annotations
 
