@@ -1,6 +1,6 @@
 """What the training loop does between steps, one small object a job (after Levanter's hooks).
 
-The loop (`trainer._train`) dispatches a step, hands its outputs to the `StepTimer` and the
+The loop (`trainer.py`) dispatches a step, hands its outputs to the `StepTimer` and the
 `LogWindow`, then runs the hooks registered with `Hooks.add_hook(fn, every=N)`: the log line
 with its divergence check, the periodic evaluation and the checkpoint save. Each hook gets a
 `StepInfo` and owns its own decision, its own output and its own watchdog beats; work that

@@ -1,5 +1,7 @@
 """The training loop: build the state, step, evaluate, log. `train_and_evaluate` is the API.
 
+A run is built by `setup` (jaxpar/run_setup.py) and summarised by jaxpar/run_summary.py.
+
 The loop itself is `_train`: dispatch a step, time it, then run the hooks (jaxpar/hooks.py:
 the log line and divergence check, evaluation, checkpoints) and ask whether to stop
 (jaxpar/preemption.py). Everything it opens is closed by one ExitStack however it ends.
@@ -18,129 +20,41 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
+from jaxpar import checkpoint as checkpoint_lib
 from jaxpar import (
-    analysis,
-    axes,
     cluster,
     compile_cache,
     console,
     hooks,
-    models,
     noise_scale,
     optim,
-    parallel,
     preemption,
     profiling,
     resume,
     target,
     units,
 )
-from jaxpar import checkpoint as checkpoint_lib
-from jaxpar import config as config_lib
 from jaxpar import data as data_lib
-from jaxpar import mesh as mesh_lib
 from jaxpar import metrics as metrics_lib
 from jaxpar import watchdog as watchdog_lib
 from jaxpar import workdir as workdir_lib
 from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
-from jaxpar.parallel import stages
-from jaxpar.parallel.pipeline import balance, microbatches
-from jaxpar.parallel.state import add_sums
+from jaxpar.run_setup import Setup, announce, evaluate, local_train_batch, setup
+from jaxpar.run_summary import TIMING_WARMUP_STEPS, Outcome, summarise
+
+# What callers use from here: the loop, and what a run is built from (run_setup.py).
+__all__ = [
+    "TIMING_WARMUP_STEPS",
+    "Setup",
+    "evaluate",
+    "local_train_batch",
+    "setup",
+    "train_and_evaluate",
+]
 
 logger = logging.getLogger(__name__)
-
-TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
-
-
-@dataclasses.dataclass
-class Setup:
-    """Everything a run is built from, before any step runs."""
-
-    config: ml_collections.ConfigDict
-    mesh: Any
-    dataset: data_lib.Dataset
-    model: models.SequentialModel
-    strategy: parallel.Strategy
-    schedule: Any
-
-    @property
-    def data_size(self) -> int:
-        """Data replicas: the product of the batch axes (data, node, fsdp, ...)."""
-        return axes.num_replicas(dict(self.mesh.shape))
-
-
-def setup(
-    config: ml_collections.ConfigDict,
-    devices: Sequence[jax.Device] | None = None,
-    workdir: str | None = None,
-) -> Setup:
-    """Validate, then build mesh, data, model and strategy (nothing compiled yet).
-
-    `config.num_devices` > 0 uses only the first N of the devices (like tf_cnn_benchmarks'
-    --num_gpus): one line says so. A pipeline split by time (`pipeline.split="time"`) first
-    times the model's layers on these devices (cached in `workdir`, pipeline/balance.py)."""
-    devices = list(devices if devices is not None else jax.devices())
-    wanted = config_lib.device_count(config, len(devices))
-    if wanted < len(devices):
-        logger.info(f"using the first {wanted} of {len(devices)} devices")
-        devices = devices[:wanted]
-    shape = parallel.validate(config, len(devices))
-    mesh = mesh_lib.make_mesh(shape, devices)
-    dataset = data_lib.load(config)
-    spec = dataset.spec
-    model = models.build(config.model, spec.image_shape, spec.num_classes)
-    parallel.check_model(config, shape, model)  # the refusals only the model tells
-    if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/microbatches.py)
-        config = config.copy_and_resolve_references()
-        config.pipeline.num_microbatches = (
-            microbatches.choose_microbatches(model, config, mesh, workdir)
-            if axes.num_stages(shape) > 1
-            else 1
-        )
-        parallel.validate(config, len(devices))
-    if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
-        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
-    tx = optim.make_optimizer(config)
-    strategy = parallel.build(config, model, mesh, tx)
-    return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
-
-
-def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
-    """This process's share of global batch `step` (deterministic in seed and step)."""
-    share = setup.strategy.batch_share()
-    return setup.dataset.train_batch(
-        step, setup.config.global_batch_size, *share, example_ids=setup.model.stochastic
-    )
-
-
-def evaluate(
-    setup: Setup, state, watch: watchdog_lib.Watchdog | None = None, dataset=None
-) -> dict[str, float]:
-    """Loss and accuracy over the whole eval split (the padded last batch is masked) of
-    `dataset` (the run's own by default)."""
-    batch_size = setup.config.eval_batch_size or setup.config.global_batch_size
-    dataset = dataset or setup.dataset
-    totals = None
-    for i, local in enumerate(dataset.eval_batches(batch_size, *setup.strategy.batch_share())):
-        # Every computation is counted in the strategy's dispatch window (dispatch.py).
-        sums = setup.strategy.eval_step(state, setup.strategy.put_batch(local))
-        totals = sums if totals is None else setup.strategy.inflight.add(add_sums(totals, sums))
-        if watch is not None:
-            watch.beat(f"evaluation batch {i + 1}")
-    totals = jax.device_get(totals)
-    count = max(float(totals["count"]), 1.0)
-    out = {
-        "loss": float(totals["loss_sum"]) / count,
-        "accuracy": float(totals["correct"]) / count,
-        "count": int(totals["count"]),  # images evaluated (padding excluded)
-    }
-    if "replica_correct" in totals:  # independent replicas: replica 0 above, and the spread
-        per_replica = np.asarray(totals["replica_correct"]) / count
-        out.update(accuracy_min=float(per_replica.min()), accuracy_max=float(per_replica.max()))
-    return out
 
 
 def train_and_evaluate(
@@ -189,7 +103,7 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
     """Resume or start, compile, train and summarise."""
     setup, watch = run.setup, run.watch
     config, total = setup.config, setup.config.num_train_steps
-    _announce(setup)
+    announce(setup)
     with contextlib.ExitStack() as cleanup:  # one cleanup, however the run ends
         ckpt, restored = None, None
         if config.checkpoint_every_steps or eval_only:
@@ -226,24 +140,10 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
         if ckpt is not None:  # the last save is complete (or its failure raised) before the report
             watch.doing("waiting for the last checkpoint to be written")
             ckpt.close()
-        return _summarise(run, outcome, writer, step_programs)
+        return summarise(run, outcome, writer, step_programs)
 
 
-@dataclasses.dataclass
-class _Outcome:
-    """What the step loop leaves for the summary."""
-
-    state: Any
-    step_times: list[float]
-    feed: InputStats  # the host time of each prefetched batch and the loop's wait for it
-    train: dict[str, float]  # the last train line
-    evaluation: dict[str, float]  # the last evaluation
-    stopped: bool  # by a stop request, before the last step
-    last_step: int  # the step the run ended after (num_train_steps, or the target's)
-    extra: dict[str, Any]  # the noise scale's and the target's summary figures
-
-
-def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
+def _train(run: _Run, state, first, start: int, writer, ckpt) -> Outcome:
     """Steps `start + 1`..`num_train_steps` (`first` is the batch of the first), each followed
     by the hooks; saves and ends early when a stop is requested."""
     setup, watch = run.setup, run.watch
@@ -312,7 +212,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> _Outcome:
     )
     if noise is not None:
         extra.update(noise.summary(goal.reached_step))
-    return _Outcome(
+    return Outcome(
         state, timer.times, feed, window.last, evaluation.last, stopped, info.step, extra
     )
 
@@ -354,103 +254,6 @@ def _end_at_target(info: hooks.StepInfo, window: hooks.LogWindow, saver) -> None
     if saver is not None:
         saver(last)
     logger.info(f"stopping at step {info.step}: the target is reached (stop_at_target=True)")
-
-
-def _summarise(
-    run: _Run,
-    outcome: _Outcome,
-    writer: metrics_lib.MetricWriter,
-    step_programs: compile_cache.Counts,
-) -> dict[str, Any]:
-    """The summary record (written and shown unless the run was stopped), with the state;
-    `step_programs`: what compiling the train step built."""
-    setup = run.setup
-    jax.block_until_ready(outcome.state)
-    report = _strategy_report(setup)
-    summary = metrics_lib.summary(
-        strategy=setup.strategy.name,
-        mesh_shape=tuple(int(v) for v in setup.mesh.devices.shape),
-        mesh_axes=tuple(setup.mesh.axis_names),
-        partitioning=setup.strategy.partitioning(),
-        steps=outcome.last_step,
-        global_batch_size=setup.config.global_batch_size,
-        step_times=outcome.step_times,
-        warmup=TIMING_WARMUP_STEPS,
-        made=outcome.feed.made,
-        waited=outcome.feed.waited,
-        compile_time_s=setup.strategy.compile_time_s,
-        wall_time_s=time.perf_counter() - run.wall0,
-        train=outcome.train,
-        evaluation=outcome.evaluation,
-        num_params=setup.model.num_params,
-        flops_per_example=setup.model.flops_per_example,
-        report=report,
-    )
-    summary.update(_epochs(setup, summary))
-    summary.update(outcome.extra)
-    summary.update(compile_cache.summary(step_programs, compile_cache.counts() - run.compiled))
-    if outcome.stopped:
-        summary["preempted"] = True
-    else:
-        summary.update(_train_split(run, outcome.state, summary))
-        writer.write(outcome.last_step, "summary", **summary)
-        logger.info(console.summary_table(summary))
-        logger.info(f"metrics: {run.workdir}/metrics.jsonl")
-    summary["state"] = setup.strategy.canonical(outcome.state)
-    return summary
-
-
-def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
-    """How much of the train split the run saw: its size, epochs, and seconds per epoch at
-    the measured rate."""
-    n = setup.dataset.spec.num_train
-    out = {
-        "train_examples": n,
-        "epochs": summary["steps"] * setup.config.global_batch_size / n,
-    }
-    if summary.get("images_per_sec"):
-        out["seconds_per_epoch"] = n / summary["images_per_sec"]
-    return out
-
-
-def _train_split(run: _Run, state, summary: dict[str, Any]) -> dict[str, Any]:
-    """With eval_train_examples: the final model evaluated on that many train images (the
-    train accuracy) and the train/test gap in accuracy; else nothing."""
-    n = run.setup.config.eval_train_examples
-    if not n:
-        return {}
-    run.watch.doing("evaluating the train split", compiling=False)
-    result = evaluate(run.setup, state, run.watch, run.setup.dataset.train_as_eval(n))
-    out = {
-        "train_eval_loss": result["loss"],
-        "train_eval_accuracy": result["accuracy"],
-        "train_eval_examples": result["count"],
-        "generalization_gap": result["accuracy"] - summary["eval_accuracy"],
-    }
-    logger.info(
-        f"train split ({result['count']:,} images, inference mode): loss {result['loss']:.4f}  "
-        f"accuracy {result['accuracy']:.4f}  gap to test {out['generalization_gap']:+.4f}"
-    )
-    return out
-
-
-def _strategy_report(setup: Setup) -> dict[str, Any]:
-    """The strategy's figures of a step (memory, collectives, pipeline) for the summary: the
-    one place the trainer asks for them."""
-    return analysis.report(setup.strategy, setup.config.global_batch_size)
-
-
-def _announce(setup: Setup) -> None:
-    spec, mesh, strategy = setup.dataset.spec, setup.mesh, setup.strategy
-    logger.info(
-        f"jaxpar: {setup.model.name} on {spec.name} {spec.image_shape}, "
-        f"mesh {units.named_mesh(mesh.axis_names, mesh.devices.shape)} over "
-        f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
-        f"run by strategy {strategy.name}"
-    )
-    logger.info(setup.model.summary())
-    if described := setup.strategy.describe(setup.config.global_batch_size):
-        logger.info(described)
 
 
 def _evaluate_only(run: _Run, restored) -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""What a run is built from (`Setup`, built by `setup`: mesh, data, model, strategy, nothing
+compiled yet), the batches it feeds (`local_train_batch`) and how it evaluates (`evaluate`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxpar import axes, models, optim, parallel, units
+from jaxpar import config as config_lib
+from jaxpar import data as data_lib
+from jaxpar import mesh as mesh_lib
+from jaxpar import watchdog as watchdog_lib
+from jaxpar.parallel import stages
+from jaxpar.parallel.pipeline import balance, microbatches
+from jaxpar.parallel.state import add_sums
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything a run is built from, before any step runs."""
+
+    config: ml_collections.ConfigDict
+    mesh: Any
+    dataset: data_lib.Dataset
+    model: models.SequentialModel
+    strategy: parallel.Strategy
+    schedule: Any
+
+    @property
+    def data_size(self) -> int:
+        """Data replicas: the product of the batch axes (data, node, fsdp, ...)."""
+        return axes.num_replicas(dict(self.mesh.shape))
+
+
+def setup(
+    config: ml_collections.ConfigDict,
+    devices: Sequence[jax.Device] | None = None,
+    workdir: str | None = None,
+) -> Setup:
+    """Validate, then build mesh, data, model and strategy (nothing compiled yet).
+
+    `config.num_devices` > 0 uses only the first N of the devices (like tf_cnn_benchmarks'
+    --num_gpus): one line says so. A pipeline split by time (`pipeline.split="time"`) first
+    times the model's layers on these devices (cached in `workdir`, pipeline/balance.py)."""
+    devices = list(devices if devices is not None else jax.devices())
+    wanted = config_lib.device_count(config, len(devices))
+    if wanted < len(devices):
+        logger.info(f"using the first {wanted} of {len(devices)} devices")
+        devices = devices[:wanted]
+    shape = parallel.validate(config, len(devices))
+    mesh = mesh_lib.make_mesh(shape, devices)
+    dataset = data_lib.load(config)
+    spec = dataset.spec
+    model = models.build(config.model, spec.image_shape, spec.num_classes)
+    parallel.check_model(config, shape, model)  # the refusals only the model tells
+    if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/microbatches.py)
+        config = config.copy_and_resolve_references()
+        config.pipeline.num_microbatches = (
+            microbatches.choose_microbatches(model, config, mesh, workdir)
+            if axes.num_stages(shape) > 1
+            else 1
+        )
+        parallel.validate(config, len(devices))
+    if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
+        model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
+    tx = optim.make_optimizer(config)
+    strategy = parallel.build(config, model, mesh, tx)
+    return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
+
+
+def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
+    """This process's share of global batch `step` (deterministic in seed and step)."""
+    share = setup.strategy.batch_share()
+    return setup.dataset.train_batch(
+        step, setup.config.global_batch_size, *share, example_ids=setup.model.stochastic
+    )
+
+
+def evaluate(
+    setup: Setup, state, watch: watchdog_lib.Watchdog | None = None, dataset=None
+) -> dict[str, float]:
+    """Loss and accuracy over the whole eval split (the padded last batch is masked) of
+    `dataset` (the run's own by default)."""
+    batch_size = setup.config.eval_batch_size or setup.config.global_batch_size
+    dataset = dataset or setup.dataset
+    totals = None
+    for i, local in enumerate(dataset.eval_batches(batch_size, *setup.strategy.batch_share())):
+        # Every computation is counted in the strategy's dispatch window (dispatch.py).
+        sums = setup.strategy.eval_step(state, setup.strategy.put_batch(local))
+        totals = sums if totals is None else setup.strategy.inflight.add(add_sums(totals, sums))
+        if watch is not None:
+            watch.beat(f"evaluation batch {i + 1}")
+    totals = jax.device_get(totals)
+    count = max(float(totals["count"]), 1.0)
+    out = {
+        "loss": float(totals["loss_sum"]) / count,
+        "accuracy": float(totals["correct"]) / count,
+        "count": int(totals["count"]),  # images evaluated (padding excluded)
+    }
+    if "replica_correct" in totals:  # independent replicas: replica 0 above, and the spread
+        per_replica = np.asarray(totals["replica_correct"]) / count
+        out.update(accuracy_min=float(per_replica.min()), accuracy_max=float(per_replica.max()))
+    return out
+
+
+def announce(setup: Setup) -> None:
+    spec, mesh, strategy = setup.dataset.spec, setup.mesh, setup.strategy
+    logger.info(
+        f"jaxpar: {setup.model.name} on {spec.name} {spec.image_shape}, "
+        f"mesh {units.named_mesh(mesh.axis_names, mesh.devices.shape)} over "
+        f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
+        f"run by strategy {strategy.name}"
+    )
+    logger.info(setup.model.summary())
+    if described := setup.strategy.describe(setup.config.global_batch_size):
+        logger.info(described)

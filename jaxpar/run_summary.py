@@ -1,0 +1,119 @@
+"""The run's summary record: the step loop's outcome, the strategy's figures of a step, the
+epochs seen and, with eval_train_examples, the train split's accuracy; written, shown and
+returned."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import jax
+
+from jaxpar import analysis, compile_cache, console
+from jaxpar import metrics as metrics_lib
+from jaxpar.data.prefetch import InputStats
+from jaxpar.run_setup import Setup, evaluate
+
+logger = logging.getLogger(__name__)
+
+TIMING_WARMUP_STEPS = 3  # steps after compile left out of throughput statistics
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What the step loop leaves for the summary."""
+
+    state: Any
+    step_times: list[float]
+    feed: InputStats  # the host time of each prefetched batch and the loop's wait for it
+    train: dict[str, float]  # the last train line
+    evaluation: dict[str, float]  # the last evaluation
+    stopped: bool  # by a stop request, before the last step
+    last_step: int  # the step the run ended after (num_train_steps, or the target's)
+    extra: dict[str, Any]  # the noise scale's and the target's summary figures
+
+
+def summarise(
+    run: Any,
+    outcome: Outcome,
+    writer: metrics_lib.MetricWriter,
+    step_programs: compile_cache.Counts,
+) -> dict[str, Any]:
+    """The summary record (written and shown unless the run was stopped), with the state;
+    `step_programs`: what compiling the train step built."""
+    setup = run.setup
+    jax.block_until_ready(outcome.state)
+    report = _strategy_report(setup)
+    summary = metrics_lib.summary(
+        strategy=setup.strategy.name,
+        mesh_shape=tuple(int(v) for v in setup.mesh.devices.shape),
+        mesh_axes=tuple(setup.mesh.axis_names),
+        partitioning=setup.strategy.partitioning(),
+        steps=outcome.last_step,
+        global_batch_size=setup.config.global_batch_size,
+        step_times=outcome.step_times,
+        warmup=TIMING_WARMUP_STEPS,
+        made=outcome.feed.made,
+        waited=outcome.feed.waited,
+        compile_time_s=setup.strategy.compile_time_s,
+        wall_time_s=time.perf_counter() - run.wall0,
+        train=outcome.train,
+        evaluation=outcome.evaluation,
+        num_params=setup.model.num_params,
+        flops_per_example=setup.model.flops_per_example,
+        report=report,
+    )
+    summary.update(_epochs(setup, summary))
+    summary.update(outcome.extra)
+    summary.update(compile_cache.summary(step_programs, compile_cache.counts() - run.compiled))
+    if outcome.stopped:
+        summary["preempted"] = True
+    else:
+        summary.update(_train_split(run, outcome.state, summary))
+        writer.write(outcome.last_step, "summary", **summary)
+        logger.info(console.summary_table(summary))
+        logger.info(f"metrics: {run.workdir}/metrics.jsonl")
+    summary["state"] = setup.strategy.canonical(outcome.state)
+    return summary
+
+
+def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
+    """How much of the train split the run saw: its size, epochs, and seconds per epoch at
+    the measured rate."""
+    n = setup.dataset.spec.num_train
+    out = {
+        "train_examples": n,
+        "epochs": summary["steps"] * setup.config.global_batch_size / n,
+    }
+    if summary.get("images_per_sec"):
+        out["seconds_per_epoch"] = n / summary["images_per_sec"]
+    return out
+
+
+def _train_split(run: Any, state, summary: dict[str, Any]) -> dict[str, Any]:
+    """With eval_train_examples: the final model evaluated on that many train images (the
+    train accuracy) and the train/test gap in accuracy; else nothing."""
+    n = run.setup.config.eval_train_examples
+    if not n:
+        return {}
+    run.watch.doing("evaluating the train split", compiling=False)
+    result = evaluate(run.setup, state, run.watch, run.setup.dataset.train_as_eval(n))
+    out = {
+        "train_eval_loss": result["loss"],
+        "train_eval_accuracy": result["accuracy"],
+        "train_eval_examples": result["count"],
+        "generalization_gap": result["accuracy"] - summary["eval_accuracy"],
+    }
+    logger.info(
+        f"train split ({result['count']:,} images, inference mode): loss {result['loss']:.4f}  "
+        f"accuracy {result['accuracy']:.4f}  gap to test {out['generalization_gap']:+.4f}"
+    )
+    return out
+
+
+def _strategy_report(setup: Setup) -> dict[str, Any]:
+    """The strategy's figures of a step (memory, collectives, pipeline) for the summary: the
+    one place the trainer asks for them."""
+    return analysis.report(setup.strategy, setup.config.global_batch_size)
