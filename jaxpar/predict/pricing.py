@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from jaxpar.predict import opclass
 
-if TYPE_CHECKING:
-    from jaxpar.predict.hardware import Profile
+# A hardware.Profile: typed Any so that the arrow runs one way (hardware calls pricing).
+Profile = Any
 
 
 def shared_core_time(profile: Profile, nbytes: float, devices: int) -> float:
