@@ -89,29 +89,25 @@ def _matrix_kernels(text: str) -> tuple[set[str], set[str]]:
     """(the program's convolution kernels, all its kernels): the names of its entry's
     instructions that are a convolution, a library call of one (cuDNN's custom calls on a
     GPU), or a fusion around one; and of all its entry's instructions."""
-    import re
+    from jaxpar import hlo
 
-    from jaxpar.predict import opclass
+    program = hlo.parse(text)
 
-    comps = opclass._computations(text)
-    entry = comps.get("ENTRY", [])
-
-    def convolves(opcode: str, rest: str, depth: int = 0) -> bool:
-        if opcode == "convolution" or (opcode == "custom-call" and "conv" in rest.lower()):
+    def convolves(ins: hlo.Instruction, depth: int = 0) -> bool:
+        if ins.opcode == "convolution" or (
+            ins.opcode == "custom-call" and "conv" in ins.rest.lower()
+        ):
             return True
-        callee = re.search(r"calls=%?([\w.\-]+)", rest)
         return bool(
-            opcode == "fusion"
-            and callee
+            ins.opcode == "fusion"
+            and ins.callees
             and depth < 4
-            and any(
-                convolves(op, more, depth + 1) for _, _, op, more in comps.get(callee.group(1), ())
-            )
+            and any(convolves(inner, depth + 1) for inner in program.body(ins.callees[0]))
         )
 
     return (
-        {name for name, _, op, rest in entry if convolves(op, rest)},
-        {name for name, *_ in entry},
+        {ins.name for ins in program.entry if convolves(ins)},
+        {ins.name for ins in program.entry},
     )
 
 

@@ -59,7 +59,7 @@ def measure(batch: int, side: int, features: int, dtype: str, calls: int = 5) ->
     import jax
     import jax.numpy as jnp
 
-    from jaxpar.predict import opclass
+    from jaxpar import hlo
 
     x = jax.device_put(jnp.ones((batch, side, side, features), dtype))
 
@@ -69,7 +69,7 @@ def measure(batch: int, side: int, features: int, dtype: str, calls: int = 5) ->
 
     fn = jax.jit(stats)
     compiled = fn.lower(x).compile()
-    entry = {n for n, *_ in opclass._computations(compiled.as_text()).get("ENTRY", ())}
+    entry = {ins.name for ins in hlo.parse(compiled.as_text()).entry}
     for _ in range(3):
         jax.block_until_ready(fn(x))
     with tempfile.TemporaryDirectory() as where:

@@ -47,7 +47,7 @@ def measure(pool: str, window: int, stride: int, batch: int, side: int, features
     import jax.numpy as jnp
     from jax import lax
 
-    from jaxpar.predict import opclass
+    from jaxpar import hlo
 
     x = jax.device_put(jnp.ones((batch, side, side, features), dtype))
     dims, strides = (1, window, window, 1), (1, stride, stride, 1)
@@ -63,20 +63,17 @@ def measure(pool: str, window: int, stride: int, batch: int, side: int, features
 
     fn = jax.jit(step)
     compiled = fn.lower(x).compile()
-    comps = opclass._computations(compiled.as_text())
-    entry = {n: rest for n, _, _, rest in comps.get("ENTRY", ())}
+    program = hlo.parse(compiled.as_text())
+    entry = {ins.name: ins for ins in program.entry}
     window_ops = {"reduce-window", "select-and-scatter", "scatter"}
 
     def is_window(name: str) -> bool:
-        ops, todo = set(), [entry.get(name, "")]
+        """An entry instruction that is, or calls, a window operation."""
+        ops, todo = set(), [entry[name]] if name in entry else []
         while todo:
-            for c in opclass._called(todo.pop()):
-                for _, _, op, rest in comps.get(c, ()):
-                    ops.add(op)
-                    todo.append(rest)
-        for n, _, op, _ in comps.get("ENTRY", ()):
-            if n == name:
-                ops.add(op)
+            ins = todo.pop()
+            ops.add(ins.opcode)
+            todo += [inner for c in ins.callees for inner in program.body(c)]
         return bool(ops & window_ops)
 
     for _ in range(3):

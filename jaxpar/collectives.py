@@ -54,16 +54,19 @@ def mesh_axes_of(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
 def _placed(text: str, mesh_shape: dict[str, int]) -> list[tuple[str, str, bool, int]]:
     """Every collective of a program as (kind, mesh axes, in a conditional branch, bytes
     per device per call)."""
-    every = "+".join(n for n, size in mesh_shape.items() if size > 1) or "none"
-    branch = hlo.branch_lines(text)
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        for c in hlo.collectives(line):
-            # no groups printed (`replica_groups={}`): one group of every device
-            groups = parse_groups(c.groups) if c.groups else []
-            axes = mesh_axes_of(groups, mesh_shape) if any(groups) else every
-            out.append((c.kind, axes, i in branch, c.bytes))
-    return out
+    return [
+        (c.kind, collective_axes(c, mesh_shape), c.in_branch, c.bytes)
+        for c in hlo.collectives(text)
+    ]
+
+
+def collective_axes(c: hlo.Collective, mesh_shape: dict[str, int]) -> str:
+    """The mesh axes one collective runs over, from its replica groups (none printed,
+    `replica_groups={}`: one group of every device, so every axis of more than one)."""
+    groups = parse_groups(c.groups) if c.groups else []
+    if any(groups):
+        return mesh_axes_of(groups, mesh_shape)
+    return "+".join(n for n, size in mesh_shape.items() if size > 1) or "none"
 
 
 def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> dict:

@@ -129,9 +129,9 @@ def test_a_traced_reduction_into_few_results_is_named_so(capsys):
     Inception-v3's 8x8 BatchNorm statistics (4,096 bfloat16 rows into 192 results) are
     reduce_few, into 2,048 results or summing 128 elements each plain reduce; the trace
     report fits reduce_few's costs on its bytes per result."""
-    from jaxpar.predict import opclass
+    from jaxpar import hlo
 
-    comps = opclass._computations(FEW)
+    comps = hlo.parse(FEW)
     kinds = [gpu_trace.kernel_class(n, comps) for n in
              ("input_reduce_fusion", "input_reduce_fusion.1", "input_reduce_fusion.2")]  # fmt: skip
     assert kinds == ["reduce_few", "reduce", "reduce"]
@@ -144,7 +144,7 @@ def test_a_traced_reduction_into_few_results_is_named_so(capsys):
     # the same sums laid out [192, 4096] and summed along the minor dimension: a row reduction
     row = FEW.replace("bf16[4096,192]", "bf16[192,4096]").replace("f32[4096,192]", "f32[192,4096]")
     row = row.replace("reduce(%c, %z), dimensions={0}", "reduce(%c, %z), dimensions={1}")
-    assert gpu_trace.kernel_class("input_reduce_fusion", opclass._computations(row)) == "reduce"
+    assert gpu_trace.kernel_class("input_reduce_fusion", hlo.parse(row)) == "reduce"
     # two reduce_few kernels of 192 results at 1 us + bytes per result / 1 GB/s
     mem = [("k", 0.0, False, b, 1e-6 + b / 192 / 1e9, "reduce_few", 0, 192) for b in (1e6, 3e6)]
     gpu_trace._memory_bound(mem)

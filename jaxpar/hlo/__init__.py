@@ -1,4 +1,6 @@
-"""Read the collectives a compiled program performs from its HLO text.
+"""Read a compiled program's HLO text: `reader` parses it once into computations and
+instructions with their shapes (`parse`, `Program`, `Instruction`, `dims`, `elements`,
+`shape_bytes`, ...); here, on top of it, the collectives the program performs.
 
 Figures here are exact and machine-independent: they come from the program XLA will run, not
 from timing. Bytes are those of each collective's result per device per call.
@@ -7,31 +9,51 @@ from timing. Bytes are those of each collective's result per device per call.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
+from jaxpar.hlo.reader import (
+    DTYPE_BYTES,
+    Instruction,
+    Program,
+    arrays,
+    callees,
+    dims,
+    elements,
+    largest_elements,
+    minor_dim,
+    modules,
+    operands,
+    parse,
+    shape_bytes,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "KINDS",
+    "Collective",
+    "Instruction",
+    "Program",
+    "arrays",
+    "callees",
+    "collective",
+    "collectives",
+    "count_ops",
+    "dims",
+    "elements",
+    "largest_elements",
+    "minor_dim",
+    "modules",
+    "operands",
+    "parse",
+    "shape_bytes",
+]
+
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s8": 1,
-    "u8": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-}
-_OP = re.compile(r"=\s*(.+?)\s+(" + "|".join(KINDS) + r")(-start)?\(")
-_SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _GROUPS = re.compile(
     r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)"
     r"|source_target_pairs=(\{[\d,{}]*\})"
 )
+_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,33 +61,42 @@ class Collective:
     kind: str
     bytes: int  # result bytes per device
     groups: str  # replica groups as printed by XLA (a permute's source-target pairs)
+    in_branch: bool = False  # in a conditional's branch: runs only when it is taken
+    pairs: tuple[tuple[int, int], ...] = ()  # a permute's (source, target) devices
 
 
-def shape_bytes(type_text: str) -> int:
-    """Total bytes of every array shape in an HLO type such as "(f32[8], f32[3,3])"."""
-    total = 0
-    for dtype, dims in _SHAPE.findall(type_text):
-        size = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
-        total += size * _DTYPE_BYTES[dtype]
-    return total
+def collective(ins: Instruction, in_branch: bool = False) -> Collective | None:
+    """The collective an instruction performs (an async pair at its start), else None."""
+    kind = ins.opcode.removesuffix("-start")
+    if kind not in KINDS or ins.opcode.endswith("-done"):
+        return None
+    result_type = ins.type
+    if ins.opcode.endswith("-start") and kind != "all-reduce":
+        # async start of a gather/permute returns (operands, results, ...): keep results
+        parts = _top_level(result_type)
+        result_type = parts[1] if len(parts) > 1 else result_type
+    groups = _GROUPS.search(ins.rest)
+    text = (groups.group(1) or groups.group(2)) if groups else ""
+    found = _PAIRS.search(ins.rest)
+    pairs = re.findall(r"\{(\d+),(\d+)\}", found.group(1)) if found else []
+    return Collective(
+        kind,
+        shape_bytes(result_type),
+        text,
+        in_branch,
+        tuple((int(a), int(b)) for a, b in pairs),
+    )
 
 
 def collectives(hlo_text: str) -> list[Collective]:
-    """Every collective op in the program (async pairs counted once, at their start)."""
+    """Every collective op in the program, in the text's order (async pairs counted once, at
+    their start), each marked where it lies in a conditional's branch."""
     found = []
-    for line in hlo_text.splitlines():
-        match = _OP.search(line)
-        if not match:
-            continue
-        result_type, kind = match.group(1), match.group(2)
-        if match.group(3) and kind != "all-reduce":
-            # async start of a gather/permute returns (operands, results, ...): keep results
-            parts = _top_level(result_type)
-            result_type = parts[1] if len(parts) > 1 else result_type
-        groups = _GROUPS.search(line)
-        text = (groups.group(1) or groups.group(2)) if groups else ""
-        found.append(Collective(kind, shape_bytes(result_type), text))
-    return found
+    for text in modules(hlo_text):  # programs joined into one text: each read apart
+        program = parse(text)
+        branches = program.branch_computations
+        found += [collective(ins, comp in branches) for comp, ins in program.instructions()]
+    return [c for c in found if c is not None]
 
 
 def _top_level(type_text: str) -> list[str]:
@@ -87,29 +118,8 @@ def _top_level(type_text: str) -> list[str]:
 
 
 def count_ops(hlo_text: str, opcode: str) -> int:
-    """How many `opcode` instructions (e.g. "convolution") the program text holds, fused
+    """How many `opcode` instructions (e.g. "convolution") the program holds, fused
     computations included: what a program computes, independent of timing."""
-    return len(re.findall(rf"\s{re.escape(opcode)}\(", hlo_text))
-
-
-def branch_lines(hlo_text: str) -> set[int]:
-    """Line numbers of the instructions in computations that are conditional branches."""
-    lines = hlo_text.splitlines()
-    branches: set[str] = set()
-    for line in lines:
-        if " conditional(" in line:
-            for key in ("true_computation", "false_computation"):
-                m = re.search(key + r"=(%?[\w.\-]+)", line)
-                if m:
-                    branches.add(m.group(1).lstrip("%"))
-            m = re.search(r"branch_computations=\{([^}]*)\}", line)
-            if m:
-                branches |= {b.strip().lstrip("%") for b in m.group(1).split(",")}
-    inside, current = set(), None
-    for i, line in enumerate(lines):
-        head = re.match(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
-        if head:
-            current = head.group(1)
-        elif current in branches:
-            inside.add(i)
-    return inside
+    return sum(
+        ins.opcode == opcode for text in modules(hlo_text) for _, ins in parse(text).instructions()
+    )

@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import opclass, solve
+from jaxpar.predict import matrix, opclass, solve
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
 # the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
@@ -91,7 +91,7 @@ def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
         return []
     flops = 2.0 * n * p * q * k * c * r * s
     stride1 = int(row["stride_h"]) == int(row["stride_w"]) == 1
-    winograd = stride1 and r == s and str(r) in opclass._WINOGRAD
+    winograd = stride1 and r == s and str(r) in matrix.WINOGRAD
     x_bytes, y_bytes, w_bytes = (
         bytes_per_element * v for v in (n * h * w * c, n * p * q * k, k * c * r * s)
     )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpar import collectives, hlo
-from jaxpar.predict import opclass
+from jaxpar.predict import matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,69 +39,57 @@ class Window:
 
 def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
     """Every collective of the program's entry computation, element by element."""
-    comps = opclass._computations(text)
-    types = {name: result for body in comps.values() for name, result, _, _ in body}
-    entry = comps.get("ENTRY", [])
+    program = hlo.parse(text)
+    types = program.types
     done_flops, position, producer = [], {}, {}
     total = 0.0
-    for i, (name, result, op, rest) in enumerate(entry):
-        position[name] = i
-        args = opclass._operands(rest)
-        if op in ("get-tuple-element", "bitcast") and args:
-            producer[name] = producer.get(args[0], args[0])
-        total += _flops(op, result, rest, comps, types)
+    for i, ins in enumerate(program.entry):
+        position[ins.name] = i
+        if ins.opcode in ("get-tuple-element", "bitcast") and ins.operands:
+            producer[ins.name] = producer.get(ins.operands[0], ins.operands[0])
+        total += _flops(ins, program)
         done_flops.append(total)
     total = total or 1.0
-    lines = {name: f"%{name} = {result} {op}({rest}" for name, result, op, rest in entry}
     starts = {}
     out = []
-    for name, result, op, rest in entry:
-        kind = op.removesuffix("-start")
-        if op.endswith("-done"):
-            args = opclass._operands(rest)
+    for ins in program.entry:
+        args = ins.operands
+        if ins.opcode.endswith("-done"):
             if args and args[0] in starts:
                 s = starts.pop(args[0])
-                between = (done_flops[position[name]] - done_flops[position[args[0]]]) / total
+                between = (done_flops[position[ins.name]] - done_flops[position[args[0]]]) / total
                 out[s] = [dataclasses.replace(w, between=between) for w in out[s]]
             continue
-        if kind not in hlo.KINDS:
+        c = hlo.collective(ins)
+        if c is None:
             continue
-        axes = _axes(lines[name], mesh_shape)
+        axes = collectives.collective_axes(c, mesh_shape)
         elements = []
-        for arg in opclass._operands(rest):
+        for arg in args:
             src = producer.get(arg, arg)
             at = position.get(src, 0)
             elements.append(
                 Window(
-                    kind,
+                    c.kind,
                     axes,
                     hlo.shape_bytes(types.get(arg, "")),
                     done_flops[at] / total if src in position else 0.0,
                     None,
                 )
             )
-        if op.endswith("-start"):
-            starts[name] = len(out)
+        if ins.opcode.endswith("-start"):
+            starts[ins.name] = len(out)
         out.append(elements)
     return tuple(w for group in out for w in group)
 
 
-def _flops(op: str, result: str, rest: str, comps: dict, types: dict) -> float:
-    if op in ("convolution", "dot"):
-        return opclass._matmul(op, result, rest, types).flops
-    if op != "fusion":
+def _flops(ins: hlo.Instruction, program: hlo.Program) -> float:
+    """Matrix FLOPs of an instruction: a convolution or dot, or what a fusion holds."""
+    if ins.opcode in ("convolution", "dot"):
+        return matrix.matmul(ins.opcode, ins.type, ins.rest, program.types).flops
+    if ins.opcode != "fusion":
         return 0.0
-    total = 0.0
-    for callee in opclass._called(rest):
-        for _, r, inner, inner_rest in comps.get(callee, ()):
-            total += _flops(inner, r, inner_rest, comps, types)
-    return total
-
-
-def _axes(line: str, mesh_shape: dict[str, int]) -> str:
-    """The mesh axes a collective's groups vary along (collectives. reading of one line)."""
-    placed = collectives._placed(line, mesh_shape)
-    return placed[0][1] if placed else "none"
+    return sum(_flops(inner, program) for c in ins.callees for inner in program.body(c))
 
 
 def exposed(times: list[float], ready: list[float], compute: float) -> float:

@@ -22,29 +22,22 @@ import numpy as np
 
 from jaxpar import hlo
 from jaxpar.errors import ConfigError
-from jaxpar.predict import opclass
-
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
+from jaxpar.predict import matrix, opclass
 
 
 def instructions(text: str) -> dict[str, tuple[str, str, str]]:
     """Every instruction of the program: name -> (result type, op, the rest of the line)."""
-    return {m.group(1): m.groups()[1:] for m in map(_INSTR.match, text.splitlines()) if m}
-
-
-def _dims(type_text: str) -> list[int]:
-    m = re.search(r"\[([\d,]*)\]", type_text)
-    return [int(d) for d in m.group(1).split(",") if d] if m else []
+    return {name: (i.type, i.opcode, i.rest) for name, i in hlo.parse(text).by_name.items()}
 
 
 def matrix_flops(result: str, rest: str, ins: dict) -> tuple[float, bool]:
     """(2 x multiply-adds, thin) of a cuDNN convolution or a cuBLAS product; (0, False) else.
     cuDNN's dim_labels are the forward convolution's (input, kernel -> output)."""
     target = re.search(r'custom_call_target="([^"]*)"', rest)
-    args = [a for a in opclass._operands(rest) if a in ins]
+    args = [a for a in hlo.operands(rest) if a in ins]
     if not target or len(args) < 2:
         return 0.0, False
-    a, b, out = _dims(ins[args[0]][0]), _dims(ins[args[1]][0]), _dims(result)
+    a, b, out = hlo.dims(ins[args[0]][0]), hlo.dims(ins[args[1]][0]), hlo.dims(result)
     if "cudnn" in target.group(1):
         kind = target.group(1)
         o, f, _x = (
@@ -64,10 +57,10 @@ def matrix_tile(result: str, rest: str, ins: dict) -> int:
     cuBLAS product's narrowest dimension): what opclass.Matmul.tile reads from the CPU's
     program, so that a trace shows how a GPU's rate falls with it (Profile.tile_width)."""
     target = re.search(r'custom_call_target="([^"]*)"', rest)
-    args = [a for a in opclass._operands(rest) if a in ins]
+    args = [a for a in hlo.operands(rest) if a in ins]
     if not target or len(args) < 2:
         return 0
-    a, b, out = _dims(ins[args[0]][0]), _dims(ins[args[1]][0]), _dims(result)
+    a, b, out = hlo.dims(ins[args[0]][0]), hlo.dims(ins[args[1]][0]), hlo.dims(result)
     labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
     if "cudnn" in target.group(1) and labels:
         kind = target.group(1)
@@ -109,42 +102,37 @@ def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str,
     return {k: v / steps for k, v in per.items()}, steps, "gpu" if gpu else "cpu"
 
 
-def cpu_matrix_flops(name: str, comps: dict, types: dict) -> tuple[float, bool]:
+def _entry(name: str, program: hlo.Program) -> hlo.Instruction:
+    """The entry computation's instruction `name` (its last, where printed twice)."""
+    return {i.name: i for i in program.entry}[name]
+
+
+def cpu_matrix_flops(name: str, program: hlo.Program) -> tuple[float, bool]:
     """(FLOPs, thin) of a CPU program's top-level instruction: a convolution or dot, or a
     fusion holding them; (0, False) else."""
-    entry = {n: (result, op, rest) for n, result, op, rest in comps["ENTRY"]}
-    result, op, rest = entry[name]
-    if op in ("convolution", "dot"):
-        found = [(op, result, rest)]
-    elif op == "fusion":
+    ins = _entry(name, program)
+    if ins.opcode in ("convolution", "dot"):
+        found = [ins]
+    elif ins.opcode == "fusion":
         found = [
-            (o, r, rr)
-            for c in opclass._called(rest)
-            for _, r, o, rr in comps.get(c, ())
-            if o in ("convolution", "dot")
+            i for c in ins.callees for i in program.body(c) if i.opcode in ("convolution", "dot")
         ]
     else:
         return 0.0, False
-    kernels = [m for o, r, rr in found for m in opclass._matmul(o, r, rr, types).matmuls]
+    kernels = [matrix.matmul(i.opcode, i.type, i.rest, program.types) for i in found]
     return sum(m.flops for m in kernels), any(m.thin for m in kernels)
 
 
-def kernel_class(name: str, comps: dict) -> str:
+def kernel_class(name: str, program: hlo.Program) -> str:
     """A memory-bound top-level kernel's class (opclass.memory_class): what gpufusion's rule 8
     names for the modelled program, and opclass.classify for the CPU's."""
-    entry = {n: (op, rest) for n, _, op, rest in comps["ENTRY"]}
-    return opclass.memory_class(*entry[name], comps)[0]
+    ins = _entry(name, program)
+    return opclass.memory_class(ins.opcode, ins.rest, program)[0]
 
 
-def largest_reduction(name: str, comps: dict) -> tuple[int, int, int, bool]:
+def largest_reduction(name: str, program: hlo.Program) -> tuple[int, int, int, bool]:
     """opclass.largest_reduction of the top-level instruction `name`."""
-    entry = {n: rest for n, _, _, rest in comps["ENTRY"]}
-    return opclass.largest_reduction(entry[name], comps)
-
-
-def _elements(type_text: str) -> int:
-    """Elements of the first array in a type."""
-    return math.prod(_dims(type_text)) if _dims(type_text) else 1
+    return opclass.largest_reduction(_entry(name, program).rest, program)
 
 
 def fit_line(b: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -164,9 +152,9 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
     kernels' total seconds per step, the steps traced and the device."""
     with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
         text = f.read()
-    ins, comps = instructions(text), opclass._computations(text)
-    types = {name: result for body in comps.values() for name, result, _, _ in body}
-    times, steps, device = kernel_times(trace_dir, {n for n, *_ in comps.get("ENTRY", ())})
+    ins, program = instructions(text), hlo.parse(text)
+    types = program.types
+    times, steps, device = kernel_times(trace_dir, {i.name for i in program.entry})
     rows = []
     for name, seconds in times.items():
         if name not in ins:
@@ -174,18 +162,18 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
         result, op, rest = ins[name]
         tile = 0
         if device == "cpu":
-            flops, thin = cpu_matrix_flops(name, comps, types)
+            flops, thin = cpu_matrix_flops(name, program)
         else:
             flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
             tile = matrix_tile(result, rest, ins) if flops else 0
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
-            hlo.shape_bytes(ins[a][0]) for a in set(opclass._operands(rest)) if a in ins
+            hlo.shape_bytes(ins[a][0]) for a in set(hlo.operands(rest)) if a in ins
         )
-        kind = kernel_class(name, comps)
+        kind = kernel_class(name, program)
         if device == "cpu" and not flops:  # as opclass.classify names and counts them
             kind = opclass.cpu_class(kind, result, rest, types)
             moved = opclass.kernel_bytes(result, rest, types, kind)
-        results = largest_reduction(name, comps)[1] if kind == "reduce_few" else 1
+        results = largest_reduction(name, program)[1] if kind == "reduce_few" else 1
         rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
     return rows, sum(times.values()), steps, device
 

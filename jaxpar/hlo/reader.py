@@ -1,0 +1,212 @@
+"""An optimized HLO program (`compiled.as_text()`, XLA:CPU's or XLA:GPU's) read once into its
+computations and their instructions, with the shape arithmetic every reader of a program needs.
+
+A `Program` is `computations`: {name: (Instruction, ...)} in the text's order, the entry named
+"ENTRY". An `Instruction` keeps its name, result type, opcode and `rest` (the line after the
+opcode's parenthesis: operands, then attributes), and reads its `operands` (the names inside the
+operand list) and `callees` (the computations it calls) from it. Several programs' texts joined into one are
+read apart (`modules`) by the functions that take text. Types stay text ("f32[8,3]{1,0}",
+"(f32[8], u8[16])"); the helpers below read them:
+
+- `arrays(type)`: the array types in it, a tuple's elements in order (token[] and opaque types
+  included, as XLA prints them);
+- `dims(type)` and `elements(type)`: the FIRST array's dimensions and element count (1 for a
+  scalar or a type without an array): a tuple's first element, which is what the readers rely
+  on (cuDNN and cuBLAS calls return (result, scratch));
+- `largest_elements(type)`: the largest array's elements (a multi-output fusion's widest
+  result);
+- `shape_bytes(type)`: bytes of EVERY array of a known numeric dtype (a tuple's elements summed;
+  token, opaque and types missing from DTYPE_BYTES count 0);
+- `minor_dim(type)`: the minor-most dimension of the first array's layout ("{1,0}" -> 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Iterator
+
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+}
+_HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([%\w.\-, ]+)\}?")
+_BRANCHES = re.compile(r"(?:true_computation|false_computation)=%?([\w.\-]+)")
+_BRANCH_LIST = re.compile(r"branch_computations=\{([^}]*)\}")
+_DIMS = re.compile(r"\[([\d,]*)\]")
+_ARRAY = re.compile(r"[a-z]+\d*\[[\d,]*\]")
+_SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
+_LAYOUT = re.compile(r"\{([\d,]+)\}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One line of a computation: `%name = type opcode(rest`."""
+
+    name: str
+    type: str  # result type as printed ("f32[8,3]{1,0}", a tuple "(f32[8], u8[16])")
+    opcode: str  # "fusion", "convolution", "custom-call", "all-reduce-start", ...
+    rest: str  # the line after "opcode(": operands, ")", then attributes
+
+    @functools.cached_property
+    def operands(self) -> list[str]:
+        """Operand names, in order (the text up to the operand list's closing parenthesis)."""
+        return operands(self.rest)
+
+    @functools.cached_property
+    def callees(self) -> list[str]:
+        """Computations it calls: a fusion's `calls`, a reduction's `to_apply`, a loop's `body`
+        and `condition`, a conditional's `branch_computations` (but not the `true_computation`
+        and `false_computation` of a predicated one: `branches` reads those)."""
+        return callees(self.rest)
+
+    @functools.cached_property
+    def branches(self) -> list[str]:
+        """A conditional's branch computations, in either form XLA prints; [] otherwise."""
+        if self.opcode != "conditional":
+            return []
+        found = _BRANCHES.findall(self.rest)
+        listed = _BRANCH_LIST.search(self.rest)
+        if listed:
+            found += [b.strip().lstrip("%") for b in listed.group(1).split(",")]
+        return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A program's computations in the text's order, the entry as "ENTRY"."""
+
+    computations: dict[str, tuple[Instruction, ...]]
+
+    @property
+    def entry(self) -> tuple[Instruction, ...]:
+        return self.computations.get("ENTRY", ())
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, Instruction]:
+        """Every instruction by name (a name printed twice: the later one)."""
+        return {i.name: i for body in self.computations.values() for i in body}
+
+    @functools.cached_property
+    def types(self) -> dict[str, str]:
+        """Every instruction's result type by name."""
+        return {name: i.type for name, i in self.by_name.items()}
+
+    def instructions(self) -> Iterator[tuple[str, Instruction]]:
+        """(computation, instruction) of every instruction, in the text's order."""
+        for comp, body in self.computations.items():
+            for ins in body:
+                yield comp, ins
+
+    def body(self, name: str) -> tuple[Instruction, ...]:
+        """A computation's instructions; () for a name the program lacks."""
+        return self.computations.get(name, ())
+
+    @functools.cached_property
+    def branch_computations(self) -> frozenset[str]:
+        """Computations that are a conditional's branches (run only when taken)."""
+        return frozenset(b for _, i in self.instructions() for b in i.branches)
+
+
+@functools.lru_cache(maxsize=8)
+def parse(text: str) -> Program:
+    """A program's text read into its computations (cached: readers of the same program share
+    one reading)."""
+    comps: dict[str, list[Instruction]] = {}
+    current = None
+    for line in text.splitlines():
+        if not line.startswith(" ") and line.rstrip().endswith("{"):
+            head = _HEAD.match(line)
+            if head:
+                current = "ENTRY" if head.group(1) else head.group(2)
+                comps[current] = []
+                continue
+        if line.startswith("}"):
+            current = None
+            continue
+        if current is not None:
+            m = _INSTR.match(line)
+            if m:
+                comps[current].append(Instruction(*m.groups()))
+    return Program({name: tuple(body) for name, body in comps.items()})
+
+
+def operands(rest: str) -> list[str]:
+    """The operand names in an instruction's text after its opcode's parenthesis."""
+    depth, end = 1, len(rest)
+    for i, ch in enumerate(rest):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            end = i
+            break
+    return _OPERAND.findall(rest[:end])
+
+
+def modules(text: str) -> list[str]:
+    """Texts of several programs joined into one (each from its "HloModule" line) apart."""
+    starts = [m.start() for m in re.finditer(r"^HloModule", text, re.MULTILINE)]
+    if len(starts) < 2:
+        return [text]
+    return [text[a:b] for a, b in zip([0, *starts[1:]], [*starts[1:], len(text)])]
+
+
+def callees(rest: str) -> list[str]:
+    """The computations an instruction's text (after its opcode) names as called."""
+    out = []
+    for group in _CALLS.findall(rest):
+        out += [name.strip().lstrip("%") for name in group.split(",") if name.strip()]
+    return out
+
+
+def arrays(type_text: str) -> list[str]:
+    """The array types in an HLO type (one, or a tuple's elements)."""
+    return _ARRAY.findall(type_text)
+
+
+def dims(type_text: str) -> list[int]:
+    """The first array's dimensions ([] for a scalar or no array)."""
+    found = _DIMS.search(type_text)
+    return [int(d) for d in found.group(1).split(",") if d] if found else []
+
+
+def elements(type_text: str) -> int:
+    """The first array's element count (1 for a scalar or no array)."""
+    return math.prod(dims(type_text))
+
+
+def largest_elements(type_text: str) -> int:
+    """The largest array's element count in a type (1 without any array)."""
+    return max((math.prod(d) if (d := dims(t)) else 1 for t in arrays(type_text)), default=1)
+
+
+def shape_bytes(type_text: str) -> int:
+    """Total bytes of every array shape in an HLO type such as "(f32[8], f32[3,3])"."""
+    total = 0
+    for dtype, sizes in _SHAPE.findall(type_text):
+        size = math.prod(int(d) for d in sizes.split(",") if d) if sizes else 1
+        total += size * DTYPE_BYTES[dtype]
+    return total
+
+
+def minor_dim(type_text: str) -> str | None:
+    """The first array's minor-most dimension from its layout ("f32[4,8]{1,0}" -> "1"), None
+    without a layout."""
+    layout = _LAYOUT.search(type_text.split("]", 1)[-1])
+    return layout.group(1).split(",")[0] if layout else None

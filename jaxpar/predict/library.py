@@ -1,0 +1,85 @@
+"""XLA:GPU's library calls: a cuDNN convolution or a cuBLAS matrix product (a custom call) read
+as one matrix kernel (matrix.Matmul), as opclass.classify counts it in a GPU's program."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from jaxpar import hlo
+from jaxpar.predict.matrix import THIN, WINOGRAD, Matmul
+
+# A cuDNN convolution or a cuBLAS matrix product in an XLA:GPU program (a custom call).
+LIBRARY = re.compile(r'custom_call_target="__(cudnn\$conv\w*|cublas\$[\w$]*)"')
+_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+
+
+def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None:
+    """A cuDNN convolution or cuBLAS product of an XLA:GPU program, as one matrix kernel (None
+    where its shapes are not those of a 2-D convolution).
+
+    XLA:GPU writes each of a convolution's three kernels with the forward convolution's window
+    and dimension labels: the forward reads (x, w) and writes y, the input gradient reads (dy,
+    w) and writes dx, the weight gradient reads (x, dy) and writes dw. So x, w and y are found
+    by the kernel's kind, and each kernel does the forward's multiply-adds."""
+    target = LIBRARY.search(rest).group(1)
+    args = [a for a in hlo.operands(rest) if a in types]
+    arrays = [types[a] for a in args]
+    out = hlo.arrays(result)[0]  # cuDNN and cuBLAS return (result, scratch)
+    moved = float(hlo.shape_bytes(out) + sum(hlo.shape_bytes(t) for t in arrays))
+    if target.startswith("cublas"):
+        contract = _CONTRACTING.search(rest)
+        lhs = hlo.dims(arrays[0]) if arrays else []
+        idx = [int(d.strip('"')) for d in contract.group(1).split(",") if d] if contract else []
+        k = math.prod(lhs[i] for i in idx) if idx else 1
+        n, flops = (hlo.dims(out) or [1])[-1], 2.0 * hlo.elements(out) * k
+        narrow = max(1, min(hlo.elements(out) // max(n, 1), n, k))
+        return Matmul(flops, moved, False, narrow, tile=narrow)
+    if len(arrays) < 2:
+        return None
+    kind = (
+        "input gradient"
+        if "BackwardInput" in target
+        else "filter gradient"
+        if "BackwardFilter" in target
+        else "forward"
+    )
+    x, w, y = {
+        "forward": (arrays[0], arrays[1], out),
+        "input gradient": (out, arrays[1], arrays[0]),
+        "filter gradient": (arrays[0], out, arrays[1]),
+    }[kind]
+    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
+    window = re.search(r"window=\{([^}]*)\}", rest)
+    xd, wd, yd = hlo.dims(x), hlo.dims(w), hlo.dims(y)
+    if not labels or not window or len(xd) != 4 or len(wd) != 4 or len(yd) != 4:
+        return None
+    xl, wl, yl = labels.groups()
+
+    def field(name: str) -> tuple[int, int]:
+        found = re.search(rf"\b{name}=(\d+)x(\d+)", window.group(1))
+        return (int(found.group(1)), int(found.group(2))) if found else (1, 1)
+
+    n, c, k = xd[xl.index("b")], xd[xl.index("f")], yd[yl.index("f")]
+    h, wide, p, q = xd[xl.index("0")], xd[xl.index("1")], yd[yl.index("0")], yd[yl.index("1")]
+    r, s = field("size")
+    stride = field("stride")
+    per_output = math.prod(wd) // max(wd[wl.index("o")], 1)  # r x s x c / groups
+    flops = 2.0 * math.prod(yd) * per_output
+    grouped = per_output != r * s * c
+    winograd = (
+        r == s
+        and str(r) in WINOGRAD
+        and stride == (1, 1)
+        and not grouped
+        and not re.search(r"lhs_dilate=|rhs_dilate=", rest)
+    )
+    rows = n * h * wide if kind == "input gradient" else n * p * q
+    gemm = {
+        "forward": (rows, k, per_output),
+        "input gradient": (rows, c, k * r * s),
+        "filter gradient": (per_output, k, rows),
+    }[kind]
+    thin = c < THIN and kind != "input gradient"
+    key = (n, h, wide, c, k, r, s, *stride, p, q, kind)
+    return Matmul(flops, moved, winograd, max(1, min(gemm)), thin, max(1, min(rows, c, k)), (key,))

@@ -1,0 +1,117 @@
+"""The HLO reader (jaxpar/hlo) on small hand-written programs: computations, instructions,
+operands, callees, shapes and collectives, each expected value worked out by hand."""
+
+from __future__ import annotations
+
+from jaxpar import hlo
+from jaxpar.parallel.sync import traffic
+from jaxpar.predict import opclass
+
+PROGRAM = """HloModule m, entry_computation_layout={(f32[4,8]{1,0}, bf16[8,16]{1,0})->f32[8]{0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(f32[] %a, f32[] %b)
+}
+
+%fused (p: f32[4,8]) -> f32[8] {
+  %p = f32[4,8]{1,0} parameter(0)
+  %zero = f32[] constant(0)
+  ROOT %r = f32[8]{0} reduce(f32[4,8]{1,0} %p, f32[] %zero), dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (x: f32[4,8], w: bf16[8,16]) -> (f32[8], bf16[4,16]) {
+  %x = f32[4,8]{1,0} parameter(0)
+  %w = bf16[8,16]{1,0} parameter(1)
+  %f = f32[8]{0} fusion(f32[4,8]{1,0} %x), kind=kInput, calls=%fused
+  %c = bf16[4,8]{1,0} convert(f32[4,8]{1,0} %x)
+  %d = bf16[4,16]{1,0} dot(bf16[4,8]{1,0} %c, bf16[8,16]{1,0} %w), lhs_contracting_dims={1}
+  %ar = f32[8]{0} all-reduce(f32[8]{0} %f), replica_groups={{0,1},{2,3}}, to_apply=%add
+  ROOT %t = (f32[8]{0}, bf16[4,16]{1,0}) tuple(f32[8]{0} %ar, bf16[4,16]{1,0} %d)
+}
+"""
+
+# a predicated conditional (XLA:GPU prints true/false_computation) whose true branch swaps two
+# devices' 16 bytes, and an asynchronous all-gather of 2 floats into 8 outside it
+BRANCHED = """HloModule b
+
+%swap (s: f32[4]) -> f32[4] {
+  %s = f32[4]{0} parameter(0)
+  ROOT %cp = f32[4]{0} collective-permute(f32[4]{0} %s), source_target_pairs={{0,1},{1,0}}
+}
+
+%keep (k: f32[4]) -> f32[4] {
+  ROOT %k = f32[4]{0} parameter(0)
+}
+
+ENTRY %main (p: pred[], v: f32[4], g: f32[2]) -> f32[4] {
+  %p = pred[] parameter(0)
+  %v = f32[4]{0} parameter(1)
+  %g = f32[2]{0} parameter(2)
+  %ags = ((f32[2]{0}), f32[8]{0}) all-gather-start(f32[2]{0} %g), replica_groups={{0,1,2,3}}
+  %agd = f32[8]{0} all-gather-done(((f32[2]{0}), f32[8]{0}) %ags)
+  ROOT %cond = f32[4]{0} conditional(pred[] %p, f32[4]{0} %v, f32[4]{0} %v), true_computation=%swap, false_computation=%keep
+}
+"""
+
+
+def test_a_program_reads_into_computations_and_instructions():
+    program = hlo.parse(PROGRAM)
+    assert list(program.computations) == ["add", "fused", "ENTRY"]
+    assert [i.name for i in program.entry] == ["x", "w", "f", "c", "d", "ar", "t"]
+    d = program.by_name["d"]
+    assert (d.type, d.opcode, d.operands) == ("bf16[4,16]{1,0}", "dot", ["c", "w"])
+    assert "lhs_contracting_dims={1}" in d.rest
+    assert program.by_name["f"].callees == ["fused"]
+    assert program.by_name["ar"].callees == ["add"]
+    assert program.by_name["t"].operands == ["ar", "d"]
+    assert program.types["r"] == "f32[8]{0}"
+    assert program.body("missing") == ()
+    assert hlo.count_ops(PROGRAM, "parameter") == 5 and hlo.count_ops(PROGRAM, "add") == 1
+
+
+def test_shapes_first_array_largest_array_and_bytes():
+    pair = "(f32[8]{0}, bf16[4,16]{1,0})"
+    assert hlo.dims("f32[4,8]{1,0}") == [4, 8] and hlo.elements("f32[4,8]{1,0}") == 32
+    assert hlo.dims("f32[]") == [] and hlo.elements("f32[]") == 1  # a scalar
+    assert hlo.arrays(pair) == ["f32[8]", "bf16[4,16]"]
+    assert hlo.elements(pair) == 8  # a tuple's first element
+    assert hlo.largest_elements(pair) == 64
+    assert hlo.shape_bytes(pair) == 8 * 4 + 64 * 2  # every element
+    assert hlo.arrays("(f32[2]{0}, token[])") == ["f32[2]", "token[]"]
+    assert hlo.shape_bytes("(f32[2]{0}, token[])") == 8  # a token holds no bytes
+    assert hlo.minor_dim("f32[4,8]{1,0}") == "1" and hlo.minor_dim("f32[4,8]{0,1}") == "0"
+    assert hlo.minor_dim("f32[4,8]") is None
+
+
+def test_collectives_with_groups_async_starts_and_branches():
+    (ar,) = hlo.collectives(PROGRAM)
+    assert (ar.kind, ar.bytes, ar.groups, ar.in_branch) == (
+        "all-reduce",
+        32,
+        "{{0,1},{2,3}}",
+        False,
+    )
+    permute, gather = hlo.collectives(BRANCHED)  # in the text's order
+    # an async gather counts once, at its start, by its result (8 floats), not its operands
+    assert (gather.kind, gather.bytes, gather.in_branch) == ("all-gather", 32, False)
+    assert (permute.kind, permute.bytes, permute.in_branch) == ("collective-permute", 16, True)
+    assert permute.pairs == ((0, 1), (1, 0))
+    assert hlo.parse(BRANCHED).branch_computations == {"swap", "keep"}
+    assert traffic.permute_bytes(BRANCHED, 2) == ([16, 16], [16, 16])
+    assert traffic.conditional_collectives(BRANCHED) == 1
+    # programs' texts joined into one (benchmarks/sync_study.py) are read apart
+    assert hlo.collectives(PROGRAM + BRANCHED) == [ar, permute, gather]
+
+
+def test_op_classes_of_the_program():
+    """The dot: 2 x 4 x 16 x 8 FLOPs, its narrowest GEMM side the 4 rows. The fusion's reduce
+    (8 results of 4 elements, summed across the minor dimension's rows: not a row reduction)
+    reads its whole 128-byte operand and writes 32; the convert reads 128 and writes 64."""
+    ops = opclass.classify(PROGRAM)
+    assert ops.matmul_flops == 2 * 4 * 16 * 8 and ops.conv3x3_flops == 0
+    assert [m.narrow for m in ops.matmuls] == [4]
+    assert ops.kernels == 3  # the fusion, the convert, the dot
+    assert ops.memory_classes == (("elementwise", 192.0, 1), ("reduce", 160.0, 1))
+    assert ops.memory_bytes == 352
