@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxpar.parallel import zero_bubble
+
 Event = tuple[str, int, int]  # (kind, chunk, micro-batch)
 NAMES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
 
@@ -48,13 +50,13 @@ def stage_events(
     interleaved: Megatron's interleaved 1F1B over v chunks per stage (M a multiple of K).
     zb-h1: 1F1B's forwards and input-gradient backwards, each weight gradient delayed into
     idle time while at most K-s micro-batches are in flight (forwarded, W not yet done).
-    zb-v: two chunks per stage in a V (`placement`), F/B/W as zero-bubble; see _zero_bubble_v.
+    zb-v: two chunks per stage in a V (`placement`), F/B/W as zero-bubble (zero_bubble.py).
     """
     k, m, v = num_stages, num_microbatches, virtual_stages
     if name == "zb-h1":
-        return _zero_bubble_h1(k, m)
+        return zero_bubble.h1_events(k, m)
     if name == "zb-v":
-        return _zero_bubble_v(k, m)
+        return zero_bubble.v_events(k, m)
     if name == "interleaved" and v > 1:
         return [_interleaved(k, m, v, s) for s in range(k)]
     if name not in NAMES:
@@ -94,77 +96,6 @@ def _interleaved(k: int, m: int, v: int, s: int) -> list[Event]:
         events.append(("B", *at(j, False)))
     events += [("B", *at(j, False)) for j in range(total - warmup, total)]
     return events
-
-
-def _zero_bubble_h1(k: int, m: int) -> list[list[Event]]:
-    """ZB-H1 (Qi et al. 2024, figure 3): stage s runs 1F1B's K-s warm-up forwards, then
-    B, W, F per micro-batch, except that its first s weight gradients are deferred by s
-    micro-batches (the last stage's into the warm-up bubble of the others, the rest into the
-    drain). Stage s then holds at most K-s + s = K micro-batches, 1F1B's peak (stage 0's)."""
-    out = []
-    for s in range(k):
-        warmup = min(k - s, m)
-        events = [("F", s, i) for i in range(warmup)]
-        f, w = warmup, 0
-        for b in range(m):
-            events.append(("B", s, b))
-            if b >= s:
-                events.append(("W", s, w))
-                w += 1
-            if f < m:
-                events.append(("F", s, f))
-                f += 1
-        events += [("W", s, i) for i in range(w, m)]
-        out.append(events)
-    return out
-
-
-def _zero_bubble_v(k: int, m: int) -> list[list[Event]]:
-    """ZB-V (Qi et al., Pipeline Parallelism with Controllable Memory, 2024): the model in 2K
-    chunks placed in a V, each backward split into B and W; micro-batches in groups of K.
-
-    On a unit clock (F = B = W per chunk) stage s runs two lanes of one event every other
-    tick. On ticks of s's parity: a group's K forwards of chunk s, then the K input gradients
-    of chunk 2K-1-s, then their K weight gradients; on the others: the K forwards of chunk
-    2K-1-s, the K input gradients of chunk s, their K weight gradients. Micro-batch i = gK + j
-    starts at tick 6Kg + 2j, and its events follow at these offsets:
-
-        F of chunk s  s         B of chunk 2K-1-s  2K + s      W of chunk 2K-1-s  4K + s
-        F of 2K-1-s   2K-1-s    B of chunk s       4K-1-s      W of chunk s       6K-1-s
-
-    Every F and B runs one tick after what it waits on, the lanes never meet, and from tick
-    2K-1-s (the V's turn reaches stage s) both are full: a stage idles only on the ramp, K-1
-    ticks, the fewest any schedule can (the last stage's first forward waits K-1 ticks). A
-    stage holds at most one group's activations, K of each of its chunks (group g's weight
-    gradients free them as group g+1 forwards): K micro-batches of whole stages, 1F1B's peak.
-
-    With M = GK + q, 0 < q < K (runs refuse it, checks.py; the micro-batch search may time
-    it), the last group is short: it starts 2(K-q) ticks early, and the last K-q weight
-    gradients of each lane of the group before wait 2q ticks, into the gaps the short group
-    leaves before its input gradients. Still 2K activations, but up to K + min(q, K-q) of
-    them of chunk s on the first stages, and the stage idles K-q more ticks; with M < K,
-    3(K-M) more (no group to borrow from).
-    The order is the ticks' order; `timeline` with equal times starts no event after its
-    tick (some ramp forwards before), so its makespan is 6M + K-1 ticks when K divides M."""
-    full, q = divmod(m, k)
-    out = []
-    for s in range(k):
-        a, b = s, 2 * k - 1 - s
-        ticks = []
-        for i in range(m):
-            g, j = divmod(i, k)
-            t = 6 * k * g + 2 * j - (2 * (k - q) if g == full else 0)
-            late = 2 * q if g == full - 1 and j >= q > 0 else 0
-            ticks += [
-                (t + s, ("F", a, i)),
-                (t + 2 * k - 1 - s, ("F", b, i)),
-                (t + 2 * k + s, ("B", b, i)),
-                (t + 4 * k - 1 - s, ("B", a, i)),
-                (t + late + 4 * k + s, ("W", b, i)),
-                (t + late + 6 * k - 1 - s, ("W", a, i)),
-            ]
-        out.append([e for _, e in sorted(ticks)])
-    return out
 
 
 def _deps(event: Event, num_chunks: int) -> list[Event]:
@@ -265,7 +196,7 @@ def analytic_bubble(
     k, m = num_stages, num_microbatches
     if schedule == "zb-h1":
         return 1 - 3 * m / (max(3 * m, 2 * m + k) + k - 1)
-    if schedule == "zb-v":  # per stage 6M chunk events and K-1+r idle ticks (_zero_bubble_v)
+    if schedule == "zb-v":  # per stage 6M chunk events, K-1+r idle ticks (zero_bubble.py)
         r = -m % k if m >= k else 3 * (k - m)
         return (k - 1 + r) / (6 * m + k - 1 + r)
     if schedule == "interleaved":
