@@ -15,7 +15,7 @@ from matplotlib.collections import PathCollection
 
 from jaxpar import config as config_lib
 from jaxpar import stats, trainer
-from jaxpar.bench import plots, predicted, results
+from jaxpar.bench import outdir, plots, predicted, results, table
 from jaxpar.bench.__main__ import main as bench_main
 from jaxpar.bench.outdir import Refused
 from jaxpar.bench.row import write_json
@@ -325,7 +325,7 @@ def fake(tmp_path, monkeypatch):
             "global_batch_size": 16, "compile_time_s": 1.0, "eval_accuracy": 0.5,
             "num_devices": 1, "mesh_shape": [1, 1, 1], "fingerprint": print_,
         }  # fmt: skip
-        write_json(self._paths(r["name"], rep)[0], record)
+        write_json(outdir.paths(self.out, r["name"], rep)[0], record)
         return record
 
     monkeypatch.setattr(Sweep, "_run_one", run_one)
@@ -627,9 +627,9 @@ def test_results_table_shows_mfu_only_where_a_peak_is_known():
     gpu.update(name="data 8", mesh_shape=[8, 1, 1], num_devices=8, images_per_sec=1000.0,
                status="ok", mfu=0.4123, input_bound=False)  # fmt: skip
     cpu = {**gpu, "mfu": None}
-    with_mfu = results.markdown([gpu])
+    with_mfu = table.markdown([gpu])
     assert "| MFU [clock] |" in with_mfu and "| 41.2% |" in with_mfu
-    assert "MFU" not in results.markdown([cpu])
+    assert "MFU" not in table.markdown([cpu])
     header = next(line for line in with_mfu.splitlines() if line.startswith("| row"))
     row = next(line for line in with_mfu.splitlines() if line.startswith("| data 8"))
     assert header.count("|") == row.count("|")

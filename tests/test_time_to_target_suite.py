@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jaxpar import suites as suite_lib
+from jaxpar.bench import target_table
 from jaxpar.bench import time_to_target as ttt
 from jaxpar.plan import steps as steps_lib
 
@@ -55,7 +56,7 @@ def test_predictions_come_from_the_reference_row(monkeypatch):
     assert by["b 16"]["predicted_steps_late"] == pytest.approx(120 / (1 + 80 / 64) * 6)
     # no multiplier measured for local_sgd period 4: no prediction, said so in the table
     assert by["local 4"]["predicted_steps_to_target"] is None
-    assert "no multiplier measured" in ttt.markdown(table, model)
+    assert "no multiplier measured" in target_table.markdown(table, model)
 
 
 def test_sync_multiplier_applies(monkeypatch):
@@ -71,8 +72,8 @@ def test_summary_and_plot(monkeypatch, tmp_path):
     table, model = _study(monkeypatch, {("local_sgd", 4): 1.25})
     s = ttt.summary(table)
     assert s["rows_compared"] == 4 and s["spearman_time"] == pytest.approx(1.0)
-    assert "Spearman" in ttt.markdown(table, model)
-    assert ttt.to_csv(table).count("\n") == 5
+    assert "Spearman" in target_table.markdown(table, model)
+    assert target_table.to_csv(table).count("\n") == 5
     assert time_to_target(table, str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 0
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
-from jaxpar.bench.results import mesh_cell, mib_cell, number_cell
+from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
 from jaxpar.stats import spearman
 

@@ -22,13 +22,9 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
-from jaxpar.bench import accuracy as accuracy_lib
-from jaxpar.bench import outdir
-from jaxpar.bench import predicted as predicted_lib
-from jaxpar.bench import results as results_lib
-from jaxpar.bench import time_to_target as ttt_lib
+from jaxpar.bench import outdir, publish
 from jaxpar.bench.outdir import Refused
-from jaxpar.files import write_json, write_text
+from jaxpar.files import write_json
 
 
 @dataclasses.dataclass
@@ -60,7 +56,7 @@ class Sweep:
         measured under another suite or other overrides."""
         spec = suite_lib.load_suite(self.suite)
         suite_lib.check_overrides(spec, self.overrides)
-        self._reference = spec.get("reference_name", "published")  # the accuracy study's column
+        self.reference_name = spec.get("reference_name", "published")  # the accuracy study's column
         self.predict = self.predict or spec.get("predict_profile", "")
         picked = self._select(spec.rows)
         outdir.claim(self.out, self.suite, self.overrides)
@@ -198,106 +194,8 @@ class Sweep:
         return record
 
     def _write(self, rows: list[dict], records: dict[str, dict], final: bool = False):
-        """results.json, .csv and .md from every record so far (atomic writes)."""
-        table = results_lib.add_scaling(
-            [
-                results_lib.aggregate(r, [reps[k] for k in sorted(reps)])
-                for r in rows
-                if (reps := records[r["name"]])
-            ]
-        )
-        machine = _machine(records)
-        ttt_model = self._time_to_target(rows, records, table)
-        predicted = False
-        if final and self.predict:  # after the last row: the predictor's own process
-            args = (table, self.suite, self.predict, self.overrides, self.out)
-            predicted = predicted_lib.predict_table(*args)
-        write_json(
-            os.path.join(self.out, "results.json"),
-            {"suite": self.suite, "machine": machine, "note": results_lib.HEADER, "rows": table},
-        )
-        write_text(os.path.join(self.out, "results.csv"), results_lib.to_csv(table))
-        write_text(os.path.join(self.out, "results.md"), results_lib.markdown(table, machine))
-        study = accuracy_lib.markdown(accuracy_lib.study(table), self._reference)
-        # an accuracy study: rows outside the scaling plots that name a setting (label, seeds
-        # folded) or a published figure; not every scaling="none" row (pipeline_efficiency's)
-        is_study = any(
-            r.get("scaling") == "none" and (r.get("label") or r.get("reference") is not None)
-            for r in rows
-        )
-        if is_study:
-            write_text(os.path.join(self.out, "accuracy.md"), study)
-        if ttt_model is not False:  # a time-to-target suite: its study beside the results
-            write_text(
-                os.path.join(self.out, "time_to_target.md"), ttt_lib.markdown(table, ttt_model)
-            )
-            write_text(os.path.join(self.out, "time_to_target.csv"), ttt_lib.to_csv(table))
-            write_json(
-                os.path.join(self.out, "time_to_target.json"),
-                {
-                    "model": ttt_model,
-                    "summary": ttt_lib.summary(table),
-                    "rows": [
-                        {
-                            k: r.get(k)
-                            for k in (
-                                "name",
-                                "global_batch_size",
-                                "num_devices",
-                                "mesh_shape",
-                                "mesh_axes",
-                                "strategy",
-                                "step_time_median_s",
-                                *ttt_lib.KEYS,
-                            )
-                        }
-                        for r in table
-                    ],
-                },
-            )
-        if predicted:
-            write_text(
-                os.path.join(self.out, "predicted.md"),
-                predicted_lib.predicted_markdown(table, self.predict),
-            )
-        if final:  # the end of the sweep: the table, and the plots unless turned off
-            print("\n" + results_lib.markdown(table, machine))
-            if predicted:
-                print(_read_text(os.path.join(self.out, "predicted.md")))
-            if ttt_model is not False:
-                print("time to target:\n" + _read_text(os.path.join(self.out, "time_to_target.md")))
-            if is_study:
-                print("accuracy study (rows of one setting under several seeds folded):\n" + study)
-            if self.plots:
-                from jaxpar.bench import plots as plots_lib  # matplotlib only at the end
-
-                made = plots_lib.plot_all(table, self.out)
-                print("plots: " + ", ".join(made) if made else "plots: none for these rows")
-            print(
-                f"results: {self.out}/results.json, results.csv, results.md"
-                + (", predicted.md" if predicted else "")
-            )
-        return table
-
-    def _time_to_target(self, rows, records, table):
-        """A time-to-target suite's figures added to `table` (jaxpar.bench.time_to_target);
-        the reference's model (None: no reference yet), or False for any other suite."""
-        spec = suite_lib.load_suite(self.suite)
-        if not ttt_lib.is_study(spec):
-            return False
-        first = {name: reps[min(reps)] for name, reps in records.items() if reps}
-        return ttt_lib.annotate(
-            table,
-            rows,
-            first,
-            spec.get("reference_row", ""),
-            noise_of=lambda name: ttt_lib.noise_records(self._paths(name, 0)[2]),
-        )
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read()
+        """The results files from every record so far (publish.py)."""
+        return publish.write(self, rows, records, final)
 
 
 def _stop_on_sigterm():
@@ -310,17 +208,6 @@ def _stop_on_sigterm():
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, stop)
-
-
-def _machine(records: dict[str, dict]) -> str:
-    for reps in records.values():
-        for r in reps.values():
-            if m := r.get("machine"):
-                return (
-                    f"{m['devices_present']} {m['backend']} devices ({m['device_kind']}) on "
-                    f"{m['cpu_cores']} CPU cores, JAX {m['jax']}"
-                )
-    return ""
 
 
 def _ok(record: dict) -> bool:

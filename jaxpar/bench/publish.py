@@ -1,0 +1,133 @@
+"""What a sweep writes to OUT from its records: results.json, .csv and .md after every row,
+with the accuracy study, the time-to-target study and the predictions beside them where the
+suite has them; at the end the report printed and the plots (runner.py runs the rows)."""
+
+from __future__ import annotations
+
+import os
+
+from jaxpar import suites as suite_lib
+from jaxpar.bench import accuracy as accuracy_lib
+from jaxpar.bench import outdir, target_table
+from jaxpar.bench import predicted as predicted_lib
+from jaxpar.bench import results as results_lib
+from jaxpar.bench import table as table_lib
+from jaxpar.bench import time_to_target as ttt_lib
+from jaxpar.files import write_json, write_text
+
+
+def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False) -> list[dict]:
+    """results.json, .csv and .md from every record so far (atomic writes), and the studies'
+    files beside them; at the end of the sweep also the report printed and the plots. Returns
+    the results table."""
+    table = results_lib.add_scaling(
+        [
+            results_lib.aggregate(r, [reps[k] for k in sorted(reps)])
+            for r in rows
+            if (reps := records[r["name"]])
+        ]
+    )
+    machine = _machine(records)
+    ttt_model = _time_to_target(sweep, rows, records, table)
+    predicted = False
+    if final and sweep.predict:  # after the last row: the predictor's own process
+        args = (table, sweep.suite, sweep.predict, sweep.overrides, sweep.out)
+        predicted = predicted_lib.predict_table(*args)
+    write_json(
+        os.path.join(sweep.out, "results.json"),
+        {"suite": sweep.suite, "machine": machine, "note": table_lib.HEADER, "rows": table},
+    )
+    write_text(os.path.join(sweep.out, "results.csv"), results_lib.to_csv(table))
+    write_text(os.path.join(sweep.out, "results.md"), table_lib.markdown(table, machine))
+    study = accuracy_lib.markdown(accuracy_lib.study(table), sweep.reference_name)
+    # an accuracy study: rows outside the scaling plots that name a setting (label, seeds
+    # folded) or a published figure; not every scaling="none" row (pipeline_efficiency's)
+    is_study = any(
+        r.get("scaling") == "none" and (r.get("label") or r.get("reference") is not None)
+        for r in rows
+    )
+    if is_study:
+        write_text(os.path.join(sweep.out, "accuracy.md"), study)
+    if ttt_model is not False:  # a time-to-target suite: its study beside the results
+        write_text(
+            os.path.join(sweep.out, "time_to_target.md"), target_table.markdown(table, ttt_model)
+        )
+        write_text(os.path.join(sweep.out, "time_to_target.csv"), target_table.to_csv(table))
+        write_json(
+            os.path.join(sweep.out, "time_to_target.json"),
+            {
+                "model": ttt_model,
+                "summary": ttt_lib.summary(table),
+                "rows": [
+                    {
+                        k: r.get(k)
+                        for k in (
+                            "name",
+                            "global_batch_size",
+                            "num_devices",
+                            "mesh_shape",
+                            "mesh_axes",
+                            "strategy",
+                            "step_time_median_s",
+                            *ttt_lib.KEYS,
+                        )
+                    }
+                    for r in table
+                ],
+            },
+        )
+    if predicted:
+        write_text(
+            os.path.join(sweep.out, "predicted.md"),
+            predicted_lib.predicted_markdown(table, sweep.predict),
+        )
+    if final:  # the end of the sweep: the table, and the plots unless turned off
+        print("\n" + table_lib.markdown(table, machine))
+        if predicted:
+            print(_read_text(os.path.join(sweep.out, "predicted.md")))
+        if ttt_model is not False:
+            print("time to target:\n" + _read_text(os.path.join(sweep.out, "time_to_target.md")))
+        if is_study:
+            print("accuracy study (rows of one setting under several seeds folded):\n" + study)
+        if sweep.plots:
+            from jaxpar.bench import plots as plots_lib  # matplotlib only at the end
+
+            made = plots_lib.plot_all(table, sweep.out)
+            print("plots: " + ", ".join(made) if made else "plots: none for these rows")
+        print(
+            f"results: {sweep.out}/results.json, results.csv, results.md"
+            + (", predicted.md" if predicted else "")
+        )
+    return table
+
+
+def _time_to_target(sweep, rows, records, table):
+    """A time-to-target suite's figures added to `table` (jaxpar.bench.time_to_target);
+    the reference's model (None: no reference yet), or False for any other suite."""
+    spec = suite_lib.load_suite(sweep.suite)
+    if not ttt_lib.is_study(spec):
+        return False
+    first = {name: reps[min(reps)] for name, reps in records.items() if reps}
+    return ttt_lib.annotate(
+        table,
+        rows,
+        first,
+        spec.get("reference_row", ""),
+        noise_of=lambda name: ttt_lib.noise_records(outdir.paths(sweep.out, name, 0)[2]),
+    )
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _machine(records: dict[str, dict]) -> str:
+    for reps in records.values():
+        for r in reps.values():
+            if m := r.get("machine"):
+                return (
+                    f"{m['devices_present']} {m['backend']} devices ({m['device_kind']}) on "
+                    f"{m['cpu_cores']} CPU cores, JAX {m['jax']}"
+                )
+    return ""

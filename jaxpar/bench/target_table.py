@@ -1,0 +1,126 @@
+"""The time-to-target study's tables (time_to_target.md and .csv): per row the measured steps
+and time to the target beside the steps model's predictions, with the reference's model and
+the rank correlation below (time_to_target.py makes the figures)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from jaxpar.bench import table as table_lib
+from jaxpar.bench import time_to_target as ttt
+
+
+def _f(v, fmt: str) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def _pct(v) -> str:
+    return "" if v is None else f"{100 * v:+.0f}%"
+
+
+def _with_error(value, error) -> str:
+    """ "132 (+2%)", or the value alone where there is nothing measured to compare with."""
+    if value is None:
+        return ""
+    return f"{value:.0f}" + (f" ({_pct(error)})" if error is not None else "")
+
+
+def _sync_cell(r: dict) -> str:
+    mode, setting = r.get("sync_mode") or "allreduce", r.get("sync_setting")
+    word = {"local_sgd": "period", "async": "staleness"}.get(mode)
+    return f"{mode} ({word} {setting})" if word else mode
+
+
+def markdown(table: list[dict], model: dict | None) -> str:
+    """The study's table: batch x devices x partitioning -> measured and predicted steps and
+    time to target, with the reference's model and the rank correlation below."""
+    head = (
+        "| row | batch | dev | mesh | sync | steps to target | predicted steps (error) | "
+        "predicted, late B_noise (error) | s/step [clock] | time to target s [clock] | "
+        "predicted time s (error) | accuracy at target | eval s |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for r in table:
+        if r["status"] != "ok":
+            lines.append(
+                f"| {r['name']} | {r['global_batch_size'] or ''} | | | | failed: "
+                f"{r['error']} | | | | | | | |"
+            )
+            continue
+        steps = str(r["steps_to_target"]) if r.get("steps_to_target") else "not reached"
+        pred = (
+            "no multiplier measured"
+            if r.get("sync_factor") is None
+            else _with_error(r.get("predicted_steps_to_target"), r.get("predicted_steps_error"))
+        )
+        late = _with_error(r.get("predicted_steps_late"), r.get("predicted_steps_late_error"))
+        ptime = ""
+        if r.get("predicted_time_to_target_s") is not None:
+            err = r.get("predicted_time_error")
+            ptime = f"{r['predicted_time_to_target_s']:.1f}" + (f" ({_pct(err)})" if err else "")
+        cells = [
+            r["name"],
+            str(r["global_batch_size"]),
+            str(r["num_devices"] or ""),
+            table_lib.mesh_cell(r),
+            _sync_cell(r),
+            steps,
+            pred,
+            late,
+            _f(r.get("step_time_median_s"), ".4f"),
+            _f(r.get("time_to_target_s"), ".1f"),
+            ptime,
+            _f(r.get("accuracy_at_target"), ".4f"),
+            _f(r.get("eval_time_s"), ".1f"),
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    text = "\n".join(lines) + "\n"
+    if model:
+        text += (
+            f"\nReference: {model['reference_row']} (batch {model['batch']}, "
+            f"{model['steps']} steps): B_noise {model['noise_scale']:.1f} (up to the target), "
+            f"S_min {model['min_steps']:.1f}"
+        )
+        if model.get("noise_scale_late"):
+            text += (
+                f"; late B_noise {model['noise_scale_late']:.1f} (second half of its steps), "
+                f"S_min {model['min_steps_late']:.1f}"
+            )
+        text += ".\n"
+    s = ttt.summary(table)
+    rho = "n/a" if s["spearman_time"] is None else f"{s['spearman_time']:.3f}"
+    text += (
+        f"Spearman rank correlation of predicted against measured time to target: {rho} over "
+        f"{s['rows_compared']} rows; median |steps error| "
+        f"{_pct(s['median_abs_predicted_steps_error']).lstrip('+')}, largest "
+        f"{_pct(s['max_abs_predicted_steps_error']).lstrip('+')}"
+    )
+    if s["median_abs_predicted_steps_late_error"] is not None:
+        text += (
+            f" (late B_noise: median "
+            f"{_pct(s['median_abs_predicted_steps_late_error']).lstrip('+')}, largest "
+            f"{_pct(s['max_abs_predicted_steps_late_error']).lstrip('+')})"
+        )
+    return text + ".\n"
+
+
+def to_csv(table: list[dict]) -> str:
+    cols = (
+        "name",
+        "global_batch_size",
+        "num_devices",
+        "mesh_shape",
+        "strategy",
+        "step_time_median_s",
+    ) + ttt.KEYS
+    lines = [",".join(cols)]
+    for r in table:
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            v = json.dumps(v) if isinstance(v, (list, tuple, dict)) else ("" if v is None else v)
+            cell = str(v)
+            cells.append(f'"{cell.replace(chr(34), chr(34) * 2)}"' if "," in cell else cell)
+        lines.append(",".join(cells))
+    return "\n".join(lines) + "\n"
