@@ -71,6 +71,21 @@ def test_a_program_reads_into_computations_and_instructions():
     assert hlo.count_ops(PROGRAM, "parameter") == 5 and hlo.count_ops(PROGRAM, "add") == 1
 
 
+def test_callees_of_every_form_xla_prints():
+    """A loop's condition and body (the body after a comma), a predicated conditional's
+    branches, a fusion's callee before its metadata."""
+    assert hlo.callees("s32[] %i), condition=%cond.1, body=%body.2, backend_config={}") == [
+        "cond.1",
+        "body.2",
+    ]
+    assert hlo.callees("f32[] %p), true_computation=%a.1, false_computation=%b_2") == ["a.1", "b_2"]
+    assert hlo.callees("s32[] %i), branch_computations={%a.1, %b_2}") == ["a.1", "b_2"]
+    assert hlo.callees('f32[] %x), kind=kLoop, calls=%fused.1, metadata={op_name="a"}') == [
+        "fused.1"
+    ]
+    assert hlo.parse(BRANCHED).by_name["cond"].callees == ["swap", "keep"]
+
+
 def test_shapes_first_array_largest_array_and_bytes():
     pair = "(f32[8]{0}, bf16[4,16]{1,0})"
     assert hlo.dims("f32[4,8]{1,0}") == [4, 8] and hlo.elements("f32[4,8]{1,0}") == 32
@@ -115,3 +130,36 @@ def test_op_classes_of_the_program():
     assert ops.kernels == 3  # the fusion, the convert, the dot
     assert ops.memory_classes == (("elementwise", 192.0, 1), ("reduce", 160.0, 1))
     assert ops.memory_bytes == 352
+
+
+LOOP = """HloModule w
+
+%cond (c: (s32[], f32[4,4])) -> pred[] {
+  %c = (s32[], f32[4,4]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element((s32[], f32[4,4]{1,0}) %c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(s32[] %i, s32[] %n), direction=LT
+}
+
+%body (b: (s32[], f32[4,4])) -> (s32[], f32[4,4]) {
+  %b = (s32[], f32[4,4]{1,0}) parameter(0)
+  %j = s32[] get-tuple-element((s32[], f32[4,4]{1,0}) %b), index=0
+  %m = f32[4,4]{1,0} get-tuple-element((s32[], f32[4,4]{1,0}) %b), index=1
+  %d = f32[4,4]{1,0} dot(f32[4,4]{1,0} %m, f32[4,4]{1,0} %m), lhs_contracting_dims={1}
+  ROOT %t = (s32[], f32[4,4]{1,0}) tuple(s32[] %j, f32[4,4]{1,0} %d)
+}
+
+ENTRY %main (x: f32[4,4]) -> (s32[], f32[4,4]) {
+  %x = f32[4,4]{1,0} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], f32[4,4]{1,0}) tuple(s32[] %z, f32[4,4]{1,0} %x)
+  ROOT %w = (s32[], f32[4,4]{1,0}) while((s32[], f32[4,4]{1,0}) %init), condition=%cond, body=%body
+}
+"""
+
+
+def test_a_loops_condition_and_body_are_classified():
+    """The body's dot (2 x 4 x 4 x 4 FLOPs) and the condition's compare (reads two 4-byte
+    scalars, writes a 1-byte pred) each count once: the trip count is not read."""
+    ops = opclass.classify(LOOP)
+    assert ops.matmul_flops == 128 and ops.kernels == 2 and ops.memory_bytes == 9

@@ -46,7 +46,10 @@ DTYPE_BYTES = {
 _HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
 _OPERAND = re.compile(r"%([\w.\-]+)")
-_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?([%\w.\-, ]+)\}?")
+_CALLS = re.compile(
+    r"\b(?:calls|to_apply|body|condition|branch_computations|true_computation|false_computation)"
+    r"=(\{[^}]*\}|%?[\w.\-]+)"
+)
 _BRANCHES = re.compile(r"(?:true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCH_LIST = re.compile(r"branch_computations=\{([^}]*)\}")
 _DIMS = re.compile(r"\[([\d,]*)\]")
@@ -71,9 +74,9 @@ class Instruction:
 
     @functools.cached_property
     def callees(self) -> list[str]:
-        """Computations it calls: a fusion's `calls`, a reduction's `to_apply`, a loop's `body`
-        and `condition`, a conditional's `branch_computations` (but not the `true_computation`
-        and `false_computation` of a predicated one: `branches` reads those)."""
+        """Computations it calls: a fusion's `calls`, a reduction's `to_apply`, a loop's
+        `condition` and `body`, a conditional's branches (`branch_computations`, or a predicated
+        one's `true_computation` and `false_computation`)."""
         return callees(self.rest)
 
     @functools.cached_property
@@ -171,7 +174,7 @@ def callees(rest: str) -> list[str]:
     """The computations an instruction's text (after its opcode) names as called."""
     out = []
     for group in _CALLS.findall(rest):
-        out += [name.strip().lstrip("%") for name in group.split(",") if name.strip()]
+        out += [name.strip(" {}%") for name in group.split(",") if name.strip(" {}")]
     return out
 
 
