@@ -5,7 +5,8 @@ statistics and optimizer state of the same structure, and the step), never a sta
 replica-stacked carrier, plus a small JSON record of what the state belongs to. Restoring
 places that state with whatever mesh the current config has (`strategy.place`), so a
 checkpoint written under any mesh or device count resumes under any other. Data order derives
-from the step, so the step is all the position a run needs.
+from the step, so the step is all the position a run needs. Reading one back, and what every
+process found when it did, is jaxpar/checkpoint_read.py.
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
-from jax.experimental import multihost_utils
 
-from jaxpar import oneline
+from jaxpar.checkpoint_read import MISMATCH, UNREADABLE, Reader, agree
 from jaxpar.errors import ConfigError, TrainingError
 
 logger = logging.getLogger(__name__)
@@ -97,11 +95,8 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_handlers=handlers
         )
-        # The same handlers again, for reads that each process makes alone (`_attempt`).
-        self._readers = {
-            "state": ocp.StandardCheckpointHandler(),
-            "meta": ocp.JsonCheckpointHandler(),
-        }
+        # The same handlers again, for reads that each process makes alone.
+        self._reader = Reader(self.manager, self.directory, self.meta)
         self._closed = False
 
     def due(self, step: int, force: bool = False) -> bool:
@@ -150,16 +145,17 @@ class Checkpointer:
         (`--eval_only`, which writes nothing) it is left in place and skipped.
 
         With several processes, each reads the checkpoint itself and then they compare
-        verdicts (`_agree`): one that any process cannot read is unreadable for all of them,
-        so that they all resume from the same step or all start anew, never one from a step
-        another cannot read (its own files damaged, a disk or cache only it sees)."""
+        verdicts (jaxpar/checkpoint_read.py): one that any process cannot read is unreadable
+        for all of them, so that they all resume from the same step or all start anew, never
+        one from a step another cannot read (its own files damaged, a disk or cache only it
+        sees)."""
         for step in sorted(self.manager.all_steps(), reverse=True):
-            outcome = self._attempt(step, target)
-            verdicts = _agree(outcome)
-            mismatch = [text for kind, text in verdicts if kind == _MISMATCH]
+            outcome = self._reader.attempt(step, target)
+            verdicts = agree(outcome)
+            mismatch = [text for kind, text in verdicts if kind == MISMATCH]
             if mismatch:  # another run's workdir: nothing is moved
                 raise ConfigError(mismatch[0])
-            failed = {p: text for p, (kind, text) in enumerate(verdicts) if kind == _UNREADABLE}
+            failed = {p: text for p, (kind, text) in enumerate(verdicts) if kind == UNREADABLE}
             if failed:
                 self._unreadable(step, failed, set_aside)
                 continue
@@ -167,59 +163,6 @@ class Checkpointer:
             self.restored_meta = dict(meta)
             return jax.tree.map(np.asarray, state), step
         return None
-
-    def _attempt(self, step: int, target):
-        """(state, meta) of checkpoint `step` as this process reads it, or the ConfigError or
-        `_Unreadable` that says why not. Orbax's item handlers are called directly: the
-        manager's `restore` ends at a barrier of every process, which a process whose read
-        failed would never reach (the processes' later barriers would then pair wrongly)."""
-        try:
-            meta = self._read(step, "meta", ocp.args.JsonRestore())
-            self._check(meta, step)
-            self._check_structure(step, target)
-            return self._read(step, "state", ocp.args.StandardRestore(target)), meta
-        except ConfigError as e:
-            return e
-        except _Unreadable as e:
-            _quiet_closed_loops()
-            return e
-
-    def _read(self, step: int, item: str, args):
-        """Item `item` of checkpoint `step`, read by this process alone; any failure to read is
-        `_Unreadable`."""
-        path = epath.Path(self.directory) / str(step) / item
-        try:
-            return self._readers[item].restore(path, args=args)
-        except Exception as e:  # whatever the files do, they do not read back
-            raise _Unreadable(_why(e)) from e
-
-    def _check_structure(self, step: int, target) -> None:
-        """A one-line ConfigError if checkpoint `step` holds a state of another structure or
-        shapes than `target`; `_Unreadable` if its tree cannot be read."""
-        try:
-            tree = self.manager.item_metadata(step)["state"].tree
-        except Exception as e:  # missing or corrupt tree metadata
-            raise _Unreadable(_why(e)) from e
-        saved = ocp.tree.to_flat_dict(tree)
-        wanted = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(target, keep_empty_nodes=True))
-        extra, missing = sorted(set(saved) - set(wanted)), sorted(set(wanted) - set(saved))
-        if extra or missing:
-            parts = [f"holds {_entries(extra)}, which this config's state lacks"] if extra else []
-            if missing:
-                parts.append(f"lacks {_entries(missing)}, which this config's state has")
-            raise ConfigError(
-                f"checkpoint {step} in {self.directory} holds another state: it "
-                f"{' and '.join(parts)} (written with another synchronisation mode or "
-                "optimizer?); use another --workdir or the settings it was written with"
-            )
-        for key, value in wanted.items():
-            shape = tuple(getattr(saved[key], "shape", None) or ())
-            if shape != tuple(np.shape(value)):
-                raise ConfigError(
-                    f"checkpoint {step} in {self.directory} holds {'.'.join(map(str, key))} "
-                    f"of shape {shape}, this config's is {tuple(np.shape(value))}; use "
-                    "another --workdir or the settings it was written with"
-                )
 
     def _unreadable(self, step: int, failed: dict[int, str], set_aside: bool) -> None:
         """Say that checkpoint `step` does not read back (`failed`: the processes that could
@@ -260,15 +203,6 @@ class Checkpointer:
             ocp.multihost.sync_global_processes(f"jaxpar_checkpoint_{step}_set_aside")
         self.manager.reload()
 
-    def _check(self, meta: dict, step: int) -> None:
-        for key, value in self.meta.items():
-            if meta.get(key) != value:
-                raise ConfigError(
-                    f"checkpoint {step} in {self.directory} was written for {key}="
-                    f"{_short(meta.get(key))}, this config has {key}={_short(value)}; use "
-                    "another --workdir or the settings it was written with"
-                )
-
     def close(self) -> None:
         """Wait for a save in progress, then release the manager and the readers (once; later
         calls do nothing)."""
@@ -279,8 +213,7 @@ class Checkpointer:
             self.wait()
         finally:
             self.manager.close()
-            for reader in self._readers.values():
-                reader.close()
+            self._reader.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -305,59 +238,6 @@ def _writing(directory: str):
         ) from None
 
 
-def _quiet_closed_loops() -> None:
-    """Drop the "Event loop is closed" errors a failed read leaves behind: TensorStore still
-    completes the other reads of the checkpoint that failed and calls back into the asyncio
-    loop Orbax has closed, and Python prints each as a traceback (up to hundreds, after the
-    one line that said the checkpoint does not read back). Nothing else is dropped."""
-    previous = sys.unraisablehook
-    if getattr(previous, "_jaxpar_quiet", False):
-        return
-
-    def hook(unraisable) -> None:
-        error = unraisable.exc_value
-        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-            return
-        previous(unraisable)
-
-    hook._jaxpar_quiet = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
-
-
-class _Unreadable(Exception):
-    """A checkpoint's files do not read back (the message says why in one line)."""
-
-
-def _why(error: BaseException) -> str:
-    """A failure to read, in one short line: its type and the first line of its message."""
-    return f"{type(error).__name__}: {_short(oneline.first_line(error), 120)}"
-
-
-# What a process found when it read a checkpoint (`_agree`)
-_READ, _UNREADABLE, _MISMATCH = 0, 1, 2
-_TEXT_BYTES = 1024  # the most of a verdict's message that is passed on
-
-
-def _agree(outcome) -> list[tuple[int, str]]:
-    """Every process's verdict on one checkpoint, in process order: (_READ, ""), (_UNREADABLE,
-    why) or (_MISMATCH, the ConfigError's message), from `outcome`, what `_attempt` returned
-    in each. One process_allgather of 1 KiB per process across all of them (gloo on CPU), which
-    every process reaches: their reads have no barrier in them. One process: its own."""
-    if isinstance(outcome, ConfigError):
-        kind, text = _MISMATCH, str(outcome)
-    elif isinstance(outcome, _Unreadable):
-        kind, text = _UNREADABLE, str(outcome)
-    else:
-        kind, text = _READ, ""
-    if jax.process_count() == 1:
-        return [(kind, text)]
-    row = np.zeros(1 + _TEXT_BYTES, np.uint8)  # the kind, then the text (NUL-padded)
-    raw = text.encode()[:_TEXT_BYTES]
-    row[0], row[1 : 1 + len(raw)] = kind, np.frombuffer(raw, np.uint8)
-    rows = np.asarray(multihost_utils.process_allgather(row))
-    return [(int(r[0]), bytes(r[1:]).rstrip(b"\0").decode(errors="ignore")) for r in rows]
-
-
 def _free_path(path: str) -> str:
     """`path`, or `path.2`, `path.3`, ... : the first that does not exist."""
     candidate, n = path, 1
@@ -365,15 +245,3 @@ def _free_path(path: str) -> str:
         n += 1
         candidate = f"{path}.{n}"
     return candidate
-
-
-def _entries(keys: list[tuple]) -> str:
-    """State entries by their dotted paths: the first three, then how many more."""
-    names = [".".join(map(str, key)) for key in keys]
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return ", ".join(names[:3]) + more
-
-
-def _short(value: Any, limit: int = 40) -> str:
-    text = str(value)
-    return text if len(text) < limit else text[: limit - 3] + "..."
