@@ -18,8 +18,9 @@ a fixed time however small it is. So a program is summarised as
 and priced by the profile (`Profile.program_time`): the matmul classes at calibrated
 fractions of peak, the memory-bound bytes at the memory bandwidth, a device time per kernel,
 and a host time per kernel launched (the step takes the longer of host and device). The
-figures are exact for the program compiled here; a GPU compiler fuses differently, which
-gpufusion.py models (the profile's `compiler`).
+figures are exact for the program compiled here (XLA:CPU's, or XLA:GPU's compiled for the
+profile's target). The program is read by jaxpar.hlo; its matrix kernels by matrix.py, and
+XLA:GPU's cuDNN and cuBLAS calls by library.py; this module classifies.
 """
 
 from __future__ import annotations
@@ -154,27 +155,26 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
     """Op classes of one compiled program (its `as_text()`), per device per call; `compiler`
     "gpu" for an XLA:GPU program (its memory-bound kernels' classes are the GPU's)."""
     program = hlo.parse(text)
-    comps, types = program.computations, program.types
+    types = program.types
 
     def inner(name: str, seen: frozenset = frozenset()) -> OpClasses:
         total = OpClasses()
-        for ins in comps.get(name, ()):
-            result, op, rest = ins.type, ins.opcode, ins.rest
-            if op in ("convolution", "dot"):
-                total = total + matrix_classes(matmul(op, result, rest, types))
-            for callee in hlo.callees(rest):
+        for ins in program.body(name):
+            if ins.opcode in ("convolution", "dot"):
+                total = total + matrix_classes(matmul(ins.opcode, ins.type, ins.rest, types))
+            for callee in ins.callees:
                 if callee not in seen:
                     total = total + inner(callee, seen | {name})
         return total
 
     def walk(name: str, seen: frozenset = frozenset()) -> OpClasses:
         out = OpClasses()
-        for ins in comps.get(name, ()):
+        for ins in program.body(name):
             result, op, rest = ins.type, ins.opcode, ins.rest
             if op in _FREE or op.removesuffix("-start") in hlo.KINDS or op.endswith("-done"):
                 continue  # collectives are priced by their bytes and links, not here
             if op in _CONTROL:
-                for callee in hlo.callees(rest):
+                for callee in ins.callees:
                     if callee not in seen:
                         out = out + walk(callee, seen | {name})
                 continue
@@ -183,7 +183,7 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
             elif op == "custom-call" and library.LIBRARY.search(rest):
                 mm = library_call(result, rest, types)
             elif op == "fusion":
-                mm = sum((inner(c) for c in hlo.callees(rest)), OpClasses())
+                mm = sum((inner(c) for c in ins.callees), OpClasses())
             else:
                 mm = OpClasses()
             if mm.flops:
