@@ -26,7 +26,6 @@ from jaxpar.plan.candidates import (
     Candidate,
     candidate_of,
     check,
-    commonest,
     default_of,
     enumerate_candidates,
     factorisations,
@@ -34,7 +33,8 @@ from jaxpar.plan.candidates import (
     microbatch_counts,
     space,
 )
-from jaxpar.plan.explain import command, unpriced, why
+from jaxpar.plan.reasons import command, unpriced, why
+from jaxpar.plan.refusals import commonest
 from jaxpar.plan.search import Plan, plan, predict_is_default, rank
 
 __all__ = [

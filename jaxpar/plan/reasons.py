@@ -1,5 +1,7 @@
-"""Explanations of a predicted row: what dominates its step (`why`), what the predictor
-could not price (`unpriced`), and the command line that trains it (`command`).
+"""Why a predicted row is what it is, as the plan's report says it: what dominates its step
+(`why`), what the predictor could not price (`unpriced`), and the command line that trains it
+(`command`). (What a configuration will do, without predicting, is `--explain`:
+jaxpar/explain.py.)
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ the recommendation with the command that trains it."""
 
 from __future__ import annotations
 
-from jaxpar.plan.candidates import candidate_of, commonest
-from jaxpar.plan.explain import command, unpriced, why
+from jaxpar.plan.candidates import candidate_of
+from jaxpar.plan.reasons import command, unpriced, why
+from jaxpar.plan.refusals import commonest
 from jaxpar.plan.search import rank
 
 
