@@ -1,5 +1,6 @@
 """What a run is built from (`Setup`, built by `setup`: mesh, data, model, strategy, nothing
-compiled yet), the batches it feeds (`local_train_batch`) and how it evaluates (`evaluate`)."""
+compiled yet; `Run`: one call of the trainer), the batches it feeds (`local_train_batch`) and
+how it evaluates (`evaluate`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxpar import axes, models, optim, parallel, units
+from jaxpar import axes, compile_cache, models, optim, parallel, units
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
@@ -39,6 +40,19 @@ class Setup:
     def data_size(self) -> int:
         """Data replicas: the product of the batch axes (data, node, fsdp, ...)."""
         return axes.num_replicas(dict(self.mesh.shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One call of `trainer.train_and_evaluate`: what it is built from and what it reports to (what
+    it says goes to the "jaxpar" logger: jaxpar/log.py)."""
+
+    setup: Setup
+    workdir: str
+    watch: watchdog_lib.Watchdog
+    wall0: float  # when it started (perf_counter)
+    profile: bool
+    compiled: compile_cache.Counts  # the programs this process had built when it started
 
 
 def setup(
@@ -113,6 +127,8 @@ def evaluate(
 
 
 def announce(setup: Setup) -> None:
+    """The run's opening lines: model, data, mesh and strategy, the model's layer table and
+    the strategy's own description."""
     spec, mesh, strategy = setup.dataset.spec, setup.mesh, setup.strategy
     logger.info(
         f"jaxpar: {setup.model.name} on {spec.name} {spec.image_shape}, "

@@ -14,7 +14,7 @@ import jax
 from jaxpar import analysis, compile_cache, console
 from jaxpar import metrics as metrics_lib
 from jaxpar.data.prefetch import InputStats
-from jaxpar.run_setup import Setup, evaluate
+from jaxpar.run_setup import Run, Setup, evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Outcome:
 
 
 def summarise(
-    run: Any,
+    run: Run,
     outcome: Outcome,
     writer: metrics_lib.MetricWriter,
     step_programs: compile_cache.Counts,
@@ -92,7 +92,7 @@ def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _train_split(run: Any, state, summary: dict[str, Any]) -> dict[str, Any]:
+def _train_split(run: Run, state, summary: dict[str, Any]) -> dict[str, Any]:
     """With eval_train_examples: the final model evaluated on that many train images (the
     train accuracy) and the train/test gap in accuracy; else nothing."""
     n = run.setup.config.eval_train_examples

@@ -41,7 +41,7 @@ from jaxpar import watchdog as watchdog_lib
 from jaxpar import workdir as workdir_lib
 from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
-from jaxpar.run_setup import Setup, announce, evaluate, local_train_batch, setup
+from jaxpar.run_setup import Run, Setup, announce, evaluate, local_train_batch, setup
 from jaxpar.run_summary import TIMING_WARMUP_STEPS, Outcome, summarise
 
 # What callers use from here: the loop, and what a run is built from (run_setup.py).
@@ -81,25 +81,12 @@ def train_and_evaluate(
         workdir_lib.prepare(workdir)
     lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
     with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
-        result = _run(_Run(built, workdir, watch, wall0, profile, compiled), eval_only)
+        result = _run(Run(built, workdir, watch, wall0, profile, compiled), eval_only)
     cluster.finish()  # several processes: every one is past its last collective
     return result
 
 
-@dataclasses.dataclass(frozen=True)
-class _Run:
-    """One call of `train_and_evaluate`: what it is built from and what it reports to (what
-    it says goes to the "jaxpar" logger: jaxpar/log.py)."""
-
-    setup: Setup
-    workdir: str
-    watch: watchdog_lib.Watchdog
-    wall0: float  # when it started (perf_counter)
-    profile: bool
-    compiled: compile_cache.Counts  # the programs this process had built when it started
-
-
-def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
+def _run(run: Run, eval_only: bool) -> dict[str, Any]:
     """Resume or start, compile, train and summarise."""
     setup, watch = run.setup, run.watch
     config, total = setup.config, setup.config.num_train_steps
@@ -143,7 +130,7 @@ def _run(run: _Run, eval_only: bool) -> dict[str, Any]:
         return summarise(run, outcome, writer, step_programs)
 
 
-def _train(run: _Run, state, first, start: int, writer, ckpt) -> Outcome:
+def _train(run: Run, state, first, start: int, writer, ckpt) -> Outcome:
     """Steps `start + 1`..`num_train_steps` (`first` is the batch of the first), each followed
     by the hooks; saves and ends early when a stop is requested."""
     setup, watch = run.setup, run.watch
@@ -217,7 +204,7 @@ def _train(run: _Run, state, first, start: int, writer, ckpt) -> Outcome:
     )
 
 
-def _ended_at_target(run: _Run, step: int) -> bool:
+def _ended_at_target(run: Run, step: int) -> bool:
     """Whether the run in the workdir stopped at its target at `step` (stop_at_target): then
     it is finished, as a run is after its last step."""
     if not run.setup.config.stop_at_target:
@@ -256,7 +243,7 @@ def _end_at_target(info: hooks.StepInfo, window: hooks.LogWindow, saver) -> None
     logger.info(f"stopping at step {info.step}: the target is reached (stop_at_target=True)")
 
 
-def _evaluate_only(run: _Run, restored) -> dict[str, Any]:
+def _evaluate_only(run: Run, restored) -> dict[str, Any]:
     """Evaluate the newest checkpoint; write nothing."""
     if restored is None:
         raise TrainingError(
