@@ -26,13 +26,12 @@ machine (a calibration run in OUT/calibration).
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.files import write_json, write_text
+from jaxpar.files import write_json
 
 
 def _load_config(path: str, overrides: dict):
@@ -53,94 +52,6 @@ def _profile_devices(path: str) -> int:
         return int(configfile.load(path).num_devices)
     except FileNotFoundError:
         raise ConfigError(f"no such profile file {path!r} (see configs/hardware/)") from None
-
-
-def _measure(
-    args, config_file, config, overrides, top, profile_path, profile, out: Path
-) -> list[dict]:
-    """Run `top` through the bench on this machine; print predicted against measured."""
-    from jaxpar.bench.runner import Sweep
-    from jaxpar.plan.candidates import candidate_of
-
-    this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.compute_pool)
-    if not this_machine:
-        print(
-            f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "
-            f"devices), not {profile.name}'s: compare the order, not the numbers"
-        )
-    rows = []
-    for r in top:
-        c = candidate_of(r)
-        rows.append(
-            {
-                "name": f"plan {c.name}",
-                "config": c.overrides(config),
-                "group": "",
-                "scaling": "strong",
-                "baseline": "",
-                "label": "",
-                "reference": None,
-                "reference_efficiency": None,
-            }
-        )
-    common = {
-        **overrides,
-        "num_train_steps": args.measure_steps,
-        "log_every_steps": max(1, args.measure_steps // 4),
-        "eval_every_steps": 0,
-        "checkpoint_every_steps": 0,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    suite_file = out / "measure_suite.py"
-    write_text(
-        str(suite_file),
-        '"""The top candidates of `python -m jaxpar.plan`, measured by the bench."""\n\n'
-        "from configs.bench import suite\n\n\n"
-        f"def get_config():\n    return suite({os.path.abspath(config_file)!r}, {common!r}, "
-        f"{tuple(rows)!r})\n",
-    )
-    print(
-        f"\nmeasuring the top {len(rows)} on this machine: python -m jaxpar.bench --suite "
-        f"{suite_file} --out {out / 'measured'}",
-        flush=True,
-    )
-    table_rows = Sweep(suite=str(suite_file), out=str(out / "measured"), plots=False).run()
-    got = {t["name"]: t for t in table_rows}
-    result = []
-    for r, spec in zip(top, rows):
-        m = got.get(spec["name"], {})
-        measured = m.get("images_per_sec") if m.get("status") == "ok" else None
-        err = (r["images_per_sec"] / measured - 1) if measured else None
-        result.append(
-            {
-                "name": r["name"],
-                "predicted_images_per_sec": r["images_per_sec"],
-                "measured_images_per_sec": measured,
-                "error": err,
-                "measured_status": m.get("status"),
-                "measured_error": m.get("error"),
-            }
-        )
-    print("\n| predicted rank | candidate | predicted img/s | measured img/s | prediction error |")
-    print("|---|---|---|---|---|")
-    for i, x in enumerate(result, 1):
-        meas = (
-            f"{x['measured_images_per_sec']:,.1f}"
-            if x["measured_images_per_sec"]
-            else (f"failed: {x['measured_error']}")
-        )
-        err = f"{100 * x['error']:+.0f}%" if x["error"] is not None else "-"
-        print(f"| {i} | {x['name']} | {x['predicted_images_per_sec']:,.1f} | {meas} | {err} |")
-    ok = [x for x in result if x["measured_images_per_sec"]]
-    pairs = [(a, b) for i, a in enumerate(ok) for b in ok[i + 1 :]]
-    same = sum(a["measured_images_per_sec"] >= b["measured_images_per_sec"] for a, b in pairs)
-    if pairs:
-        verdict = "agrees with" if same == len(pairs) else "differs from"
-        print(
-            f"measured order {verdict} the predicted one: {same} of {len(pairs)} pairs in the "
-            "same order"
-        )
-    return result
 
 
 def extra_overrides(overrides: dict, n: int, profile) -> dict:
@@ -257,6 +168,7 @@ def _main(args, overrides: dict) -> int:
     configfile.cpu_only()
     config = _load_config(args.config, overrides)
 
+    from jaxpar.plan import measure, target_pass
     from jaxpar.plan.report import report
     from jaxpar.plan.search import plan, rank
     from jaxpar.predict import gputarget, load_profile
@@ -300,8 +212,10 @@ def _main(args, overrides: dict) -> int:
     if args.target_accuracy is not None:
         if reference is None:
             out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
-            reference = _calibrate(args.config, config, overrides, args.target_accuracy, out)
-        to_target = _rank_to_target(
+            reference = target_pass.calibrate(
+                args.config, config, overrides, args.target_accuracy, out
+            )
+        to_target = target_pass.rank_to_target(
             args, config, profile, n, limit, names, splits, reference, batches, result
         )
     measured = None
@@ -309,7 +223,9 @@ def _main(args, overrides: dict) -> int:
         out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
         runnable = [r for r in fitting if r["num_devices"] <= config.host_device_count]
         top = runnable[: args.measure]
-        measured = _measure(args, args.config, config, overrides, top, args.profile, profile, out)
+        measured = measure.measure(
+            args, args.config, config, overrides, top, args.profile, profile, out
+        )
     if out:
         out.mkdir(parents=True, exist_ok=True)
         write_json(
@@ -335,78 +251,6 @@ def _main(args, overrides: dict) -> int:
         )
         print(f"\nwrote {out / 'plan.json'}")
     return 0
-
-
-def _calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
-    """Train the config itself to the target on this machine (stopping there), and read the
-    reference from that run: the path without --from-run."""
-    from jaxpar import trainer
-    from jaxpar.plan import steps as steps_lib
-
-    workdir = out / "calibration"
-    print(
-        f"\nno --from-run: training {config_file} to accuracy {accuracy:g} on this machine "
-        f"first ({workdir}; up to {config.num_train_steps} steps)",
-        flush=True,
-    )
-    run = configfile.override(
-        config.copy_and_resolve_references(),
-        {
-            "target_accuracy": accuracy,
-            "stop_at_target": True,
-            "eval_every_steps": config.eval_every_steps or max(1, config.num_train_steps // 20),
-            "checkpoint_every_steps": 0,
-        },
-    )
-    trainer.train_and_evaluate(run, str(workdir))
-    return steps_lib.load(str(workdir), accuracy)
-
-
-def _rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):
-    """The time-to-target ranking over the batches: printed, and returned for plan.json."""
-    from jaxpar.plan import to_target
-    from jaxpar.plan.search import plan
-
-    batches = batches or to_target.default_batches(reference, config.global_batch_size)
-    per_batch = max(8, args.max_candidates // len(batches))
-    print(
-        f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: batch "
-        f"{reference.batch_size} reached it in {reference.steps_to_target} steps, noise scale "
-        f"{reference.noise_scale:,.0f} (learning-rate rule {reference.lr_rule}); predicted "
-        f"steps S(B) = {reference.min_steps:,.1f} x (1 + {reference.noise_scale:,.0f} / B)",
-        flush=True,
-    )
-    if caveat := reference.caveat():
-        print(f"note: {caveat}")
-    rows = []
-    for b in batches:
-        if b == config.global_batch_size:
-            found = result
-        else:
-            at = configfile.override(config.copy_and_resolve_references(), {"global_batch_size": b})
-            try:
-                found = plan(
-                    at, profile, n, args.all_sync, splits, args.expand, per_batch, limit, axes=names
-                )
-            except ValueError as e:
-                print(f"batch {b}: {oneline.first_line(e)}")
-                continue
-        rows += to_target.rows_to_target(found.rows, b, reference, config, limit)
-    ranked, fastest = to_target.rank(rows, config.global_batch_size)
-    print("\n" + "\n".join(to_target.table(ranked, args.top)))
-    print(to_target.verdict(ranked, fastest))
-    skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
-    if skipped:
-        print(
-            f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
-            "jaxpar/plan/steps.py SYNC_STEP_FACTORS)"
-        )
-    return {
-        "target_accuracy": args.target_accuracy,
-        "reference": {k: v for k, v in vars(reference).items() if k != "noise_trace"},
-        "to_target_rows": rows,
-        "to_target_ranked": [r["name"] for r in ranked],
-    }
 
 
 INTERRUPTED = (

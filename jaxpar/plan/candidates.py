@@ -1,21 +1,21 @@
 """The candidates: every mesh of N devices over the registered axes and the settings the
 trainer runs on it (`enumerate_candidates`), pure functions of the config (what runs is
-jaxpar.parallel.validate's answer), and the default setting of a mesh (`default_of`)."""
+jaxpar.parallel.validate's answer, refusals.py), and the default setting of a mesh
+(`default_of`)."""
 
 from __future__ import annotations
 
-import collections
 import copy
 import dataclasses
 import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
 
 from jaxpar import axes as axes_lib
-from jaxpar import configfile, oneline
+from jaxpar import configfile
+from jaxpar.plan.refusals import check
 
 DEFAULT_AXES = axes_lib.DEFAULT
 
@@ -217,36 +217,6 @@ def space(
     return out
 
 
-def check(config: ml_collections.ConfigDict, candidate: Candidate) -> str | None:
-    """Why the trainer refuses `candidate` for `config` (its one line), or None: every
-    refusal of the config and the mesh, and those only the model tells (channels that do not
-    divide, too few layers to cut); nothing is compiled."""
-    from jaxpar import parallel
-
-    try:
-        applied = candidate.apply(config)
-        shape = parallel.validate(applied, candidate.num_devices)
-        parallel.check_model(applied, shape, _model(config))
-    except (ValueError, KeyError, TypeError) as e:  # ConfigError is a ValueError
-        return oneline.first_line(e)
-    return None
-
-
-_MODELS: dict = {}
-
-
-def _model(config: ml_collections.ConfigDict):
-    """The config's model (built once per model config: layers and shapes, nothing run)."""
-    from jaxpar import models
-    from jaxpar.predict.workload import input_spec
-
-    spec = input_spec(config)
-    key = (config.model.to_json(), repr(spec))
-    if key not in _MODELS:
-        _MODELS[key] = models.build(config.model, *spec)
-    return _MODELS[key]
-
-
 def enumerate_candidates(
     config: ml_collections.ConfigDict,
     n: int,
@@ -265,18 +235,6 @@ def enumerate_candidates(
         else:
             refused.append((c, reason))
     return valid, refused
-
-
-def commonest(refused: Iterable[tuple[Candidate, str]], top: int = 3) -> list[tuple[str, int]]:
-    """The commonest refusal reasons with their counts: reasons that differ only in their
-    numbers count as one (shown as its first instance)."""
-    first: dict[str, str] = {}
-    counts: collections.Counter = collections.Counter()
-    for _, reason in refused:
-        key = re.sub(r"\d+", "N", reason)
-        first.setdefault(key, reason)
-        counts[key] += 1
-    return [(first[k], n) for k, n in counts.most_common(top)]
 
 
 def default_of(config, candidates: Sequence[Candidate], all_sync: bool = False) -> Candidate:

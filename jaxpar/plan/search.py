@@ -22,10 +22,10 @@ from jaxpar.plan.candidates import (
     BASELINE,
     SCHEDULES,
     Candidate,
-    commonest,
     default_of,
     enumerate_candidates,
 )
+from jaxpar.plan.refusals import commonest
 
 
 @dataclasses.dataclass

@@ -1,0 +1,98 @@
+"""`python -m jaxpar.plan --measure K`: the top K candidates run through the bench on this
+machine (a suite written to OUT/measure_suite.py, measured into OUT/measured), and the
+predicted order printed against the measured one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from jaxpar.files import write_text
+
+
+def measure(
+    args, config_file, config, overrides, top, profile_path, profile, out: Path
+) -> list[dict]:
+    """Run `top` through the bench on this machine; print predicted against measured."""
+    from jaxpar.bench.runner import Sweep
+    from jaxpar.plan.candidates import candidate_of
+
+    this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.compute_pool)
+    if not this_machine:
+        print(
+            f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "
+            f"devices), not {profile.name}'s: compare the order, not the numbers"
+        )
+    rows = []
+    for r in top:
+        c = candidate_of(r)
+        rows.append(
+            {
+                "name": f"plan {c.name}",
+                "config": c.overrides(config),
+                "group": "",
+                "scaling": "strong",
+                "baseline": "",
+                "label": "",
+                "reference": None,
+                "reference_efficiency": None,
+            }
+        )
+    common = {
+        **overrides,
+        "num_train_steps": args.measure_steps,
+        "log_every_steps": max(1, args.measure_steps // 4),
+        "eval_every_steps": 0,
+        "checkpoint_every_steps": 0,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    suite_file = out / "measure_suite.py"
+    write_text(
+        str(suite_file),
+        '"""The top candidates of `python -m jaxpar.plan`, measured by the bench."""\n\n'
+        "from configs.bench import suite\n\n\n"
+        f"def get_config():\n    return suite({os.path.abspath(config_file)!r}, {common!r}, "
+        f"{tuple(rows)!r})\n",
+    )
+    print(
+        f"\nmeasuring the top {len(rows)} on this machine: python -m jaxpar.bench --suite "
+        f"{suite_file} --out {out / 'measured'}",
+        flush=True,
+    )
+    table_rows = Sweep(suite=str(suite_file), out=str(out / "measured"), plots=False).run()
+    got = {t["name"]: t for t in table_rows}
+    result = []
+    for r, spec in zip(top, rows):
+        m = got.get(spec["name"], {})
+        measured = m.get("images_per_sec") if m.get("status") == "ok" else None
+        err = (r["images_per_sec"] / measured - 1) if measured else None
+        result.append(
+            {
+                "name": r["name"],
+                "predicted_images_per_sec": r["images_per_sec"],
+                "measured_images_per_sec": measured,
+                "error": err,
+                "measured_status": m.get("status"),
+                "measured_error": m.get("error"),
+            }
+        )
+    print("\n| predicted rank | candidate | predicted img/s | measured img/s | prediction error |")
+    print("|---|---|---|---|---|")
+    for i, x in enumerate(result, 1):
+        meas = (
+            f"{x['measured_images_per_sec']:,.1f}"
+            if x["measured_images_per_sec"]
+            else (f"failed: {x['measured_error']}")
+        )
+        err = f"{100 * x['error']:+.0f}%" if x["error"] is not None else "-"
+        print(f"| {i} | {x['name']} | {x['predicted_images_per_sec']:,.1f} | {meas} | {err} |")
+    ok = [x for x in result if x["measured_images_per_sec"]]
+    pairs = [(a, b) for i, a in enumerate(ok) for b in ok[i + 1 :]]
+    same = sum(a["measured_images_per_sec"] >= b["measured_images_per_sec"] for a, b in pairs)
+    if pairs:
+        verdict = "agrees with" if same == len(pairs) else "differs from"
+        print(
+            f"measured order {verdict} the predicted one: {same} of {len(pairs)} pairs in the "
+            "same order"
+        )
+    return result

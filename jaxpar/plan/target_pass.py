@@ -1,0 +1,82 @@
+"""`python -m jaxpar.plan --target-accuracy A`: the time-to-target pass of the command. The
+reference run is read from --from-run, or trained here first (`calibrate`); the search runs
+at each global batch, and its rows are ranked by predicted time to the target (to_target.py)
+and printed (`rank_to_target`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jaxpar import configfile, oneline
+
+
+def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
+    """Train the config itself to the target on this machine (stopping there), and read the
+    reference from that run: the path without --from-run."""
+    from jaxpar import trainer
+    from jaxpar.plan import steps as steps_lib
+
+    workdir = out / "calibration"
+    print(
+        f"\nno --from-run: training {config_file} to accuracy {accuracy:g} on this machine "
+        f"first ({workdir}; up to {config.num_train_steps} steps)",
+        flush=True,
+    )
+    run = configfile.override(
+        config.copy_and_resolve_references(),
+        {
+            "target_accuracy": accuracy,
+            "stop_at_target": True,
+            "eval_every_steps": config.eval_every_steps or max(1, config.num_train_steps // 20),
+            "checkpoint_every_steps": 0,
+        },
+    )
+    trainer.train_and_evaluate(run, str(workdir))
+    return steps_lib.load(str(workdir), accuracy)
+
+
+def rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):
+    """The time-to-target ranking over the batches: printed, and returned for plan.json."""
+    from jaxpar.plan import to_target
+    from jaxpar.plan.search import plan
+
+    batches = batches or to_target.default_batches(reference, config.global_batch_size)
+    per_batch = max(8, args.max_candidates // len(batches))
+    print(
+        f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: batch "
+        f"{reference.batch_size} reached it in {reference.steps_to_target} steps, noise scale "
+        f"{reference.noise_scale:,.0f} (learning-rate rule {reference.lr_rule}); predicted "
+        f"steps S(B) = {reference.min_steps:,.1f} x (1 + {reference.noise_scale:,.0f} / B)",
+        flush=True,
+    )
+    if caveat := reference.caveat():
+        print(f"note: {caveat}")
+    rows = []
+    for b in batches:
+        if b == config.global_batch_size:
+            found = result
+        else:
+            at = configfile.override(config.copy_and_resolve_references(), {"global_batch_size": b})
+            try:
+                found = plan(
+                    at, profile, n, args.all_sync, splits, args.expand, per_batch, limit, axes=names
+                )
+            except ValueError as e:
+                print(f"batch {b}: {oneline.first_line(e)}")
+                continue
+        rows += to_target.rows_to_target(found.rows, b, reference, config, limit)
+    ranked, fastest = to_target.rank(rows, config.global_batch_size)
+    print("\n" + "\n".join(to_target.table(ranked, args.top)))
+    print(to_target.verdict(ranked, fastest))
+    skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
+    if skipped:
+        print(
+            f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
+            "jaxpar/plan/steps.py SYNC_STEP_FACTORS)"
+        )
+    return {
+        "target_accuracy": args.target_accuracy,
+        "reference": {k: v for k, v in vars(reference).items() if k != "noise_trace"},
+        "to_target_rows": rows,
+        "to_target_ranked": [r["name"] for r in ranked],
+    }
