@@ -32,6 +32,9 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert micro["launch_s"] > 0 and micro["sync_call_s"] > 0 and micro["kernel_s"] > 0
     (run,) = hererows.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
     assert run["images_per_sec"] > 0 and run["image_shape"] == (32, 32, 3)
+    assert micro["thin_conv_float32"] > 0 and micro["float32_flops_per_s"] > 0
+    # a first layer's convolution at a quarter of the matmul's rate
+    micro["thin_conv_float32"] = micro["float32_flops_per_s"] / 4
     path = tmp_path / "here_profile.py"
     report = hereprofile.write_profile(str(path), micro, [run], ("compute_efficiency",))
     assert "measured img/s" in report and f"--profile {path}" in report
@@ -39,8 +42,7 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     profile = fitting.load_profile(path)  # fitted to its one run as it loads
     assert profile.name == "8 x cpu (measured here)" and profile.num_devices == 8
     assert 0 < profile.memory_bandwidth < math.inf
-    # the first layer's convolution, timed here, against the matmul's rate
-    assert profile.thin_efficiency == micro["thin_conv_float32"] / micro["float32_flops_per_s"] > 0
+    assert profile.thin_efficiency == pytest.approx(0.25)  # the first layer's, against a matmul
     assert all(0 < v < math.inf for v in profile.peak_flops.values())
     assert 0 < profile.intra.bandwidth < math.inf and 0 < profile.intra.latency < math.inf
     step = profile.program_time(calibration_ops(run, profile.target), run["dtype"])
@@ -58,14 +60,21 @@ def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, 
     from types import SimpleNamespace
 
     monkeypatch.setattr(here.jax, "devices", lambda *a: [SimpleNamespace(platform="gpu")])
-    args = SimpleNamespace(here_rows="vgg19:1.0:32:bfloat16:512", here_fit="compute_efficiency",
-                           here_seconds=1.0, here_devices=None)  # fmt: skip
-    rows, names = here._plan(args)
-    assert rows == ["vgg19:1.0:32:bfloat16:512"] and names == ("compute_efficiency",)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("note: on a GPU") and "kernel_s" in err
-    here._plan(SimpleNamespace(**{**vars(args), "here_fit": "kernel_s"}))
-    assert capsys.readouterr().err == ""
+    timed = []
+
+    def model_runs(rows, seconds):  # the plan went ahead: stop before anything is timed
+        timed.append(rows)
+        raise ValueError("stopped here")
+
+    monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: {"platform": "gpu"})
+    monkeypatch.setattr(hererows, "model_runs", model_runs)
+    args = SimpleNamespace(calibrate_here="x.py", here_rows="vgg19:1.0:32:bfloat16:512",
+                           here_fit="compute_efficiency", here_seconds=1.0, here_devices=None)  # fmt: skip
+    assert here.run(args) == 2 and timed == [["vgg19:1.0:32:bfloat16:512"]]
+    note, stopped = capsys.readouterr().err.splitlines()
+    assert note.startswith("note: on a GPU") and "kernel_s" in note and "stopped here" in stopped
+    assert here.run(SimpleNamespace(**{**vars(args), "here_fit": "kernel_s"})) == 2
+    assert "note" not in capsys.readouterr().err and len(timed) == 2
 
 
 def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_path):
@@ -124,7 +133,7 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
 
     def timed(rows, dtype, seconds):
         return [{**r, **{c: kernels.price(truth, k) * 1e3 for c, k in
-                         zip(kernels._COLUMNS[-3:], kernels.kernels({**r, "forward_ms": 1,
+                         zip(("forward_ms", "input_grad_ms", "filter_grad_ms"), kernels.kernels({**r, "forward_ms": 1,
                              "input_grad_ms": 1, "filter_grad_ms": 1}))}} for r in rows]  # fmt: skip
 
     monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: dict(micro))

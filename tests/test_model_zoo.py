@@ -176,8 +176,8 @@ def every_block_kind_once(monkeypatch, request):
     monkeypatch.setattr(inception, "sequential",
                         lambda name, modules, *a: full(name, [m for m in modules if m[0] in keep],
                                                        *a))  # fmt: skip
-    models._build.cache_clear()  # builds of the full depths, or of these, stay in their tests
-    request.addfinalizer(models._build.cache_clear)
+    models.forget_built()  # builds of the full depths, or of these, stay in their tests
+    request.addfinalizer(models.forget_built)
     f = FAMILIES[request.node.callspec.params["family"]]
     units = {"resnet20": 5, "resnet50": 7, "densenet10": 10, "inception_v3": 7}
     model = build(f.model, f.shape, 10, f.width)

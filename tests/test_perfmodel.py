@@ -26,24 +26,10 @@ from jaxpar.predict import (
 )
 from jaxpar.predict.model import predict_workload
 from jaxpar.predict.workload import ChunkCost, StageCost, Workload, workload
-from tests.util import tiny_config
+from tests.util import tiny_config, tiny_profile
 
 GB = 1e9
 PROFILES = sorted(Path("configs/hardware").glob("*.py"))
-
-
-def _profile(**kw) -> hardware.Profile:
-    base = {
-        "name": "test",
-        "num_devices": 8,
-        "devices_per_node": 8,
-        "peak_flops": {"float32": 1e12},
-        "memory_bytes": 16 * GB,
-        "intra": hardware.Link(10 * GB, 0.0),
-        "inter": hardware.Link(1 * GB, 0.0),
-        "compute_efficiency": 0.5,
-    }
-    return hardware.Profile(**{**base, **kw})
 
 
 def test_ring_allreduce_time_by_hand():
@@ -58,7 +44,7 @@ def test_ring_allreduce_time_by_hand():
 
 
 def test_group_spanning_nodes_is_hierarchical():
-    p = _profile(devices_per_node=4)
+    p = tiny_profile(devices_per_node=4)
     mesh = {"data": 8, "stage": 1, "tensor": 1}
     group = links.group_of("data", mesh)
     assert group == list(range(8)) and links.span(group, 4) == (4, 2)
@@ -111,24 +97,24 @@ def test_equal_stages_reproduce_the_analytic_bubble():
     w = Workload("toy", {"data": 1, "stage": k, "tensor": 1}, 8 * m, "float32", 1, 4, 1,
                  "gpipe", m, tuple(tuple(e) for e in schedules.stage_events("gpipe", k, m)),
                  chunks, (StageCost(0, 0, 0),) * k)  # fmt: skip
-    row = predict_workload(w, _profile())
+    row = predict_workload(w, tiny_profile())
     busy = row["compute_s"]  # one stage: M x (forward + recomputing backward)
     assert row["bubble_s"] / row["step_time_s"] == pytest.approx((k - 1) / (m + k - 1))
     assert busy == pytest.approx(m * 4 * 1e9 * 8 / 0.5e12)
     # a forward-only program at the profile's forward_speedup; the recomputing backward as is
-    faster = predict_workload(w, _profile(forward_speedup=2.0))
+    faster = predict_workload(w, tiny_profile(forward_speedup=2.0))
     assert faster["compute_s"] == pytest.approx(m * (8e9 / 2 + 24e9) / 0.5e12)
     # the runner's host time: per step, per stage, per micro-batch and per program the busiest
     # stage dispatches (a forward and a backward per micro-batch)
     costs = {"step_overhead_s": 1e-3, "stage_overhead_s": 2e-4, "microbatch_overhead_s": 1e-3,
              "program_overhead_s": 5e-5}  # fmt: skip
-    hosted = predict_workload(w, _profile(**costs))
+    hosted = predict_workload(w, tiny_profile(**costs))
     assert hosted["overhead_s"] == pytest.approx(1e-3 + k * 2e-4 + m * (1e-3 + 2 * 5e-5))
     # each further device of a stage (here data 2: 2 per stage) adds its per-stage and
     # per-dispatch costs
     wide = dataclasses.replace(w, mesh_shape={"data": 2, "stage": k, "tensor": 1})
     costs = {**costs, "stage_device_overhead_s": 3e-4, "program_device_overhead_s": 2e-5}
-    hosted = predict_workload(wide, _profile(**costs))
+    hosted = predict_workload(wide, tiny_profile(**costs))
     assert hosted["overhead_s"] == pytest.approx(
         1e-3 + k * (2e-4 + 3e-4) + m * (1e-3 + 2 * (5e-5 + 2e-5))
     )
@@ -141,8 +127,8 @@ def test_narrow_matrix_kernels_are_priced_by_their_width():
     thin = opclass.Matmul(4e9, 0.0, False, 2)
     ops = opclass.OpClasses(matmul_flops=8e9, kernels=2, matmuls=(wide, thin))
     rate = 0.5e12
-    assert _profile().device_time(ops, "float32") == pytest.approx(8e9 / rate)
-    priced = _profile(narrow_width=6.0).device_time(ops, "float32")
+    assert tiny_profile().device_time(ops, "float32") == pytest.approx(8e9 / rate)
+    priced = tiny_profile(narrow_width=6.0).device_time(ops, "float32")
     assert priced == pytest.approx(4e9 / rate * (1 + 6 / (1 << 30)) + 4e9 / rate * (2 + 6) / 2)
 
 
@@ -164,7 +150,7 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
     ops = opclass.classify(text)
     assert len(ops.matmuls) == 3 and {m.tile for m in ops.matmuls} == {12}
     assert sorted(m.narrow for m in ops.matmuls) == [12, 12, 40]
-    gpu = _profile(compiler="gpu", memory_bandwidth=1e18, tile_width=128.0)
+    gpu = tiny_profile(compiler="gpu", memory_bandwidth=1e18, tile_width=128.0)
     rate = 1e12 * 0.5
     assert gpu.device_time(ops, "float32") == pytest.approx(
         ops.memory_bytes / 1e18 + sum(m.flops for m in ops.matmuls) / (rate * 12 / 128)
@@ -173,7 +159,7 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
                              matmuls=(opclass.Matmul(4e9, 0.0, False, 256, tile=256),))  # fmt: skip
     assert gpu.device_time(wide, "float32") == pytest.approx(4e9 / rate)
     # without tile_width the GPU's roofline keeps narrow_width's n / (n + d)
-    old = _profile(compiler="gpu", memory_bandwidth=1e18, narrow_width=4.0)
+    old = tiny_profile(compiler="gpu", memory_bandwidth=1e18, narrow_width=4.0)
     assert old.device_time(ops, "float32") == pytest.approx(ops.memory_bytes / 1e18 + sum(
         m.flops / (rate * m.narrow / (m.narrow + 4.0)) for m in ops.matmuls))  # fmt: skip
     assert fitting.from_config({"name": "t", "num_devices": 1, "devices_per_node": 1,
@@ -196,9 +182,9 @@ def test_the_tile_width_fits_the_rates_of_narrow_layers():
 
 def test_memory_over_capacity_does_not_fit():
     config = tiny_config(mesh_shape=(2, 1, 1))
-    roomy = predict_config(config, _profile())
+    roomy = predict_config(config, tiny_profile())
     assert roomy["fits"] and roomy["memory_bytes_per_device"] > 0
-    tight = predict_config(config, _profile(memory_bytes=roomy["memory_bytes_per_device"] - 1))
+    tight = predict_config(config, tiny_profile(memory_bytes=roomy["memory_bytes_per_device"] - 1))
     assert not tight["fits"]
     assert recommend([{"name": "x", **tight}]).startswith("recommendation: none: nothing fits")
 
@@ -218,8 +204,8 @@ def _efficiency(global_batch: int, profile) -> float:
 
 
 def test_data_parallel_efficiency_falls_with_slower_links_and_rises_with_batch():
-    fast = _profile(intra=hardware.Link(10 * GB, 1e-5))
-    slow = _profile(intra=hardware.Link(0.1 * GB, 1e-5))
+    fast = tiny_profile(intra=hardware.Link(10 * GB, 1e-5))
+    slow = tiny_profile(intra=hardware.Link(0.1 * GB, 1e-5))
     e_fast, e_slow = _efficiency(16, fast), _efficiency(16, slow)
     assert 0 < e_slow < e_fast <= 1.0
     e_big = _efficiency(64, slow)  # 16 images per device instead of 4
@@ -228,7 +214,7 @@ def test_data_parallel_efficiency_falls_with_slower_links_and_rises_with_batch()
 
 def test_overlap_hides_at_most_the_backward():
     config = tiny_config(mesh_shape=(8, 1, 1))
-    slow = _profile(intra=hardware.Link(0.01 * GB, 0.0))
+    slow = tiny_profile(intra=hardware.Link(0.01 * GB, 0.0))
     none = predict_config(config, slow, overlap=0.0)
     full = predict_config(config, slow, overlap=1.0)
     backward = none["compute_s"] * 2 / 3
@@ -239,38 +225,30 @@ def test_overlap_hides_at_most_the_backward():
 # all-reduce 1 GB over all its devices, 2(n-1)/n x 1 GB / bandwidth + 2(n-1) x latency in one
 # node; over two nodes of 8 H100s, reduce-scatter (7 x 1/8 GB) and all-gather (7/8 GB) at 360
 # GB/s in the node, 7 x 5 us each, and a 2-node all-reduce of 1/8 GB at 45 GB/s + 2 x 10 us.
-# The other keys: costs the file sets, or fitted ones as its docstring reports them (2 or 3
-# significant digits).
+# The other keys: costs the file sets (m60_x2's from its published figures), which loading
+# and fitting the rest must keep. The fitted costs are not here: a fit's output copied back
+# from its last run checks nothing worked out apart from the fit (fitting's own tests fit
+# made-up rows with known costs).
 PROFILE_FIGURES = {
-    "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.578,
-                  "kernel_s": 6.97e-6, "narrow_width": 8.0, "forward_speedup": 1.34,
-                  "collective_cpu_rate": 3.0e9, "shared_cores": 2},
-    # cpu_2core's, with memory-bound kernels at their traced rates, both cores' peak and a
-    # kernel's measured fixed time: the matmul rate alone fitted to the same four rows
-    "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "compute_efficiency": 0.553,
-                         "kernel_s": 0.39e-6, "memory_bandwidth": 9.51e9,
-                         "collective_cpu_rate": 3.0e9, "shared_cores": 2},
+    "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "narrow_width": 8.0,
+                  "forward_speedup": 1.34, "collective_cpu_rate": 3.0e9, "shared_cores": 2},
+    "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "kernel_s": 0.39e-6,
+                         "memory_bandwidth": 9.51e9, "collective_cpu_rate": 3.0e9,
+                         "shared_cores": 2},
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
-    # from DeepBench's GTX 1080 Ti kernel table
-    "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "compute_efficiency": 0.763,
-                     "conv3x3_efficiency": 1.537, "matmul_kernel_s": 34.6e-6},
-    # the memory-bound kernels' costs (by class) and the first layer's rate from AlexNet's
-    # H100 trace; the rest fitted on XLA:GPU's programs for an H100
+    "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "memory_bandwidth": 0.9 * 484e9,
+                     "kernel_s": 37e-6},
     "h100_sxm_2nodes_ib": {"allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
-                           "compute_efficiency": 0.953, "launch_s": 11.8e-6,
                            "kernel_s": 2.49e-6, "memory_bandwidth": 2.45e12, "tile_width": 128},
-    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.953,
-                    "launch_s": 11.8e-6, "kernel_s": 2.49e-6, "thin_efficiency": 0.0378,
-                    "tile_width": 128},
-    # --calibrate-here on one H100, with its first layers' rate and its memory-bound kernels'
-    # costs (by class) from the GPU's traces and its tensor-core tile from its narrow
-    # convolutions: the matmuls fit to 1.0 of the measured peak (its bound), 5.9 us a kernel
-    "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 1.0,
-                  "matmul_kernel_s": 5.88e-6, "memory_bandwidth": 2.5e12, "kernel_s": 2e-6,
-                  "thin_efficiency": 0.045, "tile_width": 128},
-    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "compute_efficiency": 0.479,
-                    "memory_bandwidth": 0.9 * 4.8e12, "tile_width": 128},
+    # thin_efficiency: 37.4 TFLOP/s of the bfloat16 peak, 989.4 (an H100 SXM's, dense)
+    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "kernel_s": 2.49e-6,
+                    "thin_efficiency": 37.4 / 989.4, "tile_width": 128},
+    "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "memory_bandwidth": 2.5e12,
+                  "kernel_s": 2e-6, "thin_efficiency": 0.045, "tile_width": 128},
+    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "memory_bandwidth": 0.9 * 4.8e12,
+                    "kernel_s": 0.35e-6, "launch_s": 9.58e-6, "tile_width": 128},
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
+    # ResNet-50 on an M60 at a P100's efficiency: 219 img/s x 24.30 GFLOP an image / 10.6 TFLOP/s
     "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},
 }  # fmt: skip
 
@@ -303,8 +281,6 @@ def test_profiles_load(path, shipped):
     assert got["allreduce"] == pytest.approx(expected.pop("allreduce"), rel=1e-9)
     for name, value in expected.items():  # to the digits the file gives
         assert got[name] == pytest.approx(value, rel=0.01), name
-    assert 0 < got["compute_efficiency"] < 2
-    assert got["overlap"] is None or 0 <= got["overlap"] <= 1
 
 
 def test_dgx1_calibration_reproduces_the_one_gpu_figure(shipped):
@@ -330,7 +306,7 @@ def test_unknown_profile_is_one_line():
 
 def test_profile_with_too_few_devices_fails_the_row():
     row = predict_config(
-        tiny_config(mesh_shape=(4, 1, 1)), dataclasses.replace(_profile(), num_devices=2)
+        tiny_config(mesh_shape=(4, 1, 1)), dataclasses.replace(tiny_profile(), num_devices=2)
     )
     assert row["status"] == "failed" and "needs 4 devices" in row["error"]
 
@@ -339,9 +315,9 @@ def test_pipeline_stage_gradients_cross_nodes_in_mesh_order():
     # (data, stage) = (2, 2): device = 2 * data + stage, so with 2 devices per node each
     # stage's data replicas sit on different nodes and its all-reduce takes the slow link.
     config = tiny_config(mesh_shape=(2, 2, 1), **{"pipeline.num_microbatches": 2})
-    one_node = predict_config(config, _profile(inter=hardware.Link(0.001 * GB, 0.0)))
+    one_node = predict_config(config, tiny_profile(inter=hardware.Link(0.001 * GB, 0.0)))
     two_nodes = predict_config(
-        config, _profile(devices_per_node=2, inter=hardware.Link(0.001 * GB, 0.0))
+        config, tiny_profile(devices_per_node=2, inter=hardware.Link(0.001 * GB, 0.0))
     )
     assert two_nodes["grad_allreduce_s"] > 100 * one_node["grad_allreduce_s"] > 0
 
@@ -372,7 +348,7 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
     chunks = tuple(dataclasses.replace(c, flops={**unit, **({"wgt": 1e9} if split else {})},
                                        collectives={}, send_bytes=0, ops={})
                    for c in w.chunks)  # fmt: skip
-    row = predict_workload(dataclasses.replace(w, chunks=chunks), _profile())
+    row = predict_workload(dataclasses.replace(w, chunks=chunks), tiny_profile())
     assert row["schedule_bubble"] == pytest.approx(schedules.analytic_bubble(2, m, schedule, v))
 
 
@@ -512,7 +488,7 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
     made = opclass.classify(_hlo(lambda x: jnp.broadcast_to(x, (64, 1024)), ()))
     assert made.memory_classes == (("generate", 64 * 1024 * 4.0 + 4, 1),)
     both = made + sliced
-    cpu = _profile(compute_efficiency=1.0, memory_bandwidth=8e9, kernel_s=1e-6,
+    cpu = tiny_profile(compute_efficiency=1.0, memory_bandwidth=8e9, kernel_s=1e-6,
                    memory_kernel_costs={"generate": (0.0, 2e9)})  # fmt: skip
     assert cpu.compiler == "cpu" and cpu.device_time(both, "float32") == pytest.approx(
         2 * 64 * 16 * 4 / 8e9 + 1e-6 + (64 * 1024 * 4 + 4) / 2e9
@@ -520,36 +496,39 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
 
 
 def test_pool_of_shared_cores():
-    p = _profile(compute_pool=((2, 1.2), (8, 1.5)))
+    p = tiny_profile(compute_pool=((2, 1.2), (8, 1.5)))
     assert [p.pool(n) for n in (1, 2, 5, 8, 16)] == pytest.approx([1.0, 1.2, 1.35, 1.5, 1.5])
-    assert _profile(compute_pool=2.0).pool(8) == 2.0 and _profile().pool(8) == 8.0
+    assert tiny_profile(compute_pool=2.0).pool(8) == 2.0 and tiny_profile().pool(8) == 8.0
     # measured per kernel size: linear in log size between sizes, flat beyond, the mean
     # without a size; then linear in N as before
-    sized = _profile(compute_pool=((2, 10e6, 1.4), (2, 40e6, 1.2), (8, 10e6, 1.6), (8, 40e6, 1.5)))
+    sized = tiny_profile(
+        compute_pool=((2, 10e6, 1.4), (2, 40e6, 1.2), (8, 10e6, 1.6), (8, 40e6, 1.5))
+    )
     assert sized.pool(2, 20e6) == pytest.approx(1.3) and sized.pool(2, 5e6) == pytest.approx(1.4)
     assert sized.pool(2, 80e6) == pytest.approx(1.2) and sized.pool(2) == pytest.approx(1.3)
     assert sized.pool(5, 10e6) == pytest.approx(1.5) and sized.pool(16, 40e6) == pytest.approx(1.5)
 
 
-def test_h100_fit_reproduces_the_four_measured_rows():
+def test_h100_fit_predicts_the_row_it_leaves_out():
     """configs/hardware/h100_sxm_x8.py fits two costs (the convolutions' fraction of peak,
     the host's time per kernel launched; the device's per kernel and the memory-bound
     kernels' bandwidth are from the H100's kernel trace) to four measured single-GPU rows,
-    priced from XLA:GPU's own programs for one H100: all within 12.5%."""
+    priced from XLA:GPU's own programs for one H100. Fitted to three of them, it predicts the
+    fourth, bfloat16 at batch 128, within 5% of the 27,789 img/s measured: launch-bound, and
+    slower than float32's 31,784 (its program launches more kernels: the casts)."""
     from jaxpar import configfile
+    from jaxpar.predict.calibration import calibration_ops
 
     c = configfile.load("configs/hardware/h100_sxm_x8.py")
+    runs = [dict(r) for r in c.calibration_runs]
+    (held,) = [r for r in runs if (r["dtype"], r["batch_size"]) == ("bfloat16", 128)]
+    assert held["images_per_sec"] == 27_789
     fit = fitting.fit(load_profile("configs/hardware/h100_sxm_x8.py"),
-                       [dict(r) for r in c.calibration_runs], tuple(c.fit))  # fmt: skip
-    assert max(abs(r["error"]) for r in fit.rows) < 0.125
-    rate = {(r["dtype"], r["batch_size"]): r["fitted_images_per_sec"] for r in fit.rows}
-    # launch-bound at batch 128, where bfloat16 is slower (its program launches more kernels:
-    # the casts), as measured (27,789 against 31,784); device-bound at 512, where bfloat16's
-    # doubled convolution rate shows
-    assert rate["float32", 128] < rate["float32", 512] < rate["bfloat16", 512]
-    measured = 27_789 / 31_784
-    assert rate["bfloat16", 128] / rate["float32", 128] == pytest.approx(measured, rel=0.05)
-    assert 3e-6 < fit.profile.launch_s < 2e-5
+                      [r for r in runs if r is not held], tuple(c.fit))  # fmt: skip
+    p = fit.profile  # a step: its program, and the host's fixed costs around it
+    step = p.program_time(calibration_ops(held, p.target), "bfloat16")
+    step += p.step_overhead_s + p.program_overhead_s
+    assert 128 / step == pytest.approx(27_789, rel=0.05)
 
 
 def test_parameter_server_permutes_are_priced_on_the_data_axis():
@@ -564,7 +543,7 @@ def test_parameter_server_permutes_are_priced_on_the_data_axis():
     params = sum(9 * a * b + b for a, b in itertools.pairwise(channels)) + 32 * 10 + 10
     assert params == 36_610
     bandwidth = 0.01 * GB  # free of latency: seconds are bytes / bandwidth
-    profile = _profile(intra=hardware.Link(bandwidth, 0.0))
+    profile = tiny_profile(intra=hardware.Link(bandwidth, 0.0))
     config = tiny_config(mesh_shape=(4, 1, 1), **{"sync.mode": "parameter_server"})
     row = predict_config(config, profile)
     # besides: the loss and accuracy (2 x 4 bytes) and the noise scale's two squared norms
@@ -589,17 +568,17 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     from jaxpar.predict import calibrate
     from jaxpar.predict.calibration import calibration_ops
 
-    truth = _profile(compute_efficiency=0.3, kernel_s=20e-6)
+    truth = tiny_profile(compute_efficiency=0.3, kernel_s=20e-6)
     runs = []
     for model, batch in (("lenet", 8), ("lenet", 64), ("vgg11", 16)):
         run = _tiny_run(model, 1.0) | {"batch_size": batch}
         seconds = truth.program_time(calibration_ops(run), "float32")
         runs.append({**run, "images_per_sec": batch / seconds})
-    fit = fitting.fit(_profile(), runs, ("compute_efficiency", "kernel_s"))
+    fit = fitting.fit(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
     assert fit.profile.compute_efficiency == pytest.approx(0.3, rel=1e-3)
     assert fit.profile.kernel_s == pytest.approx(20e-6, rel=1e-3)
     assert max(abs(r["error"]) for r in fit.rows) < 1e-4
-    cross = calibrate.cross_check(_profile(), runs, ("compute_efficiency", "kernel_s"))
+    cross = calibrate.cross_check(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
     assert [r["model"] for r in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
     assert abs(cross[0]["error"]) < 1e-3
     path = tmp_path / "runs.py"
@@ -710,7 +689,7 @@ def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
     some of the all-reduce, never more than a full overlap; a loader slower than the step
     caps the rate at the loader's and says the row is input-bound."""
     config = tiny_config(mesh_shape=(8, 1, 1))
-    slow = _profile(intra=hardware.Link(0.01 * GB, 0.0))
+    slow = tiny_profile(intra=hardware.Link(0.01 * GB, 0.0))
     none = predict_config(config, slow, overlap=0.0)
     program = predict_config(config, dataclasses.replace(slow, overlap=None))
     full = predict_config(config, slow, overlap=1.0)

@@ -14,7 +14,7 @@ from jaxpar import analysis, collectives, explain, models, trainer
 from jaxpar.axes import spatial
 from jaxpar.errors import ConfigError
 from tests.test_model_zoo import FAMILIES, RTOL, every_block_kind_once, family_config  # noqa: F401
-from tests.util import max_rel_error, override, reference_run, run_steps, tiny_config
+from tests.util import max_rel_error, override, reference_run, run_steps, tiny_config, tiny_profile
 
 STEPS = 3
 
@@ -61,7 +61,7 @@ def test_every_family_split_by_rows_equals_one_device(family, sizes, shape, spli
         zoo = inception.sequential
         monkeypatch.setattr(inception, "sequential", lambda name, modules, *a: zoo(
             name, [m for m in modules if m[0] not in ("mixed7a", "mixed7b")], *a))  # fmt: skip
-        models._build.cache_clear()
+        models.forget_built()
     extra = {"data.image_shape": shape} if shape else {}
     with jax.enable_x64(f.dtype == "float64"):
         one = spatial_config(family, ("spatial",), (1,), **extra)
@@ -99,7 +99,7 @@ def _eval_collectives(config):
     st = setup.strategy
     batch = st.batch_shapes(config.global_batch_size, eval=True)
     with jax.set_mesh(st.mesh):
-        text = st._jit_eval().lower(st.state_shapes(), batch).compile().as_text()
+        text = st.jit_eval().lower(st.state_shapes(), batch).compile().as_text()
     return setup, collectives.collective_rows(text, dict(st.mesh.shape))
 
 
@@ -184,7 +184,6 @@ def test_the_predictor_prices_each_halo_as_a_neighbour_message():
     from jaxpar.predict import hardware
     from jaxpar.predict.model import predict_workload
     from jaxpar.predict.workload import workload
-    from tests.test_perfmodel import GB, _profile
 
     config = tiny_config(mesh_axes=("spatial",), mesh_shape=(4,), num_devices=4)
     w = workload(config)
@@ -197,6 +196,6 @@ def test_the_predictor_prices_each_halo_as_a_neighbour_message():
     without = dataclasses.replace(w, chunks=(dataclasses.replace(chunk, collectives={
         **chunk.collectives, "step": tuple(c for c in cols if c not in halos)}),))  # fmt: skip
     latency = 1e-3
-    profile = _profile(intra=hardware.Link(1e9 * GB, latency))
+    profile = tiny_profile(intra=hardware.Link(1e18, latency))  # latency alone: 1 EB/s
     extra = predict_workload(w, profile)["comm_s"] - predict_workload(without, profile)["comm_s"]
     assert extra == pytest.approx(count * latency, rel=1e-6)

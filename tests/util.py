@@ -44,6 +44,24 @@ def tiny_config(**overrides):
     return override(config, overrides)
 
 
+def tiny_profile(**kw):
+    """A hardware profile of 8 devices in one node at 1 TFLOP/s and half of it reached, 10 GB/s
+    between them and 1 GB/s between nodes, no latency: `kw` replaces any of its fields."""
+    from jaxpar.predict import hardware
+
+    base = {
+        "name": "test",
+        "num_devices": 8,
+        "devices_per_node": 8,
+        "peak_flops": {"float32": 1e12},
+        "memory_bytes": 16e9,
+        "intra": hardware.Link(10e9, 0.0),
+        "inter": hardware.Link(1e9, 0.0),
+        "compute_efficiency": 0.5,
+    }
+    return hardware.Profile(**{**base, **kw})
+
+
 def override(config, overrides: dict):
     """Set dotted keys ("model.width") on a ConfigDict, as --config.KEY=VALUE would (a test may
     add a key the config lacks)."""

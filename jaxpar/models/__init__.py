@@ -96,6 +96,13 @@ def _build_external(name, model_config, input_shape, num_classes) -> SequentialM
 _EXTERNAL: dict = {}
 
 
+def forget_built() -> None:
+    """Drop every model built so far: the next `build` builds afresh (after a family's table of
+    depths or modules has changed)."""
+    _build.cache_clear()
+    _EXTERNAL.clear()
+
+
 @functools.lru_cache(maxsize=32)
 def _build(name, input_shape, num_classes, width, batch_norm, dtype, head, dropout):
     kw = {"width": width, "batch_norm": batch_norm, "dtype": DTYPES[dtype]}

@@ -272,7 +272,9 @@ class DataParallel(Strategy):
             eval_sums(self.model, params, stats, batch, self.constrain, self.gather)
         )
 
-    def _jit_eval(self):
+    def jit_eval(self):
+        """The eval program, jitted (eval_step runs it; lowered, its text is what an eval
+        batch runs)."""
         each = self.rule.eval_kind == "each"
         fn = self._sm(
             self._eval_body,
@@ -291,6 +293,6 @@ class DataParallel(Strategy):
 
     def eval_step(self, state, batch):
         if self._eval is None:
-            self._eval = self._jit_eval()
+            self._eval = self.jit_eval()
         with jax.set_mesh(self.mesh):
             return self.inflight.add(self._eval(state, batch))
