@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import random
+from types import SimpleNamespace
 
 import jax
 import pytest
@@ -28,6 +29,16 @@ def brute_force(costs, k, boundary):
     return best
 
 
+def balanced(costs, k, boundary=None):
+    """stages.split's cut of layers costing `costs` into k stages: their measured times with
+    `boundary` what sending each layer's output costs, or without it their FLOPs."""
+    if boundary is None:
+        layers = [SimpleNamespace(flops=c) for c in costs]
+        return stages.split(SimpleNamespace(name="m", layers=layers, times=None), k, "flops")
+    times = SimpleNamespace(layer_costs=lambda: costs, boundary_costs=lambda: boundary)
+    return stages.split(SimpleNamespace(name="m", layers=costs, times=times), k, "time")
+
+
 def stage_costs(bounds, costs, boundary):
     n = len(costs)
     return [sum(costs[a:b]) + (boundary[b - 1] if b < n else 0)
@@ -41,7 +52,7 @@ def test_time_split_is_optimal_against_brute_force():
         k = rng.randint(1, n)
         costs = [rng.uniform(0.1, 5.0) for _ in range(n)]
         boundary = [rng.uniform(0.0, 1.0) for _ in range(n)]
-        bounds = stages._balanced(costs, k, boundary)
+        bounds = balanced(costs, k, boundary)
         assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == k + 1
         assert all(a < b for a, b in itertools.pairwise(bounds))  # every layer once, none empty
         assert max(stage_costs(bounds, costs, boundary)) == pytest.approx(
@@ -53,11 +64,11 @@ def test_time_split_handles_a_layer_heavier_than_the_ideal_stage():
     """One layer costs more than a quarter of the total: it gets a stage to itself and the
     rest is balanced around it; a costly send moves the cut where the activation is small."""
     costs = [1, 1, 20, 1, 1, 1, 1]
-    bounds = stages._balanced(costs, 4)
+    bounds = balanced(costs, 4)
     assert (2, 3) in list(itertools.pairwise(bounds))  # the heavy layer alone
     assert max(stage_costs(bounds, costs, [0] * 7)) == 20
     # Equal layers, but sending layer 1's output costs 10: the even cut after it is avoided.
-    bounds = stages._balanced([1, 1, 1, 1], 2, [0, 10, 0, 0])
+    bounds = balanced([1, 1, 1, 1], 2, [0, 10, 0, 0])
     assert bounds != (0, 2, 4) and max(stage_costs(bounds, [1] * 4, [0, 10, 0, 0])) == 3
 
 

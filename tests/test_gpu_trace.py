@@ -63,7 +63,14 @@ def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
     assert out.split("== all 2 rows together")[1] == both  # and the class fits the same
 
 
-def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(capsys):
+def report(tmp_path, rows: list[tuple], capsys) -> str:
+    """gpu_trace's report of one GPU program's joined kernels, kept as a --csv table."""
+    gpu_trace.write_csv(str(tmp_path / "kernels.csv"), [("p", "gpu", rows)])
+    assert gpu_trace.main(["--from-csv", str(tmp_path / "kernels.csv"), "--top", "0"]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(tmp_path, capsys):
     """cuDNN's three kernels of one DenseNet layer (148 features in, 12 out: the lines of an
     H100's program) all have 12 as their fewest rows or features, as opclass reads the CPU's
     program; the trace report then gives each such bucket's rate against the widest one's."""
@@ -79,10 +86,9 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(capsys):
         assert gpu_trace.matrix_tile(result, rest, ins) == 12, kind
         flops, thin = gpu_trace.matrix_flops(result, rest, ins)
         assert flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not thin, kind
-    gpu_trace._tiles(
-        [("a", 2e9, False, 0, 1e-4, "", 12, 1), ("b", 8e9, False, 0, 1e-4, "", 300, 1)]
-    )
-    line = capsys.readouterr().out
+    matrix = [("a", 2e9, False, 0, 1e-4, "", 12, 1), ("b", 8e9, False, 0, 1e-4, "", 300, 1)]
+    copy = ("c", 0.0, False, 1e6, 1e-5, "elementwise", 0, 1)  # the report's memory-bound part
+    line = report(tmp_path, [*matrix, copy], capsys)
     assert "16: 1 at 20 TFLOP/s (0.25)" in line and "512: 1 at 80 TFLOP/s (1.00)" in line
 
 
@@ -124,7 +130,7 @@ ENTRY %main (x: bf16[4096,192], y: f32[4096,2048], s: f32[128,192]) -> f32[192] 
 """
 
 
-def test_a_traced_reduction_into_few_results_is_named_so(capsys):
+def test_a_traced_reduction_into_few_results_is_named_so(tmp_path, capsys):
     """A GPU program's reduction kernels by their largest reduction (gpufusion's rule 9):
     Inception-v3's 8x8 BatchNorm statistics (4,096 bfloat16 rows into 192 results) are
     reduce_few, into 2,048 results or summing 128 elements each plain reduce; the trace
@@ -147,8 +153,7 @@ def test_a_traced_reduction_into_few_results_is_named_so(capsys):
     assert gpu_trace.kernel_class("input_reduce_fusion", hlo.parse(row)) == "reduce"
     # two reduce_few kernels of 192 results at 1 us + bytes per result / 1 GB/s
     mem = [("k", 0.0, False, b, 1e-6 + b / 192 / 1e9, "reduce_few", 0, 192) for b in (1e6, 3e6)]
-    gpu_trace._memory_bound(mem)
-    line = next(x for x in capsys.readouterr().out.splitlines() if "reduce_few:" in x)
+    line = next(x for x in report(tmp_path, mem, capsys).splitlines() if "reduce_few:" in x)
     assert "fit  1.00 us + bytes per result /  1.00 GB/s" in line
 
 
@@ -216,8 +221,10 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
         groups[conv_micro.group(row)] = groups.get(conv_micro.group(row), 0) + n
     assert groups == {"1x1": 40, "1xN / Nx1": 34, "3x3 stride 1": 12, "5x5 stride 1": 3,
                       "strided": 5}  # fmt: skip
-    by_label = {conv_micro._label(r): (r, n) for r, n in shapes}
-    seven, layers = by_label["1x7 s1 17x17x192->192 n64"]  # SAME: 3 columns each side
+    wanted = (1, 7, 17, 192, 192, 64)  # 1x7, 17x17x192 -> 192 features, batch 64
+    key = ("R", "S", "H", "C", "K", "N")
+    seven, layers = next((r, n) for r, n in shapes if tuple(r[k] for k in key) == wanted)
+    # SAME: 3 columns each side
     assert (layers, seven["pad_h"], seven["pad_w"]) == (4, 0, 3)
 
     small = {"W": 6, "H": 6, "C": 8, "N": 2, "K": 16, "R": 1, "S": 7, "pad_h": 0, "pad_w": 3,

@@ -171,7 +171,19 @@ def test_schedule_events_and_bubble(schedule, v, k, m):
     pos = {e: j for j, e in enumerate(order)}
     assert len(order) == len(kinds) * k * m * len(stage_of) // k
     for e in order:  # the host never dispatches an event before what it waits on
-        assert all(pos[d] < pos[e] for d in schedules._deps(e, len(stage_of)))
+        assert all(pos[d] < pos[e] for d in waits_on(e, len(stage_of)))
+
+
+def waits_on(event, chunks: int) -> list:
+    """What a pipeline's (kind, chunk, micro-batch) needs first: a forward, the previous
+    chunk's forward; a backward (B: input gradient), its forward and the next chunk's
+    backward; a weight gradient (W), its backward."""
+    kind, c, i = event
+    if kind == "F":
+        return [("F", c - 1, i)] if c > 0 else []
+    if kind == "W":
+        return [("B", c, i)]
+    return [("F", c, i), *([("B", c + 1, i)] if c + 1 < chunks else [])]
 
 
 def test_zero_bubble_beats_one_f_one_b_and_renders():
