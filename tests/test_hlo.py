@@ -96,6 +96,8 @@ def test_shapes_first_array_largest_array_and_bytes():
     assert hlo.shape_bytes(pair) == 8 * 4 + 64 * 2  # every element
     assert hlo.arrays("(f32[2]{0}, token[])") == ["f32[2]", "token[]"]
     assert hlo.shape_bytes("(f32[2]{0}, token[])") == 8  # a token holds no bytes
+    assert hlo.arrays("(f8e4m3fn[4,4]{1,0}, c64[2])") == ["f8e4m3fn[4,4]", "c64[2]"]
+    assert hlo.shape_bytes("(f8e4m3fn[4,4]{1,0}, c64[2])") == 16 + 16
     assert hlo.minor_dim("f32[4,8]{1,0}") == "1" and hlo.minor_dim("f32[4,8]{0,1}") == "0"
     assert hlo.minor_dim("f32[4,8]") is None
 

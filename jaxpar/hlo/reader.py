@@ -15,8 +15,8 @@ read apart (`modules`) by the functions that take text. Types stay text ("f32[8,
   on (cuDNN and cuBLAS calls return (result, scratch));
 - `largest_elements(type)`: the largest array's elements (a multi-output fusion's widest
   result);
-- `shape_bytes(type)`: bytes of EVERY array of a known numeric dtype (a tuple's elements summed;
-  token, opaque and types missing from DTYPE_BYTES count 0);
+- `shape_bytes(type)`: bytes of EVERY array of a dtype in DTYPE_BYTES (a tuple's elements
+  summed; token and opaque types, and 4-bit integers, count 0);
 - `minor_dim(type)`: the minor-most dimension of the first array's layout ("{1,0}" -> 1).
 """
 
@@ -42,6 +42,13 @@ DTYPE_BYTES = {
     "s64": 8,
     "u64": 8,
     "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e4m3b11fnuz": 1,
 }
 _HEAD = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.+?)\s([a-z][a-z0-9\-]*)\((.*)$")
@@ -53,7 +60,7 @@ _CALLS = re.compile(
 _BRANCHES = re.compile(r"(?:true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCH_LIST = re.compile(r"branch_computations=\{([^}]*)\}")
 _DIMS = re.compile(r"\[([\d,]*)\]")
-_ARRAY = re.compile(r"[a-z]+\d*\[[\d,]*\]")
+_ARRAY = re.compile(r"\b[a-z][a-z0-9]*\[[\d,]*\]")
 _SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
 _LAYOUT = re.compile(r"\{([\d,]+)\}")
 
