@@ -66,10 +66,12 @@ def test_kernel_benchmark_adds_two_kernels_a_layer(monkeypatch):
     assert micro.kernel_report(found).endswith("c.kernel_s = 5e-06")
 
 
-def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape():
+def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape(monkeypatch):
     """Each kind's program has one collective a layer over the devices, of the payload it
     reports (the gathered input, the whole partial sum), and its stand-in none, with the same
-    matrix FLOPs: what the pair's CPU times differ by is the collectives."""
+    matrix FLOPs: what the pair's CPU times differ by is the collectives. At 5 and 3 CPU-ms a
+    call (gather, its copy) and 4 and 3 (psum, local) over 2 layers, a gather costs 1 CPU-ms
+    and a psum 0.5: 2 kinds x 1,024 bytes x 2 devices / 1.5 ms = 2.73 MB a CPU-second."""
     for kind, local in (("gather", "copy"), ("psum", "local")):
         ops, texts = [], []
         for k in (kind, local):
@@ -82,10 +84,13 @@ def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape
         assert len(starts) == 3 and "f32[2,4,4,8]" in starts[0] and payload == 2 * 4 * 4 * 8 * 4
         assert name not in texts[1]
         assert ops[0].flops > 0 and ops[0].flops == pytest.approx(ops[1].flops, rel=1e-6)
+    _timed(monkeypatch, 5e-3, 3e-3, 4e-3, 3e-3)
     found = cpulinks.measure_collective_cpu(devices=2, batch=2, side=4, channels=8, layers=2,
                                          seconds=0.0)  # fmt: skip
-    assert found["devices"] == 2 and set(found["extra"]) == {"gather", "psum"}
-    assert "c.collective_cpu_rate = " in cpulinks.collective_cpu_report(found)
+    assert found["devices"] == 2 and found["payload"] == 2 * 4 * 4 * 8 * 4
+    assert found["extra"] == pytest.approx({"gather": 1e-3, "psum": 0.5e-3})
+    assert found["rate"] == pytest.approx(2 * 1024 * 2 / 1.5e-3)
+    assert cpulinks.collective_cpu_report(found).endswith("c.collective_cpu_rate = 2.73e+06")
 
 
 def test_forward_benchmark_is_the_forward_alone():
