@@ -2,7 +2,8 @@
 training. The mesh, the per-stage table, every parameter's PartitionSpec, memory per device,
 the collectives the compiled step performs (kind, mesh axis, bytes per device per step; one
 that runs once every K steps, as local_sgd's average, at its per-step average and said so),
-and the stage-to-stage bytes per step, read from the compiled programs.
+and the stage-to-stage bytes per step, read from the compiled programs. (Why the planner's
+predicted rows are what they are is jaxpar/plan/reasons.py.)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 
 import jax
 
-from jaxpar import analysis, metrics, trainer, units
+from jaxpar import analysis, metrics, run_setup, units
 from jaxpar import axes as axes_lib
 
 
@@ -96,7 +97,9 @@ def _between_stages(fig) -> list[str]:
 
 
 def explain(config, devices=None) -> str:
-    setup = trainer.setup(config, devices)
+    """The `--explain` report of `config` on `devices` (all by default): built and compiled,
+    never run."""
+    setup = run_setup.setup(config, devices)
     strategy, mesh = setup.strategy, setup.mesh
     head = (
         f"mesh {units.named_mesh(mesh.axis_names, tuple(mesh.shape.values()))} over "
