@@ -16,13 +16,16 @@ _CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 
 def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None:
     """A cuDNN convolution or cuBLAS product of an XLA:GPU program, as one matrix kernel (None
-    where its shapes are not those of a 2-D convolution).
+    for another custom call, or where its shapes are not those of a 2-D convolution).
 
     XLA:GPU writes each of a convolution's three kernels with the forward convolution's window
     and dimension labels: the forward reads (x, w) and writes y, the input gradient reads (dy,
     w) and writes dx, the weight gradient reads (x, dy) and writes dw. So x, w and y are found
     by the kernel's kind, and each kernel does the forward's multiply-adds."""
-    target = LIBRARY.search(rest).group(1)
+    found = LIBRARY.search(rest)
+    if found is None:  # another custom call
+        return None
+    target = found.group(1)
     args = [a for a in hlo.operands(rest) if a in types]
     arrays = [types[a] for a in args]
     out = hlo.arrays(result)[0]  # cuDNN and cuBLAS return (result, scratch)
