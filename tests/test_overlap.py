@@ -56,3 +56,37 @@ def test_exposed_sends_one_at_a_time_from_ready_points():
     assert overlap.exposed([2.0, 3.0], [1.0, 1.0], 10.0) == pytest.approx(5.0)
     # a queue: both ready early but 12 s of sending for 10 s of compute
     assert overlap.exposed([6.0, 6.0], [0.0, 0.0], 10.0) == pytest.approx(2.0)
+
+
+# XLA:GPU's form: a gradient's all-reduce started after a dot, with a cuDNN convolution (a
+# custom call, as XLA:GPU holds every convolution) scheduled before its done.
+GPU_PROGRAM = """HloModule g, is_scheduled=true
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[16,32], w: f32[32,64], i: f32[8,16,16,4], k: f32[12,3,3,4]) -> (f32[32,64], f32[8,16,16,12]) {
+  %x = f32[16,32]{1,0} parameter(0)
+  %w = f32[32,64]{1,0} parameter(1)
+  %i = f32[8,16,16,4]{3,2,1,0} parameter(2)
+  %k = f32[12,3,3,4]{3,2,1,0} parameter(3)
+  %g = f32[32,64]{1,0} dot(%x, %w), lhs_contracting_dims={0}, rhs_contracting_dims={1}
+  %s = f32[32,64]{1,0} all-reduce-start(%g), replica_groups={{0,1}}, to_apply=%add
+  %c = (f32[8,16,16,12]{3,2,1,0}, u8[0]{0}) custom-call(%i, %k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$convForward"
+  %y = f32[8,16,16,12]{3,2,1,0} get-tuple-element(%c), index=0
+  %d = f32[32,64]{1,0} all-reduce-done(%s)
+  ROOT %t = (f32[32,64]{1,0}, f32[8,16,16,12]{3,2,1,0}) tuple(%d, %y)
+}
+"""
+
+
+def test_a_cudnn_convolution_counts_as_work_under_a_collective():
+    """On XLA:GPU's programs the convolutions are cuDNN calls: their FLOPs are the work that
+    runs between an all-reduce's start and its done (without them nothing would hide)."""
+    (w,) = overlap.windows(GPU_PROGRAM, {"data": 2})
+    dot, conv = 2 * 32 * 64 * 16, 2 * 8 * 16 * 16 * 12 * 3 * 3 * 4
+    assert w.ready == pytest.approx(dot / (dot + conv))
+    assert w.between == pytest.approx(conv / (dot + conv))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpar import collectives, hlo
-from jaxpar.predict import matrix
+from jaxpar.predict import library, matrix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +84,13 @@ def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
 
 
 def _flops(ins: hlo.Instruction, program: hlo.Program) -> float:
-    """Matrix FLOPs of an instruction: a convolution or dot, or what a fusion holds."""
+    """Matrix FLOPs of an instruction: a convolution or dot, a cuDNN or cuBLAS call (how
+    XLA:GPU's programs hold them), or what a fusion holds."""
     if ins.opcode in ("convolution", "dot"):
         return matrix.matmul(ins.opcode, ins.type, ins.rest, program.types).flops
+    if ins.opcode == "custom-call":
+        call = library.library_call(ins.type, ins.rest, program.types)
+        return call.flops if call is not None else 0.0
     if ins.opcode != "fusion":
         return 0.0
     return sum(_flops(inner, program) for c in ins.callees for inner in program.body(c))
