@@ -49,8 +49,6 @@ from jaxpar.predict.traces import (  # noqa: F401  (re-exported: tests, scripts)
     kernel_class,
     kernel_times,
     largest_reduction,
-    matrix_flops,
-    matrix_tile,
     memory_costs,
     read_csv,
     write_csv,

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxpar.predict import library
+
 spec = importlib.util.spec_from_file_location("gpu_trace", Path("benchmarks/gpu_trace.py"))
 gpu_trace = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_trace)
@@ -74,18 +76,20 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(tmp_path, capsys)
     """cuDNN's three kernels of one DenseNet layer (148 features in, 12 out: the lines of an
     H100's program) all have 12 as their fewest rows or features, as opclass reads the CPU's
     program; the trace report then gives each such bucket's rate against the widest one's."""
-    ins = {"x": ("f32[64,32,32,148]{3,2,1,0}", "fusion", ""),
-           "w": ("f32[12,3,3,148]{3,2,1,0}", "fusion", ""),
-           "dy": ("f32[64,32,32,12]{3,2,1,0}", "fusion", "")}  # fmt: skip
+    types = {
+        "x": "f32[64,32,32,148]{3,2,1,0}",
+        "w": "f32[12,3,3,148]{3,2,1,0}",
+        "dy": "f32[64,32,32,12]{3,2,1,0}",
+    }
     conv = 'window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$conv'
     kernels = {"Forward": ("(f32[64,32,32,12]{3,2,1,0}, u8[0]{0})", "%x, %w"),
                "BackwardInput": ("(f32[64,32,32,148]{3,2,1,0}, u8[0]{0})", "%dy, %w"),
                "BackwardFilter": ("(f32[12,3,3,148]{3,2,1,0}, u8[0]{0})", "%x, %dy")}  # fmt: skip
     for kind, (result, args) in kernels.items():
         rest = f'{args}), {conv}{kind}"'
-        assert gpu_trace.matrix_tile(result, rest, ins) == 12, kind
-        flops, thin = gpu_trace.matrix_flops(result, rest, ins)
-        assert flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not thin, kind
+        call = library.library_call(result, rest, types)  # as traces.joined reads it
+        assert call.tile == 12, kind
+        assert call.flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not call.thin, kind
     matrix = [("a", 2e9, False, 0, 1e-4, "", 12, 1), ("b", 8e9, False, 0, 1e-4, "", 300, 1)]
     copy = ("c", 0.0, False, 1e6, 1e-5, "elementwise", 0, 1)  # the report's memory-bound part
     line = report(tmp_path, [*matrix, copy], capsys)

@@ -16,61 +16,17 @@ import gzip
 import json
 import math
 import os
-import re
 
 import numpy as np
 
 from jaxpar import hlo
 from jaxpar.errors import ConfigError
-from jaxpar.predict import matrix, opclass
+from jaxpar.predict import library, matrix, opclass
 
 
 def instructions(text: str) -> dict[str, tuple[str, str, str]]:
     """Every instruction of the program: name -> (result type, op, the rest of the line)."""
     return {name: (i.type, i.opcode, i.rest) for name, i in hlo.parse(text).by_name.items()}
-
-
-def matrix_flops(result: str, rest: str, ins: dict) -> tuple[float, bool]:
-    """(2 x multiply-adds, thin) of a cuDNN convolution or a cuBLAS product; (0, False) else.
-    cuDNN's dim_labels are the forward convolution's (input, kernel -> output)."""
-    target = re.search(r'custom_call_target="([^"]*)"', rest)
-    args = [a for a in hlo.operands(rest) if a in ins]
-    if not target or len(args) < 2:
-        return 0.0, False
-    a, b, out = hlo.dims(ins[args[0]][0]), hlo.dims(ins[args[1]][0]), hlo.dims(result)
-    if "cudnn" in target.group(1):
-        kind = target.group(1)
-        o, f, _x = (
-            (b, out, a) if "Filter" in kind else (a, b, out) if "Input" in kind else (out, b, a)
-        )
-        labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest).groups()
-        features = f[labels[1].index("i")]
-        return 2.0 * math.prod(o) * math.prod(f) / o[labels[2].index("f")], features < opclass.THIN
-    if "cublas" in target.group(1) or "gemm" in target.group(1):
-        dims = re.search(r'"lhs_contracting_dimensions":\["(\d+)"', rest)
-        return 2.0 * math.prod(out) * (a[int(dims.group(1))] if dims else 1), False
-    return 0.0, False
-
-
-def matrix_tile(result: str, rest: str, ins: dict) -> int:
-    """A cuDNN convolution's fewest of output rows, input features and output features (a
-    cuBLAS product's narrowest dimension): what opclass.Matmul.tile reads from the CPU's
-    program, so that a trace shows how a GPU's rate falls with it (Profile.tile_width)."""
-    target = re.search(r'custom_call_target="([^"]*)"', rest)
-    args = [a for a in hlo.operands(rest) if a in ins]
-    if not target or len(args) < 2:
-        return 0
-    a, b, out = hlo.dims(ins[args[0]][0]), hlo.dims(ins[args[1]][0]), hlo.dims(result)
-    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
-    if "cudnn" in target.group(1) and labels:
-        kind = target.group(1)
-        _, w, y = (
-            (a, out, b) if "Filter" in kind else (out, b, a) if "Input" in kind else (a, b, out)
-        )
-        _, kl, ol = labels.groups()
-        cin, cout = w[kl.index("i")], w[kl.index("o")]
-        return min(math.prod(y) // max(y[ol.index("f")], 1), cin, cout)
-    return min(math.prod(out[:-1]) or 1, out[-1] if out else 1, min(a) if a else 1)
 
 
 def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
@@ -124,8 +80,8 @@ def cpu_matrix_flops(name: str, program: hlo.Program) -> tuple[float, bool]:
 
 
 def kernel_class(name: str, program: hlo.Program) -> str:
-    """A memory-bound top-level kernel's class (opclass.memory_class): what gpufusion's rule 8
-    names for the modelled program, and opclass.classify for the CPU's."""
+    """A memory-bound top-level kernel's class (opclass.memory_class, as opclass.classify names
+    it in the program it prices)."""
     ins = _entry(name, program)
     return opclass.memory_class(ins.opcode, ins.rest, program)[0]
 
@@ -163,9 +119,9 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
         tile = 0
         if device == "cpu":
             flops, thin = cpu_matrix_flops(name, program)
-        else:
-            flops, thin = matrix_flops(result, rest, ins) if op == "custom-call" else (0.0, False)
-            tile = matrix_tile(result, rest, ins) if flops else 0
+        else:  # a cuDNN or cuBLAS call, read as the predictor reads it
+            call = library.library_call(result, rest, types) if op == "custom-call" else None
+            flops, thin, tile = (call.flops, call.thin, call.tile) if call else (0.0, False, 0)
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
             hlo.shape_bytes(ins[a][0]) for a in set(hlo.operands(rest)) if a in ins
         )
