@@ -1,6 +1,4 @@
-"""DenseNet-40 (k=12, as tf_cnn_benchmarks' densenet40_k12; here growth 6 at half width) on the
-embedded shapes10, data parallel over every device. Each dense layer and transition is one
-cuttable unit, so any partitioning cuts or splits them:
+"""DenseNet-40 on the embedded shapes10, data parallel; any partitioning is one override.
 
 Run:  python -m jaxpar.train --config configs/densenet40.py
       ... --config.mesh_shape='(2,4,1)'  (a pipeline of 4 stages x 2 data replicas)
@@ -9,9 +7,13 @@ Run:  python -m jaxpar.train --config configs/densenet40.py
       ... --config.model.name=densenet100  (the deeper one)
 
 Expect: the layer table (stem, 36 dense layers, 2 transitions, head; 260,698 parameters) and a
-progress line every 10 steps. Slow on CPUs (concatenations of many thin maps): 5.7 minutes for
-these 50 steps on 2 cores shared with another job, about 31 img/s, 16% test accuracy at step 50
-(6,400 images seen: it has only begun to learn; raise num_train_steps for a trained model).
+progress line every 10 steps; slow on CPUs (concatenations of many thin maps), and only
+beginning to learn after these 50 steps (raise num_train_steps for a trained model).
+
+Figures: 5.7 minutes for the 50 steps on 2 cores shared with another job, about 31 img/s, 16%
+test accuracy at step 50 (2026-11-23, the first command). The model is tf_cnn_benchmarks'
+densenet40_k12 with growth 6 at half width; each dense layer and transition is one cuttable
+unit, so any partitioning cuts or splits them.
 """
 
 from configs import base

@@ -1,11 +1,17 @@
-"""VGG19 on a (data, stage, tensor) = (2, 2, 2) mesh: the main job, a true three-way hybrid.
+"""VGG19 on a (data, stage, tensor) = (2, 2, 2) mesh: the main job, a three-way hybrid.
 
 Run:  python -m jaxpar.train --config configs/vgg19_hybrid.py
 
-On 8 devices (8 simulated CPU devices by default): 2 data replicas x 2 pipeline stages (1F1B
-over 4 micro-batches) x 2-way channel split inside each stage. Expect the layer and stage
-tables, progress lines with loss, images/sec and ETA, accuracy well above chance at the end,
-and a summary with the pipeline bubble. `--explain` shows layouts, memory and collectives.
+Expect: on 8 devices (8 simulated CPU devices by default), 2 data replicas x 2 pipeline stages
+(1F1B over 4 micro-batches) x 2-way channel split inside each stage: the layer and stage
+tables, progress lines with loss, images/sec and ETA, evaluations at steps 100, 200 and 300
+rising from chance (10%) to above 80%, and a summary with the pipeline bubble. `--explain`
+shows layouts, memory and collectives without training.
+
+Figures: accuracy 0.3585, 0.7455 and 0.8930 at steps 100, 200 and 300, 170 s wall, 274 img/s,
+bubble 0.200 analytic and measured, on a 2-core x86 machine (2026-11-28, `python -m
+jaxpar.train --config configs/vgg19_hybrid.py --workdir /tmp/docs_main`); the accuracies
+depend on the CPU's floating-point code paths (docs/config.md, "The main job's figures").
 """
 
 from configs import base
