@@ -1,5 +1,5 @@
 """Where one training step's time goes on a GPU, kernel by kernel: a profiler trace of the step
-joined with its compiled program (what docs/predict.md's "Inside the H100's step" is read from).
+joined with its compiled program (what docs/log.md's "Inside the step" was read from).
 
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/single_device.py \\
         --rows resnet50:224:bfloat16:128 --trace-dir runs/trace --hlo-dir runs/hlo   # on the GPU
@@ -12,7 +12,7 @@ instruction's FLOPs (convolutions and matrix products, from their shapes) and by
 operands and its result). Prints the matrix kernels (their rate; the thin ones, over fewer
 than 8 input channels, apart), the memory-bound kernels (their bandwidth by size, and the
 least-squares fit of time = a fixed cost + bytes / bandwidth, for all of them and for each
-class: elementwise, reduce, transpose, window, as gpufusion's rule 8 names them) and the
+class: elementwise, reduce, transpose, window, as opclass.memory_class names them) and the
 longest kernels. The trace holds two steps (single_device.py's --trace-dir); their mean is
 reported. More TRACE_DIR HLO pairs after the first: each row reported, then the memory-bound
 kernels of all of them fitted together by class (a profile's memory_kernel_costs; the H100's

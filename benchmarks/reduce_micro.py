@@ -1,5 +1,5 @@
 """What one reduction costs on a GPU, by how long it is and how many results it has: the next
-thing issue 36's predictor needs measured (docs/predict.md, "Narrow layers on a GPU": fitted
+thing issue 36's predictor needs measured (docs/log.md, "Narrow layers on a GPU": fitted
 row by row, a reduction costs 0.7 us + bytes / 1.8 TB/s in ResNet-20's program and 4.6 us +
 bytes / 2.6 TB/s in Inception-v3's, where the profile prices every one alike).
 
@@ -10,10 +10,10 @@ of an NHWC activation over batch x side x side: one jitted program, called a few
 JAX's profiler; the trace's kernels (benchmarks/gpu_trace.py reads them the same way) give the
 program's kernels per call and their device time, so the dispatch of a small program does not
 count. Printed per shape: the length summed into each result (batch x side x side), the
-results (features), kernels per call (XLA:GPU splits a long reduction: gpufusion's rule 7),
+results (features), kernels per call (XLA:GPU splits a long reduction),
 microseconds, bytes read and the rate; then `fixed + bytes / bandwidth` fitted to the shapes
 run as one kernel and to the others apart, and `fixed + bytes per result / lane rate` to the
-one-kernel shapes of fewer than 1,024 results (gpufusion's rule 9, reduce_few). On a CPU it runs too (--small: a smoke test; XLA:CPU
+one-kernel shapes of fewer than 1,024 results (opclass's reduce_few class). On a CPU it runs too (--small: a smoke test; XLA:CPU
 runs the two sums as two kernels).
 """
 
@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # ResNet-50's 56/28/14/7)
 SHAPES = [(128, s, c) for s in (4, 8, 17, 32, 35, 56) for c in (12, 64, 148, 288, 512)]
 # and 4,096 rows (a batch of 64 over 8x8 maps: run whole) into 96 to 2,048 results, across
-# gpufusion's rule 9 (fewer than 1,024 results: one lane each, time set by bytes per result)
+# opclass's reduce_few (fewer than 1,024 results: one lane each, time set by bytes per result)
 SHAPES += [(64, 8, c) for c in (96, 192, 384, 768, 1024, 1536, 2048)]
 SMALL = [(2, 4, 8), (2, 8, 16), (4, 8, 12)]
 
@@ -99,7 +99,7 @@ def fit(rows: list[dict]) -> tuple[float, float] | None:
 
 
 def fit_lanes(rows: list[dict]) -> tuple[float, float] | None:
-    """Least squares of seconds = fixed + bytes per result / lane rate (gpufusion's rule 9):
+    """Least squares of seconds = fixed + bytes per result / lane rate (opclass's reduce_few):
     (fixed s, one result's B/s)."""
     if len(rows) < 2:
         return None

@@ -1,5 +1,5 @@
 """What a pooling window costs on a GPU, by its size, stride and map: the next measurement
-issue 36's predictor needs after reductions (docs/predict.md, "Reductions into few results":
+issue 36's predictor needs after reductions (docs/log.md, "Reductions into few results":
 Inception-v3's window kernels, 3x3 stride-1 average pools among them, moved 1.47 TB/s in an
 H100's trace, where VGG's 2x2 stride-2 max pools moved 2.6-3.0 and the profile prices every
 window kernel at one rate).
@@ -10,7 +10,7 @@ Each case (pool, window, stride, batch, side, features) is one pooling layer's f
 gradient in one jitted program, called a few times under JAX's profiler; the trace's kernels
 (benchmarks/reduce_micro.py reads them the same way) give its kernels per call, their device
 time, and that time split between the window kernels (reduce-window, select-and-scatter,
-scatter: gpufusion's rule 8) and the rest. Printed per case: kernels, microseconds, the
+scatter: opclass.memory_class's window class) and the rest. Printed per case: kernels, microseconds, the
 window kernels' share, the bytes the layer must move (input and output, forward and gradient)
 and the rate. On a CPU it runs too (--small: a smoke test).
 """

@@ -44,7 +44,7 @@ def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
     assert int(matrix.split()[1]) == 1
     assert float(matrix.split()[5]) == pytest.approx(flops / 1e9, abs=5e-4)
     assert "memory-bound:" in out
-    # each memory-bound kernel has its class (gpufusion's rule 8): here all elementwise
+    # each memory-bound kernel has its class (opclass.memory_class): here all elementwise
     classes = [line.split() for line in out.splitlines() if line.strip().startswith("elementwise:")]
     assert len(classes) == 1 and int(classes[0][1]) >= 1
     # two rows (the same one twice): each reported, then their kernels' classes fitted together
@@ -135,7 +135,7 @@ ENTRY %main (x: bf16[4096,192], y: f32[4096,2048], s: f32[128,192]) -> f32[192] 
 
 
 def test_a_traced_reduction_into_few_results_is_named_so(tmp_path, capsys):
-    """A GPU program's reduction kernels by their largest reduction (gpufusion's rule 9):
+    """A GPU program's reduction kernels by their largest reduction (opclass's reduce_few):
     Inception-v3's 8x8 BatchNorm statistics (4,096 bfloat16 rows into 192 results) are
     reduce_few, into 2,048 results or summing 128 elements each plain reduce; the trace
     report fits reduce_few's costs on its bytes per result."""

@@ -170,7 +170,7 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
 
 def test_the_tile_width_fits_the_rates_of_narrow_layers():
     """here.py's narrow convolutions: rate(n) = r0 x min(1, n / T) recovers T, measured rates
-    with noise too (an H100's, docs/predict.md, "Narrow layers on a GPU": 128 in both dtypes)."""
+    with noise too (an H100's, docs/log.md, "Narrow layers on a GPU": 128 in both dtypes)."""
     from jaxpar.predict import herebench
 
     narrow = herebench.NARROW_FEATURES

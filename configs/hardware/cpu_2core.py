@@ -105,10 +105,10 @@ def get_config():
     c.overlap = 0.0
     c.narrow_width = 8.0
     c.forward_speedup = 1.34
-    c.collective_cpu_rate = 3.0e9  # measured (micro.measure_collective_cpu), not fitted
+    c.collective_cpu_rate = 3.0e9  # measured (cpulinks.measure_collective_cpu), not fitted
     c.shared_cores = 2
     c.step_overhead_s = 1e-3
-    c.program_overhead_s = 73e-6  # the pipeline runner's host time (micro.measure_host)
+    c.program_overhead_s = 73e-6  # the pipeline runner's host time (pipelinehost.measure_host)
     c.stage_overhead_s = 0.47e-3
     c.microbatch_overhead_s = 1.42e-3
     c.stage_device_overhead_s = 0.48e-3  # per further device of a stage

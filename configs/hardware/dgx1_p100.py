@@ -50,7 +50,7 @@ Sources and assumptions:
   fewer of its FLOPs); and the published 1-8 GPU tables named in `validation`.
 - overlap = 0: gradient all-reduce after the backward. In tf_cnn_benchmarks' replicated mode
   it partly overlaps the backward; on XLA:GPU's programs the predictor reads the program's own
-  asynchronous pairs instead of this figure (docs/predict.md, "Limits known now").
+  asynchronous pairs instead of this figure (docs/predict.md, "How a step is priced").
 """
 
 import ml_collections

@@ -158,7 +158,7 @@ def get_config():
     # kernel's rate, and a reduction starts slower. A reduction
     # into few results is priced apart, by one result's lane: reduce refitted on the same two
     # traces without those, reduce_few on five (the VGG19 rows' three added: the two hold
-    # only 0.04 GB of them); docs/predict.md, "Reductions into few results"
+    # only 0.04 GB of them); docs/log.md, "Reductions into few results"
     c.memory_kernel_costs = {
         "elementwise": (1.22e-6, 3.17e12),
         "reduce": (3.12e-6, 2.72e12),
@@ -180,7 +180,7 @@ def get_config():
     # layer over 256 input features with n = 8 ... 256 output features ran at n / 128 of the
     # widest rate up to n = 128, in float32 and bfloat16 (n input features: 128 in bfloat16,
     # 64 in float32)
-    # (docs/predict.md, "Narrow layers on a GPU: the tensor-core tile")
+    # (docs/log.md, "Narrow layers on a GPU: the tensor-core tile")
     c.tile_width = 128.0
     # edited: NVLink 4 through NVSwitch, as configs/hardware/h100_sxm_x8.py (sources there)
     c.intra = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}

@@ -37,8 +37,8 @@ Sources and assumptions:
   4,745 images/sec.
 - overlap = None: as XLA:GPU schedules the step (asynchronous collectives, each gradient's
   all-reduce started once it is computed). On XLA:GPU's programs the predictor reads their
-  asynchronous pairs instead and at present finds no work between them, so the gradient
-  reduction is exposed (docs/predict.md, "Limits known now").
+  asynchronous pairs: each gradient's reduction hides under the work XLA:GPU schedules between
+  its start and its done (docs/predict.md, "How a step is priced").
 """
 
 import ml_collections
@@ -68,7 +68,7 @@ def get_config():
     c.fit = ("compute_efficiency", "launch_s")
     c.compiler = "gpu"
     c.gpu = "h100_sxm"
-    # measured in AlexNet's kernel trace on an H100 80GB HBM3 (docs/predict.md, "Inside the
+    # measured in AlexNet's kernel trace on an H100 80GB HBM3 (docs/log.md, "Inside the
     # step"): memory-bound kernels at 2.49 us + bytes / 2.45 TB/s, the first layer (3 input
     # channels) and its weight gradient at 37.4 TFLOP/s
     c.memory_bandwidth = 2.45e12

@@ -12,7 +12,8 @@ Round 1 predicts one default setting per mesh, round 2 expands the best --expand
 round 3 combines their best settings; at most --max_candidates predictions. Prints the top
 --top that fit the memory limit, the fastest that do not, and the command that runs the best.
 --measure K runs the top K on this machine (the bench) and compares. Nothing runs on the
-predicted hardware: programs are compiled with abstract inputs on simulated CPU devices.
+predicted hardware: programs are compiled with abstract inputs, for the profile's GPU where it
+names one (XLA:GPU's compile-only devices), else on simulated CPU devices.
 
 With --target-accuracy the candidates are also ranked by predicted time to that accuracy:
 the search runs at each global batch of --batches (default: the reference's x 1/4, 1, 4, 16

@@ -3,7 +3,8 @@
 Predicts, for every row of a suite (or one config), the step time split into compute, exposed
 communication and bubble, images/sec, speedup and efficiency against the 1-device row, and
 memory per device against the profile's capacity; then prints the recommendation line.
-Nothing runs on the predicted hardware: programs are compiled with abstract inputs on
+Nothing runs on the predicted hardware: programs are compiled with abstract inputs, for the
+profile's GPU where it names one (XLA:GPU's compile-only devices, gputarget.py), else on
 simulated CPU devices (16 by default here, enough for every shipped profile).
 
 A suite is a config file whose `get_config()` holds `base` (an experiment config file),

@@ -74,7 +74,7 @@ class Profile:
     # On "gpu": the fraction of peak of a convolution over fewer than 8 channels (an image's
     # first layer and its weight gradient: opclass.Matmul.thin), which tensor-core kernels
     # cannot take (0: as the other convolutions). Measured: 0.045 on an H100 in bfloat16
-    # (docs/predict.md, "Inside the H100's step")
+    # (docs/log.md, "Inside the step")
     thin_efficiency: float = 0.0
     # Each class of memory-bound kernel (opclass.MEMORY_CLASSES: elementwise, reduce,
     # reduce_few, transpose, window; generate on a CPU) at its own {class: (seconds per kernel,

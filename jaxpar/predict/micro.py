@@ -19,8 +19,8 @@ something beyond its work (XLA:CPU: calling its function from the program's thun
 a profile prices it as kernel_s. Measured: a chain of tiny layers, `x = tanh(x @ w)` on 8 x 8
 float32 (XLA:CPU runs the product and the tanh as two kernels, opclass counts them as the
 predictor does), 16 and 256 layers long; the difference of the two programs' times over the
-difference of their kernel counts, so the call's own dispatch drops out. About 0.43 us here
-(2026-11-27): a profile that fits kernel_s to whole steps instead puts memory-bound work
+difference of their kernel counts, so the call's own dispatch drops out. On this 2-core
+machine 0.25-0.43 us between runs (cpu_2core_models.py states the figure it uses): a profile that fits kernel_s to whole steps instead puts memory-bound work
 there (cpu_2core.py: 7.0 us, memory-bound kernels priced at nothing).
 
 A program's dispatch (`measure_dispatch`): the host's time per call of a tiny program,

@@ -80,8 +80,8 @@ class OpClasses:
     # input), for a roofline on a GPU
     matmuls: tuple[Matmul, ...] = ()
     # the memory-bound kernels by class (MEMORY_CLASSES), as (class, bytes, kernels), sorted;
-    # the CPU's program's from its kernels (memory_class), the modelled GPU program's from
-    # gpufusion; a GPU profile prices each class at its own costs (memory_kernel_costs)
+    # read from the program's kernels (memory_class), XLA:CPU's and XLA:GPU's alike; a GPU
+    # profile prices each class at its own costs (memory_kernel_costs)
     memory_classes: tuple[tuple[str, float, int], ...] = ()
     # the reduce_few kernels' bytes per result, summed: what one of their lanes moves (XLA:GPU
     # spreads such a kernel over its results alone, so its time is this at one lane's rate)
@@ -233,8 +233,7 @@ def cpu_class(kind: str, result: str, rest: str, types: dict[str, str]) -> str:
 def memory_class(op: str, rest: str, program: hlo.Program) -> tuple[str, int]:
     """A memory-bound kernel's class (MEMORY_CLASSES) from what its instruction (`op`, the rest
     of its line) holds, with its results where that is reduce_few (else 1): a window (pooling,
-    its gradient, a scatter), a transpose (or a reversal), a reduction, or elementwise. The
-    same names gpufusion's rule 8 gives the modelled GPU program's kernels."""
+    its gradient, a scatter), a transpose (or a reversal), a reduction, or elementwise."""
     ops, todo = set(), [(op, rest)]
     while todo:
         o, r = todo.pop()
