@@ -313,7 +313,7 @@ def test_profile_writes_a_trace(tmp_path):
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
-    """A suite file, an OUT folder and a fake `Sweep._run_one` that records the rows it runs."""
+    """A suite file, an OUT folder and a fake `Sweep.run_row` that records the rows it runs."""
     suite = tmp_path / "tiny.py"
     suite.write_text(SUITE)
     ran = []
@@ -328,7 +328,7 @@ def fake(tmp_path, monkeypatch):
         write_json(outdir.paths(self.out, r["name"], rep)[0], record)
         return record
 
-    monkeypatch.setattr(Sweep, "_run_one", run_one)
+    monkeypatch.setattr(Sweep, "run_row", run_one)
     return suite, tmp_path / "out", ran
 
 

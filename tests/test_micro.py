@@ -75,7 +75,7 @@ def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape
     for kind, local in (("gather", "copy"), ("psum", "local")):
         ops, texts = [], []
         for k in (kind, local):
-            compiled, _, payload = cpulinks._collective_program(k, 4, 2, 4, 8, 3)
+            compiled, _, payload = cpulinks.collective_program(k, 4, 2, 4, 8, 3)
             texts.append(compiled.as_text())
             ops.append(opclass.classify(texts[-1]))
         name = "all-gather" if kind == "gather" else "all-reduce"

@@ -80,7 +80,7 @@ class Sweep:
                 if not all(map(_ok, records[r["name"]].values())):
                     continue  # it failed in an earlier repeat of this run: not repeated
                 outdir.set_aside(self.out, r["name"], rep, fingerprints[r["name"]])
-                record = self._run_one(r, rep, fingerprints[r["name"]])
+                record = self.run_row(r, rep, fingerprints[r["name"]])
                 records[r["name"]][rep] = record
                 self._write(rows, records)
                 print(
@@ -137,7 +137,9 @@ class Sweep:
             )
         return picked
 
-    def _run_one(self, r: dict, rep: int, fingerprint: str) -> dict:
+    def run_row(self, r: dict, rep: int, fingerprint: str) -> dict:
+        """Run row `r`, repeat `rep`, in its own process (python -m jaxpar.bench --_row) and
+        return its record: the one place a sweep starts a row (tests stand in for it here)."""
         result, log, _ = self._paths(r["name"], rep)
         if os.path.exists(result):
             os.remove(result)

@@ -22,7 +22,7 @@ from typing import Any
 from jaxpar.predict import micro, timer
 
 
-def _collective_program(kind: str, n: int, batch: int, side: int, channels: int, layers: int):
+def collective_program(kind: str, n: int, batch: int, side: int, channels: int, layers: int):
     """Layers over n devices: "gather" / "copy" (the gathered input made locally), "psum" /
     "local" (no sum); (compiled, args, payload bytes a device a collective)."""
     import jax
@@ -82,7 +82,7 @@ def measure_collective_cpu(
     for kind, local in (("gather", "copy"), ("psum", "local")):
         times = {}
         for k in (kind, local):
-            compiled, args, payload = _collective_program(k, n, batch, side, channels, layers)
+            compiled, args, payload = collective_program(k, n, batch, side, channels, layers)
             times[k] = _cpu_seconds(compiled, args, seconds)
         extra[kind] = (times[kind] - times[local]) / layers
     spent = sum(extra.values())
