@@ -204,7 +204,7 @@ def report(strategy, batch_size: int, timing: bool = True) -> dict[str, Any]:
         **collectives_lib.collective_summary(
             collectives_lib.per_step_rows(rows),
             axes_lib.num_replicas(shape),
-            "+".join(axes_lib.replica_axes(shape)) or "data",
+            "+".join(axes_lib.replica_axes(shape)),  # "" where nothing replicates
         ),
         **_pipeline_figures(strategy, batch_size, progs, stages),
     }

@@ -116,9 +116,7 @@ def ring_allreduce_wire_bytes(payload: int, n: int) -> float:
     return 2 * (n - 1) / n * payload if n > 1 else 0.0
 
 
-def collective_summary(
-    rows: list[list], data_size: int, replica_axes: str = "data"
-) -> dict[str, Any]:
+def collective_summary(rows: list[list], data_size: int, replica_axes: str) -> dict[str, Any]:
     """Totals from [where, kind, axes, count, bytes per step, every] rows (`per_step_rows`):
     bytes per device per step of the busiest program group (collectives that run once every
     K steps at their per-step average), its breakdown by kind and by mesh axis, and the

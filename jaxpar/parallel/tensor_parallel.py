@@ -48,11 +48,9 @@ class TensorParallel(DataParallel):
         self.rules = variables.rules_on(tensor.rules_from(config), dict(mesh.shape))
         self.constrain = tensor.constrain_fn(self.rules, variables.joins(dict(mesh.shape), model))
         super().__init__(config, model, mesh, tx)
-        # the rules axes it splits, after "data" where replicas are manual: "data+tensor",
-        # "spatial", "spatial+tensor"
-        self.name = "+".join(
-            (["data"] if self.replicas.manual else []) + list(axes.auto_axes(dict(mesh.shape)))
-        )
+        # the rules axes it splits, after the replica axes where replicas are manual:
+        # "data+tensor", "node+spatial", "spatial+tensor"
+        self.name = "+".join(self.replicas.axes + axes.auto_axes(dict(mesh.shape)))
 
     def grads_in_layout(self, grads):
         return tensor.constrain_tree(grads, self.rule.variable_specs["params"])

@@ -11,23 +11,18 @@ import matplotlib.pyplot as plt
 from jaxpar import axes
 
 MIB = 2**20
-# One marker per family of partitioning (`family`); an axis registered later gets a spare.
-MARKERS = {
-    "1 device": "*",
-    "data": "o",
-    "pipeline": "s",
-    "tensor": "^",
-    "fsdp": "v",
-    "node": "P",
-    "hybrid": "D",
-}
-_SPARE = ("X", "h", "<", ">", "p", "d")
+# One marker per family of partitioning (`family`): "1 device", "hybrid", and each registered
+# axis's label, in the registry's order of names.
+_MARKERS = ("o", "v", "P", "X", "s", "^", "h", "<", ">", "p", "d")
 
 
 def markers(rows: list[dict]) -> dict[str, str]:
-    """MARKERS for the families in `rows`, with a spare marker for any other."""
-    out = dict(MARKERS)
-    spare = iter(_SPARE)
+    """A marker for every family in `rows`: one each for a single device and hybrids, one per
+    registered axis's label, and the rest in order for any other."""
+    out = {"1 device": "*", "hybrid": "D"}
+    spare = iter(_MARKERS)
+    for label in [axes.get(a).label for a in axes.names()]:
+        out.setdefault(label, next(spare, "o"))
     for fam in dict.fromkeys(family(r) for r in rows):
         if fam not in out:
             out[fam] = next(spare, "o")

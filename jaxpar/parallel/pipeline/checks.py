@@ -37,12 +37,17 @@ def problem(config, shape: dict[str, int]) -> str | None:
     return None
 
 
+def _layers_axis() -> str:
+    """The registered axis that splits the layers (stage), for the message's example."""
+    return axes.of_role(dict.fromkeys(axes.names(), 1), "layers")[0]
+
+
 def require(config, shape: dict[str, int]) -> None:
     data, stage = axes.num_replicas(shape), axes.num_stages(shape)
     check(
         axes.stage_axis(shape) is not None,
         f"strategy=pipeline needs a stage axis, but mesh_axes is {tuple(shape)}; add one, "
-        "e.g. --config.mesh_axes='(" + ",".join(f'"{a}"' for a in (*shape, "stage")) + ")'",
+        "e.g. --config.mesh_axes='(" + ",".join(f'"{a}"' for a in (*shape, _layers_axis())) + ")'",
     )
     micro = config.pipeline.num_microbatches
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
