@@ -178,10 +178,38 @@ def test_the_planner_enumerates_fsdp_and_node_meshes():
     names = {c.name.split(" ")[0] for c in valid}
     assert "(fsdp=16)" in names and "(data=2,fsdp=8)" in names
     assert "(node=2,data=8)" in names and "(node=2,fsdp=8)" in names
-    assert len(valid) + len(refused) < 5000
+    # every candidate but the one-device baseline uses the 16 devices; names are unique; node,
+    # where present, is 2 and first
+    used = [math.prod(c.mesh) for c in valid + [c for c, _ in refused]]
+    assert used.count(1) == 1 and set(used) == {1, 16}
+    assert len({c.name for c in valid}) == len(valid)
+    assert all(c.axes.index("node") == 0 and c.mesh[0] == 2 for c in valid if "node" in c.axes)
     node = next(c for c in valid if c.name.startswith("(node=2,data=8)"))
     assert node.overrides() == {"mesh_axes": ("node", "data"), "mesh_shape": (2, 8),
                                 "sync.mode": "allreduce"}  # fmt: skip
+
+
+def test_a_new_rules_axis_splits_the_names_it_declares(one_device):
+    """A channel axis written as one registration, no model edit: a rules axis that declares
+    the logical names it splits (conv_out, mlp). On (data, channel) = (2, 4), with the config's
+    rules naming only tensor (absent, so unsplit), it trains as one device does and its
+    convolution kernels are split over it."""
+    axes.register(
+        axes.Axis(
+            "channel",
+            "rules",
+            "output channels of every layer",
+            rules=(("conv_out", "channel"), ("mlp", "channel")),
+        )
+    )
+    try:
+        config = mesh_config(("data", "channel"), (2, 4))
+        assert_equal(run_steps(config, 8), one_device)
+        setup = trainer.setup(config, jax.devices())
+        split = [spec for _, spec in _leaves(setup.strategy) if "channel" in str(spec)]
+        assert split, "no parameter is split over the channel axis"
+    finally:
+        axes.unregister("channel")
 
 
 @pytest.mark.parametrize(
