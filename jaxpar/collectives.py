@@ -1,7 +1,7 @@
 """The collectives of compiled programs placed on the mesh: which axes each runs over (from its
 replica groups), counted per program and per step, and their totals per device.
 
-`hlo.py` reads the collectives of one HLO text; this module places them on a run's mesh;
+`jaxpar.hlo` reads the collectives of one HLO text; this module places them on a run's mesh;
 `analysis.report` puts the totals beside memory and timing.
 """
 
