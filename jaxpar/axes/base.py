@@ -22,8 +22,8 @@ An axis plays one role:
   spatial). Hooks: `rules` (the logical names the axis splits when the config's rules do not
   say, e.g. spatial's ("height", "spatial")), `joins` (layers whose outputs it leaves whole).
 
-Any axis may refuse a model (`check_model`, one line before compiling) and describe what it
-does to one (`describe`, printed by --explain).
+Any axis may refuse a config or, once built, a model (`check`, one line before compiling) and
+describe what it does to one (`describe`, printed by --explain).
 
 An axis of size 1 costs nothing: it is in the mesh, and no collective runs over it.
 """
@@ -73,9 +73,11 @@ class Axis:
 
     # -- hooks (any axis) ---------------------------------------------------------------------
 
-    def check_model(self, config, sizes: dict[str, int], model) -> str | None:
-        """Why this axis cannot split `model` on a mesh of these sizes (one line), or None.
-        Called before anything is compiled, for the axes of size > 1."""
+    def check(self, config, sizes: dict[str, int], model=None) -> str | None:
+        """Why this axis cannot run `config` on a mesh of these sizes (one line), or None.
+        Called for every axis of the mesh as the config is validated (`model` None), then for
+        those of size > 1 with the built `model`: the refusals only the model tells (maps too
+        small to split). Both before anything is compiled."""
         return None
 
     def describe(self, config, sizes: dict[str, int], model) -> str | None:
@@ -90,10 +92,6 @@ class Axis:
         return frozenset()
 
     # -- hooks (batch axes) -------------------------------------------------------------------
-
-    def check(self, config, sizes: dict[str, int]) -> str | None:
-        """Why this axis cannot run `config` on a mesh of these sizes (one line), or None."""
-        return None
 
     def mean(self, x, group: tuple[str, ...], others: tuple[str, ...]) -> Any:
         """The mean of `x` over the replica axes `group` (this axis among them), inside

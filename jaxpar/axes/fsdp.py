@@ -34,7 +34,7 @@ PREFERRED = ("conv_out", "mlp", "hidden", "embed", "classes", "conv_in")
 
 
 class FSDP(Axis):
-    def check(self, config, sizes):
+    def check(self, config, sizes, model=None):
         if sizes[self.name] == 1:
             return None
         if config.sync.mode != "allreduce":

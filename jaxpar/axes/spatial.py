@@ -209,12 +209,11 @@ def plan(model, s: int) -> tuple[LayerSplit, ...]:
 
 
 class Spatial(Axis):
-    def check(self, config, sizes):
+    def check(self, config, sizes, model=None):
         if sizes[self.name] > 1 and config.sync.impl != "shard_map":
             return f"the {self.name} axis needs sync.impl=shard_map; pmap is data-parallel only"
-        return None
-
-    def check_model(self, config, sizes, model):
+        if model is None:
+            return None
         s = sizes[self.name]
         first = plan(model, s)[0]
         if not first.split:

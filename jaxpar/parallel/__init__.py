@@ -96,7 +96,7 @@ def check_model(config, shape: dict[str, int], model) -> None:
     anything is compiled."""
     reason = STRATEGIES[choose(config, shape)].check_model(config, shape, model)
     for name in axes.used(shape):
-        reason = reason or axes.get(name).check_model(config, shape, model)
+        reason = reason or axes.get(name).check(config, shape, model)
     config_lib.check(reason is None, str(reason))
 
 
