@@ -6,15 +6,12 @@ and the planner take them like any other mesh."""
 
 from __future__ import annotations
 
-import ast
 import math
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-import jaxpar
 from jaxpar import analysis, axes, explain, parallel, plan, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.predict.workload import describe, workload
@@ -53,16 +50,21 @@ def test_batch_axes_equal_one_device(one_device, names, sizes):
 def test_fsdp_beside_a_pipeline_and_a_tensor_axis_equals_one_device():
     """(data, fsdp, stage, tensor) = (1, 2, 2, 2), 1F1B over 2 micro-batches: each stage's
     parameters sharded over its own fsdp devices, channels over tensor."""
-    config = mesh_config(("data", "fsdp", "stage", "tensor"), (1, 2, 2, 2), **{
-        "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2})  # fmt: skip
+    config = mesh_config(
+        ("data", "fsdp", "stage", "tensor"),
+        (1, 2, 2, 2),
+        **{"pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2},
+    )
     assert_equal(run_steps(config, 8), reference_run(config, microbatches=2))
 
 
 def _leaves(strategy):
     """(global bytes, PartitionSpec) of every parameter leaf as placed."""
     state = strategy.state_shapes()
-    return [(math.prod(x.shape) * x.dtype.itemsize, x.sharding.spec)
-            for x in jax.tree.leaves(state.params)]  # fmt: skip
+    return [
+        (math.prod(x.shape) * x.dtype.itemsize, x.sharding.spec)
+        for x in jax.tree.leaves(state.params)
+    ]
 
 
 def _bytes(report, kind, axis) -> float:
@@ -129,8 +131,9 @@ def test_checkpoint_of_fsdp_and_tensor_continues_on_data(tmp_path, one_device, c
     """2 steps on (data, fsdp, tensor) = (2, 2, 2), saved; 2 more on (data,) = (8,): the
     4 steps of one device. Each run's first line names its own mesh."""
     run = str(tmp_path / "run")
-    first = mesh_config(("data", "fsdp", "tensor"), (2, 2, 2), checkpoint_every_steps=2,
-                        num_train_steps=2)  # fmt: skip
+    first = mesh_config(
+        ("data", "fsdp", "tensor"), (2, 2, 2), checkpoint_every_steps=2, num_train_steps=2
+    )
     trainer.train_and_evaluate(first, run)
     assert "mesh (data=2, fsdp=2, tensor=2) over 8 cpu devices" in capsys.readouterr().out
     result = trainer.train_and_evaluate(mesh_config(("data",), (8,)), run)
@@ -151,8 +154,10 @@ def test_a_new_axis_is_one_module(one_device):
         assert "ring       4  batch" in text and "collective-permute" in text
         assert "hybrid data 2 x ring 4" in text
         w = workload(config, 8)
-        assert any(c.kind == "collective-permute" and c.axes == "ring"
-                   for c in w.chunks[0].collectives["step"])  # fmt: skip
+        assert any(
+            c.kind == "collective-permute" and c.axes == "ring"
+            for c in w.chunks[0].collectives["step"]
+        )
     finally:
         example_axis.unregister()
     with pytest.raises(ConfigError, match="not a mesh axis"):
@@ -185,8 +190,11 @@ def test_the_planner_enumerates_fsdp_and_node_meshes():
     assert len({c.name for c in valid}) == len(valid)
     assert all(c.axes.index("node") == 0 and c.mesh[0] == 2 for c in valid if "node" in c.axes)
     node = next(c for c in valid if c.name.startswith("(node=2,data=8)"))
-    assert node.overrides() == {"mesh_axes": ("node", "data"), "mesh_shape": (2, 8),
-                                "sync.mode": "allreduce"}  # fmt: skip
+    assert node.overrides() == {
+        "mesh_axes": ("node", "data"),
+        "mesh_shape": (2, 8),
+        "sync.mode": "allreduce",
+    }
 
 
 def test_a_new_rules_axis_splits_the_names_it_declares(one_device):
@@ -230,81 +238,3 @@ def test_refusals_name_the_axes(names, sizes, extra, message):
     with pytest.raises(ConfigError) as info:
         parallel.validate(mesh_config(names, sizes, **extra), 8)
     assert message in str(info.value) and "\n" not in str(info.value)
-
-
-# Where a registered axis's name may stand as a string in the core: strategy names that are
-# spelled like an axis ("data", "tensor": a strategy, not an axis), config keys ("data" is the
-# dataset's section) and a table's column headings ("stage": a pipeline stage's number). Everywhere else the core asks the registry (axes.of_role, ...).
-def _strategy_or_key(node, parents) -> bool:
-    parent = parents.get(node)
-    while isinstance(parent, ast.IfExp):  # return "pmap" if ... else "data"
-        node, parent = parent, parents.get(parent)
-    if isinstance(parent, ast.FormattedValue):  # f"{'stage':>5}": a table's column heading
-        return True
-    if isinstance(parent, ast.Dict) and node in parent.keys:  # STRATEGIES = {"data": ...}
-        return True
-    if isinstance(parent, ast.Assign):  # name = "data"; config.strategy = "data"
-        targets = [
-            t.attr if isinstance(t, ast.Attribute) else getattr(t, "id", "") for t in parent.targets
-        ]
-        return any(t in ("name", "strategy") for t in targets)
-    if isinstance(parent, ast.Return):  # parallel.choose returns a strategy name
-        return _enclosing(node, parents) == "choose"
-    if isinstance(parent, ast.Compare):  # config.strategy == "tensor"
-        return "strategy" in ast.unparse(parent)
-    if isinstance(parent, ast.Call):  # _get(config, "data", None): the config's data section
-        return ast.unparse(parent.func) in ("_get", "config.get")
-    return False
-
-
-def _enclosing(node, parents) -> str:
-    while node in parents:
-        node = parents[node]
-        if isinstance(node, ast.FunctionDef):
-            return node.name
-    return ""
-
-
-def _docstrings(tree) -> set:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-                out.add(body[0].value)
-    return out
-
-
-def axis_names_in_core(root: Path) -> list[str]:
-    """Every string literal in jaxpar/ outside jaxpar/axes/ that is exactly a registered axis's
-    name, but for the strategy names and config keys above: file:line and the name."""
-    found = []
-    registered = set(axes.names())
-    for path in sorted(root.rglob("*.py")):
-        if "axes" in path.relative_to(root).parts[:1]:
-            continue
-        tree = ast.parse(path.read_text())
-        parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
-        docs = _docstrings(tree)
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Constant)
-                and node.value in registered
-                and node not in docs
-                and not _strategy_or_key(node, parents)
-            ):
-                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.value!r}")
-    return found
-
-
-def test_the_core_never_names_an_axis(tmp_path):
-    """The core (jaxpar/ outside jaxpar/axes/) holds no registered axis's name as a string: it
-    asks the registry. The check itself finds one planted in a copy of a core module."""
-    root = Path(jaxpar.__file__).parent
-    assert axis_names_in_core(root) == []
-    planted = tmp_path / "jaxpar"
-    planted.mkdir()
-    (planted / "analysis.py").write_text(
-        (root / "analysis.py").read_text() + '\nREPLICAS = "+".join(["data"]) or "fsdp"\n'
-    )
-    assert sorted(f.split(" ")[1] for f in axis_names_in_core(planted)) == ["'data'", "'fsdp'"]
