@@ -46,8 +46,9 @@ def median_call(fn, *args, seconds: float) -> float:
 
 
 def _conv(x, w):
-    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+    return jax.lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
 
 
 def program(kernel: str, n: int, collective: bool):
@@ -86,16 +87,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="configs/hardware/cpu_2core.py")
     parser.add_argument("--kernel", choices=tuple(LAYERS), default="conv")
-    parser.add_argument("--shapes", default=None,
-                        help="dot: BxF,... (64x256,64x128,32x512); conv: BxSxC,... (16x16x32,32x16x32)")  # fmt: skip
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help="dot: BxF,... (64x256,64x128,32x512); conv: BxSxC,... (16x16x32,32x16x32)",
+    )
     parser.add_argument("--seconds", type=float, default=1.5)
     args = parser.parse_args()
     profile = load_profile(args.profile)
     shapes = (
         args.shapes or {"dot": "64x256,64x128,32x512", "conv": "16x16x32,32x16x32"}[args.kernel]
     )
-    print("| shape | kernel MFLOP | N | step without [clock] | with psum [clock] | "
-          "per psum [clock] | profile's price |")  # fmt: skip
+    print(
+        "| shape | kernel MFLOP | N | step without [clock] | with psum [clock] | "
+        "per psum [clock] | profile's price |"
+    )
     print("|---|---|---|---|---|---|---|")
     for text in shapes.split(","):
         shape = tuple(int(v) for v in text.split("x"))
@@ -107,9 +113,11 @@ def main() -> None:
                 found[collective] = median_call(fn, x, w, seconds=args.seconds)
             each = (found[True] - found[False]) / LAYERS[args.kernel]
             price = links.collective_time("all-reduce", reduced, list(range(n)), profile)
-            print(f"| {text} | {flops / 1e6:.1f} | {n} | {found[False] * 1e3:.2f} ms "
-                  f"| {found[True] * 1e3:.2f} ms | {each * 1e6:.0f} us | {price * 1e6:.0f} us |",
-                  flush=True)  # fmt: skip
+            print(
+                f"| {text} | {flops / 1e6:.1f} | {n} | {found[False] * 1e3:.2f} ms "
+                f"| {found[True] * 1e3:.2f} ms | {each * 1e6:.0f} us | {price * 1e6:.0f} us |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

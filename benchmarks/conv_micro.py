@@ -33,8 +33,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-KINDS = (("forward", "forward_ms"), ("input gradient", "input_grad_ms"),
-         ("filter gradient", "filter_grad_ms"))  # fmt: skip
+KINDS = (
+    ("forward", "forward_ms"),
+    ("input gradient", "input_grad_ms"),
+    ("filter gradient", "filter_grad_ms"),
+)
 SMALL = ["resnet20:0.25:32:float32:2"]
 
 
@@ -54,17 +57,22 @@ def measure(row: dict, dtype: str, calls: int = 5) -> dict:
     f = jax.device_put(jnp.ones((r, s, c, k), dtype) * 0.01)
 
     def conv(x, f):
-        return jax.lax.conv_general_dilated(x, f, strides, pad,
-                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        return jax.lax.conv_general_dilated(
+            x, f, strides, pad, dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
 
     y = jax.device_put(jnp.ones(jax.eval_shape(conv, x, f).shape, dtype))
     programs = {
         "forward_ms": (jax.jit(conv), (x, f)),
-        "input_grad_ms": (jax.jit(lambda x, f, y: jax.vjp(lambda v: conv(v, f), x)[1](y)[0]),
-                          (x, f, y)),
-        "filter_grad_ms": (jax.jit(lambda x, f, y: jax.vjp(lambda v: conv(x, v), f)[1](y)[0]),
-                           (x, f, y)),
-    }  # fmt: skip
+        "input_grad_ms": (
+            jax.jit(lambda x, f, y: jax.vjp(lambda v: conv(v, f), x)[1](y)[0]),
+            (x, f, y),
+        ),
+        "filter_grad_ms": (
+            jax.jit(lambda x, f, y: jax.vjp(lambda v: conv(x, v), f)[1](y)[0]),
+            (x, f, y),
+        ),
+    }
     out = {**row}
     for column, (fn, args) in programs.items():
         for _ in range(2):
@@ -133,17 +141,24 @@ def compare(measured: list[dict], counts: list[int], profile, dtype: str) -> lis
         timed = kernels.kernels(row, size)  # none for a thin first layer
         for kind, column in KINDS:
             kernel = next((k for k in timed if k.name.endswith(kind)), None)
-            out.append({
-                "shape": _label(row), "group": group(row), "kind": kind, "layers": count,
-                "measured_s": row[column] * 1e-3,
-                "priced_s": kernels.price(profile, kernel, dtype) if kernel else None,
-            })  # fmt: skip
+            out.append(
+                {
+                    "shape": _label(row),
+                    "group": group(row),
+                    "kind": kind,
+                    "layers": count,
+                    "measured_s": row[column] * 1e-3,
+                    "priced_s": kernels.price(profile, kernel, dtype) if kernel else None,
+                }
+            )
     return out
 
 
 def _label(row: dict) -> str:
-    return (f"{int(row['R'])}x{int(row['S'])} s{int(row['stride_h'])} {int(row['W'])}x"
-            f"{int(row['H'])}x{int(row['C'])}->{int(row['K'])} n{int(row['N'])}")  # fmt: skip
+    return (
+        f"{int(row['R'])}x{int(row['S'])} s{int(row['stride_h'])} {int(row['W'])}x"
+        f"{int(row['H'])}x{int(row['C'])}->{int(row['K'])} n{int(row['N'])}"
+    )
 
 
 def summary(lines: list[dict]) -> dict[str, tuple[float, float, int]]:
@@ -165,9 +180,13 @@ def _write_table(path: str, rows: list[dict], args, device: str) -> None:
     from jaxpar.predict import kernels
 
     what = SMALL[0] if args.small else args.rows
-    kernels.write(path, rows, f"Convolution kernels of {what} timed on {device} "
-                  "(benchmarks/conv_micro.py): milliseconds per call of the convolution kernels "
-                  "of each program, from a profiler trace")  # fmt: skip
+    kernels.write(
+        path,
+        rows,
+        f"Convolution kernels of {what} timed on {device} "
+        "(benchmarks/conv_micro.py): milliseconds per call of the convolution kernels "
+        "of each program, from a profiler trace",
+    )
 
 
 def main(argv=None) -> int:
@@ -175,8 +194,11 @@ def main(argv=None) -> int:
     from jaxpar.predict import hererows, kernels, load_profile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="inception_v3:1:299:bfloat16:64",
-                        help="MODEL:WIDTH:IMAGE:DTYPE:BATCH, comma-separated")  # fmt: skip
+    parser.add_argument(
+        "--rows",
+        default="inception_v3:1:299:bfloat16:64",
+        help="MODEL:WIDTH:IMAGE:DTYPE:BATCH, comma-separated",
+    )
     parser.add_argument("--profile", default="configs/hardware/h100_here.py")
     parser.add_argument("--out", help="write every kernel here (JSON)")
     parser.add_argument("--table", help="write the measured times as a kernel table (CSV)")
@@ -197,28 +219,43 @@ def main(argv=None) -> int:
         measured = []
         for row, _ in shapes:  # the table rewritten after each shape: a time limit keeps it
             measured.append(measure(row, run["dtype"]))
-            print(f"  {_label(row):>34}: " + ", ".join(
-                f"{kind} {measured[-1][column] * 1e3:.1f} us" for kind, column in KINDS),
-                flush=True)  # fmt: skip
+            print(
+                f"  {_label(row):>34}: "
+                + ", ".join(
+                    f"{kind} {measured[-1][column] * 1e3:.1f} us" for kind, column in KINDS
+                ),
+                flush=True,
+            )
             if args.table:
                 _write_table(args.table, table + measured, args, measured[-1]["device"])
         table += measured
         profile = profile or load_profile(args.profile)
         lines = compare(measured, [n for _, n in shapes], profile, run["dtype"])
-        print(f"{'shape':>34} {'kind':>16} {'layers':>6} {'measured us':>11} "
-              f"{'priced us':>9} {'ratio':>6}")  # fmt: skip
+        print(
+            f"{'shape':>34} {'kind':>16} {'layers':>6} {'measured us':>11} "
+            f"{'priced us':>9} {'ratio':>6}"
+        )
         for line in lines:
             priced = line["priced_s"]
             ratio = f"{line['measured_s'] / priced:6.2f}" if priced else "     -"
-            print(f"{line['shape']:>34} {line['kind']:>16} {line['layers']:6d} "
-                  f"{line['measured_s'] * 1e6:11.1f} "
-                  f"{priced * 1e6 if priced else float('nan'):9.1f} {ratio}")  # fmt: skip
+            print(
+                f"{line['shape']:>34} {line['kind']:>16} {line['layers']:6d} "
+                f"{line['measured_s'] * 1e6:11.1f} "
+                f"{priced * 1e6 if priced else float('nan'):9.1f} {ratio}"
+            )
         print(f"\n{run['name']} on {args.profile}, each kernel times its layers:")
         for name, (m, p, n) in sorted(summary(lines).items(), key=lambda kv: kv[0] == "all"):
-            print(f"  {name:>14}: {n:4d} kernels, measured {m * 1e3:8.3f} ms, priced "
-                  f"{p * 1e3:8.3f} ms, ratio {m / p if p else float('nan'):.2f}")  # fmt: skip
-        everything.append({"row": run["name"], "device": measured[0]["device"] if measured
-                           else None, "kernels": lines})  # fmt: skip
+            print(
+                f"  {name:>14}: {n:4d} kernels, measured {m * 1e3:8.3f} ms, priced "
+                f"{p * 1e3:8.3f} ms, ratio {m / p if p else float('nan'):.2f}"
+            )
+        everything.append(
+            {
+                "row": run["name"],
+                "device": measured[0]["device"] if measured else None,
+                "kernels": lines,
+            }
+        )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

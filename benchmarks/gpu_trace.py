@@ -79,25 +79,42 @@ def _memory_bound(mem: list[tuple]) -> None:
         fit = "fit -"
         if name in costs["classes"]:
             fixed, bandwidth = costs["classes"][name]
-            rate = f"bytes per result / {bandwidth / 1e9:5.2f} GB/s" if name == "reduce_few" else \
-                f"bytes / {bandwidth / 1e9:5.0f} GB/s"  # fmt: skip
+            rate = (
+                f"bytes per result / {bandwidth / 1e9:5.2f} GB/s"
+                if name == "reduce_few"
+                else f"bytes / {bandwidth / 1e9:5.0f} GB/s"
+            )
             fit = f"fit {fixed * 1e6:5.2f} us + {rate}"
-        print(f"  {name:>11}: {count:5d} kernels {seconds * 1e3:7.2f} ms "
-              f"{nbytes / 1e9:6.2f} GB, {fit}")  # fmt: skip
+        print(
+            f"  {name:>11}: {count:5d} kernels {seconds * 1e3:7.2f} ms "
+            f"{nbytes / 1e9:6.2f} GB, {fit}"
+        )
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("pairs", nargs="*", metavar="TRACE_DIR HLO",
-                        help="single_device.py's --trace-dir folder of a row and that row's "
-                             "program (its --hlo-dir file); with more than one row their "
-                             "memory-bound kernels' class costs are also fitted together "
-                             "(a profile's memory_kernel_costs)")  # fmt: skip
+    parser.add_argument(
+        "pairs",
+        nargs="*",
+        metavar="TRACE_DIR HLO",
+        help="single_device.py's --trace-dir folder of a row and that row's "
+        "program (its --hlo-dir file); with more than one row their "
+        "memory-bound kernels' class costs are also fitted together "
+        "(a profile's memory_kernel_costs)",
+    )
     parser.add_argument("--top", type=int, default=10, help="longest kernels to list")
-    parser.add_argument("--csv", help="write every joined kernel of every row here (.csv or "
-                                      ".csv.gz), to keep and to fit from later")  # fmt: skip
-    parser.add_argument("--from-csv", nargs="+", default=[], metavar="CSV",
-                        help="instead of traces: the kernels --csv wrote")  # fmt: skip
+    parser.add_argument(
+        "--csv",
+        help="write every joined kernel of every row here (.csv or "
+        ".csv.gz), to keep and to fit from later",
+    )
+    parser.add_argument(
+        "--from-csv",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="instead of traces: the kernels --csv wrote",
+    )
     args = parser.parse_args(argv)
     if len(args.pairs) % 2 or not (args.pairs or args.from_csv):
         parser.error("rows come as pairs: TRACE_DIR HLO (or give --from-csv)")
@@ -133,9 +150,13 @@ def _tiles(matrix: list[tuple]) -> None:
         b[0], b[1], b[2] = b[0] + 1, b[1] + r[1], b[2] + r[4]
     widest = max(buckets)
     top = buckets[widest][1] / buckets[widest][2]
-    print("  by fewest rows or features (n <=):  " + ", ".join(
-        f"{n}: {k} at {f / t / 1e12:.0f} TFLOP/s ({f / t / top:.2f})"
-        for n, (k, f, t) in sorted(buckets.items())))  # fmt: skip
+    print(
+        "  by fewest rows or features (n <=):  "
+        + ", ".join(
+            f"{n}: {k} at {f / t / 1e12:.0f} TFLOP/s ({f / t / top:.2f})"
+            for n, (k, f, t) in sorted(buckets.items())
+        )
+    )
 
 
 def _report(rows: list[tuple], total: float, steps: int, device: str, top: int) -> None:

@@ -46,11 +46,17 @@ def _gpu_events(trace_dir: str) -> tuple[list[tuple[str, float]], str]:
     """(name, seconds) of every kernel in the trace: a GPU's, or a CPU's named events."""
     (path,) = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[:1]
     events = json.load(gzip.open(path))["traceEvents"]
-    gpu = {e["pid"] for e in events
-           if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))}  # fmt: skip
+    gpu = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))
+    }
     if gpu:
-        return [(e["args"].get("hlo_op", "?"), e["dur"] * 1e-6) for e in events
-                if e.get("ph") == "X" and e["pid"] in gpu], "gpu"  # fmt: skip
+        return [
+            (e["args"].get("hlo_op", "?"), e["dur"] * 1e-6)
+            for e in events
+            if e.get("ph") == "X" and e["pid"] in gpu
+        ], "gpu"
     return [(e["name"], e["dur"] * 1e-6) for e in events if e.get("ph") == "X"], "cpu"
 
 
@@ -82,10 +88,18 @@ def measure(batch: int, side: int, features: int, dtype: str, calls: int = 5) ->
         events = [(n, t) for n, t in events if n in entry]
     per = collections.Counter(n for n, _ in events)
     seconds = sum(t for _, t in events) / calls
-    return {"batch": batch, "side": side, "features": features, "dtype": dtype,
-            "length": batch * side * side, "results": features, "device": device,
-            "kernels": sum(per.values()) / calls, "seconds": seconds,
-            "bytes": float(x.nbytes + 2 * 4 * features)}  # fmt: skip
+    return {
+        "batch": batch,
+        "side": side,
+        "features": features,
+        "dtype": dtype,
+        "length": batch * side * side,
+        "results": features,
+        "device": device,
+        "kernels": sum(per.values()) / calls,
+        "seconds": seconds,
+        "bytes": float(x.nbytes + 2 * 4 * features),
+    }
 
 
 def fit(rows: list[dict]) -> tuple[float, float] | None:
@@ -116,32 +130,47 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="three tiny shapes (a smoke test)")
     args = parser.parse_args(argv)
     rows = []
-    print(f"{'dtype':>9} {'batch':>5} {'side':>4} {'feat':>5} {'length':>7} {'kernels':>7} "
-          f"{'us':>8} {'MB':>8} {'TB/s':>6}")  # fmt: skip
+    print(
+        f"{'dtype':>9} {'batch':>5} {'side':>4} {'feat':>5} {'length':>7} {'kernels':>7} "
+        f"{'us':>8} {'MB':>8} {'TB/s':>6}"
+    )
     for dtype in args.dtypes.split(","):
         for b, s, c in SMALL if args.small else SHAPES:
             r = measure(b, s, c, dtype)
             rows.append(r)
-            print(f"{dtype:>9} {b:5d} {s:4d} {c:5d} {r['length']:7d} {r['kernels']:7.1f} "
-                  f"{r['seconds'] * 1e6:8.1f} {r['bytes'] / 1e6:8.2f} "
-                  f"{r['bytes'] / max(r['seconds'], 1e-12) / 1e12:6.2f}", flush=True)  # fmt: skip
-    for label, keep in (("one kernel", lambda r: r["kernels"] <= 1.5),
-                        ("several (split, or not fused)", lambda r: r["kernels"] > 1.5)):  # fmt: skip
+            print(
+                f"{dtype:>9} {b:5d} {s:4d} {c:5d} {r['length']:7d} {r['kernels']:7.1f} "
+                f"{r['seconds'] * 1e6:8.1f} {r['bytes'] / 1e6:8.2f} "
+                f"{r['bytes'] / max(r['seconds'], 1e-12) / 1e12:6.2f}",
+                flush=True,
+            )
+    for label, keep in (
+        ("one kernel", lambda r: r["kernels"] <= 1.5),
+        ("several (split, or not fused)", lambda r: r["kernels"] > 1.5),
+    ):
         found = fit([r for r in rows if keep(r)])
         if found:
             fixed, bw = found
-            print(f"{label}: {fixed * 1e6:.2f} us + bytes / {bw / 1e12:.2f} TB/s "
-                  f"({sum(map(keep, rows))} shapes)")  # fmt: skip
+            print(
+                f"{label}: {fixed * 1e6:.2f} us + bytes / {bw / 1e12:.2f} TB/s "
+                f"({sum(map(keep, rows))} shapes)"
+            )
     from jaxpar.predict import opclass
 
-    few = [r for r in rows if r["kernels"] <= 1.5
-           and opclass.reduction_class(r["results"], r["length"]) == "reduce_few"]  # fmt: skip
+    few = [
+        r
+        for r in rows
+        if r["kernels"] <= 1.5
+        and opclass.reduction_class(r["results"], r["length"]) == "reduce_few"
+    ]
     found = fit_lanes(few)
     if found:
         fixed, lane = found
-        print(f"one kernel into fewer than {opclass.FEW_RESULTS} results (reduce_few): "
-              f"{fixed * 1e6:.2f} us + bytes per result / {lane / 1e9:.2f} GB/s "
-              f"({len(few)} shapes; a profile's memory_kernel_costs['reduce_few'])")  # fmt: skip
+        print(
+            f"one kernel into fewer than {opclass.FEW_RESULTS} results (reduce_few): "
+            f"{fixed * 1e6:.2f} us + bytes per result / {lane / 1e9:.2f} GB/s "
+            f"({len(few)} shapes; a profile's memory_kernel_costs['reduce_few'])"
+        )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -34,12 +34,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 DEFAULT_ROWS = (
-    "vgg19:32:float32:128", "vgg19:32:float32:512", "vgg19:32:bfloat16:128",
-    "vgg19:32:bfloat16:512", "resnet20:32:float32:128", "densenet40:32:float32:64",
-    "resnet50:224:bfloat16:64", "resnet50:224:bfloat16:128", "resnet50:224:bfloat16:256",
-    "resnet50:224:float32:128", "alexnet:224:float32:128", "alexnet:224:bfloat16:256",
-    "vgg16:224:bfloat16:64", "inception_v3:299:bfloat16:64", "resnet152:224:bfloat16:64",
-)  # fmt: skip
+    "vgg19:32:float32:128",
+    "vgg19:32:float32:512",
+    "vgg19:32:bfloat16:128",
+    "vgg19:32:bfloat16:512",
+    "resnet20:32:float32:128",
+    "densenet40:32:float32:64",
+    "resnet50:224:bfloat16:64",
+    "resnet50:224:bfloat16:128",
+    "resnet50:224:bfloat16:256",
+    "resnet50:224:float32:128",
+    "alexnet:224:float32:128",
+    "alexnet:224:bfloat16:256",
+    "vgg16:224:bfloat16:64",
+    "inception_v3:299:bfloat16:64",
+    "resnet152:224:bfloat16:64",
+)
 
 
 def config_for(model: str, image: int, dtype: str, batch: int, width: float = 1.0):
@@ -163,10 +173,14 @@ def _program_figures(setup, batch: int, spec: str, hlo_dir: str | None) -> dict:
         with gzip.open(os.path.join(hlo_dir, _file_name(spec) + ".hlo.txt.gz"), "wt") as f:
             f.write(text)
     ops = opclass.classify(text)
-    row.update(matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops,
-               memory_bound_bytes=ops.memory_bytes, kernels=ops.kernels,
-               xla_flops=analysis.program_flops(program.compiled),
-               model_flops_per_image=3 * setup.model.flops_per_example)  # fmt: skip
+    row.update(
+        matmul_flops=ops.matmul_flops,
+        conv3x3_flops=ops.conv3x3_flops,
+        memory_bound_bytes=ops.memory_bytes,
+        kernels=ops.kernels,
+        xla_flops=analysis.program_flops(program.compiled),
+        model_flops_per_image=3 * setup.model.flops_per_example,
+    )
     return row
 
 
@@ -185,8 +199,13 @@ def main(argv=None) -> int:
     import jax
 
     device = jax.devices()[0]
-    head = {"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
-            "python": platform.python_version(), "argv": sys.argv}  # fmt: skip
+    head = {
+        "device": device.device_kind,
+        "platform": device.platform,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "argv": sys.argv,
+    }
     print(json.dumps(head), flush=True)
     records = []
     for spec in [r for r in args.rows.split(",") if r]:
@@ -199,8 +218,9 @@ def main(argv=None) -> int:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({**head, "rows": records}, f, indent=1)
-    print(f"\n{'row':<32} {'img/s':>10} {'step ms':>9} {'peak GiB':>9} {'pred GiB':>9} "
-          f"{'kernels':>8}")  # fmt: skip
+    print(
+        f"\n{'row':<32} {'img/s':>10} {'step ms':>9} {'peak GiB':>9} {'pred GiB':>9} {'kernels':>8}"
+    )
     for r in records:
         if "error" in r:
             print(f"{r['row']:<32} {r['error']}")

@@ -60,8 +60,9 @@ def partitioner_step(mesh):
         x = lax.with_sharding_constraint(x, rows)
         y = lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=DN)
         y = lax.with_sharding_constraint(jax.nn.relu(y), rows)
-        y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
-                              ((0, 0), (1, 1), (1, 1), (0, 0)))  # fmt: skip
+        y = lax.reduce_window(
+            y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0))
+        )
         y = lax.with_sharding_constraint(y, rows)
         return jnp.sum(y * y)
 
@@ -91,16 +92,22 @@ def ppermute_step(mesh, n):
         # 3x3 stride-2 pool padded by 1: output row r reads rows 2r-1 .. 2r+1; a band of even
         # height needs one row from above only
         y = _halo(y, n, 0, 1, -jnp.inf)
-        y = lax.reduce_window(y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
-                              ((0, 0), (0, 0), (1, 1), (0, 0)))  # fmt: skip
+        y = lax.reduce_window(
+            y, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (0, 0), (1, 1), (0, 0))
+        )
         return jnp.sum(y * y)  # this band's share: differentiated here, summed after
 
     def step(x, w):
         value, (gx, gw) = jax.value_and_grad(band_loss, argnums=(0, 1))(x, w)
         return lax.psum(value, AXIS), (gx, lax.psum(gw, AXIS))
 
-    fn = jax.shard_map(step, mesh=mesh, in_specs=(P(None, AXIS), P()),
-                       out_specs=(P(), (P(None, AXIS), P())), check_vma=False)  # fmt: skip
+    fn = jax.shard_map(
+        step,
+        mesh=mesh,
+        in_specs=(P(None, AXIS), P()),
+        out_specs=(P(), (P(None, AXIS), P())),
+        check_vma=False,
+    )
     return jax.jit(fn)
 
 
@@ -132,12 +139,16 @@ def main() -> None:
     with jax.set_mesh(mesh):
         for name, fn in steps.items():
             value, (gx, gw) = fn(x, w)
-            errs = [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
-                    for a, b in ((value, ref[0]), (gx, ref[1][0]), (gw, ref[1][1]))]  # fmt: skip
+            errs = [
+                float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+                for a, b in ((value, ref[0]), (gx, ref[1][0]), (gw, ref[1][1]))
+            ]
             halo, total = permute_bytes(fn, x, w)
-            print(f"{name:<12} max rel. error vs one device: loss {errs[0]:.1e}, "
-                  f"d input {errs[1]:.1e}, d kernel {errs[2]:.1e}; per device: "
-                  f"collective-permute {halo:,} B, all collectives {total:,} B [exact]")  # fmt: skip
+            print(
+                f"{name:<12} max rel. error vs one device: loss {errs[0]:.1e}, "
+                f"d input {errs[1]:.1e}, d kernel {errs[2]:.1e}; per device: "
+                f"collective-permute {halo:,} B, all collectives {total:,} B [exact]"
+            )
         times = {name: [] for name in steps}
         for _ in range(args.repeats):  # interleaved: both see the same machine
             for name, fn in steps.items():
@@ -147,8 +158,10 @@ def main() -> None:
     med = {name: statistics.median(t) for name, t in times.items()}
     for name, t in med.items():
         print(f"{name:<12} step {t * 1e3:.2f} ms (median of {args.repeats}) [clock]")
-    print(f"ppermute / partitioner step time: {med['ppermute'] / med['partitioner']:.2f} "
-          f"[clock, {n} simulated devices on {os.cpu_count()} cores]")  # fmt: skip
+    print(
+        f"ppermute / partitioner step time: {med['ppermute'] / med['partitioner']:.2f} "
+        f"[clock, {n} simulated devices on {os.cpu_count()} cores]"
+    )
 
 
 if __name__ == "__main__":

@@ -114,8 +114,9 @@ def plot(results: list[dict], path: str) -> None:
         for r in rows:
             if r["mode"] in ("allreduce", "independent"):
                 style = "--" if r["mode"] == "allreduce" else ":"
-                left.axhline(r["eval_accuracy"], ls=style, c=color, lw=1,
-                             label=f"{r['mode']}, lr {lr}")  # fmt: skip
+                left.axhline(
+                    r["eval_accuracy"], ls=style, c=color, lw=1, label=f"{r['mode']}, lr {lr}"
+                )
         for aware, marker in ((False, "o-"), (True, "s--")):
             pts = sorted(
                 (r["staleness"], r["eval_accuracy"])
@@ -125,11 +126,18 @@ def plot(results: list[dict], path: str) -> None:
             if pts:
                 label = f"{'staleness-aware' if aware else 'plain'} lr {lr}"
                 right.plot(*zip(*pts), marker, c=color, label=label)
-    left.set(xscale="log", xlabel="sync.period (steps between averages)", ylabel="eval accuracy",
-             title="Periodic parameter averaging (local_sgd)")  # fmt: skip
+    left.set(
+        xscale="log",
+        xlabel="sync.period (steps between averages)",
+        ylabel="eval accuracy",
+        title="Periodic parameter averaging (local_sgd)",
+    )
     left.set_xticks([1, 4, 16], ["1", "4", "16"])
-    right.set(xlabel="sync.max_staleness S (delays spread 0..S over 4 replicas)",
-              ylabel="eval accuracy", title="Stale gradients (async)")  # fmt: skip
+    right.set(
+        xlabel="sync.max_staleness S (delays spread 0..S over 4 replicas)",
+        ylabel="eval accuracy",
+        title="Stale gradients (async)",
+    )
     for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.set_ylim(0, 1)
@@ -144,8 +152,13 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/sync-out")
     parser.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     parser.add_argument("--steps", type=int, default=0, help="override the suite's budget")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override every row, e.g. --set learning_rate=0.02")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override every row, e.g. --set learning_rate=0.02",
+    )
     parser.add_argument("--plot", default="", help="write the plot of OUT/results.jsonl here")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)

@@ -40,8 +40,16 @@ MAPS = [(64, 112, 64), (64, 56, 128), (64, 35, 288), (64, 17, 768), (64, 8, 1280
 SMALL_MAPS = [(2, 8, 8), (2, 6, 16)]
 
 
-def measure(pool: str, window: int, stride: int, batch: int, side: int, features: int,
-            dtype: str, calls: int = 5) -> dict:  # fmt: skip
+def measure(
+    pool: str,
+    window: int,
+    stride: int,
+    batch: int,
+    side: int,
+    features: int,
+    dtype: str,
+    calls: int = 5,
+) -> dict:
     """One case's forward and gradient program, traced over `calls` calls."""
     import jax
     import jax.numpy as jnp
@@ -91,11 +99,20 @@ def measure(pool: str, window: int, stride: int, batch: int, side: int, features
     in_window = sum(t for n, t in events if is_window(n)) / calls
     out_side = -(-side // stride)
     y_bytes = batch * out_side * out_side * features * x.dtype.itemsize
-    return {"pool": pool, "window": window, "stride": stride, "batch": batch, "side": side,
-            "features": features, "dtype": dtype, "device": device,
-            "kernels": sum(per.values()) / calls, "seconds": seconds,
-            "window_seconds": in_window,
-            "bytes": float(2 * x.nbytes + 2 * y_bytes)}  # fmt: skip
+    return {
+        "pool": pool,
+        "window": window,
+        "stride": stride,
+        "batch": batch,
+        "side": side,
+        "features": features,
+        "dtype": dtype,
+        "device": device,
+        "kernels": sum(per.values()) / calls,
+        "seconds": seconds,
+        "window_seconds": in_window,
+        "bytes": float(2 * x.nbytes + 2 * y_bytes),
+    }
 
 
 def main(argv=None) -> int:
@@ -105,25 +122,32 @@ def main(argv=None) -> int:
     parser.add_argument("--small", action="store_true", help="two tiny maps (a smoke test)")
     args = parser.parse_args(argv)
     rows = []
-    print(f"{'dtype':>9} {'pool':>4} {'win':>3} {'str':>3} {'batch':>5} {'side':>4} {'feat':>5} "
-          f"{'kernels':>7} {'us':>8} {'window':>6} {'MB':>8} {'TB/s':>6}")  # fmt: skip
+    print(
+        f"{'dtype':>9} {'pool':>4} {'win':>3} {'str':>3} {'batch':>5} {'side':>4} {'feat':>5} "
+        f"{'kernels':>7} {'us':>8} {'window':>6} {'MB':>8} {'TB/s':>6}"
+    )
     for dtype in args.dtypes.split(","):
         for pool, window, stride in CASES:
             for b, s, c in SMALL_MAPS if args.small else MAPS:
                 r = measure(pool, window, stride, b, s, c, dtype)
                 rows.append(r)
                 share = r["window_seconds"] / max(r["seconds"], 1e-12)
-                print(f"{dtype:>9} {pool:>4} {window:3d} {stride:3d} {b:5d} {s:4d} {c:5d} "
-                      f"{r['kernels']:7.1f} {r['seconds'] * 1e6:8.1f} {share:6.2f} "
-                      f"{r['bytes'] / 1e6:8.2f} "
-                      f"{r['bytes'] / max(r['seconds'], 1e-12) / 1e12:6.2f}", flush=True)  # fmt: skip
+                print(
+                    f"{dtype:>9} {pool:>4} {window:3d} {stride:3d} {b:5d} {s:4d} {c:5d} "
+                    f"{r['kernels']:7.1f} {r['seconds'] * 1e6:8.1f} {share:6.2f} "
+                    f"{r['bytes'] / 1e6:8.2f} "
+                    f"{r['bytes'] / max(r['seconds'], 1e-12) / 1e12:6.2f}",
+                    flush=True,
+                )
     for pool, window, stride in CASES:
         mine = [r for r in rows if (r["pool"], r["window"], r["stride"]) == (pool, window, stride)]
         found = reduce_micro.fit(mine)
         if found:
             fixed, bw = found
-            print(f"{pool} {window}x{window} stride {stride}: {fixed * 1e6:.2f} us + bytes / "
-                  f"{bw / 1e12:.2f} TB/s ({len(mine)} maps)")  # fmt: skip
+            print(
+                f"{pool} {window}x{window} stride {stride}: {fixed * 1e6:.2f} us + bytes / "
+                f"{bw / 1e12:.2f} TB/s ({len(mine)} maps)"
+            )
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -64,10 +64,18 @@ def worker_commands(num_processes: int, train_args: list[str], port: int) -> lis
     coordinator = f"127.0.0.1:{port}"
     joined = [f"--coordinator={coordinator}", f"--coordinator_bind_address={coordinator}"]
     return [
-        [sys.executable, "-u", "-m", "jaxpar.train", *train_args, *joined,
-         f"--num_processes={num_processes}", f"--process_id={i}"]
+        [
+            sys.executable,
+            "-u",
+            "-m",
+            "jaxpar.train",
+            *train_args,
+            *joined,
+            f"--num_processes={num_processes}",
+            f"--process_id={i}",
+        ]
         for i in range(num_processes)
-    ]  # fmt: skip
+    ]
 
 
 def launch(num_processes: int, devices_per_process: int, train_args: list[str]) -> int:
@@ -134,8 +142,11 @@ def _forwarder(procs: list, asked: list[float]):
             time.sleep(0.2)
         if now_ == signal.SIGINT:  # the workers print their one line and exit at once
             return
-        print("launcher: asked every process to save and stop (Ctrl-C again stops at once)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            "launcher: asked every process to save and stop (Ctrl-C again stops at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     return forward
 

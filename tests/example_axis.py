@@ -61,8 +61,13 @@ def ring_sum(x, axis: str):
     return whole[: flat.size].reshape(x.shape)
 
 
-RING = Ring("ring", "batch", "the global batch; gradients summed around a ring of neighbours",
-            word="ring", phrase="ring data parallel over {n}")  # fmt: skip
+RING = Ring(
+    "ring",
+    "batch",
+    "the global batch; gradients summed around a ring of neighbours",
+    word="ring",
+    phrase="ring data parallel over {n}",
+)
 
 
 def register() -> axes.Axis:

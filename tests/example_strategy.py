@@ -38,8 +38,9 @@ class GSPMDData(Strategy):
 
     # -- state: replicated, already canonical ----------------------------------------------
     def init_state(self, rng):
-        return jax.jit(lambda r: init_state(self.model, self.tx, r),
-                       out_shardings=self.replicated)(rng)  # fmt: skip
+        return jax.jit(lambda r: init_state(self.model, self.tx, r), out_shardings=self.replicated)(
+            rng
+        )
 
     def place(self, host_state):
         return jax.device_put(host_state, self.replicated)
@@ -58,12 +59,15 @@ class GSPMDData(Strategy):
 
     # -- batches: rows split over the batch axes ---------------------------------------------------
     def put_batch(self, local_batch):
-        return {k: jax.make_array_from_process_local_data(self.rows, v)
-                for k, v in local_batch.items()}  # fmt: skip
+        return {
+            k: jax.make_array_from_process_local_data(self.rows, v) for k, v in local_batch.items()
+        }
 
     def batch_shapes(self, batch_size, eval=False):
-        keys = {"image": ((batch_size, *self.model.input_shape), jnp.float32),
-                "label": ((batch_size,), jnp.int32)}  # fmt: skip
+        keys = {
+            "image": ((batch_size, *self.model.input_shape), jnp.float32),
+            "label": ((batch_size,), jnp.int32),
+        }
         if eval:
             keys["mask"] = ((batch_size,), jnp.float32)
         return {k: jax.ShapeDtypeStruct(s, d, sharding=self.rows) for k, (s, d) in keys.items()}

@@ -33,8 +33,11 @@ def main(out: str) -> None:
     figures = {}
     for path in sorted(Path("configs/hardware").glob("*.py")):
         p = load_profile(path)
-        costs = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)
-                 if isinstance(getattr(p, f.name), int | float) or f.name == "overlap"}  # fmt: skip
+        costs = {
+            f.name: getattr(p, f.name)
+            for f in dataclasses.fields(p)
+            if isinstance(getattr(p, f.name), int | float) or f.name == "overlap"
+        }
         costs["allreduce"] = links.collective_time("all-reduce", 1e9, list(range(p.num_devices)), p)
         figures[path.stem] = costs
     suite = dgx1_vgg16.get_config()

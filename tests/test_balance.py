@@ -23,8 +23,10 @@ def brute_force(costs, k, boundary):
     n, best = len(costs), float("inf")
     for cuts in itertools.combinations(range(1, n), k - 1):
         bounds = (0, *cuts, n)
-        worst = max(sum(costs[a:b]) + (boundary[b - 1] if b < n else 0)
-                    for a, b in itertools.pairwise(bounds))  # fmt: skip
+        worst = max(
+            sum(costs[a:b]) + (boundary[b - 1] if b < n else 0)
+            for a, b in itertools.pairwise(bounds)
+        )
         best = min(best, worst)
     return best
 
@@ -41,8 +43,9 @@ def balanced(costs, k, boundary=None):
 
 def stage_costs(bounds, costs, boundary):
     n = len(costs)
-    return [sum(costs[a:b]) + (boundary[b - 1] if b < n else 0)
-            for a, b in itertools.pairwise(bounds)]  # fmt: skip
+    return [
+        sum(costs[a:b]) + (boundary[b - 1] if b < n else 0) for a, b in itertools.pairwise(bounds)
+    ]
 
 
 def test_time_split_is_optimal_against_brute_force():
@@ -81,8 +84,13 @@ def test_time_split_without_measured_times_is_refused_in_one_line():
 
 
 def test_layer_times_are_cached_and_measured_again_when_the_shape_changes(tmp_path, capsys):
-    keys = {"pipeline.split": "time", "mesh_shape": (1, 2, 1), "global_batch_size": 8,
-            "pipeline.num_microbatches": 2, "model.width": 1 / 32}  # fmt: skip
+    keys = {
+        "pipeline.split": "time",
+        "mesh_shape": (1, 2, 1),
+        "global_batch_size": 8,
+        "pipeline.num_microbatches": 2,
+        "model.width": 1 / 32,
+    }
     workdir = str(tmp_path)
     first = trainer.setup(tiny_config(**keys), jax.devices()[:2], workdir)
     times = first.model.times
@@ -111,8 +119,9 @@ def test_layer_times_are_cached_and_measured_again_when_the_shape_changes(tmp_pa
     assert again.strategy.bounds == first.strategy.bounds
     assert "reused" in capsys.readouterr().out
 
-    other = trainer.setup(tiny_config(**{**keys, "pipeline.num_microbatches": 4}),
-                          jax.devices()[:2], workdir)  # fmt: skip
+    other = trainer.setup(
+        tiny_config(**{**keys, "pipeline.num_microbatches": 4}), jax.devices()[:2], workdir
+    )
     assert other.model.times.source == "measured" and other.model.times.rows == 2
     # Predicted chunk times: every layer counted once, sends only between chunks.
     chunk = other.model.times.chunk_times(other.strategy.bounds)
@@ -132,8 +141,13 @@ def test_micro_batch_candidates_follow_the_batch_and_schedule():
 
 
 def test_auto_micro_batches_are_chosen_once_and_kept_on_resume(tmp_path, capsys):
-    keys = {"mesh_shape": (1, 2, 1), "global_batch_size": 8, "pipeline.schedule": "1f1b",
-            "pipeline.num_microbatches": 0, "model.width": 1 / 32}  # fmt: skip
+    keys = {
+        "mesh_shape": (1, 2, 1),
+        "global_batch_size": 8,
+        "pipeline.schedule": "1f1b",
+        "pipeline.num_microbatches": 0,
+        "model.width": 1 / 32,
+    }
     config = tiny_config(**keys)
     setup = trainer.setup(config, jax.devices()[:2], str(tmp_path))
     m = setup.strategy.num_microbatches

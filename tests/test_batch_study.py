@@ -57,10 +57,24 @@ def test_every_row_is_its_recipe_for_twelve_epochs():
 
 def _row(name, label, group, batch, acc, status="ok", **extra):
     r = dict.fromkeys(results.KEYS)
-    r.update(name=name, label=label, group=group, global_batch_size=batch, eval_accuracy=acc,
-             status=status, scaling="none", num_devices=8, error=extra.pop("error", None),
-             train_eval_accuracy=None if acc is None else acc + 0.01, final_loss=0.3,
-             generalization_gap=0.01, epochs=12.0, steps=58, seconds_per_epoch=4.0, **extra)  # fmt: skip
+    r.update(
+        name=name,
+        label=label,
+        group=group,
+        global_batch_size=batch,
+        eval_accuracy=acc,
+        status=status,
+        scaling="none",
+        num_devices=8,
+        error=extra.pop("error", None),
+        train_eval_accuracy=None if acc is None else acc + 0.01,
+        final_loss=0.3,
+        generalization_gap=0.01,
+        epochs=12.0,
+        steps=58,
+        seconds_per_epoch=4.0,
+        **extra,
+    )
     return r
 
 
@@ -132,12 +146,15 @@ def test_a_two_row_study_runs_end_to_end(tmp_path):
     suite.write_text(SMOKE)
     rows = Sweep(suite=str(suite), out=str(tmp_path / "out")).run()
     assert [(r["name"], r["status"]) for r in rows] == [
-        ("fixed lr 128", "ok"), ("LARS + warmup 256", "ok")]  # fmt: skip
+        ("fixed lr 128", "ok"),
+        ("LARS + warmup 256", "ok"),
+    ]
     for r in rows:
         assert r["epochs"] == 2 and r["steps"] == 1024 // r["global_batch_size"]
         assert 0.0 <= r["eval_accuracy"] <= 1.0 and math.isfinite(r["final_loss"])
         assert r["generalization_gap"] == pytest.approx(
-            r["train_eval_accuracy"] - r["eval_accuracy"])  # fmt: skip
+            r["train_eval_accuracy"] - r["eval_accuracy"]
+        )
         assert r["seconds_per_epoch"] == pytest.approx(512 / r["images_per_sec"])
     table = (tmp_path / "out" / "accuracy.md").read_text()
     assert table.count("\n") == 4 and "seed 002 (Keras, MNIST, GPUs)" in table

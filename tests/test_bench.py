@@ -212,31 +212,88 @@ def test_every_plot_from_known_rows(tmp_path, monkeypatch, capsys):
     """Each picture, read back from the figure: the series it draws and their points, worked
     out from the rows by hand."""
     sized = {"memory_bytes_per_device": 4 << 20, "collective_bytes_per_device": 1 << 20}
-    rows = [_row("1 device", 1, 100.0, group="baseline", mesh_shape=(1, 1, 1), speedup=1.0,
-                 efficiency=1.0, global_batch_size=64, eval_accuracy=0.5,
-                 **{**sized, "collective_bytes_per_device": 0})]  # fmt: skip
+    rows = [
+        _row(
+            "1 device",
+            1,
+            100.0,
+            group="baseline",
+            mesh_shape=(1, 1, 1),
+            speedup=1.0,
+            efficiency=1.0,
+            global_batch_size=64,
+            eval_accuracy=0.5,
+            **{**sized, "collective_bytes_per_device": 0},
+        )
+    ]
     for n in (2, 4):  # strong: 90 img/s per device; weak: 95
-        rows.append(_row(f"strong data {n}", n, 90.0 * n, "strong", mesh_shape=(n, 1, 1),
-                         efficiency=0.9, **sized))  # fmt: skip
-        rows.append(_row(f"weak data {n}", n, 95.0 * n, "weak", mesh_shape=(n, 1, 1),
-                         efficiency=0.95, **sized))  # fmt: skip
+        rows.append(
+            _row(
+                f"strong data {n}",
+                n,
+                90.0 * n,
+                "strong",
+                mesh_shape=(n, 1, 1),
+                efficiency=0.9,
+                **sized,
+            )
+        )
+        rows.append(
+            _row(
+                f"weak data {n}",
+                n,
+                95.0 * n,
+                "weak",
+                mesh_shape=(n, 1, 1),
+                efficiency=0.95,
+                **sized,
+            )
+        )
     for m in (1, 4):
-        rows.append(_row(f"pipe M={m}", 2, 80.0, mesh_shape=(1, 2, 1), group="",
-                         num_microbatches=m, pipeline_schedule="gpipe",
-                         analytic_bubble=1 / (m + 1), measured_bubble=1.2 / (m + 1),
-                         memory_bytes_per_device=2 << 20, collective_bytes_per_device=0,
-                         stage_transfer_bytes_per_device=1 << 16))  # fmt: skip
+        rows.append(
+            _row(
+                f"pipe M={m}",
+                2,
+                80.0,
+                mesh_shape=(1, 2, 1),
+                group="",
+                num_microbatches=m,
+                pipeline_schedule="gpipe",
+                analytic_bubble=1 / (m + 1),
+                measured_bubble=1.2 / (m + 1),
+                memory_bytes_per_device=2 << 20,
+                collective_bytes_per_device=0,
+                stage_transfer_bytes_per_device=1 << 16,
+            )
+        )
     for lr, accuracy in (("fixed lr", {32: 0.7, 64: 0.6}), ("linear lr", {32: 0.75, 64: 0.7})):
         for b in (32, 64):
-            rows.append(_row(f"{lr} {b}", 8, 10.0, "none", group=lr, global_batch_size=b,
-                             eval_accuracy=accuracy[b], mesh_shape=(8, 1, 1)))  # fmt: skip
+            rows.append(
+                _row(
+                    f"{lr} {b}",
+                    8,
+                    10.0,
+                    "none",
+                    group=lr,
+                    global_batch_size=b,
+                    eval_accuracy=accuracy[b],
+                    mesh_shape=(8, 1, 1),
+                )
+            )
     figures = _drawn(monkeypatch)
     made = plots.plot_all(rows, str(tmp_path))
     (line,) = capsys.readouterr().out.splitlines()
-    assert line == ("scaling_strong.png does not place 2 rows: pipe M=1 (no group in the suite); "
-                    "pipe M=4 (no group in the suite)")  # fmt: skip
-    names = ["scaling_strong.png", "scaling_weak.png", "memory_vs_bytes.png", "bubble.png",
-             "accuracy_vs_batch.png"]  # fmt: skip
+    assert line == (
+        "scaling_strong.png does not place 2 rows: pipe M=1 (no group in the suite); "
+        "pipe M=4 (no group in the suite)"
+    )
+    names = [
+        "scaling_strong.png",
+        "scaling_weak.png",
+        "memory_vs_bytes.png",
+        "bubble.png",
+        "accuracy_vs_batch.png",
+    ]
     assert made == [str(tmp_path / n) for n in names] and sorted(figures) == sorted(names)
     assert all((tmp_path / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in names)
     # strong: the baseline starts the data line; efficiency as recorded
@@ -249,17 +306,21 @@ def test_every_plot_from_known_rows(tmp_path, monkeypatch, capsys):
     _assert_series(_series(efficiency), {"data": [[2, 0.95], [4, 0.95]]})
     # MiB communicated (collectives + stage-to-stage bytes: 2^16 B = 1/16 MiB) against MiB held
     (ax,) = figures["memory_vs_bytes.png"].axes
-    _assert_series(_series(ax), {"1 device": [[0, 4]], "data": [[1, 4]] * 4,
-                                 "pipeline": [[1 / 16, 2]] * 2})  # fmt: skip
+    _assert_series(
+        _series(ax), {"1 device": [[0, 4]], "data": [[1, 4]] * 4, "pipeline": [[1 / 16, 2]] * 2}
+    )
     # the analytic curve (K-1)/(M+K-1) at K=2 every quarter micro-batch, the measured points
     (ax,) = figures["bubble.png"].axes
     curve = [[m / 4, 1 / (m / 4 + 1)] for m in range(4, 17)]
-    _assert_series(_series(ax), {"K=2 analytic (K-1)/(M+K-1)": curve,
-                                 "K=2 gpipe measured": [[1, 0.6], [4, 0.24]]})  # fmt: skip
+    _assert_series(
+        _series(ax),
+        {"K=2 analytic (K-1)/(M+K-1)": curve, "K=2 gpipe measured": [[1, 0.6], [4, 0.24]]},
+    )
     # test error 1 - accuracy against the batch, one line per recipe
     (ax,) = figures["accuracy_vs_batch.png"].axes
-    _assert_series(_series(ax), {"fixed lr": [[32, 0.3], [64, 0.4]],
-                                 "linear lr": [[32, 0.25], [64, 0.3]]})  # fmt: skip
+    _assert_series(
+        _series(ax), {"fixed lr": [[32, 0.3], [64, 0.4]], "linear lr": [[32, 0.25], [64, 0.3]]}
+    )
 
 
 def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path, capsys):
@@ -277,16 +338,22 @@ def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path, capsys):
     assert [os.path.basename(p) for p in made] == ["scaling_strong.png"]
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("scaling_strong.png does not place 4 rows: ")
-    for name, why in (("1 device again", "a second baseline"), ("data 4", "failed"),
-                      ("pipe M=4", "no group"), ("data 8", "no baseline")):  # fmt: skip
+    for name, why in (
+        ("1 device again", "a second baseline"),
+        ("data 4", "failed"),
+        ("pipe M=4", "no group"),
+        ("data 8", "no baseline"),
+    ):
         assert f"{name} ({why}" in line
     assert plots.unplaced(rows, "weak") == {}
     # memory against communication: a pipeline row recorded without its per-device stage
     # transfers is named, not drawn at its collectives alone
     sized = {"memory_bytes_per_device": 1 << 20, "collective_bytes_per_device": 1 << 20}
-    rows = [_row("data 2", 2, 1.0, mesh_shape=(2, 1, 1), **sized),
-            _row("tensor 2", 2, 1.0, mesh_shape=(1, 1, 2), **sized),
-            _row("old pipe", 2, 1.0, mesh_shape=(1, 2, 1), **sized)]  # fmt: skip
+    rows = [
+        _row("data 2", 2, 1.0, mesh_shape=(2, 1, 1), **sized),
+        _row("tensor 2", 2, 1.0, mesh_shape=(1, 1, 2), **sized),
+        _row("old pipe", 2, 1.0, mesh_shape=(1, 2, 1), **sized),
+    ]
     left = {}
     assert plots.memory_vs_bytes(rows, str(tmp_path / "m.png"), left)
     assert list(left) == ["old pipe"]
@@ -321,10 +388,16 @@ def fake(tmp_path, monkeypatch):
     def run_one(self, r, rep, print_):
         ran.append(r["name"])
         record = {
-            "status": "ok", "images_per_sec": 100.0 + len(ran), "step_time_median_s": 0.1,
-            "global_batch_size": 16, "compile_time_s": 1.0, "eval_accuracy": 0.5,
-            "num_devices": 1, "mesh_shape": [1, 1, 1], "fingerprint": print_,
-        }  # fmt: skip
+            "status": "ok",
+            "images_per_sec": 100.0 + len(ran),
+            "step_time_median_s": 0.1,
+            "global_batch_size": 16,
+            "compile_time_s": 1.0,
+            "eval_accuracy": 0.5,
+            "num_devices": 1,
+            "mesh_shape": [1, 1, 1],
+            "fingerprint": print_,
+        }
         write_json(outdir.paths(self.out, r["name"], rep)[0], record)
         return record
 
@@ -366,8 +439,9 @@ def test_a_python_file_that_is_not_a_suite_is_one_line(tmp_path, capsys):
     tables = "configs/predict/tf_cnn_benchmarks.py"  # tables, no get_config
     assert bench_main(["--suite", tables, "--out", str(out), "--no_plots"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.endswith("has no get_config(): not a config, "
-                                                     "suite or profile file\n")  # fmt: skip
+    assert err.startswith("error: ") and err.endswith(
+        "has no get_config(): not a config, suite or profile file\n"
+    )
     assert not out.exists()
 
 
@@ -452,31 +526,83 @@ def test_spearman_on_known_inputs():
 def _predicted_row(name, rate, status="ok", **extra):
     """A row of jaxpar.predict's predictions.json (model._row's keys)."""
     if status != "ok":
-        return {"name": name, "profile": "fake", "status": status, "error": extra["error"],
-                "memory_bytes_per_device": 1 << 20, "fits": True}  # fmt: skip
+        return {
+            "name": name,
+            "profile": "fake",
+            "status": status,
+            "error": extra["error"],
+            "memory_bytes_per_device": 1 << 20,
+            "fits": True,
+        }
     return {
-        "name": name, "profile": "fake", "status": "ok", "images_per_sec": rate,
-        "step_time_s": 64 / rate, "compute_s": 0.5 * 64 / rate, "comm_s": 0.25 * 64 / rate,
-        "bubble_s": 0.125 * 64 / rate, "overhead_s": 0.125 * 64 / rate,
+        "name": name,
+        "profile": "fake",
+        "status": "ok",
+        "images_per_sec": rate,
+        "step_time_s": 64 / rate,
+        "compute_s": 0.5 * 64 / rate,
+        "comm_s": 0.25 * 64 / rate,
+        "bubble_s": 0.125 * 64 / rate,
+        "overhead_s": 0.125 * 64 / rate,
         "schedule_bubble": extra.get("schedule_bubble"),
-        "memory_bytes_per_device": extra.get("memory", 8 << 20), "fits": True,
-        "speedup": extra.get("speedup"), "efficiency": extra.get("efficiency"),
-    }  # fmt: skip
+        "memory_bytes_per_device": extra.get("memory", 8 << 20),
+        "fits": True,
+        "speedup": extra.get("speedup"),
+        "efficiency": extra.get("efficiency"),
+    }
 
 
 def _measured_rows():
     return [
-        _row("one", 1, 100.0, mesh_shape=[1, 1, 1], memory_bytes_per_device=8 << 20, collective_bytes_per_device=0,
-             step_time_median_s=0.64),
-        _row("two", 2, 200.0, mesh_shape=[2, 1, 1], memory_bytes_per_device=4 << 20, collective_bytes_per_device=1 << 20,
-             step_time_median_s=0.32),
-        _row("pipe", 2, 50.0, mesh_shape=[1, 2, 1], memory_bytes_per_device=4 << 20, collective_bytes_per_device=0,
-             measured_bubble=0.4, analytic_bubble=0.2, num_microbatches=4, pipeline_schedule="gpipe", step_time_median_s=1.28),
-        _row("broken", 4, None, status="failed", error="out of memory", mesh_shape=[4, 1, 1],
-             memory_bytes_per_device=None),
-        _row("too big", 16, 400.0, mesh_shape=[16, 1, 1], memory_bytes_per_device=1 << 20,
-             collective_bytes_per_device=1 << 20),
-    ]  # fmt: skip
+        _row(
+            "one",
+            1,
+            100.0,
+            mesh_shape=[1, 1, 1],
+            memory_bytes_per_device=8 << 20,
+            collective_bytes_per_device=0,
+            step_time_median_s=0.64,
+        ),
+        _row(
+            "two",
+            2,
+            200.0,
+            mesh_shape=[2, 1, 1],
+            memory_bytes_per_device=4 << 20,
+            collective_bytes_per_device=1 << 20,
+            step_time_median_s=0.32,
+        ),
+        _row(
+            "pipe",
+            2,
+            50.0,
+            mesh_shape=[1, 2, 1],
+            memory_bytes_per_device=4 << 20,
+            collective_bytes_per_device=0,
+            measured_bubble=0.4,
+            analytic_bubble=0.2,
+            num_microbatches=4,
+            pipeline_schedule="gpipe",
+            step_time_median_s=1.28,
+        ),
+        _row(
+            "broken",
+            4,
+            None,
+            status="failed",
+            error="out of memory",
+            mesh_shape=[4, 1, 1],
+            memory_bytes_per_device=None,
+        ),
+        _row(
+            "too big",
+            16,
+            400.0,
+            mesh_shape=[16, 1, 1],
+            memory_bytes_per_device=1 << 20,
+            collective_bytes_per_device=1 << 20,
+        ),
+    ]
 
 
 def _predictions():
@@ -533,8 +659,14 @@ def test_prediction_summary_and_table_on_known_rows():
     )
     md = predicted.predicted_markdown(rows, "fake.py")
     lines = md.splitlines()
-    assert "| one | (1,1,1) | 100.0 | 110.0 | +10.0% | 640.0 | 581.8 (290.9 / 145.5 / 72.7 / 72.7) |  | 8.00 / 8.00 (+0.0%) |" in lines  # fmt: skip
-    assert "| two | (2,1,1) | 200.0 | 160.0 | -20.0% | 320.0 | 400.0 (200.0 / 100.0 / 50.0 / 50.0) |  | 4.00 / 5.00 (+25.0%) |" in lines  # fmt: skip
+    assert (
+        "| one | (1,1,1) | 100.0 | 110.0 | +10.0% | 640.0 | 581.8 (290.9 / 145.5 / 72.7 / 72.7) |  | 8.00 / 8.00 (+0.0%) |"
+        in lines
+    )
+    assert (
+        "| two | (2,1,1) | 200.0 | 160.0 | -20.0% | 320.0 | 400.0 (200.0 / 100.0 / 50.0 / 50.0) |  | 4.00 / 5.00 (+25.0%) |"
+        in lines
+    )
     assert "| pipe | (1,2,1) | 50.0 | 75.0 | +50.0% | 1280.0 |" in md and "| 0.400 / 0.250 |" in md
     assert "| broken | (4,1,1) | failed: out of memory | 300.0 |  |  |" in md
     assert "| too big | (16,1,1) | 400.0 | failed: needs 16 devices, fake has 8 |  |" in md
@@ -563,9 +695,15 @@ def test_predicted_vs_measured_plot(tmp_path, monkeypatch):
     assert str(path) in made and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # (measured, predicted) per family, the rows that have both; y = x from 50 / 1.5 to 200 x 1.5
     (ax,) = figures["predicted_vs_measured.png"].axes
-    _assert_series(_series(ax), {"1 device": [[100, 110]], "data": [[200, 160]],
-                                 "pipeline": [[50, 75]],
-                                 "predicted = measured": [[100 / 3, 100 / 3], [300, 300]]})  # fmt: skip
+    _assert_series(
+        _series(ax),
+        {
+            "1 device": [[100, 110]],
+            "data": [[200, 160]],
+            "pipeline": [[50, 75]],
+            "predicted = measured": [[100 / 3, 100 / 3], [300, 300]],
+        },
+    )
     (band,) = [c for c in ax.collections if c.get_label() == "±15%"]  # around y = x
     x, y = np.concatenate([p.vertices for p in band.get_paths()]).T
     assert sorted({round(v, 6) for v in y / x}) == [0.85, 1.15]
@@ -596,8 +734,10 @@ def test_repredicting_a_measured_sweep_measures_nothing(fake, monkeypatch, capsy
         dest = cmd[cmd.index("--out") + 1]
         profile = cmd[cmd.index("--profile") + 1]
         rows = [_predicted_row(n, 202.0) for n in ("1 device", "data 2", "data 3", "tensor 2")]
-        write_json(os.path.join(dest, "predictions.json"),
-                   {"rows": [{**r, "profile": profile} for r in rows]})  # fmt: skip
+        write_json(
+            os.path.join(dest, "predictions.json"),
+            {"rows": [{**r, "profile": profile} for r in rows]},
+        )
         return 0
 
     monkeypatch.setattr(runner.subprocess, "call", predictor)
@@ -624,8 +764,15 @@ def test_results_table_shows_mfu_only_where_a_peak_is_known():
     """On a GPU (a device whose peak jaxpar knows) the table carries model FLOPs utilisation;
     on simulated CPU devices (mfu None) the column is left out."""
     gpu = dict.fromkeys(results.KEYS)
-    gpu.update(name="data 8", mesh_shape=[8, 1, 1], num_devices=8, images_per_sec=1000.0,
-               status="ok", mfu=0.4123, input_bound=False)  # fmt: skip
+    gpu.update(
+        name="data 8",
+        mesh_shape=[8, 1, 1],
+        num_devices=8,
+        images_per_sec=1000.0,
+        status="ok",
+        mfu=0.4123,
+        input_bound=False,
+    )
     cpu = {**gpu, "mfu": None}
     with_mfu = table.markdown([gpu])
     assert "| MFU [clock] |" in with_mfu and "| 41.2% |" in with_mfu

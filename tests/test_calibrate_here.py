@@ -19,7 +19,9 @@ from jaxpar.predict.calibration import calibration_ops
 def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     here.add_arguments(parser)
-    bad = parser.parse_args(["--calibrate-here", str(tmp_path / "x.py"), "--here-rows", "vgg9:1:32:float32:8"])  # fmt: skip
+    bad = parser.parse_args(
+        ["--calibrate-here", str(tmp_path / "x.py"), "--here-rows", "vgg9:1:32:float32:8"]
+    )
     assert here.run(bad) == 2 and "no model 'vgg9'" in capsys.readouterr().err
     nodes = parser.parse_args(["--calibrate-here", str(tmp_path / "x.py"), "--here-devices", "0"])
     assert here.run(nodes) == 2 and "--here-devices must be at least 1" in capsys.readouterr().err
@@ -68,8 +70,13 @@ def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, 
 
     monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: {"platform": "gpu"})
     monkeypatch.setattr(hererows, "model_runs", model_runs)
-    args = SimpleNamespace(calibrate_here="x.py", here_rows="vgg19:1.0:32:bfloat16:512",
-                           here_fit="compute_efficiency", here_seconds=1.0, here_devices=None)  # fmt: skip
+    args = SimpleNamespace(
+        calibrate_here="x.py",
+        here_rows="vgg19:1.0:32:bfloat16:512",
+        here_fit="compute_efficiency",
+        here_seconds=1.0,
+        here_devices=None,
+    )
     assert here.run(args) == 2 and timed == [["vgg19:1.0:32:bfloat16:512"]]
     note, stopped = capsys.readouterr().err.splitlines()
     assert note.startswith("note: on a GPU") and "kernel_s" in note and "stopped here" in stopped
@@ -85,8 +92,9 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
     fixed cost has residuals summing to zero), and a trace naming too little is not used."""
     from jaxpar.predict import hererows, traces
 
-    pairs, failed = hererows.trace_rows(["vgg11:0.125:32:float32:8", "vgg9:1:32:float32:8"],
-                                    str(tmp_path))  # fmt: skip
+    pairs, failed = hererows.trace_rows(
+        ["vgg11:0.125:32:float32:8", "vgg9:1:32:float32:8"], str(tmp_path)
+    )
     assert len(pairs) == 1 and len(failed) == 1 and "no model 'vgg9'" in failed[0]
     traced = hererows.traced_costs(pairs, failed)
     assert traced["named_share"] == 1.0 and traced["not_traced"] == failed  # a CPU's: all named
@@ -117,24 +125,55 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     from jaxpar import configfile
     from jaxpar.predict import kernels
 
-    micro = {"platform": "gpu", "device_kind": "Test GPU", "jax": "0", "seconds": 0.1,
-             "num_devices": 1, "matmul_float32": {1024: 1e13}, "float32_flops_per_s": 1e13,
-             "thin_conv_float32": 5e11, "matmul_flops_per_s": 1e13,
-             "memory_bandwidth_array_bytes": 1 << 30, "memory_bandwidth": 7e11,
-             "launch_s": 30e-6, "sync_call_s": 60e-6, "kernel_s": 3e-6,
-             "peak_memory_bytes": 16e9}  # fmt: skip
-    truth = fitting.from_config({
-        "name": "a GPU", "num_devices": 1, "devices_per_node": 1,
-        "peak_flops": {"float32": 1e13}, "memory_bytes": 16e9,
-        "intra": {"bandwidth": 1e11, "latency": 0.0}, "compiler": "gpu",
-        "compute_efficiency": 0.6, "conv3x3_efficiency": 1.5, "memory_bandwidth": 7e11,
-        "matmul_kernel_s": 40e-6,
-    })  # fmt: skip
+    micro = {
+        "platform": "gpu",
+        "device_kind": "Test GPU",
+        "jax": "0",
+        "seconds": 0.1,
+        "num_devices": 1,
+        "matmul_float32": {1024: 1e13},
+        "float32_flops_per_s": 1e13,
+        "thin_conv_float32": 5e11,
+        "matmul_flops_per_s": 1e13,
+        "memory_bandwidth_array_bytes": 1 << 30,
+        "memory_bandwidth": 7e11,
+        "launch_s": 30e-6,
+        "sync_call_s": 60e-6,
+        "kernel_s": 3e-6,
+        "peak_memory_bytes": 16e9,
+    }
+    truth = fitting.from_config(
+        {
+            "name": "a GPU",
+            "num_devices": 1,
+            "devices_per_node": 1,
+            "peak_flops": {"float32": 1e13},
+            "memory_bytes": 16e9,
+            "intra": {"bandwidth": 1e11, "latency": 0.0},
+            "compiler": "gpu",
+            "compute_efficiency": 0.6,
+            "conv3x3_efficiency": 1.5,
+            "memory_bandwidth": 7e11,
+            "matmul_kernel_s": 40e-6,
+        }
+    )
 
     def timed(rows, dtype, seconds):
-        return [{**r, **{c: kernels.price(truth, k) * 1e3 for c, k in
-                         zip(("forward_ms", "input_grad_ms", "filter_grad_ms"), kernels.kernels({**r, "forward_ms": 1,
-                             "input_grad_ms": 1, "filter_grad_ms": 1}))}} for r in rows]  # fmt: skip
+        return [
+            {
+                **r,
+                **{
+                    c: kernels.price(truth, k) * 1e3
+                    for c, k in zip(
+                        ("forward_ms", "input_grad_ms", "filter_grad_ms"),
+                        kernels.kernels(
+                            {**r, "forward_ms": 1, "input_grad_ms": 1, "filter_grad_ms": 1}
+                        ),
+                    )
+                },
+            }
+            for r in rows
+        ]
 
     monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: dict(micro))
     monkeypatch.setattr(herebench, "time_kernels", timed)
@@ -142,8 +181,9 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     here.add_arguments(parser)
     path = tmp_path / "gpu.py"
     row = "vgg11:0.125:32:float32:8"
-    args = parser.parse_args(["--calibrate-here", str(path), "--here-rows", row,
-                              "--here-seconds", "0.2"])  # fmt: skip
+    args = parser.parse_args(
+        ["--calibrate-here", str(path), "--here-rows", row, "--here-seconds", "0.2"]
+    )
     assert here.run(args) == 0, capsys.readouterr()
     table = kernels.load(hereprofile.kernel_table_path(path))
     own = herebench.own_shapes([row], "float32")

@@ -17,9 +17,14 @@ from tests.util import TINY, flags, records, start_cli, wait_for_step
 
 EVERY, STEPS = 3, 18  # a checkpoint every 3 steps; the stop (SIGTERM) lands early, far from 18
 SETTINGS = {
-    **TINY, "model.name": "lenet", "model.width": 0.25, "data.image_shape": (28, 28, 1),
-    "mesh_shape": (1, 1, 1), "num_train_steps": STEPS, "checkpoint_every_steps": EVERY,
-}  # fmt: skip
+    **TINY,
+    "model.name": "lenet",
+    "model.width": 0.25,
+    "data.image_shape": (28, 28, 1),
+    "mesh_shape": (1, 1, 1),
+    "num_train_steps": STEPS,
+    "checkpoint_every_steps": EVERY,
+}
 ARGS = ["--config", "configs/base.py", *flags(SETTINGS)]
 LAUNCH_S = 120  # the most one launch may take before it is killed
 

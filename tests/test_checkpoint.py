@@ -24,12 +24,19 @@ from tests.util import (
 )
 
 ARGS = [
-    "--config", "configs/vgg19_data.py", "--config.model.name=vgg11",
-    "--config.model.width=0.0625", "--config.global_batch_size=16",
-    "--config.num_train_steps=12", "--config.log_every_steps=1", "--config.eval_every_steps=0",
-    "--config.data.num_train=256", "--config.data.num_eval=32", "--config.warmup_steps=2",
+    "--config",
+    "configs/vgg19_data.py",
+    "--config.model.name=vgg11",
+    "--config.model.width=0.0625",
+    "--config.global_batch_size=16",
+    "--config.num_train_steps=12",
+    "--config.log_every_steps=1",
+    "--config.eval_every_steps=0",
+    "--config.data.num_train=256",
+    "--config.data.num_eval=32",
+    "--config.warmup_steps=2",
     "--config.checkpoint_every_steps=2",
-]  # fmt: skip
+]
 
 
 def final_params(workdir, config):
@@ -87,9 +94,16 @@ def test_kill_and_sigterm_resume_exactly(tmp_path):
 
 
 def cross_config(mesh_shape, steps=4):
-    return tiny_config(**{"model.width": 0.125, "mesh_shape": mesh_shape, "num_train_steps": steps,
-                          "checkpoint_every_steps": 2, "pipeline.schedule": "1f1b",
-                          "pipeline.num_microbatches": 2})  # fmt: skip
+    return tiny_config(
+        **{
+            "model.width": 0.125,
+            "mesh_shape": mesh_shape,
+            "num_train_steps": steps,
+            "checkpoint_every_steps": 2,
+            "pipeline.schedule": "1f1b",
+            "pipeline.num_microbatches": 2,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +206,12 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_saving_resumes(tmp_p
 
 def tiny_model():
     return types.SimpleNamespace(
-        name="tiny", layers=[types.SimpleNamespace(name="dense")], input_shape=(4,),
-        num_classes=2, num_params=3,
-    )  # fmt: skip
+        name="tiny",
+        layers=[types.SimpleNamespace(name="dense")],
+        input_shape=(4,),
+        num_classes=2,
+        num_params=3,
+    )
 
 
 def test_a_checkpoint_with_unreadable_arrays_is_moved_aside(tmp_path, capsys):
@@ -215,8 +232,10 @@ def test_a_checkpoint_with_unreadable_arrays_is_moved_aside(tmp_path, capsys):
     out, err = capsys.readouterr()
     said = out.splitlines()
     assert len(said) == 1 and said[0].startswith("checkpoint 2 does not read back (ValueError: ")
-    assert said[0].endswith(f"moved it aside to {tmp_path}/checkpoints/unreadable-2 (kept, not "
-                            "deleted), trying the checkpoint of step 1")  # fmt: skip
+    assert said[0].endswith(
+        f"moved it aside to {tmp_path}/checkpoints/unreadable-2 (kept, not "
+        "deleted), trying the checkpoint of step 1"
+    )
     assert "Traceback" not in err
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "unreadable-2"]
 
@@ -279,8 +298,7 @@ def test_tensorboard_drops_the_replayed_steps_as_metrics_jsonl_does(tmp_path):
     with metrics.MetricWriter(workdir, resume_step=4) as resumed:
         for step in range(5, 9):
             resumed.write(step, "train", loss=10.0 + step)
-    expected = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0), (6, 16.0), (7, 17.0),
-                (8, 18.0)]  # fmt: skip
+    expected = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 15.0), (6, 16.0), (7, 17.0), (8, 18.0)]
     assert events.read_scalars(logdir)["train/loss"] == expected
     assert [(r["step"], r["loss"]) for r in records(workdir, "train")] == expected
     assert len(os.listdir(logdir)) == 2
@@ -298,9 +316,13 @@ def test_a_fresh_run_moves_earlier_metrics_aside_in_any_folder(tmp_path):
         assert writer.archived == (moved if run else None)
     assert sorted(os.listdir(tmp_path)) == ["sweep.jsonl"]
     assert sorted(os.listdir(workdir)) == [
-        "metrics.1.jsonl", "metrics.2.jsonl", "metrics.jsonl", "tensorboard", "tensorboard.1",
+        "metrics.1.jsonl",
+        "metrics.2.jsonl",
+        "metrics.jsonl",
+        "tensorboard",
+        "tensorboard.1",
         "tensorboard.2",
-    ]  # fmt: skip
+    ]
     for run, suffix in enumerate([".1", ".2", ""]):
         assert events.read_scalars(f"{workdir}/tensorboard{suffix}") == {"train/loss": [(1, run)]}
         with open(f"{workdir}/metrics{suffix}.jsonl") as f:

@@ -89,15 +89,19 @@ def test_a_smaller_mesh_is_offered_the_first_devices():
     assert "--config.num_devices=6" in refusal(make(mesh_shape=(-1, 1, 3)), 8)  # 2*3 of 8
     kept = make(mesh_shape=(-1, 1, 3), num_devices=6)
     assert parallel.validate(kept, config_lib.device_count(kept, 8)) == {
-        "data": 2, "stage": 1, "tensor": 3}  # fmt: skip
+        "data": 2,
+        "stage": 1,
+        "tensor": 3,
+    }
     assert "num_devices" not in refusal(make(mesh_shape=(16, 1, 1)), 8)  # too few: no subset
 
 
 def test_sync_mode_hints_name_meshes_that_validate():
     """Every mode runs on hybrid meshes but `independent` on stages; its refusal names meshes
     that work."""
-    config = make(**{"mesh_shape": (2, 4, 1), "sync.mode": "independent",
-                     "sync.batch_norm": "local"})  # fmt: skip
+    config = make(
+        **{"mesh_shape": (2, 4, 1), "sync.mode": "independent", "sync.batch_norm": "local"}
+    )
     text = refusal(config, 8)
     assert text == (
         "sync.mode=independent cannot combine with pipeline stages (every replica evaluates "

@@ -303,8 +303,9 @@ def test_tfds_catalog_datasets_through_mock_data(tfds_mock, name, shape):
     part = load(make_config(name=name, data_dir="/nonexistent", num_train=12, num_eval=5))
     assert (part.spec.num_train, part.spec.num_eval) == (12, 5)
     assert set(part.train_indices(0, 12)) == set(range(12))
-    np.testing.assert_array_equal(next(part.eval_batches(5))["image"],
-                                  next(ds.eval_batches(8))["image"][:5])  # fmt: skip
+    np.testing.assert_array_equal(
+        next(part.eval_batches(5))["image"], next(ds.eval_batches(8))["image"][:5]
+    )
 
 
 BUILDER_NAME = "jaxpar_tiny_test_set"

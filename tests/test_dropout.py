@@ -16,8 +16,15 @@ from tests.util import max_rel_error, run_steps, tiny_config
 
 
 def lenet_config(**overrides):
-    return tiny_config(**{"model.name": "lenet", "model.width": 0.25, "model.dropout": True,
-                          "data.image_shape": (28, 28, 1), **overrides})  # fmt: skip
+    return tiny_config(
+        **{
+            "model.name": "lenet",
+            "model.width": 0.25,
+            "model.dropout": True,
+            "data.image_shape": (28, 28, 1),
+            **overrides,
+        }
+    )
 
 
 def test_keras_mnist_cnn_parameter_count():
@@ -86,11 +93,13 @@ def test_gradient_accumulation_is_the_same_step(mesh):
     ("overrides", "message"),
     [
         ({"grad_accum_steps": 3}, "does not divide each device's batch of 4"),
-        ({"grad_accum_steps": 2, "mesh_shape": (2, 2, 1), "model.dropout": False},
-         "a pipeline splits its batch with pipeline.num_microbatches"),
+        (
+            {"grad_accum_steps": 2, "mesh_shape": (2, 2, 1), "model.dropout": False},
+            "a pipeline splits its batch with pipeline.num_microbatches",
+        ),
         ({"grad_accum_steps": 0}, "must be a positive integer"),
     ],
-)  # fmt: skip
+)
 def test_gradient_accumulation_refuses_in_one_line(overrides, message):
     config = lenet_config(**{"mesh_shape": (4, 1, 1), **overrides})
     with pytest.raises(ConfigError, match=message) as info:
@@ -99,7 +108,8 @@ def test_gradient_accumulation_refuses_in_one_line(overrides, message):
 
 
 def test_gradient_accumulation_refuses_batch_norm():
-    config = lenet_config(**{"mesh_shape": (4, 1, 1), "grad_accum_steps": 2,
-                             "model.batch_norm": True})  # fmt: skip
+    config = lenet_config(
+        **{"mesh_shape": (4, 1, 1), "grad_accum_steps": 2, "model.batch_norm": True}
+    )
     with pytest.raises(ConfigError, match="BatchNorm statistics per slice"):
         run_steps(config, 4)

@@ -24,8 +24,9 @@ def test_a_cpu_trace_joins_its_convolution_with_its_flops(tmp_path, capsys):
     2 x its multiply-adds, and the other kernels are memory-bound."""
 
     def layer(x, w):
-        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        y = jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
         return jnp.maximum(y, 0.0) * 2.0
 
     x, w = jnp.ones((2, 8, 8, 8)), jnp.ones((3, 3, 8, 16))
@@ -82,9 +83,11 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(tmp_path, capsys)
         "dy": "f32[64,32,32,12]{3,2,1,0}",
     }
     conv = 'window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_o01i->b01f, custom_call_target="__cudnn$conv'
-    kernels = {"Forward": ("(f32[64,32,32,12]{3,2,1,0}, u8[0]{0})", "%x, %w"),
-               "BackwardInput": ("(f32[64,32,32,148]{3,2,1,0}, u8[0]{0})", "%dy, %w"),
-               "BackwardFilter": ("(f32[12,3,3,148]{3,2,1,0}, u8[0]{0})", "%x, %dy")}  # fmt: skip
+    kernels = {
+        "Forward": ("(f32[64,32,32,12]{3,2,1,0}, u8[0]{0})", "%x, %w"),
+        "BackwardInput": ("(f32[64,32,32,148]{3,2,1,0}, u8[0]{0})", "%dy, %w"),
+        "BackwardFilter": ("(f32[12,3,3,148]{3,2,1,0}, u8[0]{0})", "%x, %dy"),
+    }
     for kind, (result, args) in kernels.items():
         rest = f'{args}), {conv}{kind}"'
         call = library.library_call(result, rest, types)  # as traces.joined reads it
@@ -142,8 +145,10 @@ def test_a_traced_reduction_into_few_results_is_named_so(tmp_path, capsys):
     from jaxpar import hlo
 
     comps = hlo.parse(FEW)
-    kinds = [gpu_trace.kernel_class(n, comps) for n in
-             ("input_reduce_fusion", "input_reduce_fusion.1", "input_reduce_fusion.2")]  # fmt: skip
+    kinds = [
+        gpu_trace.kernel_class(n, comps)
+        for n in ("input_reduce_fusion", "input_reduce_fusion.1", "input_reduce_fusion.2")
+    ]
     assert kinds == ["reduce_few", "reduce", "reduce"]
     assert gpu_trace.largest_reduction("input_reduce_fusion", comps) == (
         4096 * 192,
@@ -180,8 +185,10 @@ def test_the_reduction_microbenchmark_runs_and_reads_its_kernels(tmp_path, capsy
     assert rows[2]["bytes"] == 4 * 4 * 8 * 8 * 12 + 2 * 4 * 12
     assert "us + bytes /" in capsys.readouterr().out
     # the lane fit (rule 9) recovers 2 us + bytes per result / 1.5 GB/s from exact rows
-    synthetic = [{"bytes": b, "results": n, "seconds": 2e-6 + b / n / 1.5e9}
-                 for b, n in ((1e6, 192), (4e6, 384), (2e6, 96))]  # fmt: skip
+    synthetic = [
+        {"bytes": b, "results": n, "seconds": 2e-6 + b / n / 1.5e9}
+        for b, n in ((1e6, 192), (4e6, 384), (2e6, 96))
+    ]
     fixed, lane = reduce_micro.fit_lanes(synthetic)
     assert fixed == pytest.approx(2e-6) and lane == pytest.approx(1.5e9)
 
@@ -223,31 +230,57 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     groups = {}
     for row, n in shapes:
         groups[conv_micro.group(row)] = groups.get(conv_micro.group(row), 0) + n
-    assert groups == {"1x1": 40, "1xN / Nx1": 34, "3x3 stride 1": 12, "5x5 stride 1": 3,
-                      "strided": 5}  # fmt: skip
+    assert groups == {
+        "1x1": 40,
+        "1xN / Nx1": 34,
+        "3x3 stride 1": 12,
+        "5x5 stride 1": 3,
+        "strided": 5,
+    }
     wanted = (1, 7, 17, 192, 192, 64)  # 1x7, 17x17x192 -> 192 features, batch 64
     key = ("R", "S", "H", "C", "K", "N")
     seven, layers = next((r, n) for r, n in shapes if tuple(r[k] for k in key) == wanted)
     # SAME: 3 columns each side
     assert (layers, seven["pad_h"], seven["pad_w"]) == (4, 0, 3)
 
-    small = {"W": 6, "H": 6, "C": 8, "N": 2, "K": 16, "R": 1, "S": 7, "pad_h": 0, "pad_w": 3,
-             "stride_h": 1, "stride_w": 1}  # fmt: skip
+    small = {
+        "W": 6,
+        "H": 6,
+        "C": 8,
+        "N": 2,
+        "K": 16,
+        "R": 1,
+        "S": 7,
+        "pad_h": 0,
+        "pad_w": 3,
+        "stride_h": 1,
+        "stride_w": 1,
+    }
     timed = conv_micro.measure(small, "float32", calls=2)
     for _, column in conv_micro.KINDS:
         assert 0 < timed[column] <= timed[column.replace("_ms", "_all_ms")]
-    profile = fitting.from_config({
-        "name": "a GPU", "num_devices": 1, "devices_per_node": 1,
-        "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9,
-        "intra": {"bandwidth": 1e9, "latency": 0.0}, "compiler": "gpu",
-        "compute_efficiency": 0.5, "memory_bandwidth": 1e11, "matmul_kernel_s": 1e-6,
-    })  # fmt: skip
+    profile = fitting.from_config(
+        {
+            "name": "a GPU",
+            "num_devices": 1,
+            "devices_per_node": 1,
+            "peak_flops": {"float32": 1e12},
+            "memory_bytes": 1e9,
+            "intra": {"bandwidth": 1e9, "latency": 0.0},
+            "compiler": "gpu",
+            "compute_efficiency": 0.5,
+            "memory_bandwidth": 1e11,
+            "matmul_kernel_s": 1e-6,
+        }
+    )
     lines = conv_micro.compare([timed], [3], profile, "float32")
     # 2 x 6x6 outputs x 16 features x 8 x 7 products: 64,512 FLOPs at 0.5 TFLOP/s, or
     # (2x6x6x8 + 2x6x6x16 + 7x8x16) x 4 bytes at 100 GB/s (longer), plus 1 us
     flops, moved = 2.0 * 2 * 36 * 16 * 8 * 7, 4.0 * (576 + 1152 + 896)
-    assert all(line["priced_s"] == pytest.approx(1e-6 + max(flops / 0.5e12, moved / 1e11))
-               for line in lines)  # fmt: skip
+    assert all(
+        line["priced_s"] == pytest.approx(1e-6 + max(flops / 0.5e12, moved / 1e11))
+        for line in lines
+    )
     measured, priced, count = conv_micro.summary(lines)["1xN / Nx1"]
     assert count == 9 and measured == pytest.approx(
         3e-3 * sum(timed[c] for _, c in conv_micro.KINDS)

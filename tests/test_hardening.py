@@ -136,8 +136,9 @@ def test_cut_points_on_the_command_line(tmp_path):
         with pytest.raises(ConfigError) as refused:
             trainer.setup(config)
         assert message in str(refused.value) and "\n" not in str(refused.value), split
-    proc = run_cli(*DATA, *SHORT_RUN, mesh, "--config.pipeline.split=(0,4)",
-                   "--workdir", str(tmp_path))  # fmt: skip
+    proc = run_cli(
+        *DATA, *SHORT_RUN, mesh, "--config.pipeline.split=(0,4)", "--workdir", str(tmp_path)
+    )
     assert "needs 1 cut point for 2 stages" in one_error_line(proc)
 
 
@@ -163,9 +164,17 @@ def test_cut_points_in_a_config_file(tmp_path):
 
 def test_nan_stops_with_one_line_and_saves_only_finite_states(tmp_path):
     run = tmp_path / "nan"
-    proc = run_cli(*DATA, *SHORT_RUN, "--config.num_train_steps=30", "--config.learning_rate=1e6",
-                   "--config.lr_schedule=constant", "--config.warmup_steps=0",
-                   "--config.checkpoint_every_steps=1", "--workdir", str(run))  # fmt: skip
+    proc = run_cli(
+        *DATA,
+        *SHORT_RUN,
+        "--config.num_train_steps=30",
+        "--config.learning_rate=1e6",
+        "--config.lr_schedule=constant",
+        "--config.warmup_steps=0",
+        "--config.checkpoint_every_steps=1",
+        "--workdir",
+        str(run),
+    )
     line = one_error_line(proc, status=1)
     assert "training diverged" in line and "not finite at step" in line
     bad_step = int(line.split("not finite at step ")[1].split(";")[0])
@@ -188,8 +197,8 @@ def _start(run, steps=400):
         "--config.log_every_steps=1",
         "--config.checkpoint_every_steps=5",
         "--config.eval_every_steps=0",
-        "--config.schedule_steps=400",
-    ]  # fmt: skip  (a shorter rerun keeps the schedule)
+        "--config.schedule_steps=400",  # a shorter rerun keeps the schedule
+    ]
     return start_cli(*args, "--workdir", str(run), stderr=subprocess.PIPE)
 
 
@@ -239,9 +248,17 @@ def test_the_hang_limit_follows_the_step_time():
 def test_a_hung_run_ends_with_its_stacks_and_one_line(tmp_path):
     """A test-only hook makes the run sleep inside step 3: after hang_timeout_s without a
     step, the stacks of its threads and one line, exit 1."""
-    proc = run_cli(*DATA, *SHORT_RUN, "--config.num_train_steps=9", "--config.hang_timeout_s=4",
-                   "--config.log_every_steps=1", "--workdir", str(tmp_path),
-                   env={"JAXPAR_TEST_HANG": "0:3"}, timeout=300)  # fmt: skip
+    proc = run_cli(
+        *DATA,
+        *SHORT_RUN,
+        "--config.num_train_steps=9",
+        "--config.hang_timeout_s=4",
+        "--config.log_every_steps=1",
+        "--workdir",
+        str(tmp_path),
+        env={"JAXPAR_TEST_HANG": "0:3"},
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     # After 4 s, or 20x the median step time if a loaded machine made that longer.
@@ -255,8 +272,9 @@ def test_second_ctrl_c_stops_a_hung_run_at_once(tmp_path):
     """The main thread sleeps inside step 3 and never returns to the loop; the first Ctrl-C
     asks for a save, the second stops the run at once all the same."""
     args = [*DATA, *SHORT_RUN, "--config.num_train_steps=9", "--config.log_every_steps=1"]
-    proc = start_cli(*args, "--workdir", str(tmp_path), env={"JAXPAR_TEST_HANG": "0:3"},
-                     stderr=subprocess.PIPE)  # fmt: skip
+    proc = start_cli(
+        *args, "--workdir", str(tmp_path), env={"JAXPAR_TEST_HANG": "0:3"}, stderr=subprocess.PIPE
+    )
     wait_for_step(proc, 2)
     time.sleep(1)
     proc.send_signal(signal.SIGINT)
@@ -271,11 +289,19 @@ def test_ctrl_c_in_the_predictor_and_the_planner_is_one_line():
     """`python -m jaxpar.predict` and `jaxpar.plan` compile for minutes; Ctrl-C there (inside
     XLA's compiler, whose threads can crash the interpreter's shutdown) leaves at once with one
     line and status 130 (oneline.run_main, which both entry points end with)."""
-    code = ("from jaxpar import oneline\n"
-            "def main():\n    print('half a table', end='')\n    raise KeyboardInterrupt\n"
-            "oneline.run_main(main, 'stopped; nothing was written')\n")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                          timeout=60, cwd=ROOT)  # fmt: skip
+    code = (
+        "from jaxpar import oneline\n"
+        "def main():\n    print('half a table', end='')\n    raise KeyboardInterrupt\n"
+        "oneline.run_main(main, 'stopped; nothing was written')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 130 and done.stdout == "half a table"
     assert done.stderr == "error: interrupted: stopped; nothing was written\n"
     for module in ("jaxpar/predict/__main__.py", "jaxpar/plan/__main__.py"):
@@ -294,8 +320,13 @@ def test_ctrl_c_in_the_predictor_and_the_planner_is_one_line():
     ],
 )
 def test_bad_sharding_rules_are_refused(tmp_path, rules, message):
-    proc = run_cli(*DATA, "--config.mesh_shape=(1,1,8)", f"--config.tensor.rules={rules}",
-                   "--workdir", str(tmp_path))  # fmt: skip
+    proc = run_cli(
+        *DATA,
+        "--config.mesh_shape=(1,1,8)",
+        f"--config.tensor.rules={rules}",
+        "--workdir",
+        str(tmp_path),
+    )
     assert message in one_error_line(proc)
 
 
@@ -356,12 +387,14 @@ def test_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
 def test_one_line_errors(tmp_path):
     (tmp_path / "file").write_text("x")
     cases = [
-        (["--config.data.name=synthetic", "--config.data.image_shape=(28,28,1)"],
-         "needs inputs of at least 32x32"),
+        (
+            ["--config.data.name=synthetic", "--config.data.image_shape=(28,28,1)"],
+            "needs inputs of at least 32x32",
+        ),
         (["--config.global_batchsize=8"], 'Did you mean "global_batch_size"'),
         (["--workdir", str(tmp_path / "file")], "is a file, not a directory"),
         (["--workdir", str(tmp_path / "file" / "sub")], "is a file, not a directory"),
-    ]  # fmt: skip
+    ]
     for args, message in cases:
         proc = run_cli(*DATA, *SHORT_RUN, *args)
         status = 1 if "--workdir" in args else 2
@@ -443,8 +476,9 @@ def test_progress_numbers_are_readable():
     digits; text (a formatted rate) as given."""
     stream = io.StringIO()
     progress = console.Progress(400, stream=stream)
-    line = progress.update(12, loss=2.30312, big=24.4672, rate=1234.5, small=0.05, tiny=1e-5,
-                           count=3, lr="5.00e-02")  # fmt: skip
+    line = progress.update(
+        12, loss=2.30312, big=24.4672, rate=1234.5, small=0.05, tiny=1e-5, count=3, lr="5.00e-02"
+    )
     assert stream.getvalue() == line + "\n"
     assert line.startswith("step  12/400  loss 2.3031  big 24.5  rate 1,234.5  small 0.0500")
     assert "  tiny 1e-05  count 3  lr 5.00e-02  ETA " in line

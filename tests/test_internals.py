@@ -154,11 +154,23 @@ def test_the_cli_fails_in_one_line_when_an_internal_moved():
         runpy.run_module("jaxpar.train", run_name="__main__")
     """)
     proc = subprocess.run(
-        [sys.executable, "-c", script, "--config", "configs/vgg19_hybrid.py",
-         f"--coordinator=127.0.0.1:{_free_port()}", "--num_processes=2", "--process_id=0"],
-        cwd=ROOT, env=cli_env({"JAX_PLATFORMS": "cpu"}), capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            script,
+            "--config",
+            "configs/vgg19_hybrid.py",
+            f"--coordinator=127.0.0.1:{_free_port()}",
+            "--num_processes=2",
+            "--process_id=0",
+        ],
+        cwd=ROOT,
+        env=cli_env({"JAX_PLATFORMS": "cpu"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     line = one_error_line(proc, 1)
     assert "has no jax._src.lib._jax.DistributedRuntimeClient.wait_at_barrier" in line
 
@@ -202,9 +214,14 @@ def test_an_address_that_cannot_work_fails_in_one_line(coordinator, bind, flag, 
 
 
 def test_the_cli_rejects_a_bind_address_in_one_line():
-    proc = run_cli("--config", "configs/vgg19_hybrid.py", "--coordinator=127.0.0.1:1234",
-                   "--num_processes=2", "--process_id=0",
-                   "--coordinator_bind_address=nonsense")  # fmt: skip
+    proc = run_cli(
+        "--config",
+        "configs/vgg19_hybrid.py",
+        "--coordinator=127.0.0.1:1234",
+        "--num_processes=2",
+        "--process_id=0",
+        "--coordinator_bind_address=nonsense",
+    )
     line = one_error_line(proc, 2)
     assert line.startswith("error: --coordinator_bind_address 'nonsense' is not HOST:PORT")
 
@@ -213,9 +230,12 @@ def test_the_local_launcher_binds_to_loopback():
     local = _local_launcher()
     commands = local.worker_commands(2, ["--config", "c.py"], 4321)
     for i, cmd in enumerate(commands):
-        assert cmd[-4:] == ["--coordinator=127.0.0.1:4321",
-                            "--coordinator_bind_address=127.0.0.1:4321",
-                            "--num_processes=2", f"--process_id={i}"]  # fmt: skip
+        assert cmd[-4:] == [
+            "--coordinator=127.0.0.1:4321",
+            "--coordinator_bind_address=127.0.0.1:4321",
+            "--num_processes=2",
+            f"--process_id={i}",
+        ]
 
 
 def _local_launcher():
@@ -292,13 +312,24 @@ def test_process_0_listens_on_the_loopback_coordinator_or_where_told():
     binds = [[], [f"--coordinator_bind_address=127.0.0.1:{ports[1]}"]]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "jaxpar.train", "--config", "configs/vgg19_hybrid.py",
-             f"--coordinator=127.0.0.2:{port}", "--num_processes=2", "--process_id=0", *bind],
-            cwd=ROOT, env=cli_env({"JAX_PLATFORMS": "cpu"}), stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "jaxpar.train",
+                "--config",
+                "configs/vgg19_hybrid.py",
+                f"--coordinator=127.0.0.2:{port}",
+                "--num_processes=2",
+                "--process_id=0",
+                *bind,
+            ],
+            cwd=ROOT,
+            env=cli_env({"JAX_PLATFORMS": "cpu"}),
+            stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         for port, bind in zip(ports, binds)
-    ]  # fmt: skip
+    ]
     try:
         seen = _wait_listening(procs, lambda seen: all(seen.values()))
     finally:
@@ -340,11 +371,14 @@ def test_a_run_on_one_machine_listens_on_loopback_only(tmp_path):
         subprocess.Popen(
             [sys.executable, "-u", "-c", _JOINED, coordinator, str(i), tmp_path / f"{i}.json"],
             cwd=ROOT,
-            env=cli_env({"JAX_PLATFORMS": "cpu"}), stdin=subprocess.PIPE,
-            stdout=open(tmp_path / f"proc{i}.log", "w"), stderr=subprocess.STDOUT, text=True,
+            env=cli_env({"JAX_PLATFORMS": "cpu"}),
+            stdin=subprocess.PIPE,
+            stdout=open(tmp_path / f"proc{i}.log", "w"),
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for i in range(2)
-    ]  # fmt: skip
+    ]
     logs = [tmp_path / f"proc{i}.log" for i in range(2)]
     try:
         deadline = time.monotonic() + 120
@@ -375,10 +409,23 @@ def test_launch_local_listens_on_loopback_only(tmp_path):
     listens (it opens before anything compiles), every socket either process listens on is on
     127.0.0.1. The launcher is then killed by pid (its processes die with it)."""
     launcher = subprocess.Popen(
-        [sys.executable, "launch/local.py", "--num_processes", "2", "--", "--config",
-         "configs/base.py", "--workdir", str(tmp_path / "run"), *flags(TINY)],
-        cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "launch/local.py",
+            "--num_processes",
+            "2",
+            "--",
+            "--config",
+            "configs/base.py",
+            "--workdir",
+            str(tmp_path / "run"),
+            *flags(TINY),
+        ],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(workers := sorted(_children(launcher.pid))) < 2:

@@ -14,10 +14,18 @@ TABLE = "configs/hardware/kernels/deepbench_p100.csv"
 
 
 def _gpu(**kw) -> hardware.Profile:
-    base = {"name": "gpu", "num_devices": 1, "devices_per_node": 1,
-            "peak_flops": {"float32": 10e12}, "memory_bytes": 16 * GB,
-            "intra": hardware.Link(10 * GB, 0.0), "inter": hardware.Link(10 * GB, 0.0),
-            "compute_efficiency": 0.5, "compiler": "gpu", "memory_bandwidth": 700 * GB}  # fmt: skip
+    base = {
+        "name": "gpu",
+        "num_devices": 1,
+        "devices_per_node": 1,
+        "peak_flops": {"float32": 10e12},
+        "memory_bytes": 16 * GB,
+        "intra": hardware.Link(10 * GB, 0.0),
+        "inter": hardware.Link(10 * GB, 0.0),
+        "compute_efficiency": 0.5,
+        "compiler": "gpu",
+        "memory_bandwidth": 700 * GB,
+    }
     return hardware.Profile(**{**base, **kw})
 
 
@@ -53,9 +61,14 @@ def test_fit_recovers_the_costs_that_timed_the_kernels():
     """Kernels timed by a known profile (1x1 and strided kernels at 0.6 of peak, 3x3 at 1.5,
     40 us fixed per kernel) give those three costs back from other starting values."""
     truth = _gpu(compute_efficiency=0.6, conv3x3_efficiency=1.5, matmul_kernel_s=40e-6)
-    shapes = [(56, 56, 64, 16, 64, 3, 3, 1, 1), (28, 28, 128, 8, 128, 3, 3, 1, 1),
-              (14, 14, 256, 16, 1024, 1, 1, 0, 1), (56, 56, 64, 16, 256, 1, 1, 0, 2),
-              (7, 7, 512, 8, 2048, 1, 1, 0, 1), (112, 112, 64, 16, 128, 3, 3, 1, 1)]  # fmt: skip
+    shapes = [
+        (56, 56, 64, 16, 64, 3, 3, 1, 1),
+        (28, 28, 128, 8, 128, 3, 3, 1, 1),
+        (14, 14, 256, 16, 1024, 1, 1, 0, 1),
+        (56, 56, 64, 16, 256, 1, 1, 0, 2),
+        (7, 7, 512, 8, 2048, 1, 1, 0, 1),
+        (112, 112, 64, 16, 128, 3, 3, 1, 1),
+    ]
     rows = []
     for shape in shapes:
         row = _row(*shape)
@@ -63,8 +76,11 @@ def test_fit_recovers_the_costs_that_timed_the_kernels():
             row[column] = kernels.price(truth, k) * 1e3
         rows.append(row)
     fitted = kernels.fit(_gpu(), rows)
-    for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
-                        ("matmul_kernel_s", 40e-6)):  # fmt: skip
+    for name, value in (
+        ("compute_efficiency", 0.6),
+        ("conv3x3_efficiency", 1.5),
+        ("matmul_kernel_s", 40e-6),
+    ):
         assert getattr(fitted.profile, name) == pytest.approx(value, rel=1e-4), name
     assert fitted.median_error < 1e-6 and fitted.total_ratio == pytest.approx(1.0, abs=1e-6)
 
@@ -77,8 +93,9 @@ def test_deepbench_p100_table_prices_its_kernels():
     rows = kernels.load(TABLE)
     assert len(rows) == 94
     p100 = _gpu(compute_efficiency=0.4)
-    p100 = dataclasses.replace(p100, peak_flops={"float32": 10.6e12},
-                               memory_bandwidth=0.9 * 732 * GB)  # fmt: skip
+    p100 = dataclasses.replace(
+        p100, peak_flops={"float32": 10.6e12}, memory_bandwidth=0.9 * 732 * GB
+    )
     fitted = kernels.fit(p100, rows)
     assert len(fitted.errors) == 252
     assert fitted.profile.compute_efficiency == pytest.approx(0.642, rel=0.01)
@@ -107,17 +124,35 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     from jaxpar.predict import here, herebench, hereprofile
     from jaxpar.predict.calibration import calibration_ops
 
-    micro = {"platform": "gpu", "device_kind": "Test GPU", "jax": "0", "seconds": 0.1,
-             "num_devices": 1, "matmul_float32": {1024: 1e13}, "float32_flops_per_s": 1e13,
-             "thin_conv_float32": 5e11, "matmul_flops_per_s": 1e13,
-             "memory_bandwidth_array_bytes": 1 << 30, "memory_bandwidth": 7e11,
-             "launch_s": 30e-6, "sync_call_s": 60e-6, "kernel_s": 3e-6,
-             "peak_memory_bytes": 16e9,  # narrow layers at n / 128 of the wide rate
-             "narrow_conv_float32": {n: 8e12 * min(1, n / 128) for n in (8, 16, 64, 128, 256)}}  # fmt: skip
-    truth = _gpu(peak_flops={"float32": 1e13, "bfloat16": 1e13}, compute_efficiency=0.6,
-                 conv3x3_efficiency=1.5, matmul_kernel_s=40e-6, kernel_s=3e-6,
-                 thin_efficiency=0.05, launch_s=3e-6, program_overhead_s=30e-6,
-                 tile_width=128.0)  # fmt: skip
+    micro = {
+        "platform": "gpu",
+        "device_kind": "Test GPU",
+        "jax": "0",
+        "seconds": 0.1,
+        "num_devices": 1,
+        "matmul_float32": {1024: 1e13},
+        "float32_flops_per_s": 1e13,
+        "thin_conv_float32": 5e11,
+        "matmul_flops_per_s": 1e13,
+        "memory_bandwidth_array_bytes": 1 << 30,
+        "memory_bandwidth": 7e11,
+        "launch_s": 30e-6,
+        "sync_call_s": 60e-6,
+        "kernel_s": 3e-6,
+        "peak_memory_bytes": 16e9,  # narrow layers at n / 128 of the wide rate
+        "narrow_conv_float32": {n: 8e12 * min(1, n / 128) for n in (8, 16, 64, 128, 256)},
+    }
+    truth = _gpu(
+        peak_flops={"float32": 1e13, "bfloat16": 1e13},
+        compute_efficiency=0.6,
+        conv3x3_efficiency=1.5,
+        matmul_kernel_s=40e-6,
+        kernel_s=3e-6,
+        thin_efficiency=0.05,
+        launch_s=3e-6,
+        program_overhead_s=30e-6,
+        tile_width=128.0,
+    )
     rows = kernels.vision_rows(kernels.load(kernels.SHIPPED))
     assert len(rows) == 24 and all(r["W"] == r["H"] and r["C"] >= 8 for r in rows)
     # what the GPU would run, here on a small shape: three programs, each timed
@@ -126,11 +161,18 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     timed = []
     for row in rows:
         ks = kernels.kernels(row)
-        timed.append({**row, **{c: kernels.price(truth, k) * 1e3
-                                for c, k in zip(TIMES, ks)}})  # fmt: skip
-    run = {"name": "vgg11:0.125:32:float32:8", "model": "vgg11", "width": 0.125,
-           "batch_norm": True, "head": "auto", "image_shape": (32, 32, 3), "num_classes": 10,
-           "dtype": "float32", "batch_size": 8}  # fmt: skip
+        timed.append({**row, **{c: kernels.price(truth, k) * 1e3 for c, k in zip(TIMES, ks)}})
+    run = {
+        "name": "vgg11:0.125:32:float32:8",
+        "model": "vgg11",
+        "width": 0.125,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "dtype": "float32",
+        "batch_size": 8,
+    }
     step = truth.program_time(calibration_ops(run), "float32") + 30e-6  # + dispatch
     run["images_per_sec"] = 8 / step
     path = tmp_path / "gpu.py"
@@ -140,21 +182,32 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
     p = fitting.load_profile(path)
     assert p.compiler == "gpu" and p.tile_width == 128.0 and "tile_width 128" in path.read_text()
-    for name, value in (("compute_efficiency", 0.6), ("conv3x3_efficiency", 1.5),
-                        ("matmul_kernel_s", 40e-6), ("kernel_s", 3e-6)):  # fmt: skip
+    for name, value in (
+        ("compute_efficiency", 0.6),
+        ("conv3x3_efficiency", 1.5),
+        ("matmul_kernel_s", 40e-6),
+        ("kernel_s", 3e-6),
+    ):
         assert getattr(p, name) == pytest.approx(value, rel=2e-3), name
     # and keeps each timed kernel, to price a step's own convolutions of those shapes
     assert sum(map(len, p.measured_kernels.values())) == 3 * 24 and p.measured_dtype == "float32"
     # with the rows' kernel traces (hererows.traced_costs): the memory-bound kernels' costs and the
     # per-kernel time are the traces', and the rows fit only what a matrix kernel adds
     # inside a step (here the truth's per-class costs are its one kernel_s and bandwidth)
-    traced = {"rows": ["vgg11_0p125_32_float32_8"], "not_traced": [], "named_share": 0.97,
-              "kernel_s": 3e-6, "memory_bandwidth": 7e11,
-              "memory_kernel_costs": {k: (3e-6, 7e11) for k in ("elementwise", "reduce",
-                                                                "transpose", "window")}}  # fmt: skip
+    traced = {
+        "rows": ["vgg11_0p125_32_float32_8"],
+        "not_traced": [],
+        "named_share": 0.97,
+        "kernel_s": 3e-6,
+        "memory_bandwidth": 7e11,
+        "memory_kernel_costs": {
+            k: (3e-6, 7e11) for k in ("elementwise", "reduce", "transpose", "window")
+        },
+    }
     path = tmp_path / "gpu_traced.py"
-    hereprofile.write_profile(str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT,
-                       ("float32", timed))  # fmt: skip
+    hereprofile.write_profile(
+        str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT, ("float32", timed)
+    )
     p = fitting.load_profile(path)
     assert p.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernel_s == 3e-6
     assert p.matmul_kernel_s == pytest.approx(40e-6, rel=2e-3)
@@ -169,13 +222,19 @@ def test_calibrate_here_times_the_rows_own_convolution_shapes():
 
     rows = ["resnet20:1.0:32:float32:8", "vgg11:0.25:32:bfloat16:8"]
     shapes = herebench.own_shapes(rows, "float32")
-    layers = [f"{r['R']}x{r['S']} s{r['stride_h']} {r['W']}x{r['H']}x{r['C']}->{r['K']}"
-              for r in shapes]  # fmt: skip
+    layers = [
+        f"{r['R']}x{r['S']} s{r['stride_h']} {r['W']}x{r['H']}x{r['C']}->{r['K']}" for r in shapes
+    ]
     # 3 stages of 3 blocks (16, 32, 64 features on 32, 16, 8 maps): 3x3 stride-1 layers 6 + 5
     # + 5 of them and two stride-2 ones (its shortcuts pad, with no convolution); the
     # 3-channel stem is thin
-    assert layers == ["3x3 s1 32x32x16->16", "3x3 s1 16x16x32->32", "3x3 s1 8x8x64->64",
-                      "3x3 s2 32x32x16->32", "3x3 s2 16x16x32->64"]  # fmt: skip
+    assert layers == [
+        "3x3 s1 32x32x16->16",
+        "3x3 s1 16x16x32->32",
+        "3x3 s1 8x8x64->64",
+        "3x3 s2 32x32x16->32",
+        "3x3 s2 16x16x32->64",
+    ]
     assert all(r["C"] >= 8 and r["N"] == 8 for r in shapes)
     assert len(herebench.own_shapes(rows, "float32", limit=2)) == 2
     assert (
@@ -194,10 +253,12 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
     from jaxpar.predict import opclass
 
     def loss(x, w1, w2):
-        y = jax.lax.conv_general_dilated(x, w1, (2, 2), "VALID",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
-        z = jax.lax.conv_general_dilated(jnp.sin(y), w2, (1, 1), [(0, 0), (3, 3)],
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        y = jax.lax.conv_general_dilated(
+            x, w1, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        z = jax.lax.conv_general_dilated(
+            jnp.sin(y), w2, (1, 1), [(0, 0), (3, 3)], dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
         return jnp.sum(jnp.sin(z))
 
     def step(batch: int) -> opclass.OpClasses:
@@ -208,13 +269,16 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
         )
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w1, w2).compile().as_text()
         ops = opclass.classify(text)  # the matrix kernels alone
-        return opclass.OpClasses(matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops,
-                                 matmuls=ops.matmuls)  # fmt: skip
+        return opclass.OpClasses(
+            matmul_flops=ops.matmul_flops, conv3x3_flops=ops.conv3x3_flops, matmuls=ops.matmuls
+        )
 
     four = step(4)
     assert len(four.matmuls) == 6  # x's gradient is asked for: each layer's three kernels
-    rows = [_row(17, 17, 16, 4, 32, 3, 3, 0, 2, (1.0, 2.0, 3.0)),
-            {**_row(8, 8, 32, 4, 24, 1, 7, 0, 1, (4.0, 5.0, 6.0)), "pad_w": 3}]  # fmt: skip
+    rows = [
+        _row(17, 17, 16, 4, 32, 3, 3, 0, 2, (1.0, 2.0, 3.0)),
+        {**_row(8, 8, 32, 4, 24, 1, 7, 0, 1, (4.0, 5.0, 6.0)), "pad_w": 3},
+    ]
     table = kernels.measured(rows)
     timed = {m: next(table[k[1:]] for k in m.keys if k[1:] in table) for m in four.matmuls}
     found = sorted(t[0][1] for t in timed.values())
@@ -249,13 +313,15 @@ def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
 
     run = hererows.parse_row("resnet20:1.0:32:float32:8")
     layers = kernels.model_rows(run)
-    rows = [{**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0}
-            for r, _ in layers]  # fmt: skip
+    rows = [
+        {**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0} for r, _ in layers
+    ]
     table = kernels.measured(rows)
     ops = calibration_ops(run)
     convs = [m for m in ops.matmuls if m.keys]
     assert sum(n for _, n in layers) == 19 and len(convs) == 3 * 19 - 1
-    found = [m for m in convs
-             if any(any(n == k[0] for n, _, _ in table.get(k[1:], ())) for k in m.keys)]  # fmt: skip
+    found = [
+        m for m in convs if any(any(n == k[0] for n, _, _ in table.get(k[1:], ())) for k in m.keys)
+    ]
     assert len(found) == len(convs) - 2 and all(m.thin for m in convs if m not in found)
     assert len(ops.matmuls) - len(convs) == 3  # the dense layer: forward and two gradients

@@ -49,8 +49,9 @@ def test_narrow_benchmark_reads_a_layers_three_convolutions(monkeypatch):
     for width in (2, 8):  # 2 images of 4 x 4 positions, 8 input channels
         flops = 3 * 2 * 9 * 8 * width * (2 * 4 * 4)
         assert found["rates"][width] == pytest.approx(flops / 1e-3, rel=0.05)
-    report = micro.narrow_report({"rates": {2: 1e9, 8: 2.5e9}, "narrow_width": 6.0,
-                                  "flops_per_s": 1e11})  # fmt: skip
+    report = micro.narrow_report(
+        {"rates": {2: 1e9, 8: 2.5e9}, "narrow_width": 6.0, "flops_per_s": 1e11}
+    )
     assert "2: 1.0, 8: 2.5" in report and "n / (n + 6) of 100.0 GFLOP/s" in report
     assert report.endswith("c.narrow_width = 6")
 
@@ -79,14 +80,18 @@ def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape
             texts.append(compiled.as_text())
             ops.append(opclass.classify(texts[-1]))
         name = "all-gather" if kind == "gather" else "all-reduce"
-        starts = [line for line in texts[0].splitlines() if f" {name}(" in line
-                  or f" {name}-start(" in line]  # fmt: skip
+        starts = [
+            line
+            for line in texts[0].splitlines()
+            if f" {name}(" in line or f" {name}-start(" in line
+        ]
         assert len(starts) == 3 and "f32[2,4,4,8]" in starts[0] and payload == 2 * 4 * 4 * 8 * 4
         assert name not in texts[1]
         assert ops[0].flops > 0 and ops[0].flops == pytest.approx(ops[1].flops, rel=1e-6)
     _timed(monkeypatch, 5e-3, 3e-3, 4e-3, 3e-3)
-    found = cpulinks.measure_collective_cpu(devices=2, batch=2, side=4, channels=8, layers=2,
-                                         seconds=0.0)  # fmt: skip
+    found = cpulinks.measure_collective_cpu(
+        devices=2, batch=2, side=4, channels=8, layers=2, seconds=0.0
+    )
     assert found["devices"] == 2 and found["payload"] == 2 * 4 * 4 * 8 * 4
     assert found["extra"] == pytest.approx({"gather": 1e-3, "psum": 0.5e-3})
     assert found["rate"] == pytest.approx(2 * 1024 * 2 / 1.5e-3)
@@ -96,8 +101,16 @@ def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape
 def test_forward_benchmark_is_the_forward_alone():
     """measure_forward compiles the model's forward only: its convolution and dense FLOPs are
     the model's forward FLOPs, not a training step's three times as many."""
-    run = {"model": "vgg11", "width": 0.125, "batch_norm": True, "head": "auto",
-           "dtype": "float32", "image_shape": (32, 32, 3), "num_classes": 10, "batch_size": 2}  # fmt: skip
+    run = {
+        "model": "vgg11",
+        "width": 0.125,
+        "batch_norm": True,
+        "head": "auto",
+        "dtype": "float32",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "batch_size": 2,
+    }
     found = micro.measure_forward(run, seconds=0.0)
     config = run_config(run)
     model = models.build(config.model, *input_spec(config))
@@ -114,12 +127,28 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     from jaxpar.predict import calibrate, cpulinks, hardware, pipelinehost
     from jaxpar.predict.calibration import calibration_ops
 
-    truth = hardware.Profile("t", 8, 8, {"float32": 1e12}, 16e9, hardware.Link(1e10, 0.0),
-                             hardware.Link(1e10, 0.0), 0.3, kernel_s=20e-6, narrow_width=6.0)  # fmt: skip
+    truth = hardware.Profile(
+        "t",
+        8,
+        8,
+        {"float32": 1e12},
+        16e9,
+        hardware.Link(1e10, 0.0),
+        hardware.Link(1e10, 0.0),
+        0.3,
+        kernel_s=20e-6,
+        narrow_width=6.0,
+    )
     runs = []
     for model, shape, batch in (("lenet", (28, 28, 1), 8), ("vgg11", (32, 32, 3), 16)):
-        run = {"model": model, "width": 0.25, "batch_norm": False, "image_shape": shape,
-               "num_classes": 10, "batch_size": batch}  # fmt: skip
+        run = {
+            "model": model,
+            "width": 0.25,
+            "batch_norm": False,
+            "image_shape": shape,
+            "num_classes": 10,
+            "batch_size": batch,
+        }
         seconds = truth.program_time(calibration_ops(run), "float32")
         runs.append({**run, "images_per_sec": batch / seconds})
     (tmp_path / "runs.py").write_text(
@@ -140,17 +169,33 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     monkeypatch.setattr(cpulinks, "links_report", lambda links: "links: stubbed")
     host = [(k, m, k * 2e-4 + m * (1e-3 + (4 * k - 3) * 5e-5)) for k in (2, 8) for m in (1, 8)]
     monkeypatch.setattr(pipelinehost, "measure_host", lambda run: host)
-    monkeypatch.setattr(micro, "measure_narrow",
-                        lambda: {"rates": {2: 1e9}, "narrow_width": 6.0, "flops_per_s": 1e11})  # fmt: skip
-    monkeypatch.setattr(micro, "measure_forward",
-                        lambda run: {**forward, "seconds": fitted_truth / 2})  # fmt: skip
-    monkeypatch.setattr(micro, "measure_kernel",
-                        lambda: {"kernels": [32, 512], "seconds": [0.0, 0.0], "kernel_s": 20e-6})  # fmt: skip
-    monkeypatch.setattr(cpulinks, "measure_collective_cpu",
-                        lambda: {"extra": {"gather": 1e-3}, "payload": 10**6, "devices": 8,
-                                 "rate": 8e9})  # fmt: skip
-    argv = ["--calibrate", str(tmp_path / "runs.py"), "--profile", str(tmp_path / "profile.py"),
-            "--fit", "compute_efficiency,kernel_s", "--pool"]  # fmt: skip
+    monkeypatch.setattr(
+        micro,
+        "measure_narrow",
+        lambda: {"rates": {2: 1e9}, "narrow_width": 6.0, "flops_per_s": 1e11},
+    )
+    monkeypatch.setattr(
+        micro, "measure_forward", lambda run: {**forward, "seconds": fitted_truth / 2}
+    )
+    monkeypatch.setattr(
+        micro,
+        "measure_kernel",
+        lambda: {"kernels": [32, 512], "seconds": [0.0, 0.0], "kernel_s": 20e-6},
+    )
+    monkeypatch.setattr(
+        cpulinks,
+        "measure_collective_cpu",
+        lambda: {"extra": {"gather": 1e-3}, "payload": 10**6, "devices": 8, "rate": 8e9},
+    )
+    argv = [
+        "--calibrate",
+        str(tmp_path / "runs.py"),
+        "--profile",
+        str(tmp_path / "profile.py"),
+        "--fit",
+        "compute_efficiency,kernel_s",
+        "--pool",
+    ]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "c.narrow_width = 6" in out and "c.compute_efficiency = 0.3\n" in out
@@ -170,21 +215,37 @@ def test_host_costs_fit_back_and_a_pipeline_costs_more_host_time_per_micro_batch
     below 0); measure_host on a real 2-stage pipeline of a small VGG11 times each layout and
     micro-batch count asked for (measured, so only their signs are checked: a loaded machine
     reorders timings)."""
-    costs = {"stage_overhead_s": 4e-4, "stage_device_overhead_s": 3e-4,
-             "microbatch_overhead_s": 1.5e-3, "program_overhead_s": 5e-5,
-             "program_device_overhead_s": 2e-5}  # fmt: skip
-    points = [(k, m, d, pipelinehost.host_seconds(costs, k, m, d, 1e-3))
-              for d, k in pipelinehost.LAYOUTS for m in (1, 2, 4, 8)]  # fmt: skip
+    costs = {
+        "stage_overhead_s": 4e-4,
+        "stage_device_overhead_s": 3e-4,
+        "microbatch_overhead_s": 1.5e-3,
+        "program_overhead_s": 5e-5,
+        "program_device_overhead_s": 2e-5,
+    }
+    points = [
+        (k, m, d, pipelinehost.host_seconds(costs, k, m, d, 1e-3))
+        for d, k in pipelinehost.LAYOUTS
+        for m in (1, 2, 4, 8)
+    ]
     assert pipelinehost.fit_host(points, 1e-3) == pytest.approx(costs, rel=1e-6)
     assert points[0][3] == pytest.approx(1e-3 + 2 * 4e-4 + 1.5e-3 + 5 * 5e-5)  # K=2, M=1, D=1
     shrinking = [(k, m, 1e-3 + m * 1e-3 - k * 1e-4) for k, m, d, _ in points if d == 1]
     fitted = pipelinehost.fit_host(shrinking, 1e-3)
     assert fitted["stage_overhead_s"] == 0.0 and min(fitted.values()) >= 0.0
-    run = {"model": "vgg11", "width": 0.25, "batch_norm": True, "head": "auto",
-           "dtype": "float32", "image_shape": (32, 32, 3), "num_classes": 10, "batch_size": 8}  # fmt: skip
+    run = {
+        "model": "vgg11",
+        "width": 0.25,
+        "batch_norm": True,
+        "head": "auto",
+        "dtype": "float32",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "batch_size": 8,
+    }
     log = io.StringIO()
-    (one, four) = pipelinehost.measure_host(run, layouts=((1, 2),), microbatches=(1, 4), steps=3,
-                                     repeats=2, stream=log)  # fmt: skip
+    (one, four) = pipelinehost.measure_host(
+        run, layouts=((1, 2),), microbatches=(1, 4), steps=3, repeats=2, stream=log
+    )
     assert (one[:3], four[:3]) == ((2, 1, 1), (2, 4, 1))
     assert one[3] > 0 and four[3] > 0
     lines = log.getvalue().splitlines()  # a line per pipeline, with its figure and the ETA

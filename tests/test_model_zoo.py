@@ -47,8 +47,9 @@ def build(name, shape, classes, width=1.0):
     return models.build(spec, shape, classes)
 
 
-@pytest.mark.parametrize("name,shape,classes,params,gmacs", PUBLISHED,
-                         ids=[f"{p[0]}-{p[1][0]}" for p in PUBLISHED])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,shape,classes,params,gmacs", PUBLISHED, ids=[f"{p[0]}-{p[1][0]}" for p in PUBLISHED]
+)
 def test_published_parameter_counts_and_work(name, shape, classes, params, gmacs):
     model = build(name, shape, classes)
     assert model.num_params == params
@@ -87,9 +88,11 @@ def test_every_split_policy_cuts_between_blocks():
 
 @pytest.mark.parametrize(
     ("name", "shape", "message"),
-    [("inception_v3", (32, 32, 3), "at least 75x75"),
-     ("alexnet", (256, 256, 3), "7x7 feature maps, which do not pool evenly to 6x6")],
-)  # fmt: skip
+    [
+        ("inception_v3", (32, 32, 3), "at least 75x75"),
+        ("alexnet", (256, 256, 3), "7x7 feature maps, which do not pool evenly to 6x6"),
+    ],
+)
 def test_inputs_a_model_cannot_take_are_refused_in_one_line(name, shape, message):
     with pytest.raises(ConfigError, match=message) as info:
         build(name, shape, 10)
@@ -141,10 +144,18 @@ STEPS = 3
 
 def family_config(family, batch_norm=True, **overrides):
     f = FAMILIES[family]
-    return tiny_config(**{"model.name": f.model, "model.width": f.width,
-                          "data.image_shape": f.shape, "model.batch_norm": batch_norm,
-                          "model.dtype": f.dtype, "learning_rate": f.lr, "global_batch_size": 8,
-                          **overrides})  # fmt: skip
+    return tiny_config(
+        **{
+            "model.name": f.model,
+            "model.width": f.width,
+            "data.image_shape": f.shape,
+            "model.batch_norm": batch_norm,
+            "model.dtype": f.dtype,
+            "learning_rate": f.lr,
+            "global_batch_size": 8,
+            **overrides,
+        }
+    )
 
 
 # Every family with BatchNorm where it has one (LeNet and AlexNet have none), and ResNet-20
@@ -173,9 +184,11 @@ def every_block_kind_once(monkeypatch, request):
     monkeypatch.setattr(models, "NAMES", (*models.NAMES, "densenet10"))
     keep = {"stem", "mixed5b", "mixed6a", "mixed6b", "mixed7a", "mixed7b", "head"}
     full = inception.sequential
-    monkeypatch.setattr(inception, "sequential",
-                        lambda name, modules, *a: full(name, [m for m in modules if m[0] in keep],
-                                                       *a))  # fmt: skip
+    monkeypatch.setattr(
+        inception,
+        "sequential",
+        lambda name, modules, *a: full(name, [m for m in modules if m[0] in keep], *a),
+    )
     models.forget_built()  # builds of the full depths, or of these, stay in their tests
     request.addfinalizer(models.forget_built)
     f = FAMILIES[request.node.callspec.params["family"]]
@@ -191,12 +204,16 @@ def block_kind(layer) -> tuple:
     residual block against a projection)."""
     module = layer.module
     fields = ("kind", "pool", "lrn", "stride", "bn_relu", "pre_bn", "relu")
-    return (type(module).__name__, *(getattr(module, f, None) for f in fields),
-            layer.in_shape == layer.out_shape)  # fmt: skip
+    return (
+        type(module).__name__,
+        *(getattr(module, f, None) for f in fields),
+        layer.in_shape == layer.out_shape,
+    )
 
 
-@pytest.mark.parametrize(("family", "batch_norm"), CASES,
-                         ids=[f"{n}-{'bn' if bn else 'nobn'}" for n, bn in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("family", "batch_norm"), CASES, ids=[f"{n}-{'bn' if bn else 'nobn'}" for n, bn in CASES]
+)
 def test_every_family_partitioned_equals_one_device(family, batch_norm, every_block_kind_once):
     """Each family, with every kind of block it has (fixture every_block_kind_once), trains
     the one-device program for 3 steps on two meshes (ResNet-50 and Inception-v3, in float64,
@@ -210,12 +227,17 @@ def test_every_family_partitioned_equals_one_device(family, batch_norm, every_bl
     BatchNorm statistics (the documented policy)."""
     f, model = FAMILIES[family], every_block_kind_once
     kinds = {block_kind(layer) for layer in model.layers}
-    beside_a_cut = {block_kind(layer) for i, layer in enumerate(model.layers)
-                    if i in f.cuts or i + 1 in f.cuts}  # fmt: skip
+    beside_a_cut = {
+        block_kind(layer) for i, layer in enumerate(model.layers) if i in f.cuts or i + 1 in f.cuts
+    }
     assert beside_a_cut == kinds and len(f.cuts) % 2 == 1
-    hybrid = {"mesh_shape": (2, 2, 2), "pipeline.schedule": "interleaved",
-              "pipeline.virtual_stages": (len(f.cuts) + 1) // 2, "pipeline.split": f.cuts,
-              "pipeline.num_microbatches": 2}  # fmt: skip
+    hybrid = {
+        "mesh_shape": (2, 2, 2),
+        "pipeline.schedule": "interleaved",
+        "pipeline.virtual_stages": (len(f.cuts) + 1) // 2,
+        "pipeline.split": f.cuts,
+        "pipeline.num_microbatches": 2,
+    }
     rtol = RTOL[f.dtype]
     meshes = [({"mesh_shape": (2, 1, 2)}, 1), (hybrid, 2)]
     if family in ("inception_v3", "resnet50"):  # their data x tensor step is the hybrid's
@@ -223,10 +245,12 @@ def test_every_family_partitioned_equals_one_device(family, batch_norm, every_bl
         meshes = meshes[1:]
     with jax.enable_x64(f.dtype == "float64"):
         for keys, m in meshes:
-            ref_losses, ref_state = reference_run(family_config(family, batch_norm, **keys),
-                                                  STEPS, microbatches=m)  # fmt: skip
-            losses, state = run_steps(family_config(family, batch_norm, **keys),
-                                      math.prod(keys["mesh_shape"]), STEPS)  # fmt: skip
+            ref_losses, ref_state = reference_run(
+                family_config(family, batch_norm, **keys), STEPS, microbatches=m
+            )
+            losses, state = run_steps(
+                family_config(family, batch_norm, **keys), math.prod(keys["mesh_shape"]), STEPS
+            )
             mesh = keys["mesh_shape"]
             np.testing.assert_allclose(losses, ref_losses, rtol=rtol, err_msg=str(mesh))
             assert max_rel_error(state.params, ref_state.params) < rtol, mesh
@@ -241,8 +265,11 @@ def test_float64_runs_are_float64_throughout():
     BatchNorm) and Block's convolutions, BatchNorm and pooled head (ResNet-20)."""
     with jax.enable_x64(True):
         for name, shape in (("lenet", (28, 28, 1)), ("resnet20", (16, 16, 3))):
-            for dtype, wide in (("float64", jnp.dtype("float64")), ("float32", jnp.dtype("float32")),
-                                ("bfloat16", jnp.dtype("float32"))):  # fmt: skip
+            for dtype, wide in (
+                ("float64", jnp.dtype("float64")),
+                ("float32", jnp.dtype("float32")),
+                ("bfloat16", jnp.dtype("float32")),
+            ):
                 spec = base.get_config().model
                 spec.name, spec.width, spec.batch_norm, spec.dtype = name, 0.25, True, dtype
                 model = models.build(spec, shape, 10)
@@ -254,8 +281,12 @@ def test_float64_runs_are_float64_throughout():
                 }
                 x = jax.ShapeDtypeStruct((2, *shape), jnp.float32)
                 logits, _ = jax.eval_shape(
-                    lambda v, x, model=model: model.apply(v["params"], v["batch_stats"], x,
-                                                          train=True), variables, x)  # fmt: skip
+                    lambda v, x, model=model: model.apply(
+                        v["params"], v["batch_stats"], x, train=True
+                    ),
+                    variables,
+                    x,
+                )
                 assert logits.dtype == wide, (name, dtype)
 
 
@@ -287,13 +318,23 @@ def test_resnet20_learns_shapes10():
     64 (0.58 measured; the full configs/resnet20.py run reaches about 0.95)."""
     from jaxpar import trainer
 
-    config = tiny_config(**{
-        "model.name": "resnet20", "model.width": 0.25, "model.batch_norm": True,
-        "data.name": "shapes10", "data.num_train": 0, "data.num_eval": 256,
-        "global_batch_size": 64, "num_train_steps": 200, "learning_rate": 0.1,
-        "lr_schedule": "cosine", "warmup_steps": 10, "weight_decay": 5e-4,
-        "mesh_shape": (1, 1, 1),
-    })  # fmt: skip
+    config = tiny_config(
+        **{
+            "model.name": "resnet20",
+            "model.width": 0.25,
+            "model.batch_norm": True,
+            "data.name": "shapes10",
+            "data.num_train": 0,
+            "data.num_eval": 256,
+            "global_batch_size": 64,
+            "num_train_steps": 200,
+            "learning_rate": 0.1,
+            "lr_schedule": "cosine",
+            "warmup_steps": 10,
+            "weight_decay": 5e-4,
+            "mesh_shape": (1, 1, 1),
+        }
+    )
     setup = trainer.setup(config, jax.devices()[:1])
     state = setup.strategy.init_state(jax.random.key(config.seed))
     for i in range(config.num_train_steps):

@@ -92,16 +92,25 @@ def test_a_model_from_outside_the_package_is_partitioned_like_the_built_ins():
     """`model.name` as an import path (tests/example_model.py:build): the user's network
     trains equal to one device on a (data, stage, tensor) hybrid, and a path that does not
     import is one line."""
-    config = tiny_config(**{"model.name": "tests.example_model:build", "model.width": 0.25,
-                            "mesh_shape": (2, 2, 2), "pipeline.schedule": "1f1b",
-                            "pipeline.num_microbatches": 2})  # fmt: skip
+    config = tiny_config(
+        **{
+            "model.name": "tests.example_model:build",
+            "model.width": 0.25,
+            "mesh_shape": (2, 2, 2),
+            "pipeline.schedule": "1f1b",
+            "pipeline.num_microbatches": 2,
+        }
+    )
     ref_losses, ref_state = reference_run(config, 3, microbatches=2)
     losses, state = run_steps(config, 8, 3)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     assert max_rel_error(state.params, ref_state.params) < 1e-5
     assert set(state.params) == {"wide", "mid", "narrow", "fc1", "fc2"}
-    for bad, said in (("tests.no_such_module:build", "ModuleNotFoundError"),
-                      ("tests.example_model:nope", "AttributeError"), ("vgg99", "or give the import path")):  # fmt: skip
+    for bad, said in (
+        ("tests.no_such_module:build", "ModuleNotFoundError"),
+        ("tests.example_model:nope", "AttributeError"),
+        ("vgg99", "or give the import path"),
+    ):
         with pytest.raises(config_lib.ConfigError) as info:
             trainer.setup(tiny_config(**{"model.name": bad}), None)
         assert re.search(said, str(info.value)) and "\n" not in str(info.value)

@@ -67,8 +67,13 @@ def start_jobs(log, jobs: dict) -> list[subprocess.Popen]:
     other (tests/multi_jobs.py); output in LOG.proc{i}.log."""
     path = f"{log}.jobs.json"
     with open(path, "w") as f:
-        json.dump([{"workdir": str(w), "overrides": {"hang_timeout_s": HANG_S, **o}}
-                   for w, o in jobs.items()], f)  # fmt: skip
+        json.dump(
+            [
+                {"workdir": str(w), "overrides": {"hang_timeout_s": HANG_S, **o}}
+                for w, o in jobs.items()
+            ],
+            f,
+        )
     return start_processes(log, [path], module="tests.multi_jobs")
 
 
@@ -121,9 +126,11 @@ def start_local(log, *args, env=None) -> subprocess.Popen:
     references in this process while it runs."""
     return subprocess.Popen(
         [sys.executable, "launch/local.py", "--num_processes", "2", "--", *args],
-        cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
-    )  # fmt: skip
+    )
 
 
 def finished_local(log, launcher, timeout=600) -> str:
@@ -169,10 +176,14 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     from configs import vgg19_hybrid
 
     overrides = {
-        "model.width": 0.0625, "num_train_steps": 4, "eval_every_steps": 2,
-        "log_every_steps": 1, "data.num_train": 512, "data.num_eval": 200,
+        "model.width": 0.0625,
+        "num_train_steps": 4,
+        "eval_every_steps": 2,
+        "log_every_steps": 1,
+        "data.num_train": 512,
+        "data.num_eval": 200,
         "checkpoint_every_steps": 0,
-    }  # fmt: skip
+    }
     two = tmp_path / "two"
     log = tmp_path / "two.log"
     args = ["--config", "configs/vgg19_hybrid.py", "--workdir", str(two), *flags(overrides)]
@@ -239,8 +250,11 @@ SWEEP = {
     (1, 8, 1): ("1f1b",),
     (2, 4, 1): ("1f1b",),
 }
-EXTRA = {"interleaved": {"pipeline.virtual_stages": 2}, "zb-h1": {"pipeline.remat": False},
-         "zb-v": {"pipeline.remat": False}}  # fmt: skip
+EXTRA = {
+    "interleaved": {"pipeline.virtual_stages": 2},
+    "zb-h1": {"pipeline.remat": False},
+    "zb-v": {"pipeline.remat": False},
+}
 
 
 # Evaluation at steps 2 and 3 over 7 batches of 16 (the last one padded): with 2 micro-batches
@@ -263,11 +277,16 @@ def test_pipelines_across_processes_match_one_device(tmp_path, one_device, mesh)
     ref_losses, ref_state, ref_evaluations = one_device
     jobs = {
         tmp_path / schedule: {
-            "mesh_shape": mesh, "pipeline.schedule": schedule, "pipeline.num_microbatches": 2,
-            "num_train_steps": 3, "checkpoint_every_steps": 3, **EVAL, **EXTRA.get(schedule, {}),
+            "mesh_shape": mesh,
+            "pipeline.schedule": schedule,
+            "pipeline.num_microbatches": 2,
+            "num_train_steps": 3,
+            "checkpoint_every_steps": 3,
+            **EVAL,
+            **EXTRA.get(schedule, {}),
         }
         for schedule in SWEEP[mesh]
-    }  # fmt: skip
+    }
     run_jobs(tmp_path / "two", jobs)
     for workdir, overrides in jobs.items():
         losses = train_losses(workdir)
@@ -350,8 +369,13 @@ def test_sigterm_to_one_process_checkpoints_both_and_resumes_exactly(tmp_path):
     same two processes (tests/multi_jobs.py); the resumed run is a new jaxpar.train pair."""
     steps, overrides = 20, {**PIPE, "mesh_shape": (2, 2, 2)}
     full, cut, log = tmp_path / "full", tmp_path / "cut", tmp_path / "two"
-    procs = start_jobs(log, {full: {**overrides, "num_train_steps": steps},
-                             cut: {**overrides, "num_train_steps": steps}})  # fmt: skip
+    procs = start_jobs(
+        log,
+        {
+            full: {**overrides, "num_train_steps": steps},
+            cut: {**overrides, "num_train_steps": steps},
+        },
+    )
     wait_for_step(log, procs, 5, after=f"job {cut}\n")
     procs[1].send_signal(signal.SIGTERM)  # one process only, as a scheduler might
     assert wait_all(procs) == [0, 0], output(log, 0)[-3000:]
@@ -400,8 +424,14 @@ def test_a_hung_process_ends_every_process_with_one_line(tmp_path):
     each prints its threads' stacks and one line, and exits 1, within the configured time."""
     workdir, limit = tmp_path / "run", 4
     t0 = time.monotonic()
-    procs = start(workdir, 50, env={"JAXPAR_TEST_HANG": "1:3"}, hang_timeout_s=limit,
-                  extra=[f"--heartbeat_timeout={HEARTBEAT_S}"], **PIPE)  # fmt: skip
+    procs = start(
+        workdir,
+        50,
+        env={"JAXPAR_TEST_HANG": "1:3"},
+        hang_timeout_s=limit,
+        extra=[f"--heartbeat_timeout={HEARTBEAT_S}"],
+        **PIPE,
+    )
     codes = wait_all(procs, timeout=240)
     elapsed = time.monotonic() - t0
     print(f"exit codes {codes} after {elapsed:.0f} s")
@@ -443,8 +473,11 @@ def start_launcher(workdir, steps, env=None, extra=(), **overrides) -> subproces
     log = open(f"{workdir}.log", "w")
     return subprocess.Popen(
         [sys.executable, "launch/local.py", "--num_processes", "2", "--", *args],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @MULTIPROCESS
@@ -469,9 +502,14 @@ def test_ctrl_c_ends_a_hung_run_after_the_grace_period(tmp_path):
     """Ctrl-C to the launcher asks every process to save at the end of the step; process 1
     never gets there (it sleeps in step 3), so after stop_grace_s both say so and exit 1."""
     log, grace_s = f"{tmp_path / 'run'}.log", 3
-    launcher = start_launcher(tmp_path / "run", 5000, env={"JAXPAR_TEST_HANG": "1:3"},
-                              extra=[f"--heartbeat_timeout={HEARTBEAT_S}"],
-                              stop_grace_s=grace_s, **PIPE)  # fmt: skip
+    launcher = start_launcher(
+        tmp_path / "run",
+        5000,
+        env={"JAXPAR_TEST_HANG": "1:3"},
+        extra=[f"--heartbeat_timeout={HEARTBEAT_S}"],
+        stop_grace_s=grace_s,
+        **PIPE,
+    )
     try:
         wait_in_log(log, r"step +3/", [launcher])
         time.sleep(1)

@@ -60,27 +60,52 @@ DATA_CASES = {
     "data8": (8, {"mesh_shape": (8, 1, 1)}, 8),
     "data2-tensor4-accum2": (8, {"mesh_shape": (2, 1, 4), "grad_accum_steps": 2}, 4),
     "one-device-accum4": (1, {"mesh_shape": (1, 1, 1), "grad_accum_steps": 4}, 4),
-    "pipeline-data2-stage2-M2": (4, {"mesh_shape": (2, 2, 1), "pipeline.schedule": "1f1b",
-                                     "pipeline.num_microbatches": 2}, 4),
+    "pipeline-data2-stage2-M2": (
+        4,
+        {"mesh_shape": (2, 2, 1), "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2},
+        4,
+    ),
     # zero-bubble V: two chunks a stage, residuals kept, the backward split in B and W
-    "pipeline-zbv-stage2-tensor2-M2": (4, {"mesh_shape": (1, 2, 2), "pipeline.schedule": "zb-v",
-                                           "pipeline.num_microbatches": 2,
-                                           "pipeline.remat": False}, 2),
+    "pipeline-zbv-stage2-tensor2-M2": (
+        4,
+        {
+            "mesh_shape": (1, 2, 2),
+            "pipeline.schedule": "zb-v",
+            "pipeline.num_microbatches": 2,
+            "pipeline.remat": False,
+        },
+        2,
+    ),
     # fsdp: a replica's gradient of its sharded leaves is squared before the reduce-scatter
     "data2-fsdp4": (8, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (2, 4)}, 8),
-    "fsdp4-accum2": (4, {"mesh_axes": ("data", "fsdp"), "mesh_shape": (1, 4),
-                         "grad_accum_steps": 2}, 8),
+    "fsdp4-accum2": (
+        4,
+        {"mesh_axes": ("data", "fsdp"), "mesh_shape": (1, 4), "grad_accum_steps": 2},
+        8,
+    ),
     # and in a pipeline's stages, recomputing (1F1B) or from residuals split in B and W
-    "pipeline-fsdp2-stage2-tensor2-M2": (8, {"mesh_axes": ("data", "fsdp", "stage", "tensor"),
-                                             "mesh_shape": (1, 2, 2, 2),
-                                             "pipeline.schedule": "1f1b",
-                                             "pipeline.num_microbatches": 2}, 4),
-    "pipeline-zbh1-data2-fsdp2-stage2-M2": (8, {"mesh_axes": ("data", "fsdp", "stage"),
-                                                "mesh_shape": (2, 2, 2),
-                                                "pipeline.schedule": "zb-h1",
-                                                "pipeline.remat": False,
-                                                "pipeline.num_microbatches": 2}, 8),
-}  # fmt: skip
+    "pipeline-fsdp2-stage2-tensor2-M2": (
+        8,
+        {
+            "mesh_axes": ("data", "fsdp", "stage", "tensor"),
+            "mesh_shape": (1, 2, 2, 2),
+            "pipeline.schedule": "1f1b",
+            "pipeline.num_microbatches": 2,
+        },
+        4,
+    ),
+    "pipeline-zbh1-data2-fsdp2-stage2-M2": (
+        8,
+        {
+            "mesh_axes": ("data", "fsdp", "stage"),
+            "mesh_shape": (2, 2, 2),
+            "pipeline.schedule": "zb-h1",
+            "pipeline.remat": False,
+            "pipeline.num_microbatches": 2,
+        },
+        8,
+    ),
+}
 
 
 @functools.cache

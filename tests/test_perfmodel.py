@@ -61,11 +61,19 @@ def test_a_rank_order_ring_over_a_cube_mesh_runs_at_its_unwired_hop():
     # a DGX-1's hybrid cube mesh: each quad wired all to all, GPU i to GPU i + 4; NCCL 1.x's
     # ring over 0..7 in rank order crosses 3 -> 4 and 7 -> 0, which have no NVLink
     cube = [(a, b) for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4 or b == a + 4]
-    p = fitting.from_config({
-        "name": "cube", "num_devices": 8, "devices_per_node": 8, "peak_flops": {"float32": 1e12},
-        "memory_bytes": 16 * GB, "intra": {"bandwidth": 20 * GB, "latency": 0.0},
-        "unwired": {"bandwidth": 5 * GB, "latency": 0.0}, "peers": cube,
-        "compute_efficiency": 0.5})  # fmt: skip
+    p = fitting.from_config(
+        {
+            "name": "cube",
+            "num_devices": 8,
+            "devices_per_node": 8,
+            "peak_flops": {"float32": 1e12},
+            "memory_bytes": 16 * GB,
+            "intra": {"bandwidth": 20 * GB, "latency": 0.0},
+            "unwired": {"bandwidth": 5 * GB, "latency": 0.0},
+            "peers": cube,
+            "compute_efficiency": 0.5,
+        }
+    )
     assert links.ring_link([0, 1, 2, 3], p) == p.intra and links.ring_link([0, 4], p) == p.intra
     assert links.ring_link(list(range(8)), p) == p.unwired == hardware.Link(5 * GB, 0.0)
     assert links.ring_link([1, 4], p) == p.unwired  # not wired: through the hosts
@@ -74,16 +82,32 @@ def test_a_rank_order_ring_over_a_cube_mesh_runs_at_its_unwired_hop():
     assert links.collective_time("all-reduce", GB, list(range(8)), p) == pytest.approx(0.35)
     assert links.transfer_link(3, 7, p) == p.intra and links.transfer_link(3, 4, p) == p.unwired
     with pytest.raises(ConfigError, match="go together"):
-        fitting.from_config({"name": "x", "num_devices": 8,
-                              "devices_per_node": 8, "peak_flops": {"float32": 1e12},
-                              "memory_bytes": GB, "intra": {"bandwidth": GB, "latency": 0.0},
-                              "peers": cube, "compute_efficiency": 0.5})  # fmt: skip
+        fitting.from_config(
+            {
+                "name": "x",
+                "num_devices": 8,
+                "devices_per_node": 8,
+                "peak_flops": {"float32": 1e12},
+                "memory_bytes": GB,
+                "intra": {"bandwidth": GB, "latency": 0.0},
+                "peers": cube,
+                "compute_efficiency": 0.5,
+            }
+        )
     with pytest.raises(ConfigError, match="not a pair"):
-        fitting.from_config({"name": "x", "num_devices": 8, "devices_per_node": 8,
-                              "peak_flops": {"float32": 1e12}, "memory_bytes": GB,
-                              "intra": {"bandwidth": GB, "latency": 0.0}, "peers": [(0, 8)],
-                              "unwired": {"bandwidth": GB, "latency": 0.0},
-                              "compute_efficiency": 0.5})  # fmt: skip
+        fitting.from_config(
+            {
+                "name": "x",
+                "num_devices": 8,
+                "devices_per_node": 8,
+                "peak_flops": {"float32": 1e12},
+                "memory_bytes": GB,
+                "intra": {"bandwidth": GB, "latency": 0.0},
+                "peers": [(0, 8)],
+                "unwired": {"bandwidth": GB, "latency": 0.0},
+                "compute_efficiency": 0.5,
+            }
+        )
 
 
 def test_equal_stages_reproduce_the_analytic_bubble():
@@ -92,11 +116,23 @@ def test_equal_stages_reproduce_the_analytic_bubble():
     assert line.bubble == pytest.approx(schedules.analytic_bubble(k, m))  # (K-1)/(M+K-1)
     # and through the model: an equal-stage pipeline with free links and no collectives
     # (per call: a forward of 8 images at 1 GFLOP each, a recomputing backward of 3 of those)
-    chunks = tuple(ChunkCost(s, s, {"fwd": 8e9, "bwd": 24e9, "update": 0.0}, {}, 0)
-                   for s in range(k))  # fmt: skip
-    w = Workload("toy", {"data": 1, "stage": k, "tensor": 1}, 8 * m, "float32", 1, 4, 1,
-                 "gpipe", m, tuple(tuple(e) for e in schedules.stage_events("gpipe", k, m)),
-                 chunks, (StageCost(0, 0, 0),) * k)  # fmt: skip
+    chunks = tuple(
+        ChunkCost(s, s, {"fwd": 8e9, "bwd": 24e9, "update": 0.0}, {}, 0) for s in range(k)
+    )
+    w = Workload(
+        "toy",
+        {"data": 1, "stage": k, "tensor": 1},
+        8 * m,
+        "float32",
+        1,
+        4,
+        1,
+        "gpipe",
+        m,
+        tuple(tuple(e) for e in schedules.stage_events("gpipe", k, m)),
+        chunks,
+        (StageCost(0, 0, 0),) * k,
+    )
     row = predict_workload(w, tiny_profile())
     busy = row["compute_s"]  # one stage: M x (forward + recomputing backward)
     assert row["bubble_s"] / row["step_time_s"] == pytest.approx((k - 1) / (m + k - 1))
@@ -106,8 +142,12 @@ def test_equal_stages_reproduce_the_analytic_bubble():
     assert faster["compute_s"] == pytest.approx(m * (8e9 / 2 + 24e9) / 0.5e12)
     # the runner's host time: per step, per stage, per micro-batch and per program the busiest
     # stage dispatches (a forward and a backward per micro-batch)
-    costs = {"step_overhead_s": 1e-3, "stage_overhead_s": 2e-4, "microbatch_overhead_s": 1e-3,
-             "program_overhead_s": 5e-5}  # fmt: skip
+    costs = {
+        "step_overhead_s": 1e-3,
+        "stage_overhead_s": 2e-4,
+        "microbatch_overhead_s": 1e-3,
+        "program_overhead_s": 5e-5,
+    }
     hosted = predict_workload(w, tiny_profile(**costs))
     assert hosted["overhead_s"] == pytest.approx(1e-3 + k * 2e-4 + m * (1e-3 + 2 * 5e-5))
     # each further device of a stage (here data 2: 2 per stage) adds its per-stage and
@@ -141,8 +181,9 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
     import jax.numpy as jnp
 
     def loss(x, w):
-        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))  # fmt: skip
+        y = jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
         return jnp.sum(y * y)
 
     x, w = jnp.ones((4, 8, 8, 40)), jnp.ones((3, 3, 40, 12))
@@ -155,17 +196,31 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
     assert gpu.device_time(ops, "float32") == pytest.approx(
         ops.memory_bytes / 1e18 + sum(m.flops for m in ops.matmuls) / (rate * 12 / 128)
     )
-    wide = opclass.OpClasses(matmul_flops=4e9, kernels=1,
-                             matmuls=(opclass.Matmul(4e9, 0.0, False, 256, tile=256),))  # fmt: skip
+    wide = opclass.OpClasses(
+        matmul_flops=4e9, kernels=1, matmuls=(opclass.Matmul(4e9, 0.0, False, 256, tile=256),)
+    )
     assert gpu.device_time(wide, "float32") == pytest.approx(4e9 / rate)
     # without tile_width the GPU's roofline keeps narrow_width's n / (n + d)
     old = tiny_profile(compiler="gpu", memory_bandwidth=1e18, narrow_width=4.0)
-    assert old.device_time(ops, "float32") == pytest.approx(ops.memory_bytes / 1e18 + sum(
-        m.flops / (rate * m.narrow / (m.narrow + 4.0)) for m in ops.matmuls))  # fmt: skip
-    assert fitting.from_config({"name": "t", "num_devices": 1, "devices_per_node": 1,
-                                 "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9,
-                                 "intra": {"bandwidth": 1e9, "latency": 0.0},
-                                 "compute_efficiency": 0.5, "tile_width": 64}).tile_width == 64.0  # fmt: skip
+    assert old.device_time(ops, "float32") == pytest.approx(
+        ops.memory_bytes / 1e18
+        + sum(m.flops / (rate * m.narrow / (m.narrow + 4.0)) for m in ops.matmuls)
+    )
+    assert (
+        fitting.from_config(
+            {
+                "name": "t",
+                "num_devices": 1,
+                "devices_per_node": 1,
+                "peak_flops": {"float32": 1e12},
+                "memory_bytes": 1e9,
+                "intra": {"bandwidth": 1e9, "latency": 0.0},
+                "compute_efficiency": 0.5,
+                "tile_width": 64,
+            }
+        ).tile_width
+        == 64.0
+    )
 
 
 def test_the_tile_width_fits_the_rates_of_narrow_layers():
@@ -230,27 +285,57 @@ def test_overlap_hides_at_most_the_backward():
 # from its last run checks nothing worked out apart from the fit (fitting's own tests fit
 # made-up rows with known costs).
 PROFILE_FIGURES = {
-    "cpu_2core": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "narrow_width": 8.0,
-                  "forward_speedup": 1.34, "collective_cpu_rate": 3.0e9, "shared_cores": 2},
-    "cpu_2core_models": {"allreduce": 1.75 / 4.75 + 14 * 25e-6, "kernel_s": 0.39e-6,
-                         "memory_bandwidth": 9.51e9, "collective_cpu_rate": 3.0e9,
-                         "shared_cores": 2},
+    "cpu_2core": {
+        "allreduce": 1.75 / 4.75 + 14 * 25e-6,
+        "narrow_width": 8.0,
+        "forward_speedup": 1.34,
+        "collective_cpu_rate": 3.0e9,
+        "shared_cores": 2,
+    },
+    "cpu_2core_models": {
+        "allreduce": 1.75 / 4.75 + 14 * 25e-6,
+        "kernel_s": 0.39e-6,
+        "memory_bandwidth": 9.51e9,
+        "collective_cpu_rate": 3.0e9,
+        "shared_cores": 2,
+    },
     "dgx1_p100": {"allreduce": 1.75 / 18 + 14 * 10e-6},
-    "gtx1080ti_x2": {"allreduce": 1 / 5 + 2 * 20e-6, "memory_bandwidth": 0.9 * 484e9,
-                     "kernel_s": 37e-6},
-    "h100_sxm_2nodes_ib": {"allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
-                           "kernel_s": 2.49e-6, "memory_bandwidth": 2.45e12, "tile_width": 128},
+    "gtx1080ti_x2": {
+        "allreduce": 1 / 5 + 2 * 20e-6,
+        "memory_bandwidth": 0.9 * 484e9,
+        "kernel_s": 37e-6,
+    },
+    "h100_sxm_2nodes_ib": {
+        "allreduce": 2 * (0.875 / 360 + 35e-6) + 0.125 / 45 + 20e-6,
+        "kernel_s": 2.49e-6,
+        "memory_bandwidth": 2.45e12,
+        "tile_width": 128,
+    },
     # thin_efficiency: 37.4 TFLOP/s of the bfloat16 peak, 989.4 (an H100 SXM's, dense)
-    "h100_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "kernel_s": 2.49e-6,
-                    "thin_efficiency": 37.4 / 989.4, "tile_width": 128},
-    "h100_here": {"allreduce": 1.75 / 360 + 14 * 5e-6, "memory_bandwidth": 2.5e12,
-                  "kernel_s": 2e-6, "thin_efficiency": 0.045, "tile_width": 128},
-    "h200_sxm_x8": {"allreduce": 1.75 / 360 + 14 * 5e-6, "memory_bandwidth": 0.9 * 4.8e12,
-                    "kernel_s": 0.35e-6, "launch_s": 9.58e-6, "tile_width": 128},
+    "h100_sxm_x8": {
+        "allreduce": 1.75 / 360 + 14 * 5e-6,
+        "kernel_s": 2.49e-6,
+        "thin_efficiency": 37.4 / 989.4,
+        "tile_width": 128,
+    },
+    "h100_here": {
+        "allreduce": 1.75 / 360 + 14 * 5e-6,
+        "memory_bandwidth": 2.5e12,
+        "kernel_s": 2e-6,
+        "thin_efficiency": 0.045,
+        "tile_width": 128,
+    },
+    "h200_sxm_x8": {
+        "allreduce": 1.75 / 360 + 14 * 5e-6,
+        "memory_bandwidth": 0.9 * 4.8e12,
+        "kernel_s": 0.35e-6,
+        "launch_s": 9.58e-6,
+        "tile_width": 128,
+    },
     "k80_pcie": {"allreduce": 1.75 / 4 + 14 * 25e-6},
     # ResNet-50 on an M60 at a P100's efficiency: 219 img/s x 24.30 GFLOP an image / 10.6 TFLOP/s
     "m60_x2": {"allreduce": 1 / 6 + 2 * 30e-6, "compute_efficiency": 219 * 24.30 / 10.6e3},
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -265,9 +350,15 @@ def shipped(tmp_path_factory) -> dict:
     from tests.util import ROOT, default_compiler_env
 
     out = tmp_path_factory.mktemp("shipped") / "figures.json"
-    proc = subprocess.run([sys.executable, "-m", "tests.shipped_profiles", str(out)], cwd=ROOT,
-                          env=default_compiler_env(), capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.shipped_profiles", str(out)],
+        cwd=ROOT,
+        env=default_compiler_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -323,20 +414,35 @@ def test_pipeline_stage_gradients_cross_nodes_in_mesh_order():
 
 
 # Every schedule the trainer runs, recomputing or storing residuals.
-SCHEDULES = [("naive", 1, True), ("gpipe", 1, True), ("1f1b", 1, True), ("1f1b", 1, False),
-             ("interleaved", 2, True), ("interleaved", 2, False), ("zb-h1", 1, False)]  # fmt: skip
+SCHEDULES = [
+    ("naive", 1, True),
+    ("gpipe", 1, True),
+    ("1f1b", 1, True),
+    ("1f1b", 1, False),
+    ("interleaved", 2, True),
+    ("interleaved", 2, False),
+    ("zb-h1", 1, False),
+]
 
 
-@pytest.mark.parametrize("schedule,v,remat", SCHEDULES, ids=[f"{s}-v{v}-remat{r}" for s, v, r
-                                                             in SCHEDULES])  # fmt: skip
+@pytest.mark.parametrize(
+    "schedule,v,remat", SCHEDULES, ids=[f"{s}-v{v}-remat{r}" for s, v, r in SCHEDULES]
+)
 def test_predictor_follows_every_schedule(schedule, v, remat):
     """The workload's FLOPs per stage are the trainer's compiled programs' own (cost analysis,
     every call of a step), and with equal chunks and free links its timeline bubble is the
     schedule's analytic one."""
     m = 1 if schedule == "naive" else 4
-    config = tiny_config(mesh_shape=(1, 2, 1), global_batch_size=8, **{
-        "pipeline.schedule": schedule, "pipeline.num_microbatches": m,
-        "pipeline.virtual_stages": v, "pipeline.remat": remat})  # fmt: skip
+    config = tiny_config(
+        mesh_shape=(1, 2, 1),
+        global_batch_size=8,
+        **{
+            "pipeline.schedule": schedule,
+            "pipeline.num_microbatches": m,
+            "pipeline.virtual_stages": v,
+            "pipeline.remat": remat,
+        },
+    )
     w = workload(config)
     setup = trainer.setup(config, jax.devices()[:2])  # the trainer's own strategy
     expected = [0.0, 0.0]
@@ -345,9 +451,16 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
     assert w.stage_flops() == pytest.approx(expected, rel=1e-9) and min(expected) > 0
     split = schedule == "zb-h1"  # F = B = W for zero-bubble; F = 1, B = 2 otherwise
     unit = {"fwd": 1e9, "bwd": 1e9 if split else 2e9, "update": 0.0}
-    chunks = tuple(dataclasses.replace(c, flops={**unit, **({"wgt": 1e9} if split else {})},
-                                       collectives={}, send_bytes=0, ops={})
-                   for c in w.chunks)  # fmt: skip
+    chunks = tuple(
+        dataclasses.replace(
+            c,
+            flops={**unit, **({"wgt": 1e9} if split else {})},
+            collectives={},
+            send_bytes=0,
+            ops={},
+        )
+        for c in w.chunks
+    )
     row = predict_workload(dataclasses.replace(w, chunks=chunks), tiny_profile())
     assert row["schedule_bubble"] == pytest.approx(schedules.analytic_bubble(2, m, schedule, v))
 
@@ -356,24 +469,44 @@ SHAPES = {"vgg11": (32, 32, 3), "lenet": (28, 28, 1)}
 
 
 def _tiny_run(model: str, images_per_sec: float) -> dict:
-    return {"model": model, "width": 0.25, "batch_norm": False, "image_shape": SHAPES[model],
-            "num_classes": 10, "batch_size": 16, "images_per_sec": images_per_sec}  # fmt: skip
+    return {
+        "model": model,
+        "width": 0.25,
+        "batch_norm": False,
+        "image_shape": SHAPES[model],
+        "num_classes": 10,
+        "batch_size": 16,
+        "images_per_sec": images_per_sec,
+    }
 
 
 def _tiny(model: str, **keys):
-    return tiny_config(**{"model.name": model, "model.width": 0.25, "mesh_shape": (1, 1, 1),
-                          "data.image_shape": SHAPES[model], **keys})  # fmt: skip
+    return tiny_config(
+        **{
+            "model.name": model,
+            "model.width": 0.25,
+            "mesh_shape": (1, 1, 1),
+            "data.image_shape": SHAPES[model],
+            **keys,
+        }
+    )
 
 
 def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
     """`calibrations` give a model its own efficiency (one VGG16 figure does not tell a
     ResNet's rate): each model's 1-device row comes back at its run's images/sec."""
-    p = fitting.from_config({
-        "name": "two models", "num_devices": 2, "devices_per_node": 2,
-        "peak_flops": {"float32": 1e12}, "memory_bytes": 16 * GB,
-        "intra": {"bandwidth": 10 * GB, "latency": 0.0},
-        "calibration": _tiny_run("vgg11", 500.0), "calibrations": [_tiny_run("lenet", 9000.0)],
-    })  # fmt: skip
+    p = fitting.from_config(
+        {
+            "name": "two models",
+            "num_devices": 2,
+            "devices_per_node": 2,
+            "peak_flops": {"float32": 1e12},
+            "memory_bytes": 16 * GB,
+            "intra": {"bandwidth": 10 * GB, "latency": 0.0},
+            "calibration": _tiny_run("vgg11", 500.0),
+            "calibrations": [_tiny_run("lenet", 9000.0)],
+        }
+    )
     rows = []
     for model, want in (("vgg11", 500.0), ("lenet", 9000.0)):
         config = _tiny(model)
@@ -418,14 +551,28 @@ def test_published_efficiency_sits_beside_the_prediction():
     add_reference(rows, [None, {"efficiency": 0.587}])
     assert rows[1]["reference_efficiency"] == 0.587 and rows[1]["reference_images_per_sec"] is None
     for r in rows:
-        r.update(mesh_shape=(r["num_devices"], 1, 1), images_per_sec=100.0, speedup=1.0,
-                 step_time_s=0.1, compute_s=0.1, comm_s=0.0, bubble_s=0.0,
-                 memory_bytes_per_device=2**30, fits=True)  # fmt: skip
+        r.update(
+            mesh_shape=(r["num_devices"], 1, 1),
+            images_per_sec=100.0,
+            speedup=1.0,
+            step_time_s=0.1,
+            compute_s=0.1,
+            comm_s=0.0,
+            bubble_s=0.0,
+            memory_bytes_per_device=2**30,
+            fits=True,
+        )
     assert "| - | 58.7% | +31.3 pt |" in table(rows)
     bench = [dict.fromkeys(results.KEYS) for _ in range(2)]
     for b, eff, ref in zip(bench, (None, 0.9), (None, 0.587)):
-        b.update(name="m", num_devices=2, speedup=1.5, predicted_efficiency=eff,
-                 reference_efficiency=ref, predicted_profile="2x M60")  # fmt: skip
+        b.update(
+            name="m",
+            num_devices=2,
+            speedup=1.5,
+            predicted_efficiency=eff,
+            reference_efficiency=ref,
+            predicted_profile="2x M60",
+        )
     md = predicted.predicted_markdown(bench, "configs/hardware/m60_x2.py")
     assert md.startswith("Predicted on 2x M60") and "| 90.0% | 58.7% | +31.3 pt |" in md
 
@@ -488,8 +635,12 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
     made = opclass.classify(_hlo(lambda x: jnp.broadcast_to(x, (64, 1024)), ()))
     assert made.memory_classes == (("generate", 64 * 1024 * 4.0 + 4, 1),)
     both = made + sliced
-    cpu = tiny_profile(compute_efficiency=1.0, memory_bandwidth=8e9, kernel_s=1e-6,
-                   memory_kernel_costs={"generate": (0.0, 2e9)})  # fmt: skip
+    cpu = tiny_profile(
+        compute_efficiency=1.0,
+        memory_bandwidth=8e9,
+        kernel_s=1e-6,
+        memory_kernel_costs={"generate": (0.0, 2e9)},
+    )
     assert cpu.compiler == "cpu" and cpu.device_time(both, "float32") == pytest.approx(
         2 * 64 * 16 * 4 / 8e9 + 1e-6 + (64 * 1024 * 4 + 4) / 2e9
     )
@@ -523,8 +674,11 @@ def test_h100_fit_predicts_the_row_it_leaves_out():
     runs = [dict(r) for r in c.calibration_runs]
     (held,) = [r for r in runs if (r["dtype"], r["batch_size"]) == ("bfloat16", 128)]
     assert held["images_per_sec"] == 27_789
-    fit = fitting.fit(load_profile("configs/hardware/h100_sxm_x8.py"),
-                      [r for r in runs if r is not held], tuple(c.fit))  # fmt: skip
+    fit = fitting.fit(
+        load_profile("configs/hardware/h100_sxm_x8.py"),
+        [r for r in runs if r is not held],
+        tuple(c.fit),
+    )
     p = fit.profile  # a step: its program, and the host's fixed costs around it
     step = p.program_time(calibration_ops(held, p.target), "bfloat16")
     step += p.step_overhead_s + p.program_overhead_s
@@ -550,8 +704,10 @@ def test_parameter_server_permutes_are_priced_on_the_data_axis():
     # (the replicas' mean of their own, the server's combined one to every replica), all
     # reduced over the 4 replicas
     metrics = {"all-reduce data": 8 + 8}
-    assert row["collective_bytes_per_device"] == {"collective-permute data": 6 * 4 * params,
-                                                  **metrics}  # fmt: skip
+    assert row["collective_bytes_per_device"] == {
+        "collective-permute data": 6 * 4 * params,
+        **metrics,
+    }
     assert row["comm_s"] == pytest.approx((6 * 4 * params + 1.5 * 16) / bandwidth)
     allreduce = predict_config(tiny_config(mesh_shape=(4, 1, 1)), profile)
     # the gradient, the loss, the accuracy and the replicas' mean squared norm (the combined
@@ -582,8 +738,10 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     assert [r["model"] for r in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
     assert abs(cross[0]["error"]) < 1e-3
     path = tmp_path / "runs.py"
-    path.write_text(f"import ml_collections\n\ndef get_config():\n    c = ml_collections."
-                    f"ConfigDict()\n    c.runs = {runs!r}\n    return c\n")  # fmt: skip
+    path.write_text(
+        f"import ml_collections\n\ndef get_config():\n    c = ml_collections."
+        f"ConfigDict()\n    c.runs = {runs!r}\n    return c\n"
+    )
     assert [r["batch_size"] for r in calibrate.runs_from(str(path))] == [8, 64, 16]
     with pytest.raises(ConfigError, match="no bench results"):
         calibrate.runs_from(str(tmp_path))
@@ -611,11 +769,20 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
         seen.append((config.model.width, config.global_batch_size, tuple(config.mesh_shape)))
         rate = 100.0 if n == 1 else 90.0 * n
         step = config.global_batch_size / rate
-        return {"status": "ok", "model": config.model.name, "num_devices": n,
-                "mesh_shape": tuple(config.mesh_shape), "images_per_sec": rate,
-                "step_time_s": step, "compute_s": step, "comm_s": 0.0, "bubble_s": 0.0,
-                "memory_bytes_per_device": 2**30, "memory_capacity_bytes": profile.memory_bytes,
-                "fits": True}  # fmt: skip
+        return {
+            "status": "ok",
+            "model": config.model.name,
+            "num_devices": n,
+            "mesh_shape": tuple(config.mesh_shape),
+            "images_per_sec": rate,
+            "step_time_s": step,
+            "compute_s": step,
+            "comm_s": 0.0,
+            "bubble_s": 0.0,
+            "memory_bytes_per_device": 2**30,
+            "memory_capacity_bytes": profile.memory_bytes,
+            "fits": True,
+        }
 
     monkeypatch.setattr(jaxpar.predict, "predict_config", one_config)
     suite = tmp_path / "suite.py"
@@ -627,8 +794,14 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
         "        row('data 2 b64', {'mesh_shape': (2, 1, 1), 'global_batch_size': 64})])\n"
     )
     profile = "configs/hardware/gtx1080ti_x2.py"
-    args = ["--profile", profile, "--suite", str(suite), "--config.model.width=0.125",
-            "--config.global_batch_size=16"]  # fmt: skip
+    args = [
+        "--profile",
+        profile,
+        "--suite",
+        str(suite),
+        "--config.model.width=0.125",
+        "--config.global_batch_size=16",
+    ]
     assert predict_main.main(args) == 0
     assert seen == [(0.125, 16, (1, 1, 1)), (0.125, 16, (2, 1, 1)), (0.125, 64, (2, 1, 1))]
     out, err = capsys.readouterr()
@@ -656,8 +829,16 @@ def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
     from jaxpar.predict import commtime
     from jaxpar.predict.workload import Collective
 
-    own = hardware.Profile("p", 8, 8, {"float32": 1e12}, 16e9, hardware.Link(1e10, 1e-5),
-                           hardware.Link(1e10, 1e-5), 0.5)  # fmt: skip
+    own = hardware.Profile(
+        "p",
+        8,
+        8,
+        {"float32": 1e12},
+        16e9,
+        hardware.Link(1e10, 1e-5),
+        hardware.Link(1e10, 1e-5),
+        0.5,
+    )
     shared = dataclasses.replace(own, collective_cpu_rate=2e9, shared_cores=2)
     mesh = {"data": 2, "stage": 1, "tensor": 4}
     gather = Collective("all-gather", "tensor", 1, 10**6)
@@ -676,12 +857,20 @@ def test_predict_cli_refuses_one_config_in_one_line(capsys):
     failed row (a suite keeps its table: the other rows are worth seeing)."""
     from jaxpar.predict import __main__ as predict_main
 
-    args = ["--profile", "configs/hardware/gtx1080ti_x2.py", "--config", "configs/vgg19_data.py",
-            "--config.mesh_shape=(2,1,1)", "--config.global_batch_size=7"]  # fmt: skip
+    args = [
+        "--profile",
+        "configs/hardware/gtx1080ti_x2.py",
+        "--config",
+        "configs/vgg19_data.py",
+        "--config.mesh_shape=(2,1,1)",
+        "--config.global_batch_size=7",
+    ]
     assert predict_main.main(args) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == ("error: global_batch_size 7 is not divisible by the data axis "
-                                 "(2 replicas); use a multiple of 2\n")  # fmt: skip
+    assert out == "" and err == (
+        "error: global_batch_size 7 is not divisible by the data axis "
+        "(2 replicas); use a multiple of 2\n"
+    )
 
 
 def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
@@ -695,7 +884,8 @@ def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
     full = predict_config(config, slow, overlap=1.0)
     assert full["comm_s"] <= program["comm_s"] < none["comm_s"]
     rate = none["images_per_sec"] / 2
-    capped = predict_config(config, dataclasses.replace(slow, overlap=0.0,
-                                                        loader_images_per_sec=rate))  # fmt: skip
+    capped = predict_config(
+        config, dataclasses.replace(slow, overlap=0.0, loader_images_per_sec=rate)
+    )
     assert capped["input_bound"] and capped["images_per_sec"] == pytest.approx(rate)
     assert not none["input_bound"]

@@ -183,8 +183,9 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     holds each; the hybrid is named by what it composes."""
     from jaxpar import console, explain, metrics, units
 
-    config = pipeline_config("1f1b", 2, 2, data=2, **{"model.name": "vgg13",
-                             "mesh_shape": (2, 2, 1)})  # fmt: skip
+    config = pipeline_config(
+        "1f1b", 2, 2, data=2, **{"model.name": "vgg13", "mesh_shape": (2, 2, 1)}
+    )
     setup = trainer.setup(config, jax.devices()[:4])  # builds; compiles nothing
     batch, cut = config.global_batch_size, setup.strategy.bounds[1]
     total = 2 * 4 * batch * setup.model.layers[cut - 1].activation_size  # float32, fwd + bwd
@@ -200,21 +201,35 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     # each device receives its data share of one direction's activations (K = 2)
     line = next(x for x in text.splitlines() if "most one device receives" in x)
     assert f" {units.mib(total // 2 // 2)} " in line
-    summary = metrics.summary(strategy=setup.strategy.name, mesh_shape=(2, 2, 1), steps=1,
-                              global_batch_size=batch, step_times=[1.0], warmup=0,
-                              compile_time_s=6.0299, wall_time_s=9.0, train={}, evaluation={},
-                              num_params=1, flops_per_example=1.0,
-                              report={"bytes_between_stages_per_step": total})  # fmt: skip
-    line = next(x for x in console.summary_table(summary).splitlines()
-                if x.startswith(metrics.STAGE_TO_STAGE_LABEL))  # fmt: skip
+    summary = metrics.summary(
+        strategy=setup.strategy.name,
+        mesh_shape=(2, 2, 1),
+        steps=1,
+        global_batch_size=batch,
+        step_times=[1.0],
+        warmup=0,
+        compile_time_s=6.0299,
+        wall_time_s=9.0,
+        train={},
+        evaluation={},
+        num_params=1,
+        flops_per_example=1.0,
+        report={"bytes_between_stages_per_step": total},
+    )
+    line = next(
+        x
+        for x in console.summary_table(summary).splitlines()
+        if x.startswith(metrics.STAGE_TO_STAGE_LABEL)
+    )
     assert f" {shown} " in line
     # the hybrid by its composition; parameters in layer order (conv8 before conv10) with
     # the stage holding each
     assert "hybrid data 2 x pipeline 2 (1f1b), run by strategy pipeline" in text
     names = [x.split()[1] for x in text.splitlines() if "/kernel " in x]
     assert names == [f"conv{i}/Conv_0/kernel" for i in range(1, 11)] + ["fc1/Dense_0/kernel"]
-    stage_of = {x.split()[1].split("/")[0]: int(x.split()[0])
-                for x in text.splitlines() if "/kernel " in x}  # fmt: skip
+    stage_of = {
+        x.split()[1].split("/")[0]: int(x.split()[0]) for x in text.splitlines() if "/kernel " in x
+    }
     assert stage_of == {layer.name: int(i >= cut) for i, layer in enumerate(setup.model.layers)}
 
 
@@ -227,8 +242,10 @@ def test_partitioning_names_what_the_mesh_composes():
     assert partitioning(mesh(1, 4, 1), "gpipe") == "pipeline over 4 stages (gpipe)"
     assert partitioning(mesh(1, 1, 8)) == "tensor parallel over 8"
     assert partitioning(mesh(2, 1, 4)) == "hybrid data 2 x tensor 4"
-    assert (partitioning(mesh(2, 2, 2), "interleaved", chunks_per_stage=2)
-            == "hybrid data 2 x pipeline 2 (interleaved, 2 chunks per stage) x tensor 2")  # fmt: skip
+    assert (
+        partitioning(mesh(2, 2, 2), "interleaved", chunks_per_stage=2)
+        == "hybrid data 2 x pipeline 2 (interleaved, 2 chunks per stage) x tensor 2"
+    )
 
 
 def test_natural_order_reads_numbers():
@@ -236,8 +253,12 @@ def test_natural_order_reads_numbers():
 
     names = ["conv10/Conv_0", "conv8/Conv_0", "conv9/BatchNorm_0", "conv9/Conv_0", "fc1"]
     assert sorted(names, key=natural) == [
-        "conv8/Conv_0", "conv9/BatchNorm_0", "conv9/Conv_0", "conv10/Conv_0", "fc1"
-    ]  # fmt: skip
+        "conv8/Conv_0",
+        "conv9/BatchNorm_0",
+        "conv9/Conv_0",
+        "conv10/Conv_0",
+        "fc1",
+    ]
 
 
 @pytest.mark.parametrize("schedule", ["zb-h1", "zb-v"])

@@ -83,8 +83,9 @@ def _setup(schedule, k, m, remat, **overrides):
 
 def _convs(strategy, state, batch, c):
     progs = analysis.programs(strategy, strategy.config.global_batch_size)
-    return {p.name: hlo.count_ops(p.compiled.as_text(), "convolution")
-            for p in progs if p.chunk == c}  # fmt: skip
+    return {
+        p.name: hlo.count_ops(p.compiled.as_text(), "convolution") for p in progs if p.chunk == c
+    }
 
 
 def test_residual_backward_recomputes_no_forward():
@@ -124,8 +125,11 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
             assert strategy.stored_activation_bytes(batch_size) == peaks[schedule, remat, m]
             if (schedule, remat) == ("1f1b", False):
                 progs = analysis.programs(strategy, strategy.config.global_batch_size)
-                per_mb = [analysis.per_device_bytes(p.args[1])  # what bwd_res is given
-                          for p in progs if p.name == "bwd_res"]  # fmt: skip
+                per_mb = [
+                    analysis.per_device_bytes(p.args[1])  # what bwd_res is given
+                    for p in progs
+                    if p.name == "bwd_res"
+                ]
                 in_flight = [schedules.in_flight(e) for e in strategy.events]
                 assert peaks[schedule, remat, m] == [n * b for n, b in zip(in_flight, per_mb)]
     # ZB-V's count of chunk activations is capped (2K per stage, the schedule test), but a
@@ -138,8 +142,14 @@ def test_stored_bytes_are_the_residuals_and_one_f_one_b_stays_flat():
     assert max(peaks["zb-h1", False, 4]) < 2 * stage0
 
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2), ("zb-h1", 1),
-             ("zb-v", 1)]  # fmt: skip
+SCHEDULES = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved", 1),
+    ("interleaved", 2),
+    ("zb-h1", 1),
+    ("zb-v", 1),
+]
 
 
 @pytest.mark.parametrize("schedule,v", SCHEDULES, ids=[f"{s}-v{v}" for s, v in SCHEDULES])

@@ -35,11 +35,17 @@ THREE = ("data", "stage", "tensor")
 
 
 def _profile(n: int = 8, memory: float = 1e9):
-    return fitting.from_config({
-        "name": "tiny", "num_devices": n, "devices_per_node": n,
-        "peak_flops": {"float32": 1e12}, "memory_bytes": memory,
-        "intra": {"bandwidth": 10e9, "latency": 1e-5}, "compute_efficiency": 0.5,
-    })  # fmt: skip
+    return fitting.from_config(
+        {
+            "name": "tiny",
+            "num_devices": n,
+            "devices_per_node": n,
+            "peak_flops": {"float32": 1e12},
+            "memory_bytes": memory,
+            "intra": {"bandwidth": 10e9, "latency": 1e-5},
+            "compute_efficiency": 0.5,
+        }
+    )
 
 
 def _config(**kw):
@@ -77,10 +83,15 @@ def test_enumerator_keeps_what_the_trainer_runs_and_refuses_the_rest():
     assert not any(c.remat for c in offered if c.schedule in ("zb-h1", "zb-v"))
     grouped = [c for c in offered if c.schedule in ("interleaved", "zb-v")]
     assert grouped and all(c.microbatches % c.stages == 0 for c in grouped)
-    for rule in ({"pipeline.schedule": "naive", "pipeline.num_microbatches": 4},
-                 {"pipeline.schedule": "zb-h1", "pipeline.remat": True},
-                 {"pipeline.schedule": "interleaved", "pipeline.virtual_stages": 2,
-                  "pipeline.num_microbatches": 2}):  # fmt: skip
+    for rule in (
+        {"pipeline.schedule": "naive", "pipeline.num_microbatches": 4},
+        {"pipeline.schedule": "zb-h1", "pipeline.remat": True},
+        {
+            "pipeline.schedule": "interleaved",
+            "pipeline.virtual_stages": 2,
+            "pipeline.num_microbatches": 2,
+        },
+    ):
         with pytest.raises(ConfigError):  # as the trainer refuses them
             parallel.validate(_config(mesh_shape=(1, 4, 2), **rule), 8)
     zb = Candidate((1, 8, 1), "zb-h1", 8, False, 1, "flops", "allreduce")
@@ -124,17 +135,32 @@ def _fake_predict(config, profile):
     if config.sync.mode == "sharded":
         step += 0.2e-3
     memory = 4 * GIB / (s * t) + 0.1 * GIB * d
-    return {"status": "ok", "step_time_s": step, "images_per_sec": 16 / step,
-            "compute_s": step / 2, "comm_s": step / 4, "bubble_s": step / 8,
-            "overhead_s": step / 8, "memory_bytes_per_device": memory,
-            "num_devices": n, "mesh_shape": (d, s, t)}  # fmt: skip
+    return {
+        "status": "ok",
+        "step_time_s": step,
+        "images_per_sec": 16 / step,
+        "compute_s": step / 2,
+        "comm_s": step / 4,
+        "bubble_s": step / 8,
+        "overhead_s": step / 8,
+        "memory_bytes_per_device": memory,
+        "num_devices": n,
+        "mesh_shape": (d, s, t),
+    }
 
 
 def test_rounds_rank_by_step_time_within_the_memory_limit():
     config = _config()
     lines = []
-    result = plan(config, _profile(), max_candidates=30, expand=2, predict=_fake_predict,
-                  log=lines.append, axes=THREE)  # fmt: skip
+    result = plan(
+        config,
+        _profile(),
+        max_candidates=30,
+        expand=2,
+        predict=_fake_predict,
+        log=lines.append,
+        axes=THREE,
+    )
     assert len(result.rows) == len(lines) == 30  # the bound, with progress and ETA per row
     assert "ETA" in lines[-1] and "round 2" in lines[-1]
     assert result.baseline["candidate"]["mesh"] == (1, 1, 1)
@@ -157,8 +183,7 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     assert result.baseline["step_time_s"] == pytest.approx(8.1e-3)
     assert best["step_time_s"] == pytest.approx(2.1e-3)
     assert best["speedup"] == pytest.approx(8.1 / 2.1)
-    text, rec, cmd = report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config,
-                            {})  # fmt: skip
+    text, rec, cmd = report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config, {})
     assert text.count("\n| ") == 6  # header and 5 rows
     assert "Faster, but do not fit:\n  (8,1,1) allreduce" in text and "needs 4.80 GiB" in text
     assert rec.startswith("(4,1,2) allreduce:") and "--config.mesh_shape=(4,1,2)" in cmd
@@ -208,8 +233,9 @@ def test_cli_errors_are_one_line(capsys):
     assert capsys.readouterr().err == "error: no such config file 'nope.py'\n"
     tables = "configs/predict/tf_cnn_benchmarks.py"  # Python, but not a config
     assert cli.main(["--config", tables, "--profile", "configs/hardware/cpu_2core.py"]) == 2
-    assert capsys.readouterr().err == (f"error: {tables} has no get_config(): not a config, "
-                                       "suite or profile file\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"error: {tables} has no get_config(): not a config, suite or profile file\n"
+    )
     assert cli.main(["--config", "configs/vgg19_data.py", "--profile", "nope.py"]) == 2
     assert "error: no such profile file 'nope.py'" in capsys.readouterr().err
     argv = ["--config", "configs/vgg19_data.py", "--profile", "configs/hardware/cpu_2core.py"]
@@ -223,8 +249,9 @@ def test_a_config_file_that_does_not_run_is_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.py"
     bad.write_text("def get_config(:\n")
     assert cli.main(["--config", str(bad), "--profile", "configs/hardware/cpu_2core.py"]) == 2
-    assert capsys.readouterr().err == (f"error: {bad} does not load: SyntaxError: invalid "
-                                       "syntax (bad.py, line 1)\n")  # fmt: skip
+    assert capsys.readouterr().err == (
+        f"error: {bad} does not load: SyntaxError: invalid syntax (bad.py, line 1)\n"
+    )
     bad.write_text("import no_such_module_here\n\ndef get_config():\n    return None\n")
     with pytest.raises(ConfigError, match="ModuleNotFoundError: No module named 'no_such_"):
         configfile.load(str(bad))
@@ -235,16 +262,29 @@ def test_a_bound_below_the_mesh_count_says_which_meshes_were_not_reached():
     4 of the 9 meshes the trainer accepts (of 8's 10 factorisations, (1,1,8) is refused at this
     width), and the report says so and what bound reaches them all (9 meshes + the baseline)."""
     config = _config()
-    result = plan(config, _profile(), max_candidates=5, expand=2, predict=_fake_predict,
-                  log=lambda s: None, axes=THREE)  # fmt: skip
+    result = plan(
+        config,
+        _profile(),
+        max_candidates=5,
+        expand=2,
+        predict=_fake_predict,
+        log=lambda s: None,
+        axes=THREE,
+    )
     assert (result.meshes, result.meshes_unseen, len(result.rows)) == (9, 5, 5)
     text, _, _ = report(result, _profile(), 2.5 * GIB, 5, "x.py", config, {})
     assert "round 1 reached 4 of 9 meshes: --max_candidates 10 or more tries each once" in text
-    full = plan(config, _profile(), max_candidates=10, expand=2, predict=_fake_predict,
-                log=lambda s: None, axes=THREE)  # fmt: skip
+    full = plan(
+        config,
+        _profile(),
+        max_candidates=10,
+        expand=2,
+        predict=_fake_predict,
+        log=lambda s: None,
+        axes=THREE,
+    )
     assert full.meshes_unseen == 0
-    assert "round 1 reached" not in report(full, _profile(), 2.5 * GIB, 5, "x.py", config,
-                                           {})[0]  # fmt: skip
+    assert "round 1 reached" not in report(full, _profile(), 2.5 * GIB, 5, "x.py", config, {})[0]
 
 
 def test_real_predictions_of_three_candidates():
@@ -273,9 +313,12 @@ def test_unplaced_collectives_are_flagged_and_not_recommended():
         "candidate": Candidate((8, 1, 1), sync="parameter_server").as_dict(),
         "collective_bytes_per_device": {"collective-permute ?": 240e6, "all-reduce data": 1e3},
     }
-    ar = {**_fake_predict(_config(mesh_shape=(4, 1, 2)), None), "name": "(4,1,2)",
-          "candidate": Candidate((4, 1, 2)).as_dict(),
-          "collective_bytes_per_device": {"all-reduce data": 40e6, "all-gather ?": 2560}}  # fmt: skip
+    ar = {
+        **_fake_predict(_config(mesh_shape=(4, 1, 2)), None),
+        "name": "(4,1,2)",
+        "candidate": Candidate((4, 1, 2)).as_dict(),
+        "collective_bytes_per_device": {"all-reduce data": 40e6, "all-gather ?": 2560},
+    }
     assert unpriced(ps) == {"collective-permute ?": 240e6} and unpriced(ar) == {}
     assert "NOT priced: collective-permute ? 240.0 MB" in why(ps, _profile())
     assert ps["step_time_s"] < ar["step_time_s"]
@@ -298,24 +341,44 @@ def test_why_names_the_links_a_collective_runs_on():
     from jaxpar.plan import why
 
     # the links of configs/hardware/h100_sxm_2nodes_ib.py (loading it fits its compute: 15 s)
-    profile = fitting.from_config({
-        "name": "2 x 8", "num_devices": 16, "devices_per_node": 8,
-        "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9, "compute_efficiency": 0.5,
-        "intra": {"bandwidth": 360e9, "latency": 5e-6},
-        "inter": {"bandwidth": 45e9, "latency": 1e-5},
-    })  # fmt: skip
-    row = {"step_time_s": 10e-3, "compute_s": 5e-3, "comm_s": 5e-3, "num_devices": 16,
-           "mesh_axes": ["node", "data"], "mesh_shape": [2, 8]}  # fmt: skip
-    inside = {**row, "collective_bytes_per_device": {"all-gather data": 80e6,
-                                                     "all-reduce node": 20e6}}  # fmt: skip
+    profile = fitting.from_config(
+        {
+            "name": "2 x 8",
+            "num_devices": 16,
+            "devices_per_node": 8,
+            "peak_flops": {"float32": 1e12},
+            "memory_bytes": 1e9,
+            "compute_efficiency": 0.5,
+            "intra": {"bandwidth": 360e9, "latency": 5e-6},
+            "inter": {"bandwidth": 45e9, "latency": 1e-5},
+        }
+    )
+    row = {
+        "step_time_s": 10e-3,
+        "compute_s": 5e-3,
+        "comm_s": 5e-3,
+        "num_devices": 16,
+        "mesh_axes": ["node", "data"],
+        "mesh_shape": [2, 8],
+    }
+    inside = {
+        **row,
+        "collective_bytes_per_device": {"all-gather data": 80e6, "all-reduce node": 20e6},
+    }
     assert why(inside, profile).endswith("all-reduce node 20.0 MB/step over 2 nodes (45 GB/s)")
-    mostly = {**row, "collective_bytes_per_device": {"all-gather data": 800e6,
-                                                     "all-reduce node": 20e6}}  # fmt: skip
+    mostly = {
+        **row,
+        "collective_bytes_per_device": {"all-gather data": 800e6, "all-reduce node": 20e6},
+    }
     assert why(mostly, profile).endswith(
         "all-gather data 800.0 MB/step over intra-node links (360 GB/s)"
     )
-    flat = {**row, "mesh_axes": ["data", "stage", "tensor"], "mesh_shape": [16, 1, 1],
-            "collective_bytes_per_device": {"all-reduce data": 200e6}}  # fmt: skip
+    flat = {
+        **row,
+        "mesh_axes": ["data", "stage", "tensor"],
+        "mesh_shape": [16, 1, 1],
+        "collective_bytes_per_device": {"all-reduce data": 200e6},
+    }
     assert why(flat, profile).endswith("all-reduce data 200.0 MB/step over 2 nodes (45 GB/s)")
 
 
@@ -326,20 +389,36 @@ def test_why_names_an_unwired_hop_inside_a_node():
     from jaxpar.plan import why
 
     cube = [(a, b) for a in range(8) for b in range(a + 1, 8) if a // 4 == b // 4 or b == a + 4]
-    profile = fitting.from_config({
-        "name": "cube", "num_devices": 8, "devices_per_node": 8,
-        "peak_flops": {"float32": 1e12}, "memory_bytes": 1e9, "compute_efficiency": 0.5,
-        "intra": {"bandwidth": 18e9, "latency": 1e-5}, "peers": cube,
-        "unwired": {"bandwidth": 8e9, "latency": 2.5e-5},
-    })  # fmt: skip
-    row = {"step_time_s": 10e-3, "compute_s": 5e-3, "comm_s": 5e-3, "num_devices": 8,
-           "mesh_axes": ["data", "stage", "tensor"], "mesh_shape": [8, 1, 1],
-           "collective_bytes_per_device": {"all-reduce data": 100e6}}  # fmt: skip
+    profile = fitting.from_config(
+        {
+            "name": "cube",
+            "num_devices": 8,
+            "devices_per_node": 8,
+            "peak_flops": {"float32": 1e12},
+            "memory_bytes": 1e9,
+            "compute_efficiency": 0.5,
+            "intra": {"bandwidth": 18e9, "latency": 1e-5},
+            "peers": cube,
+            "unwired": {"bandwidth": 8e9, "latency": 2.5e-5},
+        }
+    )
+    row = {
+        "step_time_s": 10e-3,
+        "compute_s": 5e-3,
+        "comm_s": 5e-3,
+        "num_devices": 8,
+        "mesh_axes": ["data", "stage", "tensor"],
+        "mesh_shape": [8, 1, 1],
+        "collective_bytes_per_device": {"all-reduce data": 100e6},
+    }
     assert why(row, profile).endswith(
         "all-reduce data 100.0 MB/step over an unwired hop (through the hosts) (8 GB/s)"
     )
-    quad = {**row, "mesh_shape": [2, 1, 4],
-            "collective_bytes_per_device": {"all-reduce tensor": 100e6}}  # fmt: skip
+    quad = {
+        **row,
+        "mesh_shape": [2, 1, 4],
+        "collective_bytes_per_device": {"all-reduce tensor": 100e6},
+    }
     assert why(quad, profile).endswith(
         "all-reduce tensor 100.0 MB/step over intra-node links (18 GB/s)"
     )

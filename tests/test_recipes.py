@@ -12,7 +12,15 @@ from tests.util import tiny_config
 
 
 def test_linear_scaling_with_gradual_warmup():
-    config = tiny_config(learning_rate=0.01, lr_linear_scaling=True, lr_base_batch_size=128, global_batch_size=1024, warmup_steps=10, lr_schedule="constant", num_train_steps=100)  # fmt: skip
+    config = tiny_config(
+        learning_rate=0.01,
+        lr_linear_scaling=True,
+        lr_base_batch_size=128,
+        global_batch_size=1024,
+        warmup_steps=10,
+        lr_schedule="constant",
+        num_train_steps=100,
+    )
     schedule = optim.make_schedule(config)
     assert optim.peak_learning_rate(config) == pytest.approx(0.08)  # 0.01 x 1024 / 128
     rates = [float(schedule(step)) for step in (0, 5, 10, 50, 99)]
@@ -26,8 +34,14 @@ def test_no_scaling_keeps_the_rate():
 
 def test_lars_step_by_hand():
     # ||w|| = 5, ||g|| = 1: trust ratio 0.001 x 5 / 1 = 0.005, so the step is -lr x 0.005 x g.
-    config = tiny_config(**{"optimizer.name": "lars", "optimizer.momentum": 0.0,
-                            "learning_rate": 1.0, "weight_decay": 0.0})  # fmt: skip
+    config = tiny_config(
+        **{
+            "optimizer.name": "lars",
+            "optimizer.momentum": 0.0,
+            "learning_rate": 1.0,
+            "weight_decay": 0.0,
+        }
+    )
     tx = optim.make_optimizer(config)
     w, g = {"w": jnp.array([3.0, 4.0])}, {"w": jnp.array([0.6, 0.8])}
     updates, _ = tx.update(g, tx.init(w), w)

@@ -20,8 +20,16 @@ STEPS = 3
 
 
 def spatial_config(family, mesh_axes, mesh_shape, **overrides):
-    return family_config(family, True, **{"mesh_axes": mesh_axes, "mesh_shape": mesh_shape,
-                                          "num_devices": math.prod(mesh_shape), **overrides})  # fmt: skip
+    return family_config(
+        family,
+        True,
+        **{
+            "mesh_axes": mesh_axes,
+            "mesh_shape": mesh_shape,
+            "num_devices": math.prod(mesh_shape),
+            **overrides,
+        },
+    )
 
 
 def assert_equal_to_one_device(config, rtol, microbatches=1, reference=None):
@@ -59,8 +67,13 @@ def test_every_family_split_by_rows_equals_one_device(family, sizes, shape, spli
         from jaxpar.models import inception
 
         zoo = inception.sequential
-        monkeypatch.setattr(inception, "sequential", lambda name, modules, *a: zoo(
-            name, [m for m in modules if m[0] not in ("mixed7a", "mixed7b")], *a))  # fmt: skip
+        monkeypatch.setattr(
+            inception,
+            "sequential",
+            lambda name, modules, *a: zoo(
+                name, [m for m in modules if m[0] not in ("mixed7a", "mixed7b")], *a
+            ),
+        )
         models.forget_built()
     extra = {"data.image_shape": shape} if shape else {}
     with jax.enable_x64(f.dtype == "float64"):
@@ -77,20 +90,39 @@ def test_every_family_split_by_rows_equals_one_device(family, sizes, shape, spli
 def test_vgg19_data_by_spatial_equals_one_device():
     """In float64, as the zoo's VGG with BatchNorm: its BatchNorm biases' gradients nearly
     cancel, so float32's summation order alone moves them by 1e-5 relative."""
-    config = tiny_config(**{"model.name": "vgg19", "model.width": 1 / 16,
-                            "model.batch_norm": True, "model.dtype": "float64",
-                            "mesh_axes": ("data", "spatial"), "mesh_shape": (4, 2)})  # fmt: skip
+    config = tiny_config(
+        **{
+            "model.name": "vgg19",
+            "model.width": 1 / 16,
+            "model.batch_norm": True,
+            "model.dtype": "float64",
+            "mesh_axes": ("data", "spatial"),
+            "mesh_shape": (4, 2),
+        }
+    )
     with jax.enable_x64(True):
         assert_equal_to_one_device(config, 1e-10)
 
 
-@pytest.mark.parametrize("mesh", [(("stage", "spatial"), (2, 2)), (("spatial", "tensor"), (2, 2))],
-                         ids=["stage-spatial", "spatial-tensor"])  # fmt: skip
+@pytest.mark.parametrize(
+    "mesh",
+    [(("stage", "spatial"), (2, 2)), (("spatial", "tensor"), (2, 2))],
+    ids=["stage-spatial", "spatial-tensor"],
+)
 def test_hybrids_with_stage_and_tensor_equal_one_device(mesh):
     axes, shape = mesh
-    config = tiny_config(**{"model.name": "vgg11", "model.width": 1 / 8, "model.batch_norm": True,
-                            "mesh_axes": axes, "mesh_shape": shape, "num_devices": 4,
-                            "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2})  # fmt: skip
+    config = tiny_config(
+        **{
+            "model.name": "vgg11",
+            "model.width": 1 / 8,
+            "model.batch_norm": True,
+            "mesh_axes": axes,
+            "mesh_shape": shape,
+            "num_devices": 4,
+            "pipeline.schedule": "1f1b",
+            "pipeline.num_microbatches": 2,
+        }
+    )
     assert_equal_to_one_device(config, 1e-5, microbatches=2 if "stage" in axes else 1)
 
 
@@ -124,25 +156,42 @@ def test_halo_bytes_are_what_the_kernels_reach(family, s):
 def test_memory_per_device_falls_with_spatial():
     temps = []
     for size in (1, 2, 4):
-        config = tiny_config(**{"model.name": "vgg11", "model.width": 1 / 8,
-                                "global_batch_size": 32, "mesh_axes": ("spatial",),
-                                "mesh_shape": (size,), "num_devices": size})  # fmt: skip
+        config = tiny_config(
+            **{
+                "model.name": "vgg11",
+                "model.width": 1 / 8,
+                "global_batch_size": 32,
+                "mesh_axes": ("spatial",),
+                "mesh_shape": (size,),
+                "num_devices": size,
+            }
+        )
         setup = trainer.setup(config, jax.devices()[: config.num_devices])
         fig = analysis.report(setup.strategy, config.global_batch_size, timing=False)
         temps.append(fig["program_temp_bytes_per_device"])
     assert temps[1] < 0.7 * temps[0] and temps[2] < 0.7 * temps[1], temps
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"data.image_shape": (36, 36, 3), "mesh_shape": (8,)},
-     (r"spatial=8 cannot split vgg11's first layer conv1 \(36-row input\): a conv reads 36 "
-      "rows, which do not divide over 8 devices")),
-    ({"model.name": "resnet50", "data.image_shape": (16, 16, 3), "mesh_shape": (8,)},
-     "first layer stem .* its 7-row conv window reaches 3 rows past a band of 2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"data.image_shape": (36, 36, 3), "mesh_shape": (8,)},
+            (
+                r"spatial=8 cannot split vgg11's first layer conv1 \(36-row input\): a conv reads 36 "
+                "rows, which do not divide over 8 devices"
+            ),
+        ),
+        (
+            {"model.name": "resnet50", "data.image_shape": (16, 16, 3), "mesh_shape": (8,)},
+            "first layer stem .* its 7-row conv window reaches 3 rows past a band of 2",
+        ),
+    ],
+)
 def test_a_split_that_cannot_run_is_refused_in_one_line(overrides, message):
-    config = tiny_config(**{"mesh_axes": ("spatial",), "num_devices": overrides["mesh_shape"][0],
-                            **overrides})  # fmt: skip
+    config = tiny_config(
+        **{"mesh_axes": ("spatial",), "num_devices": overrides["mesh_shape"][0], **overrides}
+    )
     with pytest.raises(ConfigError, match=message) as info:
         trainer.setup(config, jax.devices()[: config.num_devices])
     assert "\n" not in str(info.value)
@@ -165,8 +214,9 @@ def test_the_planner_enumerates_spatial_and_keeps_its_refusals():
     refusal prunes them: ResNet-50 at 16x16 cannot put its 7x7 stem on bands of 2 rows."""
     from jaxpar.plan import enumerate_candidates
 
-    config = tiny_config(**{"model.name": "resnet50", "model.width": 1 / 16,
-                            "data.image_shape": (16, 16, 3)})  # fmt: skip
+    config = tiny_config(
+        **{"model.name": "resnet50", "model.width": 1 / 16, "data.image_shape": (16, 16, 3)}
+    )
     valid, refused = enumerate_candidates(config, 8, axes=("data", "spatial", "stage", "tensor"))
     spatial_sizes = {c.shape.get("spatial", 1) for c in valid}
     assert spatial_sizes == {1, 2, 4}
@@ -193,8 +243,15 @@ def test_the_predictor_prices_each_halo_as_a_neighbour_message():
     assert halos and all(c.axes == "spatial" for c in halos)
     count = sum(c.count for c in halos)
     assert count >= 2 * 6  # up and down, forward and backward, for every layer on bands
-    without = dataclasses.replace(w, chunks=(dataclasses.replace(chunk, collectives={
-        **chunk.collectives, "step": tuple(c for c in cols if c not in halos)}),))  # fmt: skip
+    without = dataclasses.replace(
+        w,
+        chunks=(
+            dataclasses.replace(
+                chunk,
+                collectives={**chunk.collectives, "step": tuple(c for c in cols if c not in halos)},
+            ),
+        ),
+    )
     latency = 1e-3
     profile = tiny_profile(intra=hardware.Link(1e18, latency))  # latency alone: 1 EB/s
     extra = predict_workload(w, profile)["comm_s"] - predict_workload(without, profile)["comm_s"]

@@ -54,9 +54,12 @@ def test_analysis_explain_and_predictor_read_an_added_strategy(gspmd):
 
 
 def test_strategy_names_are_checked_against_the_mesh():
-    with pytest.raises(ConfigError, match=r"strategy=data splits the batch only, but the mesh "
-                       r"\(data=2, stage=2, tensor=1\) has stage > 1; use "
-                       r"--config.mesh_shape='\(4,1,1\)'"):  # fmt: skip
+    with pytest.raises(
+        ConfigError,
+        match=r"strategy=data splits the batch only, but the mesh "
+        r"\(data=2, stage=2, tensor=1\) has stage > 1; use "
+        r"--config.mesh_shape='\(4,1,1\)'",
+    ):
         parallel.validate(tiny_config(strategy="data", mesh_shape=(2, 2, 1)), 4)
     with pytest.raises(ConfigError, match="unknown strategy 'gspmd'"):
         parallel.validate(tiny_config(strategy="gspmd"), 8)
@@ -140,9 +143,14 @@ def test_readers_use_only_the_protocol():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert not node.module.startswith(
-                    ("jaxpar.parallel.pipeline", "jaxpar.parallel.data", "jaxpar.parallel.pmap",
-                     "jaxpar.parallel.tensor_parallel", "jaxpar.parallel.sync")
-                ), f"{name} imports {node.module}"  # fmt: skip
+                    (
+                        "jaxpar.parallel.pipeline",
+                        "jaxpar.parallel.data",
+                        "jaxpar.parallel.pmap",
+                        "jaxpar.parallel.tensor_parallel",
+                        "jaxpar.parallel.sync",
+                    )
+                ), f"{name} imports {node.module}"
             if isinstance(node, ast.Name) and node.id in STRATEGY_CLASSES:
                 pytest.fail(f"{name} names {node.id}")
             if (

@@ -65,8 +65,9 @@ def hand_written(config, steps, rule, n=N):
 
 def apply(tx, state, grads):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         opt_state=opt_state)  # fmt: skip
+    return state.replace(
+        step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
+    )
 
 
 def mean_tree(trees):
@@ -213,8 +214,10 @@ def test_sharded_reduce_scatter_and_all_gather():
     )
     params = setup.strategy.canonical_shapes().params
     dims = setup.strategy.rule.split_dims(params)
-    sizes = jax.tree.leaves(jax.tree.map(lambda p, d: (4 * p.size, d), params, dims),
-                            is_leaf=lambda x: isinstance(x, tuple))  # fmt: skip
+    sizes = jax.tree.leaves(
+        jax.tree.map(lambda p, d: (4 * p.size, d), params, dims),
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
     split = sum(n for n, d in sizes if d is not None)
     assert split > 0.99 * param_bytes  # every conv's input channels divide by 4
     total = lambda kind: sum(c.bytes for c in found if c.kind == kind)
@@ -302,13 +305,27 @@ def test_resume_is_bit_exact(tmp_path, capsys, mode, overrides):
 
 
 CLI = [
-    sys.executable, "-u", "-m", "jaxpar.train", "--config", "configs/vgg19_sync.py",
-    "--config.model.name=vgg11", "--config.model.width=0.0625", "--config.model.batch_norm=False",
-    "--config.global_batch_size=16", "--config.num_train_steps=10", "--config.log_every_steps=1",
-    "--config.eval_every_steps=0", "--config.data.name=synthetic", "--config.data.num_train=64",
-    "--config.data.num_eval=16", "--config.checkpoint_every_steps=4", "--config.sync.mode=async",
-    "--config.sync.max_staleness=3", "--config.sync.staleness_aware_lr=True",
-]  # fmt: skip
+    sys.executable,
+    "-u",
+    "-m",
+    "jaxpar.train",
+    "--config",
+    "configs/vgg19_sync.py",
+    "--config.model.name=vgg11",
+    "--config.model.width=0.0625",
+    "--config.model.batch_norm=False",
+    "--config.global_batch_size=16",
+    "--config.num_train_steps=10",
+    "--config.log_every_steps=1",
+    "--config.eval_every_steps=0",
+    "--config.data.name=synthetic",
+    "--config.data.num_train=64",
+    "--config.data.num_eval=16",
+    "--config.checkpoint_every_steps=4",
+    "--config.sync.mode=async",
+    "--config.sync.max_staleness=3",
+    "--config.sync.staleness_aware_lr=True",
+]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -317,9 +334,13 @@ def test_cli_sigterm_with_gradients_pending_resumes_exactly(tmp_path):
     pending gradients with the model; rerunning finishes with the uninterrupted run's losses."""
     env = {**os.environ, "PYTHONPATH": ROOT}
     run = lambda workdir: subprocess.Popen(
-        [*CLI, "--workdir", str(workdir)], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [*CLI, "--workdir", str(workdir)],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     ref = run(tmp_path / "ref")
     assert ref.wait(timeout=600) == 0, ref.stdout.read()[-2000:]
     proc = run(tmp_path / "termed")
@@ -357,8 +378,11 @@ def test_example_config_and_study_suite_validate():
         settings, rest = configfile.split_overrides(argv[5:])
         configfile.override(config, settings)  # KeyError: a key the config does not have
         assert rest in ([], ["--explain"]), rest
-        assert list(parallel.validate(config, 8).items()) == [("data", 8), ("stage", 1),
-                                                               ("tensor", 1)]  # fmt: skip
+        assert list(parallel.validate(config, 8).items()) == [
+            ("data", 8),
+            ("stage", 1),
+            ("tensor", 1),
+        ]
         configs.append(config)
     assert len(configs) == 3
     plain, stale, _ = configs  # the third: the first with --explain
@@ -401,16 +425,20 @@ def test_local_sgd_on_hybrid_meshes_is_the_hand_written_rule(mesh):
 
 @pytest.mark.parametrize(
     "mode,mesh,overrides",
-    [("parameter_server", (2, 2, 2), {"sync.server": 1}), ("async", (2, 2, 2), {}),
-     ("independent", (2, 1, 2), {"sync.batch_norm": "local"})],
+    [
+        ("parameter_server", (2, 2, 2), {"sync.server": 1}),
+        ("async", (2, 2, 2), {}),
+        ("independent", (2, 1, 2), {"sync.batch_norm": "local"}),
+    ],
     ids=["parameter_server-2x2x2", "async-2x2x2", "independent-2x1x2"],
-)  # fmt: skip
+)
 def test_other_modes_on_hybrid_meshes_equal_data_parallel(mode, mesh, overrides):
     """The same rule over the same 2 replicas, with stages and a tensor axis or without."""
     data_only = sync_config(mode, **overrides, mesh_shape=(2, 1, 1))
     ref_losses, ref_state = run_steps(data_only, 2, steps=3)
-    losses, state = run_steps(sync_config(mode, **overrides, **HYBRID, mesh_shape=mesh),
-                              math.prod(mesh), steps=3)  # fmt: skip
+    losses, state = run_steps(
+        sync_config(mode, **overrides, **HYBRID, mesh_shape=mesh), math.prod(mesh), steps=3
+    )
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     for a, b in ((state.params, ref_state.params), (state.sync, ref_state.sync)):
         assert max_rel_error(a, b) < RTOL

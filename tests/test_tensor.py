@@ -12,15 +12,31 @@ from jaxpar import trainer
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
 RTOL = 1e-5
-MESHES = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (4, 2, 1),
-          (2, 4, 1), (1, 4, 2), (2, 1, 4), (4, 1, 2), (1, 2, 4)]  # fmt: skip
+MESHES = [
+    (8, 1, 1),
+    (1, 8, 1),
+    (1, 1, 8),
+    (2, 2, 2),
+    (4, 2, 1),
+    (2, 4, 1),
+    (1, 4, 2),
+    (2, 1, 4),
+    (4, 1, 2),
+    (1, 2, 4),
+]
 
 
 def hybrid_config(mesh_shape, **overrides):
     """Width 1/8: every channel count (8 .. 64) divides by 8 tensor devices."""
-    return tiny_config(**{"model.width": 0.125, "mesh_shape": mesh_shape,
-                          "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2,
-                          **overrides})  # fmt: skip
+    return tiny_config(
+        **{
+            "model.width": 0.125,
+            "mesh_shape": mesh_shape,
+            "pipeline.schedule": "1f1b",
+            "pipeline.num_microbatches": 2,
+            **overrides,
+        }
+    )
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,23 @@ from jaxpar.plan import steps as steps_lib
 
 def _row(name, batch, steps, step_time, time_s, noise=None, mode="allreduce", **config):
     spec = {"name": name, "config": {"global_batch_size": batch, "sync.mode": mode, **config}}
-    table = {"name": name, "status": "ok", "error": None, "global_batch_size": batch,
-             "num_devices": 8, "mesh_shape": [8, 1, 1], "mesh_axes": ["data", "stage", "tensor"],
-             "step_time_median_s": step_time}  # fmt: skip
-    record = {"steps_to_target": steps, "time_to_target_s": time_s, "lr_rule": "noise",
-              "noise_scale_to_target": noise, "accuracy_at_target": 0.91}  # fmt: skip
+    table = {
+        "name": name,
+        "status": "ok",
+        "error": None,
+        "global_batch_size": batch,
+        "num_devices": 8,
+        "mesh_shape": [8, 1, 1],
+        "mesh_axes": ["data", "stage", "tensor"],
+        "step_time_median_s": step_time,
+    }
+    record = {
+        "steps_to_target": steps,
+        "time_to_target_s": time_s,
+        "lr_rule": "noise",
+        "noise_scale_to_target": noise,
+        "accuracy_at_target": 0.91,
+    }
     return spec, table, record
 
 
@@ -32,10 +44,16 @@ def _study(monkeypatch, factors=None):
     ]
     specs, table, records = zip(*made)
     table = [dict(t) for t in table]
-    noise = [{"step": s, "grad_sq_est": 1.0, "grad_trace_est": 10.0 if s <= 60 else 80.0}
-             for s in range(1, 121)]  # fmt: skip
-    model = ttt.annotate(table, specs, {s["name"]: r for s, r in zip(specs, records)},
-                         noise_of=lambda name: noise if name == "ref 64" else [])  # fmt: skip
+    noise = [
+        {"step": s, "grad_sq_est": 1.0, "grad_trace_est": 10.0 if s <= 60 else 80.0}
+        for s in range(1, 121)
+    ]
+    model = ttt.annotate(
+        table,
+        specs,
+        {s["name"]: r for s, r in zip(specs, records)},
+        noise_of=lambda name: noise if name == "ref 64" else [],
+    )
     return table, model
 
 

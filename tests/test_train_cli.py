@@ -17,8 +17,9 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
     every run writes."""
     from jaxpar import events
 
-    proc = run_cli("--config", os.path.join(ROOT, "configs/vgg19_data.py"), *SHORT_RUN,
-                   cwd=tmp_path)  # fmt: skip
+    proc = run_cli(
+        "--config", os.path.join(ROOT, "configs/vgg19_data.py"), *SHORT_RUN, cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = re.search(r"^workdir: (runs/vgg19_data-\S+)", proc.stdout, re.MULTILINE)
     assert printed, proc.stdout[:2000]
@@ -63,8 +64,10 @@ def test_cli_run_writes_the_metrics_contract(tmp_path):
     assert s["eval_accuracy"] == evals[-1]["accuracy"]
     # TensorBoard shows the same numbers (as float32) at the same steps
     scalars = events.read_scalars(str(workdir / "tensorboard"))
-    shown = {"train": ("loss", "accuracy", "learning_rate", "images_per_sec"),
-             "eval": ("loss", "accuracy", "count")}  # fmt: skip
+    shown = {
+        "train": ("loss", "accuracy", "learning_rate", "images_per_sec"),
+        "eval": ("loss", "accuracy", "count"),
+    }
     for split, rows in (("train", train), ("eval", evals)):
         for key in shown[split]:
             got = scalars[f"{split}/{key}"]
@@ -104,23 +107,48 @@ def test_numbers_print_in_one_format_each():
     from jaxpar import console, metrics, units
 
     assert [units.seconds(t) for t in (6.0299, 0.5843, 0.00095, 5.2e-05, 0.9997, 1234.5)] == [
-        "6.03 s", "584 ms", "950 us", "52.0 us", "1.00 s", "1,234 s"
-    ]  # fmt: skip
+        "6.03 s",
+        "584 ms",
+        "950 us",
+        "52.0 us",
+        "1.00 s",
+        "1,234 s",
+    ]
     # elapsed times and ETAs: the console, the bench, the planner
     assert [units.clock(t) for t in (7.4, 247.0, 3723.0, float("inf"))] == [
-        "00:07", "04:07", "1:02:03", "--:--"
-    ]  # fmt: skip
-    assert [units.rate(x) for x in (0.05, 0.00095, 5.2e-05)] == [
-        "5.00e-02", "9.50e-04", "5.20e-05"
-    ]  # fmt: skip
-    summary = json.loads(json.dumps(metrics.summary(
-        strategy="data", mesh_shape=(8, 1, 1), partitioning="data parallel over 8", steps=4,
-        global_batch_size=16, step_times=[0.5, 0.25], warmup=0, compile_time_s=6.0299,
-        wall_time_s=9.5, train={"loss": 2.3}, evaluation={}, num_params=10,
-        flops_per_example=1.0, report={}, made=[(0.00095, 0.0001)] * 2, waited=[5.2e-05] * 2,
-    )))  # fmt: skip
-    rows = dict(line.rsplit("  ", 1) for line in console.summary_table(summary).splitlines()
-                if "  " in line and not line.startswith("-"))  # fmt: skip
+        "00:07",
+        "04:07",
+        "1:02:03",
+        "--:--",
+    ]
+    assert [units.rate(x) for x in (0.05, 0.00095, 5.2e-05)] == ["5.00e-02", "9.50e-04", "5.20e-05"]
+    summary = json.loads(
+        json.dumps(
+            metrics.summary(
+                strategy="data",
+                mesh_shape=(8, 1, 1),
+                partitioning="data parallel over 8",
+                steps=4,
+                global_batch_size=16,
+                step_times=[0.5, 0.25],
+                warmup=0,
+                compile_time_s=6.0299,
+                wall_time_s=9.5,
+                train={"loss": 2.3},
+                evaluation={},
+                num_params=10,
+                flops_per_example=1.0,
+                report={},
+                made=[(0.00095, 0.0001)] * 2,
+                waited=[5.2e-05] * 2,
+            )
+        )
+    )
+    rows = dict(
+        line.rsplit("  ", 1)
+        for line in console.summary_table(summary).splitlines()
+        if "  " in line and not line.startswith("-")
+    )
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["mesh"] == "(data=8, stage=1, tensor=1)"
     assert rows["partitioning"] == "data parallel over 8"

@@ -91,12 +91,20 @@ def test_measured_suites_report_how_far_their_repeats_agree():
     """A suite measured here that keeps each row's two repeats gets a line beside its median
     and ranking: the repeats' rank correlation and median difference over the rows predicted
     (a row that failed, here d, is left out), worked by hand."""
-    spec = {"repeats": (("a", 100.0, 110.0), ("b", 200.0, 190.0), ("c", 300.0, 330.0),
-                        ("d", 50.0, 40.0))}  # fmt: skip
+    spec = {
+        "repeats": (
+            ("a", 100.0, 110.0),
+            ("b", 200.0, 190.0),
+            ("c", 300.0, 330.0),
+            ("d", 50.0, 40.0),
+        )
+    }
     (line,) = validatesuites.repeat_line(spec, ["a", "b", "c"])
     # ranks agree; |100/110 - 1| = |300/330 - 1| = 9.1% and |200/190 - 1| = 5.3%
-    assert line == ("the measurement's own two repeats over 3 of these rows: rank correlation "
-                    "1.00, median difference 9.1%")  # fmt: skip
+    assert line == (
+        "the measurement's own two repeats over 3 of these rows: rank correlation "
+        "1.00, median difference 9.1%"
+    )
     assert validatesuites.repeat_line(spec, ["a", "b"]) == []
     assert validatesuites.repeat_line({}, ["a"]) == []
 
@@ -114,8 +122,10 @@ def test_published_tables_give_each_row_its_model_s_efficiency():
     assert ref == 17822.0 and config.global_batch_size == 8 * 512
     assert tuple(config.mesh_shape) == (8, 1, 1) and not config.model.batch_norm
     assert tuple(by_name["inception_v3 data 1"][0].data.image_shape) == (299, 299, 3)
-    predicted = [{"model": config.model.name, "num_devices": math.prod(config.mesh_shape)}
-                 for _, config, _ in rows]  # fmt: skip
+    predicted = [
+        {"model": config.model.name, "num_devices": math.prod(config.mesh_shape)}
+        for _, config, _ in rows
+    ]
     add_reference(predicted, [ref for _, _, ref in rows])
     eight = predicted[[name for name, _, _ in rows].index("alexnet data 8")]
     assert eight["reference_efficiency"] == 17822 / (8 * 2987)
@@ -125,18 +135,30 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
     """Each published table: its worst efficiency difference against the 5-point target and
     how many of its multi-device rows are within it (1-device rows are the baselines)."""
     suite = tmp_path / "table.py"
-    suite.write_text("import ml_collections\n\ndef get_config():\n"
-                     "    return ml_collections.ConfigDict()\n")  # fmt: skip
-    rows = [{"name": f"m data {n}", "status": "ok", "num_devices": n, "images_per_sec": 100.0 * n,
-             "efficiency": eff, "reference_images_per_sec": None, "reference_efficiency": ref}
-            for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))]  # fmt: skip
+    suite.write_text(
+        "import ml_collections\n\ndef get_config():\n    return ml_collections.ConfigDict()\n"
+    )
+    rows = [
+        {
+            "name": f"m data {n}",
+            "status": "ok",
+            "num_devices": n,
+            "images_per_sec": 100.0 * n,
+            "efficiency": eff,
+            "reference_images_per_sec": None,
+            "reference_efficiency": ref,
+        }
+        for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))
+    ]
     monkeypatch.setattr(validatesuites, "suite_rows", lambda path, suite, say=None: rows)
     figures = {"points": None}
     lines = validatesuites.suite_lines("profile.py", str(suite), figures)
     # -2, -8 and +2 points: the worst 8.0, two of three within 5
     assert figures["points"] == pytest.approx(8.0)
-    assert lines[-1] == ("\nworst efficiency difference: 8.0 points (MISSES the 5-point target);"
-                         " 2 of 3 multi-device rows within 5 points")  # fmt: skip
+    assert lines[-1] == (
+        "\nworst efficiency difference: 8.0 points (MISSES the 5-point target);"
+        " 2 of 3 multi-device rows within 5 points"
+    )
 
 
 def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
@@ -147,8 +169,7 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
 
     def fake(config, profile, overlap):
         calls.append(config.model.name)
-        return {"status": "ok", "model": config.model.name, "num_devices": 1,
-                "images_per_sec": 1.0}  # fmt: skip
+        return {"status": "ok", "model": config.model.name, "num_devices": 1, "images_per_sec": 1.0}
 
     monkeypatch.setattr(predict, "predict_config", fake)
     monkeypatch.setattr(predict, "load_profile", lambda path: object())

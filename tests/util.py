@@ -204,11 +204,19 @@ def flags(settings: dict) -> list[str]:
 
 # A short run of a shipped config on its own data (configs/vgg19_data.py: BatchNorm, shapes10)
 # at a small width: 6 steps, logged every 2, evaluated at steps 3 and 6.
-SHORT_RUN = flags({
-    "num_train_steps": 6, "model.name": "vgg11", "model.width": 0.0625,
-    "global_batch_size": 16, "log_every_steps": 2, "eval_every_steps": 3, "warmup_steps": 1,
-    "data.num_train": 256, "data.num_eval": 40,
-})  # fmt: skip
+SHORT_RUN = flags(
+    {
+        "num_train_steps": 6,
+        "model.name": "vgg11",
+        "model.width": 0.0625,
+        "global_batch_size": 16,
+        "log_every_steps": 2,
+        "eval_every_steps": 3,
+        "warmup_steps": 1,
+        "data.num_train": 256,
+        "data.num_eval": 40,
+    }
+)
 
 
 def cli_env(extra: dict | None = None) -> dict:
@@ -230,9 +238,14 @@ def default_compiler_env() -> dict:
 def run_cli(*args, cwd=ROOT, env=None, timeout=600) -> subprocess.CompletedProcess:
     """`python -m jaxpar.train ARGS` to its end; output captured as text."""
     return subprocess.run(
-        [sys.executable, "-m", "jaxpar.train", *args], cwd=cwd, env=cli_env(env),
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "jaxpar.train", *args],
+        cwd=cwd,
+        env=cli_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def start_cli(*args, env=None, log=None, stderr=subprocess.STDOUT, module="jaxpar.train"):
@@ -241,9 +254,13 @@ def start_cli(*args, env=None, log=None, stderr=subprocess.STDOUT, module="jaxpa
     says otherwise (subprocess.PIPE: a pipe of its own)."""
     out = open(log, "a") if log else subprocess.PIPE
     return subprocess.Popen(
-        [sys.executable, "-u", "-m", module, *args], cwd=ROOT, env=cli_env(env), stdout=out,
-        stderr=stderr, text=True,
-    )  # fmt: skip
+        [sys.executable, "-u", "-m", module, *args],
+        cwd=ROOT,
+        env=cli_env(env),
+        stdout=out,
+        stderr=stderr,
+        text=True,
+    )
 
 
 def start_processes(workdir, args, env=None, module="jaxpar.train", num=2, devices=4) -> list:
@@ -257,8 +274,17 @@ def start_processes(workdir, args, env=None, module="jaxpar.train", num=2, devic
     xla = configfile.with_host_devices(devices)
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla, **(env or {})}
     joined = [f"--coordinator=127.0.0.1:{port}", f"--num_processes={num}"]
-    return [start_cli(*args, *joined, f"--process_id={i}", env=env, log=f"{workdir}.proc{i}.log",
-                      module=module) for i in range(num)]  # fmt: skip
+    return [
+        start_cli(
+            *args,
+            *joined,
+            f"--process_id={i}",
+            env=env,
+            log=f"{workdir}.proc{i}.log",
+            module=module,
+        )
+        for i in range(num)
+    ]
 
 
 def wait_all(procs, timeout=300) -> list[int]:

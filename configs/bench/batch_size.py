@@ -51,8 +51,12 @@ SEED_BY_BATCH = {
     2048: (0.9765, 0.9790),
     4096: 0.9633,
 }
-SEED_AT_128_BY_GPUS = {1: (0.9884, 0.9901), 2: (0.9891, 0.9901), 4: (0.9891, 0.9905),
-                       8: (0.9895, 0.9899)}  # fmt: skip
+SEED_AT_128_BY_GPUS = {
+    1: (0.9884, 0.9901),
+    2: (0.9891, 0.9901),
+    4: (0.9891, 0.9905),
+    8: (0.9895, 0.9899),
+}
 
 RECIPES = {
     "fixed lr": ({}, (128, 512, 1024, 2048, 4096)),
@@ -71,8 +75,14 @@ def steps(batch: int, num_train: int = NUM_TRAIN, epochs: int = EPOCHS) -> int:
     return epochs * num_train // batch
 
 
-def recipe(keys: dict, batch: int, devices: int = DEVICES, num_train: int = NUM_TRAIN,
-           epochs: int = EPOCHS, chunk: int = CHUNK) -> dict:  # fmt: skip
+def recipe(
+    keys: dict,
+    batch: int,
+    devices: int = DEVICES,
+    num_train: int = NUM_TRAIN,
+    epochs: int = EPOCHS,
+    chunk: int = CHUNK,
+) -> dict:
     """The overrides of one recipe at one batch: `epochs` epochs of `num_train` images, each
     device's batch in slices of `chunk` rows (0: in one piece)."""
     keys = dict(keys)
@@ -92,9 +102,15 @@ def recipe(keys: dict, batch: int, devices: int = DEVICES, num_train: int = NUM_
     }
 
 
-def rows(recipes=None, device_counts=(1, 2, 4), num_train: int = NUM_TRAIN,
-         epochs: int = EPOCHS, repeated=REPEATED, references=True,
-         chunk: int = CHUNK) -> tuple[dict, ...]:  # fmt: skip
+def rows(
+    recipes=None,
+    device_counts=(1, 2, 4),
+    num_train: int = NUM_TRAIN,
+    epochs: int = EPOCHS,
+    repeated=REPEATED,
+    references=True,
+    chunk: int = CHUNK,
+) -> tuple[dict, ...]:
     """Every recipe at its batches on DEVICES devices (`repeated` settings under every seed),
     then batch 128 on each of `device_counts`; seed 002's figures beside if `references`."""
     out = []
@@ -105,15 +121,16 @@ def rows(recipes=None, device_counts=(1, 2, 4), num_train: int = NUM_TRAIN,
             ref = SEED_BY_BATCH.get(batch) if name == "fixed lr" and references else None
             for seed in seeds:
                 row_name = label if seed == 0 else f"{label} seed {seed}"
-                overrides = {**recipe(keys, batch, DEVICES, num_train, epochs, chunk),
-                             "seed": seed}  # fmt: skip
-                out.append(row(row_name, overrides, group=name, scaling="none", label=label,
-                               reference=ref))  # fmt: skip
+                overrides = {**recipe(keys, batch, DEVICES, num_train, epochs, chunk), "seed": seed}
+                out.append(
+                    row(row_name, overrides, group=name, scaling="none", label=label, reference=ref)
+                )
     for n in device_counts:  # the seed's GPU counts at batch 128 (8 devices: "fixed lr 128")
         name = f"fixed lr 128, {n} device{'s' * (n > 1)}"
         overrides = recipe({}, BASE_BATCH, n, num_train, epochs, chunk)
-        out.append(row(name, overrides, group="devices", scaling="none",
-                       reference=SEED_AT_128_BY_GPUS[n]))  # fmt: skip
+        out.append(
+            row(name, overrides, group="devices", scaling="none", reference=SEED_AT_128_BY_GPUS[n])
+        )
     return tuple(out)
 
 

@@ -30,8 +30,15 @@ RECIPES = {
 
 
 def get_config() -> ml_collections.ConfigDict:
-    rows = digits_study.rows(RECIPES, device_counts=(), num_train=NUM_TRAIN, epochs=EPOCHS,
-                             repeated=(), references=False, chunk=0)  # fmt: skip
+    rows = digits_study.rows(
+        RECIPES,
+        device_counts=(),
+        num_train=NUM_TRAIN,
+        epochs=EPOCHS,
+        repeated=(),
+        references=False,
+        chunk=0,
+    )
     # chunk=0: each device's batch in one piece (slices would give BatchNorm per-slice
     # statistics, which grad_accum_steps refuses)
     return suite(

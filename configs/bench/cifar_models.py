@@ -42,13 +42,20 @@ def rows() -> tuple[dict, ...]:
     for model, eff in SEED_EFFICIENCY.items():
         per_device = BATCH.get(model, 128)
         for n in (1, 2):
-            out.append(row(
-                f"{model} {n}",
-                {"model.name": model, "mesh_shape": (n, 1, 1),
-                 "global_batch_size": per_device * n},
-                group=model, scaling="weak", baseline=f"{model} 1",
-                reference_efficiency=eff if n == 2 else None,
-            ))  # fmt: skip
+            out.append(
+                row(
+                    f"{model} {n}",
+                    {
+                        "model.name": model,
+                        "mesh_shape": (n, 1, 1),
+                        "global_batch_size": per_device * n,
+                    },
+                    group=model,
+                    scaling="weak",
+                    baseline=f"{model} 1",
+                    reference_efficiency=eff if n == 2 else None,
+                )
+            )
     return tuple(out)
 
 

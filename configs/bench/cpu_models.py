@@ -33,16 +33,28 @@ MODELS = (
 
 def rows() -> tuple[dict, ...]:
     return tuple(
-        row(f"{model} {width:g} {side} b{batch}",
-            {"model.name": model, "model.width": width, "data.image_shape": (side, side, 3),
-             "global_batch_size": batch, "mesh_shape": (1, 1, 1)},
-            group="models", scaling="none")
+        row(
+            f"{model} {width:g} {side} b{batch}",
+            {
+                "model.name": model,
+                "model.width": width,
+                "data.image_shape": (side, side, 3),
+                "global_batch_size": batch,
+                "mesh_shape": (1, 1, 1),
+            },
+            group="models",
+            scaling="none",
+        )
         for model, width, side, batch in MODELS
-    )  # fmt: skip
+    )
 
 
 def get_config() -> ml_collections.ConfigDict:
     common = dict(partitionings.get_config().overrides)
-    common |= {"data.name": "synthetic", "data.num_classes": 10, "data.num_train": 512,
-               "data.num_eval": 256}  # fmt: skip
+    common |= {
+        "data.name": "synthetic",
+        "data.num_classes": 10,
+        "data.num_train": 512,
+        "data.num_eval": 256,
+    }
     return suite("configs/base.py", common, rows())

@@ -37,9 +37,13 @@ def rows() -> tuple[dict, ...]:
                 name = f"pipeline 4 {schedule}{f' v={v}' if v > 1 else ''} M={m} remat={remat}"
                 out.append(row(name, overrides, group=f"M={m}", scaling="none"))
         for schedule, remat in TIME_SPLIT:
-            overrides = {"mesh_shape": (1, 4, 1), "pipeline.schedule": schedule,
-                         "pipeline.num_microbatches": m, "pipeline.remat": remat,
-                         "pipeline.split": "time"}  # fmt: skip
+            overrides = {
+                "mesh_shape": (1, 4, 1),
+                "pipeline.schedule": schedule,
+                "pipeline.num_microbatches": m,
+                "pipeline.remat": remat,
+                "pipeline.split": "time",
+            }
             name = f"pipeline 4 {schedule} M={m} remat={remat} split=time"
             out.append(row(name, overrides, group=f"M={m}", scaling="none"))
     return tuple(out)

@@ -26,18 +26,33 @@ def rows() -> tuple[dict, ...]:
         row("1 device", one, group="baseline"),
         row("data 8", {"mesh_axes": ("data",), "mesh_shape": (8,)}, group="data"),
         row("tensor 8", {"mesh_axes": ("tensor",), "mesh_shape": (8,)}, group="tensor"),
-        row("data 2 x pipeline 4 1f1b M=4",
-            {"mesh_axes": ("data", "stage"), "mesh_shape": (2, 4), "pipeline.schedule": "1f1b",
-             "pipeline.num_microbatches": 4}, group="pipeline"),
-        *(row(f"spatial {n}", {"mesh_axes": ("spatial",), "mesh_shape": (n,)}, group="spatial")
-          for n in (2, 4, 8)),
+        row(
+            "data 2 x pipeline 4 1f1b M=4",
+            {
+                "mesh_axes": ("data", "stage"),
+                "mesh_shape": (2, 4),
+                "pipeline.schedule": "1f1b",
+                "pipeline.num_microbatches": 4,
+            },
+            group="pipeline",
+        ),
+        *(
+            row(f"spatial {n}", {"mesh_axes": ("spatial",), "mesh_shape": (n,)}, group="spatial")
+            for n in (2, 4, 8)
+        ),
         row("data 2 x spatial 4", {"mesh_axes": ("data", "spatial"), "mesh_shape": (2, 4)}),
         row("spatial 4 x tensor 2", {"mesh_axes": ("spatial", "tensor"), "mesh_shape": (4, 2)}),
-        row("stage 2 x spatial 4 1f1b M=4",
-            {"mesh_axes": ("stage", "spatial"), "mesh_shape": (2, 4),
-             "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 4}),
+        row(
+            "stage 2 x spatial 4 1f1b M=4",
+            {
+                "mesh_axes": ("stage", "spatial"),
+                "mesh_shape": (2, 4),
+                "pipeline.schedule": "1f1b",
+                "pipeline.num_microbatches": 4,
+            },
+        ),
         row("fsdp 2 x spatial 4", {"mesh_axes": ("fsdp", "spatial"), "mesh_shape": (2, 4)}),
-    )  # fmt: skip
+    )
 
 
 def get_config() -> ml_collections.ConfigDict:

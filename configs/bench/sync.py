@@ -29,15 +29,28 @@ def get_config() -> ml_collections.ConfigDict:
         rows.append(row(mode, {"sync.mode": mode}, group="sync", scaling="none"))
     for p in (1, 4, 16):
         rows.append(
-            row(f"local_sgd p={p}", {"sync.mode": "local_sgd", "sync.period": p},
-                group="local_sgd", scaling="none")
-        )  # fmt: skip
-    rows.append(row("async s=0", {"sync.mode": "async", "sync.max_staleness": 0},
-                    group="async", scaling="none"))  # fmt: skip
+            row(
+                f"local_sgd p={p}",
+                {"sync.mode": "local_sgd", "sync.period": p},
+                group="local_sgd",
+                scaling="none",
+            )
+        )
+    rows.append(
+        row(
+            "async s=0",
+            {"sync.mode": "async", "sync.max_staleness": 0},
+            group="async",
+            scaling="none",
+        )
+    )
     for s in (2, 4, 8):
         for aware in (False, True):
             name = f"async s={s}" + (" aware" if aware else "")
-            overrides = {"sync.mode": "async", "sync.max_staleness": s,
-                         "sync.staleness_aware_lr": aware}  # fmt: skip
+            overrides = {
+                "sync.mode": "async",
+                "sync.max_staleness": s,
+                "sync.staleness_aware_lr": aware,
+            }
             rows.append(row(name, overrides, group="async", scaling="none"))
     return suite("configs/vgg19_sync.py", common, rows)

@@ -35,16 +35,25 @@ CHUNK = 16  # rows per device per slice of gradient accumulation
 
 def data_row(batch: int, name: str = "", **extra) -> dict:
     """Data parallelism over 8 devices at `batch`, each device's share in CHUNK-row slices."""
-    keys = {"mesh_shape": (8, 1, 1), "num_devices": 8, "global_batch_size": batch,
-            "grad_accum_steps": max(1, batch // 8 // CHUNK), **extra}  # fmt: skip
+    keys = {
+        "mesh_shape": (8, 1, 1),
+        "num_devices": 8,
+        "global_batch_size": batch,
+        "grad_accum_steps": max(1, batch // 8 // CHUNK),
+        **extra,
+    }
     return row(name or f"data 8, batch {batch}", keys, group="data", scaling="none")
 
 
 def device_row(batch: int, n: int) -> dict:
     """Seed 002's question: the reference batch on fewer devices (1 device: two accumulation
     slices, so that the step still has two gradient sizes). The same steps; another clock."""
-    keys = {"mesh_shape": (n, 1, 1), "num_devices": n, "global_batch_size": batch,
-            "grad_accum_steps": 2 if n == 1 else 1}  # fmt: skip
+    keys = {
+        "mesh_shape": (n, 1, 1),
+        "num_devices": n,
+        "global_batch_size": batch,
+        "grad_accum_steps": 2 if n == 1 else 1,
+    }
     return row(f"data {n}, batch {batch}", keys, group="devices", scaling="none")
 
 

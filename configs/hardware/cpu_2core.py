@@ -70,8 +70,15 @@ import ml_collections
 
 GB = 1e9
 # The default suite's model (configs/bench/partitionings.py) on one device.
-RUN = {"model": "vgg19", "width": 0.25, "batch_norm": True, "head": "auto", "dtype": "float32",
-       "image_shape": (32, 32, 3), "num_classes": 10}  # fmt: skip
+RUN = {
+    "model": "vgg19",
+    "width": 0.25,
+    "batch_norm": True,
+    "head": "auto",
+    "dtype": "float32",
+    "image_shape": (32, 32, 3),
+    "num_classes": 10,
+}
 
 # Other models on one device, measured here on 2026-11-27 (load average 1.3-1.6) with
 #     python -m jaxpar.bench --suite cpu_models --out runs/cpu_models --repeat 2
@@ -98,10 +105,16 @@ def get_config():
     c.intra = {"bandwidth": 4.75 * GB, "latency": 25e-6, "rings": 1}
     c.inter = {"bandwidth": 4.75 * GB, "latency": 25e-6, "rings": 1}
     c.compute_pool = (  # (N, mean FLOPs of a matrix kernel, speedup): three --pool runs' mean
-        (2, 92.9e6, 1.20), (4, 92.9e6, 1.37), (8, 92.9e6, 1.45),
-        (2, 46.5e6, 1.30), (4, 46.5e6, 1.49), (8, 46.5e6, 1.47),
-        (2, 23.2e6, 1.31), (4, 23.2e6, 1.49), (8, 23.2e6, 1.56),
-    )  # fmt: skip
+        (2, 92.9e6, 1.20),
+        (4, 92.9e6, 1.37),
+        (8, 92.9e6, 1.45),
+        (2, 46.5e6, 1.30),
+        (4, 46.5e6, 1.49),
+        (8, 46.5e6, 1.47),
+        (2, 23.2e6, 1.31),
+        (4, 23.2e6, 1.49),
+        (8, 23.2e6, 1.56),
+    )
     c.overlap = 0.0
     c.narrow_width = 8.0
     c.forward_speedup = 1.34
@@ -119,9 +132,15 @@ def get_config():
     ]
     c.fit = ("compute_efficiency", "kernel_s")
     c.calibration_candidates = [  # never fitted: --validate predicts each from the others
-        {**RUN, "model": model, "width": width, "image_shape": (side, side, 3),
-         "batch_size": batch, "images_per_sec": rate}
+        {
+            **RUN,
+            "model": model,
+            "width": width,
+            "image_shape": (side, side, 3),
+            "batch_size": batch,
+            "images_per_sec": rate,
+        }
         for model, width, side, batch, rate in CANDIDATES
-    ]  # fmt: skip
+    ]
     c.validation = ["configs/predict/cpu_measured.py"]  # measured here: --validate
     return c

@@ -121,22 +121,62 @@ RUNS = [
 
 # benchmarks/single_device.py on the same GPU, same session (runs/gpu_cal/rows.json there)
 CANDIDATES = [
-    {"model": "alexnet", "width": 1.0, "batch_norm": True, "head": "auto",
-     "image_shape": (224, 224, 3), "num_classes": 10,
-     "dtype": "bfloat16", "batch_size": 256, "images_per_sec": 43436.1},  # 108 GPU kernels, peak 1.66 GiB
-    {"model": "densenet40", "width": 1.0, "batch_norm": True, "head": "auto",
-     "image_shape": (32, 32, 3), "num_classes": 10,
-     "dtype": "float32", "batch_size": 64, "images_per_sec": 5825.2},  # 917 GPU kernels, peak 0.94 GiB
-    {"model": "inception_v3", "width": 1.0, "batch_norm": True, "head": "auto",
-     "image_shape": (299, 299, 3), "num_classes": 10,
-     "dtype": "bfloat16", "batch_size": 64, "images_per_sec": 2594.4},  # 2246 GPU kernels, peak 3.09 GiB
-    {"model": "resnet50", "width": 1.0, "batch_norm": True, "head": "auto",
-     "image_shape": (224, 224, 3), "num_classes": 10,
-     "dtype": "float32", "batch_size": 128, "images_per_sec": 2726.3},  # 1243 GPU kernels, peak 10.49 GiB
-    {"model": "vgg16", "width": 1.0, "batch_norm": True, "head": "auto",
-     "image_shape": (224, 224, 3), "num_classes": 10,
-     "dtype": "bfloat16", "batch_size": 64, "images_per_sec": 3005.6},  # 345 GPU kernels, peak 6.09 GiB
-]  # fmt: skip
+    {
+        "model": "alexnet",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (224, 224, 3),
+        "num_classes": 10,
+        "dtype": "bfloat16",
+        "batch_size": 256,
+        "images_per_sec": 43436.1,
+    },  # 108 GPU kernels, peak 1.66 GiB
+    {
+        "model": "densenet40",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (32, 32, 3),
+        "num_classes": 10,
+        "dtype": "float32",
+        "batch_size": 64,
+        "images_per_sec": 5825.2,
+    },  # 917 GPU kernels, peak 0.94 GiB
+    {
+        "model": "inception_v3",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (299, 299, 3),
+        "num_classes": 10,
+        "dtype": "bfloat16",
+        "batch_size": 64,
+        "images_per_sec": 2594.4,
+    },  # 2246 GPU kernels, peak 3.09 GiB
+    {
+        "model": "resnet50",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (224, 224, 3),
+        "num_classes": 10,
+        "dtype": "float32",
+        "batch_size": 128,
+        "images_per_sec": 2726.3,
+    },  # 1243 GPU kernels, peak 10.49 GiB
+    {
+        "model": "vgg16",
+        "width": 1.0,
+        "batch_norm": True,
+        "head": "auto",
+        "image_shape": (224, 224, 3),
+        "num_classes": 10,
+        "dtype": "bfloat16",
+        "batch_size": 64,
+        "images_per_sec": 3005.6,
+    },  # 345 GPU kernels, peak 6.09 GiB
+]
 
 
 def get_config():

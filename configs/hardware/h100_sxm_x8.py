@@ -47,8 +47,14 @@ from jaxpar import peak_flops
 
 GB = 1e9
 # configs/vgg19_data.py at full width on CIFAR-shaped synthetic data, one GPU
-H100_RUN = {"model": "vgg19", "width": 1.0, "batch_norm": True, "head": "auto",
-            "image_shape": (32, 32, 3), "num_classes": 10}  # fmt: skip
+H100_RUN = {
+    "model": "vgg19",
+    "width": 1.0,
+    "batch_norm": True,
+    "head": "auto",
+    "image_shape": (32, 32, 3),
+    "num_classes": 10,
+}
 
 
 def get_config():
@@ -62,9 +68,13 @@ def get_config():
     c.inter = {"bandwidth": 360 * GB, "latency": 5e-6, "rings": 1}  # one node
     c.calibration_runs = [
         {**H100_RUN, "dtype": dtype, "batch_size": batch, "images_per_sec": rate}
-        for dtype, batch, rate in (("float32", 128, 31_784.0), ("bfloat16", 128, 27_789.0),
-                                   ("float32", 512, 55_925.0), ("bfloat16", 512, 100_044.0))
-    ]  # fmt: skip
+        for dtype, batch, rate in (
+            ("float32", 128, 31_784.0),
+            ("bfloat16", 128, 27_789.0),
+            ("float32", 512, 55_925.0),
+            ("bfloat16", 512, 100_044.0),
+        )
+    ]
     c.fit = ("compute_efficiency", "launch_s")
     c.compiler = "gpu"
     c.gpu = "h100_sxm"
@@ -89,10 +99,18 @@ def get_config():
         "window": (0.0, 1.83e12),
     }
     c.calibration_candidates = [
-        {"model": "resnet50", "width": 1.0, "batch_norm": True, "head": "auto",
-         "image_shape": (224, 224, 3), "num_classes": 10, "dtype": "bfloat16",
-         "batch_size": 128, "images_per_sec": 4745.0},
-    ]  # fmt: skip
+        {
+            "model": "resnet50",
+            "width": 1.0,
+            "batch_norm": True,
+            "head": "auto",
+            "image_shape": (224, 224, 3),
+            "num_classes": 10,
+            "dtype": "bfloat16",
+            "batch_size": 128,
+            "images_per_sec": 4745.0,
+        },
+    ]
     c.overlap = None
     c.program_overhead_s = 50e-6  # host dispatch of one compiled program (JAX)
     return c

@@ -56,14 +56,32 @@ def get_config():
     # the tensor-core tile (tile_width 128, from the H100 profile): an H200's narrow
     # convolutions, timed by --calibrate-here on 2026-11-27, fit 128 too (docs/predict.md)
     c.calibration_runs = [
-        {**RUN, "model": "vgg19", "image_shape": (32, 32, 3), "dtype": "bfloat16",
-         "batch_size": 512, "images_per_sec": 111_992.0},
-    ]  # fmt: skip
+        {
+            **RUN,
+            "model": "vgg19",
+            "image_shape": (32, 32, 3),
+            "dtype": "bfloat16",
+            "batch_size": 512,
+            "images_per_sec": 111_992.0,
+        },
+    ]
     c.fit = ("compute_efficiency",)
     c.calibration_candidates = [
-        {**RUN, "model": "resnet50", "image_shape": (224, 224, 3), "dtype": "bfloat16",
-         "batch_size": 256, "images_per_sec": 6_324.0},
-        {**RUN, "model": "resnet50", "image_shape": (224, 224, 3), "dtype": "float32",
-         "batch_size": 128, "images_per_sec": 3_384.0},
-    ]  # fmt: skip
+        {
+            **RUN,
+            "model": "resnet50",
+            "image_shape": (224, 224, 3),
+            "dtype": "bfloat16",
+            "batch_size": 256,
+            "images_per_sec": 6_324.0,
+        },
+        {
+            **RUN,
+            "model": "resnet50",
+            "image_shape": (224, 224, 3),
+            "dtype": "float32",
+            "batch_size": 128,
+            "images_per_sec": 3_384.0,
+        },
+    ]
     return c

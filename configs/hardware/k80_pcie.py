@@ -65,9 +65,11 @@ def get_config():
     c.calibration_candidates = [
         run("inception_v3", 299, batch_size=64, images_per_sec=30.5),
         run("resnet152", 224, batch_size=32, images_per_sec=20.0),
-        {**dgx1_p100.tf_cnn_benchmarks_vgg16(batch_size=512, images_per_sec=656.0),
-         "model": "alexnet"},
-    ]  # fmt: skip
+        {
+            **dgx1_p100.tf_cnn_benchmarks_vgg16(batch_size=512, images_per_sec=656.0),
+            "model": "alexnet",
+        },
+    ]
     c.validation = [
         "configs/predict/k80_gce_tf_cnn_benchmarks.py",  # the calibration runs' machine
         "configs/predict/k80_aws_tf_cnn_benchmarks.py",

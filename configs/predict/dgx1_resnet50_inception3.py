@@ -23,12 +23,18 @@ def get_config():
     rows = []
     for model, size in MODELS.items():
         for n in (1, 2, 4, 8):
-            rows.append({
-                "name": f"{model} data {n}",
-                "config": {"model.name": model, "data.image_shape": (size, size, 3),
-                           "mesh_shape": (n, 1, 1), "global_batch_size": PER_DEVICE_BATCH * n},
-                "reference_efficiency": SEED_MEDIAN_EFFICIENCY.get(n),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "name": f"{model} data {n}",
+                    "config": {
+                        "model.name": model,
+                        "data.image_shape": (size, size, 3),
+                        "mesh_shape": (n, 1, 1),
+                        "global_batch_size": PER_DEVICE_BATCH * n,
+                    },
+                    "reference_efficiency": SEED_MEDIAN_EFFICIENCY.get(n),
+                }
+            )
     return suite(
         "configs/base.py",
         # tf_cnn_benchmarks normalises over each GPU's batch (no synchronised BatchNorm)

@@ -12,19 +12,31 @@ all within 10% (tests/test_perfmodel.py checks the fit).
 from configs.bench import suite
 
 # (dtype, batch) -> measured images/sec on one H100 80GB HBM3.
-MEASURED = {("float32", 128): 31_784, ("bfloat16", 128): 27_789,
-            ("float32", 512): 55_925, ("bfloat16", 512): 100_044}  # fmt: skip
+MEASURED = {
+    ("float32", 128): 31_784,
+    ("bfloat16", 128): 27_789,
+    ("float32", 512): 55_925,
+    ("bfloat16", 512): 100_044,
+}
 
 
 def get_config():
     rows = [
-        {"name": f"vgg19 {dtype} batch {batch} (measured {ips:,})",
-         "config": {"model.dtype": dtype, "global_batch_size": batch}, "reference": ips}
+        {
+            "name": f"vgg19 {dtype} batch {batch} (measured {ips:,})",
+            "config": {"model.dtype": dtype, "global_batch_size": batch},
+            "reference": ips,
+        }
         for (dtype, batch), ips in MEASURED.items()
-    ]  # fmt: skip
+    ]
     return suite(
         "configs/base.py",
-        {"model.width": 1.0, "data.name": "synthetic", "data.image_shape": (32, 32, 3),
-         "data.num_classes": 10, "mesh_shape": (1, 1, 1)},
+        {
+            "model.width": 1.0,
+            "data.name": "synthetic",
+            "data.image_shape": (32, 32, 3),
+            "data.num_classes": 10,
+            "mesh_shape": (1, 1, 1),
+        },
         rows,
-    )  # fmt: skip
+    )

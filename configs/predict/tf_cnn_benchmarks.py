@@ -22,28 +22,44 @@ GPUS = (1, 2, 4, 8)
 TABLES = {
     "dgx1": (
         {"inception_v3": 64, "resnet50": 64, "resnet152": 64, "alexnet": 512, "vgg16": 64},
-        {"inception_v3": (142, 284, 569, 1131), "resnet50": (219, 422, 852, 1734),
-         "resnet152": (91.8, 181, 356, 716), "alexnet": (2987, 5658, 10509, 17822),
-         "vgg16": (154, 295, 584, 1081)},
+        {
+            "inception_v3": (142, 284, 569, 1131),
+            "resnet50": (219, 422, 852, 1734),
+            "resnet152": (91.8, 181, 356, 716),
+            "alexnet": (2987, 5658, 10509, 17822),
+            "vgg16": (154, 295, 584, 1081),
+        },
     ),
     "dgx1_batch32": (  # the page's "other results"
         {"inception_v3": 32, "resnet50": 32, "resnet152": 32, "vgg16": 32},
-        {"inception_v3": (128, 259, 520, 995), "resnet50": (195, 368, 768, 1485),
-         "resnet152": (82.7, 160, 317, 632), "vgg16": (144, 281, 549, 820)},
+        {
+            "inception_v3": (128, 259, 520, 995),
+            "resnet50": (195, 368, 768, 1485),
+            "resnet152": (82.7, 160, 317, 632),
+            "vgg16": (144, 281, 549, 820),
+        },
     ),
     "k80_gce": (
         {"inception_v3": 64, "resnet50": 64, "resnet152": 32, "alexnet": 512, "vgg16": 32},
-        {"inception_v3": (30.5, 57.8, 116, 227), "resnet50": (51.9, 99.0, 195, 387),
-         "resnet152": (20.0, 38.2, 75.8, 148), "alexnet": (656, 1209, 2328, 4640),
-         "vgg16": (35.4, 64.8, 120, 234)},
+        {
+            "inception_v3": (30.5, 57.8, 116, 227),
+            "resnet50": (51.9, 99.0, 195, 387),
+            "resnet152": (20.0, 38.2, 75.8, 148),
+            "alexnet": (656, 1209, 2328, 4640),
+            "vgg16": (35.4, 64.8, 120, 234),
+        },
     ),
     "k80_aws": (
         {"inception_v3": 64, "resnet50": 64, "resnet152": 32, "alexnet": 512, "vgg16": 32},
-        {"inception_v3": (30.8, 58.7, 117, 230), "resnet50": (51.5, 98.0, 195, 384),
-         "resnet152": (19.7, 37.6, 74.9, 149), "alexnet": (684, 1244, 2479, 4853),
-         "vgg16": (36.3, 69.4, 141, 260)},
+        {
+            "inception_v3": (30.8, 58.7, 117, 230),
+            "resnet50": (51.5, 98.0, 195, 384),
+            "resnet152": (19.7, 37.6, 74.9, 149),
+            "alexnet": (684, 1244, 2479, 4853),
+            "vgg16": (36.3, 69.4, 141, 260),
+        },
     ),
-}  # fmt: skip
+}
 IMAGE_SIZE = {"inception_v3": 299}  # the others 224
 NO_BATCH_NORM = ("alexnet", "vgg16")  # tf_cnn_benchmarks' AlexNet and VGG16: no BatchNorm
 
@@ -64,8 +80,9 @@ def table_suite(table: str):
             }
             if model in NO_BATCH_NORM:
                 config |= {"model.head": "imagenet", "model.batch_norm": False}
-            rows.append({"name": f"{model} data {n}", "config": config,
-                         "reference": float(images_per_sec)})  # fmt: skip
+            rows.append(
+                {"name": f"{model} data {n}", "config": config, "reference": float(images_per_sec)}
+            )
     # tf_cnn_benchmarks normalises over each GPU's batch (no synchronised BatchNorm) and
     # measures no gradient noise scale (jaxpar's costs a reduction per parameter on a GPU)
     common = {
