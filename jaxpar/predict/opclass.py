@@ -151,6 +151,19 @@ def library_call(result: str, rest: str, types: dict[str, str]) -> OpClasses:
     return matrix_classes(library.library_call(result, rest, types))
 
 
+def matmuls_of(ins: hlo.Instruction, program: hlo.Program) -> list[Matmul]:
+    """The matrix kernels an instruction runs: a convolution or dot, a cuDNN or cuBLAS call
+    (XLA:GPU's form), or those a fusion holds."""
+    if ins.opcode in ("convolution", "dot"):
+        return [matmul(ins.opcode, ins.type, ins.rest, program.types)]
+    if ins.opcode == "custom-call":
+        call = library.library_call(ins.type, ins.rest, program.types)
+        return [call] if call is not None else []
+    if ins.opcode != "fusion":
+        return []
+    return [m for c in ins.callees for inner in program.body(c) for m in matmuls_of(inner, program)]
+
+
 def classify(text: str, compiler: str = "cpu") -> OpClasses:
     """Op classes of one compiled program (its `as_text()`), per device per call; `compiler`
     "gpu" for an XLA:GPU program (its memory-bound kernels' classes are the GPU's)."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpar import collectives, hlo
-from jaxpar.predict import library, matrix
+from jaxpar.predict import opclass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
         position[ins.name] = i
         if ins.opcode in ("get-tuple-element", "bitcast") and ins.operands:
             producer[ins.name] = producer.get(ins.operands[0], ins.operands[0])
-        total += _flops(ins, program)
+        total += sum(m.flops for m in opclass.matmuls_of(ins, program))
         done_flops.append(total)
     total = total or 1.0
     starts = {}
@@ -81,19 +81,6 @@ def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
             starts[ins.name] = len(out)
         out.append(elements)
     return tuple(w for group in out for w in group)
-
-
-def _flops(ins: hlo.Instruction, program: hlo.Program) -> float:
-    """Matrix FLOPs of an instruction: a convolution or dot, a cuDNN or cuBLAS call (how
-    XLA:GPU's programs hold them), or what a fusion holds."""
-    if ins.opcode in ("convolution", "dot"):
-        return matrix.matmul(ins.opcode, ins.type, ins.rest, program.types).flops
-    if ins.opcode == "custom-call":
-        call = library.library_call(ins.type, ins.rest, program.types)
-        return call.flops if call is not None else 0.0
-    if ins.opcode != "fusion":
-        return 0.0
-    return sum(_flops(inner, program) for c in ins.callees for inner in program.body(c))
 
 
 def exposed(times: list[float], ready: list[float], compute: float) -> float:

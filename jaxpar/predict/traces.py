@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxpar import hlo
 from jaxpar.errors import ConfigError
-from jaxpar.predict import library, matrix, opclass
+from jaxpar.predict import library, opclass
 
 
 def instructions(text: str) -> dict[str, tuple[str, str, str]]:
@@ -66,17 +66,8 @@ def _entry(name: str, program: hlo.Program) -> hlo.Instruction:
 def cpu_matrix_flops(name: str, program: hlo.Program) -> tuple[float, bool]:
     """(FLOPs, thin) of a CPU program's top-level instruction: a convolution or dot, or a
     fusion holding them; (0, False) else."""
-    ins = _entry(name, program)
-    if ins.opcode in ("convolution", "dot"):
-        found = [ins]
-    elif ins.opcode == "fusion":
-        found = [
-            i for c in ins.callees for i in program.body(c) if i.opcode in ("convolution", "dot")
-        ]
-    else:
-        return 0.0, False
-    kernels = [matrix.matmul(i.opcode, i.type, i.rest, program.types) for i in found]
-    return sum(m.flops for m in kernels), any(m.thin for m in kernels)
+    kernels = opclass.matmuls_of(_entry(name, program), program)
+    return sum((m.flops for m in kernels), 0.0), any(m.thin for m in kernels)
 
 
 def kernel_class(name: str, program: hlo.Program) -> str:
