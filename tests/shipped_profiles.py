@@ -13,7 +13,6 @@ row predicted as tests/test_perfmodel.py's calibration test reads it.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -27,18 +26,20 @@ configfile.cpu_only()
 def main(out: str) -> None:
     from configs import base
     from configs.predict import dgx1_vgg16
-    from jaxpar.predict import links, load_profile, predict_config
+    from jaxpar.predict import hardware, links, load_profile, predict_config
     from tests.util import override
 
     figures = {}
     for path in sorted(Path("configs/hardware").glob("*.py")):
         p = load_profile(path)
         costs = {
-            f.name: getattr(p, f.name)
-            for f in dataclasses.fields(p)
-            if isinstance(getattr(p, f.name), int | float) or f.name == "overlap"
+            name: value
+            for name, value in hardware.fields(p).items()
+            if isinstance(value, int | float) or name == "overlap"
         }
-        costs["allreduce"] = links.collective_time("all-reduce", 1e9, list(range(p.num_devices)), p)
+        costs["allreduce"] = links.collective_time(
+            "all-reduce", 1e9, list(range(p.device.num_devices)), p
+        )
         figures[path.stem] = costs
     suite = dgx1_vgg16.get_config()
     config = override(base.get_config(), {**suite.overrides, **suite.rows[0]["config"]})

@@ -11,7 +11,16 @@ import jax
 import pytest
 
 from configs import base
-from jaxpar.predict import fitting, here, herebench, hereprofile, hererows, predict_config
+from jaxpar.predict import (
+    fitting,
+    gputarget,
+    here,
+    herebench,
+    hereprofile,
+    hererows,
+    predict_config,
+    pricing,
+)
 from jaxpar.predict.calibration import calibration_ops
 
 
@@ -42,13 +51,17 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert "measured img/s" in report and f"--profile {path}" in report
 
     profile = fitting.load_profile(path)  # fitted to its one run as it loads
-    assert profile.name == "8 x cpu (measured here)" and profile.num_devices == 8
-    assert 0 < profile.memory_bandwidth < math.inf
-    assert profile.thin_efficiency == pytest.approx(0.25)  # the first layer's, against a matmul
-    assert all(0 < v < math.inf for v in profile.peak_flops.values())
-    assert 0 < profile.intra.bandwidth < math.inf and 0 < profile.intra.latency < math.inf
-    step = profile.program_time(calibration_ops(run, profile.target), run["dtype"])
-    step += profile.step_overhead_s + profile.program_overhead_s
+    assert profile.name == "8 x cpu (measured here)" and profile.device.num_devices == 8
+    assert 0 < profile.memory.memory_bandwidth < math.inf
+    assert profile.compute.thin_efficiency == pytest.approx(
+        0.25
+    )  # the first layer's, against a matmul
+    assert all(0 < v < math.inf for v in profile.device.peak_flops.values())
+    assert (
+        0 < profile.links.intra.bandwidth < math.inf and 0 < profile.links.intra.latency < math.inf
+    )
+    step = pricing.program_time(profile, calibration_ops(run, gputarget.of(profile)), run["dtype"])
+    step += profile.host.step_overhead_s + profile.host.program_overhead_s
     assert abs(run["batch_size"] / step / run["images_per_sec"] - 1) < 0.01
 
     row = predict_config(base.get_config(), profile)  # 8 simulated devices, data parallel
@@ -193,9 +206,12 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     p = fitting.load_profile(path)
     assert tuple(c.fit) == here.TRACED_FIT and traced["named_share"] == 1.0
     assert (
-        p.memory_kernel_costs == traced["memory_kernel_costs"]
+        p.memory.memory_kernel_costs == traced["memory_kernel_costs"]
         and "window" in traced["memory_kernel_costs"]
     )  # VGG's max pools
-    assert p.kernel_s == traced["kernel_s"] and p.memory_bandwidth == traced["memory_bandwidth"]
+    assert (
+        p.kernels.kernel_s == traced["kernel_s"]
+        and p.memory.memory_bandwidth == traced["memory_bandwidth"]
+    )
     assert "kernel traces of vgg11_0p125_32_float32_8" in path.read_text()
-    assert sum(map(len, p.measured_kernels.values())) == 3 * len(table)  # every kernel kept
+    assert sum(map(len, p.kernels.measured_kernels.values())) == 3 * len(table)  # every kernel kept

@@ -6,7 +6,6 @@ in one line and predicts from the CPU programs."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import pytest
@@ -111,13 +110,13 @@ def test_a_profile_compiles_for_its_gpu_or_says_why_not(monkeypatch, caplog):
     """The H100 profile's target is its 8 GPUs on one node; where the plugin is switched off
     the same profile predicts from CPU programs and says why in one line; a K80 is below CUDA
     12's compute capabilities."""
-    profile = dataclasses.replace(_profile(), gpu="h100_sxm", num_devices=16, devices_per_node=8)
-    assert profile.target == gputarget.Target("h100_sxm", 2, 8)
-    assert {d.process_index for d in profile.target.devices()} == {0, 1}
+    profile = hardware.replace(_profile(), gpu="h100_sxm", num_devices=16, devices_per_node=8)
+    assert gputarget.of(profile) == gputarget.Target("h100_sxm", 2, 8)
+    assert {d.process_index for d in gputarget.of(profile).devices()} == {0, 1}
     monkeypatch.setenv("JAXPAR_NO_GPU_TARGET", "1")
     monkeypatch.setattr(gputarget, "_SAID", set())
     with caplog.at_level(logging.WARNING):
-        assert profile.target is None and profile.target is None
+        assert gputarget.of(profile) is None and gputarget.of(profile) is None
     said = [r.getMessage() for r in caplog.records if "simulated" in r.getMessage()]
     assert len(said) == 1 and "JAXPAR_NO_GPU_TARGET" in said[0]
     assert "compute capability 3.7" in gputarget.unavailable("k80")
@@ -132,7 +131,7 @@ def test_memory_per_gpu_is_xla_gpus_not_the_cpus():
     gpu, cpu = workload(config, 8, H100), workload(config, 8)
     assert gpu.stages[0].state_bytes == cpu.stages[0].state_bytes
     assert gpu.stages[0].temp_bytes != cpu.stages[0].temp_bytes
-    row = predict_workload(gpu, dataclasses.replace(_profile(), gpu="h100_sxm"))
+    row = predict_workload(gpu, hardware.replace(_profile(), gpu="h100_sxm"))
     assert row["memory_bytes_per_device"] == gpu.memory_bytes_per_device
     assert row["memory_from"].startswith("XLA:GPU programs compiled here for 8x NVIDIA H100")
 

@@ -1,13 +1,11 @@
 """Matrix-kernel costs from published per-kernel timings (jaxpar/predict/kernels.py)."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, hardware, kernels
+from jaxpar.predict import fitting, hardware, kernels, pricing
 
 GB = 1e9
 TABLE = "configs/hardware/kernels/deepbench_p100.csv"
@@ -26,7 +24,7 @@ def _gpu(**kw) -> hardware.Profile:
         "compiler": "gpu",
         "memory_bandwidth": 700 * GB,
     }
-    return hardware.Profile(**{**base, **kw})
+    return hardware.build(**{**base, **kw})
 
 
 # a kernel table's columns (DeepBench's convolution shapes, then each kernel's milliseconds)
@@ -81,7 +79,7 @@ def test_fit_recovers_the_costs_that_timed_the_kernels():
         ("conv3x3_efficiency", 1.5),
         ("matmul_kernel_s", 40e-6),
     ):
-        assert getattr(fitted.profile, name) == pytest.approx(value, rel=1e-4), name
+        assert hardware.value(fitted.profile, name) == pytest.approx(value, rel=1e-4), name
     assert fitted.median_error < 1e-6 and fitted.total_ratio == pytest.approx(1.0, abs=1e-6)
 
 
@@ -93,14 +91,12 @@ def test_deepbench_p100_table_prices_its_kernels():
     rows = kernels.load(TABLE)
     assert len(rows) == 94
     p100 = _gpu(compute_efficiency=0.4)
-    p100 = dataclasses.replace(
-        p100, peak_flops={"float32": 10.6e12}, memory_bandwidth=0.9 * 732 * GB
-    )
+    p100 = hardware.replace(p100, peak_flops={"float32": 10.6e12}, memory_bandwidth=0.9 * 732 * GB)
     fitted = kernels.fit(p100, rows)
     assert len(fitted.errors) == 252
-    assert fitted.profile.compute_efficiency == pytest.approx(0.642, rel=0.01)
-    assert fitted.profile.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
-    assert fitted.profile.matmul_kernel_s == pytest.approx(58e-6, rel=0.02)
+    assert fitted.profile.compute.compute_efficiency == pytest.approx(0.642, rel=0.01)
+    assert fitted.profile.compute.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
+    assert fitted.profile.kernels.matmul_kernel_s == pytest.approx(58e-6, rel=0.02)
     assert fitted.median_error == pytest.approx(0.217, abs=0.005)
 
 
@@ -113,7 +109,7 @@ def test_a_bad_table_or_profile_is_one_line(tmp_path):
         kernels.load(bad)
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="compiler = 'gpu'"):
-        kernels.fit(dataclasses.replace(_gpu(), compiler="cpu"), kernels.load(TABLE))
+        kernels.fit(hardware.replace(_gpu(), compiler="cpu"), kernels.load(TABLE))
 
 
 def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path):
@@ -173,7 +169,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         "dtype": "float32",
         "batch_size": 8,
     }
-    step = truth.program_time(calibration_ops(run), "float32") + 30e-6  # + dispatch
+    step = pricing.program_time(truth, calibration_ops(run), "float32") + 30e-6  # + dispatch
     run["images_per_sec"] = 8 / step
     path = tmp_path / "gpu.py"
     report = hereprofile.write_profile(
@@ -181,16 +177,23 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     )
     assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
     p = fitting.load_profile(path)
-    assert p.compiler == "gpu" and p.tile_width == 128.0 and "tile_width 128" in path.read_text()
+    assert (
+        p.device.compiler == "gpu"
+        and p.compute.tile_width == 128.0
+        and "tile_width 128" in path.read_text()
+    )
     for name, value in (
         ("compute_efficiency", 0.6),
         ("conv3x3_efficiency", 1.5),
         ("matmul_kernel_s", 40e-6),
         ("kernel_s", 3e-6),
     ):
-        assert getattr(p, name) == pytest.approx(value, rel=2e-3), name
+        assert hardware.value(p, name) == pytest.approx(value, rel=2e-3), name
     # and keeps each timed kernel, to price a step's own convolutions of those shapes
-    assert sum(map(len, p.measured_kernels.values())) == 3 * 24 and p.measured_dtype == "float32"
+    assert (
+        sum(map(len, p.kernels.measured_kernels.values())) == 3 * 24
+        and p.kernels.measured_dtype == "float32"
+    )
     # with the rows' kernel traces (hererows.traced_costs): the memory-bound kernels' costs and the
     # per-kernel time are the traces', and the rows fit only what a matrix kernel adds
     # inside a step (here the truth's per-class costs are its one kernel_s and bandwidth)
@@ -209,8 +212,10 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT, ("float32", timed)
     )
     p = fitting.load_profile(path)
-    assert p.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernel_s == 3e-6
-    assert p.matmul_kernel_s == pytest.approx(40e-6, rel=2e-3)
+    assert (
+        p.memory.memory_kernel_costs == traced["memory_kernel_costs"] and p.kernels.kernel_s == 3e-6
+    )
+    assert p.kernels.matmul_kernel_s == pytest.approx(40e-6, rel=2e-3)
     assert "kernel traces of vgg11_0p125_32_float32_8" in path.read_text()
 
 
@@ -284,12 +289,16 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
     found = sorted(t[0][1] for t in timed.values())
     assert found == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3])
     priced = _gpu(kernel_s=0.0, matmul_kernel_s=1e-6)
-    profile = dataclasses.replace(priced, measured_kernels=table, measured_dtype="float32")
-    assert profile.device_time(four, "float32") == pytest.approx(21e-3)
-    assert profile.device_time(four, "bfloat16") == priced.device_time(four, "bfloat16")
+    profile = hardware.replace(priced, measured_kernels=table, measured_dtype="float32")
+    assert pricing.device_time(profile, four, "float32") == pytest.approx(21e-3)
+    assert pricing.device_time(profile, four, "bfloat16") == pricing.device_time(
+        priced, four, "bfloat16"
+    )
 
     def alone(m) -> float:
-        return priced.device_time(opclass.OpClasses(matmul_flops=m.flops, matmuls=(m,)), "float32")
+        return pricing.device_time(
+            priced, opclass.OpClasses(matmul_flops=m.flops, matmuls=(m,)), "float32"
+        )
 
     eight = step(8)
     expected = 0.0
@@ -297,7 +306,7 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
         ((n, seconds, kernel),) = next(table[k[1:]] for k in m.keys if k[1:] in table)
         assert n == 4
         expected += seconds * alone(m) / alone(kernel)
-    assert profile.device_time(eight, "float32") == pytest.approx(expected)
+    assert pricing.device_time(profile, eight, "float32") == pytest.approx(expected)
     assert 21e-3 < expected < 2 * 21e-3 + 6 * 1e-6  # twice the work, at most twice the time
 
 

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from jaxpar import models
-from jaxpar.predict import cpulinks, micro, opclass, pipelinehost
+from jaxpar.predict import cpulinks, micro, opclass, pipelinehost, pricing
 from jaxpar.predict.calibration import run_config
 from jaxpar.predict.workload import input_spec
 
@@ -127,15 +127,15 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     from jaxpar.predict import calibrate, cpulinks, hardware, pipelinehost
     from jaxpar.predict.calibration import calibration_ops
 
-    truth = hardware.Profile(
+    truth = hardware.build(
         "t",
-        8,
-        8,
-        {"float32": 1e12},
-        16e9,
-        hardware.Link(1e10, 0.0),
-        hardware.Link(1e10, 0.0),
-        0.3,
+        num_devices=8,
+        devices_per_node=8,
+        peak_flops={"float32": 1e12},
+        memory_bytes=16e9,
+        intra=hardware.Link(1e10, 0.0),
+        inter=hardware.Link(1e10, 0.0),
+        compute_efficiency=0.3,
         kernel_s=20e-6,
         narrow_width=6.0,
     )
@@ -149,7 +149,7 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
             "num_classes": 10,
             "batch_size": batch,
         }
-        seconds = truth.program_time(calibration_ops(run), "float32")
+        seconds = pricing.program_time(truth, calibration_ops(run), "float32")
         runs.append({**run, "images_per_sec": batch / seconds})
     (tmp_path / "runs.py").write_text(
         f"import ml_collections\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n"
@@ -163,7 +163,7 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
         "    return c\n"
     )
     forward = {"ops": calibration_ops(runs[0]), "dtype": "float32", "model": "lenet"}
-    fitted_truth = truth.device_time(forward["ops"], "float32")
+    fitted_truth = pricing.device_time(truth, forward["ops"], "float32")
     monkeypatch.setattr(calibrate, "measure_pool", lambda run: [])
     monkeypatch.setattr(cpulinks, "measure_links", dict)
     monkeypatch.setattr(cpulinks, "links_report", lambda links: "links: stubbed")

@@ -16,12 +16,14 @@ from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
 from jaxpar.predict import (
     fitting,
+    gputarget,
     hardware,
     links,
     load_profile,
     opclass,
     predict_config,
     predict_rows,
+    pricing,
     recommend,
 )
 from jaxpar.predict.model import predict_workload
@@ -74,13 +76,19 @@ def test_a_rank_order_ring_over_a_cube_mesh_runs_at_its_unwired_hop():
             "compute_efficiency": 0.5,
         }
     )
-    assert links.ring_link([0, 1, 2, 3], p) == p.intra and links.ring_link([0, 4], p) == p.intra
-    assert links.ring_link(list(range(8)), p) == p.unwired == hardware.Link(5 * GB, 0.0)
-    assert links.ring_link([1, 4], p) == p.unwired  # not wired: through the hosts
+    assert (
+        links.ring_link([0, 1, 2, 3], p) == p.links.intra
+        and links.ring_link([0, 4], p) == p.links.intra
+    )
+    assert links.ring_link(list(range(8)), p) == p.links.unwired == hardware.Link(5 * GB, 0.0)
+    assert links.ring_link([1, 4], p) == p.links.unwired  # not wired: through the hosts
     # 2 x 3/4 x 1 GB over 20 GB/s in a quad; 2 x 7/8 x 1 GB over 5 GB/s over all eight
     assert links.collective_time("all-reduce", GB, [0, 1, 2, 3], p) == pytest.approx(0.075)
     assert links.collective_time("all-reduce", GB, list(range(8)), p) == pytest.approx(0.35)
-    assert links.transfer_link(3, 7, p) == p.intra and links.transfer_link(3, 4, p) == p.unwired
+    assert (
+        links.transfer_link(3, 7, p) == p.links.intra
+        and links.transfer_link(3, 4, p) == p.links.unwired
+    )
     with pytest.raises(ConfigError, match="go together"):
         fitting.from_config(
             {
@@ -167,8 +175,8 @@ def test_narrow_matrix_kernels_are_priced_by_their_width():
     thin = opclass.Matmul(4e9, 0.0, False, 2)
     ops = opclass.OpClasses(matmul_flops=8e9, kernels=2, matmuls=(wide, thin))
     rate = 0.5e12
-    assert tiny_profile().device_time(ops, "float32") == pytest.approx(8e9 / rate)
-    priced = tiny_profile(narrow_width=6.0).device_time(ops, "float32")
+    assert pricing.device_time(tiny_profile(), ops, "float32") == pytest.approx(8e9 / rate)
+    priced = pricing.device_time(tiny_profile(narrow_width=6.0), ops, "float32")
     assert priced == pytest.approx(4e9 / rate * (1 + 6 / (1 << 30)) + 4e9 / rate * (2 + 6) / 2)
 
 
@@ -193,16 +201,16 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
     assert sorted(m.narrow for m in ops.matmuls) == [12, 12, 40]
     gpu = tiny_profile(compiler="gpu", memory_bandwidth=1e18, tile_width=128.0)
     rate = 1e12 * 0.5
-    assert gpu.device_time(ops, "float32") == pytest.approx(
+    assert pricing.device_time(gpu, ops, "float32") == pytest.approx(
         ops.memory_bytes / 1e18 + sum(m.flops for m in ops.matmuls) / (rate * 12 / 128)
     )
     wide = opclass.OpClasses(
         matmul_flops=4e9, kernels=1, matmuls=(opclass.Matmul(4e9, 0.0, False, 256, tile=256),)
     )
-    assert gpu.device_time(wide, "float32") == pytest.approx(4e9 / rate)
+    assert pricing.device_time(gpu, wide, "float32") == pytest.approx(4e9 / rate)
     # without tile_width the GPU's roofline keeps narrow_width's n / (n + d)
     old = tiny_profile(compiler="gpu", memory_bandwidth=1e18, narrow_width=4.0)
-    assert old.device_time(ops, "float32") == pytest.approx(
+    assert pricing.device_time(old, ops, "float32") == pytest.approx(
         ops.memory_bytes / 1e18
         + sum(m.flops / (rate * m.narrow / (m.narrow + 4.0)) for m in ops.matmuls)
     )
@@ -218,7 +226,7 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
                 "compute_efficiency": 0.5,
                 "tile_width": 64,
             }
-        ).tile_width
+        ).compute.tile_width
         == 64.0
     )
 
@@ -384,10 +392,12 @@ def test_dgx1_calibration_reproduces_the_one_gpu_figure(shipped):
     assert shipped["dgx1_vgg16_images_per_sec"] == pytest.approx(139.8, rel=0.02)
     # from the kernel table: Winograd 3x3 convolutions beat the direct-convolution FLOP count
     # (> 1), 1x1 and other convolutions do not; 58 us of each matrix kernel is fixed
-    assert p.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
-    assert p.compute_efficiency == pytest.approx(0.642, rel=0.01)
-    assert p.matmul_kernel_s == pytest.approx(58e-6, rel=0.02)
-    assert 10e-6 < p.kernel_s < 80e-6  # TensorFlow's per-kernel time, fitted to the two runs
+    assert p.compute.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
+    assert p.compute.compute_efficiency == pytest.approx(0.642, rel=0.01)
+    assert p.kernels.matmul_kernel_s == pytest.approx(58e-6, rel=0.02)
+    assert (
+        10e-6 < p.kernels.kernel_s < 80e-6
+    )  # TensorFlow's per-kernel time, fitted to the two runs
 
 
 def test_unknown_profile_is_one_line():
@@ -397,7 +407,7 @@ def test_unknown_profile_is_one_line():
 
 def test_profile_with_too_few_devices_fails_the_row():
     row = predict_config(
-        tiny_config(mesh_shape=(4, 1, 1)), dataclasses.replace(tiny_profile(), num_devices=2)
+        tiny_config(mesh_shape=(4, 1, 1)), hardware.replace(tiny_profile(), num_devices=2)
     )
     assert row["status"] == "failed" and "needs 4 devices" in row["error"]
 
@@ -513,7 +523,11 @@ def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
         row = predict_config(config, p)
         assert row["images_per_sec"] == pytest.approx(want, rel=1e-3)
         rows.append((model, config))
-    assert p.efficiency("lenet") != p.efficiency("vgg11") == p.compute_efficiency
+    assert (
+        pricing.efficiency(p, "lenet")
+        != pricing.efficiency(p, "vgg11")
+        == p.compute.compute_efficiency
+    )
     # speedup is against the 1-device row of the same model
     two = _tiny("lenet", mesh_shape=(2, 1, 1), global_batch_size=32)
     table = predict_rows([*rows, ("lenet 2", two)], p)
@@ -641,23 +655,32 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
         kernel_s=1e-6,
         memory_kernel_costs={"generate": (0.0, 2e9)},
     )
-    assert cpu.compiler == "cpu" and cpu.device_time(both, "float32") == pytest.approx(
-        2 * 64 * 16 * 4 / 8e9 + 1e-6 + (64 * 1024 * 4 + 4) / 2e9
-    )
+    assert cpu.device.compiler == "cpu" and pricing.device_time(
+        cpu, both, "float32"
+    ) == pytest.approx(2 * 64 * 16 * 4 / 8e9 + 1e-6 + (64 * 1024 * 4 + 4) / 2e9)
 
 
 def test_pool_of_shared_cores():
     p = tiny_profile(compute_pool=((2, 1.2), (8, 1.5)))
-    assert [p.pool(n) for n in (1, 2, 5, 8, 16)] == pytest.approx([1.0, 1.2, 1.35, 1.5, 1.5])
-    assert tiny_profile(compute_pool=2.0).pool(8) == 2.0 and tiny_profile().pool(8) == 8.0
+    assert [pricing.pool(p, n) for n in (1, 2, 5, 8, 16)] == pytest.approx(
+        [1.0, 1.2, 1.35, 1.5, 1.5]
+    )
+    assert pricing.pool(tiny_profile(compute_pool=2.0), 8) == 2.0
+    assert pricing.pool(tiny_profile(), 8) == 8.0
     # measured per kernel size: linear in log size between sizes, flat beyond, the mean
     # without a size; then linear in N as before
     sized = tiny_profile(
         compute_pool=((2, 10e6, 1.4), (2, 40e6, 1.2), (8, 10e6, 1.6), (8, 40e6, 1.5))
     )
-    assert sized.pool(2, 20e6) == pytest.approx(1.3) and sized.pool(2, 5e6) == pytest.approx(1.4)
-    assert sized.pool(2, 80e6) == pytest.approx(1.2) and sized.pool(2) == pytest.approx(1.3)
-    assert sized.pool(5, 10e6) == pytest.approx(1.5) and sized.pool(16, 40e6) == pytest.approx(1.5)
+    assert pricing.pool(sized, 2, 20e6) == pytest.approx(1.3) and pricing.pool(
+        sized, 2, 5e6
+    ) == pytest.approx(1.4)
+    assert pricing.pool(sized, 2, 80e6) == pytest.approx(1.2) and pricing.pool(
+        sized, 2
+    ) == pytest.approx(1.3)
+    assert pricing.pool(sized, 5, 10e6) == pytest.approx(1.5) and pricing.pool(
+        sized, 16, 40e6
+    ) == pytest.approx(1.5)
 
 
 def test_h100_fit_predicts_the_row_it_leaves_out():
@@ -680,8 +703,8 @@ def test_h100_fit_predicts_the_row_it_leaves_out():
         tuple(c.fit),
     )
     p = fit.profile  # a step: its program, and the host's fixed costs around it
-    step = p.program_time(calibration_ops(held, p.target), "bfloat16")
-    step += p.step_overhead_s + p.program_overhead_s
+    step = pricing.program_time(p, calibration_ops(held, gputarget.of(p)), "bfloat16")
+    step += p.host.step_overhead_s + p.host.program_overhead_s
     assert 128 / step == pytest.approx(27_789, rel=0.05)
 
 
@@ -728,11 +751,11 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     runs = []
     for model, batch in (("lenet", 8), ("lenet", 64), ("vgg11", 16)):
         run = _tiny_run(model, 1.0) | {"batch_size": batch}
-        seconds = truth.program_time(calibration_ops(run), "float32")
+        seconds = pricing.program_time(truth, calibration_ops(run), "float32")
         runs.append({**run, "images_per_sec": batch / seconds})
     fit = fitting.fit(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
-    assert fit.profile.compute_efficiency == pytest.approx(0.3, rel=1e-3)
-    assert fit.profile.kernel_s == pytest.approx(20e-6, rel=1e-3)
+    assert fit.profile.compute.compute_efficiency == pytest.approx(0.3, rel=1e-3)
+    assert fit.profile.kernels.kernel_s == pytest.approx(20e-6, rel=1e-3)
     assert max(abs(r["error"]) for r in fit.rows) < 1e-4
     cross = calibrate.cross_check(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
     assert [r["model"] for r in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
@@ -780,7 +803,7 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
             "comm_s": 0.0,
             "bubble_s": 0.0,
             "memory_bytes_per_device": 2**30,
-            "memory_capacity_bytes": profile.memory_bytes,
+            "memory_capacity_bytes": profile.device.memory_bytes,
             "fits": True,
         }
 
@@ -829,17 +852,17 @@ def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
     from jaxpar.predict import commtime
     from jaxpar.predict.workload import Collective
 
-    own = hardware.Profile(
+    own = hardware.build(
         "p",
-        8,
-        8,
-        {"float32": 1e12},
-        16e9,
-        hardware.Link(1e10, 1e-5),
-        hardware.Link(1e10, 1e-5),
-        0.5,
+        num_devices=8,
+        devices_per_node=8,
+        peak_flops={"float32": 1e12},
+        memory_bytes=16e9,
+        intra=hardware.Link(1e10, 1e-5),
+        inter=hardware.Link(1e10, 1e-5),
+        compute_efficiency=0.5,
     )
-    shared = dataclasses.replace(own, collective_cpu_rate=2e9, shared_cores=2)
+    shared = hardware.replace(own, collective_cpu_rate=2e9, shared_cores=2)
     mesh = {"data": 2, "stage": 1, "tensor": 4}
     gather = Collective("all-gather", "tensor", 1, 10**6)
     link = commtime.collectives_time([gather], mesh, own)
@@ -848,8 +871,8 @@ def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
     grad = Collective("all-reduce", "data", 1, 10**6)
     grad_shared = commtime.collectives_time([grad], mesh, shared)
     assert grad_shared == commtime.collectives_time([grad], mesh, own) > 0
-    assert shared.shared_core_time(10**6, 8) == pytest.approx(2e-3)
-    assert own.shared_core_time(10**6, 8) == 0.0
+    assert pricing.shared_core_time(shared, 10**6, 8) == pytest.approx(2e-3)
+    assert pricing.shared_core_time(own, 10**6, 8) == 0.0
 
 
 def test_predict_cli_refuses_one_config_in_one_line(capsys):
@@ -880,12 +903,10 @@ def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
     config = tiny_config(mesh_shape=(8, 1, 1))
     slow = tiny_profile(intra=hardware.Link(0.01 * GB, 0.0))
     none = predict_config(config, slow, overlap=0.0)
-    program = predict_config(config, dataclasses.replace(slow, overlap=None))
+    program = predict_config(config, hardware.replace(slow, overlap=None))
     full = predict_config(config, slow, overlap=1.0)
     assert full["comm_s"] <= program["comm_s"] < none["comm_s"]
     rate = none["images_per_sec"] / 2
-    capped = predict_config(
-        config, dataclasses.replace(slow, overlap=0.0, loader_images_per_sec=rate)
-    )
+    capped = predict_config(config, hardware.replace(slow, overlap=0.0, loader_images_per_sec=rate))
     assert capped["input_bound"] and capped["images_per_sec"] == pytest.approx(rate)
     assert not none["input_bound"]

@@ -59,7 +59,7 @@ def tiny_profile(**kw):
         "inter": hardware.Link(1e9, 0.0),
         "compute_efficiency": 0.5,
     }
-    return hardware.Profile(**{**base, **kw})
+    return hardware.build(**{**base, **kw})
 
 
 def override(config, overrides: dict):

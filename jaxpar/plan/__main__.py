@@ -58,7 +58,7 @@ def _profile_devices(path: str) -> int:
 def extra_overrides(overrides: dict, n: int, profile) -> dict:
     """The command line's own overrides, plus num_devices when planning for fewer devices."""
     extra = dict(overrides)
-    if n < profile.num_devices:
+    if n < profile.device.num_devices:
         extra["num_devices"] = n
     return extra
 
@@ -175,15 +175,15 @@ def _main(args, overrides: dict) -> int:
     from jaxpar.predict import gputarget, load_profile
 
     profile = load_profile(args.profile)
-    n = args.devices or profile.num_devices
-    limit = args.memory_gib * 2**30 if args.memory_gib else profile.memory_bytes
+    n = args.devices or profile.device.num_devices
+    limit = args.memory_gib * 2**30 if args.memory_gib else profile.device.memory_bytes
     print(
         f"planning {args.config} ({config.model.name} width {config.model.width:g}, global "
         f"batch {config.global_batch_size}) on {profile.name}: {n} devices, "
         f"{limit / 2**30:.2f} GiB per device",
         flush=True,
     )
-    print(f"  {gputarget.programs_line(profile.target)}", flush=True)
+    print(f"  {gputarget.programs_line(gputarget.of(profile))}", flush=True)
     result = plan(
         config,
         profile,

@@ -17,7 +17,7 @@ def measure(
     from jaxpar.bench.runner import Sweep
     from jaxpar.plan.candidates import candidate_of
 
-    this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.compute_pool)
+    this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.cpu.compute_pool)
     if not this_machine:
         print(
             f"note: measured figures are this machine's ({os.cpu_count()} CPU cores, simulated "

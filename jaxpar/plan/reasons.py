@@ -65,15 +65,15 @@ def _why(row: dict, profile) -> str:
 
 
 def _latency(row: dict, profile) -> float:
-    nodes = math.ceil(row.get("num_devices", 1) / max(profile.devices_per_node, 1))
-    return (profile.inter if nodes > 1 else profile.intra).latency
+    nodes = math.ceil(row.get("num_devices", 1) / max(profile.device.devices_per_node, 1))
+    return (profile.links.inter if nodes > 1 else profile.links.intra).latency
 
 
 def _link(row: dict, profile, collective: str = "") -> tuple[float, str]:
     """(bandwidth, where) of the links a collective ("kind axes", e.g. "all-gather data")
     runs on: the inter-node ones when its group of devices spans nodes (devices numbered in
     mesh order, `devices_per_node` to a node), else the intra-node ones."""
-    per_node = max(profile.devices_per_node, 1)
+    per_node = max(profile.device.devices_per_node, 1)
     nodes = math.ceil(row.get("num_devices", 1) / per_node)
     names, sizes = row.get("mesh_axes") or (), row.get("mesh_shape") or ()
     group = collective.rpartition(" ")[2].split("+")
@@ -83,12 +83,12 @@ def _link(row: dict, profile, collective: str = "") -> tuple[float, str]:
         if last < per_node:  # the group's devices all sit in one node
             nodes = 1
     if nodes > 1:
-        return profile.inter.ring_bandwidth, f"{nodes} nodes"
-    if getattr(profile, "peers", None) is not None and set(group) <= set(names):
+        return profile.links.inter.ring_bandwidth, f"{nodes} nodes"
+    if profile.links.peers is not None and set(group) <= set(names):
         ring = links.ring_link(links.group_of("+".join(group), dict(zip(names, sizes))), profile)
-        if ring is not profile.intra:  # a hop between devices not wired to each other
+        if ring is not profile.links.intra:  # a hop between devices not wired to each other
             return ring.ring_bandwidth, "an unwired hop (through the hosts)"
-    return profile.intra.ring_bandwidth, "intra-node links"
+    return profile.links.intra.ring_bandwidth, "intra-node links"
 
 
 def command(config_file: str, row_or_candidate, config=None, extra: dict | None = None) -> str:

@@ -66,11 +66,11 @@ def plan(
     stderr, so that stdout stays the plan)."""
     if predict is None:
         from jaxpar.predict import predict_config as predict
-    n = num_devices or profile.num_devices
-    if n > profile.num_devices:
-        raise ConfigError(f"--devices {n}: profile {profile.name} has {profile.num_devices}")
-    limit = profile.memory_bytes if memory_bytes is None else memory_bytes
-    nodes = -(-n // max(profile.devices_per_node, 1))
+    n = num_devices or profile.device.num_devices
+    if n > profile.device.num_devices:
+        raise ConfigError(f"--devices {n}: profile {profile.name} has {profile.device.num_devices}")
+    limit = profile.device.memory_bytes if memory_bytes is None else memory_bytes
+    nodes = -(-n // max(profile.device.devices_per_node, 1))
     valid, refused = enumerate_candidates(config, n, all_sync, splits, nodes, axes)
     meshes = list(dict.fromkeys((c.axes, c.mesh) for c in valid if c != BASELINE or n == 1))
     if not meshes:
@@ -242,11 +242,12 @@ def _calls(config, profile) -> dict[str, int]:
     """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
     it cannot be read: the predictor's internals are not this module's contract)."""
     try:
+        from jaxpar.predict import gputarget
         from jaxpar.predict.workload import collective_calls, workload
 
         out: dict[str, int] = {}
         for key, col, times in collective_calls(
-            workload(config, profile.num_devices, profile.target)
+            workload(config, profile.device.num_devices, gputarget.of(profile))
         ):
             out[key] = out.get(key, 0) + col.count * times
         return out

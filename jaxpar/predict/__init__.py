@@ -11,13 +11,13 @@ CLI: `python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite F
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxpar import oneline, units
+from jaxpar.predict import gputarget, hardware
 from jaxpar.predict.fitting import load_profile
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.model import predict_workload
@@ -38,19 +38,19 @@ __all__ = [
 def predict_config(config, profile: Profile, overlap: float | None = None) -> dict[str, Any]:
     """One row: predicted times, images/sec, memory per device and fit for `config`."""
     if overlap is not None:
-        profile = dataclasses.replace(profile, overlap=float(overlap))
-    shape = resolve_mesh(config, profile.num_devices)
+        profile = hardware.replace(profile, overlap=float(overlap))
+    shape = resolve_mesh(config, profile.device.num_devices)
     n = math.prod(shape.values())
-    if n > profile.num_devices:  # refuse before compiling anything
+    if n > profile.device.num_devices:  # refuse before compiling anything
         return {
             "status": "failed",
             "mesh_shape": tuple(shape.values()),
             "mesh_axes": tuple(shape),
             "num_devices": n,
             "fits": False,
-            "error": f"needs {n} devices, profile {profile.name} has {profile.num_devices}",
+            "error": f"needs {n} devices, profile {profile.name} has {profile.device.num_devices}",
         }
-    w = workload(config, profile.num_devices, profile.target)
+    w = workload(config, profile.device.num_devices, gputarget.of(profile))
     row = predict_workload(w, profile)
     row["collective_bytes_per_device"] = describe(w)
     return row

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import io
 import sys
 from pathlib import Path
 
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
-from jaxpar.predict import gputarget, load_profile, predict_rows, recommend
+from jaxpar.predict import gputarget, hardware, load_profile, predict_rows, pricing, recommend
 from jaxpar.suites import add_reference, load_rows
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
@@ -149,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         profiles = [load_profile(p) for p in args.profile]
         if args.loader_images_per_sec:
             profiles = [
-                dataclasses.replace(p, loader_images_per_sec=args.loader_images_per_sec)
+                hardware.replace(p, loader_images_per_sec=args.loader_images_per_sec)
                 for p in profiles
             ]
         configs = load_rows(args.config, args.suite, overrides)
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         oneline.print_error(refused.pop())  # one config the trainer refuses: what it would say
         return 2
     for profile, rows in results:
-        _report(profile, rows, profile.overlap if args.overlap is None else args.overlap)
+        _report(profile, rows, profile.links.overlap if args.overlap is None else args.overlap)
     if args.out:
         _write(
             Path(args.out),
@@ -182,22 +181,26 @@ def main(argv: list[str] | None = None) -> int:
 def _report(profile, rows: list[dict], overlap: float | None) -> None:
     """One profile's predictions on the console: its costs, the table, the recommendation."""
     conv3x3 = (
-        f", 3x3 convolutions at {profile.conv3x3_efficiency:.3f}"
-        if profile.conv3x3_efficiency
+        f", 3x3 convolutions at {profile.compute.conv3x3_efficiency:.3f}"
+        if profile.compute.conv3x3_efficiency
         else ""
     )
     per_kernel = (
-        f", host {profile.launch_s * 1e6:.1f} us per kernel launched" if profile.launch_s else ""
+        f", host {profile.host.launch_s * 1e6:.1f} us per kernel launched"
+        if profile.host.launch_s
+        else ""
     )
     print(
-        f"\npredicted on {profile.name}: matmuls at {profile.compute_efficiency:.3f} x "
-        f"peak ({profile.flops_per_s('float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
+        f"\npredicted on {profile.name}: matmuls at {profile.compute.compute_efficiency:.3f} x "
+        f"peak ({pricing.flops_per_s(profile, 'float32') / 1e12:.2f} TFLOP/s float32){conv3x3}"
         f"{per_kernel}, gradient all-reduce overlap "
         f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}"
     )
-    print(f"  {gputarget.programs_line(profile.target)}")
-    for model in sorted({r.get("model") for r in rows} & set(profile.model_runs)):
-        print(f"  {model}: its own calibration run, {profile.efficiency(model):.3f} x peak")
+    print(f"  {gputarget.programs_line(gputarget.of(profile))}")
+    for model in sorted({r.get("model") for r in rows} & set(profile.compute.model_runs)):
+        print(
+            f"  {model}: its own calibration run, {pricing.efficiency(profile, model):.3f} x peak"
+        )
     print(table(rows))
     print(recommend(rows))
 
@@ -254,15 +257,15 @@ def _calibrate(args) -> int:
             print(micro.narrow_report(found))
             print(
                 pipelinehost.host_report(
-                    pipelinehost.measure_host(runs[0]), profile.step_overhead_s
+                    pipelinehost.measure_host(runs[0]), profile.host.step_overhead_s
                 )
             )
-            profile = dataclasses.replace(profile, narrow_width=found["narrow_width"])
+            profile = hardware.replace(profile, narrow_width=found["narrow_width"])
             kernel = micro.measure_kernel()
             print(micro.kernel_report(kernel))
             print(cpulinks.collective_cpu_report(cpulinks.measure_collective_cpu()))
             if "kernel_s" not in names:  # measured, not fitted: the fit prices with it
-                profile = dataclasses.replace(profile, kernel_s=kernel["kernel_s"])
+                profile = hardware.replace(profile, kernel_s=kernel["kernel_s"])
         print(calibrate.report(profile, runs, names))
         if args.pool:  # its price at the rates just fitted
             fitted = fitting.fit(profile, runs, names).profile

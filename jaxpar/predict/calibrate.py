@@ -25,7 +25,7 @@ import statistics
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, hardware, timer
+from jaxpar.predict import fitting, gputarget, hardware, pricing, timer
 from jaxpar.predict.calibration import calibration_ops, run_config
 from jaxpar.predict.workload import input_spec, strategy_for
 
@@ -99,8 +99,10 @@ def cross_check(profile: hardware.Profile, runs: list[dict], names: tuple[str, .
             continue
         fitted = fitting.fit(profile, others, names).profile
         for r in (r for r in runs if r["model"] == model):
-            step = fitted.program_time(calibration_ops(r, fitted.target), r.get("dtype", "float32"))
-            step += fitted.step_overhead_s + fitted.program_overhead_s
+            step = pricing.program_time(
+                fitted, calibration_ops(r, gputarget.of(fitted)), r.get("dtype", "float32")
+            )
+            step += fitted.host.step_overhead_s + fitted.host.program_overhead_s
             out.append(
                 {
                     **r,
@@ -173,7 +175,7 @@ def report(profile: hardware.Profile, runs: list[dict], names: tuple[str, ...]) 
     p = result.profile
     lines = [f"fitted {', '.join(names)} on {len(runs)} single-device run(s):"]
     for n in names:
-        value = getattr(p, n)
+        value = hardware.value(p, n)
         lines.append(f"  c.{n} = {value:.4g}")
     lines.append("")
     lines.append("| run | model | dtype | batch | measured img/s | fitted img/s | error |")

@@ -9,7 +9,7 @@ import math
 
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
-from jaxpar.predict import links, overlap
+from jaxpar.predict import links, overlap, pricing
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import Workload
 
@@ -41,16 +41,16 @@ def hidden(windows, grad: float, compute: float, w: Workload, profile: Profile) 
     times = [grad * x.bytes / total for x in mine]
     if any(x.between is not None for x in mine):
         return sum(min(t, (x.between or 0.0) * compute) for t, x in zip(times, mine))
-    if profile.overlap is None:
+    if profile.links.overlap is None:
         return grad - overlap.exposed(times, [x.ready for x in mine], compute)
-    return min(profile.overlap * grad, compute * 2 / 3)
+    return min(profile.links.overlap * grad, compute * 2 / 3)
 
 
 def collectives_time(
     cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0
 ) -> float:
     """Seconds of collectives `cols`: each at its link price, and an in-step one (not the
-    gradient sync) also at what it costs cores the devices share (Profile.shared_core_time)."""
+    gradient sync) also at what it costs cores the devices share (pricing.shared_core_time)."""
     total = 0.0
     place = placement(mesh_shape, profile)
     devices = math.prod(mesh_shape.values())
@@ -59,7 +59,7 @@ def collectives_time(
         each = links.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
         total += each * c.count
         if len(group) > 1 and not is_grad_sync(c, "step", mesh_shape):
-            total += profile.shared_core_time(c.bytes, devices)
+            total += pricing.shared_core_time(profile, c.bytes, devices)
     return total
 
 
@@ -81,7 +81,7 @@ def placement(mesh_shape: dict[str, int], profile: Profile):
     if not across:
         return lambda i: i
     block = math.prod(mesh_shape.values()) // mesh_shape[across[0]]
-    per = profile.devices_per_node
+    per = profile.device.devices_per_node
     span = -(-block // per) * per  # whole nodes per index
     return lambda i: (i // block) * span + i % block
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibration, hardware, kernels, solve
+from jaxpar.predict import calibration, gputarget, hardware, kernels, pricing, solve
 from jaxpar.predict.hardware import Profile
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def from_config(c: Any) -> Profile:
         profile = kernels.fit(profile, rows, names, dtype).profile
         if get("price_measured", False):  # and its layers' kernels at their measured times
             measured = kernels.measured(rows)
-            profile = dataclasses.replace(profile, measured_kernels=measured, measured_dtype=dtype)
+            profile = hardware.replace(profile, measured_kernels=measured, measured_dtype=dtype)
     if profile.calibration:
         profile = calibrate(profile, profile.calibration)
     fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
@@ -52,12 +52,12 @@ def from_config(c: Any) -> Profile:
         result = fit(profile, fitted, tuple(get("fit", ("compute_efficiency",))))
         profile = result.profile
         for name in result.at_bound:
-            value = getattr(profile, name)
+            value = hardware.value(profile, name)
             log.warning("profile %s: %s fitted at its bound (%g)", profile.name, name, value)
     runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
-    own = {model: calibrate(profile, run).compute_efficiency for model, run in runs.items()}
-    profile = dataclasses.replace(profile, model_runs=runs, model_efficiency=own)
-    if profile.compute_efficiency <= 0:
+    own = {model: calibrate(profile, run).compute.compute_efficiency for model, run in runs.items()}
+    profile = hardware.replace(profile, model_runs=runs, model_efficiency=own)
+    if profile.compute.compute_efficiency <= 0:
         raise ConfigError(f"profile {profile.name}: set compute_efficiency or a calibration run")
     return profile
 
@@ -69,30 +69,32 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
     a prediction of the calibration run itself gives back the measured images/sec."""
     step = _measured_step(profile, run)
-    ops = calibration.calibration_ops(run, profile.target)
+    ops = calibration.calibration_ops(run, gputarget.of(profile))
     dtype = run.get("dtype", "float32")
-    rest = step - profile.device_time(
-        dataclasses.replace(ops, matmul_flops=0.0, conv3x3_flops=0.0), dtype
+    rest = step - pricing.device_time(
+        profile, dataclasses.replace(ops, matmul_flops=0.0, conv3x3_flops=0.0), dtype
     )
-    if rest <= 0 or profile.host_time(ops) >= step:
+    if rest <= 0 or pricing.host_time(profile, ops) >= step:
         raise ConfigError(
             f"profile {profile.name}: the calibration run ({run['model']}, batch "
             f"{run['batch_size']}) takes {step * 1e3:.2f} ms, no more than the profile's fixed "
             "and per-kernel costs; calibrate on a larger batch"
         )
-    peak = profile.peak(dtype)
+    peak = pricing.peak(profile, dtype)
     ratio = (
-        profile.conv3x3_efficiency / profile.compute_efficiency
-        if profile.conv3x3_efficiency and profile.compute_efficiency
+        profile.compute.conv3x3_efficiency / profile.compute.compute_efficiency
+        if profile.compute.conv3x3_efficiency and profile.compute.compute_efficiency
         else 1.0
     )
     eff = (ops.matmul_flops + ops.conv3x3_flops / ratio) / rest / peak
-    if profile.compiler == "gpu" and profile.memory_bandwidth:  # on a roofline: solved
+    if (
+        profile.device.compiler == "gpu" and profile.memory.memory_bandwidth
+    ):  # on a roofline: solved
         return _solve_efficiency(profile, ops, dtype, step, eff, ratio)
     return dataclasses.replace(
         profile,
         compute_efficiency=eff,
-        conv3x3_efficiency=eff * ratio if profile.conv3x3_efficiency else 0.0,
+        conv3x3_efficiency=eff * ratio if profile.compute.conv3x3_efficiency else 0.0,
     )
 
 
@@ -107,13 +109,13 @@ def _solve_efficiency(
         return dataclasses.replace(
             profile,
             compute_efficiency=e,
-            conv3x3_efficiency=e * ratio if profile.conv3x3_efficiency else 0.0,
+            conv3x3_efficiency=e * ratio if profile.compute.conv3x3_efficiency else 0.0,
         )
 
     try:
         found = solve.root(
             "compute_efficiency",
-            lambda e: at(e).program_time(ops, dtype),
+            lambda e: pricing.program_time(at(e), ops, dtype),
             step,
             math.log(eff) - 3.0,
             math.log(eff) + 12.0,
@@ -131,8 +133,8 @@ def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
     batch = int(run["batch_size"])
     return (
         batch / float(run["images_per_sec"])
-        - profile.step_overhead_s
-        - (profile.program_overhead_s)
+        - profile.host.step_overhead_s
+        - (profile.host.program_overhead_s)
     )
 
 
@@ -180,8 +182,8 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
             f"{len(names)} calibration runs, got {len(runs)}"
         )
     if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
-        profile = dataclasses.replace(profile, conv3x3_efficiency=0.0)
-    ops = [calibration.calibration_ops(r, profile.target) for r in runs]
+        profile = hardware.replace(profile, conv3x3_efficiency=0.0)
+    ops = [calibration.calibration_ops(r, gputarget.of(profile)) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {
         "compute_efficiency": 0.5,
@@ -198,9 +200,9 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     def predicted(p: Profile) -> np.ndarray:
         return np.array(
             [
-                p.program_time(o, r.get("dtype", "float32"))
-                + p.step_overhead_s
-                + p.program_overhead_s
+                pricing.program_time(p, o, r.get("dtype", "float32"))
+                + p.host.step_overhead_s
+                + p.host.program_overhead_s
                 for o, r in zip(ops, runs)
             ]
         )
@@ -210,12 +212,12 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     # a fraction of peak is at most 1 (3x3 convolutions: 3, Winograd does fewer products)
     top = {"compute_efficiency": 1.0, "thin_efficiency": 1.0, "conv3x3_efficiency": 3.0}
     solution = solve.least_squares(
-        lambda values: predicted(dataclasses.replace(profile, **values)) / measured - 1,
-        {n: getattr(profile, n) or start[n] for n in names},
+        lambda values: predicted(hardware.replace(profile, **values)) / measured - 1,
+        {n: hardware.value(profile, n) or start[n] for n in names},
         {n: top[n] for n in names if n in top},
         shifts=(0.0, np.log(10.0), -np.log(10.0)),
     )
-    fitted = dataclasses.replace(profile, **solution.values)
+    fitted = hardware.replace(profile, **solution.values)
     at_bound = solution.at_bound
     rows = [
         {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}

@@ -255,3 +255,9 @@ def target(gpu: str, num_devices: int, per_node: int) -> Target | None:
         return None
     per_node = min(per_node, num_devices)
     return Target(gpu, max(1, num_devices // per_node), per_node)
+
+
+def of(profile) -> Target | None:  # a hardware.Profile
+    """What `profile`'s programs are compiled for: its GPUs, or None (simulated CPU devices)."""
+    device = profile.device
+    return target(device.gpu, device.num_devices, device.devices_per_node)

@@ -64,7 +64,7 @@ def _narrow_conv_rates(device, dtype: str, seconds: float) -> dict[int, float]:
     """FLOP/s of one 3x3 convolution layer's training kernels (its forward, input gradient and
     filter gradient, one program) over 256 input features by its output features n (batch 64,
     32x32; DenseNet's layers have 12): a GPU's tensor-core tiles are some width T in each GEMM
-    dimension, so a layer with n < T fills n / T of each (hardware.Profile.tile_width)."""
+    dimension, so a layer with n < T fills n / T of each (hardware.Compute.tile_width)."""
     x = jax.device_put(jnp.ones((64, 32, 32, 256), dtype), device)
     rates = {}
     for n in NARROW_FEATURES:

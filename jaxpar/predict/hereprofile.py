@@ -229,7 +229,7 @@ def write_profile(
             "kernel_fit": kernels.DEFAULT_FIT,
             "kernel_dtype": dtype,
             # its rows' own layers among them: a step's kernels of those layers at their
-            # measured times (Profile.measured_kernels)
+            # measured times (hardware.Kernels.measured_kernels)
             "price_measured": True,
         }
         table_note = (

@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import matrix, opclass, solve
+from jaxpar.predict import hardware, matrix, opclass, pricing, solve
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
 # the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
@@ -120,7 +120,7 @@ def measured(rows: list[dict[str, float]]) -> dict[tuple, tuple]:
     W, C, K, R, S, stride_h, stride_w, P, Q, kind): ((N, seconds, Matmul as kernels() reads
     it), ...)}. A profile prices a step's kernel of a batch timed here at its measured time,
     and of another batch at the nearest timed batch's time scaled by its own price over that
-    kernel's (Profile.device_time). Thin first layers are left out, as kernels() leaves them."""
+    kernel's (pricing.device_time). Thin first layers are left out, as kernels() leaves them."""
     out: dict[tuple, list] = {}
     for row in rows:
         w, h, c, n, k, r, s = (int(row[x]) for x in ("W", "H", "C", "N", "K", "R", "S"))
@@ -143,7 +143,7 @@ def price(profile: Any, kernel: Kernel, dtype: str = "float32") -> float:
         matmul_flops=0.0 if m.winograd else m.flops,
         matmuls=(m,),
     )
-    return profile.device_time(ops, dtype)
+    return pricing.device_time(profile, ops, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +173,7 @@ def fit(
     bandwidth (`compiler = "gpu"`): only there does device_time price each matrix kernel."""
     import numpy as np
 
-    if profile.compiler != "gpu" or not profile.memory_bandwidth:
+    if profile.device.compiler != "gpu" or not profile.memory.memory_bandwidth:
         raise ConfigError(
             f"profile {profile.name}: kernel_benchmarks needs compiler = 'gpu' "
             "and a memory_bandwidth (each matrix kernel priced on its own)"
@@ -193,12 +193,12 @@ def fit(
     }
 
     def residuals(values: dict[str, float]):
-        p = dataclasses.replace(profile, **values)
+        p = hardware.replace(profile, **values)
         return np.array([price(p, k, dtype) for k in table]) / measured - 1
 
-    given = {n: getattr(profile, n) or start.get(n, 1e-5) for n in names}
+    given = {n: hardware.value(profile, n) or start.get(n, 1e-5) for n in names}
     best = solve.least_squares(residuals, given).values  # unbounded, as fitted so far
-    fitted = dataclasses.replace(profile, **best)
+    fitted = hardware.replace(profile, **best)
     return KernelFit(fitted, list(zip(table, residuals(best).tolist())))
 
 

@@ -82,7 +82,7 @@ def collective_time(
     n = len(group)
     if n <= 1 or nbytes == 0:
         return 0.0
-    local, nodes = span(group, profile.devices_per_node)
+    local, nodes = span(group, profile.device.devices_per_node)
     if kind == "all-reduce":
         if nodes == 1:
             return ring_allreduce_time(nbytes, n, ring_link(group, profile))
@@ -91,15 +91,16 @@ def collective_time(
             [
                 i
                 for i in group
-                if i // profile.devices_per_node == group[0] // profile.devices_per_node
+                if i // profile.device.devices_per_node
+                == group[0] // profile.device.devices_per_node
             ],
             profile,
         )
         inside = reduce_scatter_time(nbytes / local, local, ring) + allgather_time(
             nbytes, local, ring
         )
-        return inside + ring_allreduce_time(nbytes / local, nodes, profile.inter)
-    link = ring_link(group, profile) if nodes == 1 else profile.inter  # flat: slowest rules
+        return inside + ring_allreduce_time(nbytes / local, nodes, profile.links.inter)
+    link = ring_link(group, profile) if nodes == 1 else profile.links.inter  # flat: slowest rules
     if kind == "all-gather":
         return allgather_time(nbytes, n, link)
     if kind == "reduce-scatter":
@@ -111,22 +112,22 @@ def collective_time(
 
 def transfer_link(src: int, dst: int, profile) -> Link:  # hardware.Profile
     """The link a point-to-point transfer between two devices uses."""
-    per = profile.devices_per_node
+    per = profile.device.devices_per_node
     if src // per != dst // per:
-        return profile.inter
-    return profile.intra if _wired(src % per, dst % per, profile) else profile.unwired
+        return profile.links.inter
+    return profile.links.intra if _wired(src % per, dst % per, profile) else profile.links.unwired
 
 
 def ring_link(group: list[int], profile) -> Link:  # hardware.Profile
     """The link a ring over `group` (devices of one node, in rank order) runs at: `intra`,
     or the profile's `unwired` path where some hop joins two devices without a direct link."""
-    per = profile.devices_per_node
+    per = profile.device.devices_per_node
     hops = zip(group, group[1:] + group[:1])
     if all(_wired(a % per, b % per, profile) for a, b in hops):
-        return profile.intra
-    return profile.unwired
+        return profile.links.intra
+    return profile.links.unwired
 
 
 def _wired(a: int, b: int, profile) -> bool:
-    peers = getattr(profile, "peers", None)
+    peers = profile.links.peers
     return peers is None or a == b or (min(a, b), max(a, b)) in peers

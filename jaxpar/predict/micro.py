@@ -40,7 +40,7 @@ import math
 import statistics
 from typing import Any
 
-from jaxpar.predict import opclass, solve, timer
+from jaxpar.predict import opclass, pricing, solve, timer
 
 WIDTHS = (2, 4, 8, 16, 32, 64)
 
@@ -198,7 +198,7 @@ def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]
 
 def forward_report(profile, forward: dict[str, Any]) -> str:
     """The forward pass's time against its price on `profile` (fitted), and the speedup."""
-    price = profile.device_time(forward["ops"], forward["dtype"], forward["model"])
+    price = pricing.device_time(profile, forward["ops"], forward["dtype"], forward["model"])
     speedup = price / forward["seconds"]
     return (
         f"forward pass ({forward['model']}, one device): {forward['seconds'] * 1e3:.2f} ms, "

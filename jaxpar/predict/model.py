@@ -6,7 +6,7 @@ Assumptions, all stated (and the switchable one in the profile):
   half): convolution and matmul FLOPs at calibrated fractions of peak (3x3 stride-1
   convolutions at their own), memory-bound bytes at the memory bandwidth, a device time per
   kernel; and the host's time to launch the kernels, which overlaps the device's: a program
-  takes the longer of the two (Profile.program_time).
+  takes the longer of the two (pricing.program_time).
 - Collectives: the compiled programs' own (kind, axes, bytes), priced by hardware.py's ring
   formulas on the links the group spans. Collectives inside forward/backward (tensor
   parallelism, synchronised BatchNorm) sit on the critical path.
@@ -39,27 +39,29 @@ from typing import Any
 
 from jaxpar import axes
 from jaxpar.parallel import schedules
-from jaxpar.predict import commtime
+from jaxpar.predict import commtime, pricing
 from jaxpar.predict.hardware import Profile
 from jaxpar.predict.workload import Workload
 
 
 def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:
     """A program's time on one device that gets `share` of a device's compute."""
-    return max(profile.device_time(ops, w.dtype, w.name) / share, profile.host_time(ops))
+    return max(
+        pricing.device_time(profile, ops, w.dtype, w.name) / share, pricing.host_time(profile, ops)
+    )
 
 
 def _phase_seconds(ck, phase: str, w: Workload, profile: Profile) -> float:
     """One call of chunk `ck`'s program for `phase`, a forward-only one at the profile's
     forward_speedup."""
     seconds = _seconds(ck.op_classes(phase), w, profile)
-    return seconds / profile.forward_speedup if phase == "fwd" else seconds
+    return seconds / profile.compute.forward_speedup if phase == "fwd" else seconds
 
 
 def _share(w: Workload, profile: Profile) -> float:
     """Each device's share of one device's rate when all N are busy at once (compute_pool)."""
-    if profile.compute_pool and not w.schedule:
-        return profile.pool(w.num_devices, kernel_flops(w)) / w.num_devices
+    if profile.cpu.compute_pool and not w.schedule:
+        return pricing.pool(profile, w.num_devices, kernel_flops(w)) / w.num_devices
     return 1.0
 
 
@@ -78,19 +80,22 @@ def kernel_flops(w: Workload) -> float | None:
 
 def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
     """Predicted step of workload `w` on `profile`: times (s), images/sec, memory and fit."""
-    if w.num_devices > profile.num_devices:
+    if w.num_devices > profile.device.num_devices:
         return _row(
-            w, profile, None, f"needs {w.num_devices} devices, profile has {profile.num_devices}"
+            w,
+            profile,
+            None,
+            f"needs {w.num_devices} devices, profile has {profile.device.num_devices}",
         )
     last = commtime.placement(w.mesh_shape, profile)(w.num_devices - 1)
-    if last >= profile.num_devices:
-        nodes = profile.num_devices // profile.devices_per_node
+    if last >= profile.device.num_devices:
+        nodes = profile.device.num_devices // profile.device.devices_per_node
         return _row(
             w,
             profile,
             None,
             f"places each node index on nodes of its own: needs "
-            f"{last // profile.devices_per_node + 1} nodes, profile has {nodes}",
+            f"{last // profile.device.devices_per_node + 1} nodes, profile has {nodes}",
         )
     if not w.schedule:
         (chunk,) = w.chunks
@@ -108,12 +113,12 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
             "compute_s": compute,
             "comm_s": other + grad - hidden,
             "bubble_s": 0.0,
-            "overhead_s": profile.step_overhead_s + profile.program_overhead_s,
+            "overhead_s": profile.host.step_overhead_s + profile.host.program_overhead_s,
             "grad_allreduce_s": grad,
         }
     else:
         times = _pipeline_times(w, profile)
-    if profile.compute_pool and w.schedule:  # the pool is work-conserving: stages that
+    if profile.cpu.compute_pool and w.schedule:  # the pool is work-conserving: stages that
         # wait lend their cores to the others, but the step is at least all work / pool rate
         total = _total_compute(w, profile)
         if total > times["compute_s"] + times["bubble_s"]:
@@ -128,9 +133,9 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     for c in w.chunks:
         for phase in c.flops:
             times = schedules.calls_per_step(phase, w.num_microbatches)
-            seconds = profile.device_time(c.op_classes(phase), w.dtype, w.name)
-            total += times * seconds / (profile.forward_speedup if phase == "fwd" else 1.0)
-    return total * per_stage / profile.pool(w.num_devices, kernel_flops(w))
+            seconds = pricing.device_time(profile, c.op_classes(phase), w.dtype, w.name)
+            total += times * seconds / (profile.compute.forward_speedup if phase == "fwd" else 1.0)
+    return total * per_stage / pricing.pool(profile, w.num_devices, kernel_flops(w))
 
 
 def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
@@ -139,7 +144,7 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
     # (the stage axis at size 1); in the full mesh stage s's devices are those with stage
     # index s, the first of them `first(s)` in mesh order.
-    full, over = w.mesh_shape, profile.program_overhead_s
+    full, over = w.mesh_shape, profile.host.program_overhead_s
     first = lambda s: commtime.stage_start(w, s)
     n = len(w.chunks)
     fwd, bwd, wgt = [0.0] * n, [0.0] * n, [0.0] * n
@@ -175,16 +180,16 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
         )
     step = max(f + g for f, g in zip(finish, grads))
     busiest = max(range(k), key=lambda s: line.busy[s])
-    if profile.compute_pool:  # one host thread dispatches every stage's programs and
+    if profile.cpu.compute_pool:  # one host thread dispatches every stage's programs and
         # transfers on the cores the devices compute on: all of them cost the step
         crossings = sum(commtime.send_time(w, ck.chunk, profile) > 0 for ck in w.chunks)
         programs = sum(len(ck.flops) - 1 for ck in w.chunks) + 2 * crossings  # per mb
     else:  # dispatch overlaps other stages' work: the busiest stage's programs
         programs = sum(len(ck.flops) - 1 for ck in w.chunks if ck.stage == busiest)
-    per_stage = profile.stage_overhead_s + (d - 1) * profile.stage_device_overhead_s
-    per_dispatch = over + (d - 1) * profile.program_device_overhead_s
-    host = profile.step_overhead_s + k * per_stage
-    host += m * (profile.microbatch_overhead_s + programs * per_dispatch)
+    per_stage = profile.host.stage_overhead_s + (d - 1) * profile.host.stage_device_overhead_s
+    per_dispatch = over + (d - 1) * profile.host.program_device_overhead_s
+    host = profile.host.step_overhead_s + k * per_stage
+    host += m * (profile.host.microbatch_overhead_s + programs * per_dispatch)
     return {
         "compute_s": compute[busiest],
         "comm_s": comm[busiest] + step - line.makespan,
@@ -208,15 +213,15 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
         "num_microbatches": w.num_microbatches if w.schedule else None,
         "memory_bytes_per_device": w.memory_bytes_per_device,
         "memory_from": w.compiled_for,
-        "memory_capacity_bytes": profile.memory_bytes,
-        "fits": w.memory_bytes_per_device <= profile.memory_bytes,
+        "memory_capacity_bytes": profile.device.memory_bytes,
+        "fits": w.memory_bytes_per_device <= profile.device.memory_bytes,
         "param_bytes": w.param_bytes,
-        "overlap": profile.overlap,
+        "overlap": profile.links.overlap,
     }
     if times is None:
         return {**row, "status": "failed", "error": why}
     step = times["compute_s"] + times["comm_s"] + times["bubble_s"] + times["overhead_s"]
-    loader = profile.loader_images_per_sec
+    loader = profile.host.loader_images_per_sec
     input_bound = bool(loader) and w.global_batch / step > loader
     if input_bound:  # the devices wait for the loader: the step lasts as long as its batch
         times["input_wait_s"] = w.global_batch / loader - step

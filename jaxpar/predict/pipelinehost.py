@@ -57,10 +57,9 @@ def fit_host(points: list[tuple], step_s: float) -> dict[str, float]:
     return solve.nonnegative(HOST_COSTS, features, target).values
 
 
-def host_seconds(costs, k: int, m: int, d: int, step_s: float) -> float:
-    """The runner's host time per step priced by `costs` (a dict of HOST_COSTS or a profile)."""
-    get = costs.get if isinstance(costs, dict) else lambda n: getattr(costs, n)
-    return step_s + sum(get(n) * f for n, f in zip(HOST_COSTS, host_features(k, m, d)))
+def host_seconds(costs: dict[str, float], k: int, m: int, d: int, step_s: float) -> float:
+    """The runner's host time per step priced by `costs` (HOST_COSTS by name)."""
+    return step_s + sum(costs[n] * f for n, f in zip(HOST_COSTS, host_features(k, m, d)))
 
 
 def measure_host(

@@ -2,26 +2,42 @@
 matrix kernels on a roofline with their measured kernels where the profile prices XLA:GPU's
 programs, at their class's rates with their narrow widths where it prices XLA:CPU's), the host's
 launches, the shared cores' pool and collectives. The profile (hardware.Profile) is the data;
-these are its prices (Profile's methods of the same names call them)."""
+these are its prices."""
 
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
 from jaxpar.predict import opclass
+from jaxpar.predict.hardware import Profile
 
-# A hardware.Profile: typed Any so that the arrow runs one way (hardware calls pricing).
-Profile = Any
+
+def peak(profile: Profile, dtype: str) -> float:
+    """Peak FLOP/s per device for `dtype`; the float32 figure for a dtype not listed."""
+    flops = profile.device.peak_flops
+    return flops.get(dtype) or flops["float32"]
+
+
+def efficiency(profile: Profile, model: str | None = None) -> float:
+    """Achieved over peak: `model`'s own calibration run's if the profile has one (worked out
+    as the profile loaded: fitting.from_config), else the profile's compute_efficiency."""
+    compute = profile.compute
+    return compute.model_efficiency.get(model, compute.compute_efficiency)
+
+
+def flops_per_s(profile: Profile, dtype: str, model: str | None = None) -> float:
+    """Achieved matmul FLOP/s per device for `dtype` (peak x calibrated efficiency, of
+    `model`'s own calibration run where the profile has one)."""
+    return peak(profile, dtype) * efficiency(profile, model)
 
 
 def shared_core_time(profile: Profile, nbytes: float, devices: int) -> float:
     """Seconds the shared cores spend on an in-step collective's `nbytes` per device when
     `devices` devices run it (0 where devices have cores of their own)."""
-    if not (profile.collective_cpu_rate and profile.shared_cores):
+    if not (profile.cpu.collective_cpu_rate and profile.cpu.shared_cores):
         return 0.0
-    return nbytes * devices / (profile.shared_cores * profile.collective_cpu_rate)
+    return nbytes * devices / (profile.cpu.shared_cores * profile.cpu.collective_cpu_rate)
 
 
 def pool(profile: Profile, n: int, kernel_flops: float | None = None) -> float:
@@ -29,10 +45,10 @@ def pool(profile: Profile, n: int, kernel_flops: float | None = None) -> float:
     programs whose matrix kernels average `kernel_flops` FLOPs. Measured points: linear
     in N from (1, 1.0), linear in log kernel size between measured sizes and flat beyond
     them; without a size, the mean of each N's measured sizes."""
-    if not isinstance(profile.compute_pool, tuple):
-        return min(float(n), profile.compute_pool) if profile.compute_pool else float(n)
+    if not isinstance(profile.cpu.compute_pool, tuple):
+        return min(float(n), profile.cpu.compute_pool) if profile.cpu.compute_pool else float(n)
     by_n: dict[int, list[tuple[float, float]]] = {}
-    for point in profile.compute_pool:
+    for point in profile.cpu.compute_pool:
         size, speedup = (point[1], point[2]) if len(point) == 3 else (1.0, point[1])
         by_n.setdefault(int(point[0]), []).append((float(size), float(speedup)))
     points = [(1, 1.0)] + [
@@ -56,48 +72,50 @@ def device_time(
     fixed = memory_time(profile, ops)
     if not ops.flops:
         return fixed
-    eff = profile.efficiency(model)  # a model's own calibration run scales both classes
+    compute = profile.compute
     ratio = (
-        profile.conv3x3_efficiency / profile.compute_efficiency if profile.conv3x3_efficiency else 1
+        compute.conv3x3_efficiency / compute.compute_efficiency if compute.conv3x3_efficiency else 1
     )
-    peak = profile.peak(dtype) * eff
-    if profile.compiler == "gpu" and profile.memory_bandwidth and ops.matmuls:
-        return fixed + gpu_matrix_time(profile, ops, dtype, peak, ratio)
-    return fixed + cpu_matrix_time(profile, ops, peak, ratio)
+    # a model's own calibration run scales both classes
+    rate = peak(profile, dtype) * efficiency(profile, model)
+    if profile.device.compiler == "gpu" and profile.memory.memory_bandwidth and ops.matmuls:
+        return fixed + gpu_matrix_time(profile, ops, dtype, rate, ratio)
+    return fixed + cpu_matrix_time(profile, ops, rate, ratio)
 
 
 def memory_time(profile: Profile, ops: opclass.OpClasses) -> float:
     """Every kernel's fixed time and the memory-bound kernels' bytes: at the bandwidth, or each
     class at its own costs (memory_kernel_costs)."""
-    memory = ops.memory_bytes / profile.memory_bandwidth if profile.memory_bandwidth else 0.0
-    fixed = memory + ops.kernels * profile.kernel_s
-    costs = profile.memory_kernel_costs
+    bandwidth, kernel_s = profile.memory.memory_bandwidth, profile.kernels.kernel_s
+    fixed = (ops.memory_bytes / bandwidth if bandwidth else 0.0) + ops.kernels * kernel_s
+    costs = profile.memory.memory_kernel_costs
     for name, nbytes, kernels in ops.memory_classes if costs else ():
         name = name if name in costs else opclass.CLASS_FALLBACK.get(name, name)
         if name in costs:  # this class at its own costs, not the defaults
-            each, bandwidth = costs[name]
+            each, own = costs[name]
             # reduce_few's rate is one lane's: its bytes per result at it
             lane = ops.lane_bytes if name == "reduce_few" else nbytes
-            fixed += kernels * (each - profile.kernel_s) + lane / bandwidth
-            fixed -= nbytes / profile.memory_bandwidth if profile.memory_bandwidth else 0.0
+            fixed += kernels * (each - kernel_s) + lane / own
+            fixed -= nbytes / bandwidth if bandwidth else 0.0
     return fixed
 
 
 def gpu_matrix_time(
-    profile: Profile, ops: opclass.OpClasses, dtype: str, peak: float, ratio: float
+    profile: Profile, ops: opclass.OpClasses, dtype: str, rate: float, ratio: float
 ) -> float:
-    """XLA:GPU's matrix kernels at `peak` FLOP/s (3x3 ones at `ratio` of it): each on a
+    """XLA:GPU's matrix kernels at `rate` FLOP/s (3x3 ones at `ratio` of it): each on a
     roofline with matmul_kernel_s, at its tile's share (or narrow width's), a thin one at
     thin_efficiency; a kernel of the profile's measured table at its measured time (of the
     nearest timed batch, scaled by its price)."""
-    bw, d0, tw = profile.memory_bandwidth, profile.narrow_width, profile.tile_width
-    thin = profile.peak(dtype) * profile.thin_efficiency
+    compute, kernels = profile.compute, profile.kernels
+    bw, d0, tw = profile.memory.memory_bandwidth, compute.narrow_width, compute.tile_width
+    thin = peak(profile, dtype) * compute.thin_efficiency
     share = (lambda m: min(1.0, m.tile / tw)) if tw else (lambda m: m.narrow / (m.narrow + d0))
-    table = profile.measured_kernels if dtype == profile.measured_dtype else {}
+    table = kernels.measured_kernels if dtype == kernels.measured_dtype else {}
 
     def priced(m: opclass.Matmul) -> float:
-        return profile.matmul_kernel_s + max(
-            m.flops / (thin if m.thin and thin else peak * (ratio if m.winograd else 1) * share(m)),
+        return kernels.matmul_kernel_s + max(
+            m.flops / (thin if m.thin and thin else rate * (ratio if m.winograd else 1) * share(m)),
             m.moved / bw,
         )
 
@@ -112,21 +130,21 @@ def gpu_matrix_time(
     return sum(cost(m) for m in ops.matmuls)
 
 
-def cpu_matrix_time(profile: Profile, ops: opclass.OpClasses, peak: float, ratio: float) -> float:
-    """XLA:CPU's matrix kernels at `peak` FLOP/s (3x3 ones at `ratio` of it), each at its
+def cpu_matrix_time(profile: Profile, ops: opclass.OpClasses, rate: float, ratio: float) -> float:
+    """XLA:CPU's matrix kernels at `rate` FLOP/s (3x3 ones at `ratio` of it), each at its
     narrowest dimension's share where the profile has a narrow_width."""
-    if profile.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
-        d0 = profile.narrow_width
+    if profile.compute.narrow_width and ops.matmuls:  # each matrix kernel at its width's share
+        d0 = profile.compute.narrow_width
         return sum(
-            m.flops * (m.narrow + d0) / m.narrow / (peak * (ratio if m.winograd else 1))
+            m.flops * (m.narrow + d0) / m.narrow / (rate * (ratio if m.winograd else 1))
             for m in ops.matmuls
         )
-    return ops.matmul_flops / peak + ops.conv3x3_flops / (peak * ratio)
+    return ops.matmul_flops / rate + ops.conv3x3_flops / (rate * ratio)
 
 
 def host_time(profile: Profile, ops: opclass.OpClasses) -> float:
     """Seconds the host spends launching the program's kernels."""
-    return ops.kernels * profile.launch_s
+    return ops.kernels * profile.host.launch_s
 
 
 def program_time(

@@ -27,7 +27,7 @@ from typing import Any
 
 from jaxpar import configfile, units
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, gputarget, hardware, validatesuites
+from jaxpar.predict import fitting, gputarget, hardware, pricing, validatesuites
 from jaxpar.predict.calibration import calibration_ops
 
 
@@ -81,9 +81,9 @@ def leave_one_out(
         # the baseline: every row predicted at the median images/sec of the rows fitted on
         constant = statistics.median(float(o["images_per_sec"]) for o in rest)
         for r in (r for r in runs if r["model"] == model):
-            ops = calibration_ops(r, fitted.target)
-            step = fitted.program_time(ops, r.get("dtype", "float32"))
-            step += fitted.step_overhead_s + fitted.program_overhead_s
+            ops = calibration_ops(r, gputarget.of(fitted))
+            step = pricing.program_time(fitted, ops, r.get("dtype", "float32"))
+            step += fitted.host.step_overhead_s + fitted.host.program_overhead_s
             predicted = r["batch_size"] / step
             out.append(
                 {
@@ -106,7 +106,12 @@ def report_profile(
     `say` takes progress lines."""
     profile, fitted, candidates, names, suites = _spec(path)
     title = f"## {profile.name} ({Path(path).name}; fit {', '.join(names)}; compiler "
-    lines = [title + f"{profile.compiler})", "", gputarget.programs_line(profile.target), ""]
+    lines = [
+        title + f"{profile.device.compiler})",
+        "",
+        gputarget.programs_line(gputarget.of(profile)),
+        "",
+    ]
     lines += [*_fit_lines(profile, fitted, names), *_kernel_lines(path, profile)]
     figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
     runs = [{**r, "held_out": False} for r in fitted] + [
@@ -156,7 +161,7 @@ def _fit_lines(profile: hardware.Profile, runs: list[dict], names: tuple) -> lis
     if not runs or len(runs) < len(names):
         return []
     result = fitting.fit(profile, runs, names)
-    costs = ", ".join(f"{n} {getattr(result.profile, n):.3g}" for n in names)
+    costs = ", ".join(f"{n} {hardware.value(result.profile, n):.3g}" for n in names)
     bound = (
         f"AT ITS BOUND: {', '.join(result.at_bound)} (the fit wanted more than the model allows)"
         if result.at_bound
@@ -178,7 +183,7 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
 
     names = tuple(c.get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
     kf = kernels.fit(profile, kernels.load(table), names, c.get("kernel_dtype", "float32"))
-    costs = ", ".join(f"{n} {getattr(kf.profile, n):.3g}" for n in names)
+    costs = ", ".join(f"{n} {hardware.value(kf.profile, n):.3g}" for n in names)
     line = (
         f"matrix kernels from {table} (fitted before any model, every model's runs priced "
         f"with them): {len(kf.errors)} kernels, median |error| "
