@@ -13,8 +13,9 @@ from jaxpar.predict.calibration import run_config
 from jaxpar.predict.workload import input_spec
 
 
-def test_fit_recovers_the_narrow_width_and_the_rate():
-    """Times made with narrow_width 6 and 1e11 FLOP/s give both back (on the grid of 0.25)."""
+def test_fit_recovers_the_narrow_width_and_the_rate(caplog):
+    """Times made with narrow_width 6 and 1e11 FLOP/s give both back (on the grid of 0.25);
+    times that no width slows fit 0, the grid's end, which is said."""
     points = []
     for n in (2, 4, 8, 16, 32, 64):
         mm = (opclass.Matmul(1e9, 0.0, False, n), opclass.Matmul(2e9, 0.0, False, 4 * n))
@@ -23,6 +24,10 @@ def test_fit_recovers_the_narrow_width_and_the_rate():
         points.append((ops, seconds))
     d0, rate = micro.fit(points)
     assert d0 == 6.0 and rate == pytest.approx(1e11)
+    assert "at its bound" not in caplog.text
+    wide = [(ops, ops.matmul_flops / 1e11) for ops, _ in points]  # no width slows a kernel
+    assert micro.fit(wide)[0] == 0.0
+    assert "narrow_width fitted at its bound (0 of 0 to 64)" in caplog.text
 
 
 def _timed(monkeypatch, *seconds):

@@ -231,16 +231,19 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
     )
 
 
-def test_the_tile_width_fits_the_rates_of_narrow_layers():
+def test_the_tile_width_fits_the_rates_of_narrow_layers(caplog):
     """here.py's narrow convolutions: rate(n) = r0 x min(1, n / T) recovers T, measured rates
-    with noise too (an H100's, docs/log.md, "Narrow layers on a GPU": 128 in both dtypes)."""
+    with noise too (an H100's, docs/log.md, "Narrow layers on a GPU": 128 in both dtypes); a
+    width at the grid's end is said."""
     from jaxpar.predict import herebench
 
     narrow = herebench.NARROW_FEATURES
     assert herebench.fit_tile_width({n: 5e14 * min(1.0, n / 64) for n in narrow}) == 64
     h100_bf16 = {8: 51.0, 16: 107.0, 32: 188.7, 64: 370.3, 128: 609.5, 256: 734.3}
     assert herebench.fit_tile_width(h100_bf16) == 128
+    assert "at its bound" not in caplog.text
     assert herebench.fit_tile_width({n: 1.0 for n in narrow}) == 8  # never narrow
+    assert "tile_width fitted at its bound (8 of 8 to 1024)" in caplog.text
 
 
 def test_memory_over_capacity_does_not_fit():

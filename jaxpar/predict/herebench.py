@@ -7,6 +7,7 @@ Every figure is timed by timer.measure."""
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -15,6 +16,8 @@ import jax.numpy as jnp
 
 from jaxpar.predict import kernels, micro, opclass, solve, timer
 from jaxpar.predict.hererows import parse_row
+
+log = logging.getLogger(__name__)
 
 # the rows' own convolution shapes timed beside DeepBench's (own_shapes), at most
 MODEL_SHAPES = 24
@@ -85,7 +88,8 @@ def _narrow_conv_rates(device, dtype: str, seconds: float) -> dict[int, float]:
 
 def fit_tile_width(rates: dict[int, float]) -> float:
     """The tile width T (a power of two, 8 to 1024) whose rate(n) = r0 x min(1, n / T) fits the
-    measured rates best (least squares of the log error, r0 the best for each T)."""
+    measured rates best (least squares of the log error, r0 the best for each T); a width at
+    either end is said in a warning."""
     import numpy as np
 
     n = np.array(sorted(rates), dtype=float)
@@ -95,9 +99,11 @@ def fit_tile_width(rates: dict[int, float]) -> float:
         e = r - np.log(np.minimum(1.0, n / t))
         return float(np.sum((e - e.mean()) ** 2))
 
-    return float(
-        solve.grid("tile_width", [2.0**k for k in range(3, 11)], cost).values["tile_width"]
-    )
+    found = solve.grid("tile_width", [2.0**k for k in range(3, 11)], cost)
+    width = float(found.values["tile_width"])
+    if found.at_bound:
+        log.warning("tile_width fitted at its bound (%g of 8 to 1024)", width)
+    return width
 
 
 def own_shapes(rows: list[str], dtype: str, limit: int = MODEL_SHAPES) -> list[dict[str, float]]:

@@ -36,11 +36,14 @@ forward_speedup is its price at the fitted rates over its time.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from typing import Any
 
 from jaxpar.predict import opclass, pricing, solve, timer
+
+log = logging.getLogger(__name__)
 
 WIDTHS = (2, 4, 8, 16, 32, 64)
 
@@ -69,7 +72,7 @@ def _seconds(compiled, args, seconds: float) -> float:
 def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
     """(narrow_width, FLOP/s): the width (0 to 64 in quarters: solve.grid) that prices every
     program's matrix kernels at n / (n + width) of one rate with the least squared log error
-    over (op classes, seconds)."""
+    over (op classes, seconds); a width at the grid's end is said in a warning."""
 
     def logs(d0: float) -> list[float]:
         work = [sum(m.flops * (m.narrow + d0) / m.narrow for m in ops.matmuls) for ops, _ in points]
@@ -81,7 +84,10 @@ def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
         return sum((v - rate) ** 2 for v in x)
 
     widths = [step / 4 for step in range(64 * 4 + 1)]
-    d0 = solve.grid("narrow_width", widths, err, tol=1e-12).values["narrow_width"]
+    found = solve.grid("narrow_width", widths, err, tol=1e-12)
+    d0 = found.values["narrow_width"]
+    if found.at_bound:
+        log.warning("narrow_width fitted at its bound (%g of 0 to %g)", d0, widths[-1])
     return d0, math.exp(statistics.fmean(logs(d0)))
 
 
