@@ -35,15 +35,31 @@ def hidden(windows, grad: float, compute: float, w: Workload, profile: Profile) 
     another from their ready points, ends before the compute does; else the profile's fixed
     fraction `overlap` of it, at most the backward (2/3 of the compute)."""
     mine = [x for x in windows if is_grad_sync(x, "step", w.mesh_shape)]
-    total = sum(x.bytes for x in mine)
+    own = window_times(mine, w.mesh_shape, profile)
+    total = sum(own)
     if not grad or not total:
         return 0.0
-    times = [grad * x.bytes / total for x in mine]
+    times = [grad * t / total for t in own]  # each its own price: a small one its latency
     if any(x.between is not None for x in mine):
         return sum(min(t, (x.between or 0.0) * compute) for t, x in zip(times, mine))
     if profile.links.overlap is None:
         return grad - overlap.exposed(times, [x.ready for x in mine], compute)
     return min(profile.links.overlap * grad, compute * 2 / 3)
+
+
+def window_times(windows, mesh_shape: dict[str, int], profile: Profile) -> list[float]:
+    """Each collective element's own seconds at its link price: a collective's latency is
+    its own, not spread over the others by bytes (a step of many small all-reduces, such as
+    synchronised BatchNorm's, and a few large gradient ones, costs its latency in the small
+    ones); a combined collective's price split over its elements by bytes."""
+    place = placement(mesh_shape, profile)
+    out = []
+    for x in windows:
+        group = [place(i) for i in links.group_of(x.axes, mesh_shape)]
+        whole = x.whole or x.bytes
+        price = links.collective_time(x.kind, whole, group, profile)
+        out.append(price * x.bytes / whole if whole else 0.0)
+    return out
 
 
 def collectives_time(

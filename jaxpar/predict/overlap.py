@@ -35,6 +35,9 @@ class Window:
     bytes: int  # result bytes per device (one element of a combined collective)
     ready: float  # share of the program's matrix FLOPs done when its operand is ready
     between: float | None  # async pair: share of FLOPs between its start and its done
+    # bytes of the whole collective this element belongs to (a combined one's elements share
+    # its one latency); None: the element is a collective of its own
+    whole: int | None = None
 
 
 def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
@@ -65,6 +68,7 @@ def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
             continue
         axes = collectives.collective_axes(c, mesh_shape)
         elements = []
+        whole = sum(hlo.shape_bytes(types.get(arg, "")) for arg in args)
         for arg in args:
             src = producer.get(arg, arg)
             at = position.get(src, 0)
@@ -75,6 +79,7 @@ def windows(text: str, mesh_shape: dict[str, int]) -> tuple[Window, ...]:
                     hlo.shape_bytes(types.get(arg, "")),
                     done_flops[at] / total if src in position else 0.0,
                     None,
+                    whole if len(args) > 1 else None,
                 )
             )
         if ins.opcode.endswith("-start"):
