@@ -72,11 +72,18 @@ def collective_axes(c: hlo.Collective, mesh_shape: dict[str, int]) -> str:
 def collective_rows(text: str, mesh_shape: dict[str, int], times: int = 1) -> dict:
     """{(kind, axes): [count, bytes]} per call of a program run `times` times a step,
     collectives in conditional branches counted as if taken."""
+    return {
+        key: [times * len(sizes), times * sum(sizes)]
+        for key, sizes in collective_sizes(text, mesh_shape).items()
+    }
+
+
+def collective_sizes(text: str, mesh_shape: dict[str, int]) -> dict:
+    """{(kind, axes): [bytes per device of each call, in program order]} of one program,
+    collectives in conditional branches counted as if taken."""
     rows: dict[tuple[str, str], list[int]] = {}
     for kind, axes, _, nbytes in _placed(text, mesh_shape):
-        entry = rows.setdefault((kind, axes), [0, 0])
-        entry[0] += times
-        entry[1] += times * nbytes
+        rows.setdefault((kind, axes), []).append(nbytes)
     return rows
 
 

@@ -6,6 +6,7 @@ among the profile's nodes (model.py adds these to the compute)."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
@@ -65,15 +66,17 @@ def window_times(windows, mesh_shape: dict[str, int], profile: Profile) -> list[
 def collectives_time(
     cols, mesh_shape: dict[str, int], profile: Profile, first_device: int = 0
 ) -> float:
-    """Seconds of collectives `cols`: each at its link price, and an in-step one (not the
+    """Seconds of collectives `cols`: each call at its link price for its own size (a row's
+    `sizes`; without them, `count` calls of bytes / count), and an in-step one (not the
     gradient sync) also at what it costs cores the devices share (pricing.shared_core_time)."""
     total = 0.0
     place = placement(mesh_shape, profile)
     devices = math.prod(mesh_shape.values())
     for c in cols:
         group = [place(first_device + i) for i in links.group_of(c.axes, mesh_shape)]
-        each = links.collective_time(c.kind, c.bytes / max(c.count, 1), group, profile)
-        total += each * c.count
+        calls = Counter(c.sizes) if c.sizes else {c.bytes / max(c.count, 1): c.count}
+        for size, count in sorted(calls.items()):
+            total += links.collective_time(c.kind, size, group, profile) * count
         if len(group) > 1 and not is_grad_sync(c, "step", mesh_shape):
             total += pricing.shared_core_time(profile, c.bytes, devices)
     return total

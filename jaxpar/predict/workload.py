@@ -51,6 +51,9 @@ class Collective:
     axes: str  # mesh axes the group varies along, e.g. "data", "tensor", "data+tensor"
     count: int  # per call of its program
     bytes: int  # per device per call, all `count` together
+    # bytes per device of each of the `count` collectives (each priced at its own size);
+    # () = `count` collectives of bytes / count each
+    sizes: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +148,10 @@ def resolve_mesh(config: ml_collections.ConfigDict, num_devices: int) -> dict[st
 
 
 def _rows(compiled, mesh_shape: dict[str, int]) -> tuple[Collective, ...]:
-    rows = collectives.collective_rows(compiled.as_text(), mesh_shape)
+    rows = collectives.collective_sizes(compiled.as_text(), mesh_shape)
     return tuple(
-        Collective(kind, axes, count, nbytes)
-        for (kind, axes), (count, nbytes) in sorted(rows.items())
+        Collective(kind, axes, len(sizes), sum(sizes), tuple(sizes))
+        for (kind, axes), sizes in sorted(rows.items())
         if axes != "none"
     )
 
