@@ -50,6 +50,8 @@ own trace. --calibrate-here as it is now fits the traced costs itself.
 
 import ml_collections
 
+from configs.hardware import h100_sxm_x8
+
 MEASURED = {
     "platform": "gpu",
     "device_kind": "NVIDIA H100 80GB HBM3",
@@ -222,9 +224,11 @@ def get_config():
     # 64 in float32)
     # (docs/log.md, "Narrow layers on a GPU: the tensor-core tile")
     c.tile_width = 128.0
-    # edited: NVLink 4 through NVSwitch, as configs/hardware/h100_sxm_x8.py (sources there)
-    c.intra = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}
-    c.inter = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}
+    # edited: NVLink 4 through NVSwitch and NCCL's LL and LL128 protocols on it, as
+    # configs/hardware/h100_sxm_x8.py (sources there)
+    nvlink = {"bandwidth": 360e9, "latency": 5e-06, "rings": 1}
+    c.intra = {**nvlink, "protocols": h100_sxm_x8.NVLINK4_PROTOCOLS}
+    c.inter = {**nvlink, "protocols": h100_sxm_x8.NVLINK4_PROTOCOLS}
     c.overlap = None  # edited: as XLA:GPU schedules the step (h100_sxm_x8.py)
     c.fit = ("compute_efficiency", "matmul_kernel_s")  # edited: kernel_s measured, above
     c.calibration_runs = RUNS

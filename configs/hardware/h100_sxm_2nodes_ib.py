@@ -9,7 +9,9 @@ the recommendation line last. Nothing multi-node is measured: the compute is h10
 
 Sources and assumptions: as h100_sxm_x8.py inside a node (this file starts from it). Between
 nodes: 400 Gb/s = 50 GB/s per NIC per direction; NCCL reaches ~45 GB/s per NIC on large
-messages; we take 45 GB/s per GPU and 10 us per step (IB + proxy). A group spanning nodes is
+messages; we take 45 GB/s per GPU and 10 us per step (IB + proxy), without NCCL's LL and LL128
+protocols (their network figures in tuning.cc depend on the hosts' CPUs; inside a node the
+NVLink ones apply, as h100_sxm_x8.py). A group spanning nodes is
 reduced hierarchically (reduce-scatter in the node, all-reduce of 1/8 across the nodes on 8
 NICs at once, all-gather in the node). Devices are numbered in mesh order, 8 per node: on a
 (16,1,1) mesh the data axis spans both nodes; on (2,1,8) the tensor axis stays inside a node.

@@ -19,6 +19,16 @@ Sources and assumptions:
 - NVLink 4: 18 links x 25 GB/s = 450 GB/s per direction per GPU into the NVSwitches; NCCL
   all-reduce reaches ~360 GB/s bus bandwidth on 8 GPUs (nccl-tests on DGX H100, without
   NVLink SHARP). We take 360 GB/s as one "ring" and 5 us per step.
+- NCCL's protocols for small and middling messages, from its own cost model (NCCL 2.30.7,
+  src/graph/tuning.cc: baseLatencies and hwLatencies[NVLINK] for Ring; the LL and LL128
+  bandwidth refinements of ncclTopoTuneModel): LL 6.6 us + 0.6 us per ring step at
+  min(0.5 x bus bandwidth, llMaxBws[Hopper][1 node] = 141 GB/s), 141/360 of ours; LL128
+  14 us + 1.9 us per step at 0.92 of it (its cap, nChannels x 36.7 GB/s, binds only below
+  10 channels). A ring collective takes the cheapest of these and the link's own price
+  (jaxpar/predict/links.py): an 8-GPU all-reduce of 8 KB costs 15.1 us by LL against 70 us
+  at 5 us a step; from about 3.3 MB it goes by LL128, above about 69 MB at the link's own.
+  (NCCL's own Simple, 8.4 + 3.4 us a step, 56 us on 8 GPUs, is not used: the 5 us above
+  stays the profile's assumption.)
 - Compute, fitted (`fit`: the convolutions' fraction of peak and the host's time to launch
   one kernel) to four single-GPU runs measured on a lent H100 80GB HBM3 (JAX 0.11.2, CUDA 13,
   jaxpar at e58f54e, configs/vgg19_data.py at full width, synthetic CIFAR-shaped data; not
@@ -57,6 +67,14 @@ H100_RUN = {
 }
 
 
+# NCCL's ring protocols over NVLink on Hopper, {name: (seconds once, seconds per ring step,
+# fraction of the link's bandwidth)} (NCCL 2.30.7, src/graph/tuning.cc; docstring above)
+NVLINK4_PROTOCOLS = {
+    "LL": (6.6e-6, 0.6e-6, min(0.5, 141 * GB / (360 * GB))),
+    "LL128": (14.0e-6, 1.9e-6, 0.92),
+}
+
+
 def get_config():
     c = ml_collections.ConfigDict()
     c.name = "8x H100 SXM NVLink"
@@ -64,8 +82,9 @@ def get_config():
     c.devices_per_node = 8
     c.peak_flops = peak_flops.H100_SXM
     c.memory_bytes = 79 * GB
-    c.intra = {"bandwidth": 360 * GB, "latency": 5e-6, "rings": 1}
-    c.inter = {"bandwidth": 360 * GB, "latency": 5e-6, "rings": 1}  # one node
+    nvlink = {"bandwidth": 360 * GB, "latency": 5e-6, "rings": 1}
+    c.intra = {**nvlink, "protocols": NVLINK4_PROTOCOLS}
+    c.inter = {**nvlink, "protocols": NVLINK4_PROTOCOLS}  # one node
     c.calibration_runs = [
         {**H100_RUN, "dtype": dtype, "batch_size": batch, "images_per_sec": rate}
         for dtype, batch, rate in (

@@ -16,6 +16,13 @@ wired to each other (a profile's `peers`: NVLink's hybrid cube mesh joins each o
 P100s to four of the seven others), a ring runs over its group in rank order, as NCCL 1.x
 builds it, and a hop between two devices without a direct link takes the profile's `unwired`
 path (through the hosts): the ring runs at its slowest hop (`ring_link`).
+
+A link may name the collective library's other protocols (`protocols`: NCCL's LL and LL128,
+src/graph/tuning.cc), each a latency once per collective, one per ring step and a fraction of
+the link's bandwidth: a ring collective (all-reduce, all-gather, reduce-scatter) is priced at
+the cheapest of them and the link's own (bandwidth, latency), as NCCL picks one by its cost
+model. A small message goes by LL (a few us, at under half the bandwidth); a large one at the
+link's own price. All-to-all and point-to-point transfers keep the link's own price.
 """
 
 from __future__ import annotations
@@ -25,35 +32,62 @@ import math
 
 import numpy as np
 
+from jaxpar.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class Link:
     bandwidth: float  # bytes/s per device per direction, as one ring of the library sees it
     latency: float  # seconds per ring step (one message)
     rings: int = 1  # rings the collective library runs at once over these links
+    # The library's other protocols for a ring collective, as the profile gives them
+    # {name: (seconds once per collective, seconds per ring step, fraction of the ring
+    # bandwidth)}, held as ((name, once, per step, fraction), ...) by name; () = none
+    protocols: tuple = ()
+
+    def __post_init__(self):
+        given = self.protocols
+        rows = [(k, *v) for k, v in given.items()] if hasattr(given, "items") else given
+        held = tuple(sorted((str(r[0]), *map(float, r[1:])) for r in rows))
+        for row in held:
+            if len(row) != 4 or min(row[1:3]) < 0 or not 0 < row[3] <= 1:
+                raise ConfigError(
+                    f"protocol {row[0]}: (seconds once, seconds per step, fraction of the "
+                    f"bandwidth), latencies >= 0 and the fraction in (0, 1]; got {row[1:]}"
+                )
+        object.__setattr__(self, "protocols", held)
 
     @property
     def ring_bandwidth(self) -> float:
         return self.bandwidth * self.rings
 
 
+def ring_time(wire_bytes: float, steps: int, link: Link) -> float:
+    """Seconds for a ring collective that sends `wire_bytes` per device in `steps` steps:
+    at the link's own bandwidth and latency per step, or a protocol's price where cheaper."""
+    best = wire_bytes / link.ring_bandwidth + steps * link.latency
+    for _, once, step, fraction in link.protocols:
+        best = min(best, wire_bytes / (link.ring_bandwidth * fraction) + once + steps * step)
+    return best
+
+
 def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
     """Bandwidth-optimal ring all-reduce of `nbytes` over n devices."""
     if n <= 1:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / link.ring_bandwidth + 2 * (n - 1) * link.latency
+    return ring_time(2 * (n - 1) / n * nbytes, 2 * (n - 1), link)
 
 
 def allgather_time(result_bytes: float, n: int, link: Link) -> float:
     if n <= 1:
         return 0.0
-    return (n - 1) / n * result_bytes / link.ring_bandwidth + (n - 1) * link.latency
+    return ring_time((n - 1) / n * result_bytes, n - 1, link)
 
 
 def reduce_scatter_time(result_bytes: float, n: int, link: Link) -> float:
     if n <= 1:
         return 0.0
-    return (n - 1) * result_bytes / link.ring_bandwidth + (n - 1) * link.latency
+    return ring_time((n - 1) * result_bytes, n - 1, link)
 
 
 def p2p_time(nbytes: float, link: Link) -> float:
@@ -105,8 +139,8 @@ def collective_time(
         return allgather_time(nbytes, n, link)
     if kind == "reduce-scatter":
         return reduce_scatter_time(nbytes, n, link)
-    if kind == "all-to-all":
-        return allgather_time(nbytes, n, link)
+    if kind == "all-to-all":  # the library's sends, not a ring: the link's own price
+        return allgather_time(nbytes, n, dataclasses.replace(link, protocols=()))
     return p2p_time(nbytes, link)  # collective-permute
 
 
