@@ -32,7 +32,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from configs import base
-from jaxpar import trainer
+from jaxpar import run_setup, run_summary, trainer
 from jaxpar.parallel.state import cross_entropy
 
 
@@ -52,7 +52,7 @@ def make_config(args):
 
 
 def bare_images_per_sec(config, steps: int) -> float:
-    setup = trainer.setup(config)
+    setup = run_setup.setup(config)
     model, tx, mesh = setup.model, setup.strategy.tx, setup.mesh
 
     def step(params, opt_state, batch):
@@ -72,8 +72,8 @@ def bare_images_per_sec(config, steps: int) -> float:
     )
     state = setup.strategy.init_state(jax.random.key(0))
     params, opt_state = state.params, state.opt_state
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
-    for _ in range(trainer.TIMING_WARMUP_STEPS):
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
+    for _ in range(run_summary.TIMING_WARMUP_STEPS):
         params, opt_state, loss = fn(params, opt_state, batch)
     jax.block_until_ready(loss)
     t0 = time.perf_counter()

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
     for name, mesh in MESHES.items():
         if args.only not in name:
             continue
-        cost = {on: program_cost(trainer, config_of(mesh, on)) for on in (True, False)}
+        cost = {on: program_cost(config_of(mesh, on)) for on in (True, False)}
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.repeat):
             for on in (True, False):
@@ -92,12 +92,14 @@ def main(argv: list[str]) -> None:
     print("\n".join(table))
 
 
-def program_cost(trainer, config) -> tuple[float, float]:
+def program_cost(config) -> tuple[float, float]:
     """(FLOPs, bytes accessed) per device of the step's compiled programs, summed over a
     step's calls."""
     import jax
 
-    setup = trainer.setup(config)
+    from jaxpar import run_setup
+
+    setup = run_setup.setup(config)
     programs = setup.strategy.programs(setup.strategy.batch_shapes(config.global_batch_size))
     flops = moved = 0.0
     for p in programs:

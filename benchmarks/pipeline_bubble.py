@@ -30,7 +30,7 @@ configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 import jax
 
 from configs import base
-from jaxpar import analysis, trainer
+from jaxpar import analysis, run_setup
 
 
 def measure(args, schedule: str, m: int) -> dict:
@@ -41,9 +41,9 @@ def measure(args, schedule: str, m: int) -> dict:
     config.pipeline.schedule, config.pipeline.num_microbatches = schedule, m
     config.pipeline.split = args.split
     config.data.name = "synthetic"
-    setup = trainer.setup(config, jax.devices()[: args.stages])
+    setup = run_setup.setup(config, jax.devices()[: args.stages])
     state = setup.strategy.init_state(jax.random.key(0))
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     setup.strategy.compile(state, batch)
     for _ in range(2):
         state, metrics = setup.strategy.train_step(state, batch)

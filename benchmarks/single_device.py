@@ -7,7 +7,7 @@ its compiler made of each step: what the predictor needs to calibrate on a GPU (
 
 Each row is MODEL:IMAGE:DTYPE:BATCH (IMAGE: the side of a square RGB input, 10 classes of
 synthetic data), or MODEL:WIDTH:IMAGE:DTYPE:BATCH for a model at a width multiplier. Per
-row: the training step jaxpar runs on one device (trainer.setup on a (1, 1, 1) mesh, the
+row: the training step jaxpar runs on one device (run_setup.setup on a (1, 1, 1) mesh, the
 data-parallel strategy), compiled once, run for a warm-up and then timed
 for about --seconds with the device synchronised at the end (images/sec over the timed steps,
 and the median of per-step times synchronised each step); the device's peak memory in use
@@ -93,7 +93,7 @@ def run_row(
     import jax
     import numpy as np
 
-    from jaxpar import trainer
+    from jaxpar import run_setup
 
     fields = spec.split(":")  # MODEL:IMAGE:DTYPE:BATCH, or MODEL:WIDTH:IMAGE:DTYPE:BATCH
     model, width = fields[0], float(fields[1]) if len(fields) == 5 else 1.0
@@ -103,9 +103,9 @@ def run_row(
         row["width"] = width
     device = jax.devices()[0]
     config = config_for(model, image, dtype, batch, width)
-    setup = trainer.setup(config, [device])
+    setup = run_setup.setup(config, [device])
     state = setup.strategy.init_state(jax.random.key(0))
-    batch_data = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch_data = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     t0 = time.perf_counter()
     setup.strategy.compile(state, batch_data)
     row["compile_s"] = time.perf_counter() - t0

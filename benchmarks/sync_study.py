@@ -36,13 +36,13 @@ def run_row(name: str, config, devices) -> dict:
     import jax
     import numpy as np
 
-    from jaxpar import analysis, axes, trainer
+    from jaxpar import analysis, axes, run_setup
     from jaxpar.parallel.sync import traffic
 
-    setup = trainer.setup(config, devices)
+    setup = run_setup.setup(config, devices)
     n = axes.num_replicas(dict(setup.mesh.shape))
     state = setup.strategy.init_state(jax.random.key(config.seed))
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     programs = analysis.programs(setup.strategy, config.global_batch_size)
     text = "\n".join(p.compiled.as_text() for p in programs)
     period = config.sync.period if config.sync.mode == "local_sgd" else 1
@@ -58,8 +58,8 @@ def run_row(name: str, config, devices) -> dict:
         jax.block_until_ready(state)
         times.append(time.perf_counter() - t0)
         if i + 1 < config.num_train_steps:
-            batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i + 1))
-    evaluation = trainer.evaluate(setup, state)
+            batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, i + 1))
+    evaluation = run_setup.evaluate(setup, state)
     return {
         "row": name,
         "learning_rate": config.learning_rate,

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, axes, explain, parallel, plan, trainer
+from jaxpar import analysis, axes, explain, parallel, plan, run_setup, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.predict.workload import describe, workload
 from tests import example_axis
@@ -78,7 +78,7 @@ def test_fsdp_stores_a_quarter_and_moves_what_the_docs_say():
     split leaf; the all-gathers on fsdp bring every split leaf whole for the forward, and
     again those the backward needs (at most twice in all); the data axis all-reduces only
     shards."""
-    setup = trainer.setup(mesh_config(("data", "fsdp"), (2, 4)), jax.devices())
+    setup = run_setup.setup(mesh_config(("data", "fsdp"), (2, 4)), jax.devices())
     leaves = _leaves(setup.strategy)
     split = [b for b, spec in leaves if "fsdp" in tuple(spec)]
     whole = [b for b, spec in leaves if "fsdp" not in tuple(spec)]
@@ -103,7 +103,7 @@ def test_node_carries_a_quarter_of_the_gradient():
     over node of each device's quarter, an all-gather over data, each once a step on every
     gradient leaf as one buffer (padded to a multiple of 4 floats); what crosses node per
     device is 1/4 of the gradient bytes."""
-    setup = trainer.setup(mesh_config(("node", "data"), (2, 4)), jax.devices())
+    setup = run_setup.setup(mesh_config(("node", "data"), (2, 4)), jax.devices())
     report = analysis.report(setup.strategy, 16, timing=False)
     grads = sum(b for b, _ in _leaves(setup.strategy))
     quarter = -(-grads // 4 // 4) * 4  # the float32 buffer padded to 4 floats, over 4
@@ -169,7 +169,7 @@ def test_predicted_collective_bytes_are_the_compiled_programs(names, sizes):
     """The predictor's per-step bytes by (kind, axes) are what the compiled step moves."""
     config = mesh_config(names, sizes)
     w = workload(config, 8)
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     report = analysis.report(setup.strategy, 16, timing=False)
     compiled = {f"{r[1]} {r[2]}": r[4] for r in report["collectives"] if r[2] != "none"}
     assert describe(w) == compiled
@@ -213,7 +213,7 @@ def test_a_new_rules_axis_splits_the_names_it_declares(one_device):
     try:
         config = mesh_config(("data", "channel"), (2, 4))
         assert_equal(run_steps(config, 8), one_device)
-        setup = trainer.setup(config, jax.devices())
+        setup = run_setup.setup(config, jax.devices())
         split = [spec for _, spec in _leaves(setup.strategy) if "channel" in str(spec)]
         assert split, "no parameter is split over the channel axis"
     finally:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from jaxpar import trainer
+from jaxpar import run_setup
 from jaxpar.parallel import stages
 from jaxpar.parallel.pipeline import balance, microbatches
 from tests.util import tiny_config
@@ -77,7 +77,7 @@ def test_time_split_handles_a_layer_heavier_than_the_ideal_stage():
 
 def test_time_split_without_measured_times_is_refused_in_one_line():
     config = tiny_config(**{"pipeline.split": "time", "mesh_shape": (1, 2, 1)})
-    setup = trainer.setup(tiny_config(mesh_shape=(1, 2, 1)), jax.devices()[:2])
+    setup = run_setup.setup(tiny_config(mesh_shape=(1, 2, 1)), jax.devices()[:2])
     with pytest.raises(stages.SplitError, match="measured times") as info:
         stages.split(setup.model, 2, config.pipeline.split)
     assert "\n" not in str(info.value)
@@ -92,7 +92,7 @@ def test_layer_times_are_cached_and_measured_again_when_the_shape_changes(tmp_pa
         "model.width": 1 / 32,
     }
     workdir = str(tmp_path)
-    first = trainer.setup(tiny_config(**keys), jax.devices()[:2], workdir)
+    first = run_setup.setup(tiny_config(**keys), jax.devices()[:2], workdir)
     times = first.model.times
     assert times.source == "measured" and times.rows == 4 and times.profile_s > 0
     n = len(first.model.layers)
@@ -113,13 +113,13 @@ def test_layer_times_are_cached_and_measured_again_when_the_shape_changes(tmp_pa
     assert saved["key"]["rows"] == 4 and saved["forward"] == list(times.forward)
     assert "timed" in capsys.readouterr().out
 
-    again = trainer.setup(tiny_config(**keys), jax.devices()[:2], workdir)  # a resumed run
+    again = run_setup.setup(tiny_config(**keys), jax.devices()[:2], workdir)  # a resumed run
     assert again.model.times.source.endswith(balance.CACHE_FILE)
     assert again.model.times.forward == times.forward
     assert again.strategy.bounds == first.strategy.bounds
     assert "reused" in capsys.readouterr().out
 
-    other = trainer.setup(
+    other = run_setup.setup(
         tiny_config(**{**keys, "pipeline.num_microbatches": 4}), jax.devices()[:2], workdir
     )
     assert other.model.times.source == "measured" and other.model.times.rows == 2
@@ -149,12 +149,12 @@ def test_auto_micro_batches_are_chosen_once_and_kept_on_resume(tmp_path, capsys)
         "model.width": 1 / 32,
     }
     config = tiny_config(**keys)
-    setup = trainer.setup(config, jax.devices()[:2], str(tmp_path))
+    setup = run_setup.setup(config, jax.devices()[:2], str(tmp_path))
     m = setup.strategy.num_microbatches
     assert m in microbatches.candidate_microbatches(config, 1, 2)
     assert setup.config.pipeline.num_microbatches == m and config.pipeline.num_microbatches == 0
     said = capsys.readouterr().out
     assert f"chose M={m}" in said and "M=8:" in said  # every candidate's predicted step shown
-    again = trainer.setup(tiny_config(**keys), jax.devices()[:2], str(tmp_path))
+    again = run_setup.setup(tiny_config(**keys), jax.devices()[:2], str(tmp_path))
     assert again.strategy.num_microbatches == m
     assert "chosen by the first run" in capsys.readouterr().out

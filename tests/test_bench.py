@@ -14,7 +14,7 @@ import pytest
 from matplotlib.collections import PathCollection
 
 from jaxpar import config as config_lib
-from jaxpar import stats, trainer
+from jaxpar import run_setup, stats, trainer
 from jaxpar.bench import outdir, plots, predicted, results, table
 from jaxpar.bench.__main__ import main as bench_main
 from jaxpar.bench.outdir import Refused
@@ -360,11 +360,11 @@ def test_scaling_plot_names_the_rows_it_cannot_place(tmp_path, capsys):
 
 
 def test_num_devices_uses_the_first_n(capsys):
-    setup = trainer.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
+    setup = run_setup.setup(tiny_config(num_devices=2, mesh_shape=(-1, 1, 1)))
     assert setup.mesh.devices.size == 2 and list(setup.mesh.devices.flat) == jax.devices()[:2]
     assert "using the first 2 of 8 devices" in capsys.readouterr().out
     with pytest.raises(config_lib.ConfigError, match="between 0 .all. and the 8 devices"):
-        trainer.setup(tiny_config(num_devices=9))
+        run_setup.setup(tiny_config(num_devices=9))
 
 
 def test_profile_writes_a_trace(tmp_path):

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, configfile, events, trainer
+from jaxpar import checkpoint, configfile, events, run_setup
 from tests.util import TINY, flags, records, start_cli, wait_for_step
 
 EVERY, STEPS = 3, 18  # a checkpoint every 3 steps; the stop (SIGTERM) lands early, far from 18
@@ -167,7 +167,7 @@ def test_killed_stopped_and_corrupted_over_and_over_it_is_the_uninterrupted_run(
     assert sum(name.startswith("unreadable-") for name in kept) == 2 and str(STEPS) in kept
     overrides, rest = configfile.split_overrides(ARGS)
     config = configfile.override(configfile.load(rest[rest.index("--config") + 1]), overrides)
-    setup = trainer.setup(config, jax.devices()[:1])
+    setup = run_setup.setup(config, jax.devices()[:1])
     finals = []
     for workdir in (run, ref):
         with checkpoint.Checkpointer(workdir, config, setup.model, EVERY, 3) as ckpt:

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, configfile, events, metrics, preemption, trainer
+from jaxpar import checkpoint, configfile, events, metrics, preemption, run_setup, trainer
 from jaxpar import config as config_lib
 from tests.util import (
     max_rel_error,
@@ -40,7 +40,7 @@ ARGS = [
 
 
 def final_params(workdir, config):
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     ckpt = checkpoint.Checkpointer(str(workdir), config, setup.model, 2, 3)
     state, step = ckpt.restore(setup.strategy.host_target())
     ckpt.close()

@@ -16,7 +16,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from jaxpar import configfile, console, explain, optim, trainer, watchdog, workdir
+from jaxpar import configfile, console, explain, optim, run_setup, trainer, watchdog, workdir
 from jaxpar.config import ConfigError
 from tests.util import (
     PLUGIN_NOISE,
@@ -95,9 +95,9 @@ def test_a_long_evaluation_under_load_stays_bounded(mesh_shape, cpu_load):
     config = tiny_config(mesh_shape=mesh_shape, **{"data.num_eval": 4_096})
     config.eval_batch_size = 64
     config.pipeline.schedule, config.pipeline.num_microbatches = "1f1b", 2
-    setup = trainer.setup(config)
+    setup = run_setup.setup(config)
     state = setup.strategy.init_state(jax.random.key(0))
-    result = trainer.evaluate(setup, state)
+    result = run_setup.evaluate(setup, state)
     assert result["count"] == 4_096
     assert 0.0 <= result["accuracy"] <= 1.0 and np.isfinite(result["loss"])
     assert setup.strategy.inflight.waits > 100  # the window held the dispatch back
@@ -125,7 +125,7 @@ def test_cut_points_on_the_command_line(tmp_path):
     then one mistake through the command line, to show that the line reaches the user."""
     mesh = "--config.mesh_shape=(4,2,1)"
     config = short_run_config("configs/vgg19_data.py", mesh, "--config.pipeline.split=(3,)")
-    assert trainer.setup(config).strategy.bounds == (0, 3, 9)  # vgg11: 9 layers
+    assert run_setup.setup(config).strategy.bounds == (0, 3, 9)  # vgg11: 9 layers
     for split, message in [
         ("(0,4)", "needs 1 cut point for 2 stages"),
         ("(40,)", "must increase strictly within 1..8"),
@@ -134,7 +134,7 @@ def test_cut_points_on_the_command_line(tmp_path):
     ]:
         config = short_run_config("configs/vgg19_data.py", mesh, f"--config.pipeline.split={split}")
         with pytest.raises(ConfigError) as refused:
-            trainer.setup(config)
+            run_setup.setup(config)
         assert message in str(refused.value) and "\n" not in str(refused.value), split
     proc = run_cli(
         *DATA, *SHORT_RUN, mesh, "--config.pipeline.split=(0,4)", "--workdir", str(tmp_path)
@@ -152,7 +152,7 @@ def test_cut_points_in_a_config_file(tmp_path):
         "    return config\n"
     )
     config = short_run_config(str(path), "--config.pipeline.num_microbatches=2")
-    assert trainer.setup(config).strategy.bounds == (0, 2, 4, 6, 9)
+    assert run_setup.setup(config).strategy.bounds == (0, 2, 4, 6, 9)
     # The file's cut points reach a run of it: with 2 stages instead of 4, they are refused.
     args = ["--config.mesh_shape=(4,2,1)", "--config.pipeline.num_microbatches=2"]
     proc = run_cli("--config", str(path), *SHORT_RUN, *args, "--workdir", str(tmp_path / "run"))
@@ -456,7 +456,7 @@ def test_pmap_explain_reports_working_memory():
     memory the compiled step's temporaries (XLA's memory analysis of the pmap program)."""
     config = short_run_config("configs/vgg19_data.py", "--config.sync.impl=pmap")
     text = explain.explain(config)
-    setup = trainer.setup(config)
+    setup = run_setup.setup(config)
     (program,) = setup.strategy.programs(setup.strategy.batch_shapes(config.global_batch_size))
     temp = program.compiled.memory_analysis().temp_size_in_bytes
 

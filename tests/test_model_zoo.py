@@ -316,7 +316,7 @@ def test_resnet20_learns_shapes10():
     """Learning, not just running: ResNet-20 at quarter width on the embedded shapes10 (10
     classes, chance 0.1) reaches well above chance on held-out images in 200 steps of batch
     64 (0.58 measured; the full configs/resnet20.py run reaches about 0.95)."""
-    from jaxpar import trainer
+    from jaxpar import run_setup
 
     config = tiny_config(
         **{
@@ -335,11 +335,11 @@ def test_resnet20_learns_shapes10():
             "mesh_shape": (1, 1, 1),
         }
     )
-    setup = trainer.setup(config, jax.devices()[:1])
+    setup = run_setup.setup(config, jax.devices()[:1])
     state = setup.strategy.init_state(jax.random.key(config.seed))
     for i in range(config.num_train_steps):
-        batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+        batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, i))
         state, _ = setup.strategy.train_step(state, batch)
-    result = trainer.evaluate(setup, state)
+    result = run_setup.evaluate(setup, state)
     assert result["count"] == 256
     assert result["accuracy"] > 0.5, result

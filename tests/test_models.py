@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxpar import config as config_lib
-from jaxpar import trainer
+from jaxpar import run_setup
 from jaxpar.models.lenet import lenet
 from jaxpar.models.vgg import vgg
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
@@ -112,5 +112,5 @@ def test_a_model_from_outside_the_package_is_partitioned_like_the_built_ins():
         ("vgg99", "or give the import path"),
     ):
         with pytest.raises(config_lib.ConfigError) as info:
-            trainer.setup(tiny_config(**{"model.name": bad}), None)
+            run_setup.setup(tiny_config(**{"model.name": bad}), None)
         assert re.search(said, str(info.value)) and "\n" not in str(info.value)

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, trainer
+from jaxpar import checkpoint, run_setup, trainer
 from tests.util import (
     ROOT,
     TINY,
@@ -112,7 +112,7 @@ def assert_evaluations(got: list[dict], ref: list[dict]) -> None:
 
 def restored(workdir, config):
     """The newest checkpoint in `workdir`, as the host canonical state, and its step."""
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     ckpt = checkpoint.Checkpointer(str(workdir), config, setup.model, 0, 3)
     try:
         return ckpt.restore(setup.strategy.host_target())
@@ -190,7 +190,7 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     launcher = start_local(log, *args)
     config = override(vgg19_hybrid.get_config(), overrides)
     losses, final, evaluations = run_and_evaluate(config, 8, 4, evaluate_at=(2, 4))
-    built = trainer.setup(config)
+    built = run_setup.setup(config)
     # One device's bytes of each stage's state (parameters, Adam's moments, the gradient
     # accumulator, BatchNorm statistics), counted from the shards one process places
     state_bytes = []

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import checkpoint, configfile, trainer
+from jaxpar import checkpoint, configfile, run_setup
 from tests.util import ROOT, cli_env, records, start_processes, tiny_config, wait_all
 
 EVERY, CUT, STEPS = 2, 4, 6  # checkpoints at 2 and 4, then 6
@@ -85,7 +85,7 @@ def process_files(run, step: int, process: int) -> list[str]:
 def final_state(workdir):
     """The canonical state of the newest checkpoint in `workdir`, and its step."""
     config = tiny_config(**SETTINGS, num_train_steps=STEPS)
-    setup = trainer.setup(config, jax.devices()[: 2 * DEVICES])
+    setup = run_setup.setup(config, jax.devices()[: 2 * DEVICES])
     with checkpoint.Checkpointer(str(workdir), config, setup.model, EVERY, 3) as ckpt:
         return ckpt.restore(setup.strategy.host_target())
 

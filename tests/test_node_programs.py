@@ -13,7 +13,7 @@ import math
 import jax
 import pytest
 
-from jaxpar import analysis, trainer
+from jaxpar import analysis, run_setup
 from tests.test_axes import assert_equal, mesh_config
 from tests.util import reference_run, run_steps
 
@@ -24,7 +24,7 @@ PIPELINE = {"pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2}
 def collectives(names, sizes, **extra) -> tuple[dict, object]:
     """{(program, kind, mesh axes): (count, bytes per device per step)} of the compiled
     programs, and the strategy."""
-    setup = trainer.setup(mesh_config(names, sizes, **TENSOR, **extra), jax.devices())
+    setup = run_setup.setup(mesh_config(names, sizes, **TENSOR, **extra), jax.devices())
     rows = analysis.report(setup.strategy, 16, timing=False)["collectives"]
     return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}, setup.strategy
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from jaxpar import analysis, trainer
+from jaxpar import analysis, run_setup
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
 from jaxpar.predict import (
@@ -457,7 +457,7 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
         },
     )
     w = workload(config)
-    setup = trainer.setup(config, jax.devices()[:2])  # the trainer's own strategy
+    setup = run_setup.setup(config, jax.devices()[:2])  # the trainer's own strategy
     expected = [0.0, 0.0]
     for p in analysis.programs(setup.strategy, 8):
         expected[p.stage] += p.times * analysis.program_flops(p.compiled)

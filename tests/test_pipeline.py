@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import trainer
+from jaxpar import run_setup
 from jaxpar.models.vgg import vgg
 from jaxpar.parallel import schedules, stages
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
@@ -121,7 +121,7 @@ def test_bad_splits_are_refused(k, policy, message):
 
 def test_stage_parameters_live_only_on_their_devices():
     config = pipeline_config("1f1b", 4, 2, data=2, **{"model.width": 0.25})
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     state = setup.strategy.init_state(jax.random.key(0))
     stage_bytes = [
         4 * sum(x.params for x in setup.model.layers[a:b])
@@ -144,10 +144,10 @@ def test_one_f_one_b_holds_fewer_activations_than_gpipe():
     for schedule in ("gpipe", "1f1b"):
         for m in (2, 4, 8):
             config = pipeline_config(schedule, 4, m, global_batch_size=4 * m)
-            setup = trainer.setup(config, jax.devices()[:4])
+            setup = run_setup.setup(config, jax.devices()[:4])
             state = setup.strategy.init_state(jax.random.key(0))
             setup.strategy.train_step(
-                state, setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+                state, setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
             )
             peaks[schedule, m] = setup.strategy.peak_stash_bytes
     micro_bytes = 4 * 4 * 32 * 32 * 3  # one stage-0 input micro-batch: 4 images, float32
@@ -186,7 +186,7 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
     config = pipeline_config(
         "1f1b", 2, 2, data=2, **{"model.name": "vgg13", "mesh_shape": (2, 2, 1)}
     )
-    setup = trainer.setup(config, jax.devices()[:4])  # builds; compiles nothing
+    setup = run_setup.setup(config, jax.devices()[:4])  # builds; compiles nothing
     batch, cut = config.global_batch_size, setup.strategy.bounds[1]
     total = 2 * 4 * batch * setup.model.layers[cut - 1].activation_size  # float32, fwd + bwd
     assert setup.strategy.bytes_between_stages(batch) == total  # the metric's value

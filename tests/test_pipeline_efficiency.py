@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, hlo, trainer
+from jaxpar import analysis, hlo, run_setup
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules, validate
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
@@ -75,9 +75,9 @@ def test_batch_norm_micro_batch_policy_with_residuals():
 
 
 def _setup(schedule, k, m, remat, **overrides):
-    setup = trainer.setup(config_for(schedule, k, m, remat, **overrides), jax.devices()[:k])
+    setup = run_setup.setup(config_for(schedule, k, m, remat, **overrides), jax.devices()[:k])
     state = setup.strategy.init_state(jax.random.key(0))
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     return setup.strategy, state, batch
 
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, collectives, explain, models, trainer
+from jaxpar import analysis, collectives, explain, models, run_setup
 from jaxpar.axes import spatial
 from jaxpar.errors import ConfigError
 from tests.test_model_zoo import FAMILIES, RTOL, every_block_kind_once, family_config  # noqa: F401
@@ -127,7 +127,7 @@ def test_hybrids_with_stage_and_tensor_equal_one_device(mesh):
 
 
 def _eval_collectives(config):
-    setup = trainer.setup(config, jax.devices()[: config.num_devices])
+    setup = run_setup.setup(config, jax.devices()[: config.num_devices])
     st = setup.strategy
     batch = st.batch_shapes(config.global_batch_size, eval=True)
     with jax.set_mesh(st.mesh):
@@ -166,7 +166,7 @@ def test_memory_per_device_falls_with_spatial():
                 "num_devices": size,
             }
         )
-        setup = trainer.setup(config, jax.devices()[: config.num_devices])
+        setup = run_setup.setup(config, jax.devices()[: config.num_devices])
         fig = analysis.report(setup.strategy, config.global_batch_size, timing=False)
         temps.append(fig["program_temp_bytes_per_device"])
     assert temps[1] < 0.7 * temps[0] and temps[2] < 0.7 * temps[1], temps
@@ -193,7 +193,7 @@ def test_a_split_that_cannot_run_is_refused_in_one_line(overrides, message):
         **{"mesh_axes": ("spatial",), "num_devices": overrides["mesh_shape"][0], **overrides}
     )
     with pytest.raises(ConfigError, match=message) as info:
-        trainer.setup(config, jax.devices()[: config.num_devices])
+        run_setup.setup(config, jax.devices()[: config.num_devices])
     assert "\n" not in str(info.value)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxpar import config as config_lib
-from jaxpar import trainer
+from jaxpar import run_setup
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
 RTOL = 1e-5
@@ -97,7 +97,7 @@ def per_device_param_bytes(state) -> dict:
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 8), (2, 1, 4), (4, 1, 2)])
 def test_parameters_are_split_over_the_tensor_axis(mesh_shape):
     config = hybrid_config(mesh_shape, **{"model.width": 0.25, "model.batch_norm": True})
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     state = setup.strategy.init_state(jax.random.key(0))
     total = 4 * setup.model.num_params
     t = mesh_shape[2]
@@ -113,7 +113,7 @@ def test_parameters_are_split_over_the_tensor_axis(mesh_shape):
 def test_channel_count_not_divisible_is_one_line_error():
     config = hybrid_config((1, 1, 8), **{"model.width": 1 / 16})  # conv1 has 4 channels
     with pytest.raises(config_lib.ConfigError) as info:
-        trainer.setup(config, jax.devices())
+        run_setup.setup(config, jax.devices())
     message = str(info.value)
     assert re.search(r"conv1/Conv_0/(bias|kernel) has 4 along", message) and "\n" not in message
 
@@ -123,7 +123,7 @@ def test_explain_lists_the_collectives_of_a_known_model():
 
     config = hybrid_config((8, 1, 1))
     text = explain.explain(config, jax.devices())
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     # Data parallel: exactly one all-reduce over "data", of the gradient plus three scalars
     # (the loss, the accuracy and the noise scale's mean of the replicas' squared norms).
     rows = [line.split() for line in text.splitlines() if line.startswith("  step ")]
@@ -140,7 +140,7 @@ def test_explain_lists_the_collectives_of_a_known_model():
 
     config = hybrid_config((1, 2, 1))
     text = explain.explain(config, jax.devices()[:2])
-    setup = trainer.setup(config, jax.devices()[:2])
+    setup = run_setup.setup(config, jax.devices()[:2])
     cut = setup.strategy.bounds[1]
     sent = 2 * 4 * config.global_batch_size * setup.model.layers[cut - 1].activation_size
     line = next(x for x in text.splitlines() if x.startswith("  stage-to-stage bytes / step"))
@@ -160,7 +160,7 @@ def test_worked_example_rule_trains_like_one_device():
     losses, state = run_steps(config, 8)
     np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
     assert max_rel_error(state.params, ref_state.params) < RTOL
-    setup = trainer.setup(config, jax.devices())
+    setup = run_setup.setup(config, jax.devices())
     kernel = setup.strategy.init_state(jax.random.key(0)).params["conv2"]["Conv_0"]["kernel"]
     # split by input channels (dimension 2 of HWIO), as one sharding (trailing Nones aside)
     want = jax.sharding.NamedSharding(setup.mesh, jax.sharding.PartitionSpec(None, None, "tensor"))

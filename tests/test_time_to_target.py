@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from util import tiny_config
 
-from jaxpar import optim, trainer
+from jaxpar import optim, run_setup, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.noise_scale import NoiseScale
 from jaxpar.plan import steps as steps_lib
@@ -216,9 +216,9 @@ def _data_8_norms():
 def _first_norms(config):
     import jax
 
-    setup = trainer.setup(config, jax.devices()[:8])
+    setup = run_setup.setup(config, jax.devices()[:8])
     state = setup.strategy.init_state(jax.random.key(0))
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     _, metrics = setup.strategy.train_step(state, batch)
     metrics = jax.device_get(metrics)
     return setup.strategy.noise_groups(), metrics["grad_sq_small"], metrics["grad_sq_big"]
@@ -252,7 +252,7 @@ def test_global_batch_norm_couples_replicas_so_nothing_is_measured():
 
     def groups(**overrides):
         config = tiny_config(mesh_shape=(2, 1, 1), num_devices=2, **overrides)
-        return trainer.setup(config, jax.devices()[:2]).strategy.noise_groups()
+        return run_setup.setup(config, jax.devices()[:2]).strategy.noise_groups()
 
     refused = groups(**{"model.batch_norm": True})
     assert isinstance(refused, str) and "sync.batch_norm=local" in refused
@@ -278,7 +278,7 @@ def test_measuring_moves_scalars_only(overrides):
 
     def moved(on: bool):
         config = tiny_config(measure_noise_scale=on, **overrides)
-        strategy = trainer.setup(config, jax.devices()[:8]).strategy
+        strategy = run_setup.setup(config, jax.devices()[:8]).strategy
         report = analysis.report(strategy, config.global_batch_size, timing=False)
         calls = sum(row[3] for row in report["collectives"])
         return report["collective_bytes_per_device"], calls

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, trainer
+from jaxpar import analysis, run_setup
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules, validate
 from tests.util import max_rel_error, reference_run, tiny_config
@@ -52,11 +52,11 @@ def runs():
     def run(k, m):
         if (k, m) not in out:
             config = config_for(k, m)
-            setup = trainer.setup(config, jax.devices()[:k])
+            setup = run_setup.setup(config, jax.devices()[:k])
             state = setup.strategy.init_state(jax.random.key(config.seed))
             losses = []
             for i in range(config.num_train_steps):
-                batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+                batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, i))
                 state, metrics = setup.strategy.train_step(state, batch)
                 losses.append(float(metrics["loss"]))
             canonical = jax.device_get(setup.strategy.canonical(state))

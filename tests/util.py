@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from configs import base
-from jaxpar import axes, configfile, trainer
+from jaxpar import axes, configfile, run_setup
 from jaxpar import mesh as mesh_lib
 from jaxpar.parallel.state import forward_loss, init_state
 
@@ -73,11 +73,11 @@ def run_steps(config, num_devices: int, steps: int | None = None):
 
     Returns (losses per step, canonical final state) on the host.
     """
-    setup = trainer.setup(config, jax.devices()[:num_devices])
+    setup = run_setup.setup(config, jax.devices()[:num_devices])
     state = setup.strategy.init_state(jax.random.key(config.seed))
     losses = []
     for i in range(steps or config.num_train_steps):
-        batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+        batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, i))
         state, metrics = setup.strategy.train_step(state, batch)
         losses.append(float(metrics["loss"]))
     return np.array(losses), jax.device_get(setup.strategy.canonical(state))
@@ -99,7 +99,7 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
     replicas = math.prod(max(int(shape[a]), 1) for a in axes.batch_axes(shape))
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1,) * len(names)
-    setup = trainer.setup(config, jax.devices()[:1])
+    setup = run_setup.setup(config, jax.devices()[:1])
     model, tx = setup.model, setup.strategy.tx
     # jit, as every strategy initialises: eager initialisers round some parameters 1 ulp
     # differently, which a chaotic model (ResNet-50 at width 1/16) grows to 1e-2 in 3 steps
@@ -131,7 +131,7 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
 
     losses = []
     for i in range(steps if steps is not None else config.num_train_steps):
-        batch = jax.tree.map(grouped, trainer.local_train_batch(setup, i))
+        batch = jax.tree.map(grouped, run_setup.local_train_batch(setup, i))
         state, loss = step(state, batch)
         losses.append(float(loss))
     return np.array(losses), jax.device_get(state)
@@ -156,18 +156,18 @@ def max_rel_error(got, ref, floor: float = 1e-3) -> float:
 
 
 def run_and_evaluate(config, num_devices: int, steps: int, evaluate_at=()):
-    """`run_steps`, and the whole eval split evaluated (trainer.evaluate) after each step in
+    """`run_steps`, and the whole eval split evaluated (run_setup.evaluate) after each step in
     `evaluate_at`, as a training run evaluates it. Returns (losses per step, canonical final
     state, [evaluation dict per step in evaluate_at]) on the host."""
-    setup = trainer.setup(config, jax.devices()[:num_devices])
+    setup = run_setup.setup(config, jax.devices()[:num_devices])
     state = setup.strategy.init_state(jax.random.key(config.seed))
     losses, evaluations = [], []
     for i in range(steps):
-        batch = setup.strategy.put_batch(trainer.local_train_batch(setup, i))
+        batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, i))
         state, metrics = setup.strategy.train_step(state, batch)
         losses.append(float(metrics["loss"]))
         if i + 1 in evaluate_at:
-            evaluations.append(trainer.evaluate(setup, state))
+            evaluations.append(run_setup.evaluate(setup, state))
     return np.array(losses), jax.device_get(setup.strategy.canonical(state)), evaluations
 
 

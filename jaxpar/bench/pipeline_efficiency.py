@@ -25,7 +25,7 @@ import time
 
 import jax
 
-from jaxpar import analysis, configfile, log, trainer
+from jaxpar import analysis, configfile, log, run_setup
 
 ROWS = (
     ("gpipe", True, 1),
@@ -41,10 +41,10 @@ ROWS = (
 
 def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
     """One row's figures."""
-    setup = trainer.setup(config, devices, workdir)
+    setup = run_setup.setup(config, devices, workdir)
     strategy = setup.strategy
     state = strategy.init_state(jax.random.key(0))
-    batch = strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = strategy.put_batch(run_setup.local_train_batch(setup, 0))
     state, _ = strategy.train_step(state, batch)  # compile every program
     jax.block_until_ready(state)
     times = []

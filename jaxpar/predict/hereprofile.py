@@ -123,7 +123,7 @@ def _docstring(
         *([f"- {table_note}"] if table_note else []),
         *([hererows.traced_note(m["traced"])] if m.get("traced") else []),
         "",
-        "Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:",
+        "Calibration runs, jaxpar's one-device training step (run_setup.setup), images/sec:",
         *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
         f"Fitted when the profile loads: {', '.join(names)}.",
     ]

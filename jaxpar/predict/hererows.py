@@ -51,14 +51,14 @@ def parse_row(spec: str) -> dict[str, Any]:
 
 
 def _images_per_sec(run: dict[str, Any], seconds: float) -> float:
-    """jaxpar's one-device training step of `run` (trainer.setup on the first device, as
+    """jaxpar's one-device training step of `run` (run_setup.setup on the first device, as
     benchmarks/single_device.py times it): compiled and warmed up, then timed for about
     `seconds`, dispatched without waiting and the device synchronised at the end."""
-    from jaxpar import trainer
+    from jaxpar import run_setup
 
-    s = trainer.setup(run_config(run), [jax.devices()[0]])
+    s = run_setup.setup(run_config(run), [jax.devices()[0]])
     state = s.strategy.init_state(jax.random.key(0))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+    batch = s.strategy.put_batch(run_setup.local_train_batch(s, 0))
 
     step = timer.carrying(s.strategy.train_step, state, batch)  # the state is donated
     timed = timer.measure(step, seconds, warmup=3, min_calls=3, window=None)
@@ -77,14 +77,14 @@ def trace_row(spec: str, where: str) -> tuple[str, str]:
     names its instruction; the rows' speed is timed as a user runs, with them on), warmed up,
     two steps traced under JAX's profiler into where/NAME, and the program traced written to
     where/NAME.hlo.txt: (trace folder, program file), what traces.joined reads."""
-    from jaxpar import analysis, trainer
+    from jaxpar import analysis, run_setup
 
     run = parse_row(spec)
-    s = trainer.setup(run_config(run), [jax.devices()[0]])
+    s = run_setup.setup(run_config(run), [jax.devices()[0]])
     (program,) = analysis.programs(s.strategy, run["batch_size"])
     step = program.lowered.compile(compiler_options={"xla_gpu_enable_command_buffer": ""})
     state = s.strategy.init_state(jax.random.key(0))
-    batch = s.strategy.put_batch(trainer.local_train_batch(s, 0))
+    batch = s.strategy.put_batch(run_setup.local_train_batch(s, 0))
     for _ in range(3):
         state, _ = step(state, batch)  # the state is donated: carry it
     jax.block_until_ready(state)

@@ -77,7 +77,7 @@ def measure_host(
     (count, figure, ETA): the whole takes minutes."""
     import jax
 
-    from jaxpar import trainer, units
+    from jaxpar import run_setup, units
     from jaxpar.predict.calibration import run_config
 
     total, started = len(layouts) * len(microbatches), time.perf_counter()
@@ -93,9 +93,9 @@ def measure_host(
             config = run_config({**run, "width": run.get("width", 1.0) / 4})
             config.mesh_shape = (d, k, 1)
             config.pipeline.schedule, config.pipeline.num_microbatches = "gpipe", m
-            setup = trainer.setup(config, jax.devices()[: d * k])
+            setup = run_setup.setup(config, jax.devices()[: d * k])
             state = setup.strategy.init_state(jax.random.key(0))
-            batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+            batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
 
             step = timer.carrying(setup.strategy.train_step, state, batch)
             # the first call compiles; the dispatching thread's CPU time, the least repeat's

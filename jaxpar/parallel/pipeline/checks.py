@@ -16,7 +16,7 @@ def model_problem(config, shape: dict[str, int], model) -> str | None:
     chunks = len(schedules.placement(schedule, axes.num_stages(shape), v))
     policy = config.pipeline.split
     if model.times is None and stages.parse(policy) == "time":
-        # trainer.setup times the layers after this check; what can be refused before (too
+        # run_setup.setup times the layers after this check; what can be refused before (too
         # few layers for the chunks) does not depend on where the cuts fall
         policy = "uniform"
     try:
@@ -51,7 +51,7 @@ def require(config, shape: dict[str, int]) -> None:
     )
     micro = config.pipeline.num_microbatches
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
-    if micro == 0:  # auto: trainer.setup chooses among the counts these checks accept
+    if micro == 0:  # auto: run_setup.setup chooses among the counts these checks accept
         micro = stage if schedule in ("interleaved", "zb-v") else 1
     check(
         not config.model.get("dropout", False),
