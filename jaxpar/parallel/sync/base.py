@@ -143,12 +143,22 @@ class SyncRule:
     def metrics(self, loss, accuracy) -> dict:
         if self.per_replica_metrics:
             return {"loss": loss[None], "accuracy": accuracy[None]}
-        return {"loss": self.replicas.pmean(loss), "accuracy": self.replicas.pmean(accuracy)}
+        return self.replica_mean({"loss": loss, "accuracy": accuracy})
 
     # --- shared pieces -------------------------------------------------------------------
     def shared_stats(self, stats):
         """Per-replica BatchNorm running averages are averaged so replicas stay identical."""
-        return self.replicas.pmean(stats) if self.bn_axis_name is None and stats else stats
+        return self.replica_mean(stats) if self.bn_axis_name is None and stats else stats
+
+    def replica_mean(self, tree):
+        """The mean over the replicas of values that go straight out of the step (statistics,
+        metrics): a sum of values already divided by the replicas (exact for a power of
+        two), so the division joins the kernel that computes each value. A pmean divides
+        after its all-reduce, and XLA:GPU slices its combined all-reduce apart after fusion
+        (all-reduce-contiguous), so each leaf's division was a kernel of its own (Inception-v3
+        on 8 GPUs: 188). Gradients keep `mean_grads`: their division joins the update."""
+        n = self.num_replicas
+        return self.replicas.psum(jax.tree.map(lambda x: x / n, tree)) if n > 1 else tree
 
 
 def stack(tree: Any, num_replicas: int, xp: Any = jnp) -> Any:
