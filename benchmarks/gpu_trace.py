@@ -44,7 +44,6 @@ from jaxpar.predict.traces import (  # noqa: F401  (re-exported: tests, scripts)
     COLUMNS,
     cpu_matrix_flops,
     fit_line,
-    instructions,
     joined,
     kernel_class,
     kernel_times,

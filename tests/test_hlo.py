@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jaxpar import hlo
 from jaxpar.parallel.sync import traffic
-from jaxpar.predict import opclass
+from jaxpar.predict import matrix, opclass
 
 PROGRAM = """HloModule m, entry_computation_layout={(f32[4,8]{1,0}, bf16[8,16]{1,0})->f32[8]{0}}
 
@@ -165,3 +165,79 @@ def test_a_loops_condition_and_body_are_classified():
     scalars, writes a 1-byte pred) each count once: the trip count is not read."""
     ops = opclass.classify(LOOP)
     assert ops.matmul_flops == 128 and ops.kernels == 2 and ops.memory_bytes == 9
+
+
+# a cuDNN call as XLA:GPU prints it: commas, braces and "=" inside quoted strings and nested
+# braces and brackets of its values are parts of one value
+CALL = hlo.Instruction(
+    "c",
+    "(f32[8,8,16,12]{3,2,1,0}, u8[0]{0})",
+    "custom-call",
+    "f32[8,16,16,4]{3,2,1,0} %x, f32[12,3,3,2]{3,2,1,0} %w), window={size=3x3 stride=2x1 "
+    "pad=1_1x0_-2 lhs_dilate=1x2}, dim_labels=b01f_o01i->b01f, feature_group_count=2, "
+    'custom_call_target="__cudnn$convForward", metadata={op_name="f/conv(a, {b" line=3}, '
+    'backend_config={"algo":{"knobs":{},"ids":["1","2"]},"q":"0"}',
+)
+
+
+def test_an_instructions_attributes_each_read_whole():
+    assert CALL.operands == ["x", "w"]
+    assert CALL.attributes == {
+        "window": "{size=3x3 stride=2x1 pad=1_1x0_-2 lhs_dilate=1x2}",
+        "dim_labels": "b01f_o01i->b01f",
+        "feature_group_count": "2",
+        "custom_call_target": "__cudnn$convForward",  # a quoted value without its quotes
+        "metadata": '{op_name="f/conv(a, {b" line=3}',
+        "backend_config": '{"algo":{"knobs":{},"ids":["1","2"]},"q":"0"}',
+    }
+    assert CALL.attribute("feature_group_count") == "2" and CALL.attribute("missing") is None
+    # an iota's groups (a bracket's comma), a comment and a tuple's parenthesis among the
+    # operands, a quoted value with escaped quotes (and a comma between them), spaces at the end
+    ar = hlo.Instruction(
+        "ar",
+        "f32[8]{0}",
+        "all-reduce",
+        "(f32[], f32[]) %t, /*index=1*/f32[8]{0} %f), channel_id=1, replica_groups=[2,4]<=[8], "
+        'use_global_device_ids=true, to_apply=%add, backend_config="{\\"k\\":\\"a, b\\"}"  ',
+    )
+    assert ar.operands == ["t", "f"]
+    assert ar.attributes == {
+        "channel_id": "1",
+        "replica_groups": "[2,4]<=[8]",
+        "use_global_device_ids": "true",
+        "to_apply": "%add",
+        "backend_config": '{\\"k\\":\\"a, b\\"}',
+    }
+    assert hlo.Instruction("t", "()", "tuple", ")").attributes == {}
+
+
+def test_lists_windows_and_dimension_labels():
+    assert CALL.window() == {
+        "size": (3, 3),
+        "stride": (2, 1),
+        "pad": (1, 1, 0, -2),
+        "lhs_dilate": (1, 2),
+    }
+    assert CALL.dim_labels() == ("b01f", "o01i", "b01f")
+    r = hlo.parse(PROGRAM).by_name["r"]  # reduce(...), dimensions={0}, to_apply=%add
+    assert r.ints("dimensions") == (0,) and r.attribute("to_apply") == "%add"
+    assert r.window() == {} and r.dim_labels() is None and r.ints("missing") == ()
+    rest = "f32[2,4,3]{2,1,0} %p, f32[] %z), dimensions={0,2}, to_apply=%add"
+    assert hlo.Instruction("s", "f32[4]{0}", "reduce", rest).ints("dimensions") == (0, 2)
+
+
+def test_a_convolution_with_feature_groups_is_not_winograd():
+    """A depthwise 3x3 convolution (16 groups of one feature: a count the regular expression
+    before the attribute reader took for no groups) or one of 2 groups is neither a Winograd
+    kernel nor a layer of the kernel table; the same window without groups is both."""
+    types = {"x": "f32[4,16,16,16]{3,2,1,0}", "w": "f32[3,3,1,16]{3,2,1,0}"}
+    rest = "%x, %w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f"
+    for groups, winograd in (
+        (", feature_group_count=16", False),
+        (", feature_group_count=2", False),
+        ("", True),
+    ):
+        conv = hlo.Instruction("c", "f32[4,16,16,16]{3,2,1,0}", "convolution", rest + groups)
+        m = matrix.matmul(conv, types)
+        assert m.winograd == winograd and bool(m.keys) == winograd, groups
+        assert m.flops == 2 * 4 * 16 * 16 * 16 * 3 * 3

@@ -3,10 +3,11 @@ computations and their instructions, with the shape arithmetic every reader of a
 
 A `Program` is `computations`: {name: (Instruction, ...)} in the text's order, the entry named
 "ENTRY". An `Instruction` keeps its name, result type, opcode and `rest` (the line after the
-opcode's parenthesis: operands, then attributes), and reads its `operands` (the names inside the
-operand list) and `callees` (the computations it calls) from it. Several programs' texts joined into one are
-read apart (`modules`) by the functions that take text. Types stay text ("f32[8,3]{1,0}",
-"(f32[8], u8[16])"); the helpers below read them:
+opcode's parenthesis: operands, then attributes), and reads from it its `operands` (the names
+inside the operand list), `callees` (the computations it calls) and attributes (`attribute`,
+`ints`, `window`, `dim_labels`: the one reading of them). Several programs' texts joined into
+one are read apart (`modules`) by the functions that take text. Types stay text
+("f32[8,3]{1,0}", "(f32[8], u8[16])"); the helpers below read them:
 
 - `arrays(type)`: the array types in it, a tuple's elements in order (token[] and opaque types
   included, as XLA prints them);
@@ -63,6 +64,11 @@ _DIMS = re.compile(r"\[([\d,]*)\]")
 _ARRAY = re.compile(r"\b[a-z][a-z0-9]*\[[\d,]*\]")
 _SHAPE = re.compile(r"\b(" + "|".join(DTYPE_BYTES) + r")\[([\d,]*)\]")
 _LAYOUT = re.compile(r"\{([\d,]+)\}")
+_ATTRIBUTE = re.compile(r",\s*([\w.\-]+)=")
+# what delimits an attribute's value: a quoted string (whole), a bracket or a comma
+_PART = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\](),]')
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+_INT = re.compile(r"-?\d+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +102,47 @@ class Instruction:
         if listed:
             found += [b.strip().lstrip("%") for b in listed.group(1).split(",")]
         return found
+
+    @functools.cached_property
+    def attributes(self) -> dict[str, str]:
+        """Its attributes (each `name=value` after the operand list) by name, in the text's
+        order: a value as printed, one in braces, brackets or parentheses whole with them
+        (`window={size=3x3 pad=1_1x1_1}` -> "{size=3x3 pad=1_1x1_1}"), a quoted one without
+        its quotes (`custom_call_target="__cudnn$convForward"` -> "__cudnn$convForward")."""
+        found, at = {}, _operands_end(self.rest) + 1
+        while name := _ATTRIBUTE.match(self.rest, at):
+            depth, at = 0, len(self.rest)
+            for part in _PART.finditer(self.rest, name.end()):
+                p = part.group()
+                depth += (p in "{[(") - (p in "}])")
+                if p == "," and depth == 0:
+                    at = part.start()
+                    break
+            value = self.rest[name.end() : at].strip()
+            found[name.group(1)] = value[1:-1] if _QUOTED.fullmatch(value) else value
+        return found
+
+    def attribute(self, name: str) -> str | None:
+        """The value of attribute `name` (`attributes`); None where it has none."""
+        return self.attributes.get(name)
+
+    def ints(self, name: str) -> tuple[int, ...]:
+        """The integers of a list attribute (`dimensions={0,2}` -> (0, 2)); () without it."""
+        return tuple(int(n) for n in _INT.findall(self.attribute(name) or ""))
+
+    def window(self) -> dict[str, tuple[int, ...]]:
+        """A convolution's or window reduction's window, each field's numbers in order
+        (`window={size=3x3 stride=2x2 pad=0_1x0_1}` -> {"size": (3, 3), "stride": (2, 2),
+        "pad": (0, 1, 0, 1)}: a pad's low and high per dimension); {} without one. A field XLA
+        leaves out has its default (stride and dilation 1, pad 0)."""
+        fields = (f.split("=", 1) for f in (self.attribute("window") or "").strip("{}").split())
+        return {k: tuple(int(n) for n in _INT.findall(v)) for k, v in fields}
+
+    def dim_labels(self) -> tuple[str, str, str] | None:
+        """A convolution's dimension labels, (input, kernel, output): `dim_labels=b01f_01io->b01f`
+        -> ("b01f", "01io", "b01f"); None without them."""
+        labels = (self.attribute("dim_labels") or "").replace("->", "_").split("_")
+        return (labels[0], labels[1], labels[2]) if len(labels) == 3 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,14 +206,17 @@ def parse(text: str) -> Program:
 
 def operands(rest: str) -> list[str]:
     """The operand names in an instruction's text after its opcode's parenthesis."""
-    depth, end = 1, len(rest)
+    return _OPERAND.findall(rest[: _operands_end(rest)])
+
+
+def _operands_end(rest: str) -> int:
+    """Where the operand list's closing parenthesis is in `rest` (its length if none)."""
+    depth = 1
     for i, ch in enumerate(rest):
-        depth += ch == "("
-        depth -= ch == ")"
+        depth += (ch == "(") - (ch == ")")
         if depth == 0:
-            end = i
-            break
-    return _OPERAND.findall(rest[:end])
+            return i
+    return len(rest)
 
 
 def modules(text: str) -> list[str]:

@@ -9,8 +9,10 @@ import re
 from jaxpar import hlo
 from jaxpar.predict.matrix import THIN, WINOGRAD, Matmul
 
-# A cuDNN convolution or a cuBLAS matrix product in an XLA:GPU program (a custom call).
-LIBRARY = re.compile(r'custom_call_target="__(cudnn\$conv\w*|cublas\$[\w$]*)"')
+# The custom_call_target of a cuDNN convolution or a cuBLAS matrix product in an XLA:GPU program
+_LIBRARY = re.compile(r"__(cudnn\$conv\w*|cublas\$[\w$]*)")
+# a cuBLAS call's contracting dimensions: a field of its backend_config's JSON, which has no
+# attribute of its own (a dot's lhs_contracting_dims)
 _CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
 
 
@@ -22,19 +24,20 @@ def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None
     and dimension labels: the forward reads (x, w) and writes y, the input gradient reads (dy,
     w) and writes dx, the weight gradient reads (x, dy) and writes dw. So x, w and y are found
     by the kernel's kind, and each kernel does the forward's multiply-adds."""
-    found = LIBRARY.search(rest)
+    ins = hlo.Instruction("", result, "custom-call", rest)
+    found = _LIBRARY.fullmatch(ins.attribute("custom_call_target") or "")
     if found is None:  # another custom call
         return None
     target = found.group(1)
-    args = [a for a in hlo.operands(rest) if a in types]
+    args = [a for a in ins.operands if a in types]
     arrays = [types[a] for a in args]
     out = hlo.arrays(result)[0]  # cuDNN and cuBLAS return (result, scratch)
     moved = float(hlo.shape_bytes(out) + sum(hlo.shape_bytes(t) for t in arrays))
     if target.startswith("cublas"):
-        contract = _CONTRACTING.search(rest)
+        contract = _CONTRACTING.search(ins.attribute("backend_config") or "")
         lhs = hlo.dims(arrays[0]) if arrays else []
         idx = [int(d.strip('"')) for d in contract.group(1).split(",") if d] if contract else []
-        k = math.prod(lhs[i] for i in idx) if idx else 1
+        k = math.prod(lhs[i] for i in idx)
         n, flops = (hlo.dims(out) or [1])[-1], 2.0 * hlo.elements(out) * k
         narrow = max(1, min(hlo.elements(out) // max(n, 1), n, k))
         return Matmul(flops, moved, False, narrow, tile=narrow)
@@ -52,21 +55,14 @@ def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None
         "input gradient": (out, arrays[1], arrays[0]),
         "filter gradient": (arrays[0], out, arrays[1]),
     }[kind]
-    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
-    window = re.search(r"window=\{([^}]*)\}", rest)
+    labels, window = ins.dim_labels(), ins.window()
     xd, wd, yd = hlo.dims(x), hlo.dims(w), hlo.dims(y)
     if not labels or not window or len(xd) != 4 or len(wd) != 4 or len(yd) != 4:
         return None
-    xl, wl, yl = labels.groups()
-
-    def field(name: str) -> tuple[int, int]:
-        found = re.search(rf"\b{name}=(\d+)x(\d+)", window.group(1))
-        return (int(found.group(1)), int(found.group(2))) if found else (1, 1)
-
+    xl, wl, yl = labels
     n, c, k = xd[xl.index("b")], xd[xl.index("f")], yd[yl.index("f")]
     h, wide, p, q = xd[xl.index("0")], xd[xl.index("1")], yd[yl.index("0")], yd[yl.index("1")]
-    r, s = field("size")
-    stride = field("stride")
+    (r, s), stride = window.get("size", (1, 1)), window.get("stride", (1, 1))
     per_output = math.prod(wd) // max(wd[wl.index("o")], 1)  # r x s x c / groups
     flops = 2.0 * math.prod(yd) * per_output
     grouped = per_output != r * s * c
@@ -75,7 +71,7 @@ def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None
         and str(r) in WINOGRAD
         and stride == (1, 1)
         and not grouped
-        and not re.search(r"lhs_dilate=|rhs_dilate=", rest)
+        and not {"lhs_dilate", "rhs_dilate"} & window.keys()
     )
     rows = n * h * wide if kind == "input gradient" else n * p * q
     gemm = {

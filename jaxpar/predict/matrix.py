@@ -7,7 +7,6 @@ input, its tile width), and a convolution's layer and view as a kernel table nam
 from __future__ import annotations
 
 import math
-import re
 import typing
 
 from jaxpar import hlo
@@ -41,46 +40,48 @@ THIN = 8
 WINOGRAD = {"3", "5"}  # window sides cuDNN's Winograd kernels take (3x3, and 5x5 non-fused)
 
 
-def _winograd(result: str, rest: str) -> bool:
+def _winograd(ins: hlo.Instruction) -> bool:
     """A 3x3 or 5x5 stride-1 convolution, its input gradient (also a stride-1 convolution of
     that window) or its weight gradient (a convolution whose result has those spatial
     dimensions): what cuDNN runs as Winograd transforms. No strides, dilations or feature
     groups."""
-    if re.search(r"stride=|lhs_dilate=|rhs_dilate=|feature_group_count=[02-9]", rest):
+    window, labels, dims = ins.window(), ins.dim_labels(), hlo.dims(ins.type)
+    if {"stride", "lhs_dilate", "rhs_dilate"} & window.keys() or _groups(ins, "feature"):
         return False
-    window = re.search(r"window=\{size=(\d+)x(\d+)\b", rest)
-    if not window:
+    if len(size := window.get("size", ())) != 2:
         return False
-    if window.group(1) == window.group(2) in WINOGRAD:
+    if size[0] == size[1] and str(size[0]) in WINOGRAD:
         return True
-    labels = re.search(r"dim_labels=\w+_\w+->(\w+)", rest)
-    dims = hlo.dims(result)
-    if not labels or len(labels.group(1)) != len(dims) or len(dims) != 4:
+    if not labels or len(labels[2]) != len(dims) or len(dims) != 4:
         return False
-    out = labels.group(1)
-    side = dims[out.index("0")], dims[out.index("1")]
+    side = dims[labels[2].index("0")], dims[labels[2].index("1")]
     return side[0] == side[1] and str(side[0]) in WINOGRAD
 
 
-def matmul(op: str, result: str, rest: str, types: dict[str, str]) -> Matmul:
-    """One convolution or dot instruction (its opcode, result type and text after the opcode)
-    as a matrix kernel; `types`: the program's result types by name."""
-    flops = _matmul_flops(op, result, rest, types)
+def _groups(ins: hlo.Instruction, *kinds: str) -> bool:
+    """Whether a convolution has groups of any of `kinds` ("feature", "batch")."""
+    return any(int(ins.attribute(f"{kind}_group_count") or 1) != 1 for kind in kinds)
+
+
+def matmul(ins: hlo.Instruction, types: dict[str, str]) -> Matmul:
+    """One convolution or dot instruction as a matrix kernel; `types`: the program's result
+    types by name."""
+    flops, conv = _matmul_flops(ins, types), ins.opcode == "convolution"
     moved = float(
-        hlo.shape_bytes(result)
-        + sum(hlo.shape_bytes(types[a]) for a in hlo.operands(rest) if a in types)
+        hlo.shape_bytes(ins.type)
+        + sum(hlo.shape_bytes(types[a]) for a in ins.operands if a in types)
     )
-    narrow, thin = _narrow(op, result, rest, types), _thin(op, result, rest, types)
-    tile = _tile(op, result, rest, types) if op == "convolution" else narrow
-    keys = conv_keys(result, rest, types) if op == "convolution" else ()
-    winograd = op == "convolution" and _winograd(result, rest)
+    narrow, thin = _narrow(ins, types), _thin(ins, types)
+    tile = _tile(ins, types) if conv else narrow
+    keys = conv_keys(ins, types) if conv else ()
+    winograd = conv and _winograd(ins)
     return Matmul(flops, moved, winograd, narrow, thin, tile, keys)
 
 
 KINDS = ("forward", "input gradient", "filter gradient")
 
 
-def conv_keys(result: str, rest: str, types: dict[str, str]) -> tuple:
+def conv_keys(ins: hlo.Instruction, types: dict[str, str]) -> tuple:
     """The layers and views a 2-D convolution of a training step may be, as (N, H, W, C, K,
     R, S, stride_h, stride_w, P, Q, kind): the layer's batch, input map, input and output
     features, window, strides and output map, and which of its three kernels this is. A
@@ -88,25 +89,17 @@ def conv_keys(result: str, rest: str, types: dict[str, str]) -> tuple:
     stride); an input gradient of a strided layer dilates its input (the output's gradient)
     by the stride; a stride-1 input gradient looks like a forward convolution, so both are
     given, the forward first. () where it is none of these (grouped, 1-D, ...)."""
-    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
-    window = re.search(r"window=\{([^}]*)\}", rest)
-    args = hlo.operands(rest)
-    if (
-        not labels
-        or not window
-        or len(args) < 2
-        or args[0] not in types
-        or re.search(r"feature_group_count=[02-9]|batch_group_count=[02-9]", rest)
-    ):
+    labels, window, args = ins.dim_labels(), ins.window(), ins.operands
+    grouped = _groups(ins, "feature", "batch")
+    if grouped or not labels or not window or len(args) < 2 or args[0] not in types:
         return ()
-    lhs, out = hlo.dims(types[args[0]]), hlo.dims(result)
-    ll, _, ol = labels.groups()
+    lhs, out = hlo.dims(types[args[0]]), hlo.dims(ins.type)
+    ll, _, ol = labels
     if len(lhs) != 4 or len(out) != 4 or len(ll) != 4 or len(ol) != 4:
         return ()
 
-    def field(name: str) -> tuple[int, int]:
-        found = re.search(rf"\b{name}=(\d+)x(\d+)", window.group(1))
-        return (int(found.group(1)), int(found.group(2))) if found else (1, 1)
+    def field(name: str) -> tuple[int, ...]:
+        return window.get(name, (1, 1))
 
     def at(dims, lab, key: str) -> int:
         return dims[lab.index(key)]
@@ -153,43 +146,39 @@ def conv_keys(result: str, rest: str, types: dict[str, str]) -> tuple:
     return (forward, backward) if field("stride") == (1, 1) else (forward,)
 
 
-def _thin(op: str, result: str, rest: str, types: dict[str, str]) -> bool:
+def _thin(ins: hlo.Instruction, types: dict[str, str]) -> bool:
     """A convolution over fewer than THIN input features: the first layer on an image (its
     input's features, "f" in the input's labels), or that layer's weight gradient (a
     convolution whose result is the kernel, its window the output map, and whose result's
     "b" is the layer's input features)."""
-    labels = re.search(r"dim_labels=(\w+)_\w+->(\w+)", rest)
-    window = re.search(r"window=\{size=([\dx]+)", rest)
-    args = hlo.operands(rest)
-    if op != "convolution" or not labels or not window or not args or args[0] not in types:
+    labels, size, args = ins.dim_labels(), ins.window().get("size"), ins.operands
+    if ins.opcode != "convolution" or not labels or not size or not args or args[0] not in types:
         return False
-    lhs, out = hlo.dims(types[args[0]]), hlo.dims(result)
-    lhs_labels, out_labels = labels.groups()
+    lhs, out = hlo.dims(types[args[0]]), hlo.dims(ins.type)
+    lhs_labels, _, out_labels = labels
     if len(lhs) != len(lhs_labels) or len(out) != len(out_labels):
         return False
-    area = math.prod(int(d) for d in window.group(1).split("x"))
+    area = math.prod(size)
     spatial = math.prod(out[i] for i, c in enumerate(out_labels) if c.isdigit())
     if area > spatial:  # a weight gradient: its result is the kernel
         return out[out_labels.index("b")] < THIN
     return lhs[lhs_labels.index("f")] < THIN
 
 
-def _tile(op: str, result: str, rest: str, types: dict[str, str]) -> int:
+def _tile(ins: hlo.Instruction, types: dict[str, str]) -> int:
     """A convolution's fewest of output rows, input features and output features (Matmul.tile):
     its result's features and rows and its kernel operand's input features; a weight gradient
     (its result the kernel, as `_thin` tells) has the layer's features in its result ("b" and
     "f") and sums over the batch's positions."""
-    labels = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", rest)
-    window = re.search(r"window=\{size=([\dx]+)", rest)
-    args = hlo.operands(rest)
-    out = hlo.dims(result)
-    if not labels or not window or len(args) < 2 or args[1] not in types:
+    labels, size, args = ins.dim_labels(), ins.window().get("size"), ins.operands
+    out = hlo.dims(ins.type)
+    if not labels or not size or len(args) < 2 or args[1] not in types:
         return 1 << 30
     kernel = hlo.dims(types[args[1]])
-    _, k_labels, out_labels = labels.groups()
+    _, k_labels, out_labels = labels
     if len(kernel) != len(k_labels) or len(out) != len(out_labels):
         return 1 << 30
-    area = math.prod(int(d) for d in window.group(1).split("x"))
+    area = math.prod(size)
     positions = math.prod(out[i] for i, c in enumerate(out_labels) if c.isdigit())
     if area > positions:  # a weight gradient: rows are the summed batch x positions
         rows = math.prod(kernel) // max(kernel[k_labels.index("o")], 1)
@@ -198,47 +187,39 @@ def _tile(op: str, result: str, rest: str, types: dict[str, str]) -> int:
     return max(1, min(rows, out[out_labels.index("f")], kernel[k_labels.index("i")]))
 
 
-def _narrow(op: str, result: str, rest: str, types: dict[str, str]) -> int:
+def _narrow(ins: hlo.Instruction, types: dict[str, str]) -> int:
     """The narrowest dimension of the matrix product a convolution or dot is (M: output rows,
     N: output features, K: products summed per output): a GPU's tiles are 64-128 wide in each,
     so a narrow one wastes part of every tile."""
-    args = hlo.operands(rest)
-    out = hlo.dims(result)
+    args, out = ins.operands, hlo.dims(ins.type)
     if not out or len(args) < 2 or args[0] not in types or args[1] not in types:
         return 1 << 30
-    if op == "convolution":
-        kernel = hlo.dims(types[args[1]])
-        labels = re.search(r"dim_labels=\w+_(\w+)->(\w+)", rest)
-        if not labels or not kernel or "f" not in labels.group(2):
+    if ins.opcode == "convolution":
+        kernel, labels = hlo.dims(types[args[1]]), ins.dim_labels()
+        if not labels or not kernel or "f" not in labels[2]:
             return 1 << 30
-        n = out[labels.group(2).index("f")]
-        k = math.prod(kernel) // max(kernel[labels.group(1).index("o")], 1)
+        n = out[labels[2].index("f")]
+        k = math.prod(kernel) // max(kernel[labels[1].index("o")], 1)
     else:
         lhs = hlo.dims(types[args[0]])
-        contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-        idx = [int(d) for d in contract.group(1).split(",") if d] if contract else []
-        k = math.prod(lhs[i] for i in idx) if idx else 1
-        n = out[-1]
+        k, n = math.prod(lhs[i] for i in ins.ints("lhs_contracting_dims")), out[-1]
     m = math.prod(out) // max(n, 1)
     return max(1, min(m, n, k))
 
 
-def _matmul_flops(op: str, result: str, rest: str, types: dict[str, str]) -> float:
+def _matmul_flops(ins: hlo.Instruction, types: dict[str, str]) -> float:
     """2 x multiply-adds of one convolution or dot, from its result and operand shapes."""
-    args = hlo.operands(rest)
-    if op == "convolution" and len(args) >= 2 and args[1] in types:
-        kernel = hlo.dims(types[args[1]])
-        labels = re.search(r"dim_labels=\w+_(\w+)->", rest)
-        out_at = labels.group(1).index("o") if labels else len(kernel) - 1
+    args = ins.operands
+    if ins.opcode == "convolution" and len(args) >= 2 and args[1] in types:
+        kernel, labels = hlo.dims(types[args[1]]), ins.dim_labels()
+        out_at = labels[1].index("o") if labels else len(kernel) - 1
         per_output = math.prod(kernel) // max(kernel[out_at], 1) if kernel else 1
         # an input gradient of a strided convolution dilates its input with zeros: only
         # 1 / prod(dilation) of the window's products are not with a zero
-        dilate = re.search(r"lhs_dilate=([\dx]+)", rest)
-        zeros = math.prod(int(d) for d in dilate.group(1).split("x")) if dilate else 1
-        return 2.0 * hlo.elements(result) * per_output / zeros
-    if op == "dot" and args and args[0] in types:
+        zeros = math.prod(ins.window().get("lhs_dilate", ()))
+        return 2.0 * hlo.elements(ins.type) * per_output / zeros
+    if ins.opcode == "dot" and args and args[0] in types:
         lhs = hlo.dims(types[args[0]])
-        contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
-        k = math.prod(lhs[int(d)] for d in contract.group(1).split(",") if d) if contract else 1
-        return 2.0 * hlo.elements(result) * k
+        k = math.prod(lhs[i] for i in ins.ints("lhs_contracting_dims"))
+        return 2.0 * hlo.elements(ins.type) * k
     return 0.0

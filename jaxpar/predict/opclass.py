@@ -26,7 +26,6 @@ XLA:GPU's cuDNN and cuBLAS calls by library.py; this module classifies.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from jaxpar import hlo
 from jaxpar.predict import library
@@ -155,7 +154,7 @@ def matmuls_of(ins: hlo.Instruction, program: hlo.Program) -> list[Matmul]:
     """The matrix kernels an instruction runs: a convolution or dot, a cuDNN or cuBLAS call
     (XLA:GPU's form), or those a fusion holds."""
     if ins.opcode in ("convolution", "dot"):
-        return [matmul(ins.opcode, ins.type, ins.rest, program.types)]
+        return [matmul(ins, program.types)]
     if ins.opcode == "custom-call":
         call = library.library_call(ins.type, ins.rest, program.types)
         return [call] if call is not None else []
@@ -174,7 +173,7 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
         total = OpClasses()
         for ins in program.body(name):
             if ins.opcode in ("convolution", "dot"):
-                total = total + matrix_classes(matmul(ins.opcode, ins.type, ins.rest, types))
+                total = total + matrix_classes(matmul(ins, types))
             for callee in ins.callees:
                 if callee not in seen:
                     total = total + inner(callee, seen | {name})
@@ -192,8 +191,8 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
                         out = out + walk(callee, seen | {name})
                 continue
             if op in ("convolution", "dot"):
-                mm = matrix_classes(matmul(op, result, rest, types))
-            elif op == "custom-call" and library.LIBRARY.search(rest):
+                mm = matrix_classes(matmul(ins, types))
+            elif op == "custom-call":  # a cuDNN or cuBLAS call (another custom call: none)
                 mm = library_call(result, rest, types)
             elif op == "fusion":
                 mm = sum((inner(c) for c in ins.callees), OpClasses())
@@ -275,13 +274,11 @@ def largest_reduction(rest: str, program: hlo.Program) -> tuple[int, int, int, b
         body = program.body(todo.pop())
         types = {i.name: i.type for i in body}
         for ins in body:
-            result, o, r = ins.type, ins.opcode, ins.rest
-            todo += hlo.callees(r) if o == "fusion" else []
-            args = hlo.operands(r)
-            if o == "reduce" and args and args[0] in types:
-                read, results = hlo.elements(types[args[0]]), max(hlo.elements(result), 1)
-                dims = re.search(r"dimensions=\{([\d,]*)\}", r)
+            todo += ins.callees if ins.opcode == "fusion" else []
+            args = ins.operands
+            if ins.opcode == "reduce" and args and args[0] in types:
+                read, results = hlo.elements(types[args[0]]), max(hlo.elements(ins.type), 1)
                 minor = hlo.minor_dim(types[args[0]])
-                row = bool(dims and minor is not None and minor in dims.group(1).split(","))
+                row = minor is not None and int(minor) in ins.ints("dimensions")
                 best = max(best, (read, results, read // results, row))
     return best

@@ -24,11 +24,6 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict import library, opclass
 
 
-def instructions(text: str) -> dict[str, tuple[str, str, str]]:
-    """Every instruction of the program: name -> (result type, op, the rest of the line)."""
-    return {name: (i.type, i.opcode, i.rest) for name, i in hlo.parse(text).by_name.items()}
-
-
 def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
     """Seconds per step of each HLO instruction's kernels (mean of the trace's steps), and
     the device: a GPU's kernels name their instruction in `hlo_op`; without GPU events, the
@@ -99,14 +94,15 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
     kernels' total seconds per step, the steps traced and the device."""
     with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
         text = f.read()
-    ins, program = instructions(text), hlo.parse(text)
+    program = hlo.parse(text)
     types = program.types
     times, steps, device = kernel_times(trace_dir, {i.name for i in program.entry})
     rows = []
     for name, seconds in times.items():
-        if name not in ins:
+        if name not in program.by_name:
             continue
-        result, op, rest = ins[name]
+        ins = program.by_name[name]
+        result, op, rest = ins.type, ins.opcode, ins.rest
         tile = 0
         if device == "cpu":
             flops, thin = cpu_matrix_flops(name, program)
@@ -114,7 +110,7 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
             call = library.library_call(result, rest, types) if op == "custom-call" else None
             flops, thin, tile = (call.flops, call.thin, call.tile) if call else (0.0, False, 0)
         moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
-            hlo.shape_bytes(ins[a][0]) for a in set(hlo.operands(rest)) if a in ins
+            hlo.shape_bytes(types[a]) for a in set(ins.operands) if a in types
         )
         kind = kernel_class(name, program)
         if device == "cpu" and not flops:  # as opclass.classify names and counts them
