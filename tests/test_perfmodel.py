@@ -395,12 +395,10 @@ def test_dgx1_calibration_reproduces_the_one_gpu_figure(shipped):
     assert shipped["dgx1_vgg16_images_per_sec"] == pytest.approx(139.8, rel=0.02)
     # from the kernel table: Winograd 3x3 convolutions beat the direct-convolution FLOP count
     # (> 1), 1x1 and other convolutions do not; 58 us of each matrix kernel is fixed
-    assert p.compute.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
-    assert p.compute.compute_efficiency == pytest.approx(0.642, rel=0.01)
-    assert p.kernels.matmul_kernel_s == pytest.approx(58e-6, rel=0.02)
-    assert (
-        10e-6 < p.kernels.kernel_s < 80e-6
-    )  # TensorFlow's per-kernel time, fitted to the two runs
+    assert p.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
+    assert p.compute_efficiency == pytest.approx(0.642, rel=0.01)
+    assert p.matmul_kernel_s == pytest.approx(58e-6, rel=0.02)
+    assert 10e-6 < p.kernel_s < 80e-6  # TensorFlow's per-kernel time, fitted to the two runs
 
 
 def test_unknown_profile_is_one_line():

@@ -91,7 +91,7 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
         profile.device.compiler == "gpu" and profile.memory.memory_bandwidth
     ):  # on a roofline: solved
         return _solve_efficiency(profile, ops, dtype, step, eff, ratio)
-    return dataclasses.replace(
+    return hardware.replace(
         profile,
         compute_efficiency=eff,
         conv3x3_efficiency=eff * ratio if profile.compute.conv3x3_efficiency else 0.0,
@@ -106,7 +106,7 @@ def _solve_efficiency(
     speed up with a higher rate, so the time is not inversely proportional to it."""
 
     def at(e: float) -> Profile:
-        return dataclasses.replace(
+        return hardware.replace(
             profile,
             compute_efficiency=e,
             conv3x3_efficiency=e * ratio if profile.compute.conv3x3_efficiency else 0.0,
