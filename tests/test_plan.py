@@ -422,3 +422,31 @@ def test_why_names_an_unwired_hop_inside_a_node():
     assert why(quad, profile).endswith(
         "all-reduce tensor 100.0 MB/step over intra-node links (18 GB/s)"
     )
+
+
+def test_a_latency_bound_row_names_the_fixed_cost_of_its_links():
+    """A row whose exposed communication is mostly per-call cost (40 calls of 1 kB: 0.2 ms at
+    full bandwidth is less than half its 5 ms) is called latency-bound, at the link's latency
+    per ring step, or at its cheapest low-latency protocol's where the profile gives one."""
+    from jaxpar.plan import reasons
+    from jaxpar.predict import hardware
+    from tests.util import tiny_profile
+
+    row = {
+        "step_time_s": 0.010,
+        "compute_s": 0.005,
+        "comm_s": 0.005,
+        "num_devices": 8,
+        "collective_bytes_per_device": {"all-reduce data": 40e3},
+        "collective_calls_per_step": {"all-reduce data": 40},
+    }
+    plain = tiny_profile(intra=hardware.Link(10e9, 5e-6))
+    assert reasons.why(row, plain) == (
+        "comm 50% of step: latency-bound, 40 collective calls/step "
+        "(most: all-reduce data x40) at 5 us per ring step"
+    )
+    fast = {"LL": (6.6e-6, 0.6e-6, 0.4), "LL128": (14e-6, 1.9e-6, 0.92)}
+    nccl = tiny_profile(intra=hardware.Link(10e9, 5e-6, protocols=fast))
+    assert reasons.why(row, nccl).endswith(
+        "at 6.6 us + 0.6 us per ring step (LL; 5 us per ring step otherwise)"
+    )

@@ -54,7 +54,7 @@ def _why(row: dict, profile) -> str:
             top, n = max(calls.items(), key=lambda kv: kv[1])
             return (
                 f"{head}: latency-bound, {sum(calls.values())} collective calls/step "
-                f"(most: {top} x{n}) at {1e6 * _latency(row, profile):g} us per ring step"
+                f"(most: {top} x{n}) at {_latency(row, profile)}"
             )
         return f"{head}: {kind} {nbytes / 1e6:,.1f} MB/step over {where} ({link / 1e9:g} GB/s)"
     if worst == "bubble":
@@ -64,9 +64,17 @@ def _why(row: dict, profile) -> str:
     return f"{head}: host dispatch of the step's programs"
 
 
-def _latency(row: dict, profile) -> float:
+def _latency(row: dict, profile) -> str:
+    """The fixed cost of a collective on the row's links: the latency per ring step, or where
+    the library has a low-latency protocol (links.Link.protocols) that protocol's, the
+    cheapest for a small message."""
     nodes = math.ceil(row.get("num_devices", 1) / max(profile.device.devices_per_node, 1))
-    return (profile.links.inter if nodes > 1 else profile.links.intra).latency
+    link = profile.links.inter if nodes > 1 else profile.links.intra
+    own = f"{1e6 * link.latency:g} us per ring step"
+    if not link.protocols:
+        return own
+    name, once, step, _ = min(link.protocols, key=lambda p: p[1] + p[2])
+    return f"{1e6 * once:g} us + {1e6 * step:g} us per ring step ({name}; {own} otherwise)"
 
 
 def _link(row: dict, profile, collective: str = "") -> tuple[float, str]:
