@@ -15,9 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import SingleDeviceSharding
 
-from jaxpar import trainer
+from jaxpar import hlo, trainer
+from jaxpar.parallel import norms
 from jaxpar.parallel.state import forward_loss, init_state
+from jaxpar.predict import gputarget
 from tests.util import tiny_config
 
 RTOL = 1e-5
@@ -151,3 +154,57 @@ def test_same_groups_same_figures_on_any_mesh():
     assert len(figures) == 4
     for other in figures[1:]:
         np.testing.assert_allclose(other, figures[0], rtol=RTOL)
+
+
+def _mixed_tree():
+    """More leaves than two GPU reductions read, of every rank to 4 (convolution kernels) and
+    both dtypes, at scales 1e-3 to 10; and the float64 sum of their squares (of the values
+    as float32 and bfloat16 hold them)."""
+    rng = np.random.default_rng(0)
+    shapes = [(3, 3, 8, 16), (16,), (64, 10), (), (7,), (1, 1, 1, 16), (3, 3, 3, 8), (300,)]
+    leaves = [
+        jnp.asarray(
+            rng.normal(0, 10 ** rng.uniform(-3, 1), shapes[i % len(shapes)]),
+            jnp.bfloat16 if i % 3 == 0 else jnp.float32,
+        )
+        for i in range(2 * norms.LEAVES_PER_REDUCTION + 11)
+    ]
+    exact = sum(np.sum(np.square(np.asarray(x, np.float64))) for x in leaves)
+    return {f"leaf{i}": x for i, x in enumerate(leaves)}, exact
+
+
+def test_squared_norm_is_the_sum_of_squares_either_way():
+    """local_sq, and both of its forms (a reduction per leaf on a CPU; on a GPU the leaves
+    concatenated, LEAVES_PER_REDUCTION a reduction), equal the float64 sum of squares to
+    float32's rounding, over a tree of mixed shapes and dtypes; an empty tree is 0."""
+    tree, exact = _mixed_tree()
+    leaves = jax.tree.leaves(tree)
+    assert len(leaves) > 2 * norms.LEAVES_PER_REDUCTION
+    for fn in (norms.local_sq, lambda t: norms._each_leaf(jax.tree.leaves(t))):
+        np.testing.assert_allclose(float(jax.jit(fn)(tree)), exact, rtol=1e-6)
+    np.testing.assert_allclose(float(jax.jit(norms._concatenated)(leaves)), exact, rtol=1e-6)
+    assert float(norms.local_sq({})) == 0.0
+
+
+@pytest.mark.skipif(
+    bool(gputarget.unavailable("h100_sxm")),
+    reason=f"no compile-only XLA:GPU here: {gputarget.unavailable('h100_sxm')}",
+)
+def test_gpu_squared_norm_is_a_few_kernels():
+    """Compiled for an H100 (gputarget), local_sq of more leaves than one reduction reads is
+    two kernels per LEAVES_PER_REDUCTION leaves, where a reduction per leaf took one or two
+    each, and copies nothing (the concatenations are read inside the reductions)."""
+    tree, _ = _mixed_tree()
+    leaves = [x for x in jax.tree.leaves(tree) if x.ndim < 4]  # given row-major: see _flat
+    device = gputarget.Target("h100_sxm").devices()[0]
+    shapes = [
+        jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=SingleDeviceSharding(device))
+        for x in leaves
+    ]
+    with gputarget.uncached():
+        compiled = jax.jit(norms.local_sq).lower(shapes).compile()
+    entry = hlo.parse(compiled.as_text()).entry
+    kernels = sum(i.opcode in ("fusion", "custom-call") for i in entry)
+    groups = -(-len(leaves) // norms.LEAVES_PER_REDUCTION)
+    assert kernels <= 2 * groups + 1 < len(leaves) // 10, kernels
+    assert compiled.memory_analysis().temp_size_in_bytes < 64 * 1024

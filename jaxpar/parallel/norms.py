@@ -20,13 +20,52 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import is_spec
 
+# The most leaves one GPU reduction reads: XLA:GPU fuses a concatenation into the reduction
+# that reads it up to 96 operands and outputs per fusion, past which it writes the
+# concatenation to memory whole (a float32 copy of the gradient; seen at 96 on ResNet-50).
+LEAVES_PER_REDUCTION = 80
+
 
 def local_sq(tree: Any) -> jax.Array:
-    """The sum of squares of every leaf of `tree` as this device sees it (float32)."""
+    """The sum of squares of every leaf of `tree` as this device sees it (float32).
+
+    On a GPU the leaves are flattened and concatenated, LEAVES_PER_REDUCTION at a time, into
+    one reduction each, which reads the concatenation inside its kernel (nothing is copied):
+    a few kernels where a reduction per leaf took one or two. A data-parallel step on 8 H100s
+    with the noise scale on, float32: VGG19 586 kernels, now 482 (476 off); ResNet-50 1,690,
+    now 1,451 (1,435 off); temporary memory within 14 MiB of before. Elsewhere a reduction
+    per leaf: XLA:CPU writes a concatenation out whole (a float32 copy of the gradient, 15x
+    the time of the reductions on VGG19)."""
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.zeros((), jnp.float32)
+    return lax.platform_dependent(
+        leaves, cuda=_concatenated, rocm=_concatenated, default=_each_leaf
+    )
+
+
+def _each_leaf(leaves: list) -> jax.Array:
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    """`x` as a float32 vector, a convolution kernel's gradient [H, W, I, O] in the order
+    cuDNN writes it on an H100 in float32 ([O, H, W, I]): read where it lies. Flattened as
+    [H, W, I, O] XLA:GPU writes a transposed copy first, a kernel per convolution (VGG19's
+    step above: 498 kernels). Where it lies otherwise (an A100 in float32) the copy is written
+    in either order; where it is converted first (bfloat16), in neither."""
+    if x.ndim == 4:
+        x = jnp.moveaxis(x, 3, 0)
+    return jnp.ravel(x).astype(jnp.float32)
+
+
+def _concatenated(leaves: list) -> jax.Array:
+    groups = -(-len(leaves) // LEAVES_PER_REDUCTION)
+    size = -(-len(leaves) // groups)
+    return sum(
+        jnp.sum(jnp.square(jnp.concatenate([_flat(x) for x in leaves[i : i + size]])))
+        for i in range(0, len(leaves), size)
+    )
 
 
 def _split_over(spec: P, manual: tuple[str, ...]) -> tuple[str, ...]:
