@@ -44,15 +44,9 @@ from jaxpar.errors import TrainingError
 from jaxpar.run_setup import Run, Setup, announce, evaluate, local_train_batch, setup
 from jaxpar.run_summary import TIMING_WARMUP_STEPS, Outcome, summarise
 
-# What callers use from here: the loop, and what a run is built from (run_setup.py).
-__all__ = [
-    "TIMING_WARMUP_STEPS",
-    "Setup",
-    "evaluate",
-    "local_train_batch",
-    "setup",
-    "train_and_evaluate",
-]
+# What callers use from here: the loop (a run is built by run_setup.py, summarised by
+# run_summary.py).
+__all__ = ["train_and_evaluate"]
 
 logger = logging.getLogger(__name__)
 

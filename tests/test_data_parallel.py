@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxpar import analysis, hlo, trainer
+from jaxpar import analysis, hlo, run_setup
 from jaxpar.parallel.state import forward_loss
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
@@ -57,7 +57,7 @@ def test_gradient_scale_is_one(impl):
 
 
 def _compiled_collectives(config, num_devices):
-    setup = trainer.setup(config, jax.devices()[:num_devices])
+    setup = run_setup.setup(config, jax.devices()[:num_devices])
     (step,) = analysis.programs(setup.strategy, config.global_batch_size)
     text = step.compiled.as_text()
     param_bytes = 4 * setup.model.num_params
@@ -92,9 +92,9 @@ def test_local_batch_norm_uses_per_replica_statistics():
     config = tiny_config(
         **{"model.batch_norm": True, "sync.batch_norm": "local", "mesh_shape": (2, 1, 1)}
     )
-    setup = trainer.setup(config, jax.devices()[:2])
+    setup = run_setup.setup(config, jax.devices()[:2])
     state = setup.strategy.init_state(jax.random.key(config.seed))
-    host = trainer.local_train_batch(setup, 0)
+    host = run_setup.local_train_batch(setup, 0)
     halves = [{k: v[i * 8 : (i + 1) * 8] for k, v in host.items()} for i in range(2)]
     loss = jax.jit(
         lambda batch: forward_loss(setup.model, state.params, state.batch_stats, batch)[0]

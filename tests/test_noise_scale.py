@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from jax.sharding import SingleDeviceSharding
 
-from jaxpar import hlo, trainer
+from jaxpar import hlo, run_setup
 from jaxpar.parallel import norms
 from jaxpar.parallel.state import forward_loss, init_state
 from jaxpar.predict import gputarget
@@ -28,9 +28,9 @@ RTOL = 1e-5
 
 def first_step(config, num_devices: int) -> tuple[dict, object]:
     """The first train step's metrics (floats) and the strategy."""
-    setup = trainer.setup(config, jax.devices()[:num_devices])
+    setup = run_setup.setup(config, jax.devices()[:num_devices])
     state = setup.strategy.init_state(jax.random.key(config.seed))
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     _, metrics = setup.strategy.train_step(state, batch)
     return {k: float(v) for k, v in metrics.items()}, setup.strategy
 
@@ -40,12 +40,12 @@ def reference(groups: int, **overrides) -> tuple[float, float]:
     """(mean over the `groups` consecutive runs of the batch of their gradients' squared
     norms, the whole batch's gradient's squared norm), from jax.grad on one device."""
     config = tiny_config(**overrides)
-    setup = trainer.setup(config, jax.devices()[:1])
+    setup = run_setup.setup(config, jax.devices()[:1])
     model = setup.model
     state = jax.jit(functools.partial(init_state, model, setup.strategy.tx))(
         jax.random.key(config.seed)
     )
-    batch = trainer.local_train_batch(setup, 0)
+    batch = run_setup.local_train_batch(setup, 0)
 
     @jax.jit
     def sq(batch):

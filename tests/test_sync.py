@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpar import analysis, hlo, parallel, trainer
+from jaxpar import analysis, hlo, parallel, run_setup, trainer
 from jaxpar.config import ConfigError
 from jaxpar.parallel.state import forward_loss, init_state
 from jaxpar.parallel.sync import async_sgd, traffic
@@ -40,7 +40,7 @@ def hand_written(config, steps, rule, n=N):
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1, 1, 1)
     config.sync.mode = "allreduce"
-    setup = trainer.setup(config, jax.devices()[:1])
+    setup = run_setup.setup(config, jax.devices()[:1])
     tx = setup.strategy.tx
     grad_fn = jax.jit(
         jax.value_and_grad(functools.partial(forward_loss, setup.model), has_aux=True)
@@ -49,7 +49,7 @@ def hand_written(config, steps, rule, n=N):
     states = [state] * n
     losses = []
     for t in range(steps):
-        batch = trainer.local_train_batch(setup, t)
+        batch = run_setup.local_train_batch(setup, t)
         share = len(batch["label"]) // n
         grads, step_losses = [], []
         for r in range(n):
@@ -186,9 +186,9 @@ def test_independent_replicas_diverge():
 
 
 def compiled(config):
-    setup = trainer.setup(config, jax.devices()[:N])
+    setup = run_setup.setup(config, jax.devices()[:N])
     state = setup.strategy.init_state(jax.random.key(0))
-    batch = setup.strategy.put_batch(trainer.local_train_batch(setup, 0))
+    batch = setup.strategy.put_batch(run_setup.local_train_batch(setup, 0))
     (step,) = analysis.programs(setup.strategy, config.global_batch_size)
     text = step.compiled.as_text()
     return text, hlo.collectives(text), 4 * setup.model.num_params, setup, state, batch
@@ -245,7 +245,7 @@ def test_local_sgd_average_is_listed_once_a_period():
     from jaxpar import explain
 
     config = sync_config("local_sgd", **{"sync.period": 4})
-    setup = trainer.setup(config, jax.devices()[:N])
+    setup = run_setup.setup(config, jax.devices()[:N])
     fig = analysis.report(setup.strategy, config.global_batch_size, timing=False)
     (row,) = [r for r in fig["collectives"] if r[2] == "data"]
     assert row[5] == 4 and row[4] * 4 == 4 * setup.model.num_params  # every 4 steps; per-step avg
@@ -270,7 +270,7 @@ def test_refusals_are_one_line():
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message) as info:
-            trainer.setup(tiny_config(**overrides), jax.devices())
+            run_setup.setup(tiny_config(**overrides), jax.devices())
         assert "\n" not in str(info.value)
 
 

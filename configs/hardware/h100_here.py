@@ -27,7 +27,7 @@ Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
 - links: PLACEHOLDER: NVLink unknown, 100 GB/s and 5 us assumed; replace with nccl-tests' bus
   bandwidth (edited: NVSwitch as h100_sxm_x8.py, below)
 
-Calibration runs, jaxpar's one-device training step (trainer.setup), images/sec:
+Calibration runs, jaxpar's one-device training step (run_setup.setup), images/sec:
 - vgg19:1.0:32:float32:128: 37,421.6
 - vgg19:1.0:32:bfloat16:512: 100,954.6
 - resnet50:1.0:224:bfloat16:128: 4,768.8
