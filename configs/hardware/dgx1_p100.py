@@ -4,11 +4,11 @@ Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite c
       python -m jaxpar.predict --validate --profile configs/hardware/dgx1_p100.py
 
 Expect (2026-11-28, docs/predict.md): full-width VGG16 at batch 64 per GPU on 1 / 2 / 4 / 8
-P100s at 139.8 / 261.8 / 507.5 / 999.0 images/sec, efficiencies 93.6 / 90.7 / 89.3% against
-tf_cnn_benchmarks' published 95.8 / 94.8 / 87.7% (-2.2 / -4.1 / +1.6 points; nothing
+P100s at 139.8 / 261.9 / 507.6 / 999.1 images/sec, efficiencies 93.6 / 90.7 / 89.3% against
+tf_cnn_benchmarks' published 95.8 / 94.8 / 87.7% (-2.1 / -4.1 / +1.6 points; nothing
 multi-GPU is fitted). --validate prints the kernel table's fit, `kernel_s` 32.4 us, each model
 left out (AlexNet -11.0%, Inception-v3 +18.8%, ResNet-152 -11.0%, ResNet-50 +0.3%, VGG16
--9.3%) and the published multi-GPU tables (batch 64: 8 of 15 rows within 5 points; batch 32:
+-9.3%) and the published multi-GPU tables (batch 64: 10 of 15 rows within 5 points; batch 32:
 1 of 12; seed 003's medians: 6 of 6). Programs are XLA:GPU's own for P100s, compiled here
 without a GPU.
 
@@ -41,8 +41,9 @@ Sources and assumptions:
   float32, batch 64): VGG16 154 images/sec; ResNet-50 219 (they come back at 140, -9%, and
   222, +1%). It is TensorFlow 1.x's per-op time, which the published figures measure;
   jaxpar's fused XLA program would pay less, so steps of small kernels (small batches, 32x32
-  maps) and XLA:GPU's data-parallel steps (about 660 more kernels than the one-GPU step:
-  the combined all-reduce's slices) come out pessimistic for jaxpar here.
+  maps) and XLA:GPU's data-parallel steps (Inception-v3: about 570 more kernels than the
+  one-GPU step, one slice per all-reduced leaf of XLA:GPU's combined all-reduce) come out
+  pessimistic for jaxpar here.
 - Held out, never fitted: the other single-GPU figures tf_cnn_benchmarks published for the
   DGX-1 (tensorflow.org/performance/benchmarks, 2017; synthetic ImageNet, float32):
   Inception-v3 142 images/sec (batch 64), ResNet-152 91.8 (batch 64), AlexNet 2,987 (batch
