@@ -1,4 +1,4 @@
-"""Time to a target: the first evaluation that reaches `target_accuracy` (and/or
+"""The goal of a run: the first evaluation that reaches `target_accuracy` (and/or
 `target_eval_loss`), and how many steps, examples and seconds of training it took.
 
 The time is training wall time from the first step (the compile before it excluded) to the
