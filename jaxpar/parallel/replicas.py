@@ -170,12 +170,17 @@ class Replicas:
     def ppermute(self, tree: Any, pairs: list[tuple[int, int]]) -> Any:
         return lax.ppermute(tree, self.axes, pairs) if self.manual else tree
 
-    def shard_map(self, fn, mesh, in_specs, out_specs, auto_axes: bool):
+    def shard_map(self, fn, mesh, in_specs, out_specs, auto_axes: bool, check_vma: bool = True):
         """`fn` over the replica axes (manual over those only when `auto_axes`, the others
         left to GSPMD's sharding rules), or `fn` itself with one replica."""
         if not self.manual:
             return fn
         names = frozenset(self.axes) if auto_axes else frozenset(mesh.axis_names)
         return jax.shard_map(
-            fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=names
+            fn,
+            mesh=mesh,
+            in_specs=in_specs,
+            out_specs=out_specs,
+            axis_names=names,
+            check_vma=check_vma,
         )

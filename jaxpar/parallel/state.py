@@ -32,10 +32,15 @@ class TrainState:
     # gradients; {} for modes that keep nothing. Part of the canonical (checkpointed) state.
     sync: Any = flax.struct.field(default_factory=dict)
 
-    def apply_gradients(self, tx: optax.GradientTransformation, grads, **changes) -> TrainState:
+    def apply_gradients(
+        self, tx: optax.GradientTransformation, grads, noise=None, **changes
+    ) -> TrainState:
         """The update rule: one optimizer step on `grads` (already combined as the sync rule
-        says), the step count advanced; `changes` replace other fields (batch_stats, ...)."""
-        updates, opt_state = tx.update(grads, self.opt_state, self.params)
+        says), the step count advanced; `changes` replace other fields (batch_stats, ...).
+        `noise` (adascale.GradNoise, the step's two squared gradient norms) goes to an
+        optimizer that adapts its rate to it (lr_adaptation=adascale)."""
+        extra = {} if noise is None else {"noise": noise}
+        updates, opt_state = tx.update(grads, self.opt_state, self.params, **extra)
         params = optax.apply_updates(self.params, updates)
         return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **changes)
 

@@ -20,8 +20,10 @@ class AllReduce(SyncRule):
     impls = ("shard_map", "pmap")
     combines = True
 
-    def update_measured(self, state, grads, stats):
+    def combine(self, state, grads):
         specs = self.variable_specs["params"]
         grads = average_gradients(grads, self.replicas, specs)
-        new = state.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
-        return new, norms.sq_norm(grads, specs, self.manual_axes)
+        return grads, norms.sq_norm(grads, specs, self.manual_axes)
+
+    def apply(self, state, combined, stats, noise=None):
+        return state.apply_gradients(self.tx, combined, noise, batch_stats=self.shared_stats(stats))

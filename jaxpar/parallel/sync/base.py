@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import adascale
 from jaxpar.mesh import is_spec
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
@@ -124,16 +125,42 @@ class SyncRule:
 
     def update(self, state: TrainState, grads, stats) -> TrainState:
         """Combine this replica's `grads` with the others' and apply them; `stats` are the
-        replica's new BatchNorm statistics."""
+        replica's new BatchNorm statistics. A rule that `combines` defines `combine` and
+        `apply` instead; the others override this."""
+        if not self.combines:
+            raise NotImplementedError(f"{type(self).__name__} defines no update")
         return self.update_measured(state, grads, stats)[0]
 
-    def update_measured(self, state: TrainState, grads, stats) -> tuple[TrainState, Any]:
+    def update_measured(
+        self, state: TrainState, grads, stats, noise=None
+    ) -> tuple[TrainState, Any]:
         """`update`, and the squared norm of the combined gradient it applied (the same
-        scalar on every replica), or None for a rule that forms none (`combines`). A rule
-        overrides one of the two: this one where it `combines`."""
-        if type(self).update is SyncRule.update:
-            raise NotImplementedError(f"{type(self).__name__} defines neither update")
-        return self.update(state, grads, stats), None
+        scalar on every replica), or None for a rule that forms none (`combines`). `noise`:
+        an adascale.GradNoise without its sq_big, which this completes and hands to the
+        optimizer (a rule that forms no combined gradient cannot take one)."""
+        if not self.combines:
+            if noise is not None:
+                raise ValueError(f"sync.mode={self.name} forms no combined gradient")
+            return self.update(state, grads, stats), None
+        combined, big = self.combine(state, grads)
+        noise = noise._replace(sq_big=big) if noise is not None else None
+        return self.apply(state, combined, stats, noise), big
+
+    def combine(self, state: TrainState, grads) -> tuple[Any, jax.Array]:
+        """This replica's `grads` combined with the others' as the rule does (its
+        collectives), and the combined gradient's squared norm, the same on every replica.
+        Only a rule that `combines`."""
+        raise NotImplementedError(f"{type(self).__name__} forms no combined gradient")
+
+    def apply(self, state: TrainState, combined, stats, noise=None) -> TrainState:
+        """The optimizer step on what `combine` returned; `stats` are the replica's new
+        BatchNorm statistics and `noise` the step's gradient norms for an adapting rate."""
+        raise NotImplementedError(f"{type(self).__name__} forms no combined gradient")
+
+    def adapted(self, state: TrainState):
+        """The adapting rate's state (adascale.AdaScaleState: the gain and progress) after
+        an update, the same on every replica, or None without one."""
+        return adascale.find(state.opt_state)
 
     @property
     def manual_axes(self) -> tuple[str, ...]:

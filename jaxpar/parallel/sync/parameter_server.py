@@ -72,28 +72,36 @@ class ParameterServer(SyncRule):
     def eval_model(self, state):
         return block(state.params), state.batch_stats  # every copy is the server's
 
-    def update_measured(self, state, grads, stats):
+    def combine(self, state, grads):
+        """Gradients in, one (worker -> server) pair each; their mean is meaningful on the
+        server only, and its squared norm goes to every replica (two scalar sums)."""
         r = self.replicas
-        params, opt_state = block(state.params), block(state.opt_state)
         total = grads
-        for worker in self.workers:  # gradients in: one (worker -> server) pair each
+        for worker in self.workers:
             received = r.ppermute(grads, [(worker, self.server)])
             total = jax.tree.map(jnp.add, total, received)
-        mean = jax.tree.map(lambda g: g / self.num_replicas, total)  # meaningful on the server only
+        mean = jax.tree.map(lambda g: g / self.num_replicas, total)
+        sq = norms.sq_norm(mean, self.variable_specs["params"], self.manual_axes)
+        return mean, r.psum(jnp.where(self._is_server(), sq, 0.0))
+
+    def _is_server(self):
+        return self.replicas.index() == self.server
+
+    def apply(self, state, combined, stats, noise=None):
+        """The server applies the optimizer; parameters out, one (server -> worker) pair
+        each."""
+        r = self.replicas
+        params, opt_state = block(state.params), block(state.opt_state)
 
         def serve(p, o, g):
-            new = state.replace(params=p, opt_state=o).apply_gradients(self.tx, g)
+            new = state.replace(params=p, opt_state=o).apply_gradients(self.tx, g, noise)
             return new.params, new.opt_state
 
-        is_server = r.index() == self.server
-        # the server's combined gradient's squared norm, to every replica (two scalar sums)
-        sq = norms.sq_norm(mean, self.variable_specs["params"], self.manual_axes)
-        sq = r.psum(jnp.where(is_server, sq, 0.0))
         params, opt_state = lax.cond(
-            is_server, serve, lambda p, o, g: (p, o), params, opt_state, mean
+            self._is_server(), serve, lambda p, o, g: (p, o), params, opt_state, combined
         )
         out = params
-        for worker in self.workers:  # parameters out: one (server -> worker) pair each
+        for worker in self.workers:
             received = r.ppermute(params, [(self.server, worker)])
             is_worker = r.index() == worker
             out = jax.tree.map(lambda o, x, w=is_worker: jnp.where(w, x, o), out, received)
@@ -102,4 +110,12 @@ class ParameterServer(SyncRule):
             params=unblock(out),
             opt_state=unblock(opt_state),
             batch_stats=self.shared_stats(stats),
-        ), sq
+        )
+
+    def adapted(self, state):
+        """The server's adapting-rate state, to every replica (the workers' slots are zero)."""
+        found = super().adapted(state)
+        if found is None:
+            return None
+        at_server = lambda x: self.replicas.psum(jnp.where(self._is_server(), block(x), 0))
+        return jax.tree.map(at_server, found)

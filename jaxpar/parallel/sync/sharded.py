@@ -77,14 +77,27 @@ class Sharded(SyncRule):
             add_data, self.variable_specs["params"], dims, param_shapes, is_leaf=is_spec
         )
 
-    def update_measured(self, state, grads, stats):
+    def _dims(self, state):
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.params)
-        dims = self.split_dims(shapes)
+        return shapes, self.split_dims(shapes)
+
+    def combine(self, state, grads):
+        """Reduce-scatter: replica i keeps the mean of every replica's slice i of each split
+        parameter's gradient (a parameter with no split dimension is averaged whole)."""
+        shapes, dims = self._dims(state)
+        r = self.replicas
+
+        def my_grad(g, d, spec):
+            return r.mean(g, spec) if d is None else r.reduce_scatter(g, d) / self.num_replicas
+
+        grads = jax.tree.map(my_grad, grads, dims, self.variable_specs["params"])
+        return grads, norms.sq_norm(grads, self.slice_specs(shapes), self.manual_axes)
+
+    def apply(self, state, combined, stats, noise=None):
+        """Each replica updates its slices, then all-gathers every updated slice."""
+        _, dims = self._dims(state)
         r = self.replicas
         size = lambda x, d: x.shape[d] // self.num_replicas
-
-        def my_grad(g, d, spec):  # reduce-scatter: device i receives the sum of replicas' slice i
-            return r.mean(g, spec) if d is None else r.reduce_scatter(g, d) / self.num_replicas
 
         def my_param(p, d):
             return (
@@ -93,10 +106,7 @@ class Sharded(SyncRule):
                 else lax.dynamic_slice_in_dim(p, r.index() * size(p, d), size(p, d), d)
             )
 
-        grads = jax.tree.map(my_grad, grads, dims, self.variable_specs["params"])
-        sq = norms.sq_norm(grads, self.slice_specs(shapes), self.manual_axes)
         mine = state.replace(params=jax.tree.map(my_param, state.params, dims))
-        new = mine.apply_gradients(self.tx, grads, batch_stats=self.shared_stats(stats))
-        # All-gather: every replica receives every updated slice.
+        new = mine.apply_gradients(self.tx, combined, noise, batch_stats=self.shared_stats(stats))
         gather = lambda p, d: p if d is None else r.all_gather(p, d)
-        return new.replace(params=jax.tree.map(gather, new.params, dims)), sq
+        return new.replace(params=jax.tree.map(gather, new.params, dims))
