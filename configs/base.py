@@ -25,6 +25,12 @@ def get_config() -> ml_collections.ConfigDict:
     # peak lr = eps_max / (1 + B_noise / global_batch), eps_max fixed so that
     # lr_base_batch_size gets learning_rate (jaxpar/optim.py). 0: off.
     config.lr_noise_scale = 0.0
+    # How the rate follows the measured gradient noise during the run: "none", or "adascale"
+    # (Johnson et al. 2020, jaxpar/adascale.py): each step's rate is the schedule's rate at
+    # the run's progress times AdaScale's gain (1 at lr_base_batch_size, up to B /
+    # lr_base_batch_size), progress advancing by the gain. The run then ends when its progress
+    # reaches num_train_steps (steps at lr_base_batch_size), and the schedule runs on progress.
+    config.lr_adaptation = "none"
     config.lr_schedule = "cosine"  # "cosine" (warmup then cosine to 0) or "constant"
     config.warmup_steps = 20
     # Steps the learning-rate schedule spans (0: num_train_steps). Set it to continue a

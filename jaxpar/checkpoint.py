@@ -29,7 +29,11 @@ _CPU_HANDLER: list = []  # registered once per process
 
 
 def fingerprint(config, model) -> dict[str, Any]:
-    """What must match for a checkpoint's state to fit this config's model and optimizer."""
+    """What must match for a checkpoint's state to fit this config's model and optimizer (an
+    adapting rate adds to the optimizer state: named only where there is one, so that the
+    checkpoints of runs without stay readable)."""
+    adapting = config.get("lr_adaptation", "none")
+    extra = {} if adapting == "none" else {"lr_adaptation": adapting}
     return {
         "model": model.name,
         "width": float(config.model.width),
@@ -39,6 +43,7 @@ def fingerprint(config, model) -> dict[str, Any]:
         "num_classes": model.num_classes,
         "num_params": model.num_params,
         "optimizer": config.optimizer.name,
+        **extra,
     }
 
 

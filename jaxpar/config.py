@@ -17,6 +17,7 @@ from jaxpar import axes, configfile, models
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import resolve_shape
+from jaxpar.optim import ADAPTATIONS
 
 OPTIMIZERS = ("sgd", "adam", "lars")
 LR_SCHEDULES = ("cosine", "constant")
@@ -179,6 +180,32 @@ def _check_target(config: ml_collections.ConfigDict) -> None:
     )
     decay = config.get("noise_scale_decay", 0.95)
     check(0 <= decay < 1, f"noise_scale_decay must be in [0, 1), got {decay}")
+    _check_adaptation(config)
+
+
+def _check_adaptation(config: ml_collections.ConfigDict) -> None:
+    """lr_adaptation against the other rate rules and the optimizer (whether the run measures
+    the noise it needs is the strategy's to say: run_setup asks it)."""
+    adapt = config.get("lr_adaptation", "none")
+    choice(adapt, ADAPTATIONS, "lr_adaptation")
+    if adapt == "none":
+        return
+    check(
+        not config.lr_linear_scaling and not config.get("lr_noise_scale", 0.0),
+        f"lr_adaptation={adapt} scales the rate by the measured noise itself; drop "
+        "lr_linear_scaling and lr_noise_scale (learning_rate is the rate at "
+        "lr_base_batch_size)",
+    )
+    check(
+        config.optimizer.name in ("sgd", "adam"),
+        f"lr_adaptation={adapt} scales the rate after the optimizer's direction (sgd, adam); "
+        f"{config.optimizer.name} applies its rate inside its momentum",
+    )
+    check(
+        config.get("measure_noise_scale", True),
+        f"lr_adaptation={adapt} takes its gain from the gradient noise scale; drop "
+        "measure_noise_scale=False",
+    )
 
 
 def _tuple(names) -> str:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import ml_collections
 import optax
 
+from jaxpar import adascale
+
+ADAPTATIONS = ("none", "adascale")  # lr_adaptation: how the rate follows the measured noise
+
 
 def batch_scaled_rate(rule: str, lr: float, base_batch: int, batch: int, noise: float = 0.0):
     """The rate for `batch` images given `lr` for `base_batch`: "none" keeps it, "linear"
@@ -14,13 +18,21 @@ def batch_scaled_rate(rule: str, lr: float, base_batch: int, batch: int, noise: 
         return lr * batch / base_batch
     if rule == "noise":
         return lr * (1 + noise / base_batch) / (1 + noise / batch)
-    if rule == "none":
+    if rule in ("none", "adascale"):  # adascale: the gain scales it step by step
         return lr
     raise ValueError(f"unknown learning-rate rule {rule!r}; choose none, linear or noise")
 
 
+def adaptation(config: ml_collections.ConfigDict) -> str:
+    """How the rate follows the measured noise during the run: "none" or "adascale"."""
+    return config.get("lr_adaptation", "none")
+
+
 def batch_rule(config: ml_collections.ConfigDict) -> str:
-    """Which rule sets the rate across batch sizes: "linear", "noise" or "none"."""
+    """Which rule sets the rate across batch sizes: "linear", "noise" or "none" (AdaScale's
+    runs: "adascale", the gain scales the rate step by step)."""
+    if adaptation(config) == "adascale":
+        return "adascale"
     if config.lr_linear_scaling:
         return "linear"
     return "noise" if config.get("lr_noise_scale", 0.0) > 0 else "none"
@@ -46,12 +58,15 @@ def schedule_steps(config: ml_collections.ConfigDict) -> int:
 def schedule_meta(config: ml_collections.ConfigDict) -> dict:
     """What fixes the learning rate at every step: stored with checkpoints, so that continuing
     a run never changes the rate of its steps behind the user's back (resume.check_schedule)."""
-    return {
+    meta = {
         "lr_schedule": config.lr_schedule,
         "peak_learning_rate": peak_learning_rate(config),
         "warmup_steps": int(config.warmup_steps),
         "schedule_steps": schedule_steps(config),
     }
+    if adaptation(config) != "none":  # its schedule runs on progress, not steps
+        meta["lr_adaptation"] = adaptation(config)
+    return meta
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -87,6 +102,8 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     """
     schedule = make_schedule(config)
     opt, wd = config.optimizer, float(config.weight_decay)
+    if adaptation(config) == "adascale":
+        return _adascale_optimizer(config, schedule)
     if opt.name == "adam":
         return optax.adamw(schedule, weight_decay=wd)  # decoupled; wd=0 is plain Adam
     if opt.name == "lars":
@@ -101,3 +118,17 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     if wd:
         tx = optax.chain(optax.add_decayed_weights(wd), tx)
     return tx
+
+
+def _adascale_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule):
+    """optax's sgd and adamw chains with their last link, the learning rate, replaced by
+    AdaScale's (the rate at the progress times the gain; jaxpar/adascale.py)."""
+    opt, wd = config.optimizer, float(config.weight_decay)
+    rate = adascale.scale_by_adascale(
+        schedule, int(config.lr_base_batch_size), float(config.noise_scale_decay)
+    )
+    if opt.name == "adam":
+        return optax.chain(optax.scale_by_adam(), optax.add_decayed_weights(wd), rate)
+    momentum = optax.trace(opt.momentum, opt.nesterov) if opt.momentum else optax.identity()
+    chain = optax.chain(momentum, rate)
+    return optax.chain(optax.add_decayed_weights(wd), chain) if wd else chain

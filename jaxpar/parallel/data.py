@@ -29,6 +29,7 @@ from jaxpar import axes
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import norms, sync, tensor, variables
+from jaxpar.parallel.adapt import adapted_metrics, adapting_noise
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import eval_sums, init_state, measured_loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
@@ -210,7 +211,8 @@ class DataParallel(Strategy):
 
     def _train_body(self, state, batch):
         rule = self.rule
-        measure = isinstance(self.noise_groups(), int)
+        groups = self.noise_groups()
+        measure = isinstance(groups, int)
         loss, stats, accuracy, grads, small = measured_loss_and_grads(
             self.model,
             rule.local_params(state),
@@ -223,10 +225,14 @@ class DataParallel(Strategy):
             slice_sq=norms.local_sq if measure else None,
             probe=self.probe() if measure and self.gather is not None else None,
         )
-        state, big = rule.update_measured(state, self.grads_in_layout(grads), stats)
+        small = self.replicas.pmean(small) if measure else None
+        noise = adapting_noise(self.config, small, groups)
+        state, big = rule.update_measured(state, self.grads_in_layout(grads), stats, noise)
         metrics = rule.metrics(loss, accuracy)
         if measure:  # the two squared norms of the noise scale (noise_scale.py)
-            metrics.update(grad_sq_small=self.replicas.pmean(small), grad_sq_big=big)
+            metrics.update(grad_sq_small=small, grad_sq_big=big)
+        if noise is not None:
+            metrics.update(adapted_metrics(rule.adapted(state)))
         return state, metrics
 
     def probe(self):
