@@ -25,7 +25,7 @@ def calls_per_step(phase: str, num_microbatches: int) -> int:
     """How often a program of `phase` runs in one training step: once for a whole step
     ("step") or a stage's optimizer update ("update"), once per micro-batch for the others
     (forward, backward and its halves)."""
-    return 1 if phase in ("step", "update") else num_microbatches
+    return 1 if phase in ("step", "update", "combine", "apply_update") else num_microbatches
 
 
 def placement(name: str, num_stages: int, virtual_stages: int = 1) -> tuple[int, ...]:

@@ -19,6 +19,8 @@ ROLES = {
     "bwd_in": "backward input",
     "bwd_w": "backward weights",
     "update": "update",
+    "combine": "update",
+    "apply_update": "update",
 }
 
 
@@ -27,7 +29,7 @@ def programs(p, batch_shapes) -> list[Program]:
     rows = batch_shapes["image"][0].shape[0]
     out = []
     for c, ck in enumerate(p.chunks):
-        names = shapes.step_programs(p.remat, p.split_backward, ck.last)
+        names = shapes.step_programs(p.remat, p.split_backward, ck.last, ck.adapt is not None)
         args = shapes.program_args(p, c, rows, names)
         progs = p.programs_of[c].programs
         for name in names:
@@ -67,7 +69,7 @@ def stored_activation_bytes(p, batch_size: int) -> list[int]:
     rows = batch_size // p.num_microbatches
     stash, kept = [], []
     for c, ck in enumerate(p.chunks):
-        names = shapes.step_programs(p.remat, p.split_backward, ck.last)
+        names = shapes.step_programs(p.remat, p.split_backward, ck.last, ck.adapt is not None)
         args = shapes.program_args(p, c, rows, names)
         first_bwd = args["bwd"] if p.remat else args[names[1]]
         stash.append(per_device_bytes(first_bwd[1]))

@@ -10,7 +10,10 @@ keep the backward's residuals instead of recomputing the forward:
 - fwd_res, bwd_res, bwd_in, bwd_w (zero-bubble B and W): the residual programs, whose
   bodies are residuals.py's (ChunkPrograms takes them from its `ResidualPrograms` base).
 - update: the chunk's sync rule combines the accumulated gradients over the replicas and applies
-  them (TrainState.apply_gradients), the only place replicas meet.
+  them (TrainState.apply_gradients), the only place replicas meet. With an adapting rate
+  (AdaScale) it is two programs, `combine` (the replicas' gradients combined, kept per replica,
+  and the chunk's parts of the squared norms) and `apply_update` (the optimizer step, given
+  the whole model's norms, which the runner adds up over the chunks in between).
 
 The gradient noise scale (`Chunk.measure`, noise_scale.py): the accumulator is then a pair,
 (gradients, per replica the sum of its micro-batches' squared gradient norms), each increment's
@@ -34,14 +37,27 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
+from jaxpar import adascale
 from jaxpar import mesh as mesh_lib
 from jaxpar.parallel import norms, tensor
+from jaxpar.parallel.adapt import adapted_metrics
 from jaxpar.parallel.pipeline.residuals import ResidualPrograms
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import accuracy, cross_entropy, logit_sums
-from jaxpar.parallel.sync.base import SyncRule, block, manual
+from jaxpar.parallel.sync.base import SyncRule, block, manual, unblock
 
-NAMES = ("fwd", "bwd", "update", "eval", "fwd_res", "bwd_res", "bwd_in", "bwd_w")
+NAMES = (
+    "fwd",
+    "bwd",
+    "update",
+    "combine",
+    "apply_update",
+    "eval",
+    "fwd_res",
+    "bwd_res",
+    "bwd_in",
+    "bwd_w",
+)
 
 
 @dataclasses.dataclass(eq=False)
@@ -64,6 +80,10 @@ class Chunk:
     acc_specs: Any  # of its per-replica gradient accumulator
     gather: Any = None  # model.apply's gather of sharded parameters (fsdp), or None
     measure: bool = False  # the noise scale's squared norms too (the accumulator a pair)
+    # An adapting rate (lr_adaptation=adascale): the step's two squared norms and their batch
+    # sizes (b_small, b_big) reach the optimizer, so the update runs in two programs,
+    # `combine` and `apply_update`, with the whole model's norms added up between them.
+    adapt: tuple[float, float] | None = None
 
     @property
     def param_specs(self):
@@ -177,8 +197,9 @@ class ChunkPrograms(ResidualPrograms):
         m = self.ck.num_microbatches
         return add(total), sq + (m * m) * inc[None]
 
-    def sm(self, fn, in_specs, out_specs):
-        return self.ck.replicas.shard_map(fn, self.ck.mesh, in_specs, out_specs, self.ck.auto_axes)
+    def sm(self, fn, in_specs, out_specs, check_vma: bool = True):
+        ck = self.ck
+        return ck.replicas.shard_map(fn, ck.mesh, in_specs, out_specs, ck.auto_axes, check_vma)
 
     def on(self, fn, **jit_kwargs):
         return OnMesh(jax.jit(fn, **jit_kwargs), self.ck.mesh)
@@ -226,6 +247,26 @@ class ChunkPrograms(ResidualPrograms):
         small = self.ck.replicas.pmean(block(sq) / self.ck.num_microbatches)
         return new, zero, (small, big)
 
+    def combine(self, state, acc):
+        """An adapting rate's first half of the update: the combined gradient (each replica's
+        part, stacked over the replicas), a zeroed accumulator, and the chunk's parts of the
+        step's two squared norms."""
+        total, sq = acc
+        combined, big = self.ck.rule.combine(state, self.in_layout(block(total)))
+        small = self.ck.replicas.pmean(block(sq) / self.ck.num_microbatches)
+        combined = unblock(self.ck.replicas.varying(combined))
+        return combined, jax.tree.map(jnp.zeros_like, acc), (small, big)
+
+    def apply_update(self, state, combined, norms_total):
+        """The second half: the optimizer step on the combined gradient, given the whole
+        model's two squared norms; also the adapting rate's gain, progress and rate."""
+        rule = self.ck.rule
+        small, big = norms_total
+        noise = adascale.GradNoise(small, big, *self.ck.adapt)
+        stats = rule.local_stats(state.batch_stats)
+        new = rule.apply(state, block(combined), stats, noise)
+        return new, adapted_metrics(rule.adapted(new))
+
     def evaluate(self, state, x, *label_mask):
         params, stats = self.ck.rule.eval_model(state)
         y, _ = self.apply(params, stats, x, self.ck.layers, train=False)
@@ -251,6 +292,21 @@ class ChunkPrograms(ResidualPrograms):
         out["update"] = self.on(
             self.sm(self.update, (st, acc), update_out), donate_argnums=(0, 1), out_shardings=placed
         )
+        if ck.adapt is not None:
+            scalars = (P(), P())
+            out["combine"] = self.on(
+                self.sm(self.combine, (st, acc), (data, acc, scalars)), donate_argnums=1
+            )
+            metrics = {"gain": P(), "progress": P(), "learning_rate": P()}
+            # check_vma=False: the combined gradient arrives stacked over the replicas, so it
+            # is typed as varying over them, though under allreduce every replica holds the
+            # same values (there is no cast back from varying): the state that leaves is the
+            # same on every replica, as the rule makes it (held by the tests to one device's)
+            out["apply_update"] = self.on(
+                self.sm(self.apply_update, (st, data, scalars), (st, metrics), check_vma=False),
+                donate_argnums=(0, 1),
+                out_shardings=(placed[0], None),
+            )
         eval_in = (st, data, data, data) if last else (st, data)
         out["eval"] = self.on(self.sm(self.evaluate, eval_in, P() if last else data))
 

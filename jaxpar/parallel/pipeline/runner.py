@@ -93,6 +93,9 @@ class Runner:
                 step.sent_f[(c + 1, m)] = self.send(y, d, stage_of[c + 1], c, rows)
             elif kind == "B" and c > 0:
                 step.sent_b[(c - 1, m)] = self.send(g, d, stage_of[c - 1], c - 1, rows)
+        if pipe.adapt is not None:
+            st, acc, extra = self._adapting_update(st, acc, stats)
+            return st, acc, self._step_metrics(step, extra)
         parts = [None] * self.num_chunks  # per chunk, its noise-scale scalars (measuring)
         for c in range(self.num_chunks):
             out = self.on(
@@ -103,15 +106,68 @@ class Runner:
             )
             st[c], acc[c], *noise = out or (None,) * (2 + pipe.measure)
             parts[c] = noise[0] if noise else None
+        return st, acc, self._step_metrics(step, self._noise(parts) if pipe.measure else {})
+
+    def _step_metrics(self, step, extra: dict) -> dict:
+        """The step's loss and accuracy (means over the micro-batches, on the last chunk's
+        stage, or on every device with several processes) and `extra` beside them."""
+        pipe = self.pipe
         self.peak_stash_bytes = step.peak
         metrics = self.on(
-            stage_of[c_last],
+            pipe.stage_of[-1],
             lambda: _mean_metrics({"loss": step.losses, "accuracy": step.accuracies}),
         )
-        metrics = self.to_all(metrics, ("accuracy", "loss"))
-        if pipe.measure:
-            metrics = {**metrics, **self._noise(parts)}
-        return st, acc, metrics
+        return {**self.to_all(metrics, ("accuracy", "loss")), **extra}
+
+    def _adapting_update(self, st: list, acc: list, stats: list) -> tuple[list, list, dict]:
+        """The update under an adapting rate (AdaScale): every chunk combines its replicas'
+        gradients and its parts of the squared norms; the parts are added up; every chunk
+        applies its combined gradient given the whole model's norms. Returns the states, the
+        accumulators, and the step's noise-scale metrics with the rate's gain, progress and
+        rate."""
+        pipe, stage_of = self.pipe, self.pipe.stage_of
+        parts, combined = [None] * self.num_chunks, [None] * self.num_chunks
+        for c in range(self.num_chunks):
+            out = self.on(
+                stage_of[c],
+                lambda c=c: pipe.programs_of[c].programs["combine"](
+                    st[c].replace(batch_stats=stats[c]), acc[c]
+                ),
+            )
+            combined[c], acc[c], parts[c] = out or (None, None, None)
+        noise = self._noise(parts)
+        totals = (noise["grad_sq_small"], noise["grad_sq_big"])
+        adapted = None
+        for c in range(self.num_chunks):
+            mine = self._on_stage(totals, stage_of[c])
+            out = self.on(
+                stage_of[c],
+                lambda c=c, mine=mine: pipe.programs_of[c].programs["apply_update"](
+                    st[c].replace(batch_stats=stats[c]), combined[c], mine
+                ),
+            )
+            st[c], rate = out or (None, None)
+            if c == self.num_chunks - 1:
+                adapted = rate
+        keys = ("gain", "learning_rate", "progress")
+        return st, acc, {**noise, **self.to_all(adapted, keys)}
+
+    def _on_stage(self, scalars, stage: int):
+        """Replicated scalars of the last chunk's stage (every device's, with several
+        processes) on `stage`'s devices; None where this process owns none of them."""
+        pipe = self.pipe
+        if not self.local_stages[stage]:
+            return None
+        target = NamedSharding(pipe.meshes[stage], P())
+        if not pipe.multi:
+            return jax.device_put(scalars, target)
+        devices = set(pipe.meshes[stage].devices.flat)
+
+        def local(x):
+            shards = [s.data for s in x.addressable_shards if s.device in devices]
+            return jax.make_array_from_single_device_arrays((), target, shards)
+
+        return jax.tree.map(local, scalars)
 
     def _noise(self, parts: list) -> dict:
         """The step's two squared norms (noise_scale.py): the chunks' parts (each a pair of

@@ -54,12 +54,14 @@ def outputs(lowered):
     )
 
 
-def step_programs(remat: bool, split_backward: bool, last: bool) -> list[str]:
-    """The programs a training step runs for one chunk, in event order."""
+def step_programs(remat: bool, split_backward: bool, last: bool, adapt: bool = False) -> list[str]:
+    """The programs a training step runs for one chunk, in event order (`adapt`: the update
+    in two halves around the model's squared norms, for an adapting rate)."""
+    update = ["combine", "apply_update"] if adapt else ["update"]
     if remat:
-        return ([] if last else ["fwd"]) + ["bwd", "update"]
+        return ([] if last else ["fwd"]) + ["bwd", *update]
     backward = ["bwd_in", "bwd_w"] if split_backward else ["bwd_res"]
-    return ["fwd_res", *backward, "update"]
+    return ["fwd_res", *backward, *update]
 
 
 def program_args(pipe, c: int, rows: int, names: list[str]) -> dict[str, tuple]:
@@ -78,6 +80,7 @@ def program_args(pipe, c: int, rows: int, names: list[str]) -> dict[str, tuple]:
         "fwd": (state, x),
         "bwd": (state, x, *(cot or (label,)), acc),
         "update": (state, acc),
+        "combine": (state, acc),
         "eval": (state, x, label, mask) if ck.last else (state, x),
         "fwd_res": (state, x, *(() if cot else (label,))),
     }
@@ -88,4 +91,8 @@ def program_args(pipe, c: int, rows: int, names: list[str]) -> dict[str, tuple]:
         if "bwd_w" in names:
             outs = outputs(progs["bwd_in"].lower(*args["bwd_in"]))
             args["bwd_w"] = (state, stored, outs if ck.first else outs[1], acc)
+    if "apply_update" in names:
+        combined = outputs(progs["combine"].lower(*args["combine"]))[0]
+        scalar = _on(ck.mesh, P(), jax.ShapeDtypeStruct((), jnp.float32))
+        args["apply_update"] = (state, combined, (scalar, scalar))
     return {name: args[name] for name in names}

@@ -76,7 +76,13 @@ class Pipeline(Strategy):
             tensor.constrain_fn(rules, variables.joins(shape, model)) if self.auto_axes else None
         )
         self.layouts, self.chunks, self.programs_of = [], [], []
-        self.measure = isinstance(self.noise_groups(), int)  # the noise scale's norms too
+        groups = self.noise_groups()
+        self.measure = isinstance(groups, int)  # the noise scale's norms too
+        # an adapting rate: the norms' batch sizes, for the optimizer (chunks.py); a run that
+        # adapts but measures nothing is refused by run_setup before anything is built
+        big = config.global_batch_size
+        adapting = config.get("lr_adaptation", "none") != "none" and self.measure
+        self.adapt = (big / groups, big) if adapting else None
         for c in range(self.num_chunks):
             layers = slice(self.bounds[c], self.bounds[c + 1])
             specs = variables.specs(model, rules, shape, layers)
@@ -99,6 +105,7 @@ class Pipeline(Strategy):
                 lay.acc_specs,
                 variables.gather_fn(specs["params"], shape),
                 self.measure,
+                self.adapt,
             )
             self.layouts.append(lay)
             self.chunks.append(chunk)
