@@ -20,18 +20,24 @@ from jaxpar.metrics import (
 
 
 class Progress:
-    """One console line per log step: step, loss, learning rate, images/sec and ETA. Values
-    given as text (a duration or a rate formatted by jaxpar.units) print as they are."""
+    """One console line per log step: step (or, under an adapting rate, the progress), loss,
+    learning rate, images/sec and ETA. Values given as text (a duration or a rate formatted
+    by jaxpar.units) print as they are."""
 
-    def __init__(self, total_steps: int, start_step: int = 0, stream=sys.stdout):
-        self.total, self.stream = total_steps, stream
+    def __init__(
+        self, total_steps: int, start_step: float = 0, unit: str = "step", stream=sys.stdout
+    ):
+        self.total, self.stream, self.unit = total_steps, stream, unit
         self.t0, self.s0 = time.perf_counter(), start_step
 
-    def update(self, step: int, **values: float | str) -> str:
+    def update(self, position: float, **values: float | str) -> str:
+        """`position`: the steps done (or the progress made, unit "progress")."""
         elapsed = time.perf_counter() - self.t0
-        done = step - self.s0
-        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
-        parts = [f"step {step:>{len(str(self.total))}}/{self.total}"]
+        done = position - self.s0
+        eta = elapsed / done * max(self.total - position, 0) if done > 0 else float("nan")
+        width = len(str(self.total))
+        at = f"{position:>{width}}" if isinstance(position, int) else f"{position:>{width + 2}.1f}"
+        parts = [f"{self.unit} {at}/{self.total}"]
         parts += [f"{k} {v if isinstance(v, str) else _fmt(v)}" for k, v in values.items()]
         parts.append(f"ETA {units.clock(eta)}")
         line = "  ".join(parts)
@@ -120,8 +126,10 @@ def _summary_rows() -> list[tuple[str, str | None, Any]]:
         ("  smoothed, at the end", "noise_scale_last", _noise),
         ("  up to the target", "noise_scale_to_target", _noise),
         ("  small / whole batch", "noise_scale_b_small", None),
+        ("progress (AdaScale), mean gain", "progress", None),
         ("target", "target", None),
         ("steps to target", "steps_to_target", None),
+        ("  progress to target", "progress_to_target", None),
         ("examples to target", "examples_to_target", None),
         ("time to target (training)", "time_to_target_s", secs),
         ("evaluations, their time", "eval_time_s", secs),
@@ -168,6 +176,9 @@ def _summary_value(summary: dict[str, Any], key: str | None, show) -> str | None
         value = f"{value}  {summary['analytic_bubble_formula']}"
     if key == "noise_scale_b_small":
         value = f"{summary[key]:g} / {summary['noise_scale_b_big']:g} images"
+    if key == "progress":
+        value = f"{summary[key]:,.1f} steps at {summary['lr_base_batch_size']}, mean gain "
+        value += f"{summary['mean_gain']:.3f}"
     if key == "eval_time_s" and summary.get("evaluations"):
         value = f"{summary['evaluations']} evaluations, {value}"
     if key in ("compile_cache_hits", "xla_programs"):

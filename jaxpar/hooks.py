@@ -24,6 +24,7 @@ from jaxpar import console, units
 from jaxpar import metrics as metrics_lib
 from jaxpar import noise_scale as noise_lib
 from jaxpar import watchdog as watchdog_lib
+from jaxpar.adapted_rate import AdaptedRate
 from jaxpar.checkpoint import Checkpointer
 from jaxpar.data.prefetch import InputStats
 from jaxpar.errors import TrainingError
@@ -113,6 +114,7 @@ class LogWindow:
         self.writer, self.progress, self.schedule = writer, progress, schedule
         self.batch_size, self.timer, self.ckpt, self.feed = batch_size, timer, ckpt, feed
         self.noise = noise  # given: each step's "noise" line, and the smoothed figure shown
+        self.adapted = AdaptedRate()  # an adapting rate's gain and progress, when the step has them
         self.last: dict[str, float] = {}  # the last train line
         self._restart()
 
@@ -129,10 +131,12 @@ class LogWindow:
         self.timer.watch.beat(f"step {info.step}")
         seconds = time.perf_counter() - self._t0 - (self.timer.excluded_s - self._excluded0)
         fetched = jax.device_get(self.metrics)
+        # an adapting rate reports the rate it applied; else the schedule's at the step
+        rate = fetched[-1].get("learning_rate", self.schedule(info.step - 1))
         self.last = {
             "loss": float(np.mean([m["loss"] for m in fetched])),
             "accuracy": float(np.mean([m["accuracy"] for m in fetched])),
-            "learning_rate": float(self.schedule(info.step - 1)),
+            "learning_rate": float(rate),
             "images_per_sec": len(fetched) * self.batch_size / seconds,
             **self._input(),
             **self._noise(fetched, info.step),
@@ -148,7 +152,11 @@ class LogWindow:
             if self.last.get("noise_scale") is not None:
                 shown["B_noise"] = f"{self.last['noise_scale']:.0f}"
             lr = units.rate(self.last["learning_rate"])
-            self.progress.update(info.step, loss=self.last["loss"], lr=lr, **shown)
+            position = info.step
+            if "gain" in self.last:  # the bar counts progress; the step and gain beside it
+                position = self.last["progress"]
+                shown = {"step": info.step, "gain": self.last["gain"], **shown}
+            self.progress.update(position, loss=self.last["loss"], lr=lr, **shown)
         stop_if_diverged(fetched, info.step, self.ckpt)
         self._restart()
 
@@ -158,10 +166,14 @@ class LogWindow:
         if self.noise is None or "grad_sq_small" not in fetched[-1]:
             return {}
         first = step - len(fetched) + 1
+        shown = {}
         for j, m in enumerate(fetched):
             record = self.noise.add(first + j, float(m["grad_sq_small"]), float(m["grad_sq_big"]))
+            if "gain" in m:
+                shown = self.adapted.add(first + j, float(m["gain"]), float(m["progress"]))
+                record.update(shown)
             self.writer.write(first + j, "noise", **record)
-        return {"noise_scale": record["noise_scale"]}
+        return {"noise_scale": record["noise_scale"], **shown}
 
     def _input(self) -> dict[str, float]:
         """Mean host seconds per batch and mean wait for it, over the batches the window's

@@ -42,7 +42,15 @@ def finished(workdir: str, step: int, config) -> dict[str, Any]:
     summary = metrics_lib.last_summary(workdir) or {}
     span = optim.schedule_steps(config)
     total = config.num_train_steps
-    if step > total:
+    if optim.adaptation(config) != "none":  # its length is progress, not steps
+        logger.info(
+            f"the run in {workdir} is finished: its checkpoint at step {step} has made the "
+            f"progress of {total} steps at lr_base_batch_size; nothing to train. To continue, "
+            "raise --config.num_train_steps (the progress to reach) and add "
+            f"--config.schedule_steps={span} to keep its learning-rate schedule; or add "
+            "--eval_only to evaluate"
+        )
+    elif step > total:
         logger.info(
             f"the run in {workdir} is already past step {total}: its newest checkpoint is at "
             f"step {step}, and a run never goes back to an earlier step; nothing to train. To "

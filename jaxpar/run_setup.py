@@ -18,7 +18,8 @@ from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar import watchdog as watchdog_lib
-from jaxpar.parallel import stages
+from jaxpar.errors import ConfigError
+from jaxpar.parallel import adapt, stages
 from jaxpar.parallel.pipeline import balance, microbatches
 from jaxpar.parallel.state import add_sums
 
@@ -88,6 +89,9 @@ def setup(
         model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
     tx = optim.make_optimizer(config)
     strategy = parallel.build(config, model, mesh, tx)
+    measured = strategy.noise_groups()
+    if optim.adaptation(config) != "none" and isinstance(measured, str):
+        raise ConfigError(adapt.refusal(config, measured))
     return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
 
 

@@ -32,6 +32,7 @@ from jaxpar import (
     preemption,
     profiling,
     resume,
+    run_length,
     target,
     units,
 )
@@ -95,8 +96,13 @@ def _run(run: Run, eval_only: bool) -> dict[str, Any]:
             restored = ckpt.restore(setup.strategy.host_target(), set_aside=not eval_only)
         if eval_only:
             return _evaluate_only(run, restored)
-        if restored is not None and (restored[1] >= total or _ended_at_target(run, restored[1])):
-            return resume.finished(run.workdir, restored[1], config)
+        length = run_length.Length(config, 0)
+        if restored is not None:
+            length = run_length.Length(
+                config, restored[1], run_length.restored_progress(restored[0])
+            )
+            if length.done(restored[1]) or _ended_at_target(run, restored[1]):
+                return resume.finished(run.workdir, restored[1], config)
         state, start = resume.initial_state(setup.strategy, config, ckpt, restored)
         is_lead = jax.process_index() == 0
         writer = metrics_lib.MetricWriter(run.workdir, enabled=is_lead, resume_step=start)
@@ -112,31 +118,41 @@ def _run(run: Run, eval_only: bool) -> dict[str, Any]:
         setup.strategy.compile(state, first)
         step_programs = compile_cache.counts() - before
         watch.beat("compiling the train step")
+        until = (
+            f"training from step {start + 1} until the progress reaches {total} (at most "
+            f"{length.max_steps - start} steps)"
+            if length.adaptive
+            else f"training steps {start + 1}-{total}"
+        )
         logger.info(
             f"compiled the train step in {units.seconds(setup.strategy.compile_time_s)} "
-            f"({step_programs.said()}); training steps {start + 1}-{total} of "
-            f"{config.global_batch_size} images"
+            f"({step_programs.said()}); {until} of {config.global_batch_size} images"
         )
-        outcome = _train(run, state, first, start, writer, ckpt)
+        outcome = _train(run, state, first, start, writer, ckpt, length)
         if ckpt is not None:  # the last save is complete (or its failure raised) before the report
             watch.doing("waiting for the last checkpoint to be written")
             ckpt.close()
         return summarise(run, outcome, writer, step_programs)
 
 
-def _train(run: Run, state, first, start: int, writer, ckpt) -> Outcome:
-    """Steps `start + 1`..`num_train_steps` (`first` is the batch of the first), each followed
-    by the hooks; saves and ends early when a stop is requested."""
+def _train(run: Run, state, first, start: int, writer, ckpt, length: run_length.Length) -> Outcome:
+    """Steps `start + 1`.. until the run's `length` (`first` is the batch of the first), each
+    followed by the hooks; saves and ends early when a stop is requested."""
     setup, watch = run.setup, run.watch
     config, total = setup.config, setup.config.num_train_steps
     is_lead = jax.process_index() == 0
     timer = hooks.StepTimer(watch)
-    progress = console.Progress(total, start_step=start) if is_lead else None
+    progress = None
+    if is_lead:
+        position = length.progress if length.adaptive else start
+        progress = console.Progress(total, position, "progress" if length.adaptive else "step")
     feed = InputStats()  # what each batch cost the host and the loop's wait for it
     noise = _noise_tracker(setup, run.workdir, start)
     window = hooks.LogWindow(
         writer, progress, setup.schedule, config.global_batch_size, timer, ckpt, feed, noise
     )
+    if start and length.adaptive:  # the gains and progress before the resume
+        window.adapted.replay(metrics_lib.records(run.workdir, "noise", until=start))
     goal = target.Target.from_config(config)
     if start and goal.wanted:  # a target met before the resume keeps its step
         goal.replay(metrics_lib.records(run.workdir, "eval", until=start))
@@ -161,10 +177,11 @@ def _train(run: Run, state, first, start: int, writer, ckpt) -> Outcome:
                 partial(local_train_batch, setup),
                 setup.strategy.put_batch,
                 start + 1,
-                total,
+                length.max_steps,
                 stats=feed,
             )
         )
+        previous = None  # the metrics of the step before, for the run's length
         for i, batch in itertools.chain([(start, first)], batches):
             tracer.before(i, state)
             watch.doing(f"running step {i + 1}")
@@ -173,8 +190,10 @@ def _train(run: Run, state, first, start: int, writer, ckpt) -> Outcome:
             tracer.after(i, (state, metrics))
             timer.dispatched(i + 1, metrics)
             window.add(metrics)
+            final = length.final(i + 1, metrics, previous)
+            previous = metrics
             # Every process asks every step: they agree on the step to stop at.
-            info = hooks.StepInfo(i + 1, state, final=i + 1 == total, stopping=stop.check(i + 1))
+            info = hooks.StepInfo(i + 1, state, final=final, stopping=stop.check(i + 1))
             after_step.run(info)
             if info.stopping and not info.final:
                 logger.info(stop.stopped_line(info.step, ckpt))  # which step it saved, if any
@@ -182,17 +201,22 @@ def _train(run: Run, state, first, start: int, writer, ckpt) -> Outcome:
             if evaluation.reached_now and config.stop_at_target and not info.final:
                 _end_at_target(info, window, saver)
                 break
+            if info.final:
+                break
     stopped = info.stopping and not info.final
     extra = goal.summary(info.step, evaluation.seconds, evaluation.count)
     # what a plan from this run (jaxpar/plan/steps.py) needs to know of its learning rate
     extra.update(
         lr_rule=optim.batch_rule(config),
+        lr_adaptation=optim.adaptation(config),
         peak_learning_rate=optim.peak_learning_rate(config),
         lr_base_batch_size=config.lr_base_batch_size,
         sync_mode=config.sync.mode,
     )
     if noise is not None:
         extra.update(noise.summary(goal.reached_step))
+    if length.adaptive:
+        extra.update(window.adapted.summary(goal.reached_step))
     return Outcome(
         state, timer.times, feed, window.last, evaluation.last, stopped, info.step, extra
     )
