@@ -112,10 +112,14 @@ class Checkpointer:
         latest = self.manager.latest_step()
         return latest is None or latest < step
 
-    def save(self, step: int, canonical_state, schedule: dict | None = None) -> None:
+    def save(
+        self, step: int, canonical_state, schedule: dict | None = None, position: dict | None = None
+    ) -> None:
         """Start an asynchronous save of `canonical_state` as checkpoint `step`, recording the
-        learning-rate `schedule` it was trained with (optim.schedule_meta)."""
-        meta = {**self.meta, "schedule": schedule} if schedule else self.meta
+        learning-rate `schedule` it was trained with (optim.schedule_meta) and the run's
+        `position` (the examples it has taken, its goodput schedule: loop.Loop)."""
+        meta = {**self.meta, "schedule": schedule} if schedule else dict(self.meta)
+        meta.update(position or {})
         with _writing(self.directory):
             started = self.manager.save(
                 step,

@@ -244,9 +244,12 @@ class Checkpoints:
         schedule_meta: dict,
         window: LogWindow,
         timer: StepTimer,
+        position: Callable[[int], dict] | None = None,
     ):
         self.ckpt, self.canonical, self.schedule_meta = ckpt, canonical, schedule_meta
         self.window, self.timer = window, timer
+        # what the checkpoint of a step records of the run's position (examples taken, ...)
+        self.position = position or (lambda step: {})
 
     def __call__(self, info: StepInfo) -> None:
         step = info.step
@@ -258,7 +261,7 @@ class Checkpoints:
             canonical = self.canonical(info.state)
             if not all_finite((canonical.params, canonical.batch_stats)):
                 raise diverged(step, "the parameters", self.ckpt)
-            self.ckpt.save(step, canonical, self.schedule_meta)
+            self.ckpt.save(step, canonical, self.schedule_meta, self.position(step))
             if info.stopping and not info.final:  # the run ends here: say so once it is on disk
                 self.ckpt.wait()
             self.timer.watch.beat(f"the checkpoint of step {step}")

@@ -13,7 +13,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxpar import axes, compile_cache, models, optim, parallel, units
+from jaxpar import axes, batch_schedule, compile_cache, configfile, models, optim, parallel, units
 from jaxpar import config as config_lib
 from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
@@ -36,6 +36,13 @@ class Setup:
     model: models.SequentialModel
     strategy: parallel.Strategy
     schedule: Any
+    # (step, examples taken by then) where this setup's batch took over: the data position of
+    # step s is examples + (s - step) x the batch (a run whose batch never changed: (0, 0))
+    origin: tuple[int, int] = (0, 0)
+
+    def examples_before(self, step: int) -> int:
+        """The train examples the run has taken before step `step` + 1."""
+        return self.origin[1] + (step - self.origin[0]) * self.config.global_batch_size
 
     @property
     def data_size(self) -> int:
@@ -87,6 +94,7 @@ def setup(
         parallel.validate(config, len(devices))
     if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
         model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
+    batch_schedule.check(config)
     tx = optim.make_optimizer(config)
     strategy = parallel.build(config, model, mesh, tx)
     measured = strategy.noise_groups()
@@ -95,11 +103,31 @@ def setup(
     return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
 
 
+def derive(setup: Setup, changes: dict[str, Any], origin: tuple[int, int]) -> Setup:
+    """The same run on another batch, mesh or slicing (`changes`: config keys such as
+    global_batch_size, mesh_shape, grad_accum_steps), taking over at `origin` (step, examples
+    taken by then): the dataset and model are kept; the mesh, optimizer and strategy are
+    built anew and checked as a new run's are (nothing compiled yet)."""
+    config = configfile.override(setup.config.copy_and_resolve_references(), changes)
+    devices = list(setup.mesh.devices.flat)
+    shape = parallel.validate(config, len(devices))
+    mesh = setup.mesh
+    if tuple(shape.values()) != tuple(setup.mesh.devices.shape):
+        mesh = mesh_lib.make_mesh(shape, sorted(devices, key=lambda d: d.id))
+    parallel.check_model(config, shape, setup.model)
+    strategy = parallel.build(config, setup.model, mesh, optim.make_optimizer(config))
+    return dataclasses.replace(setup, config=config, mesh=mesh, strategy=strategy, origin=origin)
+
+
 def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
     """This process's share of global batch `step` (deterministic in seed and step)."""
     share = setup.strategy.batch_share()
     return setup.dataset.train_batch(
-        step, setup.config.global_batch_size, *share, example_ids=setup.model.stochastic
+        step,
+        setup.config.global_batch_size,
+        *share,
+        example_ids=setup.model.stochastic,
+        offset=setup.examples_before(step),
     )
 
 

@@ -148,7 +148,7 @@ class FakeCheckpointer:
     def due(self, step, force=False):
         return step % 2 == 0 or force
 
-    def save(self, step, state, schedule):
+    def save(self, step, state, schedule, position=None):
         self.saved.append(step)
 
     def wait(self):

@@ -172,12 +172,17 @@ class Dataset:
         spec = dataclasses.replace(self.spec, num_eval=n)
         return Dataset(spec, self.train_source, Prefix(self.train_source, n), self.seed)
 
-    def train_indices(self, step: int, global_batch_size: int) -> np.ndarray:
-        """Example indices of global batch `step` over the concatenated epoch orders."""
+    def train_indices(
+        self, step: int, global_batch_size: int, offset: int | None = None
+    ) -> np.ndarray:
+        """Example indices of global batch `step` over the concatenated epoch orders: the
+        `global_batch_size` positions after `offset` (the examples before it; by default
+        step x global_batch_size, the position of a run whose batch never changed)."""
         if step < 0:
             raise DataError(f"step must be >= 0, got {step}")
         n = self.spec.num_train
-        positions = step * global_batch_size + np.arange(global_batch_size, dtype=np.int64)
+        start = step * global_batch_size if offset is None else offset
+        positions = start + np.arange(global_batch_size, dtype=np.int64)
         epochs, offsets = np.divmod(positions, n)
         indices = np.empty_like(positions)
         for epoch in np.unique(epochs):  # One or two epochs unless B > n.
@@ -192,17 +197,19 @@ class Dataset:
         process_index: int = 0,
         process_count: int = 1,
         example_ids: bool = False,
+        offset: int | None = None,
     ) -> dict[str, np.ndarray]:
         """This process's slice of global train batch `step`: image float32, label int32.
+        `offset`: the examples the run has taken before it (train_indices).
 
-        Deterministic in (seed, step); only the local examples are read.
+        Deterministic in (seed, step, offset); only the local examples are read.
         Augmentation randomness is drawn for the whole global batch and sliced,
         so it does not depend on process_count either. `example_ids` adds "example": one
         uint32 per row, unique within a run's first 2^32 examples and mixed with the seed,
         from which dropout draws each row's mask wherever the row is computed.
         """
         local = _local_slice(global_batch_size, process_index, process_count)
-        indices = self.train_indices(step, global_batch_size)[local]
+        indices = self.train_indices(step, global_batch_size, offset)[local]
         images, labels = self.train_source.gather(indices)
         if self.augment:
             rng = np.random.default_rng([self.seed, step, 1])
@@ -210,7 +217,8 @@ class Dataset:
             images = augment_lib.pad_crop_flip(images, params.local(local))
         out = {"image": normalize(images), "label": labels.astype(np.int32, copy=False)}
         if example_ids:
-            position = step * global_batch_size + np.arange(global_batch_size, dtype=np.uint64)
+            start = step * global_batch_size if offset is None else offset
+            position = start + np.arange(global_batch_size, dtype=np.uint64)
             offset = np.uint64(self.seed * 0x9E3779B97F4A7C15 % 2**32)  # seeds far apart
             mixed = (position + offset) % np.uint64(2**32)
             out["example"] = mixed[local].astype(np.uint32)
