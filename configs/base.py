@@ -49,6 +49,19 @@ def get_config() -> ml_collections.ConfigDict:
     # sizes (jaxpar/noise_scale.py): per step in metrics.jsonl ("noise" lines), the run's
     # average in the summary. Its estimates are smoothed with this moving-average decay.
     config.measure_noise_scale = True
+    # A batch, and a mesh, that follow the measured noise (jaxpar/batch_schedule.py; needs
+    # lr_adaptation=adascale): "fixed", or "goodput": every goodput.every_steps steps the run
+    # moves to the candidate with the most progress per second (Pollux's goodput): the
+    # batches of goodput.batches (() = the config's x 1/4 .. x 32) in slices of at most
+    # goodput.max_device_rows rows a device, on the config's mesh or (mesh_schedule=goodput)
+    # on any of goodput.meshes. A candidate's step time is measured on its first use.
+    config.batch_schedule = "fixed"
+    config.mesh_schedule = "fixed"
+    config.goodput = ml_collections.ConfigDict()
+    config.goodput.every_steps = 50
+    config.goodput.batches = ()
+    config.goodput.meshes = ()
+    config.goodput.max_device_rows = 32
     config.noise_scale_decay = 0.95
     config.log_every_steps = 20
     config.eval_every_steps = 100  # 0: evaluate only at the end

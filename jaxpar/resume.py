@@ -8,6 +8,7 @@ finished run, or one asking for fewer steps than the run has done, leaves it as 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxpar import console, optim, units
+from jaxpar import batch_schedule, console, optim, run_setup, units
 from jaxpar import metrics as metrics_lib
 from jaxpar.errors import ConfigError
 
@@ -32,6 +33,17 @@ def initial_state(strategy, config, ckpt, restored) -> tuple[Any, int]:
     state = strategy.place(host_state)
     logger.info(f"resumed from the checkpoint of step {start} in {ckpt.directory}")
     return state, start
+
+
+def resumed_setup(setup, step: int, meta: dict):
+    """The run's setup at a restored checkpoint of `step`: its data position taken over from
+    the checkpoint's record (examples taken by then; a checkpoint without one had kept its
+    batch: step x batch), and under a goodput schedule the batch and mesh it was on."""
+    examples = meta.get("examples", step * setup.config.global_batch_size)
+    phase = batch_schedule.resumed_phase(meta) if batch_schedule.wanted(setup.config) else None
+    if phase is None:
+        return dataclasses.replace(setup, origin=(step, int(examples)))
+    return run_setup.derive(setup, batch_schedule.changes(phase), (step, int(examples)))
 
 
 def finished(workdir: str, step: int, config) -> dict[str, Any]:

@@ -27,13 +27,18 @@ class Length:
     def __init__(self, config, start: int, progress: float = 0.0):
         self.adaptive = config.get("lr_adaptation", "none") != "none"
         self.total = int(config.num_train_steps)  # steps, or progress when adaptive
-        scale = config.global_batch_size / config.lr_base_batch_size
+        self.base = config.lr_base_batch_size
+        self.progress = progress  # after the last step whose outputs were read
+        self.rebase(start, config.global_batch_size)
+
+    def rebase(self, step: int, batch: int) -> None:
+        """From `step` on the run's batch is `batch` (a goodput schedule moved it)."""
+        scale = batch / self.base
         # every gain lies between min(1, S) and max(1, S) (jaxpar/target/gain.py)
         self.max_gain, self.min_gain = max(1.0, scale), min(1.0, scale)
-        self.progress = progress  # after the last step whose outputs were read
         # the most steps the run can take: at the smallest gain every step
-        left = max(self.total - progress, 0.0)
-        self.max_steps = start + math.ceil(left / self.min_gain) if self.adaptive else self.total
+        left = max(self.total - self.progress, 0.0)
+        self.max_steps = step + math.ceil(left / self.min_gain) if self.adaptive else self.total
 
     def done(self, step: int) -> bool:
         """Whether a run at `step` with `progress` (a restored one) has nothing left."""

@@ -33,6 +33,7 @@ class Outcome:
     stopped: bool  # by a stop request, before the last step
     last_step: int  # the step the run ended after (num_train_steps, or the target's)
     extra: dict[str, Any]  # the noise scale's and the target's summary figures
+    setup: Setup  # the setup the run ended on (a goodput schedule may have moved it)
 
 
 def summarise(
@@ -43,7 +44,7 @@ def summarise(
 ) -> dict[str, Any]:
     """The summary record (written and shown unless the run was stopped), with the state;
     `step_programs`: what compiling the train step built."""
-    setup = run.setup
+    setup = outcome.setup
     jax.block_until_ready(outcome.state)
     report = _strategy_report(setup)
     summary = metrics_lib.summary(
@@ -71,7 +72,7 @@ def summarise(
     if outcome.stopped:
         summary["preempted"] = True
     else:
-        summary.update(_train_split(run, outcome.state, summary))
+        summary.update(_train_split(run, setup, outcome.state, summary))
         writer.write(outcome.last_step, "summary", **summary)
         logger.info(console.summary_table(summary))
         logger.info(f"metrics: {run.workdir}/metrics.jsonl")
@@ -85,21 +86,21 @@ def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
     n = setup.dataset.spec.num_train
     out = {
         "train_examples": n,
-        "epochs": summary["steps"] * setup.config.global_batch_size / n,
+        "epochs": setup.examples_before(summary["steps"]) / n,
     }
     if summary.get("images_per_sec"):
         out["seconds_per_epoch"] = n / summary["images_per_sec"]
     return out
 
 
-def _train_split(run: Run, state, summary: dict[str, Any]) -> dict[str, Any]:
+def _train_split(run: Run, setup: Setup, state, summary: dict[str, Any]) -> dict[str, Any]:
     """With eval_train_examples: the final model evaluated on that many train images (the
     train accuracy) and the train/test gap in accuracy; else nothing."""
-    n = run.setup.config.eval_train_examples
+    n = setup.config.eval_train_examples
     if not n:
         return {}
     run.watch.doing("evaluating the train split", compiling=False)
-    result = evaluate(run.setup, state, run.watch, run.setup.dataset.train_as_eval(n))
+    result = evaluate(setup, state, run.watch, setup.dataset.train_as_eval(n))
     out = {
         "train_eval_loss": result["loss"],
         "train_eval_accuracy": result["accuracy"],
