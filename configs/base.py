@@ -52,7 +52,7 @@ def get_config() -> ml_collections.ConfigDict:
     # A batch, and a mesh, that follow the measured noise (jaxpar/batch_schedule.py; needs
     # lr_adaptation=adascale): "fixed", or "goodput": every goodput.every_steps steps the run
     # moves to the candidate with the most progress per second (Pollux's goodput): the
-    # batches of goodput.batches (() = the config's x 1/4 .. x 32) in slices of at most
+    # batches of goodput.batches (() = lr_base_batch_size x 1/4 .. x 32) in slices of at most
     # goodput.max_device_rows rows a device, on the config's mesh or (mesh_schedule=goodput)
     # on any of goodput.meshes. A candidate's step time is measured on its first use.
     config.batch_schedule = "fixed"

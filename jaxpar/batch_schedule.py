@@ -2,10 +2,10 @@
 measured noise: every `goodput.every_steps` steps the loop asks `Schedule.decide` which setup
 makes the most progress per second now (jaxpar/target/goodput.py), and moves the run there.
 
-The candidates are the global batches of `goodput.batches` (by default the config's batch
+The candidates are the global batches of `goodput.batches` (by default lr_base_batch_size
 x 1/4 .. x 32 in powers of two) on the config's mesh, or on each of `goodput.meshes` as well,
 each batch cut into accumulation slices of at most `goodput.max_device_rows` rows per device
-(the memory bound), less those a mesh cannot run (the config's own checks say which). A
+(the memory bound; on a pipeline, micro-batches of at most that many), less those a mesh cannot run (the config's own checks say which). A
 setup's step time is measured on its first use (the median of its warm steps), estimated
 before that from the batches its mesh has run.
 
@@ -52,9 +52,9 @@ def check(config) -> None:
             "--config.lr_adaptation=adascale"
         )
     every, log = config.goodput.every_steps, config.log_every_steps
-    if every < 5 or every % log:
+    if every <= WARM_STEPS or every % log:
         raise ConfigError(
-            f"goodput.every_steps={every} must be at least 5 and a multiple of "
+            f"goodput.every_steps={every} must be above {WARM_STEPS} and a multiple of "
             f"log_every_steps={log} (a decision reads the noise scale of the last log line)"
         )
     if config.goodput.max_device_rows < 1:
@@ -86,7 +86,7 @@ def candidates(config, num_devices: int) -> list[goodput.Setup]:
     meshes = [tuple(config.mesh_shape)]
     if config.get("mesh_schedule", "fixed") == "goodput":
         meshes = [tuple(m) for m in config.goodput.meshes]
-    base = int(config.global_batch_size)
+    base = int(config.lr_base_batch_size)
     batches = config.goodput.batches or tuple(
         int(base * 2.0**k) for k in range(-2, 6) if base * 2.0**k >= 1
     )
@@ -98,8 +98,13 @@ def candidates(config, num_devices: int) -> list[goodput.Setup]:
         for batch in sorted(set(batches)):
             if batch % replicas:
                 continue
-            rows = batch // replicas
-            accum = _slices(rows, int(config.goodput.max_device_rows))
+            rows, most = batch // replicas, int(config.goodput.max_device_rows)
+            if axes.num_stages(sizes) > 1:  # a pipeline's slices are its micro-batches
+                if rows > most * max(int(config.pipeline.num_microbatches), 1):
+                    continue
+                accum = 1
+            else:
+                accum = _slices(rows, most)
             setup = goodput.Setup(int(batch), tuple(sizes.values()), accum)
             trial = configfile.override(config.copy_and_resolve_references(), changes(setup))
             try:
@@ -135,14 +140,16 @@ class Schedule:
     @classmethod
     def of(cls, config, num_devices: int, start: int, meta: dict | None = None) -> Schedule:
         """The run's schedule, continued from a checkpoint's record (`meta`) on a resume."""
+        record = (meta or {}).get("goodput") or {}
+        phases = [(int(step), _setup(fields)) for step, fields in record.get("phases", [])]
         schedule = cls(
             candidates(config, num_devices),
             int(config.lr_base_batch_size),
             int(config.goodput.every_steps),
-            [(start, setup_of(config))],
+            phases or [(start, setup_of(config))],
         )
-        for record in (meta or {}).get("measured_step_s", []):
-            schedule.times.measured[_setup(record["setup"])] = float(record["seconds"])
+        for measured in record.get("measured_step_s", []):
+            schedule.times.measured[_setup(measured["setup"])] = float(measured["seconds"])
         return schedule
 
     @property
@@ -152,8 +159,10 @@ class Schedule:
     def due(self, step: int) -> bool:
         return step % self.every == 0
 
-    def decide(self, noise_scale: float, step_times: list[float]) -> goodput.Choice | None:
-        """The best setup at this noise scale, the current phase's step times recorded first
+    def decide(
+        self, step: int, noise_scale: float, step_times: list[float]
+    ) -> goodput.Choice | None:
+        """The best setup after `step` at this noise scale, the current phase's step times recorded first
         (`step_times`: the loop's, from the run's start); None while the noise scale is not
         settled (no positive |G|^2 estimate yet: every batch would look like pure noise)."""
         warm = step_times[self.first_time + WARM_STEPS :]

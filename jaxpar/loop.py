@@ -173,7 +173,7 @@ class Loop:
         """The goodput schedule's choice after `step`: a setup to move to, or None to stay.
         With several processes process 0's choice is everyone's (their step times differ)."""
         smoothed = self.noise.smoothed if self.noise is not None else math.nan
-        choice = self.schedule.decide(smoothed, self.timer.times)
+        choice = self.schedule.decide(step, smoothed, self.timer.times)
         current = self.schedule.current
         if choice is None:
             self.writer.write(step, "schedule", noise_scale=None, current=current.describe())
