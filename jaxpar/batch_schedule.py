@@ -103,8 +103,8 @@ def candidates(config, num_devices: int) -> list[goodput.Setup]:
                 if rows > most * max(int(config.pipeline.num_microbatches), 1):
                     continue
                 accum = 1
-            else:
-                accum = _slices(rows, most)
+            else:  # one replica measures the noise between its slices: at least two
+                accum = _slices(rows, most if replicas > 1 or rows < 2 else min(most, rows // 2))
             setup = goodput.Setup(int(batch), tuple(sizes.values()), accum)
             trial = configfile.override(config.copy_and_resolve_references(), changes(setup))
             try:
@@ -170,7 +170,9 @@ class Schedule:
             self.times.record(self.current, warm)
         if not (math.isfinite(noise_scale) and noise_scale > 0):
             return None
-        return goodput.choose(self.candidates, self.times, self.base_batch, noise_scale)
+        return goodput.choose(
+            self.candidates, self.times, self.base_batch, noise_scale, self.current
+        )
 
     def moved(self, step: int, setup: goodput.Setup, timed: int) -> None:
         """The run moved to `setup` after `step` steps; `timed`: step times so far."""

@@ -195,7 +195,7 @@ class Loop:
                     "mesh_shape": list(s.mesh_shape),
                     "accum": s.accum,
                     "step_s": choice.step_s[s],
-                    "step_source": self.schedule.times.source(s),
+                    "step_source": choice.sources.get(s, ""),
                     "progress_per_s": choice.rates[s],
                 }
                 for s in sorted(choice.rates)

@@ -32,16 +32,27 @@ def test_the_choice_is_the_most_progress_per_second():
     assert goodput.choose([setup(16), setup(64), setup(256)], times, 64, 64.0).best == setup(256)
 
 
-def test_step_times_of_batches_not_run_come_from_their_mesh():
+def test_setups_not_run_are_fitted_or_tried_one_neighbour_at_a_time():
     times = goodput.StepTimes()
     times.record(setup(64), [0.03, 0.02, 0.5])  # the median: one slow step does not count
     assert times.of(setup(64)) == pytest.approx(0.03)
-    assert times.of(setup(128)) == pytest.approx(0.06)  # one batch: proportional
-    assert times.of(setup(64, (2, 1, 4))) is None  # nothing known of that mesh
-    times.record(setup(16), [0.012])
+    batches = [setup(b) for b in (16, 32, 64, 128, 256)]
+    other = setup(64, (2, 1, 4))
+    estimate = lambda s: times.estimate(s, [*batches, other, setup(128, (2, 1, 4))], setup(64))
+    # one batch run: its neighbours are tried, optimistically (proportional below, the same
+    # time above); the rest wait; another mesh is tried at the current batch
+    assert times.of(setup(128)) is None
+    assert estimate(setup(128)) == (pytest.approx(0.03), "to try")
+    assert estimate(setup(32)) == (pytest.approx(0.015), "to try")
+    assert estimate(setup(256)) is None and estimate(setup(16)) is None
+    assert estimate(other) == (pytest.approx(0.0297), "to try")
+    assert estimate(setup(128, (2, 1, 4))) is None
     # two batches: 12 ms at 16 and 30 ms at 64 fit 6 ms + 0.375 ms an image
+    times.record(setup(16), [0.012])
     assert times.of(setup(256)) == pytest.approx(0.006 + 0.000375 * 256)
-    assert times.source(setup(16)) == "measured" and times.source(setup(256)) == "fitted"
+    assert estimate(setup(128)) == (pytest.approx(0.054), "fitted")
+    assert estimate(setup(256)) is None  # not next to a batch run yet
+    assert estimate(setup(16)) == (0.012, "measured")
 
 
 def test_a_simulated_schedule_grows_the_batch_with_the_noise():

@@ -8,9 +8,9 @@ Under AdaScale a step at global batch B makes the progress of r(B) steps at the 
 
 which is Pollux's goodput, throughput x statistical efficiency, divided by B0. As B_noise grows
 over training the best batch grows with it: `choose` picks the best setup for the B_noise of
-the moment. `StepTimes` gives a setup's step time: measured where it has run, otherwise from
-a fit of time = fixed + per-image x B over the batches its mesh has run (one measured batch:
-time proportional to the batch), or from a given function (a hardware profile's predictions).
+the moment. `StepTimes` gives a setup's step time: measured where it has run, from a given
+function (a hardware profile's predictions), or from a fit over the batches its mesh has run;
+a setup nothing is known of is tried one neighbour at a time (StepTimes.estimate).
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ def progress_rate(step_s: float, batch: int, base_batch: int, noise_scale: float
 
 
 class StepTimes:
-    """Step times of setups: measured medians where a setup has run, else estimated from its
-    mesh's measured batches, else `predict(setup)` (seconds) when given."""
+    """Step times of setups: measured medians where a setup has run; for the others, `predict`
+    (a hardware profile's predictions) when given, else a fit of time = fixed + per-image x B
+    over the batches their mesh has run (two or more), else an optimistic guess that gets a
+    setup tried once (`estimate`)."""
 
     def __init__(self, predict: Callable[[Setup], float] | None = None):
         self.predict = predict
@@ -56,21 +58,48 @@ class StepTimes:
             self.measured[setup] = float(statistics.median(times))
 
     def of(self, setup: Setup) -> float | None:
-        """The setup's step time in seconds, or None where nothing is known of its mesh."""
+        """The setup's step time in seconds, or None where it is not known yet."""
         if setup in self.measured:
             return self.measured[setup]
         if self.predict is not None:
             return self.predict(setup)
         same = [(s.batch, t) for s, t in self.measured.items() if s.mesh_shape == setup.mesh_shape]
-        if not same:
+        if len({b for b, _ in same}) < 2:
             return None
         fixed, per_image = _fit(same)
         return fixed + per_image * setup.batch
 
-    def source(self, setup: Setup) -> str:
+    def estimate(
+        self, setup: Setup, candidates: Sequence[Setup], current: Setup
+    ) -> tuple[float, str] | None:
+        """(seconds, where the figure comes from) for choosing among `candidates` from
+        `current`, or None where the setup is not to be tried yet. A setup not run is tried
+        one neighbour at a time: the next batch below or above those its mesh has run (at the
+        fit's time, or, with one batch run, optimistically: proportional below, the same time
+        above), or the current batch on a mesh not run yet (at a shade under the current
+        time). So the schedule walks towards the best setup and measures as it goes."""
         if setup in self.measured:
-            return "measured"
-        return "predicted" if self.predict is not None else "fitted"
+            return self.measured[setup], "measured"
+        if self.predict is not None:
+            return self.predict(setup), "predicted"
+        mine = sorted(s.batch for s in self.measured if s.mesh_shape == setup.mesh_shape)
+        if not mine:
+            if setup.batch != current.batch or current not in self.measured:
+                return None
+            return 0.99 * self.measured[current], "to try"
+        batches = sorted({c.batch for c in candidates if c.mesh_shape == setup.mesh_shape})
+        at = batches.index(setup.batch)
+        below, above = batches[at - 1] if at else None, batches[at + 1 : at + 2]
+        if not (below == mine[-1] or (above and above[0] == mine[0])):
+            return None
+        fitted = self.of(setup)
+        if fitted is not None:
+            return fitted, "fitted"
+        near = next(s for s in self.measured if s.mesh_shape == setup.mesh_shape)
+        seconds = self.measured[near]
+        if setup.batch < near.batch:
+            seconds *= setup.batch / near.batch
+        return seconds, "to try"
 
 
 def _fit(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -99,6 +128,7 @@ class Choice:
     noise_scale: float
     rates: dict[Setup, float]  # base-batch steps of progress per second
     step_s: dict[Setup, float]
+    sources: dict[Setup, str] = dataclasses.field(default_factory=dict)  # of each step time
 
     def line(self, current: Setup) -> str:
         """The decision in one line."""
@@ -111,16 +141,24 @@ class Choice:
 
 
 def choose(
-    candidates: Sequence[Setup], times: StepTimes, base_batch: int, noise_scale: float
+    candidates: Sequence[Setup],
+    times: StepTimes,
+    base_batch: int,
+    noise_scale: float,
+    current: Setup | None = None,
 ) -> Choice:
-    """The candidate with the most progress per second at this noise scale (candidates with no
-    step time known are left out; ties go to the smaller batch)."""
-    step_s = {c: t for c in candidates if (t := times.of(c)) is not None and t > 0}
+    """The candidate with the most progress per second at this noise scale, among those with a
+    step time known or to be tried from `current` (StepTimes.estimate); ties go to the
+    smaller batch."""
+    current = current or candidates[0]
+    known = {c: times.estimate(c, candidates, current) for c in candidates}
+    step_s = {c: e[0] for c, e in known.items() if e is not None and e[0] > 0}
     if not step_s:
         raise ValueError("no candidate has a step time: run one of them first")
     rates = {c: progress_rate(t, c.batch, base_batch, noise_scale) for c, t in step_s.items()}
     best = max(sorted(rates), key=lambda c: rates[c])
-    return Choice(best, noise_scale, rates, step_s)
+    sources = {c: known[c][1] for c in step_s}
+    return Choice(best, noise_scale, rates, step_s, sources)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +190,7 @@ def simulate(
     setup = fixed
     while progress < progress_to and steps < max_steps:
         if fixed is None and steps % every == 0:
-            best = choose(candidates, times, base_batch, noise_at(progress)).best
+            best = choose(candidates, times, base_batch, noise_at(progress), setup).best
             if best != setup:
                 phases.append((steps, best))
                 setup = best
