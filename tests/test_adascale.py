@@ -103,8 +103,19 @@ def one_device():
         {"mesh_shape": (2, 2, 2), "pipeline.num_microbatches": 4, "pipeline.schedule": "1f1b"},
         {"mesh_shape": (8, 1, 1), "sync.mode": "sharded"},
         {"mesh_shape": (8, 1, 1), "sync.mode": "parameter_server"},
+        {"mesh_axes": ("node", "data"), "mesh_shape": (2, 4)},
+        {"mesh_axes": ("data", "spatial"), "mesh_shape": (2, 4), "grad_accum_steps": 4},
     ],
-    ids=["data8", "data2-tensor4-slices", "fsdp", "pipeline-hybrid", "sharded", "ps"],
+    ids=[
+        "data8",
+        "data2-tensor4-slices",
+        "fsdp",
+        "pipeline-hybrid",
+        "sharded",
+        "ps",
+        "node",
+        "spatial",
+    ],
 )
 def test_every_mesh_adapts_as_one_device(one_device, overrides):
     losses, state = run_steps(adascale_config(**overrides), 8, 3)
