@@ -18,7 +18,7 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())" >> "$OUT/g
 echo "commit $(git rev-parse --short HEAD 2>/dev/null)" >> "$OUT/gpu.txt"
 COMMON=(--config configs/base.py --config.model.name=lenet --config.model.width=0.375
   --config.model.batch_norm=False --config.data.name=digits --config.data.num_eval=2000
-  --config.target_accuracy=0.9 --config.stop_at_target=True --config.eval_every_steps=2
+  --config.target_accuracy=0.9 --config.stop_at_target=True --config.eval_every_steps=5
   --config.eval_batch_size=1000 --config.learning_rate=0.05 --config.lr_base_batch_size=64
   --config.lr_schedule=constant --config.warmup_steps=10 --config.checkpoint_every_steps=0
   --config.num_train_steps=2000 --config.lr_adaptation=adascale --config.log_every_steps=10

@@ -5,9 +5,10 @@ makes the most progress per second now (jaxpar/target/goodput.py), and moves the
 The candidates are the global batches of `goodput.batches` (by default lr_base_batch_size
 x 1/4 .. x 32 in powers of two) on the config's mesh, or on each of `goodput.meshes` as well,
 each batch cut into accumulation slices of at most `goodput.max_device_rows` rows per device
-(the memory bound; on a pipeline, micro-batches of at most that many), less those a mesh cannot run (the config's own checks say which). A
-setup's step time is measured on its first use (the median of its warm steps), estimated
-before that from the batches its mesh has run.
+(the memory bound; on a pipeline, micro-batches of at most that many), less those a mesh
+cannot run (the config's own checks say which). A setup's step time is measured on its first
+use (the median of its warm steps); before that it is fitted over the batches its mesh has
+run, or guessed so that the schedule tries one neighbour at a time (goodput.StepTimes).
 
 The learning rate follows by AdaScale (lr_adaptation=adascale is required): a batch change
 is a change of scale, and the progress carries on. The run's position in the data, its phase
@@ -162,14 +163,18 @@ class Schedule:
     def decide(
         self, step: int, noise_scale: float, step_times: list[float]
     ) -> goodput.Choice | None:
-        """The best setup after `step` at this noise scale, the current phase's step times recorded first
-        (`step_times`: the loop's, from the run's start); None while the noise scale is not
-        settled (no positive |G|^2 estimate yet: every batch would look like pure noise)."""
+        """The best setup after `step` at this noise scale, the current phase's step times
+        recorded first (`step_times`: the loop's, from the run's start); None while the noise
+        scale is not settled (no positive |G|^2 estimate yet: every batch would look like pure noise), or
+        while the current setup has no timed step (the step timer leaves out every step that
+        follows an evaluation)."""
         warm = step_times[self.first_time + WARM_STEPS :]
         if warm:
             self.times.record(self.current, warm)
         if not (math.isfinite(noise_scale) and noise_scale > 0):
             return None
+        if self.times.estimate(self.current, self.candidates, self.current) is None:
+            return None  # no timed step in this phase yet (evaluations between all of them)
         return goodput.choose(
             self.candidates, self.times, self.base_batch, noise_scale, self.current
         )

@@ -38,7 +38,7 @@ def test_the_transformation_step_by_step():
     params = {"w": jnp.ones(3)}
     state = tx.init(params)
     ones = {"w": jnp.ones(3)}
-    # b_small 8, b_big 32: |G|^2 = (32 sq_big - 8 sq_small) / 24, tr = (sq_small - sq_big) / (1/8 - 1/32)
+    # b_small 8, b_big 32: |G|^2 = (32 big - 8 small) / 24, tr = (small - big) / (1/8 - 1/32)
     steps = [(5.0, 2.0), (3.0, 2.5)]
     want_progress, ema = 0.0, np.zeros(2)
     for n, (small, big) in enumerate(steps, 1):
