@@ -22,7 +22,7 @@ COMMON=(--config configs/base.py --config.model.name=lenet --config.model.width=
   --config.eval_batch_size=1000 --config.learning_rate=0.05 --config.lr_base_batch_size=64
   --config.lr_schedule=constant --config.warmup_steps=10 --config.checkpoint_every_steps=0
   --config.num_train_steps=2000 --config.lr_adaptation=adascale --config.log_every_steps=10
-  "--config.mesh_shape=(1,1,1)" --config.num_devices=1 --config.compile_cache=)
+  "--config.mesh_shape=(1,1,1)" --config.num_devices=1)
 run() {  # name, then its own flags
   local name=$1; shift; local t0=$SECONDS
   timeout "${RUN_S:-100}" python3 -m jaxpar.train --workdir "$TMP/$name" "${COMMON[@]}" "$@" \

@@ -108,6 +108,7 @@ class Loop:
         first_timed = start + TIMING_WARMUP_STEPS
         self.tracer = profiling.StepTrace(run.workdir, first_timed, length.max_steps, profile)
         self.moves_s = 0.0  # off the clock: moving between setups, compiles included
+        self._built: dict[Candidate, Setup] = {}  # setups already built (and compiled)
 
     def _position(self, step: int) -> dict:
         """What a checkpoint of `step` records of where the run is: the examples taken, the
@@ -213,11 +214,18 @@ class Loop:
             t0 = time.perf_counter()
             watch.doing(f"moving to {to.describe()}", compiling=True)
             canonical = jax.device_get(old.strategy.canonical(state))
-            changes = batch_schedule.changes(to)
-            self.setup = new = derive(old, changes, (step, old.examples_before(step)))
+            self._built[self.schedule.current] = old
+            origin = (step, old.examples_before(step))
+            if to in self._built:  # compiled when the run was there before
+                new = dataclasses.replace(self._built[to], origin=origin)
+            else:
+                new = derive(old, batch_schedule.changes(to), origin)
+            self.setup = new
             state = new.strategy.place(canonical)
             first = new.strategy.put_batch(local_train_batch(new, step))
-            new.strategy.compile(state, first)
+            reused = to in self._built
+            if not reused:
+                new.strategy.compile(state, first)
             watch.beat(f"moving to {to.describe()}")
             self.moves_s += time.perf_counter() - t0
         self.schedule.moved(step, to, len(self.timer.times))
@@ -226,9 +234,10 @@ class Loop:
             groups = new.strategy.noise_groups()
             self.noise.b_small, self.noise.b_big = to.batch / groups, to.batch
         self.length.rebase(step, to.batch)
+        how = "its step compiled before" if reused else "compiled in "
+        how += "" if reused else units.seconds(new.strategy.compile_time_s)
         logger.info(
-            f"moved to {to.describe()} in {units.seconds(time.perf_counter() - t0)} "
-            f"(compiled in {units.seconds(new.strategy.compile_time_s)})"
+            f"moved to {to.describe()} in {units.seconds(time.perf_counter() - t0)} ({how})"
         )
         return state, first
 
