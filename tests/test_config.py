@@ -135,6 +135,7 @@ SHIPPED = {
     "vgg19_tensor": ((1, 1, 8), "vgg19"),
     "vgg19_conv_in": ((2, 1, 4), "vgg19"),
     "vgg19_sync": ((8, 1, 1), "vgg19"),
+    "vgg19_adascale": ((8, 1, 1), "vgg19"),
     "resnet20": ((8, 1, 1), "resnet20"),
     "densenet40": ((8, 1, 1), "densenet40"),
     "alexnet": ((8, 1, 1), "alexnet"),

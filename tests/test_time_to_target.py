@@ -15,8 +15,12 @@ from util import tiny_config
 from jaxpar import optim, run_setup, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.noise_scale import NoiseScale
-from jaxpar.plan import steps as steps_lib
 from jaxpar.plan import to_target
+from jaxpar.target import reference as reference_lib
+from jaxpar.target import steps as steps_lib
+from jaxpar.target.reference import Reference
+from jaxpar.target.steps import TracePoint
+from jaxpar.target.sync_factors import sync_factor
 
 
 def test_estimator_recovers_the_closed_form_of_linear_regression():
@@ -64,17 +68,103 @@ def test_the_naive_estimate_would_be_biased_where_the_unbiased_one_is_not():
     assert np.mean([h[1] for h in noise.history]) == pytest.approx(g2, rel=0.25)
 
 
-def test_steps_model_passes_through_the_reference_and_trades_steps_for_examples():
-    ref = steps_lib.Reference(
-        batch_size=64, steps_to_target=500, noise_scale=256.0, lr_rule="noise", learning_rate=0.1
-    )
+def _reference(trace, batch=64, base=None, noise=40.0, rule="noise") -> Reference:
+    points = tuple(TracePoint(i + 1, *p) for i, p in enumerate(trace))
+    return Reference(batch, len(points), base or batch, points, noise, rule)
+
+
+def test_a_constant_trace_is_the_papers_steps_model():
+    """With one B_noise the trace model is S(B) = S_min (1 + B_noise / B) (McCandlish eq.
+    2.11) through the reference, and E(B) = B S(B) = E_min (1 + B / B_noise)."""
+    ref = _reference([(256.0,)] * 500, noise=256.0)
     assert ref.steps(64) == pytest.approx(500)
+    s_min = 500 / (1 + 256 / 64)
     for b in (16, 256, 1024):
-        # E(B) = E_min (1 + B / B_noise), S(B) = S_min (1 + B_noise / B) (McCandlish eq. 2.11)
-        assert ref.examples(b) == pytest.approx(ref.min_examples * (1 + b / 256.0))
-        assert ref.steps(b) == pytest.approx(ref.min_steps * (1 + 256.0 / b))
+        assert ref.steps(b) == pytest.approx(s_min * (1 + 256 / b))
+        assert ref.steps(b) == pytest.approx(ref.steps_one_average(b))
+        assert b * ref.steps(b) == pytest.approx(s_min * 256 * (1 + b / 256))
     assert ref.steps(256) / ref.steps(1024) == pytest.approx(2 / 1.25)  # S(B_noise) = 2 S_min
-    assert ref.min_steps == pytest.approx(500 / 5)
+
+
+def test_the_trace_model_against_a_hand_integrated_trace():
+    """Four reference steps at batch 32: B_simple not settled, 32, 96, 32, each a step of
+    progress. At batch 128: all noise counts B0/B = 1/4; 32 counts (1 + 1/4) / (1 + 1) =
+    0.625; 96 counts (1 + 0.75) / (1 + 3) = 0.4375: 1.9375 steps. A negative B_simple is no
+    noise: 1 step at any batch."""
+    ref = _reference([(math.inf,), (32.0,), (96.0,), (32.0,)], batch=32)
+    assert ref.steps(128) == pytest.approx(0.25 + 0.625 + 0.4375 + 0.625)
+    assert ref.steps(32) == pytest.approx(4)
+    # under AdaScale each step counts the progress it made, at the base batch's gains
+    adapted = _reference([(32.0, 2.0), (32.0, 2.0)], batch=64, base=16, rule="adascale")
+    assert adapted.progress_to_target == 4
+    assert adapted.steps(64) == pytest.approx(4 / ((1 + 2) / (1 + 0.5)))
+    assert steps_lib.interpolated([(2, 10.0), (6, 50.0), (8, None), (9, -3.0)], 10) == [
+        10.0,
+        10.0,
+        20.0,
+        30.0,
+        40.0,
+        50.0,
+        50.0,
+        math.inf,
+        0.0,
+        0.0,
+    ]
+
+
+def _write_run(workdir, phis, batch=64, gains=None, **summary):
+    """A finished run's metrics.jsonl as the trainer writes it: a noise line a step, then the
+    summary."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for step, phi in enumerate(phis, 1):
+        line = {"step": step, "split": "noise", "noise_scale": phi}
+        if gains:
+            line.update(gain=gains[step - 1], progress=sum(gains[:step]))
+        lines.append(line)
+    done = {
+        "step": len(phis),
+        "split": "summary",
+        "global_batch_size": batch,
+        "steps_to_target": len(phis),
+        "target_reached": True,
+        "noise_scale": 50.0,
+        "noise_scale_to_target": 50.0,
+        "lr_rule": "noise",
+        "lr_base_batch_size": 16,
+        "target_accuracy": 0.9,
+        **summary,
+    }
+    (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in [*lines, done]))
+
+
+def test_a_workdir_and_a_json_file_give_the_same_prediction_from_the_same_trace(tmp_path):
+    phis = [None] * 5 + [20.0 + 4 * i for i in range(25)]
+    _write_run(tmp_path / "run", phis)
+    sparse = [[s, p] for s, p in enumerate(phis, 1) if p is None or s % 6 == 0 or s == 30]
+    (tmp_path / "ref.json").write_text(
+        json.dumps(
+            {
+                "batch_size": 64,
+                "steps_to_target": 30,
+                "lr_rule": "noise",
+                "noise_scale": 50.0,
+                "noise_trace": sparse,
+                "target_accuracy": 0.9,
+            }
+        )
+    )
+    run = reference_lib.load(str(tmp_path / "run"), 0.9)
+    from_json = reference_lib.load(str(tmp_path / "ref.json"), 0.9)
+    for batch in (16, 64, 256, 4096):
+        # a linear trace read every sixth step is the same trace
+        assert from_json.steps(batch) == pytest.approx(run.steps(batch), rel=1e-12)
+        assert from_json.steps_one_average(batch) == pytest.approx(run.steps_one_average(batch))
+    # an AdaScale run's steps count the progress their gains made, at its base batch
+    _write_run(tmp_path / "adapted", [40.0] * 20, gains=[1.5] * 20, lr_adaptation="adascale")
+    adapted = reference_lib.load(str(tmp_path / "adapted"))
+    assert adapted.base_batch == 16 and adapted.progress_to_target == pytest.approx(30)
+    assert adapted.steps(16) == pytest.approx(30)
 
 
 def test_learning_rate_rules_across_batches():
@@ -114,8 +204,8 @@ def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path)
     assert [x["step"] for x in noise] == [1, 2]  # one line a step, none after the stop
     assert summary["noise_scale_b_small"] == 8 and summary["noise_scale_b_big"] == 16
     assert summary["noise_scale_steps"] == 2
-    with pytest.raises(ConfigError, match="measured over 2 steps; at least 20"):
-        steps_lib.load(str(tmp_path))  # too short a run to plan from
+    with pytest.raises(ConfigError, match="measured over 2 steps to the target; at least 20"):
+        reference_lib.load(str(tmp_path))  # too short a run to plan from
 
 
 def test_a_target_never_reached_ends_the_run_normally(tmp_path):
@@ -130,41 +220,34 @@ def test_a_target_never_reached_ends_the_run_normally(tmp_path):
     assert summary["target_reached"] is False and summary["steps"] == 3
     assert "steps_to_target" not in summary
     with pytest.raises(ConfigError, match="never reached its target"):
-        steps_lib.load(str(tmp_path), 1.0)
+        reference_lib.load(str(tmp_path), 1.0)
 
 
 def test_from_run_refusals_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="no such workdir"):
-        steps_lib.load(str(tmp_path / "nope"))
+        reference_lib.load(str(tmp_path / "nope"))
     bad = tmp_path / "ref.json"
     bad.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100}))
     with pytest.raises(ConfigError, match="missing lr_rule, noise_scale or noise_trace"):
-        steps_lib.load(str(bad))
-    bad.write_text(
-        json.dumps(
-            {
-                "batch_size": 64,
-                "steps_to_target": 100,
-                "lr_rule": "noise",
-                "noise_trace": [[10, -5.0], [20, -1.0]],
-            }
-        )
-    )
-    with pytest.raises(ConfigError, match="not a positive number"):
-        steps_lib.load(str(bad))
+        reference_lib.load(str(bad))
+    unsettled = {"batch_size": 64, "steps_to_target": 100, "lr_rule": "noise"}
+    bad.write_text(json.dumps({**unsettled, "noise_trace": [[10, None], [20, None]]}))
+    with pytest.raises(ConfigError, match="never settled"):
+        reference_lib.load(str(bad))
+    bad.write_text(json.dumps({**unsettled, "noise_scale": 40, "target_accuracy": 0.8}))
+    with pytest.raises(ConfigError, match="reached accuracy 0.8, not 0.9"):
+        reference_lib.load(str(bad), 0.9)
     good = tmp_path / "good.json"
     good.write_text(
-        json.dumps(
-            {
-                "batch_size": 64,
-                "steps_to_target": 100,
-                "lr_rule": "noise",
-                "noise_trace": [[10, 50.0], [100, 150.0], [200, 900.0]],
-            }
-        )
+        json.dumps({**unsettled, "noise_trace": [[10, 50.0], [100, 150.0], [200, 900.0]]})
     )
-    ref = steps_lib.load(str(good))
-    assert ref.noise_scale == pytest.approx(100.0)  # averaged up to the target's step only
+    ref = reference_lib.load(str(good))
+    # one B_noise from a trace alone: the mean of its per-step values up to the target
+    # (10 steps at 50, then 50 -> 150 over steps 11-100)
+    assert ref.noise_scale == pytest.approx(
+        (10 * 50 + sum(50 + k * 100 / 90 for k in range(1, 91))) / 100
+    )
+    assert [p.noise_scale for p in ref.trace[:11:5]] == [50.0, 50.0, pytest.approx(50 + 100 / 90)]
 
 
 def _row(batch, step_s, steps, sync="allreduce", fits=True):
@@ -194,7 +277,7 @@ def test_ranking_by_time_to_target_and_what_decides():
     assert ranked[0]["decided_by"] == "steps"
     assert rows[2]["decided_by"] == "memory"
     assert "changes the winner (batch)" in to_target.verdict(ranked, pick)
-    assert math.isclose(steps_lib.sync_factor("sharded"), 1.0)
+    assert math.isclose(sync_factor("sharded"), 1.0)
 
 
 def test_plan_refuses_a_reference_it_cannot_use_before_compiling(tmp_path, capsys):
@@ -303,3 +386,33 @@ def test_a_target_met_before_a_resume_keeps_its_step(tmp_path):
     resumed = _run(tmp_path, num_train_steps=6, **common)  # continues from step 4
     assert resumed["steps"] == 6 and resumed["steps_to_target"] == 2
     assert resumed["time_to_target_s"] is None  # the first run's clock is not kept
+
+
+def test_the_planner_ranks_a_goodput_schedule_beside_the_fixed_rows():
+    """Rows of one partitioning at batches 16 and 64 (10 and 20 ms), the reference's trace at
+    B_noise 10 then 80: the schedule (batch 16, then 64) reaches the target sooner than either
+    batch alone and keeps its phases; as a fixed row it is never images/sec's pick."""
+    ref = _reference([(10.0,)] * 60 + [(80.0,)] * 60)
+    rows = []
+    for batch, step_s in ((16, 0.01), (64, 0.02)):
+        row = _row(batch, step_s, ref.steps(batch))
+        row.update(mesh_shape=[8, 1, 1], mesh_axes=["data"], memory_bytes_per_device=1.0)
+        row.update(sync_steps_factor=1.0, candidate="(8,1,1) allreduce")
+        rows.append(row)
+    (schedule,) = to_target.schedule_rows(rows, ref, every=10)
+    assert [phase[1] for phase in schedule["schedule_phases"]] == [16, 64]
+    assert schedule["time_to_target_s"] < min(r["time_to_target_s"] for r in rows)
+    ranked, pick = to_target.rank([*rows, schedule], 64)
+    assert ranked[0] is schedule and pick is rows[1]
+    assert "goodput: B=16 (8,1,1) allreduce, then B=64" in to_target.table(ranked, 3)[2]
+
+
+def test_the_reference_cli_prints_its_trace_and_predictions(tmp_path, capsys):
+    from jaxpar.target.__main__ import main
+
+    _write_run(tmp_path / "run", [None] * 4 + [30.0] * 26)
+    assert main(["--from-run", str(tmp_path / "run"), "--batches", "16,256"]) == 0
+    out = capsys.readouterr().out
+    assert "batch 64 reached it in 30 steps" in out and "| 256 |" in out
+    assert main(["--from-run", str(tmp_path / "run"), "--batches", "x"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The time_to_target suite's study (jaxpar.bench.time_to_target): predictions come from the
-reference row alone, the sync multipliers apply, and the table and plot are made. Pure
-functions on hand-made rows: no training."""
+reference row alone, along its noise trace and with one B_noise, the sync step factors apply,
+a goodput row is simulated on the fixed rows' step times, and the table and plot are made.
+Pure functions on hand-made rows: no training."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import pytest
 from jaxpar import suites as suite_lib
 from jaxpar.bench import target_table
 from jaxpar.bench import time_to_target as ttt
-from jaxpar.plan import steps as steps_lib
+from jaxpar.target import sync_factors
+from jaxpar.target.reference import Reference
+from jaxpar.target.steps import TracePoint
 
 
 def _row(name, batch, steps, step_time, time_s, noise=None, mode="allreduce", **config):
@@ -34,54 +37,78 @@ def _row(name, batch, steps, step_time, time_s, noise=None, mode="allreduce", **
     return spec, table, record
 
 
-def _study(monkeypatch, factors=None):
-    monkeypatch.setattr(steps_lib, "SYNC_STEP_FACTORS", factors or {})
+# The reference row's run: 120 steps at batch 64, B_simple 10 for 60 steps, then 80.
+REFERENCE = Reference(
+    batch_size=64,
+    steps_to_target=120,
+    base_batch=64,
+    trace=tuple(TracePoint(s, 10.0 if s <= 60 else 80.0) for s in range(1, 121)),
+    noise_scale=40.0,
+    lr_rule="noise",
+)
+
+
+def _study(monkeypatch, factors=None, goodput=False):
+    monkeypatch.setattr(sync_factors, "SYNC_STEP_FACTORS", factors or {})
     made = [
         _row("ref 64", 64, 120, 0.02, 2.4, noise=40.0),
         _row("b 16", 16, 300, 0.01, 3.0, noise=60.0),
         _row("b 1024", 1024, 70, 0.3, 21.0),
         _row("local 4", 64, 150, 0.02, 3.2, mode="local_sgd", **{"sync.period": 4}),
     ]
+    if goodput:
+        made.append(_row("goodput", 64, 100, 0.03, 2.0, **{"goodput.every_steps": 10}))
     specs, table, records = zip(*made)
     table = [dict(t) for t in table]
-    noise = [
-        {"step": s, "grad_sq_est": 1.0, "grad_trace_est": 10.0 if s <= 60 else 80.0}
-        for s in range(1, 121)
-    ]
+    records = {s["name"]: dict(r) for s, r in zip(specs, records)}
+    if goodput:
+        records["goodput"]["schedule_phases"] = [[0, "batch 64 on (8,1,1)"]]
     model = ttt.annotate(
-        table,
-        specs,
-        {s["name"]: r for s, r in zip(specs, records)},
-        noise_of=lambda name: noise if name == "ref 64" else [],
+        table, specs, records, reference_of=lambda name: REFERENCE if name == "ref 64" else None
     )
     return table, model
 
 
-def test_predictions_come_from_the_reference_row(monkeypatch):
+def test_predictions_come_from_the_reference_row_along_its_trace(monkeypatch):
     table, model = _study(monkeypatch)
-    s_min = 120 / (1 + 40 / 64)
-    assert model["reference_row"] == "ref 64" and model["min_steps"] == pytest.approx(s_min)
+    assert model["reference_row"] == "ref 64" and model["progress"] == 120
     by = {r["name"]: r for r in table}
     assert by["ref 64"]["predicted_steps_to_target"] == pytest.approx(120)
-    assert by["b 16"]["predicted_steps_to_target"] == pytest.approx(s_min * (1 + 40 / 16))
-    assert by["b 16"]["predicted_steps_error"] == pytest.approx(s_min * 3.5 / 300 - 1)
+    # along the trace: 60 steps at B_noise 10 and 60 at 80, each (1 + phi/B) / (1 + phi/64)
+    along = 60 * (1 + 10 / 16) / (1 + 10 / 64) + 60 * (1 + 80 / 16) / (1 + 80 / 64)
+    assert by["b 16"]["predicted_steps_to_target"] == pytest.approx(along)
+    assert by["b 16"]["predicted_steps_error"] == pytest.approx(along / 300 - 1)
+    # one B_noise (40) for the whole run: S_min (1 + 40 / B)
+    one = 120 / (1 + 40 / 64) * (1 + 40 / 16)
+    assert by["b 16"]["predicted_steps_one_average"] == pytest.approx(one)
     # predicted time: the row's own step time x the predicted steps
-    assert by["b 1024"]["predicted_time_to_target_s"] == pytest.approx(
-        s_min * (1 + 40 / 1024) * 0.3
-    )
-    # the late B_noise: the second half of the reference's 120 steps only (80 / 1)
-    assert model["noise_scale_late"] == pytest.approx(80.0)
-    assert by["b 16"]["predicted_steps_late"] == pytest.approx(120 / (1 + 80 / 64) * 6)
-    # no multiplier measured for local_sgd period 4: no prediction, said so in the table
+    at_1024 = 60 * (1 + 10 / 1024) / (1 + 10 / 64) + 60 * (1 + 80 / 1024) / (1 + 80 / 64)
+    assert by["b 1024"]["predicted_time_to_target_s"] == pytest.approx(at_1024 * 0.3)
+    # no step factor measured for local_sgd period 4: no prediction, said so in the table
     assert by["local 4"]["predicted_steps_to_target"] is None
-    assert "no multiplier measured" in target_table.markdown(table, model)
+    assert "no step factor measured" in target_table.markdown(table, model)
 
 
-def test_sync_multiplier_applies(monkeypatch):
+def test_sync_step_factor_applies(monkeypatch):
     table, _ = _study(monkeypatch, {("local_sgd", 4): 1.25})
     (local,) = [r for r in table if r["name"] == "local 4"]
     assert local["sync_factor"] == 1.25
     assert local["predicted_steps_to_target"] == pytest.approx(120 * 1.25)
+
+
+def test_a_goodput_row_is_simulated_on_the_fixed_rows_step_times(monkeypatch):
+    """Batches 16, 64 and 1024 at 10, 20 and 300 ms a step, a decision every 10 steps. While
+    B_noise is 10 (the reference's first 60 steps of progress), batch 16 makes 0.711 steps of
+    progress a step (71 a second, against batch 64's 50): 85 steps reach progress 60.4; the
+    5 steps to the next decision make 0.375 each (B_noise 80), 62.3 in all; then batch 64
+    (50 a second, batch 16 37.5) makes 1 a step: 58 more to 120. 148 steps, 2.06 s, where
+    batch 64 alone took 120 steps and 2.4 s."""
+    table, _ = _study(monkeypatch, goodput=True)
+    (row,) = [r for r in table if r["name"] == "goodput"]
+    assert row["predicted_schedule"] == [[0, 16], [90, 64]]
+    assert row["predicted_steps_to_target"] == 148
+    assert row["predicted_time_to_target_s"] == pytest.approx(90 * 0.01 + 58 * 0.02)
+    assert row["predicted_time_error"] == pytest.approx(2.06 / 2.0 - 1)
 
 
 def test_summary_and_plot(monkeypatch, tmp_path):
@@ -89,7 +116,7 @@ def test_summary_and_plot(monkeypatch, tmp_path):
 
     table, model = _study(monkeypatch, {("local_sgd", 4): 1.25})
     s = ttt.summary(table)
-    assert s["rows_compared"] == 4 and s["spearman_time"] == pytest.approx(1.0)
+    assert s["rows_compared"] == 4
     assert "Spearman" in target_table.markdown(table, model)
     assert target_table.to_csv(table).count("\n") == 5
     assert time_to_target(table, str(tmp_path / "t.png"))

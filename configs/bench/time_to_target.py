@@ -1,24 +1,26 @@
 """Suite `time_to_target`: how long does one network take to reach a target accuracy, at each
-global batch, partitioning and sync mode, and does the steps model (jaxpar.plan.steps)
-predict it from one reference run?
+global batch, partitioning and sync mode, with a fixed rate rule, with AdaScale and under the
+goodput schedule, and does the steps model (jaxpar/target/) predict it from one reference run?
 
 Run:  python -m jaxpar.bench --suite time_to_target --out runs/time_to_target
-Expect 10 rows in about 6 minutes on 2 CPU cores; time_to_target.md (measured against predicted
+Expect 14 rows in about 8 minutes on 2 CPU cores; time_to_target.md (measured against predicted
 steps and time to target, one line per row, Spearman's rank correlation of the times below),
 its .json and .csv, and time_to_target.png (steps against batch on the predicted curve; time to
 target per setup). docs/time_to_target.md has the figures and what they mean.
 
 Set-up: lenet at width 0.375 without BatchNorm on the embedded digits (60,000 train images;
-2,000 test images evaluated every 5 steps), SGD with momentum 0.9 at a constant learning rate,
-target test accuracy 0.9, each run stopped at the first evaluation that reaches it. The
-learning rate follows the noise scale's rule at every batch (--config.lr_noise_scale, McCandlish
-et al. 2018): 0.05 at the reference batch 64, eps(B) = eps_max / (1 + B_noise / B) with
-B_noise = 39.4, the figure measured at batch 64 (docs/time_to_target.md).
+2,000 test images evaluated every 5 steps), SGD with momentum 0.9 at a constant learning rate
+after 10 warmup steps, target test accuracy 0.9, each run stopped at the first evaluation that
+reaches it. The fixed rows' rate follows the noise scale's rule (--config.lr_noise_scale,
+McCandlish et al. 2018): 0.05 at the reference batch 64, eps(B) = eps_max / (1 + B_noise / B)
+with B_noise = 39.4, the figure measured at batch 64 (docs/time_to_target.md). The AdaScale
+rows and the goodput schedule take 0.05 at batch 64 times AdaScale's gain, step by step.
 
-The first row is the reference: the steps model takes S(64) and B_noise from it alone, and
-predicts every other row's steps (x the sync mode's SYNC_STEP_FACTORS multiplier) and its time
-(predicted steps x the row's own median step time). Large batches run each device's share in
-slices of 16 rows (grad_accum_steps: the same step, faster on these CPUs).
+The first row is the reference: the steps model takes its noise trace alone, and predicts every
+other row's steps (x the sync mode's step factor) and its time (predicted steps x the row's own
+median step time; the goodput row: its schedule simulated on the fixed rows' step times).
+Large batches run each device's share in slices of 16 rows (grad_accum_steps: the same step,
+faster on these CPUs).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ TARGET = 0.9
 CHUNK = 16  # rows per device per slice of gradient accumulation
 
 
-def data_row(batch: int, name: str = "", **extra) -> dict:
+def data_row(batch: int, name: str = "", group: str = "data", **extra) -> dict:
     """Data parallelism over 8 devices at `batch`, each device's share in CHUNK-row slices."""
     keys = {
         "mesh_shape": (8, 1, 1),
@@ -42,7 +44,7 @@ def data_row(batch: int, name: str = "", **extra) -> dict:
         "grad_accum_steps": max(1, batch // 8 // CHUNK),
         **extra,
     }
-    return row(name or f"data 8, batch {batch}", keys, group="data", scaling="none")
+    return row(name or f"data 8, batch {batch}", keys, group=group, scaling="none")
 
 
 def device_row(batch: int, n: int) -> dict:
@@ -57,6 +59,31 @@ def device_row(batch: int, n: int) -> dict:
     return row(f"data {n}, batch {batch}", keys, group="devices", scaling="none")
 
 
+ADASCALE = {"lr_adaptation": "adascale", "lr_noise_scale": 0.0}  # the gain scales the rate
+
+
+def adascale_row(batch: int) -> dict:
+    """AdaScale at `batch`: the rate at the reference batch times the gain, step by step."""
+    return data_row(batch, f"AdaScale, batch {batch}", group="adascale", **ADASCALE)
+
+
+def goodput_row() -> dict:
+    """The goodput schedule from the reference batch: every 20 steps the batch with the most
+    progress per second at the noise scale of the moment (lr_base_batch_size x 1/4 .. x 32),
+    in CHUNK-row slices, its step time measured on first use."""
+    keys = {
+        **ADASCALE,
+        "mesh_shape": (8, 1, 1),
+        "num_devices": 8,
+        "global_batch_size": REFERENCE_BATCH,
+        "batch_schedule": "goodput",
+        "goodput.every_steps": 20,
+        "goodput.max_device_rows": CHUNK,
+        "log_every_steps": 10,
+    }
+    return row("goodput schedule, from batch 64", keys, group="goodput", scaling="none")
+
+
 def rows() -> tuple[dict, ...]:
     b0 = REFERENCE_BATCH
     return (
@@ -64,6 +91,8 @@ def rows() -> tuple[dict, ...]:
         data_row(16),
         data_row(256),
         data_row(1024),
+        *(adascale_row(b) for b in (16, 256, 1024)),
+        goodput_row(),
         row(
             "data 2 x tensor 4, batch 32",
             {"mesh_shape": (2, 1, 4), "num_devices": 8, "global_batch_size": 32},
@@ -98,7 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
             "lr_base_batch_size": REFERENCE_BATCH,
             "lr_noise_scale": NOISE_SCALE,
             "lr_schedule": "constant",
-            "warmup_steps": 0,
+            "warmup_steps": 10,  # the large batches' first steps repeatable
             "log_every_steps": 100,
             "checkpoint_every_steps": 0,
         },

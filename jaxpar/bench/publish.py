@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from jaxpar import oneline
 from jaxpar import suites as suite_lib
 from jaxpar.bench import accuracy as accuracy_lib
 from jaxpar.bench import outdir, target_table
@@ -13,7 +14,10 @@ from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt_lib
+from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
+from jaxpar.target import reference as reference_lib
+from jaxpar.target.reference import Reference
 
 
 def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False) -> list[dict]:
@@ -113,8 +117,18 @@ def _time_to_target(sweep, rows, records, table):
         rows,
         first,
         spec.get("reference_row", ""),
-        noise_of=lambda name: ttt_lib.noise_records(outdir.paths(sweep.out, name, 0)[2]),
+        reference_of=lambda name: _reference(outdir.paths(sweep.out, name, 0)[2]),
     )
+
+
+def _reference(workdir: str) -> Reference | None:
+    """A row's run as the steps model's reference, or None where it cannot be one (one line
+    says why)."""
+    try:
+        return reference_lib.load(workdir)
+    except ConfigError as e:
+        print(f"time to target: no reference ({oneline.first_line(e)})")
+        return None
 
 
 def _read_text(path: str) -> str:

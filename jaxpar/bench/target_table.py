@@ -32,29 +32,42 @@ def _sync_cell(r: dict) -> str:
     return f"{mode} ({word} {setting})" if word else mode
 
 
+def _steps_cell(r: dict) -> str:
+    """The measured steps; under AdaScale the progress they made; a goodput row's phases."""
+    if not r.get("steps_to_target"):
+        return "not reached"
+    text = str(r["steps_to_target"])
+    if r.get("progress_to_target"):
+        text += f" (progress {r['progress_to_target']:.0f})"
+    if r.get("schedule_phases"):
+        text += ": " + ", ".join(phase for _, phase in r["schedule_phases"])
+    return text
+
+
 def markdown(table: list[dict], model: dict | None) -> str:
     """The study's table: batch x devices x partitioning -> measured and predicted steps and
-    time to target, with the reference's model and the rank correlation below."""
+    time to target, with the reference and the rank correlation below."""
     head = (
-        "| row | batch | dev | mesh | sync | steps to target | predicted steps (error) | "
-        "predicted, late B_noise (error) | s/step [clock] | time to target s [clock] | "
+        "| row | batch | dev | mesh | sync | rate | steps to target | predicted steps (error) | "
+        "predicted, one B_noise (error) | s/step [clock] | time to target s [clock] | "
         "predicted time s (error) | accuracy at target | eval s |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 14]
     for r in table:
         if r["status"] != "ok":
             lines.append(
-                f"| {r['name']} | {r['global_batch_size'] or ''} | | | | failed: "
+                f"| {r['name']} | {r['global_batch_size'] or ''} | | | | | failed: "
                 f"{r['error']} | | | | | | | |"
             )
             continue
-        steps = str(r["steps_to_target"]) if r.get("steps_to_target") else "not reached"
         pred = (
-            "no multiplier measured"
+            "no step factor measured"
             if r.get("sync_factor") is None
             else _with_error(r.get("predicted_steps_to_target"), r.get("predicted_steps_error"))
         )
-        late = _with_error(r.get("predicted_steps_late"), r.get("predicted_steps_late_error"))
+        one = _with_error(
+            r.get("predicted_steps_one_average"), r.get("predicted_steps_one_average_error")
+        )
         ptime = ""
         if r.get("predicted_time_to_target_s") is not None:
             err = r.get("predicted_time_error")
@@ -65,9 +78,10 @@ def markdown(table: list[dict], model: dict | None) -> str:
             str(r["num_devices"] or ""),
             table_lib.mesh_cell(r),
             _sync_cell(r),
-            steps,
+            "AdaScale" if r.get("lr_adaptation") == "adascale" else (r.get("lr_rule") or ""),
+            _steps_cell(r),
             pred,
-            late,
+            one,
             _f(r.get("step_time_median_s"), ".4f"),
             _f(r.get("time_to_target_s"), ".1f"),
             ptime,
@@ -77,30 +91,26 @@ def markdown(table: list[dict], model: dict | None) -> str:
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     text = "\n".join(lines) + "\n"
     if model:
+        phases = ", ".join(f"{m:,.0f}" if m != float("inf") else "-" for *_, m in model["phases"])
         text += (
-            f"\nReference: {model['reference_row']} (batch {model['batch']}, "
-            f"{model['steps']} steps): B_noise {model['noise_scale']:.1f} (up to the target), "
-            f"S_min {model['min_steps']:.1f}"
+            f"\nReference: {model['reference_row']} (batch {model['batch']}, {model['steps']} "
+            f"steps, progress {model['progress']:,.0f} at base batch {model['base_batch']}): "
+            f"B_simple over fifths of its steps {phases}; one B_noise {model['noise_scale']:.1f}, "
+            f"S_min {model['min_steps']:.1f}.\n"
         )
-        if model.get("noise_scale_late"):
-            text += (
-                f"; late B_noise {model['noise_scale_late']:.1f} (second half of its steps), "
-                f"S_min {model['min_steps_late']:.1f}"
-            )
-        text += ".\n"
     s = ttt.summary(table)
     rho = "n/a" if s["spearman_time"] is None else f"{s['spearman_time']:.3f}"
     text += (
         f"Spearman rank correlation of predicted against measured time to target: {rho} over "
-        f"{s['rows_compared']} rows; median |steps error| "
+        f"{s['rows_compared']} rows; |steps error| along the trace: median "
         f"{_pct(s['median_abs_predicted_steps_error']).lstrip('+')}, largest "
         f"{_pct(s['max_abs_predicted_steps_error']).lstrip('+')}"
     )
-    if s["median_abs_predicted_steps_late_error"] is not None:
+    if s["median_abs_predicted_steps_one_average_error"] is not None:
         text += (
-            f" (late B_noise: median "
-            f"{_pct(s['median_abs_predicted_steps_late_error']).lstrip('+')}, largest "
-            f"{_pct(s['max_abs_predicted_steps_late_error']).lstrip('+')})"
+            f" (one B_noise: median "
+            f"{_pct(s['median_abs_predicted_steps_one_average_error']).lstrip('+')}, largest "
+            f"{_pct(s['max_abs_predicted_steps_one_average_error']).lstrip('+')})"
         )
     return text + ".\n"
 

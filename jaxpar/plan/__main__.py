@@ -18,7 +18,7 @@ names one (XLA:GPU's compile-only devices), else on simulated CPU devices.
 With --target-accuracy the candidates are also ranked by predicted time to that accuracy:
 the search runs at each global batch of --batches (default: the reference's x 1/4, 1, 4, 16
 and the config's own), and each candidate's predicted steps to the target (from the reference
-run's steps and noise scale, jaxpar/plan/steps.py) times its predicted step time orders them.
+run's noise trace, jaxpar/target/) times its predicted step time orders them.
 --from-run names the reference: a finished run's workdir or a JSON file of the same figures
 (docs/time_to_target.md); without it the config itself is first trained to the target on this
 machine (a calibration run in OUT/calibration).
@@ -155,9 +155,9 @@ def _main(args, overrides: dict) -> int:
         raise ConfigError(f"--batches {args.batches!r}: each batch must be >= 1")
     reference = None
     if args.from_run:  # before any compile: a bad reference is one line at once
-        from jaxpar.plan import steps as steps_lib
+        from jaxpar.target import reference as reference_lib
 
-        reference = steps_lib.load(args.from_run, args.target_accuracy)
+        reference = reference_lib.load(args.from_run, args.target_accuracy)
     names = [a.strip() for a in args.axes.split(",") if a.strip()] or None
     from jaxpar import axes as axes_lib
 

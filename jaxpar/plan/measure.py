@@ -1,22 +1,25 @@
 """`python -m jaxpar.plan --measure K`: the top K candidates run through the bench on this
-machine (a suite written to OUT/measure_suite.py, measured into OUT/measured), and the
-predicted order printed against the measured one."""
+machine (a suite written to OUT/measure_suite.py, measured into OUT/measured by `python -m
+jaxpar.bench` in its own process, read back from its results.json), and the predicted order
+printed against the measured one."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+from jaxpar.errors import ConfigError
 from jaxpar.files import write_text
+from jaxpar.plan.candidates import candidate_of
 
 
 def measure(
     args, config_file, config, overrides, top, profile_path, profile, out: Path
 ) -> list[dict]:
     """Run `top` through the bench on this machine; print predicted against measured."""
-    from jaxpar.bench.runner import Sweep
-    from jaxpar.plan.candidates import candidate_of
-
     this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.cpu.compute_pool)
     if not this_machine:
         print(
@@ -59,8 +62,7 @@ def measure(
         f"{suite_file} --out {out / 'measured'}",
         flush=True,
     )
-    table_rows = Sweep(suite=str(suite_file), out=str(out / "measured"), plots=False).run()
-    got = {t["name"]: t for t in table_rows}
+    got = {t["name"]: t for t in _bench(suite_file, out / "measured")}
     result = []
     for r, spec in zip(top, rows):
         m = got.get(spec["name"], {})
@@ -96,3 +98,18 @@ def measure(
             "same order"
         )
     return result
+
+
+def _bench(suite_file: Path, out: Path) -> list[dict]:
+    """The bench's rows for `suite_file`, measured into `out` by `python -m jaxpar.bench` (its
+    progress on this console) and read from its results.json."""
+    command = [sys.executable, "-m", "jaxpar.bench", "--suite", str(suite_file)]
+    done = subprocess.run([*command, "--out", str(out), "--no_plots"], check=False)
+    results = out / "results.json"
+    if done.returncode != 0 or not results.exists():
+        raise ConfigError(
+            f"the measurement stopped (python -m jaxpar.bench exited {done.returncode}); what it "
+            f"measured is in {out}"
+        )
+    with open(results, encoding="utf-8") as f:
+        return json.load(f)["rows"]

@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from jaxpar import configfile, oneline
+from jaxpar.target import reference as reference_lib
 
 
 def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
     """Train the config itself to the target on this machine (stopping there), and read the
     reference from that run: the path without --from-run."""
     from jaxpar import trainer
-    from jaxpar.plan import steps as steps_lib
 
     workdir = out / "calibration"
     print(
@@ -32,7 +32,7 @@ def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: P
         },
     )
     trainer.train_and_evaluate(run, str(workdir))
-    return steps_lib.load(str(workdir), accuracy)
+    return reference_lib.load(str(workdir), accuracy)
 
 
 def rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):
@@ -43,10 +43,9 @@ def rank_to_target(args, config, profile, n, limit, names, splits, reference, ba
     batches = batches or to_target.default_batches(reference, config.global_batch_size)
     per_batch = max(8, args.max_candidates // len(batches))
     print(
-        f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: batch "
-        f"{reference.batch_size} reached it in {reference.steps_to_target} steps, noise scale "
-        f"{reference.noise_scale:,.0f} (learning-rate rule {reference.lr_rule}); predicted "
-        f"steps S(B) = {reference.min_steps:,.1f} x (1 + {reference.noise_scale:,.0f} / B)",
+        f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: "
+        f"{reference.describe()}; the steps at each batch are integrated along its noise "
+        "trace (jaxpar/target/steps.py), a goodput schedule simulated on it",
         flush=True,
     )
     if caveat := reference.caveat():
@@ -65,6 +64,7 @@ def rank_to_target(args, config, profile, n, limit, names, splits, reference, ba
                 print(f"batch {b}: {oneline.first_line(e)}")
                 continue
         rows += to_target.rows_to_target(found.rows, b, reference, config, limit)
+    rows += to_target.schedule_rows(rows, reference, int(config.goodput.every_steps))
     ranked, fastest = to_target.rank(rows, config.global_batch_size)
     print("\n" + "\n".join(to_target.table(ranked, args.top)))
     print(to_target.verdict(ranked, fastest))
@@ -72,11 +72,11 @@ def rank_to_target(args, config, profile, n, limit, names, splits, reference, ba
     if skipped:
         print(
             f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
-            "jaxpar/plan/steps.py SYNC_STEP_FACTORS)"
+            "jaxpar/target/sync_factors.py SYNC_STEP_FACTORS)"
         )
     return {
         "target_accuracy": args.target_accuracy,
-        "reference": {k: v for k, v in vars(reference).items() if k != "noise_trace"},
+        "reference": reference.as_record(),
         "to_target_rows": rows,
         "to_target_ranked": [r["name"] for r in ranked],
     }

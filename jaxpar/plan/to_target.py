@@ -1,5 +1,6 @@
-"""Rank candidates by predicted time to a target: predicted steps (plan/steps.py) at each
-candidate's global batch and sync mode, times its predicted step time on the profile.
+"""Rank candidates by predicted time to a target: predicted steps (jaxpar/target/: the
+reference's noise trace) at each candidate's global batch and sync mode, times its predicted
+step time on the profile.
 
 The planner's throughput search (`search.plan`) runs once per global batch; every row that
 fits the memory limit becomes a time-to-target row. What decides a row's place against the
@@ -13,22 +14,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from jaxpar.plan.steps import Reference, sync_factor
+from jaxpar.plan.candidates import candidate_of
+from jaxpar.target import goodput
+from jaxpar.target.reference import Reference
+from jaxpar.target.sync_factors import sync_factor, sync_setting
 
 
 def default_batches(reference: Reference, config_batch: int) -> list[int]:
     """The global batches tried: the reference's x 1/4, 1, 4, 16 and the config's own."""
     b0 = reference.batch_size
     return sorted({max(1, b0 // 4), b0, 4 * b0, 16 * b0, int(config_batch)})
-
-
-def sync_setting(mode: str, config) -> int:
-    """The setting a sync mode's steps multiplier is keyed by."""
-    if mode == "local_sgd":
-        return int(config.sync.period)
-    if mode == "async":
-        return int(config.sync.max_staleness)
-    return 0
 
 
 def rows_to_target(
@@ -72,9 +67,66 @@ def rows_to_target(
 
 
 def _replicas(row: dict) -> int:
-    from jaxpar.plan.candidates import candidate_of
-
     return candidate_of(row).replicas
+
+
+def schedule_rows(rows: Sequence[dict[str, Any]], reference: Reference, every: int) -> list[dict]:
+    """The goodput schedule simulated on the predicted step times (target/goodput.py): every
+    `every` steps the fitting exact-sync row with the most progress per second at the noise
+    scale of the moment, B_noise following the reference's trace by progress. One row per
+    partitioning moving over its batches, and one moving over every partitioning too; each
+    keeps its phases (first step, batch, candidate)."""
+    fitting = [r for r in rows if r["fits"] and r.get("sync_steps_factor") == 1.0]
+    out = []
+    groups = {r["candidate"]: [] for r in fitting}
+    for r in fitting:
+        groups[r["candidate"]].append(r)
+    if len(groups) > 1:
+        groups["every partitioning"] = fitting
+    for name, group in groups.items():
+        batches = {r["global_batch_size"] for r in group}
+        if len(batches) < 2:
+            continue
+        out.append(_simulated(name, group, reference, every))
+    return out
+
+
+def _simulated(name: str, group: Sequence[dict], reference: Reference, every: int) -> dict:
+    """One schedule row over `group`'s rows: each (batch, candidate) its own setup, the
+    fastest sync mode where two share one."""
+    by_setup: dict[goodput.Setup, dict] = {}
+    for r in group:
+        key = goodput.Setup(r["global_batch_size"], tuple(r["mesh_shape"]))
+        if key not in by_setup or r["step_s"] < by_setup[key]["step_s"]:
+            by_setup[key] = r
+    run = goodput.simulate(
+        reference.noise_at(),
+        reference.progress_to_target,
+        reference.base_batch,
+        lambda s: by_setup[s]["step_s"],
+        sorted(by_setup),
+        every,
+    )
+    phases = [[step, s.batch, by_setup[s]["candidate"]] for step, s in run.phases]
+    last = by_setup[run.phases[-1][1]]
+    return {
+        "name": f"goodput schedule ({name})",
+        "candidate": "goodput: " + ", then ".join(f"B={b} {c}" for _, b, c in phases),
+        "mesh_axes": last["mesh_axes"],
+        "mesh_shape": last["mesh_shape"],
+        "global_batch_size": last["global_batch_size"],
+        "sync_mode": "allreduce",
+        "step_s": run.seconds / run.steps,
+        "images_per_sec": sum(by_setup[s]["images_per_sec"] for _, s in run.phases)
+        / len(run.phases),
+        "memory_bytes_per_device": max(r["memory_bytes_per_device"] for r in by_setup.values()),
+        "fits": True,
+        "learning_rate": None,
+        "steps_to_target": run.steps if run.reached else None,
+        "time_to_target_s": run.seconds if run.reached else None,
+        "sync_steps_factor": 1.0,
+        "schedule_phases": phases,
+    }
 
 
 def rank(rows: list[dict[str, Any]], config_batch: int) -> tuple[list[dict], dict | None]:
@@ -85,7 +137,9 @@ def rank(rows: list[dict[str, Any]], config_batch: int) -> tuple[list[dict], dic
         (r for r in rows if r["fits"] and r["time_to_target_s"] is not None),
         key=lambda r: r["time_to_target_s"],
     )
-    at_config = [r for r in ok if r["global_batch_size"] == config_batch]
+    at_config = [
+        r for r in ok if r["global_batch_size"] == config_batch and "schedule_phases" not in r
+    ]
     pick = max(at_config, key=lambda r: r["images_per_sec"]) if at_config else None
     for r in ok:
         r["decided_by"] = decided_by(r, pick if r is ok[0] and pick else ok[0])

@@ -16,7 +16,6 @@ a setup nothing is known of is tried one neighbour at a time (StepTimes.estimate
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -200,26 +199,3 @@ def simulate(
         seconds += step_s(setup)
         steps += 1
     return Simulated(tuple(phases), steps, seconds, progress >= progress_to - 1e-9)
-
-
-def interpolate(points: Sequence[tuple[float, float]]) -> Callable[[float], float]:
-    """A function of x through (x, y) points: linear between them, constant beyond; an
-    infinite or undefined y (no estimate yet) is all noise, and stays so."""
-    xs = [x for x, _ in points]
-    ys = [y for _, y in points]
-
-    def at(x: float) -> float:
-        if not points:
-            return math.inf
-        if x <= xs[0]:
-            return ys[0]
-        if x >= xs[-1]:
-            return ys[-1]
-        hi = next(i for i, v in enumerate(xs) if v >= x)
-        lo = hi - 1
-        if not (math.isfinite(ys[lo]) and math.isfinite(ys[hi])):
-            return ys[lo] if not math.isfinite(ys[lo]) else ys[hi]
-        w = (x - xs[lo]) / (xs[hi] - xs[lo])
-        return ys[lo] + w * (ys[hi] - ys[lo])
-
-    return at

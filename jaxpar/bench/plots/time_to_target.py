@@ -11,39 +11,19 @@ from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
 
 def time_to_target(rows: list[dict], path: str) -> bool:
-    """Left: steps to target against batch (log-log), S_min (1 + B_noise / B) from the
-    reference row (and with the late B_noise, dashed), measured points by family and sync mode.
-    Right: time to target per row, measured and predicted bars. For rows annotated by
-    jaxpar.bench.time_to_target (a time-to-target suite)."""
-    rows = [r for r in common.ok(rows) if r.get("model_min_steps") is not None]
-    if not rows:
+    """Left: steps to target against batch (log-log): the steps model's curves from the
+    reference row (along its noise trace, and with one B_noise, dashed), measured points by
+    family and sync mode. Right: time to target per row, measured and predicted bars. For
+    rows annotated by jaxpar.bench.time_to_target (a time-to-target suite)."""
+    ref = next((r for r in common.ok(rows) if r.get("model_curve")), None)
+    if ref is None:
         return False
+    rows = [r for r in common.ok(rows) if r.get("reference_row") == ref["name"]]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 6.2))
     batches = sorted({r["global_batch_size"] for r in rows})
-    lo, hi = batches[0] / 1.5, batches[-1] * 1.5
-    grid = [lo * (hi / lo) ** (i / 60) for i in range(61)]
-    first = rows[0]
-    s_min, noise = first["model_min_steps"], first["model_noise_scale"]
-    ax.plot(
-        grid,
-        [s_min * (1 + noise / b) for b in grid],
-        color="black",
-        lw=1,
-        label=f"S_min (1 + B_noise/B): B_noise {noise:.0f}, S_min {s_min:.0f}",
-    )
-    late = first.get("model_noise_scale_late")
-    if late:
-        ref = next((r for r in rows if r["name"] == first["reference_row"]), None)
-        if ref and ref.get("steps_to_target"):
-            s_late = ref["steps_to_target"] / (1 + late / ref["global_batch_size"])
-            ax.plot(
-                grid,
-                [s_late * (1 + late / b) for b in grid],
-                color="grey",
-                ls="--",
-                lw=1,
-                label=f"late B_noise {late:.0f}, S_min {s_late:.0f}",
-            )
+    grid, trace, one = zip(*ref["model_curve"])
+    ax.plot(grid, trace, color="black", lw=1, label="predicted along the reference's noise trace")
+    ax.plot(grid, one, color="grey", ls="--", lw=1, label="predicted with one B_noise")
     markers = common.markers(rows)
     kinds: dict[str, list[dict]] = {}
     for r in rows:
@@ -67,7 +47,7 @@ def time_to_target(rows: list[dict], path: str) -> bool:
                     zorder=3,
                     facecolors="none",
                     edgecolors="grey",
-                    label=f"predicted: {key} (x SYNC_STEP_FACTORS)",
+                    label=f"predicted: {key} (x its step factor)",
                 )
             ax.scatter(
                 [r["global_batch_size"] for r in sel],
