@@ -57,13 +57,16 @@ class NoiseScale:
         """One step's norms in; that step's record out: the raw estimates and the smoothed
         figures after it."""
         g2, trace = unbiased(sq_small, sq_big, self.b_small, self.b_big)
+        norms = {"grad_sq_small": float(sq_small), "grad_sq_big": float(sq_big)}
+        return norms | self._estimates(step, g2, trace)
+
+    def _estimates(self, step: int, g2: float, trace: float) -> dict[str, float]:
+        """One step's unbiased estimates in; the smoothed figures after it out."""
         self.history.append((int(step), g2, trace))
         self._count += 1
         self._ema_g2 = self.decay * self._ema_g2 + (1 - self.decay) * g2
         self._ema_trace = self.decay * self._ema_trace + (1 - self.decay) * trace
         return {
-            "grad_sq_small": float(sq_small),
-            "grad_sq_big": float(sq_big),
             "grad_sq_est": g2,
             "grad_trace_est": trace,
             "grad_sq_smoothed": self.smoothed_g2,
@@ -72,9 +75,11 @@ class NoiseScale:
         }
 
     def replay(self, records: Iterable[dict]) -> None:
-        """Continue from a resumed run's per-step records (metrics.jsonl "noise" lines)."""
+        """Continue from a resumed run's per-step records (metrics.jsonl "noise" lines), from
+        the estimates each recorded: the batch sizes they were taken at may have been others
+        (a goodput schedule moves the batch)."""
         for r in sorted(records, key=lambda r: r["step"]):
-            self.add(r["step"], r["grad_sq_small"], r["grad_sq_big"])
+            self._estimates(r["step"], r["grad_sq_est"], r["grad_trace_est"])
 
     @property
     def smoothed_g2(self) -> float:
