@@ -416,3 +416,26 @@ def test_the_reference_cli_prints_its_trace_and_predictions(tmp_path, capsys):
     assert "batch 64 reached it in 30 steps" in out and "| 256 |" in out
     assert main(["--from-run", str(tmp_path / "run"), "--batches", "x"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def test_sync_step_factors_measured_on_the_model_are_kept_beside_the_reference(tmp_path):
+    """--calibrate-sync's paired runs: allreduce and local SGD (period 2) to the same target
+    from the same config and seed; the factor is the ratio of their steps, kept beside the
+    reference and read back with it, and the planner prefers it to the constants."""
+    from jaxpar.plan import calibrate_sync
+
+    config = tiny_config(mesh_shape=(2, 1, 1), num_devices=2, num_train_steps=4, eval_every_steps=1)
+    assert calibrate_sync.settings("", config) == [("local_sgd", 4), ("async", 2)]
+    with pytest.raises(ConfigError, match="MODE:SETTING"):
+        calibrate_sync.settings("local_sgd:x", config)
+    record = calibrate_sync.calibrate(config, [("local_sgd", 2)], 0.01, tmp_path)
+    (factor,) = record["factors"]
+    assert factor["steps_to_target"] == factor["allreduce_steps_to_target"] == 1
+    assert factor["factor"] == 1.0
+    _write_run(tmp_path / "ref", [30.0] * 25)
+    path = calibrate_sync.store(record, reference_lib.load(str(tmp_path / "ref")))
+    assert path == tmp_path / "ref" / "sync_factors.json"
+    ref = reference_lib.load(str(tmp_path / "ref"))
+    assert ref.sync_factors == {("local_sgd", 2): 1.0}
+    assert sync_factor("local_sgd", 2, ref.sync_factors) == 1.0
+    assert sync_factor("local_sgd", 4, ref.sync_factors) == 1.15  # the fallback constants

@@ -113,6 +113,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the reference run: a workdir or a JSON file (docs/time_to_target.md)",
     )
     parser.add_argument(
+        "--calibrate-sync",
+        "--calibrate_sync",
+        dest="calibrate_sync",
+        nargs="?",
+        const="",
+        help="measure the approximate sync modes' step factors on this model first (paired "
+        "runs to the target: MODE:SETTING,..., default local_sgd at sync.period and async at "
+        "sync.max_staleness), kept beside the reference",
+    )
+    parser.add_argument(
         "--batches",
         default="",
         help="global batches to rank at, comma-separated (default: the "
@@ -147,6 +157,8 @@ def _main(args, overrides: dict) -> int:
         raise ConfigError(f"--target-accuracy {args.target_accuracy}: use a value in (0, 1]")
     if args.from_run and args.target_accuracy is None:
         raise ConfigError("--from-run needs --target-accuracy (the accuracy the run reached)")
+    if args.calibrate_sync is not None and args.target_accuracy is None:
+        raise ConfigError("--calibrate-sync needs --target-accuracy (the target to run to)")
     try:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]
     except ValueError:
@@ -215,6 +227,10 @@ def _main(args, overrides: dict) -> int:
             out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
             reference = target_pass.calibrate(
                 args.config, config, overrides, args.target_accuracy, out
+            )
+        if args.calibrate_sync is not None:
+            reference = target_pass.calibrate_sync(
+                config, args.calibrate_sync, args.target_accuracy, reference, out
             )
         to_target = target_pass.rank_to_target(
             args, config, profile, n, limit, names, splits, reference, batches, result

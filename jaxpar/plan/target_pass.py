@@ -5,9 +5,11 @@ and printed (`rank_to_target`)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from jaxpar import configfile, oneline
+from jaxpar.plan import calibrate_sync as calibrate_sync_lib
 from jaxpar.target import reference as reference_lib
 
 
@@ -33,6 +35,18 @@ def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: P
     )
     trainer.train_and_evaluate(run, str(workdir))
     return reference_lib.load(str(workdir), accuracy)
+
+
+def calibrate_sync(config, pairs: str, accuracy: float, reference, out: Path):
+    """--calibrate-sync: the sync modes' step factors measured on the config (paired runs to
+    the target), kept beside the reference and returned in it."""
+    out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
+    record = calibrate_sync_lib.calibrate(
+        config, calibrate_sync_lib.settings(pairs, config), accuracy, out
+    )
+    path = calibrate_sync_lib.store(record, reference)
+    print("\n" + "\n".join(calibrate_sync_lib.table(record)) + f"\nkept in {path}", flush=True)
+    return reference_lib.load(reference.source, accuracy)
 
 
 def rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):
@@ -71,8 +85,17 @@ def rank_to_target(args, config, profile, n, limit, names, splits, reference, ba
     skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
     if skipped:
         print(
-            f"left out: {', '.join(sorted(skipped))} (no measured steps multiplier: "
-            "jaxpar/target/sync_factors.py SYNC_STEP_FACTORS)"
+            f"left out: {', '.join(sorted(skipped))} (no step factor for its setting: measure "
+            "them on this model with --calibrate-sync)"
+        )
+    fallback = {
+        r["sync_mode"] for r in rows if r.get("sync_factor_source") == "LeNet/digits constants"
+    }
+    if fallback:
+        print(
+            f"note: the steps of {', '.join(sorted(fallback))} use step factors measured on "
+            "LeNet and the digits (jaxpar/target/sync_factors.py), which need not hold for "
+            "this model: --calibrate-sync measures its own"
         )
     return {
         "target_accuracy": args.target_accuracy,

@@ -38,7 +38,8 @@ def rows_to_target(
             continue
         cand = r["candidate"]
         mode = cand["sync"] if _replicas(r) > 1 else "allreduce"
-        factor = sync_factor(mode, sync_setting(mode, config))
+        setting = sync_setting(mode, config)
+        factor = sync_factor(mode, setting, reference.sync_factors)
         row = {
             "name": f"B={batch} {r['name']}",
             "candidate": r["name"],
@@ -57,10 +58,14 @@ def rows_to_target(
             row.update(steps_to_target=None, time_to_target_s=None)
         else:
             steps = base_steps * factor
+            measured = (mode, setting) in reference.sync_factors
             row.update(
                 steps_to_target=steps,
                 time_to_target_s=steps * r["step_time_s"],
                 sync_steps_factor=factor,
+                sync_factor_source="exact"
+                if factor == 1.0 and not measured
+                else ("measured on this model" if measured else "LeNet/digits constants"),
             )
         out.append(row)
     return out

@@ -33,6 +33,9 @@ from jaxpar.target.gain import gain_at
 from jaxpar.target.steps import TracePoint
 
 LR_RULES = ("noise", "linear", "none", "adascale")
+# The sync modes' step factors measured on the reference's own model (plan --calibrate-sync),
+# kept beside the reference: in its workdir, or beside its JSON file as FILE.sync_factors.json.
+SYNC_FACTORS_FILE = "sync_factors.json"
 # Steps of noise-scale figures a reference needs: the estimates are smoothed over about 20
 # steps (noise_scale_decay 0.95), and a trace shorter than that is mostly its first steps.
 MIN_NOISE_STEPS = 20
@@ -52,6 +55,8 @@ class Reference:
     source: str = ""  # the workdir or file it was read from
     learning_rate: float | None = None  # its peak rate, at base_batch
     target_accuracy: float | None = None  # the accuracy target it reached, if one
+    # (mode, setting) -> steps over allreduce's, measured on its model (SYNC_FACTORS_FILE)
+    sync_factors: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict)
 
     @property
     def progress_to_target(self) -> float:
@@ -137,6 +142,7 @@ class Reference:
             "learning_rate": self.learning_rate,
             "target_accuracy": self.target_accuracy,
             "trace_steps": len(self.trace),
+            "sync_factors": [[m, k, f] for (m, k), f in sorted(self.sync_factors.items())],
         }
 
 
@@ -145,12 +151,15 @@ def _noise(value: float) -> str:
 
 
 def load(path: str, target_accuracy: float | None = None) -> Reference:
-    """A reference from a run's workdir or from a JSON file (module docstring)."""
+    """A reference from a run's workdir or from a JSON file (module docstring), with the sync
+    step factors measured beside it, if any."""
     if os.path.isdir(path):
-        return from_workdir(path, target_accuracy)
-    if os.path.isfile(path):
-        return from_json(path, target_accuracy)
-    raise ConfigError(f"--from-run {path!r}: no such workdir or JSON file")
+        ref = from_workdir(path, target_accuracy)
+    elif os.path.isfile(path):
+        ref = from_json(path, target_accuracy)
+    else:
+        raise ConfigError(f"--from-run {path!r}: no such workdir or JSON file")
+    return dataclasses.replace(ref, sync_factors=measured_sync_factors(path))
 
 
 def from_workdir(workdir: str, target_accuracy: float | None = None) -> Reference:
@@ -263,6 +272,29 @@ def from_json(path: str, target_accuracy: float | None = None) -> Reference:
         ),
         path,
     )
+
+
+def measured_sync_factors(path: str) -> dict[tuple[str, int], float]:
+    """The sync step factors kept beside a reference at `path` (a workdir's
+    SYNC_FACTORS_FILE, or FILE.sync_factors.json beside a JSON file), {} where there are
+    none; a mode that never reached the target is left out."""
+    beside = (
+        os.path.join(path, SYNC_FACTORS_FILE)
+        if os.path.isdir(path)
+        else f"{os.path.splitext(path)[0]}.{SYNC_FACTORS_FILE}"
+    )
+    if not os.path.isfile(beside):
+        return {}
+    try:
+        with open(beside, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{beside}: not a readable JSON file ({e})") from None
+    return {
+        (f["mode"], int(f["setting"])): float(f["factor"])
+        for f in record.get("factors", [])
+        if f.get("factor")
+    }
 
 
 def _check_accuracy(where: str, reached: float | None, wanted: float | None) -> None:
