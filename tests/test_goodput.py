@@ -2,13 +2,13 @@
 simulated over a growing noise scale, the candidates a config allows, and a scheduled run's
 moves equal to a run stopped and restarted by hand at each of them."""
 
-import math
 
 import pytest
 
 from jaxpar import batch_schedule, metrics, preemption, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.target import goodput
+from jaxpar.target.steps import TracePoint, steps_along
 from tests.util import tiny_config
 
 MESH = (8, 1, 1)
@@ -56,20 +56,23 @@ def test_setups_not_run_are_fitted_or_tried_one_neighbour_at_a_time():
 
 
 def test_a_simulated_schedule_grows_the_batch_with_the_noise():
-    """Step time 5 ms + 0.05 ms an image, B_noise rising from 20 to 2,000 with progress: the
-    schedule starts small and ends large, and takes less time than any fixed batch."""
+    """Step time 5 ms + 0.05 ms an image, B_noise rising from 20 to 2,000 over a 300-step
+    reference: the schedule starts small and ends large, and takes less time than any fixed
+    batch; a fixed batch takes the steps model's steps exactly."""
     candidates = [setup(b) for b in (16, 64, 256, 1024)]
     step_s = lambda s: 0.005 + 0.00005 * s.batch
-    noise_at = lambda p: 20.0 * 100 ** (p / 300)
-    schedule = goodput.simulate(noise_at, 300, 64, step_s, candidates, every=10)
+    trace = [TracePoint(t, 20.0 * 100 ** (t / 300)) for t in range(1, 301)]
+    schedule = goodput.simulate(trace, 64, step_s, candidates, every=10)
     batches = [s.batch for _, s in schedule.phases]
     assert batches == sorted(batches) and batches[0] < 256 and batches[-1] >= 256
-    fixed = [goodput.simulate(noise_at, 300, 64, step_s, [], 10, fixed=c) for c in candidates]
-    assert all(f.reached for f in fixed) and schedule.reached
+    fixed = [goodput.simulate(trace, 64, step_s, fixed=c) for c in candidates]
     assert schedule.seconds < min(f.seconds for f in fixed)
-    # at a fixed batch and a constant noise scale the steps are the progress over the gain
-    flat = goodput.simulate(lambda p: 64.0, 100, 64, step_s, [], 10, fixed=setup(256))
-    assert flat.steps == math.ceil(100 / 1.6)
+    for c, f in zip(candidates, fixed, strict=True):
+        assert f.steps == pytest.approx(steps_along(trace, c.batch, 64))
+        assert f.seconds == pytest.approx(f.steps * step_s(c))
+    # at a constant noise scale the steps are the progress over the gain
+    flat = goodput.simulate([TracePoint(t, 64.0) for t in range(100)], 64, step_s, fixed=setup(256))
+    assert flat.steps == pytest.approx(100 / 1.6)
 
 
 def goodput_config(**overrides):

@@ -98,17 +98,19 @@ def test_sync_step_factor_applies(monkeypatch):
 
 def test_a_goodput_row_is_simulated_on_the_fixed_rows_step_times(monkeypatch):
     """Batches 16, 64 and 1024 at 10, 20 and 300 ms a step, a decision every 10 steps. While
-    B_noise is 10 (the reference's first 60 steps of progress), batch 16 makes 0.711 steps of
-    progress a step (71 a second, against batch 64's 50): 85 steps reach progress 60.4; the
-    5 steps to the next decision make 0.375 each (B_noise 80), 62.3 in all; then batch 64
-    (50 a second, batch 16 37.5) makes 1 a step: 58 more to 120. 148 steps, 2.06 s, where
-    batch 64 alone took 120 steps and 2.4 s."""
+    B_noise is 10 (the reference's first 60 steps) batch 16 makes the most progress a second
+    (gain 37/52 at 10 ms: 71, against batch 64's 50), each reference step costing it 52/37
+    steps; the last decision in that phase, at 80 steps, stands until 90, so batch 16 also
+    takes reference steps 61-63 at B_noise 80 (gain 0.375: 8/3 steps each), 92.32 steps in
+    all; then batch 64 (50 a second, batch 16 37.5) takes the other 57 one step each. 149.32
+    steps and 2.063 s, where batch 64 alone took 120 steps and 2.4 s."""
     table, _ = _study(monkeypatch, goodput=True)
     (row,) = [r for r in table if r["name"] == "goodput"]
-    assert row["predicted_schedule"] == [[0, 16], [90, 64]]
-    assert row["predicted_steps_to_target"] == 148
-    assert row["predicted_time_to_target_s"] == pytest.approx(90 * 0.01 + 58 * 0.02)
-    assert row["predicted_time_error"] == pytest.approx(2.06 / 2.0 - 1)
+    assert row["predicted_schedule"] == [[0, 16], [92, 64]]
+    on_16 = 60 * 52 / 37 + 3 * 8 / 3
+    assert row["predicted_steps_to_target"] == pytest.approx(on_16 + 57)
+    assert row["predicted_time_to_target_s"] == pytest.approx(on_16 * 0.01 + 57 * 0.02)
+    assert row["predicted_time_error"] == pytest.approx((on_16 * 0.01 + 1.14) / 2.0 - 1)
 
 
 def test_summary_and_plot(monkeypatch, tmp_path):

@@ -172,18 +172,11 @@ def _predict_schedule(row: dict, table: list[dict], model: Reference, specs: dic
         return
     setups = [goodput.Setup(b, mesh) for b in sorted(times)]
     step_s = {s: statistics.median(times[s.batch]) for s in setups}
-    run = goodput.simulate(
-        model.noise_at(),
-        model.progress_to_target,
-        model.base_batch,
-        lambda s: step_s[s],
-        setups,
-        int(config.get("goodput.every_steps", 50)),
-    )
-    if run.reached:
-        row["predicted_steps_to_target"] = run.steps
-        row["predicted_time_to_target_s"] = run.seconds
-        row["predicted_schedule"] = [[step, s.batch] for step, s in run.phases]
+    every = int(config.get("goodput.every_steps", 50))
+    run = goodput.simulate(model.trace, model.base_batch, lambda s: step_s[s], setups, every)
+    row["predicted_steps_to_target"] = run.steps
+    row["predicted_time_to_target_s"] = run.seconds
+    row["predicted_schedule"] = [[step, s.batch] for step, s in run.phases]
 
 
 def summary(table: list[dict]) -> dict[str, Any]:

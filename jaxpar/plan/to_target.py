@@ -92,7 +92,9 @@ def schedule_rows(rows: Sequence[dict[str, Any]], reference: Reference, every: i
         batches = {r["global_batch_size"] for r in group}
         if len(batches) < 2:
             continue
-        out.append(_simulated(name, group, reference, every))
+        row = _simulated(name, group, reference, every)
+        if len(row["schedule_phases"]) > 1:  # one that never moves is a fixed row again
+            out.append(row)
     return out
 
 
@@ -105,8 +107,7 @@ def _simulated(name: str, group: Sequence[dict], reference: Reference, every: in
         if key not in by_setup or r["step_s"] < by_setup[key]["step_s"]:
             by_setup[key] = r
     run = goodput.simulate(
-        reference.noise_at(),
-        reference.progress_to_target,
+        reference.trace,
         reference.base_batch,
         lambda s: by_setup[s]["step_s"],
         sorted(by_setup),
@@ -127,8 +128,8 @@ def _simulated(name: str, group: Sequence[dict], reference: Reference, every: in
         "memory_bytes_per_device": max(r["memory_bytes_per_device"] for r in by_setup.values()),
         "fits": True,
         "learning_rate": None,
-        "steps_to_target": run.steps if run.reached else None,
-        "time_to_target_s": run.seconds if run.reached else None,
+        "steps_to_target": run.steps,
+        "time_to_target_s": run.seconds,
         "sync_steps_factor": 1.0,
         "schedule_phases": phases,
     }
@@ -218,6 +219,8 @@ def verdict(ranked: list[dict], throughput_best: dict | None) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{1e3 * seconds:.1f} ms"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 7200:

@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from jaxpar.target import gain as gain_lib
+from jaxpar.target.steps import TracePoint
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -162,40 +163,41 @@ def choose(
 
 @dataclasses.dataclass(frozen=True)
 class Simulated:
-    """A run simulated over a noise trace: its phases, steps and seconds to the progress."""
+    """A run simulated along a reference's noise trace: its phases, steps and seconds to the
+    reference's progress."""
 
-    phases: tuple[tuple[int, Setup], ...]  # (first step, setup)
-    steps: int
+    phases: tuple[tuple[int, Setup], ...]  # (steps done when it took over, setup)
+    steps: float
     seconds: float
-    reached: bool
 
 
 def simulate(
-    noise_at: Callable[[float], float],
-    progress_to: float,
+    trace: Sequence[TracePoint],
     base_batch: int,
     step_s: Callable[[Setup], float],
-    candidates: Sequence[Setup],
-    every: int,
+    candidates: Sequence[Setup] = (),
+    every: int = 50,
     fixed: Setup | None = None,
-    max_steps: int = 10**7,
 ) -> Simulated:
-    """Steps and seconds to make `progress_to` steps of progress, B_noise following the
-    reference's trace as a function of progress (`noise_at`), step times from `step_s`: at a
-    `fixed` setup, or choosing the best candidate by goodput every `every` steps."""
+    """Steps and seconds to make the progress of a reference's `trace` (steps.TracePoint:
+    each reference step's B_noise and progress), at a `fixed` setup or choosing the best
+    candidate by goodput every `every` steps, step times from `step_s`. Each reference step's
+    progress costs progress / gain steps of the current setup (steps.steps_along's sum, so a
+    fixed setup takes exactly the steps model's steps); a decision reads the B_noise of the
+    reference step the run has come to."""
     times = StepTimes(predict=step_s)
-    progress, seconds, steps = 0.0, 0.0, 0
-    phases: list[tuple[int, Setup]] = []
+    steps, seconds, due = 0.0, 0.0, 0.0
+    phases: list[tuple[int, Setup]] = [] if fixed is None else [(0, fixed)]
     setup = fixed
-    while progress < progress_to and steps < max_steps:
-        if fixed is None and steps % every == 0:
-            best = choose(candidates, times, base_batch, noise_at(progress), setup).best
+    for point in trace:
+        if fixed is None and steps >= due:
+            best = choose(candidates, times, base_batch, point.noise_scale, setup).best
             if best != setup:
-                phases.append((steps, best))
+                phases.append((round(steps), best))
                 setup = best
-        elif not phases:
-            phases.append((0, setup))
-        progress += gain_lib.gain_at(noise_at(progress), base_batch, setup.batch)
-        seconds += step_s(setup)
-        steps += 1
-    return Simulated(tuple(phases), steps, seconds, progress >= progress_to - 1e-9)
+            while due <= steps:
+                due += every
+        taken = point.progress / gain_lib.gain_at(point.noise_scale, base_batch, setup.batch)
+        steps += taken
+        seconds += taken * step_s(setup)
+    return Simulated(tuple(phases), steps, seconds)

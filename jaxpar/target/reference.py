@@ -22,7 +22,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from jaxpar import metrics as metrics_lib
@@ -77,10 +77,6 @@ class Reference:
     def min_steps(self) -> float:
         """The one-average model's S_min: the steps at an infinite batch."""
         return self.progress_to_target / (1 + self.noise_scale / self.base_batch)
-
-    def noise_at(self) -> Callable[[float], float]:
-        """B_noise as a function of the progress made, along the trace."""
-        return steps_lib.noise_by_progress(self.trace)
 
     def phases(self, parts: int = 5) -> list[tuple[int, int, float]]:
         """(first step, last step, mean B_simple) over `parts` equal spans of the trace: how

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from jaxpar.target.gain import gain_at
 
@@ -47,26 +47,6 @@ def steps_one_average(
     """S(B) with one B_noise for the whole run: progress x (1 + B_noise / B) / (1 + B_noise /
     Bb)."""
     return progress / gain_at(noise_scale, base_batch, batch)
-
-
-def noise_by_progress(trace: Sequence[TracePoint]) -> Callable[[float], float]:
-    """phi as a function of the progress made (for simulating a run along the trace): each
-    step's phi from the progress before it to the progress after it."""
-    ends, phis, done = [], [], 0.0
-    for p in trace:
-        done += p.progress
-        ends.append(done)
-        phis.append(p.noise_scale)
-
-    def at(progress: float) -> float:
-        if not ends:
-            return math.inf
-        for end, phi in zip(ends, phis, strict=True):
-            if progress < end:
-                return phi
-        return phis[-1]
-
-    return at
 
 
 def interpolated(points: Sequence[tuple[int, float]], steps: int) -> list[float]:
