@@ -29,6 +29,10 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     for r in rows:
         mode = r.get("sync_mode") or "allreduce"
         key = common.family(r) + ("" if mode == "allreduce" else f", {mode}")
+        if r.get("schedule_phases"):
+            key += ", goodput schedule"
+        elif r.get("lr_adaptation") == "adascale":
+            key += ", AdaScale"
         kinds.setdefault(key, []).append(r)
     for key, sel in kinds.items():
         sel = [r for r in sel if r.get("steps_to_target")]
