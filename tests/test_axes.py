@@ -117,13 +117,14 @@ def test_node_carries_a_quarter_of_the_gradient():
 
 
 def test_other_sync_modes_treat_node_x_data_as_one_flat_group():
-    """Every mode but allreduce combines node x data = (2, 4) as one group of 8 replicas,
-    exactly as data = 8: the parameter server (replica 0 of the flattened group) receives and
-    sends with collective-permutes over both axes at once."""
+    """Every mode but allreduce combines node x data = (2, 4) as one group of 8 replicas, as
+    data = 8 does: the parameter server (replica 0 of the flattened group) receives and sends
+    with collective-permutes over both axes at once. (The two meshes compile to two programs,
+    whose float rounding XLA:CPU may fuse differently: equal to RTOL, not bit for bit.)"""
     settings = {"sync.mode": "parameter_server", "num_train_steps": 3}
     flat = run_steps(mesh_config(("data",), (8,), **settings), 8)
     got = run_steps(mesh_config(("node", "data"), (2, 4), **settings), 8)
-    np.testing.assert_array_equal(got[0], flat[0])
+    np.testing.assert_allclose(got[0], flat[0], rtol=RTOL)
     assert max_rel_error(got[1].params, flat[1].params) < RTOL
 
 

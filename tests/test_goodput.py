@@ -2,7 +2,6 @@
 simulated over a growing noise scale, the candidates a config allows, and a scheduled run's
 moves equal to a run stopped and restarted by hand at each of them."""
 
-
 import pytest
 
 from jaxpar import batch_schedule, metrics, preemption, trainer

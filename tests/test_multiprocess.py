@@ -40,6 +40,11 @@ from tests.util import (
 )
 
 RTOL = 1e-5
+# The main job's runs (Adam, BatchNorm) in two processes and in one are two sets of programs
+# whose float rounding differs; Adam divides each gradient by its own size, so rounding in
+# near-zero gradients grows about 20x a step: 9e-7 at step 3, 1.8e-5 at step 4 on an AVX2
+# XLA:CPU, where the same runs under SGD differ by 1.4e-6.
+ADAM_RTOL = 5e-5
 # The watchdog's limit in these runs (hang_timeout_s; 300 s by default): well inside
 # tests.util.wait_all's 300 s, so that a run that hangs writes every thread's stack and its
 # one line to its log, which the failure shows, before the test kills it.
@@ -203,7 +208,7 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     got = records(two, "eval")
     assert [r["step"] for r in got] == [2, 4] and got[0]["count"] == 200
     assert_evaluations(got, evaluations)
-    np.testing.assert_allclose(train_losses(two), losses, rtol=RTOL)
+    np.testing.assert_allclose(train_losses(two), losses, rtol=ADAM_RTOL)
 
     s = records(two, "summary")[-1]
     bounds, model = built.strategy.bounds, built.model
