@@ -138,10 +138,10 @@ def report(out: str, problem: Problem, runs: list[dict]) -> tuple[list[dict], st
     the one-average model's predictions from the reference seeds (each seed's S(B), their
     mean)."""
     from jaxpar import metrics
-    from jaxpar.target import reference as reference_lib
+    from jaxpar.target import reading
 
     refs = [
-        reference_lib.load(r["workdir"], problem.target)
+        reading.load(r["workdir"], problem.target)
         for r in runs
         if r["batch"] == problem.batch and _reached(r)
     ]

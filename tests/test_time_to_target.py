@@ -16,7 +16,7 @@ from jaxpar import optim, run_setup, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.noise_scale import NoiseScale
 from jaxpar.plan import to_target
-from jaxpar.target import reference as reference_lib
+from jaxpar.target import reading
 from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import Reference
 from jaxpar.target.steps import TracePoint
@@ -154,15 +154,15 @@ def test_a_workdir_and_a_json_file_give_the_same_prediction_from_the_same_trace(
             }
         )
     )
-    run = reference_lib.load(str(tmp_path / "run"), 0.9)
-    from_json = reference_lib.load(str(tmp_path / "ref.json"), 0.9)
+    run = reading.load(str(tmp_path / "run"), 0.9)
+    from_json = reading.load(str(tmp_path / "ref.json"), 0.9)
     for batch in (16, 64, 256, 4096):
         # a linear trace read every sixth step is the same trace
         assert from_json.steps(batch) == pytest.approx(run.steps(batch), rel=1e-12)
         assert from_json.steps_one_average(batch) == pytest.approx(run.steps_one_average(batch))
     # an AdaScale run's steps count the progress their gains made, at its base batch
     _write_run(tmp_path / "adapted", [40.0] * 20, gains=[1.5] * 20, lr_adaptation="adascale")
-    adapted = reference_lib.load(str(tmp_path / "adapted"))
+    adapted = reading.load(str(tmp_path / "adapted"))
     assert adapted.base_batch == 16 and adapted.progress_to_target == pytest.approx(30)
     assert adapted.steps(16) == pytest.approx(30)
 
@@ -205,7 +205,7 @@ def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path)
     assert summary["noise_scale_b_small"] == 8 and summary["noise_scale_b_big"] == 16
     assert summary["noise_scale_steps"] == 2
     with pytest.raises(ConfigError, match="measured over 2 steps to the target; at least 20"):
-        reference_lib.load(str(tmp_path))  # too short a run to plan from
+        reading.load(str(tmp_path))  # too short a run to plan from
 
 
 def test_a_target_never_reached_ends_the_run_normally(tmp_path):
@@ -220,28 +220,28 @@ def test_a_target_never_reached_ends_the_run_normally(tmp_path):
     assert summary["target_reached"] is False and summary["steps"] == 3
     assert "steps_to_target" not in summary
     with pytest.raises(ConfigError, match="never reached its target"):
-        reference_lib.load(str(tmp_path), 1.0)
+        reading.load(str(tmp_path), 1.0)
 
 
 def test_from_run_refusals_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match="no such workdir"):
-        reference_lib.load(str(tmp_path / "nope"))
+        reading.load(str(tmp_path / "nope"))
     bad = tmp_path / "ref.json"
     bad.write_text(json.dumps({"batch_size": 64, "steps_to_target": 100}))
     with pytest.raises(ConfigError, match="missing lr_rule, noise_scale or noise_trace"):
-        reference_lib.load(str(bad))
+        reading.load(str(bad))
     unsettled = {"batch_size": 64, "steps_to_target": 100, "lr_rule": "noise"}
     bad.write_text(json.dumps({**unsettled, "noise_trace": [[10, None], [20, None]]}))
     with pytest.raises(ConfigError, match="never settled"):
-        reference_lib.load(str(bad))
+        reading.load(str(bad))
     bad.write_text(json.dumps({**unsettled, "noise_scale": 40, "target_accuracy": 0.8}))
     with pytest.raises(ConfigError, match="reached accuracy 0.8, not 0.9"):
-        reference_lib.load(str(bad), 0.9)
+        reading.load(str(bad), 0.9)
     good = tmp_path / "good.json"
     good.write_text(
         json.dumps({**unsettled, "noise_trace": [[10, 50.0], [100, 150.0], [200, 900.0]]})
     )
-    ref = reference_lib.load(str(good))
+    ref = reading.load(str(good))
     # one B_noise from a trace alone: the mean of its per-step values up to the target
     # (10 steps at 50, then 50 -> 150 over steps 11-100)
     assert ref.noise_scale == pytest.approx(
@@ -433,9 +433,9 @@ def test_sync_step_factors_measured_on_the_model_are_kept_beside_the_reference(t
     assert factor["steps_to_target"] == factor["allreduce_steps_to_target"] == 1
     assert factor["factor"] == 1.0
     _write_run(tmp_path / "ref", [30.0] * 25)
-    path = calibrate_sync.store(record, reference_lib.load(str(tmp_path / "ref")))
+    path = calibrate_sync.store(record, reading.load(str(tmp_path / "ref")))
     assert path == tmp_path / "ref" / "sync_factors.json"
-    ref = reference_lib.load(str(tmp_path / "ref"))
+    ref = reading.load(str(tmp_path / "ref"))
     assert ref.sync_factors == {("local_sgd", 2): 1.0}
     assert sync_factor("local_sgd", 2, ref.sync_factors) == 1.0
     assert sync_factor("local_sgd", 4, ref.sync_factors) == 1.15  # the fallback constants

@@ -16,7 +16,7 @@ from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt_lib
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
-from jaxpar.target import reference as reference_lib
+from jaxpar.target import reading
 from jaxpar.target.reference import Reference
 
 
@@ -125,7 +125,7 @@ def _reference(workdir: str) -> Reference | None:
     """A row's run as the steps model's reference, or None where it cannot be one (one line
     says why)."""
     try:
-        return reference_lib.load(workdir)
+        return reading.load(workdir)
     except ConfigError as e:
         print(f"time to target: no reference ({oneline.first_line(e)})")
         return None

@@ -167,9 +167,9 @@ def _main(args, overrides: dict) -> int:
         raise ConfigError(f"--batches {args.batches!r}: each batch must be >= 1")
     reference = None
     if args.from_run:  # before any compile: a bad reference is one line at once
-        from jaxpar.target import reference as reference_lib
+        from jaxpar.target import reading
 
-        reference = reference_lib.load(args.from_run, args.target_accuracy)
+        reference = reading.load(args.from_run, args.target_accuracy)
     names = [a.strip() for a in args.axes.split(",") if a.strip()] or None
     from jaxpar import axes as axes_lib
 

@@ -16,10 +16,11 @@ from pathlib import Path
 from jaxpar import configfile, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json
-from jaxpar.target import reference as reference_lib
+from jaxpar.target import reading
+from jaxpar.target.reference import Reference
 from jaxpar.target.sync_factors import SETTING_KEYS
 
-FILE = reference_lib.SYNC_FACTORS_FILE
+FILE = reading.SYNC_FACTORS_FILE
 
 
 def settings(text: str, config) -> list[tuple[str, int]]:
@@ -88,9 +89,9 @@ def calibrate(config, pairs: list[tuple[str, int]], accuracy: float, out: Path) 
     }
 
 
-def store(record: dict, reference: reference_lib.Reference) -> Path:
+def store(record: dict, reference: Reference) -> Path:
     """sync_factors.json beside the reference: in its workdir, or as FILE.sync_factors.json
-    beside its JSON file (where reference_lib.measured_sync_factors reads it)."""
+    beside its JSON file (where reading.measured_sync_factors reads it)."""
     source = Path(reference.source)
     path = source / FILE if source.is_dir() else source.with_suffix(f".{FILE}")
     write_json(str(path), record)

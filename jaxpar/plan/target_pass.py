@@ -10,7 +10,7 @@ from pathlib import Path
 
 from jaxpar import configfile, oneline
 from jaxpar.plan import calibrate_sync as calibrate_sync_lib
-from jaxpar.target import reference as reference_lib
+from jaxpar.target import reading
 
 
 def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
@@ -34,7 +34,7 @@ def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: P
         },
     )
     trainer.train_and_evaluate(run, str(workdir))
-    return reference_lib.load(str(workdir), accuracy)
+    return reading.load(str(workdir), accuracy)
 
 
 def calibrate_sync(config, pairs: str, accuracy: float, reference, out: Path):
@@ -46,7 +46,7 @@ def calibrate_sync(config, pairs: str, accuracy: float, reference, out: Path):
     )
     path = calibrate_sync_lib.store(record, reference)
     print("\n" + "\n".join(calibrate_sync_lib.table(record)) + f"\nkept in {path}", flush=True)
-    return reference_lib.load(reference.source, accuracy)
+    return reading.load(reference.source, accuracy)
 
 
 def rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):

@@ -4,7 +4,8 @@ it will take at another batch.
 - goal.py: the target (an accuracy or a loss) and when a run reached it;
 - gain.py: AdaScale's gain and Pollux's statistical efficiency, from the gradient noise scale;
 - steps.py: the steps model, integrated along a reference run's noise trace;
-- reference.py: a reference run, from its workdir or a JSON file (python -m jaxpar.target);
+- reference.py: a reference run, the record the steps model starts from (python -m
+  jaxpar.target); reading.py reads one from its workdir or a JSON file;
 - goodput.py: which batch and mesh make the most progress per second, and a schedule of them
   simulated along a trace;
 - sync_factors.py: the approximate sync modes' steps over allreduce's.

@@ -4,7 +4,7 @@ the steps to its target it predicts at other global batches.
     python -m jaxpar.target --from-run runs/ref --batches 16,256,1024
     python -m jaxpar.target --from-run trace.json --target-accuracy 0.9
 
-PATH is a run's workdir or a JSON file (jaxpar/target/reference.py). Nothing is compiled.
+PATH is a run's workdir or a JSON file (jaxpar/target/reading.py). Nothing is compiled.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 from jaxpar import oneline
 from jaxpar.errors import ConfigError
-from jaxpar.target import reference as reference_lib
+from jaxpar.target import reading
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        ref = reference_lib.load(args.from_run, args.target)
+        ref = reading.load(args.from_run, args.target)
         batches = _batches(args.batches, ref.batch_size)
     except ConfigError as e:
         oneline.print_error(oneline.first_line(e))
