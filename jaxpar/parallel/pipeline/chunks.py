@@ -9,11 +9,8 @@ keep the backward's residuals instead of recomputing the forward:
   gradients added into the accumulator.
 - fwd_res, bwd_res, bwd_in, bwd_w (zero-bubble B and W): the residual programs, whose
   bodies are residuals.py's (ChunkPrograms takes them from its `ResidualPrograms` base).
-- update: the chunk's sync rule combines the accumulated gradients over the replicas and applies
-  them (TrainState.apply_gradients), the only place replicas meet. With an adapting rate
-  (AdaScale) it is two programs, `combine` (the replicas' gradients combined, kept per replica,
-  and the chunk's parts of the squared norms) and `apply_update` (the optimizer step, given
-  the whole model's norms, which the runner adds up over the chunks in between).
+- update (or, under an adapting rate, combine and apply_update): the sync rule combines the
+  replicas' accumulated gradients and applies them; their bodies are updates.py's.
 
 The gradient noise scale (`Chunk.measure`, noise_scale.py): the accumulator is then a pair,
 (gradients, per replica the sum of its micro-batches' squared gradient norms), each increment's
@@ -37,14 +34,13 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jaxpar import adascale
 from jaxpar import mesh as mesh_lib
-from jaxpar.parallel import norms, tensor
-from jaxpar.parallel.adapt import adapted_metrics
+from jaxpar.parallel import tensor
 from jaxpar.parallel.pipeline.residuals import ResidualPrograms
+from jaxpar.parallel.pipeline.updates import UpdatePrograms
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import accuracy, cross_entropy, logit_sums
-from jaxpar.parallel.sync.base import SyncRule, block, manual, unblock
+from jaxpar.parallel.sync.base import SyncRule, manual
 
 NAMES = (
     "fwd",
@@ -125,9 +121,10 @@ class Deferred:
         return self._get(args).lower(*args)
 
 
-class ChunkPrograms(ResidualPrograms):
+class ChunkPrograms(ResidualPrograms, UpdatePrograms):
     """The programs of one chunk (methods named as in NAMES, compiled by `_build`; the
-    residual ones from ResidualPrograms)."""
+    residual ones from ResidualPrograms, the accumulation and the update from
+    UpdatePrograms)."""
 
     def __init__(self, chunk: Chunk):
         self.ck = ck = chunk
@@ -180,23 +177,6 @@ class ChunkPrograms(ResidualPrograms):
         mesh = jax.sharding.get_abstract_mesh()
         return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P()))
 
-    def accumulate(self, acc, grads, sharded_sq=None):
-        """The accumulator plus one micro-batch's gradient (this replica's, scaled by 1/M:
-        the step's gradient is the micro-batches' mean), and when measuring plus the squared
-        norm of the micro-batch's own mean gradient, M times that increment (under fsdp:
-        `sharded_sq`, the probe's cotangent, for the sharded leaves)."""
-        grads = self.in_layout(grads)
-        add = lambda total: jax.tree.map(lambda a, g: a + g[None], total, grads)
-        if not self.ck.measure:
-            return add(acc)
-        total, sq = acc
-        if self.ck.gather is None:
-            inc = norms.local_sq(grads)
-        else:
-            inc = sharded_sq + norms.local_sq(self.ck.gather.whole(grads))
-        m = self.ck.num_microbatches
-        return add(total), sq + (m * m) * inc[None]
-
     def sm(self, fn, in_specs, out_specs, check_vma: bool = True):
         ck = self.ck
         return ck.replicas.shard_map(fn, ck.mesh, in_specs, out_specs, ck.auto_axes, check_vma)
@@ -232,40 +212,6 @@ class ChunkPrograms(ResidualPrograms):
             metrics = (r.pmean(out), r.pmean(correct))
             return self.boundary(g_x), acc, self.ck.rule.placed_stats(new_stats), metrics
         return (self.boundary(g_x), acc) if not self.ck.first else acc
-
-    def update(self, state, acc):
-        """The updated state and a zeroed accumulator; when measuring also the chunk's parts
-        of the step's two squared norms (its mean over (micro-batch, replica) of their
-        gradients' squared norms; its combined gradient's), each the same on every replica."""
-        rule = self.ck.rule
-        total, sq = acc if self.ck.measure else (acc, None)
-        grads = self.in_layout(block(total))
-        new, big = rule.update_measured(state, grads, rule.local_stats(state.batch_stats))
-        zero = jax.tree.map(jnp.zeros_like, acc)
-        if not self.ck.measure:
-            return new, zero
-        small = self.ck.replicas.pmean(block(sq) / self.ck.num_microbatches)
-        return new, zero, (small, big)
-
-    def combine(self, state, acc):
-        """An adapting rate's first half of the update: the combined gradient (each replica's
-        part, stacked over the replicas), a zeroed accumulator, and the chunk's parts of the
-        step's two squared norms."""
-        total, sq = acc
-        combined, big = self.ck.rule.combine(state, self.in_layout(block(total)))
-        small = self.ck.replicas.pmean(block(sq) / self.ck.num_microbatches)
-        combined = unblock(self.ck.replicas.varying(combined))
-        return combined, jax.tree.map(jnp.zeros_like, acc), (small, big)
-
-    def apply_update(self, state, combined, norms_total):
-        """The second half: the optimizer step on the combined gradient, given the whole
-        model's two squared norms; also the adapting rate's gain, progress and rate."""
-        rule = self.ck.rule
-        small, big = norms_total
-        noise = adascale.GradNoise(small, big, *self.ck.adapt)
-        stats = rule.local_stats(state.batch_stats)
-        new = rule.apply(state, block(combined), stats, noise)
-        return new, adapted_metrics(rule.adapted(new))
 
     def evaluate(self, state, x, *label_mask):
         params, stats = self.ck.rule.eval_model(state)
