@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ import jaxlib
 import pytest
 
 from jaxpar import cluster, configfile, jax_internals
-from tests.util import ROOT, TINY, cli_env, flags, one_error_line, run_cli
+from tests.util import ROOT, TINY, cli_env, flags, free_port, one_error_line, run_cli
 
 # -- the internals --------------------------------------------------------------------------
 
@@ -160,7 +159,7 @@ def test_the_cli_fails_in_one_line_when_an_internal_moved():
             script,
             "--config",
             "configs/vgg19_hybrid.py",
-            f"--coordinator=127.0.0.1:{_free_port()}",
+            f"--coordinator=127.0.0.1:{free_port()}",
             "--num_processes=2",
             "--process_id=0",
         ],
@@ -245,12 +244,6 @@ def _local_launcher():
     return module
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def listening(pid: int) -> set[tuple[str, int]]:
     """(address, port) of every TCP socket process `pid` listens on, read from /proc as
     `ss -ltnp` reads it: "::" or "0.0.0.0" is every interface."""
@@ -308,7 +301,7 @@ def test_process_0_listens_on_the_loopback_coordinator_or_where_told():
     """Process 0 of a run (alone: it starts the service, then waits for process 1, killed
     first): with a loopback coordinator 127.0.0.2 it listens there, not on every interface
     (JAX's default, [::]); with --coordinator_bind_address 127.0.0.1, there."""
-    ports = [_free_port("127.0.0.2"), _free_port("127.0.0.2")]
+    ports = [free_port("127.0.0.2"), free_port("127.0.0.2")]
     binds = [[], [f"--coordinator_bind_address=127.0.0.1:{ports[1]}"]]
     procs = [
         subprocess.Popen(
@@ -366,7 +359,7 @@ def test_a_run_on_one_machine_listens_on_loopback_only(tmp_path):
     resolves to, where gloo would listen by default): the coordination service and every gloo
     socket listen on 127.0.0.2 only; the coordination calls of jax_internals work on a live
     cluster, and both leave cleanly."""
-    coordinator = f"127.0.0.2:{_free_port('127.0.0.2')}"
+    coordinator = f"127.0.0.2:{free_port('127.0.0.2')}"
     procs = [
         subprocess.Popen(
             [sys.executable, "-u", "-c", _JOINED, coordinator, str(i), tmp_path / f"{i}.json"],

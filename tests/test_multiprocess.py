@@ -23,6 +23,7 @@ import pytest
 
 from jaxpar import checkpoint, run_setup, trainer
 from tests.util import (
+    MULTIPROCESS,
     ROOT,
     TINY,
     flags,
@@ -52,11 +53,6 @@ HANG_S = 120
 # Seconds without heartbeats after which a process counts as lost (--heartbeat_timeout; 15 by
 # default): shorter here, so that the tests of lost and hung processes wait less.
 HEARTBEAT_S = 6
-
-
-def MULTIPROCESS(test):
-    """Every launch of several processes: in the multiprocess set, and slow."""
-    return pytest.mark.slow(pytest.mark.multiprocess(test))
 
 
 def start(workdir, steps, env=None, extra=(), **overrides) -> list[subprocess.Popen]:

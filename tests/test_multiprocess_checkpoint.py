@@ -13,7 +13,6 @@ one (tests/multi_jobs.py); each test then continues a copy of the latter to step
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -22,7 +21,16 @@ import numpy as np
 import pytest
 
 from jaxpar import checkpoint, configfile, run_setup
-from tests.util import ROOT, cli_env, records, start_processes, tiny_config, wait_all
+from tests.util import (
+    MULTIPROCESS,
+    ROOT,
+    cli_env,
+    free_port,
+    records,
+    start_processes,
+    tiny_config,
+    wait_all,
+)
 
 EVERY, CUT, STEPS = 2, 4, 6  # checkpoints at 2 and 4, then 6
 SETTINGS = {
@@ -35,11 +43,6 @@ SETTINGS = {
     "hang_timeout_s": 120,
 }
 DEVICES = 2  # per process
-
-
-def MULTIPROCESS(test):
-    """Every launch of several processes: in the multiprocess set, and slow."""
-    return pytest.mark.slow(pytest.mark.multiprocess(test))
 
 
 def write_jobs(log, jobs: dict) -> str:
@@ -169,9 +172,7 @@ def test_a_checkpoint_only_process_one_cannot_read_is_skipped_by_both(tmp_path, 
     (garbage / "manifest.ocdbt").write_bytes(b"garbage")
     hidden = os.path.join(run, "checkpoints", str(CUT), "state", "ocdbt.process_1")
     jobs = write_jobs(log, {run: STEPS})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = cli_env({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": configfile.with_host_devices(DEVICES)})
     procs = []
     for i in range(2):

@@ -14,7 +14,6 @@ import ipaddress
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 
 from jaxpar import cluster, configfile
 from tests.test_internals import listening
-from tests.util import ROOT, TINY, flags, records, run_steps, tiny_config
+from tests.util import MULTIPROCESS, ROOT, TINY, flags, free_port, records, run_steps, tiny_config
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel")
@@ -42,11 +41,6 @@ SETTINGS = {
 TASKS = ["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1", "--gpus-per-task=0"]
 
 
-def MULTIPROCESS(test):
-    """Several JAX processes (here SLURM's tasks): in the multiprocess set, and slow."""
-    return pytest.mark.slow(pytest.mark.multiprocess(test))
-
-
 def missing() -> str | None:
     """Why SLURM cannot run here, or None."""
     absent = [name for name in DAEMONS + CLIENTS if not shutil.which(name)]
@@ -55,12 +49,6 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "SLURM's daemons need root here (slurmd starts the tasks as their user)"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 CONF = """\

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from configs import base
 from jaxpar import axes, configfile, run_setup
@@ -263,14 +264,24 @@ def start_cli(*args, env=None, log=None, stderr=subprocess.STDOUT, module="jaxpa
     )
 
 
+def MULTIPROCESS(test):
+    """Every launch of several processes: in the multiprocess set, and slow."""
+    return pytest.mark.slow(pytest.mark.multiprocess(test))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at `host` now (a loopback address)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def start_processes(workdir, args, env=None, module="jaxpar.train", num=2, devices=4) -> list:
     """The `num` processes of one run with `devices` simulated CPU devices each, started as a
     cluster starts them (--coordinator/--num_processes/--process_id over loopback, without
     launch/local.py's help), with this process's other XLA_FLAGS. Process i writes its output
     to WORKDIR.proc{i}.log."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     xla = configfile.with_host_devices(devices)
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla, **(env or {})}
     joined = [f"--coordinator=127.0.0.1:{port}", f"--num_processes={num}"]
