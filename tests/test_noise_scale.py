@@ -180,9 +180,9 @@ def test_squared_norm_is_the_sum_of_squares_either_way():
     tree, exact = _mixed_tree()
     leaves = jax.tree.leaves(tree)
     assert len(leaves) > 2 * norms.LEAVES_PER_REDUCTION
-    for fn in (norms.local_sq, lambda t: norms._each_leaf(jax.tree.leaves(t))):
+    for fn in (norms.local_sq, lambda t: norms.sq_per_leaf(jax.tree.leaves(t))):
         np.testing.assert_allclose(float(jax.jit(fn)(tree)), exact, rtol=1e-6)
-    np.testing.assert_allclose(float(jax.jit(norms._concatenated)(leaves)), exact, rtol=1e-6)
+    np.testing.assert_allclose(float(jax.jit(norms.sq_concatenated)(leaves)), exact, rtol=1e-6)
     assert float(norms.local_sq({})) == 0.0
 
 

@@ -40,11 +40,12 @@ def local_sq(tree: Any) -> jax.Array:
     if not leaves:
         return jnp.zeros((), jnp.float32)
     return lax.platform_dependent(
-        leaves, cuda=_concatenated, rocm=_concatenated, default=_each_leaf
+        leaves, cuda=sq_concatenated, rocm=sq_concatenated, default=sq_per_leaf
     )
 
 
-def _each_leaf(leaves: list) -> jax.Array:
+def sq_per_leaf(leaves: list) -> jax.Array:
+    """local_sq's form off GPUs: a reduction per leaf."""
     return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves)
 
 
@@ -59,7 +60,8 @@ def _flat(x: jax.Array) -> jax.Array:
     return jnp.ravel(x).astype(jnp.float32)
 
 
-def _concatenated(leaves: list) -> jax.Array:
+def sq_concatenated(leaves: list) -> jax.Array:
+    """local_sq's form on GPUs: LEAVES_PER_REDUCTION leaves concatenated a reduction."""
     groups = -(-len(leaves) // LEAVES_PER_REDUCTION)
     size = -(-len(leaves) // groups)
     return sum(
