@@ -37,6 +37,8 @@ import os
 import tempfile
 import threading
 
+from jaxpar import jax_internals
+
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
@@ -218,8 +220,6 @@ def _install_atomic_writes() -> None:
     """Make JAX's file cache write each entry by rename (module docstring). Reaches into
     jax._src (JAX 0.10.2 has no public hook for it); where that moved, JAX's own writes stay
     and one line says so."""
-    from jaxpar import jax_internals
-
     try:
         module = jax_internals.resolve("jax._src.compilation_cache")
         file_cache = jax_internals.resolve("jax._src.lru_cache.LRUCache")

@@ -27,6 +27,9 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
+from jaxpar import jax_internals
+from jaxpar.errors import ConfigError
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -40,8 +43,6 @@ def make_configs_importable() -> None:
 def load(path: str) -> ml_collections.ConfigDict:
     """`get_config()` of the Python file at `path` (FileNotFoundError if there is none, a
     ConfigError if it has no get_config or fails to run: a syntax error, a bad import)."""
-    from jaxpar.errors import ConfigError
-
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such config file {path!r}")
     make_configs_importable()
@@ -211,8 +212,7 @@ def _started_count() -> int | None:
     (or JAX has no CPU backend here)."""
     if "jax" not in sys.modules:
         return None
-    from jaxpar import jax_internals  # JAX has no public way to ask without starting them
-
+    # JAX has no public way to ask without starting them
     if not jax_internals.backends_started():
         return None
     import jax

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from jaxpar import jax_internals
+
 ROOT = "jaxpar"
 
 
@@ -37,8 +39,6 @@ def _process_index() -> int:
     starts them)."""
     if "jax" not in sys.modules:
         return 0
-    from jaxpar import jax_internals
-
     if not jax_internals.backends_started():
         return 0
     import jax

@@ -17,6 +17,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxpar import cluster, compile_cache, configfile, log, oneline
+from jaxpar.errors import TrainingError
+from jaxpar.jax_internals import JaxInternalsError
 
 configfile.make_configs_importable()  # `from configs import base` from any directory
 
@@ -143,8 +145,6 @@ def _join_cluster() -> None:
         raise app.UsageError("--num_processes > 1 needs --coordinator host:port of process 0")
     if not 0 <= _PROCESS_ID.value < max(_NUM_PROCESSES.value, 1):
         raise app.UsageError(f"--process_id must be in [0, {_NUM_PROCESSES.value})")
-    from jaxpar.jax_internals import JaxInternalsError
-
     try:
         cluster.initialize(
             _COORDINATOR.value,
@@ -161,14 +161,12 @@ def _join_cluster() -> None:
 
 def _run(config) -> None:
     """--explain, or train (and evaluate) into the workdir; every error as one line."""
+    # These import JAX, which fixes the device count: only after main() has set XLA_FLAGS.
     from jaxpar import config as config_lib
-    from jaxpar import data, trainer
-    from jaxpar.errors import TrainingError
+    from jaxpar import data, explain, trainer
 
     try:
         if _EXPLAIN.value:
-            from jaxpar import explain
-
             print(explain.explain(config))
             return
         workdir = _WORKDIR.value

@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from jaxpar import cluster
+from jaxpar import cluster, jax_internals
 
 FACTOR = 20  # a beat interval this many times the recent median counts as a hang
 COMPILE_S = 600  # the least time allowed for work that compiles programs (first step, eval)
@@ -172,8 +172,6 @@ class Watchdog:
         if self.asked or not cluster.is_multiprocess():
             return
         if self._coordination is None:
-            from jaxpar import jax_internals
-
             try:
                 self._coordination = jax_internals.Coordination()
             except RuntimeError:  # shut down meanwhile (cluster.finish)

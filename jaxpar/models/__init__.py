@@ -13,6 +13,7 @@ import importlib
 
 import jax.numpy as jnp
 
+from jaxpar.errors import ConfigError
 from jaxpar.models import alexnet, densenet, inception, lenet, resnet, vgg
 from jaxpar.models.base import Layer, SequentialModel
 
@@ -75,8 +76,6 @@ def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> 
 
 
 def _build_external(name, model_config, input_shape, num_classes) -> SequentialModel:
-    from jaxpar.errors import ConfigError
-
     if (reason := check_name(name)) is not None:
         raise ConfigError(reason)
     key = (name, input_shape, num_classes, repr(sorted(model_config.items())))

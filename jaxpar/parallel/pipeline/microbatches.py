@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxpar import axes, units
+from jaxpar.parallel import schedules
 from jaxpar.parallel.pipeline.balance import cache_key, time_fastest
 
 logger = logging.getLogger(__name__)
@@ -84,8 +85,6 @@ def _choose(model, config, mesh) -> int:
     and places the schedule's events on that clock. Memory does not bound M here: the stored
     activations of a step hold the same images however they are cut (GPipe), or fewer with
     more micro-batches (1F1B keeps at most K in flight)."""
-    from jaxpar.parallel import schedules
-
     shape = dict(mesh.shape)
     data, k = axes.num_replicas(shape), axes.num_stages(shape)
     schedule, v = config.pipeline.schedule, config.pipeline.virtual_stages
