@@ -315,7 +315,7 @@ def test_float64_needs_jax_64_bit_mode_in_one_line():
 def test_resnet20_learns_shapes10():
     """Learning, not just running: ResNet-20 at quarter width on the embedded shapes10 (10
     classes, chance 0.1) reaches well above chance on held-out images in 200 steps of batch
-    64 (the full run's figures: configs/resnet20.py's docstring and command)."""
+    64 (the full run's figures: docs/config.md, "Each model's config, run")."""
     from jaxpar import run_setup
 
     config = tiny_config(
