@@ -26,8 +26,9 @@ Sources and assumptions:
   14 us + 1.9 us per step at 0.92 of it (its cap, nChannels x 36.7 GB/s, binds only below
   10 channels). The latencies are also 2.20.5's; LL's bandwidth is since 2.21.5 (before:
   a quarter of the bus bandwidth, at most 87.7 GB/s on Hopper). A ring collective takes the
-  cheapest of these and the link's own price (jaxpar/predict/links.py): LL for small
-  messages, LL128 for middling ones, the link's own for large ones.
+  cheapest of these and the link's own price (jaxpar/predict/links.py): by these figures an
+  8-GPU all-reduce of 8 KB costs 15.1 us by LL against 70 us at 5 us a step; from about 3.3
+  MB it goes by LL128, above about 69 MB at the link's own.
   (NCCL's own Simple, 8.4 + 3.4 us a step, 56 us on 8 GPUs, is not used: the 5 us above
   stays the profile's assumption.)
 - Compute, fitted (`fit`: the convolutions' fraction of peak and the host's time to launch
