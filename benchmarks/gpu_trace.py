@@ -1,12 +1,13 @@
 """Where one training step's time goes on a GPU, kernel by kernel: a profiler trace of the step
-joined with its compiled program (what docs/log.md's "Inside the step" was read from).
+joined with its compiled program (what docs/predict.md's "Figures measured on lent GPUs"
+were read from).
 
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/single_device.py \\
         --rows resnet50:224:bfloat16:128 --trace-dir runs/trace --hlo-dir runs/hlo   # on the GPU
     python benchmarks/gpu_trace.py runs/trace/resnet50_224_bfloat16_128 \\
         runs/hlo/resnet50_224_bfloat16_128.hlo.txt.gz                                # anywhere
 
-Without command buffers (the flag above: they cost about 3% here) every kernel of the trace
+Without command buffers (the flag above, which changes the step's time a little) every kernel of the trace
 names the HLO instruction it runs (`hlo_op`), so each kernel's time is joined with that
 instruction's FLOPs (convolutions and matrix products, from their shapes) and bytes (its
 operands and its result). Prints the matrix kernels (their rate; the thin ones, over fewer

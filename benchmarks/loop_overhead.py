@@ -26,6 +26,7 @@ from jaxpar import configfile, log
 
 configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
+import datafile
 import jax
 import optax
 from jax import lax
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", help="also write the result as data (.csv or .json)")
     args = parser.parse_args()
     config = make_config(args)
     bare, loop = [], []
@@ -115,6 +117,12 @@ def main() -> None:
     print(f"bare shard_map step : {b:10.1f} images/sec (median)")
     print(f"jaxpar training loop: {lp:10.1f} images/sec (median)")
     print(f"loop / bare         : {lp / b:10.3f}")
+    if args.out:
+        row = {"model": args.model, "width": args.width, "global_batch": args.batch}
+        row |= {"dtype": args.dtype, "devices": jax.device_count()}
+        row |= {"backend": jax.default_backend(), "steps": args.steps, "repeats": args.repeats}
+        row |= {"bare_images_per_sec": round(b, 1), "loop_images_per_sec": round(lp, 1)}
+        datafile.write(args.out, [row | {"loop_over_bare": round(lp / b, 3)}])
 
 
 if __name__ == "__main__":

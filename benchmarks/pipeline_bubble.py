@@ -27,6 +27,7 @@ from jaxpar import configfile, log
 
 configfile.set_host_device_count(8)  # unless XLA_FLAGS already says
 
+import datafile
 import jax
 
 from configs import base
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--split", default="flops")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", help="also write the table as data (.csv or .json)")
     args = parser.parse_args()
     print(
         f"VGG19 width {args.width}, global batch {args.batch}, K={args.stages} stages "
@@ -83,16 +85,31 @@ def main() -> None:
         f"{'seq. s':>8} {'overlap':>8}  peak stored activations per stage (KB)"
     )
     print(header)
+    rows = []
     for schedule in args.schedules:
         for m in args.microbatches:
             r = measure(args, schedule, m)
             peak = " ".join(f"{p / 1024:.0f}" for p in r["peak"])
+            rows.append(
+                {
+                    "schedule": schedule,
+                    "microbatches": m,
+                    "analytic_bubble": round(r["analytic_bubble"], 3),
+                    "measured_bubble": round(r["measured_bubble"], 3),
+                    "wall_step_s": round(r["wall_step_s"], 3),
+                    "sequential_step_s": round(r["sequential_step_s"], 3),
+                    "overlap": round(r["overlap"], 2),
+                    "peak_stored_kb_per_stage": peak,
+                }
+            )
             print(
                 f"{schedule:>8} {m:>3} {r['analytic_bubble']:>9.3f} {r['measured_bubble']:>9.3f} "
                 f"{r['wall_step_s']:>8.3f} {r['sequential_step_s']:>8.3f} {r['overlap']:>8.2f}  "
                 f"{peak}",
                 flush=True,
             )
+    if args.out:
+        datafile.write(args.out, rows)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What one reduction costs on a GPU, by how long it is and how many results it has: the next
-thing issue 36's predictor needs measured (docs/log.md, "Narrow layers on a GPU": fitted
-row by row, a reduction costs 0.7 us + bytes / 1.8 TB/s in ResNet-20's program and 4.6 us +
-bytes / 2.6 TB/s in Inception-v3's, where the profile prices every one alike).
+thing issue 36's predictor needed measured: fitted row by row, a reduction costs another fixed
+time and bandwidth in each model's program, where a profile once priced every one alike
+(`git show 27339c8:docs/predict.md`, "Narrow layers on a GPU").
 
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/reduce_micro.py --out runs/reduce.json
 

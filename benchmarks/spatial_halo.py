@@ -29,6 +29,7 @@ from jaxpar import configfile
 
 configfile.set_host_device_count(4)  # unless XLA_FLAGS already says
 
+import datafile
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -124,6 +125,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", help="also write the table as data (.csv or .json)")
     args = parser.parse_args()
     n = len(jax.devices())
     mesh = jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,))
@@ -136,6 +138,7 @@ def main() -> None:
     w = jax.device_put(w, NamedSharding(mesh, P()))
     ref = jax.jit(jax.value_and_grad(whole_loss, argnums=(0, 1)))(np.asarray(x), np.asarray(w))
     steps = {"partitioner": partitioner_step(mesh), "ppermute": ppermute_step(mesh, n)}
+    halos = {}
     with jax.set_mesh(mesh):
         for name, fn in steps.items():
             value, (gx, gw) = fn(x, w)
@@ -144,6 +147,7 @@ def main() -> None:
                 for a, b in ((value, ref[0]), (gx, ref[1][0]), (gw, ref[1][1]))
             ]
             halo, total = permute_bytes(fn, x, w)
+            halos[name] = (halo, total, max(errs))
             print(
                 f"{name:<12} max rel. error vs one device: loss {errs[0]:.1e}, "
                 f"d input {errs[1]:.1e}, d kernel {errs[2]:.1e}; per device: "
@@ -162,6 +166,21 @@ def main() -> None:
         f"ppermute / partitioner step time: {med['ppermute'] / med['partitioner']:.2f} "
         f"[clock, {n} simulated devices on {os.cpu_count()} cores]"
     )
+    if args.out:
+        rows = [
+            {
+                "mechanism": name,
+                "collective_permute_bytes_per_device": halos[name][0],
+                "collective_bytes_per_device": halos[name][1],
+                "max_rel_error_vs_one_device": float(f"{halos[name][2]:.1e}"),
+                "step_ms_median": round(med[name] * 1e3, 2),
+                "step_over_partitioner": round(med[name] / med["partitioner"], 2),
+                "devices": n,
+                "cores": os.cpu_count(),
+            }
+            for name in steps
+        ]
+        datafile.write(args.out, rows)
 
 
 if __name__ == "__main__":

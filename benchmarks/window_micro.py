@@ -1,8 +1,8 @@
 """What a pooling window costs on a GPU, by its size, stride and map: the next measurement
-issue 36's predictor needs after reductions (docs/log.md, "Reductions into few results":
-Inception-v3's window kernels, 3x3 stride-1 average pools among them, moved 1.47 TB/s in an
-H100's trace, where VGG's 2x2 stride-2 max pools moved 2.6-3.0 and the profile prices every
-window kernel at one rate).
+issue 36's predictor needed after reductions: in an H100's traces Inception-v3's window
+kernels (3x3 stride-1 average pools among them) moved their bytes slower than VGG's 2x2
+stride-2 max pools, where a profile prices every window kernel at one rate (`git show
+27339c8:docs/predict.md`, "Reductions into few results").
 
     XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/window_micro.py --out runs/window.json
 

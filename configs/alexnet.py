@@ -5,8 +5,7 @@ Run:  python -m jaxpar.train --config configs/alexnet.py
 Expect: the layer table (2 conv stages, 3 dense layers), a progress line every 20 steps, and
 about 80% test accuracy at step 200.
 
-Figures: 0.796 at step 200 in 2.5 minutes on 2 CPU cores shared with other jobs (2026-11-23,
-the command above). The model is seed 003's table: 5x5 convs with LRN, dense 384 and 192;
+Figures: docs/config.md, "Each model's config, run". The model is seed 003's table: 5x5 convs with LRN, dense 384 and 192;
 1,756,426 parameters. At 224x224 inputs the same name builds torchvision's ImageNet AlexNet
 (61.1M parameters): `--config.data.name=synthetic --config.data.image_shape='(224,224,3)'`.
 """

@@ -10,8 +10,7 @@ Expect: the layer table (stem, 36 dense layers, 2 transitions, head; 260,698 par
 progress line every 10 steps; slow on CPUs (concatenations of many thin maps), and only
 beginning to learn after these 50 steps (raise num_train_steps for a trained model).
 
-Figures: 5.7 minutes for the 50 steps on 2 cores shared with another job, about 31 img/s, 16%
-test accuracy at step 50 (2026-11-23, the first command). The model is tf_cnn_benchmarks'
+Figures: docs/config.md, "Each model's config, run". The model is tf_cnn_benchmarks'
 densenet40_k12 with growth 6 at half width; each dense layer and transition is one cuttable
 unit, so any partitioning cuts or splits them.
 """

@@ -9,8 +9,7 @@ labels are random (tf_cnn_benchmarks' synthetic mode: 224x224, 1000 classes), so
 near log(1000). `--config.model.name=resnet152` for the deeper one;
 `--config.model.name=inception_v3 --config.data.image_shape='(299,299,3)'` for Inception-v3.
 
-Figures: 77 s on 2 CPU cores shared with another job, compile 21 s, 28 img/s, bubble 0.527
-measured against 0.429 analytic (2026-11-23, the command above). The model is torchvision's
+Figures: docs/config.md, "Each model's config, run". The model is torchvision's
 (25,557,032 parameters at full width and 1000 classes).
 """
 

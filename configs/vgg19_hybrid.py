@@ -8,10 +8,8 @@ tables, progress lines with loss, images/sec and ETA, evaluations at steps 100, 
 rising from chance (10%) to above 80%, and a summary with the pipeline bubble. `--explain`
 shows layouts, memory and collectives without training.
 
-Figures: accuracy 0.3585, 0.7455 and 0.8930 at steps 100, 200 and 300, 170 s wall, 274 img/s,
-bubble 0.200 analytic and measured, on a 2-core x86 machine (2026-11-28, `python -m
-jaxpar.train --config configs/vgg19_hybrid.py --workdir /tmp/docs_main`); the accuracies
-depend on the CPU's floating-point code paths (docs/config.md, "The main job's figures").
+Figures: docs/config.md, "The main job's figures" (the accuracies depend on the CPU's
+floating-point code paths).
 """
 
 from configs import base

@@ -17,10 +17,9 @@ log.setup()  # what the entry points do: jaxpar's INFO lines on stdout, where ca
 # programs (partitioned and reference) always compile alike. The CLI subprocesses inherit it.
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
-# and with its older fusion emitters, which compile these tests' programs 25-36% faster
-# (Inception-v3's zoo hybrid 46.5 -> 35.1 s, the (1,2,4) cross-process sweep 34.6 -> 22.2 s,
-# ResNet-50 split by rows 15.7 -> 11.0 s on 2 idle cores); a test that mostly runs steps
-# (ResNet-20 learning) is unchanged (43 -> 45 s). The same function either way: both programs
+# and with its older fusion emitters, which compile these tests' programs faster (compare
+# `python -m pytest --durations=20` with and without the flag; tests that mostly run steps do
+# not change). The same function either way: both programs
 # of every comparison compile alike. The shipped profiles' fitted figures depend on the
 # programs they read, so their test reads them as `python -m jaxpar.predict` does, in a process
 # with the default emitters (tests/shipped_profiles.py).

@@ -130,7 +130,7 @@ def test_restore_across_meshes(tmp_path, capsys, one_device, before, after, devi
 
 
 def every_five(steps):
-    """A small LeNet on one device, `steps` steps, saving every 5 (compiles in about 2 s)."""
+    """A small LeNet on one device, `steps` steps, saving every 5 (quick to compile)."""
     settings = {"model.name": "lenet", "model.width": 0.25, "data.image_shape": (28, 28, 1)}
     return tiny_config(
         **settings, num_train_steps=steps, checkpoint_every_steps=5, mesh_shape=(1, 1, 1)

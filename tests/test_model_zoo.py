@@ -160,7 +160,7 @@ def family_config(family, batch_norm=True, **overrides):
 
 # Every family with BatchNorm where it has one (LeNet and AlexNet have none), and ResNet-20
 # without it too (residual blocks whose convolutions take biases and keep no statistics).
-# Inception's branches without BatchNorm add nothing those two do not cover, for 54 s.
+# Inception's branches without BatchNorm add nothing those two do not cover, and take long.
 CASES = [(name, name not in ("lenet", "alexnet", "alexnet224")) for name in FAMILIES]
 CASES += [("resnet20", False)]
 
@@ -241,7 +241,7 @@ def test_every_family_partitioned_equals_one_device(family, batch_norm, every_bl
     rtol = RTOL[f.dtype]
     meshes = [({"mesh_shape": (2, 1, 2)}, 1), (hybrid, 2)]
     if family in ("inception_v3", "resnet50"):  # their data x tensor step is the hybrid's
-        # within each stage: the slowest cases of the suite (97 s and 69 s with both meshes)
+        # within each stage: the slowest cases of the suite with both meshes (pytest --durations)
         meshes = meshes[1:]
     with jax.enable_x64(f.dtype == "float64"):
         for keys, m in meshes:
@@ -315,7 +315,7 @@ def test_float64_needs_jax_64_bit_mode_in_one_line():
 def test_resnet20_learns_shapes10():
     """Learning, not just running: ResNet-20 at quarter width on the embedded shapes10 (10
     classes, chance 0.1) reaches well above chance on held-out images in 200 steps of batch
-    64 (0.58 measured; the full configs/resnet20.py run reaches about 0.95)."""
+    64 (the full run's figures: docs/config.md, "Each model's config, run")."""
     from jaxpar import run_setup
 
     config = tiny_config(

@@ -233,7 +233,7 @@ def test_a_gpu_prices_a_narrow_layer_by_its_share_of_each_tile():
 
 def test_the_tile_width_fits_the_rates_of_narrow_layers(caplog):
     """here.py's narrow convolutions: rate(n) = r0 x min(1, n / T) recovers T, measured rates
-    with noise too (an H100's, docs/log.md, "Narrow layers on a GPU": 128 in both dtypes); a
+    with noise too (an H100's: configs/hardware/h100_here.py's tile width); a
     width at the grid's end is said."""
     from jaxpar.predict import herebench
 
@@ -689,8 +689,8 @@ def test_h100_fit_predicts_the_row_it_leaves_out():
     the host's time per kernel launched; the device's per kernel and the memory-bound
     kernels' bandwidth are from the H100's kernel trace) to four measured single-GPU rows,
     priced from XLA:GPU's own programs for one H100. Fitted to three of them, it predicts the
-    fourth, bfloat16 at batch 128, within 5% of the 27,789 img/s measured: launch-bound, and
-    slower than float32's 31,784 (its program launches more kernels: the casts)."""
+    fourth, bfloat16 at batch 128, within 5% of its measured row: launch-bound, and slower
+    than float32's row (its program launches more kernels: the casts)."""
     from jaxpar import configfile
     from jaxpar.predict.calibration import calibration_ops
 

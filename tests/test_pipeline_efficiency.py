@@ -3,8 +3,7 @@
 reproduces their analytic bubbles; residual programs recompute no forward.
 
 The equality grid is representative rather than the full product (the full product of
-schedule x remat x K x M x v is ~60 pipelines, each 10-70 s to compile and run on a loaded
-2-core box): every new schedule and remat=False at K=2 and K=4 (remat=False without the B/W split at K=4
+schedule x remat x K x M x v is ~60 pipelines, each compiled and run): every new schedule and remat=False at K=2 and K=4 (remat=False without the B/W split at K=4
 through interleaved, whose chunks run the same residual programs as 1F1B's stages), M=1 and M=8 and middle values
 where a schedule behaves differently (M < K: ZB-H1's weight gradients cannot fill the ramp;
 M = K and 2K: interleaved's groups of K), v=1 and v=2 (interleaved with v=1 is 1F1B's event

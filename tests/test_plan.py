@@ -288,7 +288,7 @@ def test_a_bound_below_the_mesh_count_says_which_meshes_were_not_reached():
 
 
 def test_real_predictions_of_three_candidates():
-    """Compiles three candidates (about 4 s each here) on a 2-device tiny profile."""
+    """Compiles three candidates on a 2-device tiny profile."""
     result = plan(tiny_config(), _profile(n=2), max_candidates=3, log=lambda s: None, axes=THREE)
     names = [r["name"] for r in result.rows]
     assert names == ["(1,1,1)", "(2,1,1) allreduce", "(1,2,1) 1f1b M=8 remat"]
@@ -340,7 +340,7 @@ def test_why_names_the_links_a_collective_runs_on():
     bytes (80 MB inside a node take 0.22 ms, 20 MB across 0.44 ms)."""
     from jaxpar.plan import why
 
-    # the links of configs/hardware/h100_sxm_2nodes_ib.py (loading it fits its compute: 15 s)
+    # the links of configs/hardware/h100_sxm_2nodes_ib.py (loading it would fit its compute, which is slow)
     profile = fitting.from_config(
         {
             "name": "2 x 8",

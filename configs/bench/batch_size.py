@@ -2,8 +2,8 @@
 large-batch recipe recovers what it loses?
 
 Run:  python -m jaxpar.bench --suite batch_size --out runs/batch_size
-Expect 21 rows (39 minutes measured on 2 CPU cores, 2,400-2,900 img/s per row; `--only
-'^(fixed lr|LARS)'` runs 15 of them in about 25), then the study table (accuracy.md: the seed's format, its
+Expect 21 rows (most of an hour on 2 CPU cores; `--only '^(fixed lr|LARS)'` runs 15 of
+them), then the study table (accuracy.md: the seed's format, its
 figures beside jaxpar's) and accuracy_vs_batch.png. On the real MNIST: --config.data.name=mnist
 (TFDS, prepared; its first 20,000 train images). The seed's full 60,000 images: set NUM_TRAIN
 below (the rows' step counts are derived from it), about three times as long.

@@ -1,7 +1,7 @@
 """Suite `cpu_models`: one device, seven models: what this machine's profile
 (configs/hardware/cpu_2core.py, fitted to VGG19 alone) is checked against across models.
 
-Run:  python -m jaxpar.bench --suite cpu_models --out runs/cpu_models --repeat 2    # 9 min
+Run:  python -m jaxpar.bench --suite cpu_models --out runs/cpu_models --repeat 2
       python -m jaxpar.predict --validate --profile configs/hardware/cpu_2core.py
 
 Each row is one model on one simulated device at a width and input size this machine trains

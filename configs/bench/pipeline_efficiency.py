@@ -4,7 +4,7 @@ Run:  python -m jaxpar.bench --suite pipeline_efficiency
 Rows: GPipe, 1F1B and interleaved 1F1B (v=2), each recomputing the forward in the backward
 (remat) or storing its residuals, ZB-H1 and ZB-V (residuals, B/W split), all with
 FLOP-balanced stages; then 1F1B, ZB-H1 and ZB-V again with stages balanced by measured time
-(`pipeline.split=time`: each row times the layers first, about 12 s). The harness records
+(`pipeline.split=time`: each row times the layers first). The harness records
 wall step time, stored bytes per stage and the analytic and timeline bubbles; step FLOPs,
 bounds, chunk imbalance and the time/flops wall ratio per row come from
 `python -m jaxpar.bench.pipeline_efficiency --split flops time`.

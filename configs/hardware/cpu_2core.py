@@ -1,17 +1,17 @@
 """This machine: 2 AMD EPYC cores (AVX2, FMA) and 23 GB of RAM, running jaxpar's 8 simulated
 CPU devices (`--xla_force_host_platform_device_count=8`) in one process.
 
-Run:  python -m jaxpar.predict --validate --profile configs/hardware/cpu_2core.py   # 3 min
+Run:  python -m jaxpar.predict --validate --profile configs/hardware/cpu_2core.py
       python -m jaxpar.bench --out bench-out --predict configs/hardware/cpu_2core.py
 
 Expect from --validate: the default suite's 32 partitionings measured here
-(configs/predict/cpu_measured.py, 2026-11-26) at a median |error| of 5.1% and a rank
-correlation of 0.912 (last run 2026-11-27; the measurement's own two repeats agree at 0.83),
-and the other models of configs/bench/cpu_models.py left out up to 66% off: ResNet-50 and
-AlexNet at 64x64 come out 65-70% too fast, because this profile prices memory-bound kernels at
-nothing. It is for the partitionings of the model it is fitted to; for other models use
-cpu_2core_models.py. The bench line measures the default suite here (about 15 min) and
-predicts every row beside its measurement.
+(configs/predict/cpu_measured.py) at their median |error| and rank correlation beside the
+measurement's own two repeats, and the other models of configs/bench/cpu_models.py left out,
+ResNet-50 and AlexNet at 64x64 far too fast, because this profile prices memory-bound kernels
+at nothing. It is for the partitionings of the model it is fitted to; for other models use
+cpu_2core_models.py. The bench line measures the default suite here and predicts every row
+beside its measurement. The current figures: docs/predict.md, "This machine: predicted
+against measured".
 
 Made with, on a quiet machine (load average below 2; another job on the cores shifts every
 figure):
@@ -20,50 +20,40 @@ figure):
     python -m jaxpar.predict --calibrate /tmp/bench_q --profile configs/hardware/cpu_2core.py \
         --fit compute_efficiency,kernel_s --pool
 
-Figures and their sources (docs/predict.md, "This machine: predicted against measured"):
-- Fitted to single-device runs only, so that every multi-device row is a check: the default
-  suite's 1-device row (VGG19 width 0.25, BatchNorm, shapes10, batch 64): 333.9 images/sec,
-  and one device alone at batch 32 / 16 / 8 (measured by --pool): 317.7 / 302.9 / 271.2.
-  Two costs fitted to the four (op classes, with the measured figures below): matmuls at
-  0.578 x the nominal peak, 7.0 us per kernel; the four come back within 1.1%.
+Where each figure below comes from (`--pool` is the second command's; it prints each):
+- calibration_runs: the default suite's 1-device row (VGG19 width 0.25, BatchNorm,
+  shapes10, batch 64) and one device alone at batch 32 / 16 / 8 (--pool). Two costs are
+  fitted to these single-device runs only, so that every multi-device row is a check:
+  matmuls' fraction of the nominal peak and the time per kernel (op classes).
 - Peak: 2 cores x ~3 GHz x 32 float32 FLOP/cycle (two 8-wide FMA units) ~ 100 GFLOP/s per
   core; only the fitted fraction of it matters.
 - Memory-bound kernels are inside the per-kernel and matmul costs (memory_bandwidth 0): that
   holds for models with VGG19's ratio of memory-bound bytes to FLOPs and not beyond (the
   CANDIDATES below, measured here, never fitted).
-- narrow_width 8, measured (--pool; four runs on 2026-11-26: 7, 7, 9.25, 10.25): a 3x3
-  convolution layer's gradient with 2 / 4 / 8 / 16 / 32 / 64 output features ran at 29 / 53 /
-  70 / 86 / 88 / 90 GFLOP/s, so a matrix kernel whose narrowest GEMM dimension is n runs at
-  n / (n + 8) of its class's rate. A tensor-parallel step's convolutions have 2-16 output
+- narrow_width (--pool: a 3x3 convolution layer's gradient timed at 2 to 64 output
+  features): a matrix kernel whose narrowest GEMM dimension is n runs at n / (n +
+  narrow_width) of its class's rate. A tensor-parallel step's convolutions have few output
   features per device (VGG19 width 0.25 over 8).
-- forward_speedup 1.34, measured (--pool): the model's forward alone on one device at batch
-  64 takes 46.7 ms (three runs, within 0.2 ms), which the fitted rates price at 62.6 ms.
-  XLA:CPU's backward carries transposed operands, reversed kernels and max-pool index tensors
-  that its FLOPs do not show; a pipeline's forward programs have none of them.
-- compute_pool: N simulated devices, each running its own copy of the step at batch 32, 16 or
-  8, together reach these times one device's rate at that batch (--pool; the mean of three
-  runs on 2026-11-26, each figure's three within 0.05-0.2 of each other):
-
-      matrix kernels (batch)  N = 2   N = 4   N = 8
-      92.9 MFLOP (32)         1.20    1.37    1.45
-      46.5 MFLOP (16)         1.30    1.49    1.47
-      23.2 MFLOP (8)          1.31    1.49    1.56
-
-  One device already keeps most of both cores busy; smaller kernels leave more of them idle
-  for the other devices. A step is looked up by the mean FLOPs of its matrix kernels.
-- Collectives inside the step (not the gradient sync) are work on the 2 cores all devices
-  share: their payload at 3.0 GB/s of CPU time, every device of the mesh doing its part
-  (--pool: an all-gather and a psum of 1 MB a device on 8 devices, beyond local work of their
-  shape, in process CPU time; three runs on 2026-11-27: 2.9, 3.6, 2.5 GB/s).
-- Links, measured by --pool: psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted
-  to the ring formula: 25 us per ring step, 4.75 GB/s (devices otherwise idle).
-- Overheads: ~1 ms per step, estimated. The pipeline runner's host time, measured by --pool
-  (the dispatching thread's CPU time per step of VGG19 at width 0.0625 as GPipe over M =
-  1/2/4/8 micro-batches): with one device per stage (K = 2/4/8; two quiet runs' mean,
-  2026-11-26) 0.47 ms per stage, 1.42 ms per micro-batch and 73 us per program or transfer
-  dispatched, each of the 4-34 ms points within 13%; each further device of a stage (meshes
-  (D, K, 1); two runs on 2026-11-27, fitted together) adds 0.48 ms per stage and 59 us per
-  dispatch, 21 of the 24 points within 17%.
+- forward_speedup (--pool): the model's forward alone on one device at batch 64, timed,
+  against its price at the fitted rates. XLA:CPU's backward carries transposed operands,
+  reversed kernels and max-pool index tensors that its FLOPs do not show; a pipeline's
+  forward programs have none of them.
+- compute_pool (--pool, the mean of three runs): N simulated devices, each running its own
+  copy of the step at batch 32, 16 or 8, together reach this many times one device's rate at
+  that batch. One device already keeps most of both cores busy; smaller kernels leave more
+  of them idle for the other devices. A step is looked up by the mean FLOPs of its matrix
+  kernels.
+- collective_cpu_rate (--pool: an all-gather and a psum of 1 MB a device on 8 devices,
+  beyond local work of their shape, in process CPU time): collectives inside the step (not
+  the gradient sync) are work on the 2 cores all devices share, their payload at this rate
+  of CPU time, every device of the mesh doing its part.
+- Links (--pool: psum of 4 KB and 4 MB per device over 2 / 4 / 8 devices, fitted to the
+  ring formula; devices otherwise idle).
+- Overheads: step_overhead_s estimated. The pipeline runner's host time (--pool: the
+  dispatching thread's CPU time per step of VGG19 at width 0.0625 as GPipe over M = 1/2/4/8
+  micro-batches) with one device per stage (K = 2/4/8), fitted per stage, per micro-batch
+  and per program or transfer dispatched; each further device of a stage (meshes (D, K, 1))
+  adds a cost per stage and per dispatch.
 """
 
 import ml_collections
@@ -80,10 +70,9 @@ RUN = {
     "num_classes": 10,
 }
 
-# Other models on one device, measured here on 2026-11-27 (load average 1.3-1.6) with
+# Other models on one device, measured here (on a quiet machine) with
 #     python -m jaxpar.bench --suite cpu_models --out runs/cpu_models --repeat 2
-# (configs/bench/cpu_models.py; two repeats' mean [clock]; its VGG19 row, the first run's
-# model on synthetic data: 348.7 img/s against 333.9 above). (model, width, image side,
+# (configs/bench/cpu_models.py; two repeats' mean [clock]). (model, width, image side,
 # batch, images/sec)
 CANDIDATES = (
     ("resnet20", 1.0, 32, 64, 199.6),

@@ -1,16 +1,13 @@
 """NVIDIA DGX-1 (2016): 8x Tesla P100 SXM2 16 GB, NVLink 1.0 hybrid cube-mesh, NCCL.
 
-Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_vgg16.py   # 20 s
+Run:  python -m jaxpar.predict --profile configs/hardware/dgx1_p100.py --suite configs/predict/dgx1_vgg16.py
       python -m jaxpar.predict --validate --profile configs/hardware/dgx1_p100.py
 
-Expect (2026-11-28, docs/predict.md): full-width VGG16 at batch 64 per GPU on 1 / 2 / 4 / 8
-P100s at 139.8 / 261.9 / 507.6 / 999.1 images/sec, efficiencies 93.6 / 90.7 / 89.3% against
-tf_cnn_benchmarks' published 95.8 / 94.8 / 87.7% (-2.1 / -4.1 / +1.6 points; nothing
-multi-GPU is fitted). --validate prints the kernel table's fit, `kernel_s` 32.4 us, each model
-left out (AlexNet -11.0%, Inception-v3 +18.8%, ResNet-152 -11.0%, ResNet-50 +0.3%, VGG16
--9.3%) and the published multi-GPU tables (batch 64: 10 of 15 rows within 5 points; batch 32:
-1 of 12; seed 003's medians: 6 of 6). Programs are XLA:GPU's own for P100s, compiled here
-without a GPU.
+Expect: full-width VGG16 at batch 64 per GPU on 1 / 2 / 4 / 8 P100s, images/sec and
+efficiency beside tf_cnn_benchmarks' published efficiency (nothing multi-GPU is fitted).
+--validate prints the kernel table's fit, `kernel_s`, each model left out and the published
+multi-GPU tables. The current figures, with these commands: docs/predict.md, "What the
+validation says". Programs are XLA:GPU's own for P100s, compiled here without a GPU.
 
 Sources and assumptions:
 - P100 SXM2: 10.6 TFLOP/s float32, 21.2 TFLOP/s float16 (NVIDIA P100 datasheet), 16 GB HBM2
@@ -25,25 +22,24 @@ Sources and assumptions:
   ~10 us (NCCL 1 launch + NVLink hop). Not described (no `peers`): NCCL 1.x builds its ring in
   rank order, so a ring over all eight GPUs in order crosses 3 -> 4 and 7 -> 0, which the cube
   mesh does not wire, through the hosts; describing it moves the NCCL models' 8-GPU rows as
-  that cause says but the parameter-server models' rows the wrong way (docs/log.md,
-  "tf_cnn_benchmarks' whole tables").
+  that cause says but the parameter-server models' rows the wrong way (`git show
+  27339c8:docs/predict.md`, "tf_cnn_benchmarks' whole tables").
 - Matrix kernels' costs from published per-kernel timings of the P100, not from any model:
   DeepBench's 94 convolution shapes (forward, input and filter gradients; CUDA 8.0.88, cuDNN
   6.0.21: one cuDNN release after tf_cnn_benchmarks' May 2017 runs, which list CUDA 8.0 and
   cuDNN 5.1), configs/hardware/kernels/deepbench_p100.csv, each kernel read as a compiled
   step's convolution is and priced by this profile (`kernel_benchmarks`). Fitted to those
   252 kernels: 3x3 and 5x5 stride-1 convolutions and their gradients (what cuDNN runs as
-  Winograd transforms) at 1.47x the float32 peak in direct-convolution FLOPs, every other
-  convolution and matmul at 0.64x, 58 us fixed per matrix kernel (a kernel's median error
-  21.7%).
-- Then one cost of whole steps, each kernel's framework and launch time (`kernel_s`: 32.4
-  us), is fitted to two published single-GPU figures (tf_cnn_benchmarks, synthetic ImageNet,
-  float32, batch 64): VGG16 154 images/sec; ResNet-50 219 (they come back at 140, -9%, and
-  222, +1%). It is TensorFlow 1.x's per-op time, which the published figures measure;
-  jaxpar's fused XLA program would pay less, so steps of small kernels (small batches, 32x32
-  maps) and XLA:GPU's data-parallel steps (Inception-v3: about 570 more kernels than the
-  one-GPU step, one slice per all-reduced leaf of XLA:GPU's combined all-reduce) come out
-  pessimistic for jaxpar here.
+  Winograd transforms) at one fraction of the float32 peak in direct-convolution FLOPs,
+  every other convolution and matmul at another, and a fixed time per matrix kernel
+  (--validate prints the fit and its median error).
+- Then one cost of whole steps, each kernel's framework and launch time (`kernel_s`), is
+  fitted to two published single-GPU figures (tf_cnn_benchmarks, synthetic ImageNet,
+  float32, batch 64): VGG16 154 images/sec; ResNet-50 219. It is TensorFlow 1.x's per-op
+  time, which the published figures measure; jaxpar's fused XLA program would pay less, so
+  steps of small kernels (small batches, 32x32 maps) and XLA:GPU's data-parallel steps (more
+  kernels than the one-GPU step, one slice per all-reduced leaf of XLA:GPU's combined
+  all-reduce) come out pessimistic for jaxpar here.
 - Held out, never fitted: the other single-GPU figures tf_cnn_benchmarks published for the
   DGX-1 (tensorflow.org/performance/benchmarks, 2017; synthetic ImageNet, float32):
   Inception-v3 142 images/sec (batch 64), ResNet-152 91.8 (batch 64), AlexNet 2,987 (batch

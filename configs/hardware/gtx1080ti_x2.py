@@ -16,11 +16,14 @@ Sources and assumptions:
   5 GB/s per direction and 20 us per ring step.
 - Matrix kernels from DeepBench's published kernel timings of a GTX 1080 Ti (94 convolution
   shapes, forward and both gradients, CUDA 8.0.88, cuDNN 6.0.21:
-  configs/hardware/kernels/deepbench_gtx1080ti.csv; fitted: 3x3/5x5 stride-1 kernels at
-  1.54 x peak, the others at 0.76, 35 us per kernel, a kernel's median error 24.5%).
-- Each kernel's framework and launch time: 37 us, the DGX-1 profile's fit of TensorFlow
+  configs/hardware/kernels/deepbench_gtx1080ti.csv; fitted to them: 3x3/5x5 stride-1
+  kernels' and the others' fractions of peak and a time per kernel, which `python -m
+  jaxpar.predict --validate --profile configs/hardware/gtx1080ti_x2.py` prints with the fit's
+  median error).
+- Each kernel's framework and launch time (kernel_s): the DGX-1 profile's fit of TensorFlow
   1.x's per-op time (which seed 000's server ran too) on the programs it priced when this
-  was set; configs/hardware/dgx1_p100.py now fits 32.4 us.
+  was set (`git log -S37e-6 configs/hardware/`); configs/hardware/dgx1_p100.py fits its own
+  now.
 - overlap = 0 (all-reduce after the backward).
 """
 

@@ -4,16 +4,13 @@ UTC, JAX 0.11.2, CUDA 13, jaxpar at bd35080; host: Intel(R) Xeon(R) Processor, 1
 Made with:  python -m jaxpar.predict --calibrate-here configs/hardware/h100_here.py
             (on the GPU, through `OUT=... bash benchmarks/gpu_calibration.sh`, which then
             times benchmarks/single_device.py on more models, one process per row)
-Run:        python -m jaxpar.predict --validate --profile configs/hardware/h100_here.py   # 70 s
+Run:        python -m jaxpar.predict --validate --profile configs/hardware/h100_here.py
 
-Expect from --validate (2026-11-28, on XLA:GPU's own programs compiled here; docs/predict.md,
-"What the validation says"): the fit on the four rows below, compute_efficiency AT ITS BOUND
-(1.0) and matmul_kernel_s 5.9 us, worst fitted row 11.1%; then each model left out of a fit
-on the others: the five CANDIDATES, never fitted, at AlexNet -4.9%, DenseNet-40 +19.8%,
-Inception-v3 +2.2%, ResNet-50 float32 -5.3%, VGG16 -11.6%, and the rows' own models at
-ResNet-20 +15.1%, ResNet-50 bfloat16 -4.0%, VGG19 -12.1% and -13.0% (median 11.6%; the 15%
-target missed by DenseNet-40 and ResNet-20). Every measured figure below is from the lent GPU
-and cannot be reproduced without one.
+Expect from --validate (on XLA:GPU's own programs compiled here): the fit on the four rows
+below (compute_efficiency, matmul_kernel_s; a cost at its bound is said), then each model
+left out of a fit on the others: the five CANDIDATES, never fitted, and the rows' own models.
+The current figures: docs/predict.md, "What the validation says". Every measured figure below
+is what --calibrate-here wrote on the lent GPU and cannot be reproduced without one.
 
 Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
 - float32 matmul GFLOP/s by size: 1024: 34,546.1, 4096: 433,763.5, 8192: 459,131.4
@@ -188,9 +185,9 @@ def get_config():
     c.devices_per_node = 8
     c.peak_flops = {"float32": 459131427582181.4, "bfloat16": 857919300669354.9}
     c.memory_bytes = 63763906560.0
-    # edited: the memory-bound kernels' cost from the H100's kernel trace, not the streaming
-    # microbenchmark's 3.0 TB/s: benchmarks/gpu_trace.py fits 1.73 / 2.43 / 2.49 us + bytes at
-    # 2.58 / 2.14 / 2.45 TB/s to ResNet-50's / Inception-v3's / AlexNet's (docs/predict.md)
+    # edited: the memory-bound kernels' cost from the H100's kernel traces (benchmarks/gpu_trace.py
+    # on ResNet-50's, Inception-v3's and AlexNet's), not the streaming microbenchmark's
+    # (docs/predict.md, "Figures measured on lent GPUs")
     c.memory_bandwidth = 2.5e12
     c.kernel_s = 2.0e-6
     # edited: each class of memory-bound kernel at its own costs, from
@@ -199,8 +196,8 @@ def get_config():
     # cuDNN's layout) and a pooling window move their bytes at about half an elementwise
     # kernel's rate, and a reduction starts slower. A reduction
     # into few results is priced apart, by one result's lane: reduce refitted on the same two
-    # traces without those, reduce_few on five (the VGG19 rows' three added: the two hold
-    # only 0.04 GB of them); docs/log.md, "Reductions into few results"
+    # traces without those, reduce_few on five (the VGG19 rows' three added: the two hold few
+    # of them); `git show 27339c8:docs/predict.md`, "Reductions into few results"
     c.memory_kernel_costs = {
         "elementwise": (1.22e-6, 3.17e12),
         "reduce": (3.12e-6, 2.72e12),
@@ -214,15 +211,14 @@ def get_config():
     c.gpu = "h100_sxm"
     # edited: the first layer's convolutions (3 channels) from the H100's own kernel trace,
     # not from this file's microbenchmark, which --calibrate-here did not have yet:
-    # ResNet-50's 7x7 stem and AlexNet's 11x11 one, forward and weight gradient, ran at
-    # 39.4 and 37.4 TFLOP/s, 0.046 and 0.044 of the bfloat16 matmul's 857.9 (docs/predict.md)
+    # ResNet-50's 7x7 stem and AlexNet's 11x11 one, forward and weight gradient, their rates
+    # over the bfloat16 matmul's, averaged (docs/predict.md, "Figures measured on lent GPUs")
     c.thin_efficiency = 0.045
     # edited: the tensor-core tile's width, from this GPU's narrow convolutions (here.py's
-    # microbenchmark, added after this file was made; run 2026-11-27 on a lent H100): a 3x3
-    # layer over 256 input features with n = 8 ... 256 output features ran at n / 128 of the
-    # widest rate up to n = 128, in float32 and bfloat16 (n input features: 128 in bfloat16,
-    # 64 in float32)
-    # (docs/log.md, "Narrow layers on a GPU: the tensor-core tile")
+    # microbenchmark, added after this file was made; run on a lent H100): a 3x3 layer over
+    # 256 input features with n = 8 ... 256 output features ran at n / tile_width of the
+    # widest rate up to n = tile_width, in float32 and bfloat16 (`git show
+    # 27339c8:docs/predict.md`, "Narrow layers on a GPU: the tensor-core tile")
     c.tile_width = 128.0
     # edited: NVLink 4 through NVSwitch and NCCL's LL and LL128 protocols on it, as
     # configs/hardware/h100_sxm_x8.py (sources there)

@@ -1,15 +1,15 @@
 """One node of 8x H100 SXM 80 GB with NVLink 4 through NVSwitch (DGX/HGX H100).
 
-Run:  python -m jaxpar.predict --profile configs/hardware/h100_sxm_x8.py --suite configs/predict/h100_vgg19_single.py   # 30 s
+Run:  python -m jaxpar.predict --profile configs/hardware/h100_sxm_x8.py --suite configs/predict/h100_vgg19_single.py
       python -m jaxpar.predict --validate --profile configs/hardware/h100_sxm_x8.py
       python -m jaxpar.predict --profile configs/hardware/h100_sxm_x8.py --suite configs/predict/vgg16_partitionings.py
 
-Expect (2026-11-28, docs/predict.md, "What the validation says"): the four VGG19 rows it is
-fitted to within 4.8% of their measurements (31,689 / 27,873 / 58,549 / 95,270 img/s
-predicted); --validate prints the fit, 0.953 of peak and 11.8 us per kernel launched, none at
-a bound, and ResNet-50 at 224, never fitted, predicted from the VGG19 rows alone at 4,673
-img/s against 4,745 measured (-1.5%). Programs are XLA:GPU's own for 8 H100s, compiled here
-without a GPU (jaxpar/predict/gputarget.py; requirements-gpu-compile.txt).
+Expect: the first command prints the four VGG19 rows it is fitted to, predicted beside
+measured; --validate prints the fit (the convolutions' fraction of peak and the time per
+kernel launched) and ResNet-50 at 224, never fitted, predicted from the VGG19 rows alone. The
+current figures, with these commands: docs/predict.md, "What the validation says". Programs
+are XLA:GPU's own for 8 H100s, compiled here without a GPU (jaxpar/predict/gputarget.py;
+requirements-gpu-compile.txt).
 
 Sources and assumptions:
 - H100 SXM: 989.4 TFLOP/s dense bfloat16, 494.7 TFLOP/s dense TF32 (what XLA's default
@@ -26,27 +26,27 @@ Sources and assumptions:
   14 us + 1.9 us per step at 0.92 of it (its cap, nChannels x 36.7 GB/s, binds only below
   10 channels). The latencies are also 2.20.5's; LL's bandwidth is since 2.21.5 (before:
   a quarter of the bus bandwidth, at most 87.7 GB/s on Hopper). A ring collective takes the
-  cheapest of these and the link's own price (jaxpar/predict/links.py): an 8-GPU all-reduce
-  of 8 KB costs 15.1 us by LL against 70 us at 5 us a step; from about 3.3 MB it goes by
-  LL128, above about 69 MB at the link's own.
+  cheapest of these and the link's own price (jaxpar/predict/links.py): by these figures an
+  8-GPU all-reduce of 8 KB costs 15.1 us by LL against 70 us at 5 us a step; from about 3.3
+  MB it goes by LL128, above about 69 MB at the link's own.
   (NCCL's own Simple, 8.4 + 3.4 us a step, 56 us on 8 GPUs, is not used: the 5 us above
   stays the profile's assumption.)
 - Compute, fitted (`fit`: the convolutions' fraction of peak and the host's time to launch
   one kernel) to four single-GPU runs measured on a lent H100 80GB HBM3 (JAX 0.11.2, CUDA 13,
   jaxpar at e58f54e, configs/vgg19_data.py at full width, synthetic CIFAR-shaped data; not
-  reproducible without a GPU): float32 batch 128: 31,784 images/sec; bfloat16 batch 128:
-  27,789; float32 batch 512: 55,925; bfloat16 batch 512: 100,044. A step takes the longer of
+  reproducible without a GPU; `calibration_runs` below, and docs/predict.md, "Figures
+  measured on lent GPUs"). A step takes the longer of
   the device's work and the host's launches (JAX dispatches asynchronously), so a small batch
   is bound by the launches.
-- Memory-bound kernels by class and the first layer (3 input channels) at 37.4 TFLOP/s, from
-  AlexNet's kernel trace on the same lent GPU (bfloat16, batch 256; benchmarks/gpu_trace.py):
-  every memory-bound kernel at 2.49 us + bytes / 2.45 TB/s, each class at its own costs
-  below; reductions into few results by one result's lane (from the traces h100_here.py's
-  costs come from). tile_width 128: a layer of n < 128 features fills n / 128 of each
-  tensor-core tile (measured on a lent H100 by --calibrate-here's narrow convolutions).
+- Memory-bound kernels by class and the first layer (3 input channels), from AlexNet's
+  kernel trace on the same lent GPU (bfloat16, batch 256; benchmarks/gpu_trace.py); reductions
+  into few results by one result's lane (from the traces h100_here.py's costs come from).
+  tile_width: a layer of n < tile_width features fills n / tile_width of each tensor-core tile
+  (from a lent H100's narrow convolutions, `--calibrate-here`). Commands and figures:
+  docs/predict.md, "Figures measured on lent GPUs".
 - Held out, never fitted: ResNet-50 at 224x224, bfloat16, batch 128, measured on a lent H100
-  80GB HBM3 with `python benchmarks/single_device.py --rows resnet50:224:bfloat16:128`:
-  4,745 images/sec.
+  80GB HBM3 with `python benchmarks/single_device.py --rows resnet50:224:bfloat16:128`
+  (`calibration_candidates` below).
 - overlap = None: as XLA:GPU schedules the step (asynchronous collectives, each gradient's
   all-reduce started once it is computed). On XLA:GPU's programs the predictor reads their
   asynchronous pairs: each gradient's reduction hides under the work XLA:GPU schedules between
@@ -99,22 +99,22 @@ def get_config():
     c.fit = ("compute_efficiency", "launch_s")
     c.compiler = "gpu"
     c.gpu = "h100_sxm"
-    # measured in AlexNet's kernel trace on an H100 80GB HBM3 (docs/log.md, "Inside the
-    # step"): memory-bound kernels at 2.49 us + bytes / 2.45 TB/s, the first layer (3 input
-    # channels) and its weight gradient at 37.4 TFLOP/s
+    # from AlexNet's kernel trace on a lent H100 80GB HBM3 (benchmarks/gpu_trace.py;
+    # docs/predict.md, "Figures measured on lent GPUs"): memory-bound kernels' fixed time and
+    # bandwidth, the first layer's (3 input channels) rate and its weight gradient's
     c.memory_bandwidth = 2.45e12
     c.kernel_s = 2.49e-6
     c.thin_efficiency = 37.4e12 / c.peak_flops["bfloat16"]
-    # a layer of n < 128 features (or rows) fills n / 128 of each tensor-core tile: measured
-    # on an H100 80GB HBM3 by here.py's narrow convolutions (configs/hardware/h100_here.py)
+    # a layer of n < 128 features (or rows) fills n / 128 of each tensor-core tile: from a
+    # lent H100's narrow convolutions (--calibrate-here; configs/hardware/h100_here.py)
     c.tile_width = 128.0
     # and each class of memory-bound kernel at its own costs, from the same trace
     # (benchmarks/gpu_trace.py)
     c.memory_kernel_costs = {
         "elementwise": (1.84e-6, 3.00e12),
         "reduce": (3.78e-6, 2.67e12),
-        # a reduction into few results (opclass.reduction_class), about 1.1 GB/s per result: not in AlexNet's
-        # program; from the traces h100_here.py's costs come from (docs/predict.md)
+        # a reduction into few results (opclass.reduction_class), priced per result: not in
+        # AlexNet's program; from the traces h100_here.py's costs come from (docs/predict.md)
         "reduce_few": (0.73e-6, 1.07e9),
         "transpose": (0.04e-6, 0.83e12),
         "window": (0.0, 1.83e12),

@@ -3,10 +3,10 @@ memory.
 
 Run:  python -m jaxpar.predict --validate --profile configs/hardware/h200_sxm_x8.py
 
-Expect (2026-11-28, docs/predict.md, "What the validation says"): the fit, 0.479 of peak, on
-its one VGG19 row; the two ResNet-50 rows, never fitted, predicted from it at +8.9%
-(bfloat16, batch 256) and +3.4% (float32, batch 128); VGG19 predicted from the two ResNet-50
-rows at -9.8%. Programs are XLA:GPU's own for H200s, compiled here without a GPU.
+Expect: the fit (the convolutions' fraction of peak) on its one VGG19 row; the two ResNet-50
+rows, never fitted, predicted from it; VGG19 predicted from the two ResNet-50 rows. The
+current figures: docs/predict.md, "What the validation says". Programs are XLA:GPU's own for
+H200s, compiled here without a GPU.
 
 Sources and assumptions:
 - H200 SXM: the H100 SXM's tensor cores (989.4 TFLOP/s dense bfloat16, 494.7 TF32:
@@ -16,20 +16,19 @@ Sources and assumptions:
   traced, so memory-bound kernels are not priced by class (the H100's per-class bandwidths
   are the H100's memory's). The first layer's rate and the tensor-core tile (128) are the
   H100 profile's (the same tensor cores and cuDNN; an H200's narrow convolutions, timed by
-  --calibrate-here on a lent H200, fit 128 too).
-- The host's launch time, 9.58 us per kernel, is the H100 node's as fitted before its
-  programs were XLA:GPU's own: at its fit on those (11.8 us) this profile's one row, 390
-  kernels in 4.57 ms, is bound by the host's launches and says nothing of the convolutions'
-  rate.
+  --calibrate-here on a lent H200, fit the same width).
+- The host's launch time per kernel is the H100 node's as fitted before its programs were
+  XLA:GPU's own (`git log -S9.58e-6 configs/hardware/`): at its fit on those
+  this profile's one row is bound by the host's launches and says nothing of the
+  convolutions' rate (--validate prints both).
 - Calibration: three single-GPU rows measured on a lent H200 (JAX 0.11.2, CUDA 13; not
   reproducible without a GPU) with `python benchmarks/single_device.py --seconds 2 --rows
   resnet50:224:bfloat16:256,vgg19:32:bfloat16:512,resnet50:224:float32:128` (jaxpar's
-  one-device step, synthetic data, 10 classes, BatchNorm, full width): VGG19 at 32x32 in
-  bfloat16, batch 512: 111,992 images/sec; ResNet-50 at 224x224 in bfloat16, batch 256:
-  6,324; ResNet-50 at 224x224 in float32, batch 128: 3,384. The profile fits the VGG19 row
+  one-device step, synthetic data, 10 classes, BatchNorm, full width; the rows are
+  `calibration_runs` and `calibration_candidates` below). The profile fits the VGG19 row
   alone (the convolutions' fraction of peak); the two ResNet-50 rows are held out.
   single_device.py trains with plain SGD where the profile's runs use the base config's
-  optimizer: a difference of one memory-bound update per step (under 1% of these steps).
+  optimizer: a difference of one memory-bound update per step.
 - overlap = None: as the H100 profile.
 """
 
@@ -45,16 +44,15 @@ def get_config():
     c.memory_bytes = 139 * GB
     c.gpu = "h200_sxm"
     c.memory_bandwidth = 0.9 * 4.8e12
-    # the H100 profile's launch time as fitted before its programs were XLA:GPU's own: at its
-    # fit on those (11.8 us) this profile's one row, 390 kernels in 4.57 ms, is bound by the
-    # host's launches and says nothing of the convolutions' rate
+    # the H100 profile's launch time as fitted before its programs were XLA:GPU's own
+    # (docstring): at its current fit this profile's one row would be launch-bound
     c.launch_s = 9.58e-6
     c.kernel_s = 0.35e-6
     # no trace of an H200's kernels: every memory-bound kernel at the bandwidth above (the
     # H100's per-class bandwidths are the H100's memory's)
     c.memory_kernel_costs = {}
-    # the tensor-core tile (tile_width 128, from the H100 profile): an H200's narrow
-    # convolutions, timed by --calibrate-here on 2026-11-27, fit 128 too (docs/predict.md)
+    # the tensor-core tile (tile_width, from the H100 profile): an H200's narrow
+    # convolutions, timed by --calibrate-here on a lent H200, fit the same (docs/predict.md)
     c.calibration_runs = [
         {
             **RUN,

@@ -6,11 +6,10 @@ Run:  python -m jaxpar.predict --profile configs/hardware/k80_pcie.py --suite co
 
 Expect a line, when the profile loads, that it is priced from XLA:CPU programs on simulated
 devices: a K80's compute capability (3.7) is below what CUDA 12, and so JAX's CUDA plugin,
-compiles for. --validate prints the two class rates fitted (0.325 of peak, 3x3 convolutions
-at 0.93), each model left out of the fit (2026-11-28: AlexNet -3.7%, Inception-v3 +44.3%,
-ResNet-152 -15.1%, ResNet-50 -8.8%, VGG16 +8.2%; that part 40 s), then tf_cnn_benchmarks'
-published K80 tables, not run since the simulation of XLA:GPU's fusion was retired (their
-last figures are in docs/log.md).
+compiles for. --validate prints the two class rates fitted, each model left out of the fit,
+then tf_cnn_benchmarks' published K80 tables. The current figures: docs/predict.md, "What the
+validation says" (the published tables' last figures, on the retired simulation of XLA:GPU's
+fusion: `git show 27339c8:docs/predict.md`).
 
 Sources and assumptions:
 - One K80 GPU (GK210, half a board): 4.37 TFLOP/s float32 at boost clock, 12 GB GDDR5

@@ -1,14 +1,14 @@
 """2x Tesla M60 (one board, Azure NV12), PCIe, parameter server on the CPU: the machine of
 seed 003's CIFAR-10 table (az-2x-m60, TensorFlow 1.3, tf_cnn_benchmarks).
 
-Run:  python -m jaxpar.predict --profile configs/hardware/m60_x2.py --suite configs/bench/cifar_models.py   # 3.6 min
+Run:  python -m jaxpar.predict --profile configs/hardware/m60_x2.py --suite configs/bench/cifar_models.py
       python -m jaxpar.bench --suite cifar_models --out runs/cifar_models   (its predicted.md)
 
-Expect (2026-11-28, docs/predict.md, "Seed 003's CIFAR-10 table on two M60s"): the six models
-seed 003 found to scale (ResNet-32 to 110, both DenseNets) at 98.2-98.4% efficiency on two
-M60s, within 5 points of the seed; AlexNet (+30.3 points) and ResNet-20 (+22.5) predicted
-to scale where the seed's did not; DenseNet-100 at batch 64 not fitting (10.19 GiB per
-device, XLA:CPU's plan). Priced from XLA:CPU's programs (no M60 program is compiled).
+Expect: the six models seed 003 found to scale (ResNet-32 to 110, both DenseNets) within 5
+points of the seed's efficiency on two M60s; AlexNet and ResNet-20 predicted to scale where
+the seed's did not; DenseNet-100 at batch 64 not fitting (XLA:CPU's plan). The current table:
+docs/predict.md, "Seed 003's CIFAR-10 table on two M60s". Priced from XLA:CPU's programs (no
+M60 program is compiled).
 
 Sources and assumptions:
 - One M60 GPU (GM204, half a board): 2,048 CUDA cores at up to 1,178 MHz, 4.83 TFLOP/s

@@ -6,7 +6,7 @@ Run:  python -m jaxpar.predict --calibrate configs/predict/dgx1_single_gpu.py \
           --profile configs/hardware/dgx1_p100.py --fit compute_efficiency,conv3x3_efficiency
 
 Prints the fit on all three and each model predicted from a fit on the other two only
-(docs/log.md, "Carrying a calibration across models"). Inception-v3's figure is derived: seed 003
+(`git show 27339c8:docs/predict.md`, "Carrying a calibration across models"). Inception-v3's figure is derived: seed 003
 gives ResNet-50 1.61x its rate.
 """
 

@@ -15,11 +15,11 @@ is pinned to (batch, height, width, channels) with its rows over the axis (model
 gradients) with halo exchanges: collective-permutes to the neighbours. In the forward they
 are exactly the rows the windows reach (`Window.halo`; tests/test_spatial.py holds the
 compiled forward program to it). The alternative, explicit `ppermute` halos in shard_map, was
-measured against it on one layer (benchmarks/spatial_halo.py: a 3x3 convolution and a 3x3
-stride-2 max-pool on 4 bands of a 32x64x64x64 map, both equal to one device): the
-hand-written step moves 3.1 MB per device where the partitioner's moves 8.5 MB (2.7x: it
-sends the convolution's input halo again for the kernel's gradient and 9 padded rows for the
-max-pool's gradient, where 1 would do), and on this CPU its step takes 0.92x the time. The
+measured against it on one layer (`python benchmarks/spatial_halo.py`: a 3x3 convolution and
+a 3x3 stride-2 max-pool on 4 bands of a map, both equal to one device; the figures are in
+docs/results.md, "Spatial partitioning"): the hand-written step moves fewer bytes (the
+partitioner sends the convolution's input halo again for the kernel's gradient and 9 padded
+rows for the max-pool's gradient, where 1 would do) and is about as fast on this CPU. The
 partitioner is used anyway, for coverage: it is exact on every windowed op of every block
 (stride-2 and 7x7/11x11 stems, VALID padding, Inception's 1x7/7x1 kernels, average pools that
 count padding, the max-pool's gradient) and composes with the tensor axis on the same

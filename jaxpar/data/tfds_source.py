@@ -103,7 +103,7 @@ def load_tfds(
     Never downloads: this is `tfds.data_source(name, split, data_dir, download=False)`,
     done through one builder so its info is read once for both splits.
     """
-    import tensorflow_datasets as tfds  # Deferred: importing TFDS takes ~0.5 s.
+    import tensorflow_datasets as tfds  # Deferred: importing TFDS is slow (python -X importtime).
     from tensorflow_datasets.core import constants
 
     data_dir = os.path.expanduser(data_dir) if data_dir else None

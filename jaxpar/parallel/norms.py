@@ -22,7 +22,9 @@ from jaxpar.mesh import is_spec
 
 # The most leaves one GPU reduction reads: XLA:GPU fuses a concatenation into the reduction
 # that reads it up to 96 operands and outputs per fusion, past which it writes the
-# concatenation to memory whole (a float32 copy of the gradient; seen at 96 on ResNet-50).
+# concatenation to memory whole (a float32 copy of the gradient): this stays below that limit.
+# `python benchmarks/gpu_programs.py --rows resnet50:224:float32:128:h100_sxm:8` prints the
+# step's kernels and temporary memory, where a copy would show.
 LEAVES_PER_REDUCTION = 80
 
 
@@ -31,11 +33,10 @@ def local_sq(tree: Any) -> jax.Array:
 
     On a GPU the leaves are flattened and concatenated, LEAVES_PER_REDUCTION at a time, into
     one reduction each, which reads the concatenation inside its kernel (nothing is copied):
-    a few kernels where a reduction per leaf took one or two. A data-parallel step on 8 H100s
-    with the noise scale on, float32: VGG19 586 kernels, now 482 (476 off); ResNet-50 1,690,
-    now 1,451 (1,435 off); temporary memory within 14 MiB of before. Elsewhere a reduction
-    per leaf: XLA:CPU writes a concatenation out whole (a float32 copy of the gradient, 15x
-    the time of the reductions on VGG19)."""
+    a few kernels where a reduction per leaf took one or two, at about the same temporary
+    memory (benchmarks/gpu_programs.py counts both for a data-parallel step on H100s).
+    Elsewhere a reduction per leaf: XLA:CPU writes a concatenation out whole (a float32 copy
+    of the gradient, which costs more than the reductions)."""
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.zeros((), jnp.float32)

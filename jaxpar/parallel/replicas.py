@@ -104,8 +104,8 @@ class Replicas:
         each leaf entering split as its spec says. Under GSPMD a collective over the
         replica axes takes its operand whole over the rules axes, and a flat buffer of
         leaves split along different dimensions cannot be split like any of them: every
-        split leaf would be gathered and sliced back (before: twice the tensor traffic and
-        hundreds of collective-permutes a step)."""
+        split leaf would be gathered and sliced back (more tensor traffic and many
+        collective-permutes a step; tests/test_node_programs.py pins the collectives)."""
 
         def local(parts):
             mean = self._mean(jnp.concatenate([p.reshape(-1) for p in parts]), group)
