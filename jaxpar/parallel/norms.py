@@ -53,8 +53,8 @@ def sq_per_leaf(leaves: list) -> jax.Array:
 def _flat(x: jax.Array) -> jax.Array:
     """`x` as a float32 vector, a convolution kernel's gradient [H, W, I, O] in the order
     cuDNN writes it on an H100 in float32 ([O, H, W, I]): read where it lies. Flattened as
-    [H, W, I, O] XLA:GPU writes a transposed copy first, a kernel per convolution (VGG19's
-    step above: 498 kernels). Where it lies otherwise (an A100 in float32) the copy is written
+    [H, W, I, O] XLA:GPU writes a transposed copy first, a kernel per convolution
+    (benchmarks/gpu_programs.py counts them). Where it lies otherwise (an A100 in float32) the copy is written
     in either order; where it is converted first (bfloat16), in neither."""
     if x.ndim == 4:
         x = jnp.moveaxis(x, 3, 0)
