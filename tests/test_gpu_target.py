@@ -1,4 +1,4 @@
-"""XLA:GPU's own programs compiled here, without a GPU (jaxpar/predict/gputarget.py): every
+"""XLA:GPU's own programs compiled here, without a GPU (jaxpar/predict/programs/gputarget.py): every
 kind of partitioning compiles for eight H100s, the programs hold cuDNN convolutions and
 XLA:GPU's asynchronous collectives, their kernels do the CPU program's multiply-adds, memory
 per GPU is XLA:GPU's buffer assignment, and a machine that cannot compile for a GPU says so
@@ -11,8 +11,10 @@ import logging
 import pytest
 
 from jaxpar import analysis
-from jaxpar.predict import fitting, gputarget, hardware, opclass
-from jaxpar.predict.workload import strategy_for, workload
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import strategy_for, workload
 from tests.util import tiny_config
 
 pytestmark = pytest.mark.skipif(
@@ -125,7 +127,7 @@ def test_a_profile_compiles_for_its_gpu_or_says_why_not(monkeypatch, caplog):
 def test_memory_per_gpu_is_xla_gpus_not_the_cpus():
     """A row's memory per GPU comes from the programs compiled for that GPU (and says so):
     XLA:GPU's temporaries differ from XLA:CPU's for the same step."""
-    from jaxpar.predict.model import predict_workload
+    from jaxpar.predict.step.model import predict_workload
 
     config = _config("data")
     gpu, cpu = workload(config, 8, H100), workload(config, 8)

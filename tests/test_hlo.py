@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jaxpar import hlo
 from jaxpar.parallel.sync import traffic
-from jaxpar.predict import matrix, opclass
+from jaxpar.predict.kernels import matrix, opclass
 
 PROGRAM = """HloModule m, entry_computation_layout={(f32[4,8]{1,0}, bf16[8,16]{1,0})->f32[8]{0}}
 

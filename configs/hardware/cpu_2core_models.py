@@ -25,7 +25,7 @@ matrix kernels, links, host overheads, the collectives' CPU work):
 - Peak: a device's step runs on both cores (XLA:CPU's thread pool), so two cores' 200
   GFLOP/s (with one core's, the fit would sit at its bound).
 - A kernel's fixed time measured, not fitted: 0.39 us, the mean of five runs on 2026-11-27
-  (0.35-0.43 us) of chains of 32 and 512 tiny kernels (`python -c "from jaxpar.predict import
+  (0.35-0.43 us) of chains of 32 and 512 tiny kernels (`python -c "from jaxpar.predict.calibrate import
   micro; print(micro.kernel_report(micro.measure_kernel()))"`, also printed by --calibrate
   ... --pool). Five runs on 2026-11-28 gave 0.25-0.27 us; on a CPU the difference is small
   (0.39 us is 1.1 ms of Inception-v3's 48 ms step).

@@ -7,7 +7,7 @@ import math
 import re
 
 from jaxpar import hlo
-from jaxpar.predict.matrix import THIN, WINOGRAD, Matmul
+from jaxpar.predict.kernels.matrix import THIN, WINOGRAD, Matmul
 
 # The custom_call_target of a cuDNN convolution or a cuBLAS matrix product in an XLA:GPU program
 _LIBRARY = re.compile(r"__(cudnn\$conv\w*|cublas\$[\w$]*)")

@@ -6,7 +6,7 @@ so the errors it leaves say less than they seem to).
 residuals, from one or more starts; `grid` picks the best of a bounded list of candidates (a
 width measured in steps); `root` finds where a decreasing function of one constant crosses a
 target by bisection in log space; `nonnegative` solves linear costs, none below 0. Every
-fitter in predict (fitting, kernels, micro, herebench, pipelinehost) calls one of them.
+fitter in predict (fitting, kernels, micro, device_rates, pipelinehost) calls one of them.
 """
 
 from __future__ import annotations

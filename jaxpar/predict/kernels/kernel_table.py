@@ -27,7 +27,9 @@ from typing import Any
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import hardware, matrix, opclass, pricing, solve
+from jaxpar.predict.kernels import matrix, opclass
+from jaxpar.predict.profiles import hardware, solve
+from jaxpar.predict.step import pricing
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
 # the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
@@ -203,7 +205,7 @@ def fit(
 
 
 def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
-    """Every 2-D convolution of a calibration run's model (hererows.parse_row's dict) as a row of
+    """Every 2-D convolution of a calibration run's model (model_runs.parse_row's dict) as a row of
     this table's format (its `N` the run's batch), with how many layers of the model have that
     shape, in the order the forward first meets them: read from the forward's jaxpr, so any
     model of jaxpar's registry or a builder of one's own. Grouped or dilated convolutions,
@@ -213,7 +215,7 @@ def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
     import jax
 
     from jaxpar import models
-    from jaxpar.predict.calibration import run_config
+    from jaxpar.predict.profiles.calibration_runs import run_config
 
     config = run_config(run)
     model = models.build(config.model, tuple(run["image_shape"]), int(run["num_classes"]))

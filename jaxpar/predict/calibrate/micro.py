@@ -41,7 +41,10 @@ import math
 import statistics
 from typing import Any
 
-from jaxpar.predict import opclass, pricing, solve, timer
+from jaxpar.predict.calibrate import timer
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles import solve
+from jaxpar.predict.step import pricing
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +186,8 @@ def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]
     import jax.numpy as jnp
 
     from jaxpar import models
-    from jaxpar.predict.calibration import run_config
-    from jaxpar.predict.workload import input_spec
+    from jaxpar.predict.profiles.calibration_runs import run_config
+    from jaxpar.predict.programs.workload import input_spec
 
     config = run_config(run)
     image_shape, classes = input_spec(config)

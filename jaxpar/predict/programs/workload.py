@@ -24,7 +24,9 @@ from jaxpar import analysis, collectives, models, optim, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import gputarget, opclass, overlap
+from jaxpar.predict.comm import overlap
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.programs import gputarget
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxpar.predict import micro, timer
+from jaxpar.predict.calibrate import micro, timer
 
 
 def collective_program(kind: str, n: int, batch: int, side: int, channels: int, layers: int):

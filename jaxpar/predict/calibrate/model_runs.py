@@ -2,7 +2,7 @@
 of each timed on the first device (`model_runs`, the profile's calibration runs), and on a GPU
 traced with XLA's command buffers off (`trace_rows`), whose memory-bound kernels give the
 profile's memory_bandwidth, kernel_s and memory_kernel_costs (`traced_costs`,
-jaxpar/predict/traces.py)."""
+jaxpar/predict/calibrate/traces.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import jax
 
 from jaxpar import models, oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import timer, traces
-from jaxpar.predict.calibration import run_config
+from jaxpar.predict.calibrate import timer, traces
+from jaxpar.predict.profiles.calibration_runs import run_config
 
 # the share of a traced step's kernel time that must name an instruction of its program for
 # its costs to be fitted (XLA's command buffers hide the names of what they hold)
@@ -168,7 +168,7 @@ def traced_note(traced: dict) -> str:
     return (
         f"- kernel traces of {', '.join(traced['rows'])} (command buffers off; "
         f"{traced['named_share']:.0%} or more of each one's kernel time named), their "
-        f"memory-bound kernels fitted (jaxpar/predict/traces.py): all of them "
+        f"memory-bound kernels fitted (jaxpar/predict/calibrate/traces.py): all of them "
         f"{traced['kernel_s'] * 1e6:.2f} us + bytes / {traced['memory_bandwidth'] / 1e9:,.0f}"
         f" GB/s -> kernel_s, memory_bandwidth; by class -> memory_kernel_costs: {classes}"
     )

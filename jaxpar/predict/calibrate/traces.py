@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxpar import hlo
 from jaxpar.errors import ConfigError
-from jaxpar.predict import library, opclass
+from jaxpar.predict.kernels import library, opclass
 
 
 def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:

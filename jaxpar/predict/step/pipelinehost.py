@@ -17,7 +17,8 @@ import sys
 import time
 from typing import Any
 
-from jaxpar.predict import solve, timer
+from jaxpar.predict.calibrate import timer
+from jaxpar.predict.profiles import solve
 
 
 def _dispatches(stages: int) -> int:
@@ -78,7 +79,7 @@ def measure_host(
     import jax
 
     from jaxpar import run_setup, units
-    from jaxpar.predict.calibration import run_config
+    from jaxpar.predict.profiles.calibration_runs import run_config
 
     total, started = len(layouts) * len(microbatches), time.perf_counter()
 

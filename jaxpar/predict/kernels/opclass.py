@@ -28,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpar import hlo
-from jaxpar.predict import library
-from jaxpar.predict.matrix import KINDS, THIN, Matmul, conv_keys, matmul
+from jaxpar.predict.kernels import library
+from jaxpar.predict.kernels.matrix import KINDS, THIN, Matmul, conv_keys, matmul
 
 __all__ = [
     "CLASS_FALLBACK",

@@ -25,9 +25,12 @@ import statistics
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, gputarget, hardware, pricing, timer
-from jaxpar.predict.calibration import calibration_ops, run_config
-from jaxpar.predict.workload import input_spec, strategy_for
+from jaxpar.predict.calibrate import timer
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.profiles.calibration_runs import calibration_ops, run_config
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import input_spec, strategy_for
+from jaxpar.predict.step import pricing
 
 _RUN_KEYS = {
     "model.name": "model",
@@ -124,7 +127,7 @@ def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) ->
     import jax
 
     from jaxpar import analysis
-    from jaxpar.predict import opclass
+    from jaxpar.predict.kernels import opclass
 
     if len(jax.devices()) < max(counts):
         raise ConfigError(f"--pool needs {max(counts)} devices, jax has {len(jax.devices())}")
