@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from jaxpar import analysis
-from jaxpar.predict.kernels import opclass
+from jaxpar import analysis, hlo
+from jaxpar.predict.kernels import library, opclass
 from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.programs.workload import strategy_for, workload
@@ -101,7 +101,8 @@ def test_library_call_reads_each_convolution_kind():
     }
     flops = 2.0 * 8 * 16 * 16 * 12 * 3 * 3 * 4
     for kind, (result, args, target) in calls.items():
-        ops = opclass.library_call(result, f'{args}), {tail}"__cudnn${target}"', types)
+        ins = hlo.Instruction("c", result, "custom-call", f'{args}), {tail}"__cudnn${target}"')
+        ops = opclass.matrix_classes(library.library_matmul(ins, types))
         (m,) = ops.matmuls
         assert ops.conv3x3_flops == pytest.approx(flops) and m.winograd
         assert m.keys == ((8, 16, 16, 4, 12, 3, 3, 1, 1, 16, 16, kind),)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from jaxpar import hlo
 from jaxpar.predict.kernels import library
 
 spec = importlib.util.spec_from_file_location("gpu_trace", Path("benchmarks/gpu_trace.py"))
@@ -90,7 +91,7 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(tmp_path, capsys)
     }
     for kind, (result, args) in kernels.items():
         rest = f'{args}), {conv}{kind}"'
-        call = library.library_call(result, rest, types)  # as traces.joined reads it
+        call = library.library_matmul(hlo.Instruction("c", result, "custom-call", rest), types)
         assert call.tile == 12, kind
         assert call.flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not call.thin, kind
     matrix = [("a", 2e9, False, 0, 1e-4, "", 12, 1), ("b", 8e9, False, 0, 1e-4, "", 300, 1)]
