@@ -5,10 +5,10 @@ A `Program` is `computations`: {name: (Instruction, ...)} in the text's order, t
 "ENTRY". An `Instruction` keeps its name, result type, opcode and `rest` (the line after the
 opcode's parenthesis: operands, then attributes), and reads from it its `operands` (the names
 inside the operand list), `callees` (the computations it calls) and attributes (`attribute`,
-`ints`, `window`, `dim_labels`, `replica_groups`, `source_target_pairs`, `backend_config`: the
-one reading of them). A collective's replica groups, as printed, are read into devices by
-`replica_groups` (the function). Several programs' texts joined into
-one are read apart (`modules`) by the functions that take text. Types stay text
+`ints`, `window`, `dim_labels`, `replica_groups`, `source_target_pairs`, `backend_config` as
+JSON and a field of it, `backend_field`: the one reading of them); `replica_groups` (the
+function) reads a collective's groups into devices. Several programs' texts joined into one are
+read apart (`modules`) by the functions that take text. Types stay text
 ("f32[8,3]{1,0}", "(f32[8], u8[16])"); the helpers below read them:
 
 - `arrays(type)`: the array types in it, a tuple's elements in order (token[] and opaque types
@@ -169,6 +169,20 @@ class Instruction:
         except ValueError:
             found = json.loads(json.loads(f'"{text}"'))  # printed quoted: its quotes escaped
         return found if isinstance(found, dict) else {}
+
+    def backend_field(self, name: str):
+        """The field `name` of its backend_config's JSON wherever it sits (the first found,
+        depth first), None without it."""
+        todo = [self.backend_config()]
+        while todo:
+            value = todo.pop(0)
+            if isinstance(value, dict):
+                if name in value:
+                    return value[name]
+                todo[:0] = list(value.values())
+            elif isinstance(value, list):
+                todo[:0] = value
+        return None
 
     def dim_labels(self) -> tuple[str, str, str] | None:
         """A convolution's dimension labels, (input, kernel, output): `dim_labels=b01f_01io->b01f`

@@ -26,16 +26,7 @@ def contracting_dims(ins: hlo.Instruction) -> list[int]:
     """A cuBLAS call's contracting dimensions of its first operand: a field of its
     backend_config's JSON (gemm_backend_config's dot_dimension_numbers), which has no attribute
     of its own (a dot's lhs_contracting_dims); [] without it."""
-    todo = [ins.backend_config()]
-    while todo:  # the field wherever it sits, the first in the text's order
-        value = todo.pop(0)
-        if isinstance(value, dict):
-            if "lhs_contracting_dimensions" in value:
-                return [int(d) for d in value["lhs_contracting_dimensions"]]
-            todo[:0] = list(value.values())
-        elif isinstance(value, list):
-            todo[:0] = value
-    return []
+    return [int(d) for d in ins.backend_field("lhs_contracting_dimensions") or ()]
 
 
 def library_matmul(ins: hlo.Instruction, types: dict[str, str]) -> Matmul | None:
