@@ -23,9 +23,12 @@ from pathlib import Path
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
 from jaxpar.predict import load_profile, predict_rows, recommend
-from jaxpar.predict.profiles import hardware
+from jaxpar.predict.calibrate import from_runs, micro, on_device
+from jaxpar.predict.comm import cpulinks
+from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.programs import gputarget
-from jaxpar.predict.step import pricing
+from jaxpar.predict.step import pipelinehost, pricing
+from jaxpar.predict.validation import report
 from jaxpar.suites import add_reference, load_rows
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
@@ -121,14 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report every profile's (or each --profile's) errors on figures it was not fitted to",
     )
-    from jaxpar.predict.calibrate import on_device
 
     on_device.add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxpar.predict.calibrate import on_device
 
     log.setup()  # jaxpar's own lines (the trainer's, a calibration's) on stdout
     compile_cache.enable()  # programs compiled before (CPU ones) load from disk
@@ -228,7 +229,6 @@ def _say(line: str) -> None:
 def _validate(args) -> int:
     """--validate: the leave-one-model-out, published-table and measured-here report, each
     profile's part printed as it is done (every profile: about 20 minutes on 2 cores)."""
-    from jaxpar.predict.validation import report
 
     try:
         text = report.run(args.profile or None, say=_say, emit=lambda part: print(part, flush=True))
@@ -243,10 +243,6 @@ def _validate(args) -> int:
 
 def _calibrate(args) -> int:
     """--calibrate: fit, report each run's fit and the cross-model check, optionally --pool."""
-    from jaxpar.predict.calibrate import from_runs, micro
-    from jaxpar.predict.comm import cpulinks
-    from jaxpar.predict.profiles import fitting
-    from jaxpar.predict.step import pipelinehost
 
     try:
         (profile,) = [load_profile(p) for p in args.profile[:1]]

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from jaxpar import models, oneline
+from jaxpar import analysis, models, oneline, run_setup
 from jaxpar.errors import ConfigError
 from jaxpar.predict.calibrate import timer, traces
 from jaxpar.predict.profiles.calibration_runs import run_config
@@ -54,7 +54,6 @@ def _images_per_sec(run: dict[str, Any], seconds: float) -> float:
     """jaxpar's one-device training step of `run` (run_setup.setup on the first device, as
     benchmarks/single_device.py times it): compiled and warmed up, then timed for about
     `seconds`, dispatched without waiting and the device synchronised at the end."""
-    from jaxpar import run_setup
 
     s = run_setup.setup(run_config(run), [jax.devices()[0]])
     state = s.strategy.init_state(jax.random.key(0))
@@ -77,7 +76,6 @@ def trace_row(spec: str, where: str) -> tuple[str, str]:
     names its instruction; the rows' speed is timed as a user runs, with them on), warmed up,
     two steps traced under JAX's profiler into where/NAME, and the program traced written to
     where/NAME.hlo.txt: (trace folder, program file), what traces.joined reads."""
-    from jaxpar import analysis, run_setup
 
     run = parse_row(spec)
     s = run_setup.setup(run_config(run), [jax.devices()[0]])

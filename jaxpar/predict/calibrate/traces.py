@@ -11,6 +11,7 @@ trace names its events (thunks) after the top-level instructions, so it joins th
 from __future__ import annotations
 
 import collections
+import csv
 import glob
 import gzip
 import json
@@ -137,7 +138,6 @@ def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
     """Every joined kernel of each (program, device, rows) as one line of a CSV (gzip where the
     path ends .gz): the figures a profile's costs are fitted from, small enough to keep beside
     the profile where the traces themselves (hundreds of MB) are not."""
-    import csv
 
     with gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w") as f:
         out = csv.writer(f)
@@ -162,7 +162,6 @@ def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
 
 def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
     """write_csv's programs back: [(program, device, rows as joined() gives them)]."""
-    import csv
 
     programs: dict[tuple[str, str], list[tuple]] = {}
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:

@@ -11,8 +11,9 @@ layer) and of `x = tanh(psum(conv(x)))` (a row-parallel one), each beside the sa
 with the collective replaced by local work of the same shape (the gathered copies made
 locally; no sum), their process CPU time per call (time.process_time: every thread's); the
 payload (each device's result of the collective) over the extra CPU time is the profile's
-collective_cpu_rate. The payload, 1 MB a device, is the size of a tensor split's
-collectives in the default suite (26.7 MB a device over 32 a step).
+collective_cpu_rate. The payload, 1 MB a device, is of the size of a tensor split's
+collectives in the default suite (their bytes per device over their count in a step's compiled
+programs, as jaxpar/collectives.py counts them).
 """
 
 from __future__ import annotations

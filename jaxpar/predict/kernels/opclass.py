@@ -102,12 +102,14 @@ class OpClasses:
         return self.matmul_flops + self.conv3x3_flops
 
 
-# Classes of memory-bound GPU kernels, whose costs differ on the same bytes (measured in an
-# H100's kernel traces, docs/predict.md): a reduction (BatchNorm's statistics, a bias
+# Classes of memory-bound GPU kernels, whose costs differ on the same bytes (read from a GPU's
+# kernel traces: benchmarks/gpu_traces.sh and benchmarks/reduce_micro.py, see docs/predict.md,
+# which also gives the thresholds' origin): a reduction (BatchNorm's statistics, a bias
 # gradient), a reduction into few results (reduce_few: fewer than FEW_RESULTS, each summing at
 # least FEW_LENGTH elements, which XLA:GPU spreads over its results alone, so that its rate is
-# its results times one lane's: OpClasses.lane_bytes), a transpose (a weight into cuDNN's layout), a window (pooling and
-# its gradient: each input read by several outputs), and everything else elementwise.
+# its results times one lane's: OpClasses.lane_bytes), a transpose (a weight into cuDNN's
+# layout), a window (pooling and its gradient: each input read by several outputs), and
+# everything else elementwise.
 # On a CPU, generate: an elementwise kernel that writes an array of GENERATES or more times
 # the bytes it reads (XLA:CPU's iotas and broadcasts of the max-pool gradients), which runs at
 # a rate of its own there (cpu_class).

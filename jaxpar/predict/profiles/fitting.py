@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import kernel_table
@@ -171,7 +173,6 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     matmul class at the one compute_efficiency (a fit of neither keeps the profile's classes,
     e.g. from its kernel_benchmarks: kernel_table.py). Needs at least as many runs as costs. The runs' op classes come from their compiled
     steps (calibration_runs.calibration_ops)."""
-    import numpy as np
 
     bad = [n for n in names if n not in FITTABLE]
     if bad or not names:

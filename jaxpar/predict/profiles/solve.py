@@ -16,6 +16,9 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+from scipy import optimize
+
 AT_BOUND = 1e-4  # in log space: within this of an upper bound is at it
 
 
@@ -36,8 +39,6 @@ def least_squares(
     `residuals(values)`, each at most its `upper` (none: unbounded), solved in log space from
     `start` shifted by each of `shifts` (log factors; a start beyond a bound is set just below
     it); the best of those solutions."""
-    import numpy as np
-    from scipy import optimize
 
     names = tuple(start)
     x0 = np.array([np.log(start[n]) for n in names])
@@ -90,7 +91,6 @@ def nonnegative(names: Sequence[str], features, target) -> Solution:
     """Linear costs `names` (one per column of `features`) that fit `target` best in least
     squares, none below 0: a negative one is dropped and the rest solved again; a column
     never used, or dropped, is 0 (at its bound)."""
-    import numpy as np
 
     features, target = np.asarray(features, float), np.asarray(target, float)
     keep = [i for i in range(len(names)) if features[:, i].any()]

@@ -21,6 +21,7 @@ import jax
 import ml_collections
 
 from jaxpar import analysis, collectives, models, optim, parallel
+from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import schedules
@@ -135,7 +136,6 @@ def input_spec(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int],
         return tuple(config.data.image_shape), int(config.data.num_classes)
     if name in _KNOWN_DATA:
         return _KNOWN_DATA[name]
-    from jaxpar import data as data_lib
 
     spec = data_lib.load(config).spec
     return tuple(spec.image_shape), spec.num_classes

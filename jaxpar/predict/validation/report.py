@@ -27,6 +27,7 @@ from typing import Any
 
 from jaxpar import configfile, units
 from jaxpar.errors import ConfigError
+from jaxpar.predict.kernels import kernel_table
 from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.profiles.calibration_runs import calibration_ops
 from jaxpar.predict.programs import gputarget
@@ -182,7 +183,6 @@ def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     table = c.get("kernel_benchmarks")
     if not table:
         return []
-    from jaxpar.predict.kernels import kernel_table
 
     names = tuple(c.get("kernel_fit", kernel_table.DEFAULT_FIT) or kernel_table.DEFAULT_FIT)
     kf = kernel_table.fit(
