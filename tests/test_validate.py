@@ -163,7 +163,6 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
 
 def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
     """GCE's and AWS's K80 tables hold the same 20 runs: --validate predicts them once."""
-    from jaxpar import predict
 
     calls = []
 
@@ -171,8 +170,8 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
         calls.append(config.model.name)
         return {"status": "ok", "model": config.model.name, "num_devices": 1, "images_per_sec": 1.0}
 
-    monkeypatch.setattr(predict, "predict_config", fake)
-    monkeypatch.setattr(predict, "load_profile", lambda path: object())
+    monkeypatch.setattr(suite_checks, "predict_config", fake)
+    monkeypatch.setattr(suite_checks, "load_profile", lambda path: object())
     suite_checks.forget()
     said = []
     gce = suite_checks.suite_rows(

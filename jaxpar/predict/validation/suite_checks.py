@@ -1,7 +1,7 @@
 """`--validate`'s suites: a suite's rows predicted on a fitted profile beside their published or
 measured references (`suite_lines`: efficiency points against published multi-device tables;
 median error and rank correlation against the rows measured here, beside the measurement's own
-repeats), and the targets each check is read against (validate.py reports them per profile)."""
+repeats), and the targets each check is read against (report.py reports them per profile)."""
 
 from __future__ import annotations
 
