@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import optimize
 
 AT_BOUND = 1e-4  # in log space: within this of an upper bound is at it
 
@@ -39,6 +38,9 @@ def least_squares(
     `residuals(values)`, each at most its `upper` (none: unbounded), solved in log space from
     `start` shifted by each of `shifts` (log factors; a start beyond a bound is set just below
     it); the best of those solutions."""
+    # imported here: the largest import `python -m jaxpar.predict` would pay at start-up
+    # (`python -X importtime -m jaxpar.predict --help`), needed only where a fit runs
+    from scipy import optimize
 
     names = tuple(start)
     x0 = np.array([np.log(start[n]) for n in names])
@@ -91,7 +93,6 @@ def nonnegative(names: Sequence[str], features, target) -> Solution:
     """Linear costs `names` (one per column of `features`) that fit `target` best in least
     squares, none below 0: a negative one is dropped and the rest solved again; a column
     never used, or dropped, is 0 (at its bound)."""
-
     features, target = np.asarray(features, float), np.asarray(target, float)
     keep = [i for i in range(len(names)) if features[:, i].any()]
     while True:
