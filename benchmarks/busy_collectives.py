@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.predict import links, load_profile
+from jaxpar.predict import load_profile
+from jaxpar.predict.comm import links
 
 LAYERS = {"dot": 32, "conv": 16}
 

@@ -9,12 +9,12 @@ or 17x17 maps).
         --out runs/conv.json --table runs/inception_v3_kernels.csv
 
 Every convolution of the model's forward (read from its jaxpr, so any model of jaxpar's
-registry or a builder of one's own) is one row of kernels.py's table format (W, H, C, N, K,
+registry or a builder of one's own) is one row of kernel_table.py's table format (W, H, C, N, K,
 R, S, padding, strides), identical layers counted once with their number. Each row's forward,
 input gradient and filter gradient is a jitted program of its own, called a few times under
 JAX's profiler; the convolution kernels' device time per call is read from the trace
 (benchmarks/reduce_micro.py reads traces the same way), so dispatch does not count. Printed
-per kernel: measured and priced microseconds (kernels.price: the profile's device time of that
+per kernel: measured and priced microseconds (kernel_table.price: the profile's device time of that
 kernel alone) and their ratio; then per group of shapes (1x1, asymmetric 1xN and Nx1, 3x3
 stride 1, strided, other) the layers' time weighted by their number, measured against priced.
 `--table` writes the measured times as a kernel table (configs/hardware/kernels/*.csv's
@@ -132,13 +132,13 @@ def group(row: dict) -> str:
 
 
 def compare(measured: list[dict], counts: list[int], profile, dtype: str) -> list[dict]:
-    """Each measured kernel beside the profile's price of it (kernels.price), per layer."""
-    from jaxpar.predict import kernels
+    """Each measured kernel beside the profile's price of it (kernel_table.price), per layer."""
+    from jaxpar.predict.kernels import kernel_table
 
     size = 2 if dtype == "bfloat16" else 4
     out = []
     for row, count in zip(measured, counts):
-        timed = kernels.kernels(row, size)  # none for a thin first layer
+        timed = kernel_table.kernels(row, size)  # none for a thin first layer
         for kind, column in KINDS:
             kernel = next((k for k in timed if k.name.endswith(kind)), None)
             out.append(
@@ -148,7 +148,7 @@ def compare(measured: list[dict], counts: list[int], profile, dtype: str) -> lis
                     "kind": kind,
                     "layers": count,
                     "measured_s": row[column] * 1e-3,
-                    "priced_s": kernels.price(profile, kernel, dtype) if kernel else None,
+                    "priced_s": kernel_table.price(profile, kernel, dtype) if kernel else None,
                 }
             )
     return out
@@ -177,10 +177,10 @@ def summary(lines: list[dict]) -> dict[str, tuple[float, float, int]]:
 
 
 def _write_table(path: str, rows: list[dict], args, device: str) -> None:
-    from jaxpar.predict import kernels
+    from jaxpar.predict.kernels import kernel_table
 
     what = SMALL[0] if args.small else args.rows
-    kernels.write(
+    kernel_table.write(
         path,
         rows,
         f"Convolution kernels of {what} timed on {device} "
@@ -191,7 +191,9 @@ def _write_table(path: str, rows: list[dict], args, device: str) -> None:
 
 def main(argv=None) -> int:
     from jaxpar.errors import ConfigError
-    from jaxpar.predict import hererows, kernels, load_profile
+    from jaxpar.predict import load_profile
+    from jaxpar.predict.calibrate import model_runs
+    from jaxpar.predict.kernels import kernel_table
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -208,13 +210,13 @@ def main(argv=None) -> int:
     try:
         if not os.path.isfile(args.profile):  # loaded once measured (it compiles its fits)
             load_profile(args.profile)  # its one-line error
-        runs = [hererows.parse_row(r) for r in (SMALL if args.small else args.rows.split(","))]
+        runs = [model_runs.parse_row(r) for r in (SMALL if args.small else args.rows.split(","))]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     everything, table, profile = [], [], None
     for run in runs:
-        shapes = kernels.model_rows(run)[: args.limit or None]
+        shapes = kernel_table.model_rows(run)[: args.limit or None]
         print(f"{run['name']}: {len(shapes)} shapes, {sum(n for _, n in shapes)} layers")
         measured = []
         for row, _ in shapes:  # the table rewritten after each shape: a time limit keeps it

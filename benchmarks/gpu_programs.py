@@ -6,7 +6,7 @@ compiled on that GPU: kernels, memory per GPU, collectives, compile time.
 
 A row is MODEL:IMAGE:DTYPE:BATCH:GPU:DEVICES[:MESH] (MESH as "data=8" or "data=2,tensor=4";
 default data over all DEVICES). For each row it compiles the training step's programs for
-DEVICES described GPUs (jaxpar/predict/gputarget.py) and prints the kernels the programs
+DEVICES described GPUs (jaxpar/predict/programs/gputarget.py) and prints the kernels the programs
 launch (opclass), their collectives and memory per GPU (state plus XLA:GPU's temporaries).
 Where JAX sees a GPU (the device machine, installed by requirements-gpu.txt), it compiles the
 same programs on it too and prints both, with the difference: the check that the deviceless
@@ -59,8 +59,8 @@ def _config(model: str, image: int, dtype: str, batch: int, mesh: dict[str, int]
 def figures(config, devices) -> dict:
     """Kernels, matrix FLOPs, collectives and memory of the step's programs on `devices`."""
     from jaxpar import analysis, collectives
-    from jaxpar.predict import opclass
-    from jaxpar.predict.workload import strategy_for
+    from jaxpar.predict.kernels import opclass
+    from jaxpar.predict.programs.workload import strategy_for
 
     t0 = time.perf_counter()
     strategy = strategy_for(config, len(devices), devices)
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     configfile.make_configs_importable()
     import jax
 
-    from jaxpar.predict import gputarget
+    from jaxpar.predict.programs import gputarget
 
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     print(f"JAX {jax.__version__}; GPUs here: {len(gpus)} ({gpus[0].device_kind if gpus else '-'})")

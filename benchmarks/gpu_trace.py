@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxpar.predict.traces import (  # noqa: F401  (re-exported: tests, scripts)
+from jaxpar.predict.calibrate.traces import (  # noqa: F401  (re-exported: tests, scripts)
     COLUMNS,
     cpu_matrix_flops,
     fit_line,

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
                 f"{label}: {fixed * 1e6:.2f} us + bytes / {bw / 1e12:.2f} TB/s "
                 f"({sum(map(keep, rows))} shapes)"
             )
-    from jaxpar.predict import opclass
+    from jaxpar.predict.kernels import opclass
 
     few = [
         r

@@ -13,7 +13,7 @@ for about --seconds with the device synchronised at the end (images/sec over the
 and the median of per-step times synchronised each step); the device's peak memory in use
 (`memory_stats`, where the device reports it: GPUs) against what the compiled program says it
 needs (arguments + outputs - aliases + temporaries); and the compiled program's operation
-classes as jaxpar's predictor reads them (jaxpar/predict/opclass.py): convolution and matmul
+classes as jaxpar's predictor reads them (jaxpar/predict/kernels/opclass.py): convolution and matmul
 FLOPs, bytes of memory-bound kernels, kernels launched. Writes one JSON record per row to
 --out and prints a table. Rows that fail (out of memory, say) are recorded with their error.
 The peak is the process's since it started (JAX cannot reset it): list rows by growing
@@ -156,7 +156,7 @@ def _program_figures(setup, batch: int, spec: str, hlo_dir: str | None) -> dict:
     """The step program's memory (jaxpar.analysis), operation classes and FLOPs; its HLO
     text written to `hlo_dir` if given."""
     from jaxpar import analysis
-    from jaxpar.predict import opclass
+    from jaxpar.predict.kernels import opclass
 
     report = analysis.report(setup.strategy, batch, timing=False)
     row = {

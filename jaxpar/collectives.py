@@ -7,38 +7,12 @@ replica groups), counted per program and per step, and their totals per device.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
 from jaxpar import axes as axes_lib
 from jaxpar import hlo
-
-_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-
-
-def parse_groups(text: str) -> list[list[int]]:
-    """Replica groups as lists of device indices, from either HLO form:
-    explicit `{{0,4},{1,5}}` or iota `[2,4]<=[8]` / `[4,2]<=[2,4]T(1,0)`."""
-    if text.startswith("mesh["):  # mesh['axis_0'=2,'axis_1'=4] {'axis_1'}: groups vary along
-        sizes = [(n, int(v)) for n, v in re.findall(r"'(\w+)'=(\d+)", text.split("]")[0])]
-        chosen = re.findall(r"'(\w+)'", text.split("]", 1)[1])
-        ids = np.arange(int(np.prod([v for _, v in sizes]))).reshape([v for _, v in sizes])
-        order = [i for i, (n, _) in enumerate(sizes) if n not in chosen] + [
-            i for i, (n, _) in enumerate(sizes) if n in chosen
-        ]
-        size = int(np.prod([v for n, v in sizes if n in chosen]))
-        return ids.transpose(order).reshape(-1, size).tolist()
-    match = _IOTA.fullmatch(text.strip())
-    if match:
-        shape = [int(x) for x in match.group(1).split(",")]
-        dims = [int(x) for x in match.group(2).split(",")]
-        ids = np.arange(int(np.prod(dims))).reshape(dims)
-        if match.group(3):
-            ids = ids.transpose([int(x) for x in match.group(3).split(",")])
-        return ids.reshape(shape[0], -1).tolist()
-    return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", text)]
 
 
 def mesh_axes_of(groups: list[list[int]], mesh_shape: dict[str, int]) -> str:
@@ -63,7 +37,7 @@ def _placed(text: str, mesh_shape: dict[str, int]) -> list[tuple[str, str, bool,
 def collective_axes(c: hlo.Collective, mesh_shape: dict[str, int]) -> str:
     """The mesh axes one collective runs over, from its replica groups (none printed,
     `replica_groups={}`: one group of every device, so every axis of more than one)."""
-    groups = parse_groups(c.groups) if c.groups else []
+    groups = hlo.replica_groups(c.groups) if c.groups else []
     if any(groups):
         return mesh_axes_of(groups, mesh_shape)
     return "+".join(n for n, size in mesh_shape.items() if size > 1) or "none"

@@ -26,7 +26,9 @@ configfile.cpu_only()
 def main(out: str) -> None:
     from configs import base
     from configs.predict import dgx1_vgg16
-    from jaxpar.predict import hardware, links, load_profile, predict_config
+    from jaxpar.predict import load_profile, predict_config
+    from jaxpar.predict.comm import links
+    from jaxpar.predict.profiles import hardware
     from tests.util import override
 
     figures = {}

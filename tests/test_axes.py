@@ -14,7 +14,7 @@ import pytest
 
 from jaxpar import analysis, axes, explain, parallel, plan, run_setup, trainer
 from jaxpar.errors import ConfigError
-from jaxpar.predict.workload import describe, workload
+from jaxpar.predict.programs.workload import describe, workload
 from tests import example_axis
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config, train_losses
 

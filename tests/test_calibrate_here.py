@@ -11,43 +11,40 @@ import jax
 import pytest
 
 from configs import base
-from jaxpar.predict import (
-    fitting,
-    gputarget,
-    here,
-    herebench,
-    hereprofile,
-    hererows,
-    predict_config,
-    pricing,
-)
-from jaxpar.predict.calibration import calibration_ops
+from jaxpar.predict import predict_config
+from jaxpar.predict.calibrate import device_rates, model_runs, on_device, profile_file
+from jaxpar.predict.profiles import fitting
+from jaxpar.predict.profiles.calibration_runs import calibration_ops
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.step import pricing
 
 
 @pytest.mark.slow  # ~16 s on 2 cores: two compiles of the step, one of the 8-device program
 def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    here.add_arguments(parser)
+    on_device.add_arguments(parser)
     bad = parser.parse_args(
         ["--calibrate-here", str(tmp_path / "x.py"), "--here-rows", "vgg9:1:32:float32:8"]
     )
-    assert here.run(bad) == 2 and "no model 'vgg9'" in capsys.readouterr().err
+    assert on_device.run(bad) == 2 and "no model 'vgg9'" in capsys.readouterr().err
     nodes = parser.parse_args(["--calibrate-here", str(tmp_path / "x.py"), "--here-devices", "0"])
-    assert here.run(nodes) == 2 and "--here-devices must be at least 1" in capsys.readouterr().err
+    assert (
+        on_device.run(nodes) == 2 and "--here-devices must be at least 1" in capsys.readouterr().err
+    )
     assert not (tmp_path / "x.py").exists()  # refused before anything was timed
 
-    micro = herebench.microbenchmarks(seconds=0.1)
+    micro = device_rates.microbenchmarks(seconds=0.1)
     assert micro["platform"] == "cpu" and micro["num_devices"] == len(jax.devices()) == 8
     # measured, so only their signs are checked (a loaded machine reorders them: timings are
     # the benchmarks' business)
     assert micro["launch_s"] > 0 and micro["sync_call_s"] > 0 and micro["kernel_s"] > 0
-    (run,) = hererows.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
+    (run,) = model_runs.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
     assert run["images_per_sec"] > 0 and run["image_shape"] == (32, 32, 3)
     assert micro["thin_conv_float32"] > 0 and micro["float32_flops_per_s"] > 0
     # a first layer's convolution at a quarter of the matmul's rate
     micro["thin_conv_float32"] = micro["float32_flops_per_s"] / 4
     path = tmp_path / "here_profile.py"
-    report = hereprofile.write_profile(str(path), micro, [run], ("compute_efficiency",))
+    report = profile_file.write_profile(str(path), micro, [run], ("compute_efficiency",))
     assert "measured img/s" in report and f"--profile {path}" in report
 
     profile = fitting.load_profile(path)  # fitted to its one run as it loads
@@ -74,15 +71,15 @@ def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, 
     back 24% slow so): one line says so, and the plan still goes ahead as asked."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(here.jax, "devices", lambda *a: [SimpleNamespace(platform="gpu")])
+    monkeypatch.setattr(on_device.jax, "devices", lambda *a: [SimpleNamespace(platform="gpu")])
     timed = []
 
-    def model_runs(rows, seconds):  # the plan went ahead: stop before anything is timed
+    def stop(rows, seconds):  # the plan went ahead: stop before anything is timed
         timed.append(rows)
         raise ValueError("stopped here")
 
-    monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: {"platform": "gpu"})
-    monkeypatch.setattr(hererows, "model_runs", model_runs)
+    monkeypatch.setattr(device_rates, "microbenchmarks", lambda seconds: {"platform": "gpu"})
+    monkeypatch.setattr(model_runs, "model_runs", stop)
     args = SimpleNamespace(
         calibrate_here="x.py",
         here_rows="vgg19:1.0:32:bfloat16:512",
@@ -90,10 +87,10 @@ def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, 
         here_seconds=1.0,
         here_devices=None,
     )
-    assert here.run(args) == 2 and timed == [["vgg19:1.0:32:bfloat16:512"]]
+    assert on_device.run(args) == 2 and timed == [["vgg19:1.0:32:bfloat16:512"]]
     note, stopped = capsys.readouterr().err.splitlines()
     assert note.startswith("note: on a GPU") and "kernel_s" in note and "stopped here" in stopped
-    assert here.run(SimpleNamespace(**{**vars(args), "here_fit": "kernel_s"})) == 2
+    assert on_device.run(SimpleNamespace(**{**vars(args), "here_fit": "kernel_s"})) == 2
     assert "note" not in capsys.readouterr().err and len(timed) == 2
 
 
@@ -103,13 +100,13 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
     hand. Here on the CPU, whose traces join the same way: a row that cannot run is named,
     every class fitted prices its kernels at their traced total (a least-squares line with a
     fixed cost has residuals summing to zero), and a trace naming too little is not used."""
-    from jaxpar.predict import hererows, traces
+    from jaxpar.predict.calibrate import model_runs, traces
 
-    pairs, failed = hererows.trace_rows(
+    pairs, failed = model_runs.trace_rows(
         ["vgg11:0.125:32:float32:8", "vgg9:1:32:float32:8"], str(tmp_path)
     )
     assert len(pairs) == 1 and len(failed) == 1 and "no model 'vgg9'" in failed[0]
-    traced = hererows.traced_costs(pairs, failed)
+    traced = model_runs.traced_costs(pairs, failed)
     assert traced["named_share"] == 1.0 and traced["not_traced"] == failed  # a CPU's: all named
     assert {"elementwise", "window"} <= set(traced["memory_kernel_costs"])
     assert traced["kernel_s"] >= 0 and traced["memory_bandwidth"] > 0
@@ -120,14 +117,14 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
         if name != "reduce_few":  # priced by bytes per result
             priced = sum(each + r[3] / bandwidth for r in mine)
             assert priced == pytest.approx(sum(r[4] for r in mine), rel=1e-6), name
-    skipped = hererows.traced_costs([])
+    skipped = model_runs.traced_costs([])
     assert "skipped" in skipped and "memory_kernel_costs" not in skipped
-    here_share = hererows.NAMED_SHARE
+    here_share = model_runs.NAMED_SHARE
     try:  # a trace that names too little of its time (a GPU's with command buffers on)
-        hererows.NAMED_SHARE = 1.01
-        assert "names its instruction" in hererows.traced_costs(pairs)["skipped"]
+        model_runs.NAMED_SHARE = 1.01
+        assert "names its instruction" in model_runs.traced_costs(pairs)["skipped"]
     finally:
-        hererows.NAMED_SHARE = here_share
+        model_runs.NAMED_SHARE = here_share
 
 
 def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
@@ -136,7 +133,7 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     layers and the row's own convolution shapes, the profile takes the memory-bound costs
     its row's trace gave, its docstring says so, and its rows' fit names matmul_kernel_s."""
     from jaxpar import configfile
-    from jaxpar.predict import kernels
+    from jaxpar.predict.kernels import kernel_table
 
     micro = {
         "platform": "gpu",
@@ -176,10 +173,10 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
             {
                 **r,
                 **{
-                    c: kernels.price(truth, k) * 1e3
+                    c: kernel_table.price(truth, k) * 1e3
                     for c, k in zip(
                         ("forward_ms", "input_grad_ms", "filter_grad_ms"),
-                        kernels.kernels(
+                        kernel_table.kernels(
                             {**r, "forward_ms": 1, "input_grad_ms": 1, "filter_grad_ms": 1}
                         ),
                     )
@@ -188,23 +185,23 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
             for r in rows
         ]
 
-    monkeypatch.setattr(herebench, "microbenchmarks", lambda seconds: dict(micro))
-    monkeypatch.setattr(herebench, "time_kernels", timed)
+    monkeypatch.setattr(device_rates, "microbenchmarks", lambda seconds: dict(micro))
+    monkeypatch.setattr(device_rates, "time_kernels", timed)
     parser = argparse.ArgumentParser()
-    here.add_arguments(parser)
+    on_device.add_arguments(parser)
     path = tmp_path / "gpu.py"
     row = "vgg11:0.125:32:float32:8"
     args = parser.parse_args(
         ["--calibrate-here", str(path), "--here-rows", row, "--here-seconds", "0.2"]
     )
-    assert here.run(args) == 0, capsys.readouterr()
-    table = kernels.load(hereprofile.kernel_table_path(path))
-    own = herebench.own_shapes([row], "float32")
+    assert on_device.run(args) == 0, capsys.readouterr()
+    table = kernel_table.load(profile_file.kernel_table_path(path))
+    own = device_rates.own_shapes([row], "float32")
     assert len(own) >= 3 and len(table) == 24 + len(own)
     c = configfile.load(str(path))
     traced = runpy.run_path(str(path))["MEASURED"]["traced"]
     p = fitting.load_profile(path)
-    assert tuple(c.fit) == here.TRACED_FIT and traced["named_share"] == 1.0
+    assert tuple(c.fit) == on_device.TRACED_FIT and traced["named_share"] == 1.0
     assert (
         p.memory.memory_kernel_costs == traced["memory_kernel_costs"]
         and "window" in traced["memory_kernel_costs"]

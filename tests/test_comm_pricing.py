@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from jaxpar import collectives
-from jaxpar.predict import commtime, links
-from jaxpar.predict.workload import Collective
+from jaxpar.predict.comm import commtime, links
+from jaxpar.predict.programs.workload import Collective
 from tests.test_overlap import PROGRAM
 from tests.util import tiny_profile
 
@@ -110,7 +110,7 @@ def test_a_profile_names_its_protocols():
     without the key has none; a fraction outside (0, 1] is refused; a link replaced keeps
     its protocols."""
     from jaxpar.errors import ConfigError
-    from jaxpar.predict import hardware
+    from jaxpar.predict.profiles import hardware
 
     base = tiny_profile()
     config = {

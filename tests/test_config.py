@@ -193,7 +193,7 @@ def test_every_command_a_config_file_offers_validates():
 
     from jaxpar import configfile, models
     from jaxpar.errors import ConfigError
-    from jaxpar.predict.workload import input_spec
+    from jaxpar.predict.programs.workload import input_spec
 
     checked = set()
     for path in sorted(Path(configfile.ROOT, "configs").glob("*.py")):

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxpar.predict import commtime, links, overlap
-from jaxpar.predict.overlap import Window
+from jaxpar.predict.comm import commtime, links, overlap
+from jaxpar.predict.comm.overlap import Window
 from tests.test_overlap import PROGRAM
 from tests.util import tiny_profile
 

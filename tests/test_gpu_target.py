@@ -1,4 +1,4 @@
-"""XLA:GPU's own programs compiled here, without a GPU (jaxpar/predict/gputarget.py): every
+"""XLA:GPU's own programs compiled here, without a GPU (jaxpar/predict/programs/gputarget.py): every
 kind of partitioning compiles for eight H100s, the programs hold cuDNN convolutions and
 XLA:GPU's asynchronous collectives, their kernels do the CPU program's multiply-adds, memory
 per GPU is XLA:GPU's buffer assignment, and a machine that cannot compile for a GPU says so
@@ -10,9 +10,11 @@ import logging
 
 import pytest
 
-from jaxpar import analysis
-from jaxpar.predict import fitting, gputarget, hardware, opclass
-from jaxpar.predict.workload import strategy_for, workload
+from jaxpar import analysis, hlo
+from jaxpar.predict.kernels import library, opclass
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import strategy_for, workload
 from tests.util import tiny_config
 
 pytestmark = pytest.mark.skipif(
@@ -99,7 +101,8 @@ def test_library_call_reads_each_convolution_kind():
     }
     flops = 2.0 * 8 * 16 * 16 * 12 * 3 * 3 * 4
     for kind, (result, args, target) in calls.items():
-        ops = opclass.library_call(result, f'{args}), {tail}"__cudnn${target}"', types)
+        ins = hlo.Instruction("c", result, "custom-call", f'{args}), {tail}"__cudnn${target}"')
+        ops = opclass.matrix_classes(library.library_matmul(ins, types))
         (m,) = ops.matmuls
         assert ops.conv3x3_flops == pytest.approx(flops) and m.winograd
         assert m.keys == ((8, 16, 16, 4, 12, 3, 3, 1, 1, 16, 16, kind),)
@@ -114,7 +117,6 @@ def test_a_profile_compiles_for_its_gpu_or_says_why_not(monkeypatch, caplog):
     assert gputarget.of(profile) == gputarget.Target("h100_sxm", 2, 8)
     assert {d.process_index for d in gputarget.of(profile).devices()} == {0, 1}
     monkeypatch.setenv("JAXPAR_NO_GPU_TARGET", "1")
-    monkeypatch.setattr(gputarget, "_SAID", set())
     with caplog.at_level(logging.WARNING):
         assert gputarget.of(profile) is None and gputarget.of(profile) is None
     said = [r.getMessage() for r in caplog.records if "simulated" in r.getMessage()]
@@ -125,7 +127,7 @@ def test_a_profile_compiles_for_its_gpu_or_says_why_not(monkeypatch, caplog):
 def test_memory_per_gpu_is_xla_gpus_not_the_cpus():
     """A row's memory per GPU comes from the programs compiled for that GPU (and says so):
     XLA:GPU's temporaries differ from XLA:CPU's for the same step."""
-    from jaxpar.predict.model import predict_workload
+    from jaxpar.predict.step.model import predict_workload
 
     config = _config("data")
     gpu, cpu = workload(config, 8, H100), workload(config, 8)

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxpar.predict import library
+from jaxpar import hlo
+from jaxpar.predict.kernels import library
 
 spec = importlib.util.spec_from_file_location("gpu_trace", Path("benchmarks/gpu_trace.py"))
 gpu_trace = importlib.util.module_from_spec(spec)
@@ -90,7 +91,7 @@ def test_a_gpu_matrix_kernel_names_its_fewest_rows_or_features(tmp_path, capsys)
     }
     for kind, (result, args) in kernels.items():
         rest = f'{args}), {conv}{kind}"'
-        call = library.library_call(result, rest, types)  # as traces.joined reads it
+        call = library.library_matmul(hlo.Instruction("c", result, "custom-call", rest), types)
         assert call.tile == 12, kind
         assert call.flops == 2 * 64 * 32 * 32 * 148 * 12 * 9 and not call.thin, kind
     matrix = [("a", 2e9, False, 0, 1e-4, "", 12, 1), ("b", 8e9, False, 0, 1e-4, "", 300, 1)]
@@ -218,14 +219,16 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     """benchmarks/conv_micro.py (for the next lent GPU) on this CPU: Inception-v3's 94
     convolutions read from its forward as 43 shapes (34 layers of 1x7, 7x1, 1x3 or 3x1); one
     small 1x7 shape's three kernels timed from a trace, within their programs' time, priced
-    by a profile as kernels.py prices a table's kernel, and written as a kernel table."""
-    from jaxpar.predict import fitting, hererows, kernels
+    by a profile as kernel_table.py prices a table's kernel, and written as a kernel table."""
+    from jaxpar.predict.calibrate import model_runs
+    from jaxpar.predict.kernels import kernel_table
+    from jaxpar.predict.profiles import fitting
 
     where = importlib.util.spec_from_file_location("conv_micro", Path("benchmarks/conv_micro.py"))
     conv_micro = importlib.util.module_from_spec(where)
     where.loader.exec_module(conv_micro)
 
-    shapes = kernels.model_rows(hererows.parse_row("inception_v3:1:299:float32:64"))
+    shapes = kernel_table.model_rows(model_runs.parse_row("inception_v3:1:299:float32:64"))
     assert (len(shapes), sum(n for _, n in shapes)) == (43, 94)
     groups = {}
     for row, n in shapes:
@@ -288,6 +291,6 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     assert priced == pytest.approx(9 * lines[0]["priced_s"])
 
     table = tmp_path / "kernels.csv"
-    kernels.write(table, [timed], "one shape")
-    (back,) = kernels.load(table)
+    kernel_table.write(table, [timed], "one shape")
+    (back,) = kernel_table.load(table)
     assert back["S"] == 7 and back["forward_ms"] == pytest.approx(timed["forward_ms"], rel=1e-3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jaxpar import hlo
 from jaxpar.parallel.sync import traffic
-from jaxpar.predict import matrix, opclass
+from jaxpar.predict.kernels import library, matrix, opclass
 
 PROGRAM = """HloModule m, entry_computation_layout={(f32[4,8]{1,0}, bf16[8,16]{1,0})->f32[8]{0}}
 
@@ -120,6 +120,27 @@ def test_collectives_with_groups_async_starts_and_branches():
     assert traffic.conditional_collectives(BRANCHED) == 1
     # programs' texts joined into one (benchmarks/sync_study.py) are read apart
     assert hlo.collectives(PROGRAM + BRANCHED) == [ar, permute, gather]
+
+
+def test_replica_groups_in_every_form_and_a_backend_config_as_json():
+    """Replica groups read into devices from each form XLA prints; a cuBLAS call's
+    backend_config read as JSON, printed bare or quoted, and its contracting dimensions."""
+    assert hlo.replica_groups("{{0,1},{2,3}}") == [[0, 1], [2, 3]]
+    assert hlo.replica_groups("[2,4]<=[8]") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert hlo.replica_groups("[4,2]<=[2,4]T(1,0)") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert hlo.replica_groups("mesh['x'=2,'y'=4] {'x'}") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    config = (
+        '{"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"]}}}'
+    )
+    rest = '%a, %b), custom_call_target="__cublas$gemm", backend_config='
+    for printed in (config, '"' + config.replace('"', '\\"') + '"'):
+        ins = hlo.Instruction("c", "(f32[8,16]{1,0}, s8[0]{0})", "custom-call", rest + printed)
+        assert ins.backend_config()["gemm_backend_config"]["dot_dimension_numbers"] == {
+            "lhs_contracting_dimensions": ["1"]
+        }
+        mm = library.library_matmul(ins, {"a": "f32[8,4]{1,0}", "b": "f32[4,16]{1,0}"})
+        assert mm.flops == 2 * 8 * 16 * 4
+    assert hlo.Instruction("c", "f32[]", "custom-call", "%a)").backend_config() == {}
 
 
 def test_op_classes_of_the_program():

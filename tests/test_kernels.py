@@ -1,11 +1,13 @@
-"""Matrix-kernel costs from published per-kernel timings (jaxpar/predict/kernels.py)."""
+"""Matrix-kernel costs from published per-kernel timings (jaxpar/predict/kernels/kernel_table.py)."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, hardware, kernels, pricing
+from jaxpar.predict.kernels import kernel_table
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.step import pricing
 
 GB = 1e9
 TABLE = "configs/hardware/kernels/deepbench_p100.csv"
@@ -42,17 +44,19 @@ def test_a_convolution_is_read_as_the_compiled_step_reads_it():
     128 (forward: output features), 64 (input gradient: input features), 128 (filter
     gradient: its output rows are the filters). The same layer with stride 2 is not Winograd,
     and an image's first layer (3 channels) is left out."""
-    fwd, grad_in, grad_w = kernels.kernels(_row(56, 56, 64, 16, 128, 3, 3, 1, 1, (1.0, 2.0, 3.0)))
+    fwd, grad_in, grad_w = kernel_table.kernels(
+        _row(56, 56, 64, 16, 128, 3, 3, 1, 1, (1.0, 2.0, 3.0))
+    )
     flops = 2.0 * 16 * 56 * 56 * 128 * 64 * 9
     assert [k.matmul.flops for k in (fwd, grad_in, grad_w)] == [flops] * 3
     assert [k.matmul.winograd for k in (fwd, grad_in, grad_w)] == [True] * 3
     assert [k.matmul.narrow for k in (fwd, grad_in, grad_w)] == [128, 64, 128]
     assert [k.seconds for k in (fwd, grad_in, grad_w)] == [1e-3, 2e-3, 3e-3]
     assert fwd.matmul.moved == 4 * (16 * 56 * 56 * 64 + 16 * 56 * 56 * 128 + 128 * 64 * 9)
-    strided = kernels.kernels(_row(56, 56, 64, 16, 128, 3, 3, 1, 2))
+    strided = kernel_table.kernels(_row(56, 56, 64, 16, 128, 3, 3, 1, 2))
     assert strided[0].matmul.flops == 2.0 * 16 * 28 * 28 * 128 * 64 * 9
     assert not any(k.matmul.winograd for k in strided)
-    assert kernels.kernels(_row(224, 224, 3, 16, 64, 7, 7, 3, 2)) == []
+    assert kernel_table.kernels(_row(224, 224, 3, 16, 64, 7, 7, 3, 2)) == []
 
 
 def test_fit_recovers_the_costs_that_timed_the_kernels():
@@ -70,10 +74,10 @@ def test_fit_recovers_the_costs_that_timed_the_kernels():
     rows = []
     for shape in shapes:
         row = _row(*shape)
-        for column, k in zip(TIMES, kernels.kernels(row)):
-            row[column] = kernels.price(truth, k) * 1e3
+        for column, k in zip(TIMES, kernel_table.kernels(row)):
+            row[column] = kernel_table.price(truth, k) * 1e3
         rows.append(row)
-    fitted = kernels.fit(_gpu(), rows)
+    fitted = kernel_table.fit(_gpu(), rows)
     for name, value in (
         ("compute_efficiency", 0.6),
         ("conv3x3_efficiency", 1.5),
@@ -88,11 +92,11 @@ def test_deepbench_p100_table_prices_its_kernels():
     out. Fitted: 1x1 and strided kernels at 0.642 of the float32 peak, Winograd at 1.47, 58 us
     fixed per kernel; a kernel's median error 21.7%, the table's total 0.85 x measured (the
     relative fit weighs the many small kernels as much as the few large ones)."""
-    rows = kernels.load(TABLE)
+    rows = kernel_table.load(TABLE)
     assert len(rows) == 94
     p100 = _gpu(compute_efficiency=0.4)
     p100 = hardware.replace(p100, peak_flops={"float32": 10.6e12}, memory_bandwidth=0.9 * 732 * GB)
-    fitted = kernels.fit(p100, rows)
+    fitted = kernel_table.fit(p100, rows)
     assert len(fitted.errors) == 252
     assert fitted.profile.compute.compute_efficiency == pytest.approx(0.642, rel=0.01)
     assert fitted.profile.compute.conv3x3_efficiency == pytest.approx(1.471, rel=0.01)
@@ -102,23 +106,23 @@ def test_deepbench_p100_table_prices_its_kernels():
 
 def test_a_bad_table_or_profile_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="no kernel benchmark table"):
-        kernels.load(tmp_path / "none.csv")
+        kernel_table.load(tmp_path / "none.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("# a comment\nW,H,C\n1,2,3\n")
     with pytest.raises(ConfigError, match="has no column 'N'") as info:
-        kernels.load(bad)
+        kernel_table.load(bad)
     assert "\n" not in str(info.value)
     with pytest.raises(ConfigError, match="compiler = 'gpu'"):
-        kernels.fit(hardware.replace(_gpu(), compiler="cpu"), kernels.load(TABLE))
+        kernel_table.fit(hardware.replace(_gpu(), compiler="cpu"), kernel_table.load(TABLE))
 
 
 def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path):
-    """--calibrate-here on a GPU times the table's image layers (herebench.time_kernels) and writes
+    """--calibrate-here on a GPU times the table's image layers (device_rates.time_kernels) and writes
     them beside the profile; the profile loads its matrix kernels' costs from them and fits
     only the per-kernel time to the model row. A GPU's figures stood in for (made by a known
     profile: 0.6 / 1.5 of peak, 40 us a matrix kernel, 3 us a kernel), the CPU compiling."""
-    from jaxpar.predict import here, herebench, hereprofile
-    from jaxpar.predict.calibration import calibration_ops
+    from jaxpar.predict.calibrate import device_rates, on_device, profile_file
+    from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
     micro = {
         "platform": "gpu",
@@ -149,15 +153,15 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         program_overhead_s=30e-6,
         tile_width=128.0,
     )
-    rows = kernels.vision_rows(kernels.load(kernels.SHIPPED))
+    rows = kernel_table.vision_rows(kernel_table.load(kernel_table.SHIPPED))
     assert len(rows) == 24 and all(r["W"] == r["H"] and r["C"] >= 8 for r in rows)
     # what the GPU would run, here on a small shape: three programs, each timed
-    (small,) = herebench.time_kernels([_row(8, 8, 8, 2, 8, 3, 3, 1, 1)], "float32", 0.01)
+    (small,) = device_rates.time_kernels([_row(8, 8, 8, 2, 8, 3, 3, 1, 1)], "float32", 0.01)
     assert all(small[c] > 0 for c in TIMES)
     timed = []
     for row in rows:
-        ks = kernels.kernels(row)
-        timed.append({**row, **{c: kernels.price(truth, k) * 1e3 for c, k in zip(TIMES, ks)}})
+        ks = kernel_table.kernels(row)
+        timed.append({**row, **{c: kernel_table.price(truth, k) * 1e3 for c, k in zip(TIMES, ks)}})
     run = {
         "name": "vgg11:0.125:32:float32:8",
         "model": "vgg11",
@@ -172,8 +176,8 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     step = pricing.program_time(truth, calibration_ops(run), "float32") + 30e-6  # + dispatch
     run["images_per_sec"] = 8 / step
     path = tmp_path / "gpu.py"
-    report = hereprofile.write_profile(
-        str(path), micro, [run], here.KERNEL_TABLE_FIT, ("float32", timed)
+    report = profile_file.write_profile(
+        str(path), micro, [run], on_device.KERNEL_TABLE_FIT, ("float32", timed)
     )
     assert "gpu_kernels.csv" in report and (tmp_path / "gpu_kernels.csv").is_file()
     p = fitting.load_profile(path)
@@ -194,7 +198,7 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         sum(map(len, p.kernels.measured_kernels.values())) == 3 * 24
         and p.kernels.measured_dtype == "float32"
     )
-    # with the rows' kernel traces (hererows.traced_costs): the memory-bound kernels' costs and the
+    # with the rows' kernel traces (model_runs.traced_costs): the memory-bound kernels' costs and the
     # per-kernel time are the traces', and the rows fit only what a matrix kernel adds
     # inside a step (here the truth's per-class costs are its one kernel_s and bandwidth)
     traced = {
@@ -208,8 +212,8 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         },
     }
     path = tmp_path / "gpu_traced.py"
-    hereprofile.write_profile(
-        str(path), {**micro, "traced": traced}, [run], here.TRACED_FIT, ("float32", timed)
+    profile_file.write_profile(
+        str(path), {**micro, "traced": traced}, [run], on_device.TRACED_FIT, ("float32", timed)
     )
     p = fitting.load_profile(path)
     assert (
@@ -221,12 +225,12 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
 
 def test_calibrate_here_times_the_rows_own_convolution_shapes():
     """Beside DeepBench's image layers, --calibrate-here on a GPU times the convolution shapes
-    of its rows' own models computing in the table's dtype (kernels.model_rows): ResNet-20's
+    of its rows' own models computing in the table's dtype (kernel_table.model_rows): ResNet-20's
     at batch 8, the most frequent first, none thin, none of another dtype's row."""
-    from jaxpar.predict import herebench, hererows
+    from jaxpar.predict.calibrate import device_rates, model_runs
 
     rows = ["resnet20:1.0:32:float32:8", "vgg11:0.25:32:bfloat16:8"]
-    shapes = herebench.own_shapes(rows, "float32")
+    shapes = device_rates.own_shapes(rows, "float32")
     layers = [
         f"{r['R']}x{r['S']} s{r['stride_h']} {r['W']}x{r['H']}x{r['C']}->{r['K']}" for r in shapes
     ]
@@ -241,21 +245,21 @@ def test_calibrate_here_times_the_rows_own_convolution_shapes():
         "3x3 s2 16x16x32->64",
     ]
     assert all(r["C"] >= 8 and r["N"] == 8 for r in shapes)
-    assert len(herebench.own_shapes(rows, "float32", limit=2)) == 2
+    assert len(device_rates.own_shapes(rows, "float32", limit=2)) == 2
     assert (
-        len(herebench.own_shapes(rows, "bfloat16"))
-        == len(kernels.model_rows(hererows.parse_row(rows[1]))) - 1
+        len(device_rates.own_shapes(rows, "bfloat16"))
+        == len(kernel_table.model_rows(model_runs.parse_row(rows[1]))) - 1
     )  # VGG11's, less its first layer
 
 
 def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_time():
-    """A kernel table names each kernel by layer and view (kernels.measured), as opclass reads
+    """A kernel table names each kernel by layer and view (kernel_table.measured), as opclass reads
     a compiled step's convolutions (conv_keys): the forward, input gradient and weight
     gradient of a 3x3 stride-2 layer and of a 1x7 one are all found, and a profile prices
     them at their measured times in the table's dtype (its priced costs in another). The
     same layers at twice the batch (a row whose devices each hold another share of it) cost
     their measured times scaled by their price over the timed kernels'."""
-    from jaxpar.predict import opclass
+    from jaxpar.predict.kernels import opclass
 
     def loss(x, w1, w2):
         y = jax.lax.conv_general_dilated(
@@ -284,7 +288,7 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
         _row(17, 17, 16, 4, 32, 3, 3, 0, 2, (1.0, 2.0, 3.0)),
         {**_row(8, 8, 32, 4, 24, 1, 7, 0, 1, (4.0, 5.0, 6.0)), "pad_w": 3},
     ]
-    table = kernels.measured(rows)
+    table = kernel_table.measured(rows)
     timed = {m: next(table[k[1:]] for k in m.keys if k[1:] in table) for m in four.matmuls}
     found = sorted(t[0][1] for t in timed.values())
     assert found == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 6e-3])
@@ -311,21 +315,21 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
 
 
 def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
-    """kernels.model_rows reads a model's layers from its forward; kernels.measured names
+    """kernel_table.model_rows reads a model's layers from its forward; kernel_table.measured names
     their three kernels each; opclass.conv_keys names the compiled training step's (as the
     GPU program model keeps them): ResNet-20's 19 layers' 56 convolution kernels (three
     each, but for the stem's input gradient, which no step computes) all found but the thin
     stem's two (priced apart: thin_efficiency), its dense layer's three dots none. (At full
     size likewise Inception-v3's 279 of 281 and ResNet-50's 156 of 158: docs/predict.md.)"""
-    from jaxpar.predict import hererows
-    from jaxpar.predict.calibration import calibration_ops
+    from jaxpar.predict.calibrate import model_runs
+    from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
-    run = hererows.parse_row("resnet20:1.0:32:float32:8")
-    layers = kernels.model_rows(run)
+    run = model_runs.parse_row("resnet20:1.0:32:float32:8")
+    layers = kernel_table.model_rows(run)
     rows = [
         {**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0} for r, _ in layers
     ]
-    table = kernels.measured(rows)
+    table = kernel_table.measured(rows)
     ops = calibration_ops(run)
     convs = [m for m in ops.matmuls if m.keys]
     assert sum(n for _, n in layers) == 19 and len(convs) == 3 * 19 - 1

@@ -1,4 +1,4 @@
-"""The microbenchmarks a CPU profile is priced with (jaxpar/predict/micro.py): the fit of
+"""The microbenchmarks a CPU profile is priced with (jaxpar/predict/calibrate/micro.py): the fit of
 narrow_width, and what each benchmark compiles, on tiny sizes (their timings are not checked)."""
 
 from __future__ import annotations
@@ -8,9 +8,12 @@ import io
 import pytest
 
 from jaxpar import models
-from jaxpar.predict import cpulinks, micro, opclass, pipelinehost, pricing
-from jaxpar.predict.calibration import run_config
-from jaxpar.predict.workload import input_spec
+from jaxpar.predict.calibrate import micro
+from jaxpar.predict.comm import cpulinks
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles.calibration_runs import run_config
+from jaxpar.predict.programs.workload import input_spec
+from jaxpar.predict.step import pipelinehost, pricing
 
 
 def test_fit_recovers_the_narrow_width_and_the_rate(caplog):
@@ -33,7 +36,7 @@ def test_fit_recovers_the_narrow_width_and_the_rate(caplog):
 def _timed(monkeypatch, *seconds):
     """timer.measure stubbed: the programs are compiled and read, and each measured call
     takes the next of `seconds` (the timings are the benchmarks' business)."""
-    from jaxpar.predict import timer
+    from jaxpar.predict.calibrate import timer
 
     left = list(seconds)
 
@@ -129,8 +132,11 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     forward pass's speedup at the fitted rates. The measurements are stubbed: timing them is
     the benchmarks' business."""
     from jaxpar.predict import __main__ as cli
-    from jaxpar.predict import calibrate, cpulinks, hardware, pipelinehost
-    from jaxpar.predict.calibration import calibration_ops
+    from jaxpar.predict.calibrate import from_runs
+    from jaxpar.predict.comm import cpulinks
+    from jaxpar.predict.profiles import hardware
+    from jaxpar.predict.profiles.calibration_runs import calibration_ops
+    from jaxpar.predict.step import pipelinehost
 
     truth = hardware.build(
         "t",
@@ -169,7 +175,7 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
     )
     forward = {"ops": calibration_ops(runs[0]), "dtype": "float32", "model": "lenet"}
     fitted_truth = pricing.device_time(truth, forward["ops"], "float32")
-    monkeypatch.setattr(calibrate, "measure_pool", lambda run: [])
+    monkeypatch.setattr(from_runs, "measure_pool", lambda run: [])
     monkeypatch.setattr(cpulinks, "measure_links", dict)
     monkeypatch.setattr(cpulinks, "links_report", lambda links: "links: stubbed")
     host = [(k, m, k * 2e-4 + m * (1e-3 + (4 * k - 3) * 5e-5)) for k in (2, 8) for m in (1, 8)]

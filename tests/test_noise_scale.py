@@ -20,7 +20,7 @@ from jax.sharding import SingleDeviceSharding
 from jaxpar import hlo, run_setup
 from jaxpar.parallel import norms
 from jaxpar.parallel.state import forward_loss, init_state
-from jaxpar.predict import gputarget
+from jaxpar.predict.programs import gputarget
 from tests.util import tiny_config
 
 RTOL = 1e-5

@@ -1,11 +1,11 @@
-"""Where a gradient collective stands in its program (jaxpar/predict/overlap.py): read from a
+"""Where a gradient collective stands in its program (jaxpar/predict/comm/overlap.py): read from a
 hand-written program, and the exposed time of transfers sent from their ready points."""
 
 from __future__ import annotations
 
 import pytest
 
-from jaxpar.predict import overlap
+from jaxpar.predict.comm import overlap
 
 # Two dots (the "backward"): the first gradient is ready after the first (1/3 of the FLOPs),
 # the second after both. A combined all-reduce of both (as XLA joins them), and an

@@ -14,20 +14,14 @@ import pytest
 from jaxpar import analysis, run_setup
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import (
-    fitting,
-    gputarget,
-    hardware,
-    links,
-    load_profile,
-    opclass,
-    predict_config,
-    predict_rows,
-    pricing,
-    recommend,
-)
-from jaxpar.predict.model import predict_workload
-from jaxpar.predict.workload import ChunkCost, StageCost, Workload, workload
+from jaxpar.predict import load_profile, predict_config, predict_rows, recommend
+from jaxpar.predict.comm import links
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import ChunkCost, StageCost, Workload, workload
+from jaxpar.predict.step import pricing
+from jaxpar.predict.step.model import predict_workload
 from tests.util import tiny_config, tiny_profile
 
 GB = 1e9
@@ -235,14 +229,14 @@ def test_the_tile_width_fits_the_rates_of_narrow_layers(caplog):
     """here.py's narrow convolutions: rate(n) = r0 x min(1, n / T) recovers T, measured rates
     with noise too (an H100's: configs/hardware/h100_here.py's tile width); a
     width at the grid's end is said."""
-    from jaxpar.predict import herebench
+    from jaxpar.predict.calibrate import device_rates
 
-    narrow = herebench.NARROW_FEATURES
-    assert herebench.fit_tile_width({n: 5e14 * min(1.0, n / 64) for n in narrow}) == 64
+    narrow = device_rates.NARROW_FEATURES
+    assert device_rates.fit_tile_width({n: 5e14 * min(1.0, n / 64) for n in narrow}) == 64
     h100_bf16 = {8: 51.0, 16: 107.0, 32: 188.7, 64: 370.3, 128: 609.5, 256: 734.3}
-    assert herebench.fit_tile_width(h100_bf16) == 128
+    assert device_rates.fit_tile_width(h100_bf16) == 128
     assert "at its bound" not in caplog.text
-    assert herebench.fit_tile_width({n: 1.0 for n in narrow}) == 8  # never narrow
+    assert device_rates.fit_tile_width({n: 1.0 for n in narrow}) == 8  # never narrow
     assert "tile_width fitted at its bound (8 of 8 to 1024)" in caplog.text
 
 
@@ -544,7 +538,7 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
     """configs/hardware/m60_x2.py states its compute efficiency as the P100's ResNet-50 one
     (219 images/sec, the compiled step's FLOPs per image at batch 64): check the figure."""
     from configs.hardware import dgx1_p100, m60_x2
-    from jaxpar.predict.calibration import calibration_flops
+    from jaxpar.predict.profiles.calibration_runs import calibration_flops
 
     run = next(r for r in dgx1_p100.get_config().calibration_runs if r["model"] == "resnet50")
     per_image = calibration_flops(dict(run)) / run["batch_size"]
@@ -603,7 +597,7 @@ def test_op_classes_from_compiled_programs():
     elementwise work as the bytes it reads and writes."""
     from jax import lax
 
-    from jaxpar.predict import opclass
+    from jaxpar.predict.kernels import opclass
 
     def conv(stride, k):
         return lambda x, w: lax.conv_general_dilated(
@@ -636,7 +630,7 @@ def test_a_memory_bound_kernel_reads_what_its_result_needs():
     memory-bound kernel of the CPU's program carries its class, as the trace tool names it."""
     import jax.numpy as jnp
 
-    from jaxpar.predict import opclass
+    from jaxpar.predict.kernels import opclass
 
     sliced = opclass.classify(_hlo(lambda x: x[:, :16] * 2.0 + 1.0, (64, 1024)))
     assert (sliced.kernels, sliced.memory_bytes) == (1, 2 * 64 * 16 * 4)
@@ -692,7 +686,7 @@ def test_h100_fit_predicts_the_row_it_leaves_out():
     fourth, bfloat16 at batch 128, within 5% of its measured row: launch-bound, and slower
     than float32's row (its program launches more kernels: the casts)."""
     from jaxpar import configfile
-    from jaxpar.predict.calibration import calibration_ops
+    from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
     c = configfile.load("configs/hardware/h100_sxm_x8.py")
     runs = [dict(r) for r in c.calibration_runs]
@@ -745,8 +739,8 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     finds those two costs again from other starting values, reproduces every run, and the
     cross-model check (each model from a fit on the other) is exact; `--calibrate FILE`
     reads such runs from a file."""
-    from jaxpar.predict import calibrate
-    from jaxpar.predict.calibration import calibration_ops
+    from jaxpar.predict.calibrate import from_runs
+    from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
     truth = tiny_profile(compute_efficiency=0.3, kernel_s=20e-6)
     runs = []
@@ -758,7 +752,7 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     assert fit.profile.compute.compute_efficiency == pytest.approx(0.3, rel=1e-3)
     assert fit.profile.kernels.kernel_s == pytest.approx(20e-6, rel=1e-3)
     assert max(abs(r["error"]) for r in fit.rows) < 1e-4
-    cross = calibrate.cross_check(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
+    cross = from_runs.cross_check(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
     assert [r["model"] for r in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
     assert abs(cross[0]["error"]) < 1e-3
     path = tmp_path / "runs.py"
@@ -766,9 +760,9 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
         f"import ml_collections\n\ndef get_config():\n    c = ml_collections."
         f"ConfigDict()\n    c.runs = {runs!r}\n    return c\n"
     )
-    assert [r["batch_size"] for r in calibrate.runs_from(str(path))] == [8, 64, 16]
+    assert [r["batch_size"] for r in from_runs.runs_from(str(path))] == [8, 64, 16]
     with pytest.raises(ConfigError, match="no bench results"):
-        calibrate.runs_from(str(tmp_path))
+        from_runs.runs_from(str(tmp_path))
 
 
 def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
@@ -850,8 +844,8 @@ def test_an_in_step_collective_also_costs_the_cores_the_devices_share():
     a collective inside the step costs its link price plus its payload x the mesh's devices
     / (cores x rate), 8 x 1 MB / (2 x 2 GB/s) = 2 ms here; the gradient's all-reduce over
     data and a profile of devices with cores of their own pay the link price alone."""
-    from jaxpar.predict import commtime
-    from jaxpar.predict.workload import Collective
+    from jaxpar.predict.comm import commtime
+    from jaxpar.predict.programs.workload import Collective
 
     own = hardware.build(
         "p",

@@ -25,7 +25,7 @@ from jaxpar.plan import (
 )
 from jaxpar.plan import __main__ as cli
 from jaxpar.plan.report import report
-from jaxpar.predict import fitting
+from jaxpar.predict.profiles import fitting
 from tests.util import tiny_config
 
 GIB = 2**30
@@ -429,7 +429,7 @@ def test_a_latency_bound_row_names_the_fixed_cost_of_its_links():
     full bandwidth is less than half its 5 ms) is called latency-bound, at the link's latency
     per ring step, or at its cheapest low-latency protocol's where the profile gives one."""
     from jaxpar.plan import reasons
-    from jaxpar.predict import hardware
+    from jaxpar.predict.profiles import hardware
     from tests.util import tiny_profile
 
     row = {

@@ -231,9 +231,9 @@ def test_the_predictor_prices_each_halo_as_a_neighbour_message():
     before its convolution can start)."""
     import dataclasses
 
-    from jaxpar.predict import hardware
-    from jaxpar.predict.model import predict_workload
-    from jaxpar.predict.workload import workload
+    from jaxpar.predict.profiles import hardware
+    from jaxpar.predict.programs.workload import workload
+    from jaxpar.predict.step.model import predict_workload
 
     config = tiny_config(mesh_axes=("spatial",), mesh_shape=(4,), num_devices=4)
     w = workload(config)

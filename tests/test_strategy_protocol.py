@@ -14,7 +14,7 @@ import pytest
 
 from jaxpar import analysis, collectives, explain, parallel
 from jaxpar.config import ConfigError
-from jaxpar.predict.workload import strategy_for, workload
+from jaxpar.predict.programs.workload import strategy_for, workload
 from tests.example_strategy import GSPMDData
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from jaxpar.predict import validate, validatesuites
+from jaxpar.predict.validation import report, suite_checks
 
 # Three runs of two tiny models: fit on vgg11's two runs, predict resnet20, and back.
 PROFILE = """
@@ -50,7 +50,7 @@ def test_leave_one_model_out_report(tmp_path):
     for rate, baseline in ((500.0, "+120.0%"), (5000.0, "-78.0%")):
         path = tmp_path / f"tiny{rate:.0f}.py"
         path.write_text(PROFILE.replace("500.0", str(rate)))
-        lines, figures = validate.report_profile(str(path))
+        lines, figures = report.report_profile(str(path))
         held = next(i for i, line in enumerate(lines) if "held out (never fitted)" in line)
         assert [line[:11] for line in lines[held:] if line.startswith("| ")] == ["| resnet20 "]
         tables[rate] = table = _table(lines)
@@ -99,14 +99,14 @@ def test_measured_suites_report_how_far_their_repeats_agree():
             ("d", 50.0, 40.0),
         )
     }
-    (line,) = validatesuites.repeat_line(spec, ["a", "b", "c"])
+    (line,) = suite_checks.repeat_line(spec, ["a", "b", "c"])
     # ranks agree; |100/110 - 1| = |300/330 - 1| = 9.1% and |200/190 - 1| = 5.3%
     assert line == (
         "the measurement's own two repeats over 3 of these rows: rank correlation "
         "1.00, median difference 9.1%"
     )
-    assert validatesuites.repeat_line(spec, ["a", "b"]) == []
-    assert validatesuites.repeat_line({}, ["a"]) == []
+    assert suite_checks.repeat_line(spec, ["a", "b"]) == []
+    assert suite_checks.repeat_line({}, ["a"]) == []
 
 
 def test_published_tables_give_each_row_its_model_s_efficiency():
@@ -150,9 +150,9 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
         }
         for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))
     ]
-    monkeypatch.setattr(validatesuites, "suite_rows", lambda path, suite, say=None: rows)
+    monkeypatch.setattr(suite_checks, "suite_rows", lambda path, suite, say=None: rows)
     figures = {"points": None}
-    lines = validatesuites.suite_lines("profile.py", str(suite), figures)
+    lines = suite_checks.suite_lines("profile.py", str(suite), figures)
     # -2, -8 and +2 points: the worst 8.0, two of three within 5
     assert figures["points"] == pytest.approx(8.0)
     assert lines[-1] == (
@@ -163,7 +163,6 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
 
 def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
     """GCE's and AWS's K80 tables hold the same 20 runs: --validate predicts them once."""
-    from jaxpar import predict
 
     calls = []
 
@@ -171,16 +170,16 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
         calls.append(config.model.name)
         return {"status": "ok", "model": config.model.name, "num_devices": 1, "images_per_sec": 1.0}
 
-    monkeypatch.setattr(predict, "predict_config", fake)
-    monkeypatch.setattr(predict, "load_profile", lambda path: object())
-    validatesuites.forget()
+    monkeypatch.setattr(suite_checks, "predict_config", fake)
+    monkeypatch.setattr(suite_checks, "load_profile", lambda path: object())
+    suite_checks.forget()
     said = []
-    gce = validatesuites.suite_rows(
+    gce = suite_checks.suite_rows(
         "k80.py", "configs/predict/k80_gce_tf_cnn_benchmarks.py", said.append
     )
     assert len(said) == 20 and said[0].startswith("predicted 1/20 ") and "1.0 img/s" in said[0]
     assert ", ETA " in said[-1]
-    aws = validatesuites.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
+    aws = suite_checks.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
     assert len(gce) == len(aws) == 20 and len(calls) == 20
     assert aws[-1]["reference_images_per_sec"] == 260.0  # each table keeps its own figures
-    validatesuites.forget()
+    suite_checks.forget()

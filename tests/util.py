@@ -48,7 +48,7 @@ def tiny_config(**overrides):
 def tiny_profile(**kw):
     """A hardware profile of 8 devices in one node at 1 TFLOP/s and half of it reached, 10 GB/s
     between them and 1 GB/s between nodes, no latency: `kw` replaces any of its fields."""
-    from jaxpar.predict import hardware
+    from jaxpar.predict.profiles import hardware
 
     base = {
         "name": "test",

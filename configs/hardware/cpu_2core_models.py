@@ -23,7 +23,7 @@ matrix kernels, links, host overheads, the collectives' CPU work):
 - Peak: a device's step runs on both cores (XLA:CPU's thread pool), so two cores' worth
   (with one core's, the fit would sit at its bound).
 - A kernel's fixed time (kernel_s) measured, not fitted: the mean of five runs of chains of
-  32 and 512 tiny kernels (`python -c "from jaxpar.predict import
+  32 and 512 tiny kernels (`python -c "from jaxpar.predict.calibrate import
   micro; print(micro.kernel_report(micro.measure_kernel()))"`, also printed by --calibrate
   ... --pool); it varies from day to day by a fraction of a microsecond, small beside a step.
 - One cost fitted, to the same four VGG19 rows as cpu_2core.py: matmuls' fraction of the

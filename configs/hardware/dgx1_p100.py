@@ -74,7 +74,7 @@ def get_config():
     c.compiler = "gpu"
     c.gpu = "p100_sxm2"
     c.memory_bandwidth = 0.9 * 732 * GB
-    # the matrix kernels' costs from DeepBench's P100 kernel timings (jaxpar/predict/kernels.py)
+    # the matrix kernels' costs from DeepBench's P100 kernel timings (jaxpar/predict/kernels/kernel_table.py)
     c.kernel_benchmarks = "configs/hardware/kernels/deepbench_p100.csv"
     c.kernel_fit = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
     c.fit = ("kernel_s",)  # what whole steps add: each kernel's framework and launch time

@@ -12,7 +12,7 @@ left out of a fit on the others: the five CANDIDATES, never fitted, and the rows
 The current figures: docs/predict.md, "What the validation says". Every measured figure below
 is what --calibrate-here wrote on the lent GPU and cannot be reproduced without one.
 
-Microbenchmarks on the first device (jaxpar/predict/here.py, best of 3 repeats):
+Microbenchmarks on the first device (jaxpar/predict/calibrate/on_device.py, best of 3 repeats):
 - float32 matmul GFLOP/s by size: 1024: 34,546.1, 4096: 433,763.5, 8192: 459,131.4
 - bfloat16 matmul GFLOP/s by size: 1024: 51,881.0, 4096: 864,828.5, 8192: 857,919.3
   peak_flops: the largest size's rate (the fitted compute_efficiency scales it)

@@ -8,8 +8,8 @@ Expect: the first command prints the four VGG19 rows it is fitted to, predicted 
 measured; --validate prints the fit (the convolutions' fraction of peak and the time per
 kernel launched) and ResNet-50 at 224, never fitted, predicted from the VGG19 rows alone. The
 current figures, with these commands: docs/predict.md, "What the validation says". Programs
-are XLA:GPU's own for 8 H100s, compiled here without a GPU (jaxpar/predict/gputarget.py;
-requirements-gpu-compile.txt).
+are XLA:GPU's own for 8 H100s, compiled here without a GPU
+(jaxpar/predict/programs/gputarget.py; requirements-gpu-compile.txt).
 
 Sources and assumptions:
 - H100 SXM: 989.4 TFLOP/s dense bfloat16, 494.7 TFLOP/s dense TF32 (what XLA's default
@@ -26,7 +26,7 @@ Sources and assumptions:
   14 us + 1.9 us per step at 0.92 of it (its cap, nChannels x 36.7 GB/s, binds only below
   10 channels). The latencies are also 2.20.5's; LL's bandwidth is since 2.21.5 (before:
   a quarter of the bus bandwidth, at most 87.7 GB/s on Hopper). A ring collective takes the
-  cheapest of these and the link's own price (jaxpar/predict/links.py): by these figures an
+  cheapest of these and the link's own price (jaxpar/predict/comm/links.py): by these figures an
   8-GPU all-reduce of 8 KB costs 15.1 us by LL against 70 us at 5 us a step; from about 3.3
   MB it goes by LL128, above about 69 MB at the link's own.
   (NCCL's own Simple, 8.4 + 3.4 us a step, 56 us on 8 GPUs, is not used: the 5 us above

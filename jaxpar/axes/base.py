@@ -52,7 +52,7 @@ class Axis:
     # whole blocks (node).
     outermost: bool = False
     # How the predictor places it on a machine: its collectives are priced on the links their
-    # groups span (jaxpar/predict/hardware.py). Devices fill a profile's nodes in mesh order,
+    # groups span (jaxpar/predict/profiles/hardware.py). Devices fill a profile's nodes in mesh order,
     # except that each index of an `across_nodes` axis starts a node of its own (node): its
     # collectives then cross nodes whatever the other axes' sizes.
     across_nodes: bool = False

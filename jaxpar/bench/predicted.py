@@ -18,7 +18,7 @@ from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
 from jaxpar.stats import spearman
 
-# predictions.json's row key -> the bench row's key (jaxpar.predict.model's `_row`)
+# predictions.json's row key -> the bench row's key (jaxpar.predict.step.model's `_row`)
 PREDICTED = {
     "profile": "predicted_profile",
     "status": "predicted_status",

@@ -9,7 +9,6 @@ from timing. Bytes are those of each collective's result per device per call.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from jaxpar.hlo.reader import (
     DTYPE_BYTES,
@@ -24,6 +23,7 @@ from jaxpar.hlo.reader import (
     modules,
     operands,
     parse,
+    replica_groups,
     shape_bytes,
 )
 
@@ -45,15 +45,11 @@ __all__ = [
     "modules",
     "operands",
     "parse",
+    "replica_groups",
     "shape_bytes",
 ]
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_GROUPS = re.compile(
-    r"replica_groups=(mesh\[[^\]]*\]\s*\{[^}]*\}|\{[\d,{}]*\}|\[[^\s]*\][^\s,]*)"
-    r"|source_target_pairs=(\{[\d,{}]*\})"
-)
-_PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +71,12 @@ def collective(ins: Instruction, in_branch: bool = False) -> Collective | None:
         # async start of a gather/permute returns (operands, results, ...): keep results
         parts = _top_level(result_type)
         result_type = parts[1] if len(parts) > 1 else result_type
-    groups = _GROUPS.search(ins.rest)
-    text = (groups.group(1) or groups.group(2)) if groups else ""
-    found = _PAIRS.search(ins.rest)
-    pairs = re.findall(r"\{(\d+),(\d+)\}", found.group(1)) if found else []
     return Collective(
         kind,
         shape_bytes(result_type),
-        text,
+        ins.replica_groups(),
         in_branch,
-        tuple((int(a), int(b)) for a, b in pairs),
+        ins.source_target_pairs(),
     )
 
 

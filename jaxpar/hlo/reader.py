@@ -5,8 +5,10 @@ A `Program` is `computations`: {name: (Instruction, ...)} in the text's order, t
 "ENTRY". An `Instruction` keeps its name, result type, opcode and `rest` (the line after the
 opcode's parenthesis: operands, then attributes), and reads from it its `operands` (the names
 inside the operand list), `callees` (the computations it calls) and attributes (`attribute`,
-`ints`, `window`, `dim_labels`: the one reading of them). Several programs' texts joined into
-one are read apart (`modules`) by the functions that take text. Types stay text
+`ints`, `window`, `dim_labels`, `replica_groups`, `source_target_pairs`, `backend_config` as
+JSON and a field of it, `backend_field`: the one reading of them); `replica_groups` (the
+function) reads a collective's groups into devices. Several programs' texts joined into one are
+read apart (`modules`) by the functions that take text. Types stay text
 ("f32[8,3]{1,0}", "(f32[8], u8[16])"); the helpers below read them:
 
 - `arrays(type)`: the array types in it, a tuple's elements in order (token[] and opaque types
@@ -25,9 +27,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 from collections.abc import Iterator
+
+import numpy as np
 
 DTYPE_BYTES = {
     "pred": 1,
@@ -69,6 +74,10 @@ _ATTRIBUTE = re.compile(r",\s*([\w.\-]+)=")
 _PART = re.compile(r'"(?:[^"\\]|\\.)*"|[{}\[\](),]')
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 _INT = re.compile(r"-?\d+")
+_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_MESH_AXIS = re.compile(r"'(\w+)'=(\d+)")
+_NAME = re.compile(r"'(\w+)'")
+_GROUP = re.compile(r"\{([\d,]*)\}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +146,43 @@ class Instruction:
         leaves out has its default (stride and dilation 1, pad 0)."""
         fields = (f.split("=", 1) for f in (self.attribute("window") or "").strip("{}").split())
         return {k: tuple(int(n) for n in _INT.findall(v)) for k, v in fields}
+
+    def replica_groups(self) -> str:
+        """A collective's replica groups as printed (`{{0,1},{2,3}}`, iota `[2,4]<=[8]`, or
+        `mesh['x'=2,'y'=4] {'y'}`), a permute's source-target pairs (`{{0,1},{1,0}}`); "" for
+        neither. `replica_groups` (the function) reads them into devices."""
+        return self.attribute("replica_groups") or self.attribute("source_target_pairs") or ""
+
+    def source_target_pairs(self) -> tuple[tuple[int, int], ...]:
+        """A collective-permute's (source, target) devices, in order; () without them."""
+        numbers = self.ints("source_target_pairs")
+        return tuple(zip(numbers[::2], numbers[1::2], strict=True))
+
+    def backend_config(self) -> dict:
+        """Its backend_config parsed as JSON (XLA:GPU's: a cuBLAS call's `gemm_backend_config`,
+        ...), printed bare or as an escaped string; {} without one."""
+        text = self.attribute("backend_config")
+        if not text:
+            return {}
+        try:
+            found = json.loads(text)
+        except ValueError:
+            found = json.loads(json.loads(f'"{text}"'))  # printed quoted: its quotes escaped
+        return found if isinstance(found, dict) else {}
+
+    def backend_field(self, name: str):
+        """The field `name` of its backend_config's JSON wherever it sits (the first found,
+        depth first), None without it."""
+        todo = [self.backend_config()]
+        while todo:
+            value = todo.pop(0)
+            if isinstance(value, dict):
+                if name in value:
+                    return value[name]
+                todo[:0] = list(value.values())
+            elif isinstance(value, list):
+                todo[:0] = value
+        return None
 
     def dim_labels(self) -> tuple[str, str, str] | None:
         """A convolution's dimension labels, (input, kernel, output): `dim_labels=b01f_01io->b01f`
@@ -270,3 +316,27 @@ def minor_dim(type_text: str) -> str | None:
     without a layout."""
     layout = _LAYOUT.search(type_text.split("]", 1)[-1])
     return layout.group(1).split(",")[0] if layout else None
+
+
+def replica_groups(text: str) -> list[list[int]]:
+    """Replica groups (`Instruction.replica_groups`) as lists of device indices, from each form
+    XLA prints: explicit `{{0,4},{1,5}}`, iota `[2,4]<=[8]` / `[4,2]<=[2,4]T(1,0)`, or a mesh's
+    `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}` (groups vary along the named axes)."""
+    if text.startswith("mesh["):
+        sizes = [(n, int(v)) for n, v in _MESH_AXIS.findall(text.split("]")[0])]
+        chosen = _NAME.findall(text.split("]", 1)[1])
+        ids = np.arange(int(np.prod([v for _, v in sizes]))).reshape([v for _, v in sizes])
+        order = [i for i, (n, _) in enumerate(sizes) if n not in chosen] + [
+            i for i, (n, _) in enumerate(sizes) if n in chosen
+        ]
+        size = int(np.prod([v for n, v in sizes if n in chosen]))
+        return ids.transpose(order).reshape(-1, size).tolist()
+    match = _IOTA.fullmatch(text.strip())
+    if match:
+        shape = [int(x) for x in match.group(1).split(",")]
+        dims = [int(x) for x in match.group(2).split(",")]
+        ids = np.arange(int(np.prod(dims))).reshape(dims)
+        if match.group(3):
+            ids = ids.transpose([int(x) for x in match.group(3).split(",")])
+        return ids.reshape(shape[0], -1).tolist()
+    return [[int(x) for x in g.split(",") if x] for g in _GROUP.findall(text)]

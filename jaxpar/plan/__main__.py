@@ -184,7 +184,8 @@ def _main(args, overrides: dict) -> int:
     from jaxpar.plan import measure, target_pass
     from jaxpar.plan.report import report
     from jaxpar.plan.search import plan, rank
-    from jaxpar.predict import gputarget, load_profile
+    from jaxpar.predict import load_profile
+    from jaxpar.predict.programs import gputarget
 
     profile = load_profile(args.profile)
     n = args.devices or profile.device.num_devices

@@ -11,7 +11,7 @@ import shlex
 
 from jaxpar import configfile
 from jaxpar.plan.candidates import candidate_of
-from jaxpar.predict import links
+from jaxpar.predict.comm import links
 
 
 def unpriced(row: dict) -> dict[str, int]:

@@ -34,7 +34,7 @@ _MODELS: dict = {}
 def _model(config: ml_collections.ConfigDict):
     """The config's model (built once per model config: layers and shapes, nothing run)."""
     from jaxpar import models
-    from jaxpar.predict.workload import input_spec
+    from jaxpar.predict.programs.workload import input_spec
 
     spec = input_spec(config)
     key = (config.model.to_json(), repr(spec))

@@ -242,8 +242,8 @@ def _calls(config, profile) -> dict[str, int]:
     """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
     it cannot be read: the predictor's internals are not this module's contract)."""
     try:
-        from jaxpar.predict import gputarget
-        from jaxpar.predict.workload import collective_calls, workload
+        from jaxpar.predict.programs import gputarget
+        from jaxpar.predict.programs.workload import collective_calls, workload
 
         out: dict[str, int] = {}
         for key, col, times in collective_calls(

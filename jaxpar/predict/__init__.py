@@ -17,11 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxpar import oneline, units
-from jaxpar.predict import gputarget, hardware
-from jaxpar.predict.fitting import load_profile
-from jaxpar.predict.hardware import Profile
-from jaxpar.predict.model import predict_workload
-from jaxpar.predict.workload import Workload, describe, resolve_mesh, workload
+from jaxpar.predict.profiles import hardware
+from jaxpar.predict.profiles.fitting import load_profile
+from jaxpar.predict.profiles.hardware import Profile
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import Workload, describe, resolve_mesh, workload
+from jaxpar.predict.step.model import predict_workload
 
 __all__ = [
     "Profile",

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
-from jaxpar.predict import gputarget, hardware, load_profile, predict_rows, pricing, recommend
+from jaxpar.predict import load_profile, predict_rows, recommend
+from jaxpar.predict.calibrate import from_runs, micro, on_device
+from jaxpar.predict.comm import cpulinks
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.step import pipelinehost, pricing
+from jaxpar.predict.validation import report
 from jaxpar.suites import add_reference, load_rows
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
@@ -118,14 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="report every profile's (or each --profile's) errors on figures it was not fitted to",
     )
-    from jaxpar.predict import here
 
-    here.add_arguments(parser)
+    on_device.add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxpar.predict import here
 
     log.setup()  # jaxpar's own lines (the trainer's, a calibration's) on stdout
     compile_cache.enable()  # programs compiled before (CPU ones) load from disk
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         return _validate(args)
     if args.calibrate_here:
-        return here.run(args)
+        return on_device.run(args)
     if not args.profile:
         oneline.print_error("--profile is required (configs/hardware/*.py)")
         return 2
@@ -225,12 +229,9 @@ def _say(line: str) -> None:
 def _validate(args) -> int:
     """--validate: the leave-one-model-out, published-table and measured-here report, each
     profile's part printed as it is done (every profile: about 20 minutes on 2 cores)."""
-    from jaxpar.predict import validate
 
     try:
-        text = validate.run(
-            args.profile or None, say=_say, emit=lambda part: print(part, flush=True)
-        )
+        text = report.run(args.profile or None, say=_say, emit=lambda part: print(part, flush=True))
     except (ValueError, OSError) as e:  # ConfigError, a missing file
         oneline.print_error(oneline.first_line(e))
         return 2
@@ -242,16 +243,15 @@ def _validate(args) -> int:
 
 def _calibrate(args) -> int:
     """--calibrate: fit, report each run's fit and the cross-model check, optionally --pool."""
-    from jaxpar.predict import calibrate, cpulinks, fitting, micro, pipelinehost
 
     try:
         (profile,) = [load_profile(p) for p in args.profile[:1]]
-        runs = [r for out in args.calibrate for r in calibrate.runs_from(out)]
+        runs = [r for out in args.calibrate for r in from_runs.runs_from(out)]
         names = tuple(n.strip() for n in args.fit.split(",") if n.strip())
         if args.pool:  # first: its one-device runs at smaller batches join the fit
-            pool = calibrate.measure_pool(runs[0])
-            print(calibrate.pool_report(runs[0], pool))
-            runs += calibrate.pool_runs(runs[0], pool)
+            pool = from_runs.measure_pool(runs[0])
+            print(from_runs.pool_report(runs[0], pool))
+            runs += from_runs.pool_runs(runs[0], pool)
             print(cpulinks.links_report(cpulinks.measure_links()))
             found = micro.measure_narrow()  # priced before the fit: it moves the rates
             print(micro.narrow_report(found))
@@ -266,7 +266,7 @@ def _calibrate(args) -> int:
             print(cpulinks.collective_cpu_report(cpulinks.measure_collective_cpu()))
             if "kernel_s" not in names:  # measured, not fitted: the fit prices with it
                 profile = hardware.replace(profile, kernel_s=kernel["kernel_s"])
-        print(calibrate.report(profile, runs, names))
+        print(from_runs.report(profile, runs, names))
         if args.pool:  # its price at the rates just fitted
             fitted = fitting.fit(profile, runs, names).profile
             print(micro.forward_report(fitted, micro.measure_forward(runs[0])))

@@ -1,9 +1,10 @@
 """A GPU's matrix-kernel costs from published per-kernel timings of that GPU.
 
 A profile fitted only to whole models' single-GPU images/sec leaves its class rates to stand
-in for everything a step does: with VGG16 left out of the DGX-1's fit, the 3x3 rate fitted to
-AlexNet, the ResNets and Inception-v3 overprices VGG16 by 24%. Per-kernel timings pin the
-matrix kernels by themselves. A profile's `kernel_benchmarks` names a table of convolution
+in for everything a step does, and a model left out of the fit is mispriced by the rates the
+others fitted (`python -m jaxpar.predict --validate --profile configs/hardware/dgx1_p100.py`
+reports each model left out; see docs/predict.md). Per-kernel timings pin the matrix kernels
+by themselves. A profile's `kernel_benchmarks` names a table of convolution
 shapes and their measured forward, input-gradient and filter-gradient times on its GPU
 (configs/hardware/kernels/*.csv: DeepBench's for the P100); each of those kernels is read as
 opclass reads the same convolution in a compiled step (FLOPs, bytes, Winograd or not, its
@@ -19,15 +20,22 @@ layer) are left out: cuDNN runs them with other kernels, which the profile price
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import statistics
 from pathlib import Path
 from typing import Any
 
-from jaxpar import configfile
+import jax
+import numpy as np
+
+from jaxpar import configfile, models
 from jaxpar.errors import ConfigError
-from jaxpar.predict import hardware, matrix, opclass, pricing, solve
+from jaxpar.predict.kernels import matrix, opclass
+from jaxpar.predict.profiles import hardware, solve
+from jaxpar.predict.profiles.calibration_runs import run_config
+from jaxpar.predict.step import pricing
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
 # the shapes --calibrate-here times on a GPU of one's own (vision_rows of this table)
@@ -171,7 +179,6 @@ def fit(
     """The profile's `names` costs least-squares fitted (in log space) to the table's kernel
     times, each kernel's relative error weighing the same. Needs a GPU profile with a memory
     bandwidth (`compiler = "gpu"`): only there does device_time price each matrix kernel."""
-    import numpy as np
 
     if profile.device.compiler != "gpu" or not profile.memory.memory_bandwidth:
         raise ConfigError(
@@ -203,17 +210,11 @@ def fit(
 
 
 def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
-    """Every 2-D convolution of a calibration run's model (hererows.parse_row's dict) as a row of
+    """Every 2-D convolution of a calibration run's model (model_runs.parse_row's dict) as a row of
     this table's format (its `N` the run's batch), with how many layers of the model have that
     shape, in the order the forward first meets them: read from the forward's jaxpr, so any
     model of jaxpar's registry or a builder of one's own. Grouped or dilated convolutions,
     which the table cannot hold, are left out."""
-    import collections
-
-    import jax
-
-    from jaxpar import models
-    from jaxpar.predict.calibration import run_config
 
     config = run_config(run)
     model = models.build(config.model, tuple(run["image_shape"]), int(run["num_classes"]))

@@ -1,7 +1,7 @@
 """Predict a partitioning's step on a hardware profile: compute, exposed communication, bubble.
 
 Assumptions, all stated (and the switchable one in the profile):
-- Compute: each compiled program's own operation classes (jaxpar.predict.opclass, per device
+- Compute: each compiled program's own operation classes (jaxpar.predict.kernels.opclass, per device
   per call: a recomputing backward counts its forward again, a zero-bubble B and W each their
   half): convolution and matmul FLOPs at calibrated fractions of peak (3x3 stride-1
   convolutions at their own), memory-bound bytes at the memory bandwidth, a device time per
@@ -39,9 +39,10 @@ from typing import Any
 
 from jaxpar import axes
 from jaxpar.parallel import schedules
-from jaxpar.predict import commtime, pricing
-from jaxpar.predict.hardware import Profile
-from jaxpar.predict.workload import Workload
+from jaxpar.predict.comm import commtime
+from jaxpar.predict.profiles.hardware import Profile
+from jaxpar.predict.programs.workload import Workload
+from jaxpar.predict.step import pricing
 
 
 def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:

@@ -5,21 +5,22 @@
 Collectives inside the step on cores the devices share (`measure_collective_cpu`). This CPU's
 8 simulated devices run on 2 cores, so a collective between a step's layers is work on those
 cores: a tensor split's step burns 21 CPU-ms a device more than a data split's at the same
-FLOPs, its cores busier, not idler (docs/log.md, "Where the tensor rows' time goes").
+FLOPs, its cores busier, not idler (`git show 27339c8:docs/predict.md`, "Where the tensor rows' time goes").
 Measured: on all the devices, layers of `x = tanh(conv(all_gather(x)))` (a column-parallel
 layer) and of `x = tanh(psum(conv(x)))` (a row-parallel one), each beside the same program
 with the collective replaced by local work of the same shape (the gathered copies made
 locally; no sum), their process CPU time per call (time.process_time: every thread's); the
 payload (each device's result of the collective) over the extra CPU time is the profile's
-collective_cpu_rate. The payload, 1 MB a device, is the size of a tensor split's
-collectives in the default suite (26.7 MB a device over 32 a step).
+collective_cpu_rate. The payload, 1 MB a device, is of the size of a tensor split's
+collectives in the default suite (their bytes per device over their count in a step's compiled
+programs, as jaxpar/collectives.py counts them).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jaxpar.predict import micro, timer
+from jaxpar.predict.calibrate import micro, timer
 
 
 def collective_program(kind: str, n: int, batch: int, side: int, channels: int, layers: int):

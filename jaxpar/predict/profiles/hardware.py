@@ -10,8 +10,9 @@ import dataclasses
 from typing import Any
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict import gputarget, opclass
-from jaxpar.predict.links import Link  # a Profile's links
+from jaxpar.predict.comm.links import Link  # a Profile's links
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.programs import gputarget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,7 @@ class Links:
     intra: Link
     inter: Link
     # fraction of the gradient reduction that hides under the backward; None: as the compiled
-    # program and its compiler schedule it (jaxpar/predict/overlap.py)
+    # program and its compiler schedule it (jaxpar/predict/comm/overlap.py)
     overlap: float | None = 0.0
     # Inside a node where not every pair of devices is wired directly (NVLink's hybrid cube
     # mesh): the pairs `intra` joins, and the path the others take (`unwired`: through the

@@ -23,6 +23,8 @@ import importlib.util
 import logging
 import os
 
+from jaxpar import jax_internals
+
 log = logging.getLogger(__name__)
 
 GiB = 1 << 30
@@ -197,22 +199,11 @@ def _devices(gpu: str, nodes: int, per_node: int) -> tuple:
     return tuple(topology.devices)
 
 
-@contextlib.contextmanager
-def uncached():
+def uncached() -> contextlib.AbstractContextManager:
     """JAX's persistent compilation cache off while compile-only programs are built: JAX 0.10.2
     loads a cached entry into a client that can run it, which compile-only devices lack (it
     warns and compiles again), so such entries would only fill the cache."""
-    import jax
-    from jax._src import compilation_cache  # its one switch is read once per process
-
-    was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", was)
-        compilation_cache.reset_cache()
+    return jax_internals.compilation_cache_off()
 
 
 def programs_line(target: Target | None) -> str:
@@ -239,7 +230,10 @@ def unavailable(gpu: str) -> str:
     return ""
 
 
-_SAID: set[str] = set()
+@functools.cache
+def _say(gpu: str, why: str) -> None:
+    """One line, once per GPU and reason, for a profile whose GPU programs cannot be compiled."""
+    log.warning("predicting %s from XLA:CPU programs on simulated devices: %s", gpu, why)
 
 
 def target(gpu: str, num_devices: int, per_node: int) -> Target | None:
@@ -249,9 +243,7 @@ def target(gpu: str, num_devices: int, per_node: int) -> Target | None:
         return None
     why = unavailable(gpu)
     if why:
-        if gpu not in _SAID:
-            _SAID.add(gpu)
-            log.warning("predicting %s from XLA:CPU programs on simulated devices: %s", gpu, why)
+        _say(gpu, why)
         return None
     per_node = min(per_node, num_devices)
     return Target(gpu, max(1, num_devices // per_node), per_node)

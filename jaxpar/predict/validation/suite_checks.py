@@ -1,7 +1,7 @@
 """`--validate`'s suites: a suite's rows predicted on a fitted profile beside their published or
 measured references (`suite_lines`: efficiency points against published multi-device tables;
 median error and rank correlation against the rows measured here, beside the measurement's own
-repeats), and the targets each check is read against (validate.py reports them per profile)."""
+repeats), and the targets each check is read against (report.py reports them per profile)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import statistics
 from collections.abc import Callable
 
 from jaxpar import configfile
+from jaxpar.predict import load_profile, predict_config, predict_rows
 from jaxpar.stats import spearman
+from jaxpar.suites import add_reference, load_rows
 
 TARGETS = {"single": 0.15, "points": 5.0, "median": 0.10, "rank": 0.8}
 
@@ -28,8 +30,6 @@ def suite_rows(
     """A suite's rows predicted on the (fully fitted) profile, with their references; a row
     another of the profile's suites already predicted (two clouds' tables of the same runs)
     is not predicted again (`say`: a progress line per row)."""
-    from jaxpar.predict import load_profile, predict_config, predict_rows
-    from jaxpar.suites import add_reference, load_rows
 
     if ("profile", profile_path) not in _PREDICTED:
         _PREDICTED["profile", profile_path] = load_profile(profile_path)

@@ -21,10 +21,13 @@ import jax
 import ml_collections
 
 from jaxpar import analysis, collectives, models, optim, parallel
+from jaxpar import data as data_lib
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import gputarget, opclass, overlap
+from jaxpar.predict.comm import overlap
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.programs import gputarget
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -133,7 +136,6 @@ def input_spec(config: ml_collections.ConfigDict) -> tuple[tuple[int, int, int],
         return tuple(config.data.image_shape), int(config.data.num_classes)
     if name in _KNOWN_DATA:
         return _KNOWN_DATA[name]
-    from jaxpar import data as data_lib
 
     spec = data_lib.load(config).spec
     return tuple(spec.image_shape), spec.num_classes

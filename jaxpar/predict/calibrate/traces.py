@@ -11,6 +11,7 @@ trace names its events (thunks) after the top-level instructions, so it joins th
 from __future__ import annotations
 
 import collections
+import csv
 import glob
 import gzip
 import json
@@ -21,7 +22,7 @@ import numpy as np
 
 from jaxpar import hlo
 from jaxpar.errors import ConfigError
-from jaxpar.predict import library, opclass
+from jaxpar.predict.kernels import library, opclass
 
 
 def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
@@ -68,13 +69,12 @@ def cpu_matrix_flops(name: str, program: hlo.Program) -> tuple[float, bool]:
 def kernel_class(name: str, program: hlo.Program) -> str:
     """A memory-bound top-level kernel's class (opclass.memory_class, as opclass.classify names
     it in the program it prices)."""
-    ins = _entry(name, program)
-    return opclass.memory_class(ins.opcode, ins.rest, program)[0]
+    return opclass.memory_class(_entry(name, program), program)[0]
 
 
 def largest_reduction(name: str, program: hlo.Program) -> tuple[int, int, int, bool]:
     """opclass.largest_reduction of the top-level instruction `name`."""
-    return opclass.largest_reduction(_entry(name, program).rest, program)
+    return opclass.largest_reduction(_entry(name, program), program)
 
 
 def fit_line(b: np.ndarray, t: np.ndarray) -> tuple[float, float]:
@@ -102,20 +102,19 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
         if name not in program.by_name:
             continue
         ins = program.by_name[name]
-        result, op, rest = ins.type, ins.opcode, ins.rest
         tile = 0
         if device == "cpu":
             flops, thin = cpu_matrix_flops(name, program)
         else:  # a cuDNN or cuBLAS call, read as the predictor reads it
-            call = library.library_call(result, rest, types) if op == "custom-call" else None
+            call = library.library_matmul(ins, types) if ins.opcode == "custom-call" else None
             flops, thin, tile = (call.flops, call.thin, call.tile) if call else (0.0, False, 0)
-        moved = hlo.shape_bytes(result.split("u8[")[0]) + sum(
+        moved = hlo.shape_bytes(ins.type.split("u8[")[0]) + sum(
             hlo.shape_bytes(types[a]) for a in set(ins.operands) if a in types
         )
         kind = kernel_class(name, program)
         if device == "cpu" and not flops:  # as opclass.classify names and counts them
-            kind = opclass.cpu_class(kind, result, rest, types)
-            moved = opclass.kernel_bytes(result, rest, types, kind)
+            kind = opclass.cpu_class(kind, ins, types)
+            moved = opclass.kernel_bytes(ins, types, kind)
         results = largest_reduction(name, program)[1] if kind == "reduce_few" else 1
         rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
     return rows, sum(times.values()), steps, device
@@ -139,7 +138,6 @@ def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
     """Every joined kernel of each (program, device, rows) as one line of a CSV (gzip where the
     path ends .gz): the figures a profile's costs are fitted from, small enough to keep beside
     the profile where the traces themselves (hundreds of MB) are not."""
-    import csv
 
     with gzip.open(path, "wt") if path.endswith(".gz") else open(path, "w") as f:
         out = csv.writer(f)
@@ -164,7 +162,6 @@ def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
 
 def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
     """write_csv's programs back: [(program, device, rows as joined() gives them)]."""
-    import csv
 
     programs: dict[tuple[str, str], list[tuple]] = {}
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:

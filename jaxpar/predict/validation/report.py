@@ -27,8 +27,12 @@ from typing import Any
 
 from jaxpar import configfile, units
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, gputarget, hardware, pricing, validatesuites
-from jaxpar.predict.calibration import calibration_ops
+from jaxpar.predict.kernels import kernel_table
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.profiles.calibration_runs import calibration_ops
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.step import pricing
+from jaxpar.predict.validation import suite_checks
 
 
 def profiles_to_check(paths: list[str] | None) -> list[str]:
@@ -146,13 +150,13 @@ def report_profile(
             figures["single"] = max(counted)
             lines.append(
                 f"\nworst single-device error of a model left out: "
-                f"{100 * max(counted):.1f}% ({validatesuites.mark(max(counted) <= validatesuites.TARGETS['single'])}"
+                f"{100 * max(counted):.1f}% ({suite_checks.mark(max(counted) <= suite_checks.TARGETS['single'])}"
                 f" the 15% target; the baseline's worst: {100 * base:.1f}%)"
             )
     else:
         lines.append(f"one model in its runs ({len(runs)} run(s)): no model to leave out")
     for suite in suites:
-        lines += ["", *validatesuites.suite_lines(path, suite, figures, say)]
+        lines += ["", *suite_checks.suite_lines(path, suite, figures, say)]
     return lines, figures
 
 
@@ -174,15 +178,16 @@ def _fit_lines(profile: hardware.Profile, runs: list[dict], names: tuple) -> lis
 
 def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     """Where the profile's matrix-kernel costs come from per-kernel timings
-    (`kernel_benchmarks`, kernels.py): how well they price the table's kernels."""
+    (`kernel_benchmarks`, kernel_table.py): how well they price the table's kernels."""
     c = configfile.load(path)
     table = c.get("kernel_benchmarks")
     if not table:
         return []
-    from jaxpar.predict import kernels
 
-    names = tuple(c.get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
-    kf = kernels.fit(profile, kernels.load(table), names, c.get("kernel_dtype", "float32"))
+    names = tuple(c.get("kernel_fit", kernel_table.DEFAULT_FIT) or kernel_table.DEFAULT_FIT)
+    kf = kernel_table.fit(
+        profile, kernel_table.load(table), names, c.get("kernel_dtype", "float32")
+    )
     costs = ", ".join(f"{n} {hardware.value(kf.profile, n):.3g}" for n in names)
     line = (
         f"matrix kernels from {table} (fitted before any model, every model's runs priced "
@@ -199,7 +204,7 @@ def run(
 ) -> str:
     """The whole report, as markdown text; `emit` takes each profile's part as it is done
     and then the summary, `say` progress lines."""
-    validatesuites.forget()
+    suite_checks.forget()
     out = ["# Validation: predictions against figures no profile was fitted to", ""]
     summary, t0 = [], time.perf_counter()
     emit = emit or (lambda part: None)

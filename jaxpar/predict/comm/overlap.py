@@ -10,7 +10,7 @@ For every collective of a program's entry computation, and for each element of a
   the other kinds), the share of FLOPs the program schedules between the start and the done:
   what runs under it. None for a synchronous collective.
 
-How the predictor uses them (jaxpar/predict/model.py): a program with asynchronous pairs hides
+How the predictor uses them (jaxpar/predict/step/model.py): a program with asynchronous pairs hides
 each collective under the work between its start and its done (exact for that program);
 XLA:CPU runs collectives synchronously and emits none, so on this machine nothing hides, as
 jaxpar's step measures. For a GPU target (`overlap = None` in the profile: "as the compiler
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpar import collectives, hlo
-from jaxpar.predict import opclass
+from jaxpar.predict.kernels import opclass
 
 
 @dataclasses.dataclass(frozen=True)

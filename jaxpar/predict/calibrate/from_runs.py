@@ -24,10 +24,18 @@ import os
 import statistics
 from typing import Any
 
+import jax
+
+from jaxpar import analysis, configfile
+from jaxpar import suites as suite_lib
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, gputarget, hardware, pricing, timer
-from jaxpar.predict.calibration import calibration_ops, run_config
-from jaxpar.predict.workload import input_spec, strategy_for
+from jaxpar.predict.calibrate import timer
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.profiles.calibration_runs import calibration_ops, run_config
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import input_spec, strategy_for
+from jaxpar.predict.step import pricing
 
 _RUN_KEYS = {
     "model.name": "model",
@@ -55,8 +63,6 @@ def runs_from(source: str) -> list[dict[str, Any]]:
     """Calibration runs from a bench sweep directory (its measured 1-device rows) or from a
     config file whose get_config() lists `runs` (published single-device figures)."""
     if os.path.isfile(source) and source.endswith(".py"):
-        from jaxpar import configfile
-
         runs = [dict(r) for r in configfile.load(source).get("runs", ())]
         if not runs:
             raise ConfigError(f"{source!r} lists no `runs`")
@@ -66,7 +72,6 @@ def runs_from(source: str) -> list[dict[str, Any]]:
 
 def runs_from_sweep(out: str) -> list[dict[str, Any]]:
     """The measured 1-device rows of a bench sweep directory as calibration runs."""
-    from jaxpar import suites as suite_lib
 
     path = os.path.join(out, "results.json")
     if not os.path.exists(path):
@@ -121,10 +126,6 @@ def measure_pool(run: dict[str, Any], counts=(2, 4, 8), seconds: float = 2.0) ->
     (`speedup`), with the mean FLOPs of the program's matrix kernels (`kernel_flops`, the size
     the pool is looked up by). Copies are dispatched round-robin without waiting (JAX's async
     dispatch), at most 2 in flight per device."""
-    import jax
-
-    from jaxpar import analysis
-    from jaxpar.predict import opclass
 
     if len(jax.devices()) < max(counts):
         raise ConfigError(f"--pool needs {max(counts)} devices, jax has {len(jax.devices())}")

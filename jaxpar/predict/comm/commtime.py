@@ -10,9 +10,10 @@ from collections import Counter
 
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
-from jaxpar.predict import links, overlap, pricing
-from jaxpar.predict.hardware import Profile
-from jaxpar.predict.workload import Workload
+from jaxpar.predict.comm import links, overlap
+from jaxpar.predict.profiles.hardware import Profile
+from jaxpar.predict.programs.workload import Workload
+from jaxpar.predict.step import pricing
 
 
 def is_grad_sync(c, phase: str, mesh_shape: dict[str, int]) -> bool:

@@ -14,8 +14,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxpar.predict import kernels, micro, opclass, solve, timer
-from jaxpar.predict.hererows import parse_row
+from jaxpar.predict.calibrate import micro, timer
+from jaxpar.predict.calibrate.model_runs import parse_row
+from jaxpar.predict.kernels import kernel_table, opclass
+from jaxpar.predict.profiles import solve
 
 log = logging.getLogger(__name__)
 
@@ -107,25 +109,28 @@ def fit_tile_width(rates: dict[int, float]) -> float:
 
 
 def own_shapes(rows: list[str], dtype: str, limit: int = MODEL_SHAPES) -> list[dict[str, float]]:
-    """The convolution shapes of the rows computing in `dtype` (kernels.model_rows), each
+    """The convolution shapes of the rows computing in `dtype` (kernel_table.model_rows), each
     once, the most frequent first, at most `limit` of them; none of fewer than THIN input
     channels (a first layer: priced apart) or already in DeepBench's rows."""
-    seen = {tuple(r[c] for c in kernels._COLUMNS[:11]) for r in kernels.load(kernels.SHIPPED)}
+    seen = {
+        tuple(r[c] for c in kernel_table._COLUMNS[:11])
+        for r in kernel_table.load(kernel_table.SHIPPED)
+    }
     counted: dict[tuple, int] = {}
     for spec in rows:
         run = parse_row(spec)
         if run["dtype"] != dtype:
             continue
-        for row, n in kernels.model_rows(run):
-            key = tuple(row[c] for c in kernels._COLUMNS[:11])
+        for row, n in kernel_table.model_rows(run):
+            key = tuple(row[c] for c in kernel_table._COLUMNS[:11])
             if row["C"] >= opclass.THIN and key not in seen:
                 counted[key] = counted.get(key, 0) + n
     ranked = sorted(counted, key=lambda key: -counted[key])[:limit]
-    return [dict(zip(kernels._COLUMNS[:11], key)) for key in ranked]
+    return [dict(zip(kernel_table._COLUMNS[:11], key)) for key in ranked]
 
 
 def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> list[dict]:
-    """Each convolution shape of `rows` (kernels.py's table format) timed on the first
+    """Each convolution shape of `rows` (kernel_table.py's table format) timed on the first
     device in `dtype`: its forward, its input gradient and its filter gradient, each a
     program of its own (jit), milliseconds per call (`_per_call`: best of 3 repeats)."""
     device = jax.devices()[0]

@@ -2,7 +2,7 @@
 of each timed on the first device (`model_runs`, the profile's calibration runs), and on a GPU
 traced with XLA's command buffers off (`trace_rows`), whose memory-bound kernels give the
 profile's memory_bandwidth, kernel_s and memory_kernel_costs (`traced_costs`,
-jaxpar/predict/traces.py)."""
+jaxpar/predict/calibrate/traces.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import jax
 
-from jaxpar import models, oneline
+from jaxpar import analysis, models, oneline, run_setup
 from jaxpar.errors import ConfigError
-from jaxpar.predict import timer, traces
-from jaxpar.predict.calibration import run_config
+from jaxpar.predict.calibrate import timer, traces
+from jaxpar.predict.profiles.calibration_runs import run_config
 
 # the share of a traced step's kernel time that must name an instruction of its program for
 # its costs to be fitted (XLA's command buffers hide the names of what they hold)
@@ -54,7 +54,6 @@ def _images_per_sec(run: dict[str, Any], seconds: float) -> float:
     """jaxpar's one-device training step of `run` (run_setup.setup on the first device, as
     benchmarks/single_device.py times it): compiled and warmed up, then timed for about
     `seconds`, dispatched without waiting and the device synchronised at the end."""
-    from jaxpar import run_setup
 
     s = run_setup.setup(run_config(run), [jax.devices()[0]])
     state = s.strategy.init_state(jax.random.key(0))
@@ -77,7 +76,6 @@ def trace_row(spec: str, where: str) -> tuple[str, str]:
     names its instruction; the rows' speed is timed as a user runs, with them on), warmed up,
     two steps traced under JAX's profiler into where/NAME, and the program traced written to
     where/NAME.hlo.txt: (trace folder, program file), what traces.joined reads."""
-    from jaxpar import analysis, run_setup
 
     run = parse_row(spec)
     s = run_setup.setup(run_config(run), [jax.devices()[0]])
@@ -168,7 +166,7 @@ def traced_note(traced: dict) -> str:
     return (
         f"- kernel traces of {', '.join(traced['rows'])} (command buffers off; "
         f"{traced['named_share']:.0%} or more of each one's kernel time named), their "
-        f"memory-bound kernels fitted (jaxpar/predict/traces.py): all of them "
+        f"memory-bound kernels fitted (jaxpar/predict/calibrate/traces.py): all of them "
         f"{traced['kernel_s'] * 1e6:.2f} us + bytes / {traced['memory_bandwidth'] / 1e9:,.0f}"
         f" GB/s -> kernel_s, memory_bandwidth; by class -> memory_kernel_costs: {classes}"
     )

@@ -17,7 +17,13 @@ import sys
 import time
 from typing import Any
 
-from jaxpar.predict import solve, timer
+import jax
+import numpy as np
+
+from jaxpar import run_setup, units
+from jaxpar.predict.calibrate import timer
+from jaxpar.predict.profiles import solve
+from jaxpar.predict.profiles.calibration_runs import run_config
 
 
 def _dispatches(stages: int) -> int:
@@ -50,7 +56,6 @@ def host_features(k: int, m: int, d: int = 1) -> list[float]:
 def fit_host(points: list[tuple], step_s: float) -> dict[str, float]:
     """HOST_COSTS that fit (K, M[, D], host seconds per step) best in least squares, beside a
     fixed `step_s` per step; none below 0 (a cost the points cannot tell apart is 0)."""
-    import numpy as np
 
     features = np.array([host_features(*p[:-1]) for p in points], float)
     target = np.array([p[-1] - step_s for p in points])
@@ -75,10 +80,6 @@ def measure_host(
     stage's batch split over D devices (the mesh (D, K, 1)), for each (D, K) of `layouts`, the
     least of `repeats` runs of `steps` steps. A line per pipeline measured goes to `stream`
     (count, figure, ETA): the whole takes minutes."""
-    import jax
-
-    from jaxpar import run_setup, units
-    from jaxpar.predict.calibration import run_config
 
     total, started = len(layouts) * len(microbatches), time.perf_counter()
 

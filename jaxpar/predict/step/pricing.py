@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from jaxpar.predict import opclass
-from jaxpar.predict.hardware import Profile
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles.hardware import Profile
 
 
 def peak(profile: Profile, dtype: str) -> float:

@@ -1,8 +1,8 @@
 """A profile loaded and fitted to its measured runs (`load_profile`, `from_config`): the
-matrix kernels' costs from published per-kernel timings (kernels.py), the matmul efficiency
+matrix kernels' costs from published per-kernel timings (kernel_table.py), the matmul efficiency
 from one run (`calibrate`), any of FITTABLE from several by bounded least squares (`fit`,
 which says which cost ended at a bound). Each run's program is compiled for the profile's
-target (calibration.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
+target (calibration_runs.calibration_ops): a GPU profile's fit reads XLA:GPU's own programs."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibration, gputarget, hardware, kernels, pricing, solve
-from jaxpar.predict.hardware import Profile
+from jaxpar.predict.kernels import kernel_table
+from jaxpar.predict.profiles import calibration_runs, hardware, solve
+from jaxpar.predict.profiles.hardware import Profile
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.step import pricing
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +43,12 @@ def from_config(c: Any) -> Profile:
     profile = hardware.from_config(c)
     table = get("kernel_benchmarks")
     if table:  # the matrix kernels' costs from the GPU's own per-kernel timings
-        names = tuple(get("kernel_fit", kernels.DEFAULT_FIT) or kernels.DEFAULT_FIT)
+        names = tuple(get("kernel_fit", kernel_table.DEFAULT_FIT) or kernel_table.DEFAULT_FIT)
         dtype = str(get("kernel_dtype", "float32") or "float32")
-        rows = kernels.load(table)
-        profile = kernels.fit(profile, rows, names, dtype).profile
+        rows = kernel_table.load(table)
+        profile = kernel_table.fit(profile, rows, names, dtype).profile
         if get("price_measured", False):  # and its layers' kernels at their measured times
-            measured = kernels.measured(rows)
+            measured = kernel_table.measured(rows)
             profile = hardware.replace(profile, measured_kernels=measured, measured_dtype=dtype)
     if profile.calibration:
         profile = calibrate(profile, profile.calibration)
@@ -69,7 +74,7 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     times, fixed overheads) are taken as given and the matmul efficiency is what is left, so
     a prediction of the calibration run itself gives back the measured images/sec."""
     step = _measured_step(profile, run)
-    ops = calibration.calibration_ops(run, gputarget.of(profile))
+    ops = calibration_runs.calibration_ops(run, gputarget.of(profile))
     dtype = run.get("dtype", "float32")
     rest = step - pricing.device_time(
         profile, dataclasses.replace(ops, matmul_flops=0.0, conv3x3_flops=0.0), dtype
@@ -166,9 +171,8 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     runs (relative error of each run's step time); the other costs stay as the profile gives
     them, except that a fit of compute_efficiency without conv3x3_efficiency prices every
     matmul class at the one compute_efficiency (a fit of neither keeps the profile's classes,
-    e.g. from its kernel_benchmarks: kernels.py). Needs at least as many runs as costs. The runs' op classes come from their compiled
-    steps (calibration.calibration_ops)."""
-    import numpy as np
+    e.g. from its kernel_benchmarks: kernel_table.py). Needs at least as many runs as costs. The runs' op classes come from their compiled
+    steps (calibration_runs.calibration_ops)."""
 
     bad = [n for n in names if n not in FITTABLE]
     if bad or not names:
@@ -183,7 +187,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
         )
     if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
         profile = hardware.replace(profile, conv3x3_efficiency=0.0)
-    ops = [calibration.calibration_ops(r, gputarget.of(profile)) for r in runs]
+    ops = [calibration_runs.calibration_ops(r, gputarget.of(profile)) for r in runs]
     measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
     start = {
         "compute_efficiency": 0.5,

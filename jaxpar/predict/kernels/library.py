@@ -4,19 +4,32 @@ as one matrix kernel (matrix.Matmul), as opclass.classify counts it in a GPU's p
 from __future__ import annotations
 
 import math
-import re
 
 from jaxpar import hlo
-from jaxpar.predict.matrix import THIN, WINOGRAD, Matmul
+from jaxpar.predict.kernels.matrix import THIN, WINOGRAD, Matmul
 
-# The custom_call_target of a cuDNN convolution or a cuBLAS matrix product in an XLA:GPU program
-_LIBRARY = re.compile(r"__(cudnn\$conv\w*|cublas\$[\w$]*)")
-# a cuBLAS call's contracting dimensions: a field of its backend_config's JSON, which has no
-# attribute of its own (a dot's lhs_contracting_dims)
-_CONTRACTING = re.compile(r'"lhs_contracting_dimensions":\[([^\]]*)\]')
+# The custom_call_target prefixes of a cuDNN convolution and a cuBLAS matrix product in an
+# XLA:GPU program ("__cudnn$convForward", "__cublas$gemm", "__cublas$lt$matmul", ...)
+_LIBRARY = ("__cudnn$conv", "__cublas$")
 
 
-def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None:
+def library_target(ins: hlo.Instruction) -> str | None:
+    """The library routine a custom call runs ("cudnn$convForward", "cublas$gemm"), None for
+    another custom call."""
+    target = ins.attribute("custom_call_target") or ""
+    if not target.startswith(_LIBRARY) or not target[2:].replace("$", "_").isidentifier():
+        return None
+    return target[2:]
+
+
+def contracting_dims(ins: hlo.Instruction) -> list[int]:
+    """A cuBLAS call's contracting dimensions of its first operand: a field of its
+    backend_config's JSON (gemm_backend_config's dot_dimension_numbers), which has no attribute
+    of its own (a dot's lhs_contracting_dims); [] without it."""
+    return [int(d) for d in ins.backend_field("lhs_contracting_dimensions") or ()]
+
+
+def library_matmul(ins: hlo.Instruction, types: dict[str, str]) -> Matmul | None:
     """A cuDNN convolution or cuBLAS product of an XLA:GPU program, as one matrix kernel (None
     for another custom call, or where its shapes are not those of a 2-D convolution).
 
@@ -24,20 +37,17 @@ def library_call(result: str, rest: str, types: dict[str, str]) -> Matmul | None
     and dimension labels: the forward reads (x, w) and writes y, the input gradient reads (dy,
     w) and writes dx, the weight gradient reads (x, dy) and writes dw. So x, w and y are found
     by the kernel's kind, and each kernel does the forward's multiply-adds."""
-    ins = hlo.Instruction("", result, "custom-call", rest)
-    found = _LIBRARY.fullmatch(ins.attribute("custom_call_target") or "")
-    if found is None:  # another custom call
+    target = library_target(ins)
+    if target is None:  # another custom call
         return None
-    target = found.group(1)
+    result = ins.type
     args = [a for a in ins.operands if a in types]
     arrays = [types[a] for a in args]
     out = hlo.arrays(result)[0]  # cuDNN and cuBLAS return (result, scratch)
     moved = float(hlo.shape_bytes(out) + sum(hlo.shape_bytes(t) for t in arrays))
     if target.startswith("cublas"):
-        contract = _CONTRACTING.search(ins.attribute("backend_config") or "")
         lhs = hlo.dims(arrays[0]) if arrays else []
-        idx = [int(d.strip('"')) for d in contract.group(1).split(",") if d] if contract else []
-        k = math.prod(lhs[i] for i in idx)
+        k = math.prod(lhs[i] for i in contracting_dims(ins))
         n, flops = (hlo.dims(out) or [1])[-1], 2.0 * hlo.elements(out) * k
         narrow = max(1, min(hlo.elements(out) // max(n, 1), n, k))
         return Matmul(flops, moved, False, narrow, tile=narrow)

@@ -11,8 +11,9 @@ from typing import Any
 import ml_collections
 
 from jaxpar import axes, configfile
-from jaxpar.predict import gputarget, opclass
-from jaxpar.predict.workload import Workload, workload
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import Workload, workload
 
 
 def calibration_flops(run: dict[str, Any], target: gputarget.Target | None = None) -> float:

@@ -19,9 +19,11 @@ something beyond its work (XLA:CPU: calling its function from the program's thun
 a profile prices it as kernel_s. Measured: a chain of tiny layers, `x = tanh(x @ w)` on 8 x 8
 float32 (XLA:CPU runs the product and the tanh as two kernels, opclass counts them as the
 predictor does), 16 and 256 layers long; the difference of the two programs' times over the
-difference of their kernel counts, so the call's own dispatch drops out. On this 2-core
-machine 0.25-0.43 us between runs (cpu_2core_models.py states the figure it uses): a profile that fits kernel_s to whole steps instead puts memory-bound work
-there (cpu_2core.py: 7.0 us, memory-bound kernels priced at nothing).
+difference of their kernel counts, so the call's own dispatch drops out (`python -m
+jaxpar.predict --calibrate SOURCE --profile BASE --pool` prints it; the figure a profile uses
+and how it varies between runs are stated in its file, configs/hardware/cpu_2core_models.py).
+A profile that fits kernel_s to whole steps instead puts memory-bound work there
+(configs/hardware/cpu_2core.py).
 
 A program's dispatch (`measure_dispatch`): the host's time per call of a tiny program,
 dispatched without waiting as a trainer dispatches (a profile's program_overhead_s).
@@ -41,7 +43,16 @@ import math
 import statistics
 from typing import Any
 
-from jaxpar.predict import opclass, pricing, solve, timer
+import jax
+import jax.numpy as jnp
+
+from jaxpar import models
+from jaxpar.predict.calibrate import timer
+from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles import solve
+from jaxpar.predict.profiles.calibration_runs import run_config
+from jaxpar.predict.programs.workload import input_spec
+from jaxpar.predict.step import pricing
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +60,6 @@ WIDTHS = (2, 4, 8, 16, 32, 64)
 
 
 def _layer(batch: int, side: int, channels: int, width: int):
-    import jax
-    import jax.numpy as jnp
 
     def loss(w, x):
         y = jax.lax.conv_general_dilated(
@@ -118,8 +127,6 @@ def narrow_report(m: dict[str, Any]) -> str:
 def _chain(layers: int, side: int = 8, device=None):
     """A program of `layers` tiny matrix kernels, each followed by an elementwise one (on
     `device`, or JAX's default)."""
-    import jax
-    import jax.numpy as jnp
 
     def chain(x, w):
         for _ in range(layers):
@@ -153,8 +160,6 @@ def measure_dispatch(seconds: float = 0.5, device=None, wait_each: bool = False)
     """Seconds one tiny program (v + 1 on 16 float32, its result the next call's argument)
     costs the host, dispatched without waiting as a trainer dispatches (`wait_each`: with a
     wait after each call); the best of 3 repeats."""
-    import jax
-    import jax.numpy as jnp
 
     tiny = jax.jit(lambda v: v + 1)
     held = [jax.device_put(jnp.ones(16, jnp.float32), device)]
@@ -179,12 +184,6 @@ def kernel_report(m: dict[str, Any]) -> str:
 def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]:
     """{"ops": the op classes of one call, "seconds": its time}: the model of calibration run
     `run` forward in training mode on one device at the run's batch."""
-    import jax
-    import jax.numpy as jnp
-
-    from jaxpar import models
-    from jaxpar.predict.calibration import run_config
-    from jaxpar.predict.workload import input_spec
 
     config = run_config(run)
     image_shape, classes = input_spec(config)

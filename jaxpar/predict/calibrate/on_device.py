@@ -7,11 +7,11 @@ On a GPU also 24 convolution shapes of DeepBench's and up to 24 of the rows' own
 into a kernel table (its matrix kernels' costs), and
 two steps of each row traced with XLA's command buffers off (trace_rows), whose memory-bound
 kernels give the profile's memory_bandwidth, kernel_s and memory_kernel_costs (traced_costs,
-jaxpar/predict/traces.py): what the H100 profile's were fitted from by hand.
+jaxpar/predict/calibrate/traces.py): what the H100 profile's were fitted from by hand.
 
 This module is the command (its flags, the plan of rows and costs checked before anything is
-timed, the run); herebench.py holds the microbenchmarks, hererows.py the rows' timing and
-tracing, hereprofile.py the profile file written and its docstring.
+timed, the run); device_rates.py holds the microbenchmarks, model_runs.py the rows' timing and
+tracing, profile_file.py the profile file written and its docstring.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import jax
 
 from jaxpar import oneline
 from jaxpar.errors import ConfigError
-from jaxpar.predict import fitting, herebench, hereprofile, hererows, kernels
+from jaxpar.predict.calibrate import device_rates, model_runs, profile_file
+from jaxpar.predict.kernels import kernel_table
+from jaxpar.predict.profiles import fitting
 
 CPU_ROWS = ("vgg19:0.25:32:float32:32", "resnet20:1.0:32:float32:32")
 GPU_ROWS = (
@@ -32,7 +34,7 @@ GPU_ROWS = (
     "resnet50:1.0:224:bfloat16:128",
     "resnet20:1.0:32:float32:128",
 )
-# on a GPU, once its matrix kernels' costs come from its own kernel table (kernels.py): the
+# on a GPU, once its matrix kernels' costs come from its own kernel table (kernel_table.py): the
 # per-kernel time of every kernel, fitted to the model rows
 KERNEL_TABLE_FIT = ("kernel_s",)
 # and once the rows' own kernel traces have given the memory-bound kernels' costs and the
@@ -75,7 +77,7 @@ def _plan(args) -> tuple[list[str], tuple[str, ...]]:
         GPU_ROWS if gpu else CPU_ROWS
     )
     given = (getattr(args, "here_fit", None) or "").split(",")
-    names = tuple(n.strip() for n in given if n.strip()) or hereprofile.DEFAULT_FIT[: len(rows)]
+    names = tuple(n.strip() for n in given if n.strip()) or profile_file.DEFAULT_FIT[: len(rows)]
     if bad := [n for n in names if n not in fitting.FITTABLE]:
         raise ConfigError(f"--here-fit: no cost {bad[0]!r}; one of {', '.join(fitting.FITTABLE)}")
     if len(rows) < len(names):
@@ -94,7 +96,7 @@ def _plan(args) -> tuple[list[str], tuple[str, ...]]:
             "default fits kernel_s: leave out --here-fit)",
             file=sys.stderr,
         )
-    return [hererows.parse_row(r)["name"] for r in rows], names
+    return [model_runs.parse_row(r)["name"] for r in rows], names
 
 
 def run(args) -> int:
@@ -102,17 +104,17 @@ def run(args) -> int:
     try:
         rows, names = _plan(args)
         t0 = time.perf_counter()
-        micro = herebench.microbenchmarks(min(0.5, args.here_seconds))
+        micro = device_rates.microbenchmarks(min(0.5, args.here_seconds))
         t1 = time.perf_counter()
-        runs = hererows.model_runs(rows, args.here_seconds)
+        runs = model_runs.model_runs(rows, args.here_seconds)
         table = None
         if micro["platform"] == "gpu":  # the matrix kernels' costs from kernels of its own
-            dtype = hereprofile.runs_dtype(runs)
-            shapes = kernels.vision_rows(kernels.load(kernels.SHIPPED)) + herebench.own_shapes(
-                rows, dtype
-            )
-            table = (dtype, herebench.time_kernels(shapes, dtype, min(0.2, args.here_seconds)))
-            micro["traced"] = hererows.trace_and_fit(rows)
+            dtype = profile_file.runs_dtype(runs)
+            shapes = kernel_table.vision_rows(
+                kernel_table.load(kernel_table.SHIPPED)
+            ) + device_rates.own_shapes(rows, dtype)
+            table = (dtype, device_rates.time_kernels(shapes, dtype, min(0.2, args.here_seconds)))
+            micro["traced"] = model_runs.trace_and_fit(rows)
             if not getattr(args, "here_fit", None):  # what the table and traces do not hold
                 names = (
                     TRACED_FIT if micro["traced"].get("memory_kernel_costs") else KERNEL_TABLE_FIT
@@ -120,7 +122,7 @@ def run(args) -> int:
         t2 = time.perf_counter()
         if getattr(args, "here_devices", None):
             micro["devices_here"], micro["num_devices"] = micro["num_devices"], args.here_devices
-        text = hereprofile.write_profile(args.calibrate_here, micro, runs, names, table)
+        text = profile_file.write_profile(args.calibrate_here, micro, runs, names, table)
     except ValueError as e:  # ConfigError and friends
         oneline.print_error(oneline.first_line(e))
         return 2

@@ -6,7 +6,7 @@ so the errors it leaves say less than they seem to).
 residuals, from one or more starts; `grid` picks the best of a bounded list of candidates (a
 width measured in steps); `root` finds where a decreasing function of one constant crosses a
 target by bisection in log space; `nonnegative` solves linear costs, none below 0. Every
-fitter in predict (fitting, kernels, micro, herebench, pipelinehost) calls one of them.
+fitter in predict (fitting, kernels, micro, device_rates, pipelinehost) calls one of them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 AT_BOUND = 1e-4  # in log space: within this of an upper bound is at it
 
@@ -36,7 +38,8 @@ def least_squares(
     `residuals(values)`, each at most its `upper` (none: unbounded), solved in log space from
     `start` shifted by each of `shifts` (log factors; a start beyond a bound is set just below
     it); the best of those solutions."""
-    import numpy as np
+    # imported here: the largest import `python -m jaxpar.predict` would pay at start-up
+    # (`python -X importtime -m jaxpar.predict --help`), needed only where a fit runs
     from scipy import optimize
 
     names = tuple(start)
@@ -90,8 +93,6 @@ def nonnegative(names: Sequence[str], features, target) -> Solution:
     """Linear costs `names` (one per column of `features`) that fit `target` best in least
     squares, none below 0: a negative one is dropped and the rest solved again; a column
     never used, or dropped, is 0 (at its bound)."""
-    import numpy as np
-
     features, target = np.asarray(features, float), np.asarray(target, float)
     keep = [i for i in range(len(names)) if features[:, i].any()]
     while True:

@@ -1,5 +1,5 @@
-"""--calibrate-here's profile file: the measured figures (herebench.microbenchmarks), the rows
-(hererows.model_runs), the links, the kernel table and the costs to fit written as a
+"""--calibrate-here's profile file: the measured figures (device_rates.microbenchmarks), the rows
+(model_runs.model_runs), the links, the kernel table and the costs to fit written as a
 configs/hardware/*.py file with a docstring that says where, when and how each was measured;
 then loaded back (which fits it) and its fit reported."""
 
@@ -20,8 +20,11 @@ import jax
 
 from jaxpar import configfile
 from jaxpar.errors import ConfigError
-from jaxpar.predict import calibrate, cpulinks, fitting, hererows, kernels
-from jaxpar.predict.herebench import fit_tile_width
+from jaxpar.predict.calibrate import from_runs, model_runs
+from jaxpar.predict.calibrate.device_rates import fit_tile_width
+from jaxpar.predict.comm import cpulinks
+from jaxpar.predict.kernels import kernel_table
+from jaxpar.predict.profiles import fitting
 
 DEFAULT_FIT = ("compute_efficiency", "kernel_s")
 
@@ -82,7 +85,7 @@ def _docstring(
         "",
         f"Made with:  python -m jaxpar.predict --calibrate-here {path}",
         "",
-        "Microbenchmarks on the first device (jaxpar/predict/herebench.py, best of 3 repeats):",
+        "Microbenchmarks on the first device (jaxpar/predict/calibrate/device_rates.py, best of 3 repeats):",
         *(
             f"- {d} matmul GFLOP/s by size: "
             + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in m[f"matmul_{d}"].items())
@@ -121,7 +124,7 @@ def _docstring(
         f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB",
         f"- links: {link_note}",
         *([f"- {table_note}"] if table_note else []),
-        *([hererows.traced_note(m["traced"])] if m.get("traced") else []),
+        *([model_runs.traced_note(m["traced"])] if m.get("traced") else []),
         "",
         "Calibration runs, jaxpar's one-device training step (run_setup.setup), images/sec:",
         *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
@@ -212,13 +215,13 @@ def write_profile(
     if table:
         dtype, rows = table
         csv = kernel_table_path(path)
-        kernels.write(
+        kernel_table.write(
             csv,
             rows,
             f"Convolution kernels timed on one {micro['device_kind']} in "
             f"{dtype} by python -m jaxpar.predict --calibrate-here ({len(rows)} "
             "shapes: DeepBench's image layers, then the rows' own (own_shapes); "
-            "jaxpar/predict/herebench.py time_kernels).",
+            "jaxpar/predict/calibrate/device_rates.py time_kernels).",
         )
         root = Path(configfile.ROOT).resolve()
         where = csv.resolve()
@@ -226,7 +229,7 @@ def write_profile(
             "kernel_benchmarks": str(
                 where.relative_to(root) if where.is_relative_to(root) else where
             ),
-            "kernel_fit": kernels.DEFAULT_FIT,
+            "kernel_fit": kernel_table.DEFAULT_FIT,
             "kernel_dtype": dtype,
             # its rows' own layers among them: a step's kernels of those layers at their
             # measured times (hardware.Kernels.measured_kernels)
@@ -235,7 +238,7 @@ def write_profile(
         table_note = (
             f"convolution kernels ({len(rows)} shapes, forward and both gradients, "
             f"{dtype}) timed into {csv.name}: the matrix kernels' costs "
-            f"({', '.join(kernels.DEFAULT_FIT)}), fitted to them as the profile loads"
+            f"({', '.join(kernel_table.DEFAULT_FIT)}), fitted to them as the profile loads"
         )
     fmt = lambda v: pprint.pformat(v, width=96, sort_dicts=False)
     source = "".join(
@@ -270,8 +273,11 @@ def fit_report(path) -> str:
     as the predictor compiles them: on an accelerator, in a CPU-only subprocess."""
     if jax.devices()[0].platform == "cpu":
         profile, c = fitting.load_profile(path), configfile.load(str(path))
-        return calibrate.report(profile, [dict(r) for r in c.calibration_runs], tuple(c.fit))
-    code = "import sys; from jaxpar.predict import hereprofile; print(hereprofile.fit_report(sys.argv[1]))"
+        return from_runs.report(profile, [dict(r) for r in c.calibration_runs], tuple(c.fit))
+    code = (
+        "import sys; from jaxpar.predict.calibrate import profile_file; "
+        "print(profile_file.fit_report(sys.argv[1]))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code, str(Path(path).resolve())],
         check=False,

@@ -28,8 +28,8 @@ from __future__ import annotations
 import dataclasses
 
 from jaxpar import hlo
-from jaxpar.predict import library
-from jaxpar.predict.matrix import KINDS, THIN, Matmul, conv_keys, matmul
+from jaxpar.predict.kernels import library
+from jaxpar.predict.kernels.matrix import KINDS, THIN, Matmul, conv_keys, matmul
 
 __all__ = [
     "CLASS_FALLBACK",
@@ -46,7 +46,7 @@ __all__ = [
     "cpu_class",
     "kernel_bytes",
     "largest_reduction",
-    "library_call",
+    "matmuls_of",
     "matrix_classes",
     "memory_class",
     "reduction_class",
@@ -102,12 +102,14 @@ class OpClasses:
         return self.matmul_flops + self.conv3x3_flops
 
 
-# Classes of memory-bound GPU kernels, whose costs differ on the same bytes (measured in an
-# H100's kernel traces, docs/predict.md): a reduction (BatchNorm's statistics, a bias
+# Classes of memory-bound GPU kernels, whose costs differ on the same bytes (read from a GPU's
+# kernel traces: benchmarks/gpu_traces.sh and benchmarks/reduce_micro.py, see docs/predict.md,
+# which also gives the thresholds' origin): a reduction (BatchNorm's statistics, a bias
 # gradient), a reduction into few results (reduce_few: fewer than FEW_RESULTS, each summing at
 # least FEW_LENGTH elements, which XLA:GPU spreads over its results alone, so that its rate is
-# its results times one lane's: OpClasses.lane_bytes), a transpose (a weight into cuDNN's layout), a window (pooling and
-# its gradient: each input read by several outputs), and everything else elementwise.
+# its results times one lane's: OpClasses.lane_bytes), a transpose (a weight into cuDNN's
+# layout), a window (pooling and its gradient: each input read by several outputs), and
+# everything else elementwise.
 # On a CPU, generate: an elementwise kernel that writes an array of GENERATES or more times
 # the bytes it reads (XLA:CPU's iotas and broadcasts of the max-pool gradients), which runs at
 # a rate of its own there (cpu_class).
@@ -145,18 +147,13 @@ def matrix_classes(mm: Matmul | None) -> OpClasses:
     return OpClasses(matmul_flops=mm.flops, matmuls=(mm,))
 
 
-def library_call(result: str, rest: str, types: dict[str, str]) -> OpClasses:
-    """A cuDNN convolution or cuBLAS product of an XLA:GPU program (library.library_call)."""
-    return matrix_classes(library.library_call(result, rest, types))
-
-
 def matmuls_of(ins: hlo.Instruction, program: hlo.Program) -> list[Matmul]:
     """The matrix kernels an instruction runs: a convolution or dot, a cuDNN or cuBLAS call
-    (XLA:GPU's form), or those a fusion holds."""
+    (XLA:GPU's form), or those a fusion holds (the one walk over a fusion's kernels)."""
     if ins.opcode in ("convolution", "dot"):
         return [matmul(ins, program.types)]
     if ins.opcode == "custom-call":
-        call = library.library_call(ins.type, ins.rest, program.types)
+        call = library.library_matmul(ins, program.types)
         return [call] if call is not None else []
     if ins.opcode != "fusion":
         return []
@@ -169,20 +166,10 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
     program = hlo.parse(text)
     types = program.types
 
-    def inner(name: str, seen: frozenset = frozenset()) -> OpClasses:
-        total = OpClasses()
-        for ins in program.body(name):
-            if ins.opcode in ("convolution", "dot"):
-                total = total + matrix_classes(matmul(ins, types))
-            for callee in ins.callees:
-                if callee not in seen:
-                    total = total + inner(callee, seen | {name})
-        return total
-
     def walk(name: str, seen: frozenset = frozenset()) -> OpClasses:
         out = OpClasses()
         for ins in program.body(name):
-            result, op, rest = ins.type, ins.opcode, ins.rest
+            op = ins.opcode
             if op in _FREE or op.removesuffix("-start") in hlo.KINDS or op.endswith("-done"):
                 continue  # collectives are priced by their bytes and links, not here
             if op in _CONTROL:
@@ -190,20 +177,14 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
                     if callee not in seen:
                         out = out + walk(callee, seen | {name})
                 continue
-            if op in ("convolution", "dot"):
-                mm = matrix_classes(matmul(ins, types))
-            elif op == "custom-call":  # a cuDNN or cuBLAS call (another custom call: none)
-                mm = library_call(result, rest, types)
-            elif op == "fusion":
-                mm = sum((inner(c) for c in ins.callees), OpClasses())
-            else:
-                mm = OpClasses()
+            # a convolution or dot, a cuDNN or cuBLAS call, a fusion holding them
+            mm = sum(map(matrix_classes, matmuls_of(ins, program)), OpClasses())
             if mm.flops:
                 out = out + mm + OpClasses(kernels=1)
                 continue
-            kind, results = memory_class(op, rest, program)
-            kind = cpu_class(kind, result, rest, types) if compiler == "cpu" else kind
-            moved = kernel_bytes(result, rest, types, kind)
+            kind, results = memory_class(ins, program)
+            kind = cpu_class(kind, ins, types) if compiler == "cpu" else kind
+            moved = kernel_bytes(ins, types, kind)
             lane = moved / results if kind == "reduce_few" else 0.0
             out = out + OpClasses(
                 memory_bytes=moved, kernels=1, lane_bytes=lane, memory_classes=((kind, moved, 1),)
@@ -213,16 +194,16 @@ def classify(text: str, compiler: str = "cpu") -> OpClasses:
     return walk("ENTRY")
 
 
-def kernel_bytes(result: str, rest: str, types: dict[str, str], kind: str) -> float:
+def kernel_bytes(ins: hlo.Instruction, types: dict[str, str], kind: str) -> float:
     """Bytes a memory-bound kernel moves: its result and its operands, where an elementwise or
     transposing kernel reads at most one element of an operand per element of its result (a
     slice of a concatenation's gradient reads the slice, not the whole operand; XLA computes a
     loop fusion's expression at its result's indices only). Reductions and windows read whole
     operands."""
-    out = hlo.shape_bytes(result)
-    each = hlo.largest_elements(result)
+    out = hlo.shape_bytes(ins.type)
+    each = hlo.largest_elements(ins.type)
     total = float(out)
-    for a in set(hlo.operands(rest)):
+    for a in set(ins.operands):
         if a not in types:
             continue
         size = hlo.shape_bytes(types[a])
@@ -233,52 +214,52 @@ def kernel_bytes(result: str, rest: str, types: dict[str, str], kind: str) -> fl
     return total
 
 
-def cpu_class(kind: str, result: str, rest: str, types: dict[str, str]) -> str:
+def cpu_class(kind: str, ins: hlo.Instruction, types: dict[str, str]) -> str:
     """A CPU kernel's class: `kind` (memory_class), or generate where an elementwise kernel
     writes GENERATES or more times the bytes it reads (MEMORY_CLASSES)."""
     if kind != "elementwise":
         return kind
-    reads = sum(hlo.shape_bytes(types[a]) for a in set(hlo.operands(rest)) if a in types)
-    return "generate" if reads * GENERATES <= hlo.shape_bytes(result) else kind
+    reads = sum(hlo.shape_bytes(types[a]) for a in set(ins.operands) if a in types)
+    return "generate" if reads * GENERATES <= hlo.shape_bytes(ins.type) else kind
 
 
-def memory_class(op: str, rest: str, program: hlo.Program) -> tuple[str, int]:
-    """A memory-bound kernel's class (MEMORY_CLASSES) from what its instruction (`op`, the rest
-    of its line) holds, with its results where that is reduce_few (else 1): a window (pooling,
-    its gradient, a scatter), a transpose (or a reversal), a reduction, or elementwise."""
-    ops, todo = set(), [(op, rest)]
+def memory_class(ins: hlo.Instruction, program: hlo.Program) -> tuple[str, int]:
+    """A memory-bound kernel's class (MEMORY_CLASSES) from what its instruction holds, with its
+    results where that is reduce_few (else 1): a window (pooling, its gradient, a scatter), a
+    transpose (or a reversal), a reduction, or elementwise."""
+    ops, todo = set(), [ins]
     while todo:
-        o, r = todo.pop()
-        ops.add(o)
-        todo += [(i.opcode, i.rest) for c in hlo.callees(r) for i in program.body(c)]
+        i = todo.pop()
+        ops.add(i.opcode)
+        todo += [inner for c in i.callees for inner in program.body(c)]
     if ops & {"reduce-window", "select-and-scatter", "scatter"}:
         return "window", 1
     if ops & {"transpose", "reverse"}:
         return "transpose", 1
     if "reduce" not in ops:
         return "elementwise", 1
-    _, results, length, row = largest_reduction(rest, program)
+    _, results, length, row = largest_reduction(ins, program)
     if row or results == 1:
         return "reduce", 1
     kind = reduction_class(results, length)
     return kind, results if kind == "reduce_few" else 1
 
 
-def largest_reduction(rest: str, program: hlo.Program) -> tuple[int, int, int, bool]:
+def largest_reduction(ins: hlo.Instruction, program: hlo.Program) -> tuple[int, int, int, bool]:
     """(elements read, results, elements summed into each, row) of the largest reduction in the
-    computations an instruction (the rest of its line) calls, row when it sums along its
+    computations an instruction calls, row when it sums along its
     operand's minor dimension (XLA:GPU's row reduction: a warp or a block per result);
     (0, 1, 1, False) if it holds none."""
-    best, todo = (0, 1, 1, False), list(hlo.callees(rest))
+    best, todo = (0, 1, 1, False), list(ins.callees)
     while todo:
         body = program.body(todo.pop())
         types = {i.name: i.type for i in body}
-        for ins in body:
-            todo += ins.callees if ins.opcode == "fusion" else []
-            args = ins.operands
-            if ins.opcode == "reduce" and args and args[0] in types:
-                read, results = hlo.elements(types[args[0]]), max(hlo.elements(ins.type), 1)
+        for inner in body:
+            todo += inner.callees if inner.opcode == "fusion" else []
+            args = inner.operands
+            if inner.opcode == "reduce" and args and args[0] in types:
+                read, results = hlo.elements(types[args[0]]), max(hlo.elements(inner.type), 1)
                 minor = hlo.minor_dim(types[args[0]])
-                row = minor is not None and int(minor) in ins.ints("dimensions")
+                row = minor is not None and int(minor) in inner.ints("dimensions")
                 best = max(best, (read, results, read // results, row))
     return best

@@ -1,0 +1,2 @@
+"""Hardware profiles: a machine described as data (hardware), loaded and fitted to its measured
+runs (fitting, calibration_runs, with the constants' solver: solve)."""
