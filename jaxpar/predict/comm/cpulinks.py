@@ -4,8 +4,9 @@
 
 Collectives inside the step on cores the devices share (`measure_collective_cpu`). This CPU's
 8 simulated devices run on 2 cores, so a collective between a step's layers is work on those
-cores: a tensor split's step burns 21 CPU-ms a device more than a data split's at the same
-FLOPs, its cores busier, not idler (`git show 27339c8:docs/predict.md`, "Where the tensor rows' time goes").
+cores: a tensor split's step burns more CPU time a device than a data split's at the same
+FLOPs, its cores busier, not idler (`git show 27339c8:docs/predict.md`, "Where the tensor
+rows' time goes").
 Measured: on all the devices, layers of `x = tanh(conv(all_gather(x)))` (a column-parallel
 layer) and of `x = tanh(psum(conv(x)))` (a row-parallel one), each beside the same program
 with the collective replaced by local work of the same shape (the gathered copies made
