@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import pytest
-from util import tiny_config
 
 from jaxpar import optim, run_setup, trainer
 from jaxpar.errors import ConfigError
@@ -21,6 +20,7 @@ from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import Reference
 from jaxpar.target.steps import TracePoint
 from jaxpar.target.sync_factors import sync_factor
+from tests.util import tiny_config
 
 
 def test_estimator_recovers_the_closed_form_of_linear_regression():
@@ -78,7 +78,8 @@ def test_a_constant_trace_is_the_papers_steps_model():
     2.11) through the reference, and E(B) = B S(B) = E_min (1 + B / B_noise)."""
     ref = _reference([(256.0,)] * 500, noise=256.0)
     assert ref.steps(64) == pytest.approx(500)
-    s_min = 500 / (1 + 256 / 64)
+    s_min = 500 / (1 + 256 / 64)  # 100 steps at an infinite batch
+    assert ref.min_steps == pytest.approx(100)
     for b in (16, 256, 1024):
         assert ref.steps(b) == pytest.approx(s_min * (1 + 256 / b))
         assert ref.steps(b) == pytest.approx(ref.steps_one_average(b))
