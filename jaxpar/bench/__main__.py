@@ -47,6 +47,8 @@ import sys
 
 from jaxpar import configfile, log, oneline
 from jaxpar import suites as suite_lib
+from jaxpar.bench import row as row_lib
+from jaxpar.bench.outdir import MANIFEST, Refused
 from jaxpar.errors import ConfigError
 
 
@@ -79,7 +81,8 @@ def main(argv: list[str]) -> int:
     if args._row is not None:
         return _one_row(args, overrides)
 
-    from jaxpar.bench.outdir import Refused
+    # the sweep imports JAX (seconds), which a --_row process may only import once it has
+    # set XLA_FLAGS: here, after that branch
     from jaxpar.bench.runner import Sweep
 
     if args.suite is None:  # the suite (and, given no --config, the overrides) OUT holds
@@ -113,8 +116,6 @@ def main(argv: list[str]) -> int:
 def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
     """The suite OUT/sweep.json records (else partitionings) and, when the command line gives
     no --config, the overrides it records: a rerun with --out alone resumes OUT as it was."""
-    from jaxpar.bench.outdir import MANIFEST
-
     path = os.path.join(out, MANIFEST)
     if not os.path.exists(path):
         return "partitionings", overrides
@@ -127,8 +128,6 @@ def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
 
 
 def _one_row(args, overrides) -> int:
-    from jaxpar.bench import row as row_lib
-
     spec = suite_lib.load_suite(args.suite)
     (entry,) = [r for r in spec.rows if r["name"] == args._row]
     config = suite_lib.row_config(spec, entry, overrides)

@@ -94,7 +94,7 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
         if is_study:
             print("accuracy study (rows of one setting under several seeds folded):\n" + study)
         if sweep.plots:
-            from jaxpar.bench import plots as plots_lib  # matplotlib only at the end
+            from jaxpar.bench import plots as plots_lib  # matplotlib's start-up: at the end only
 
             made = plots_lib.plot_all(table, sweep.out)
             print("plots: " + ", ".join(made) if made else "plots: none for these rows")

@@ -20,7 +20,7 @@ def run_row(config, workdir: str, result_path: str, profile: bool = False) -> No
     """Train `config` and write the summary (plus the machine) to `result_path`. MFU is
     reported where jaxpar.peak_flops knows the device's peak."""
     configfile.set_host_device_count(config.host_device_count)
-    import jax  # only now: XLA_FLAGS must be set first
+    import jax  # only now, and what imports it: XLA_FLAGS must be set first
 
     from jaxpar import config as config_lib
     from jaxpar import data, trainer

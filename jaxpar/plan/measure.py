@@ -17,9 +17,17 @@ from jaxpar.plan.candidates import candidate_of
 
 
 def measure(
-    args, config_file, config, overrides, top, profile_path, profile, out: Path
+    config_file: str,
+    config,
+    overrides: dict,
+    top: list[dict],
+    profile_path: str,
+    profile,
+    out: Path,
+    steps: int = 20,
 ) -> list[dict]:
-    """Run `top` through the bench on this machine; print predicted against measured."""
+    """Run `top` through the bench on this machine, `steps` steps a row; print predicted
+    against measured."""
     this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.cpu.compute_pool)
     if not this_machine:
         print(
@@ -43,8 +51,8 @@ def measure(
         )
     common = {
         **overrides,
-        "num_train_steps": args.measure_steps,
-        "log_every_steps": max(1, args.measure_steps // 4),
+        "num_train_steps": steps,
+        "log_every_steps": max(1, steps // 4),
         "eval_every_steps": 0,
         "checkpoint_every_steps": 0,
     }

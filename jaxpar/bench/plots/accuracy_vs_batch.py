@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxpar.bench import accuracy
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
@@ -10,8 +11,6 @@ def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
     """Test error (1 - accuracy, log scale, so that 1.5% and 50% both read) against global
     batch, one line per recipe (group) with two batches or more; bars span the seeds' min-max;
     the published figures (a suite's `reference`) in black."""
-    from jaxpar.bench import accuracy  # the study folds repeated seeds
-
     entries = [e for e in accuracy.study(common.ok(rows)) if e["accuracy"] is not None]
     batches = lambda es: {e["global_batch_size"] for e in es}
     lines = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxpar.bench import predicted
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
@@ -11,8 +12,6 @@ LABELLED = 3  # the rows with the largest |error| named on the plot
 
 def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     """Predicted against measured images/sec, log-log, for the rows that have both figures."""
-    from jaxpar.bench import predicted  # the errors' summary (pure functions)
-
     rows = [r for r in common.ok(rows) if r.get("predicted_error") is not None]
     if not rows:
         return False
