@@ -250,7 +250,7 @@ def _main(args, overrides: dict) -> int:
                 ],
                 "recommendation": recommendation,
                 "command": cmd,
-                "measured": measured,
+                "measured": None if measured is None else [m.as_record() for m in measured],
                 **(to_target or {}),
             },
             default=str,

@@ -86,18 +86,16 @@ def rank_to_target(
                 continue
         rows += to_target.rows_to_target(found.rows, b, reference, config, search.memory_limit)
     rows += to_target.schedule_rows(rows, reference, int(config.goodput.every_steps))
-    ranked, fastest = to_target.rank(rows, config.global_batch_size)
-    print("\n" + "\n".join(to_target.table(ranked, top)))
-    print(to_target.verdict(ranked, fastest))
-    skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
+    ranking = to_target.rank(rows, config.global_batch_size)
+    print("\n" + "\n".join(to_target.table(ranking.ranked, top)))
+    print(to_target.verdict(ranking.ranked, ranking.pick))
+    skipped = {r.sync_mode for r in rows if r.skipped_reason}
     if skipped:
         print(
             f"left out: {', '.join(sorted(skipped))} (no step factor for its setting: measure "
             "them on this model with --calibrate-sync)"
         )
-    fallback = {
-        r["sync_mode"] for r in rows if r.get("sync_factor_source") == "LeNet/digits constants"
-    }
+    fallback = {r.sync_mode for r in rows if r.sync_factor_source == "LeNet/digits constants"}
     if fallback:
         print(
             f"note: the steps of {', '.join(sorted(fallback))} use step factors measured on "
@@ -107,6 +105,6 @@ def rank_to_target(
     return {
         "target_accuracy": accuracy,
         "reference": reference.as_record(),
-        "to_target_rows": rows,
-        "to_target_ranked": [r["name"] for r in ranked],
+        "to_target_rows": [r.as_record() for r in ranking.rows],
+        "to_target_ranked": [r.name for r in ranking.ranked],
     }
