@@ -60,8 +60,8 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
         write_json(
             os.path.join(sweep.out, "time_to_target.json"),
             {
-                "model": ttt_model,
-                "summary": ttt_lib.summary(table),
+                "model": ttt_model.as_record() if ttt_model is not None else None,
+                "summary": ttt_lib.summary(table).as_record(),
                 "rows": [
                     {
                         k: r.get(k)

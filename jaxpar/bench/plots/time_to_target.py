@@ -95,6 +95,6 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     bx.xaxis.set_minor_formatter(plain)
     bx.set_xlabel("training seconds to target (evaluations and compile excluded)")
 
-    rho = ttt.summary(rows)["spearman_time"]
+    rho = ttt.summary(rows).spearman_time
     rho_text = "n/a" if rho is None else f"{rho:.2f}"
     return common.finish(fig, bx, path, f"time to target per setup (Spearman rho {rho_text})", 7)

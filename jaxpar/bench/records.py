@@ -1,0 +1,52 @@
+"""The bench's typed records beside its rows, as the sweep writes them: the time-to-target
+study's reference model and its summary (OUT/time_to_target.json's "model" and "summary").
+Each is written by `as_record` and read back by `of_record`; the keys are the file's."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetModel:
+    """The steps model a time-to-target study predicts from: its reference row's run."""
+
+    reference_row: str  # the row's name
+    batch: int  # its global batch
+    steps: int  # its steps to the target
+    base_batch: int  # the batch its progress counts steps of
+    progress: float  # progress to the target, in steps at the base batch
+    noise_scale: float  # one B_noise for the whole run
+    min_steps: float  # the one-average model's steps at an infinite batch
+    phases: list[tuple[int, int, float]]  # (first step, last step, mean B_simple) by fifths
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> TargetModel:
+        return cls(**{**record, "phases": [tuple(p) for p in record["phases"]]})
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSummary:
+    """How well the study's predictions ranked and matched the rows: Spearman's rank
+    correlation of predicted against measured time over the rows with both, and the median
+    and largest |error| of each prediction (None without any)."""
+
+    rows_compared: int
+    spearman_time: float | None
+    median_abs_predicted_steps_error: float | None
+    max_abs_predicted_steps_error: float | None
+    median_abs_predicted_steps_one_average_error: float | None
+    max_abs_predicted_steps_one_average_error: float | None
+    median_abs_predicted_time_error: float | None
+    max_abs_predicted_time_error: float | None
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> TargetSummary:
+        return cls(**record)
