@@ -50,3 +50,27 @@ class TargetSummary:
     @classmethod
     def of_record(cls, record: dict[str, Any]) -> TargetSummary:
         return cls(**record)
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyEntry:
+    """One setting of an accuracy study (accuracy.md): the rows sharing a label, its seeds,
+    folded into one line, the published figure beside it."""
+
+    label: str
+    group: str  # the recipe
+    global_batch_size: int | None
+    num_devices: int | None
+    seeds: int  # rows run
+    seeds_ok: int  # of those, rows that finished with an accuracy
+    error: str | None  # the first failed seed's one-line error
+    accuracy: float | None  # mean test accuracy over the seeds that finished
+    accuracy_min: float | None
+    accuracy_max: float | None
+    train_accuracy: float | None  # mean accuracy on the train split (inference mode)
+    gap: float | None  # mean train - test gap
+    final_loss: float | None  # mean final train loss
+    epochs: float | None
+    steps: int | None
+    seconds_per_epoch: float | None
+    reference: float | tuple[float, float] | None  # the published figure or (low, high)
