@@ -74,3 +74,17 @@ class AccuracyEntry:
     steps: int | None
     seconds_per_epoch: float | None
     reference: float | tuple[float, float] | None  # the published figure or (low, high)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictionSummary:
+    """Predicted against measured images/sec over the rows with both: their count, the median
+    and mean |error|, the worst row and its signed error, Spearman's rho (None without
+    rows)."""
+
+    n: int
+    median_abs_error: float | None = None
+    mean_abs_error: float | None = None
+    worst: str | None = None
+    worst_error: float | None = None
+    spearman: float | None = None

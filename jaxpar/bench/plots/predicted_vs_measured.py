@@ -58,9 +58,9 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     profile = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), "")
     ax.set_ylabel(f"predicted images/sec\n{profile}" if profile else "predicted images/sec")
     s = predicted.prediction_summary(rows)
-    rho = "n/a" if s["spearman"] is None else f"{s['spearman']:.2f}"
+    rho = "n/a" if s.spearman is None else f"{s.spearman:.2f}"
     title = (
-        f"predicted against measured images/sec\n{s['n']} rows: median |error| "
-        f"{100 * s['median_abs_error']:.1f}%, Spearman rho {rho}"
+        f"predicted against measured images/sec\n{s.n} rows: median |error| "
+        f"{100 * s.median_abs_error:.1f}%, Spearman rho {rho}"
     )
     return common.finish(fig, ax, path, title, 8, loc="upper left")
