@@ -13,7 +13,7 @@ import sys
 
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
-from jaxpar.bench.records import PredictionSummary
+from jaxpar.bench.records import Prediction, PredictionSummary
 from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
 from jaxpar.stats import spearman
@@ -106,11 +106,11 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
     measured memory per device - 1 (the measured one is the compiled program's, exact); the
     predicted images/sec is capped at the row's measured loader capacity. A row
     the predictor did not return keeps None; one it failed on gets its status and message."""
-    by_name = {p["name"]: p for p in predicted}
+    by_name = {p.name: p for p in map(Prediction.of_record, predicted)}
     for r in rows:
-        p = by_name.get(r["name"], {})
+        p = by_name.get(r["name"], Prediction(r["name"]))
         for theirs, mine in PREDICTED.items():
-            r[mine] = p.get(theirs)
+            r[mine] = getattr(p, theirs)
         if r["predicted_status"] != "ok":  # a failed prediction carries no figures
             for mine in PREDICTED.values():
                 if mine not in ("predicted_profile", "predicted_status", "predicted_failure"):
