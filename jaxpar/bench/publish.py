@@ -14,6 +14,7 @@ from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt_lib
+from jaxpar.bench.records import Machine
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
 from jaxpar.target import reading
@@ -140,8 +141,5 @@ def _machine(records: dict[str, dict]) -> str:
     for reps in records.values():
         for r in reps.values():
             if m := r.get("machine"):
-                return (
-                    f"{m['devices_present']} {m['backend']} devices ({m['device_kind']}) on "
-                    f"{m['cpu_cores']} CPU cores, JAX {m['jax']}"
-                )
+                return Machine.of_record(m).describe()
     return ""

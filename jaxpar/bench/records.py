@@ -115,3 +115,29 @@ class Prediction:
     def of_record(cls, record: dict[str, Any]) -> Prediction:
         """The fields the bench reads of one predictions.json row (the rest left there)."""
         return cls(**{f.name: record.get(f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What a row ran on, stored with its record (OUT/rows/*.json's "machine")."""
+
+    jax: str
+    backend: str
+    device_kind: str
+    devices_present: int
+    cpu_cores: int | None
+    processor: str
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> Machine:
+        return cls(**record)
+
+    def describe(self) -> str:
+        """The machine in one line, above the results table."""
+        return (
+            f"{self.devices_present} {self.backend} devices ({self.device_kind}) on "
+            f"{self.cpu_cores} CPU cores, JAX {self.jax}"
+        )
