@@ -79,7 +79,7 @@ def main(argv: list[str]) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     if args._row is not None:
-        return _one_row(args, overrides)
+        return _one_row(args.suite, args._row, args._repeat, args.out, overrides, args.profile)
 
     # the sweep imports JAX (seconds), which a --_row process may only import once it has
     # set XLA_FLAGS: here, after that branch
@@ -127,16 +127,20 @@ def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
     return suite, overrides or dict(manifest.get("overrides") or {})
 
 
-def _one_row(args, overrides) -> int:
-    spec = suite_lib.load_suite(args.suite)
-    (entry,) = [r for r in spec.rows if r["name"] == args._row]
+def _one_row(
+    suite: str, name: str, repeat: int, out: str, overrides: dict, profile: bool = False
+) -> int:
+    """Row `name` of `suite`, repeat `repeat`, run in this process into OUT/runs and
+    OUT/rows."""
+    spec = suite_lib.load_suite(suite)
+    (entry,) = [r for r in spec.rows if r["name"] == name]
     config = suite_lib.row_config(spec, entry, overrides)
-    base = f"{suite_lib.slug(entry['name'])}.r{args._repeat}"
+    base = f"{suite_lib.slug(entry['name'])}.r{repeat}"
     row_lib.run_row(
         config,
-        workdir=f"{args.out}/runs/{base}",
-        result_path=f"{args.out}/rows/{base}.json",
-        profile=args.profile,
+        workdir=f"{out}/runs/{base}",
+        result_path=f"{out}/rows/{base}.json",
+        profile=profile,
     )
     return 0
 
