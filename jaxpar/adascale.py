@@ -6,7 +6,7 @@ scale's, `GradNoise`), turns them into the unbiased estimates of |G|^2 and tr(Si
 (noise_scale.unbiased), smooths each with a bias-corrected moving average, and scales the
 update by
 
-    -lr(progress) x r,     r = the gain at scale S = B / B0 (jaxpar/target/gain.py)
+    -lr(progress) x r,     r = the gain at scale S = B / B0 (jaxpar/gain.py)
 
 where lr is the run's schedule read at the scale-invariant progress rather than at the step
 count, and progress advances by r each step. At S = 1 the gain is exactly 1, the progress is
@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxpar import gain as gain_lib
 from jaxpar.noise_scale import unbiased
-from jaxpar.target import gain as gain_lib
 
 
 class GradNoise(NamedTuple):

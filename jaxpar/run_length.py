@@ -34,7 +34,7 @@ class Length:
     def rebase(self, step: int, batch: int) -> None:
         """From `step` on the run's batch is `batch` (a goodput schedule moved it)."""
         scale = batch / self.base
-        # every gain lies between min(1, S) and max(1, S) (jaxpar/target/gain.py)
+        # every gain lies between min(1, S) and max(1, S) (jaxpar/gain.py)
         self.max_gain, self.min_gain = max(1.0, scale), min(1.0, scale)
         # the most steps the run can take: at the smallest gain every step
         left = max(self.total - self.progress, 0.0)

@@ -9,8 +9,8 @@ import optax
 import pytest
 
 from jaxpar import adascale, metrics, run_setup, trainer
+from jaxpar import gain as gain_lib
 from jaxpar.errors import ConfigError
-from jaxpar.target import gain as gain_lib
 from tests.util import max_rel_error, run_steps, tiny_config
 
 

@@ -87,12 +87,12 @@ def test_the_study_folds_seeds_and_sets_the_reference_beside():
         _row("throughput", "", "data", 128, 0.9) | {"scaling": "strong"},
     ]
     entries = accuracy.study(rows)
-    assert [e["label"] for e in entries] == ["fixed 128", "b"]  # throughput rows left out
+    assert [e.label for e in entries] == ["fixed 128", "b"]  # throughput rows left out
     first = entries[0]
-    assert (first["seeds"], first["seeds_ok"]) == (3, 2)
-    assert first["accuracy"] == pytest.approx(0.975)
-    assert (first["accuracy_min"], first["accuracy_max"]) == (0.97, 0.98)
-    assert first["train_accuracy"] == pytest.approx(0.985)
+    assert (first.seeds, first.seeds_ok) == (3, 2)
+    assert first.accuracy == pytest.approx(0.975)
+    assert (first.accuracy_min, first.accuracy_max) == (0.97, 0.98)
+    assert first.train_accuracy == pytest.approx(0.985)
     table = accuracy.markdown(entries, "seed 002")
     assert "| seed 002 |" in table.splitlines()[0]
     assert "0.9750 (0.9700-0.9800, 2 seeds); 1 failed: boom | 0.9884-0.9905 |" in table

@@ -645,12 +645,12 @@ def test_predictions_merged_with_their_errors():
 def test_prediction_summary_and_table_on_known_rows():
     rows = predicted.merge_predictions(_measured_rows(), _predictions())
     s = predicted.prediction_summary(rows)
-    assert s["n"] == 3  # one, two, pipe: the failed measurement and prediction are left out
-    assert s["median_abs_error"] == pytest.approx(0.2)
-    assert s["mean_abs_error"] == pytest.approx(0.8 / 3)
-    assert (s["worst"], s["worst_error"]) == ("pipe", pytest.approx(0.5))
+    assert s.n == 3  # one, two, pipe: the failed measurement and prediction are left out
+    assert s.median_abs_error == pytest.approx(0.2)
+    assert s.mean_abs_error == pytest.approx(0.8 / 3)
+    assert (s.worst, s.worst_error) == ("pipe", pytest.approx(0.5))
     # measured 100, 200, 50 against predicted 110, 160, 75: the same order
-    assert s["spearman"] == pytest.approx(1.0)
+    assert s.spearman == pytest.approx(1.0)
     line = predicted.summary_line(rows)
     assert line == (
         "images/sec error over the 3 rows with both figures: median |error| 20.0%, mean "
@@ -680,7 +680,7 @@ def test_prediction_summary_and_table_on_known_rows():
 
 def test_prediction_summary_without_any_pair():
     rows = predicted.merge_predictions(_measured_rows()[3:], _predictions()[3:])
-    assert predicted.prediction_summary(rows)["n"] == 0
+    assert predicted.prediction_summary(rows).n == 0
     assert predicted.summary_line(rows) == (
         "images/sec error: no row has both a measured and a predicted images/sec"
     )

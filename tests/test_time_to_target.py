@@ -4,23 +4,25 @@ runs, and the one-line refusals of a plan from a run that cannot be planned from
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
 
 import numpy as np
 import pytest
-from util import tiny_config
 
 from jaxpar import optim, run_setup, trainer
 from jaxpar.errors import ConfigError
 from jaxpar.noise_scale import NoiseScale
 from jaxpar.plan import to_target
+from jaxpar.plan.records import TargetRow
 from jaxpar.target import reading
 from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import Reference
 from jaxpar.target.steps import TracePoint
 from jaxpar.target.sync_factors import sync_factor
+from tests.util import tiny_config
 
 
 def test_estimator_recovers_the_closed_form_of_linear_regression():
@@ -78,7 +80,8 @@ def test_a_constant_trace_is_the_papers_steps_model():
     2.11) through the reference, and E(B) = B S(B) = E_min (1 + B / B_noise)."""
     ref = _reference([(256.0,)] * 500, noise=256.0)
     assert ref.steps(64) == pytest.approx(500)
-    s_min = 500 / (1 + 256 / 64)
+    s_min = 500 / (1 + 256 / 64)  # 100 steps at an infinite batch
+    assert ref.min_steps == pytest.approx(100)
     for b in (16, 256, 1024):
         assert ref.steps(b) == pytest.approx(s_min * (1 + 256 / b))
         assert ref.steps(b) == pytest.approx(ref.steps_one_average(b))
@@ -250,18 +253,22 @@ def test_from_run_refusals_are_one_line(tmp_path):
     assert [p.noise_scale for p in ref.trace[:11:5]] == [50.0, 50.0, pytest.approx(50 + 100 / 90)]
 
 
-def _row(batch, step_s, steps, sync="allreduce", fits=True):
-    return {
-        "name": f"B={batch} {sync}",
-        "candidate": sync,
-        "global_batch_size": batch,
-        "sync_mode": sync,
-        "step_s": step_s,
-        "images_per_sec": batch / step_s,
-        "fits": fits,
-        "steps_to_target": steps,
-        "time_to_target_s": None if steps is None else steps * step_s,
-    }
+def _row(batch, step_s, steps, sync="allreduce", fits=True, mesh_shape=(1, 1, 1)):
+    return TargetRow(
+        name=f"B={batch} {sync}",
+        candidate=sync,
+        mesh_axes=["data"],
+        mesh_shape=list(mesh_shape),
+        global_batch_size=batch,
+        sync_mode=sync,
+        step_s=step_s,
+        images_per_sec=batch / step_s,
+        memory_bytes_per_device=1.0,
+        fits=fits,
+        learning_rate=None,
+        steps_to_target=steps,
+        time_to_target_s=None if steps is None else steps * step_s,
+    )
 
 
 def test_ranking_by_time_to_target_and_what_decides():
@@ -271,11 +278,12 @@ def test_ranking_by_time_to_target_and_what_decides():
         _row(1024, 0.020, 60, fits=False),  # would be soonest, but does not fit
         _row(128, 0.012, None, sync="async"),  # no multiplier: not ranked
     ]
-    ranked, pick = to_target.rank(rows, 128)
-    assert [r["time_to_target_s"] for r in ranked] == [pytest.approx(3.0), pytest.approx(4.0)]
-    assert pick is rows[0]
-    assert ranked[0]["decided_by"] == "steps"
-    assert rows[2]["decided_by"] == "memory"
+    ranking = to_target.rank(rows, 128)
+    ranked, pick = ranking.ranked, ranking.pick
+    assert [r.time_to_target_s for r in ranked] == [pytest.approx(3.0), pytest.approx(4.0)]
+    assert pick.name == rows[0].name and pick.step_s == rows[0].step_s
+    assert ranked[0].decided_by == "steps"
+    assert [r.decided_by for r in ranking.rows] == ["steps", "steps", "memory", None]
     assert "changes the winner (batch)" in to_target.verdict(ranked, pick)
     assert math.isclose(sync_factor("sharded"), 1.0)
 
@@ -395,16 +403,14 @@ def test_the_planner_ranks_a_goodput_schedule_beside_the_fixed_rows():
     ref = _reference([(10.0,)] * 60 + [(80.0,)] * 60)
     rows = []
     for batch, step_s in ((16, 0.01), (64, 0.02)):
-        row = _row(batch, step_s, ref.steps(batch))
-        row.update(mesh_shape=[8, 1, 1], mesh_axes=["data"], memory_bytes_per_device=1.0)
-        row.update(sync_steps_factor=1.0, candidate="(8,1,1) allreduce")
-        rows.append(row)
+        row = _row(batch, step_s, ref.steps(batch), mesh_shape=[8, 1, 1])
+        rows.append(dataclasses.replace(row, sync_steps_factor=1.0, candidate="(8,1,1) allreduce"))
     (schedule,) = to_target.schedule_rows(rows, ref, every=10)
-    assert [phase[1] for phase in schedule["schedule_phases"]] == [16, 64]
-    assert schedule["time_to_target_s"] < min(r["time_to_target_s"] for r in rows)
-    ranked, pick = to_target.rank([*rows, schedule], 64)
-    assert ranked[0] is schedule and pick is rows[1]
-    assert "goodput: B=16 (8,1,1) allreduce, then B=64" in to_target.table(ranked, 3)[2]
+    assert [phase[1] for phase in schedule.schedule_phases] == [16, 64]
+    assert schedule.time_to_target_s < min(r.time_to_target_s for r in rows)
+    ranking = to_target.rank([*rows, schedule], 64)
+    assert ranking.ranked[0].name == schedule.name and ranking.pick.name == rows[1].name
+    assert "goodput: B=16 (8,1,1) allreduce, then B=64" in to_target.table(ranking.ranked, 3)[2]
 
 
 def test_the_reference_cli_prints_its_trace_and_predictions(tmp_path, capsys):

@@ -71,7 +71,7 @@ def _study(monkeypatch, factors=None, goodput=False):
 
 def test_predictions_come_from_the_reference_row_along_its_trace(monkeypatch):
     table, model = _study(monkeypatch)
-    assert model["reference_row"] == "ref 64" and model["progress"] == 120
+    assert model.reference_row == "ref 64" and model.progress == 120
     by = {r["name"]: r for r in table}
     assert by["ref 64"]["predicted_steps_to_target"] == pytest.approx(120)
     # along the trace: 60 steps at B_noise 10 and 60 at 80, each (1 + phi/B) / (1 + phi/64)
@@ -118,7 +118,7 @@ def test_summary_and_plot(monkeypatch, tmp_path):
 
     table, model = _study(monkeypatch, {("local_sgd", 4): 1.25})
     s = ttt.summary(table)
-    assert s["rows_compared"] == 4
+    assert s.rows_compared == 4
     assert "Spearman" in target_table.markdown(table, model)
     assert target_table.to_csv(table).count("\n") == 5
     assert time_to_target(table, str(tmp_path / "t.png"))

@@ -47,6 +47,8 @@ import sys
 
 from jaxpar import configfile, log, oneline
 from jaxpar import suites as suite_lib
+from jaxpar.bench import row as row_lib
+from jaxpar.bench.outdir import MANIFEST, Refused
 from jaxpar.errors import ConfigError
 
 
@@ -77,9 +79,10 @@ def main(argv: list[str]) -> int:
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
     if args._row is not None:
-        return _one_row(args, overrides)
+        return _one_row(args.suite, args._row, args._repeat, args.out, overrides, args.profile)
 
-    from jaxpar.bench.outdir import Refused
+    # the sweep imports JAX (seconds), which a --_row process may only import once it has
+    # set XLA_FLAGS: here, after that branch
     from jaxpar.bench.runner import Sweep
 
     if args.suite is None:  # the suite (and, given no --config, the overrides) OUT holds
@@ -113,8 +116,6 @@ def main(argv: list[str]) -> int:
 def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
     """The suite OUT/sweep.json records (else partitionings) and, when the command line gives
     no --config, the overrides it records: a rerun with --out alone resumes OUT as it was."""
-    from jaxpar.bench.outdir import MANIFEST
-
     path = os.path.join(out, MANIFEST)
     if not os.path.exists(path):
         return "partitionings", overrides
@@ -126,18 +127,20 @@ def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
     return suite, overrides or dict(manifest.get("overrides") or {})
 
 
-def _one_row(args, overrides) -> int:
-    from jaxpar.bench import row as row_lib
-
-    spec = suite_lib.load_suite(args.suite)
-    (entry,) = [r for r in spec.rows if r["name"] == args._row]
+def _one_row(
+    suite: str, name: str, repeat: int, out: str, overrides: dict, profile: bool = False
+) -> int:
+    """Row `name` of `suite`, repeat `repeat`, run in this process into OUT/runs and
+    OUT/rows."""
+    spec = suite_lib.load_suite(suite)
+    (entry,) = [r for r in spec.rows if r["name"] == name]
     config = suite_lib.row_config(spec, entry, overrides)
-    base = f"{suite_lib.slug(entry['name'])}.r{args._repeat}"
+    base = f"{suite_lib.slug(entry['name'])}.r{repeat}"
     row_lib.run_row(
         config,
-        workdir=f"{args.out}/runs/{base}",
-        result_path=f"{args.out}/rows/{base}.json",
-        profile=args.profile,
+        workdir=f"{out}/runs/{base}",
+        result_path=f"{out}/rows/{base}.json",
+        profile=profile,
     )
     return 0
 

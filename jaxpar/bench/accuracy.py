@@ -7,22 +7,21 @@ one. Pure functions over the aggregated rows of jaxpar.bench.results (tested on 
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from jaxpar.bench.records import AccuracyEntry
 
 
-def study(rows: list[dict]) -> list[dict[str, Any]]:
+def study(rows: list[dict]) -> list[AccuracyEntry]:
     """One entry per `label` (rows sharing a label are seeds of one setting), in suite order:
     group (the recipe), batch, devices, seeds run and ok, test accuracy mean/min/max, the
     train-split accuracy, train/test gap, final train loss, epochs, steps, seconds per epoch
     and the reference. Failed seeds are counted, not averaged."""
-    out: dict[str, dict[str, Any]] = {}
+    seeds: dict[str, list[dict]] = {}
     for r in rows:
         if r["scaling"] != "none":
             continue
-        label = r.get("label") or r["name"]
-        entry = out.setdefault(label, {"label": label, "rows": []})
-        entry["rows"].append(r)
-    return [_entry(e["label"], e["rows"]) for e in out.values()]
+        seeds.setdefault(r.get("label") or r["name"], []).append(r)
+    return [_entry(label, of_label) for label, of_label in seeds.items()]
 
 
 def _mean(values: list) -> float | None:
@@ -30,30 +29,30 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _entry(label: str, rows: list[dict]) -> dict[str, Any]:
+def _entry(label: str, rows: list[dict]) -> AccuracyEntry:
     ok = [r for r in rows if r["status"] == "ok" and r.get("eval_accuracy") is not None]
     first = rows[0]
     acc = [r["eval_accuracy"] for r in ok]
-    return {
-        "label": label,
-        "group": first.get("group", ""),
-        "global_batch_size": first.get("global_batch_size")
+    return AccuracyEntry(
+        label=label,
+        group=first.get("group", ""),
+        global_batch_size=first.get("global_batch_size")
         or first.get("config", {}).get("global_batch_size"),
-        "num_devices": first.get("num_devices"),
-        "seeds": len(rows),
-        "seeds_ok": len(ok),
-        "error": next((r["error"] for r in rows if r["status"] != "ok"), None),
-        "accuracy": _mean(acc),
-        "accuracy_min": min(acc) if acc else None,
-        "accuracy_max": max(acc) if acc else None,
-        "train_accuracy": _mean([r.get("train_eval_accuracy") for r in ok]),
-        "gap": _mean([r.get("generalization_gap") for r in ok]),
-        "final_loss": _mean([r.get("final_loss") for r in ok]),
-        "epochs": ok[0].get("epochs") if ok else None,
-        "steps": ok[0].get("steps") if ok else None,
-        "seconds_per_epoch": _mean([r.get("seconds_per_epoch") for r in ok]),
-        "reference": first.get("reference"),
-    }
+        num_devices=first.get("num_devices"),
+        seeds=len(rows),
+        seeds_ok=len(ok),
+        error=next((r["error"] for r in rows if r["status"] != "ok"), None),
+        accuracy=_mean(acc),
+        accuracy_min=min(acc) if acc else None,
+        accuracy_max=max(acc) if acc else None,
+        train_accuracy=_mean([r.get("train_eval_accuracy") for r in ok]),
+        gap=_mean([r.get("generalization_gap") for r in ok]),
+        final_loss=_mean([r.get("final_loss") for r in ok]),
+        epochs=ok[0].get("epochs") if ok else None,
+        steps=ok[0].get("steps") if ok else None,
+        seconds_per_epoch=_mean([r.get("seconds_per_epoch") for r in ok]),
+        reference=first.get("reference"),
+    )
 
 
 def _f(v, fmt: str) -> str:
@@ -77,19 +76,19 @@ def failure_text(error: str | None) -> str:
     return f"diverged ({found[1]} at step {found[2]})" if found else f"failed: {error}"
 
 
-def accuracy_text(e: dict) -> str:
+def accuracy_text(e: AccuracyEntry) -> str:
     """Mean test accuracy; with several seeds, the spread and how many ran."""
-    if e["accuracy"] is None:
-        return failure_text(e["error"])
-    text = f"{e['accuracy']:.4f}"
-    if e["seeds_ok"] > 1:
-        text += f" ({e['accuracy_min']:.4f}-{e['accuracy_max']:.4f}, {e['seeds_ok']} seeds)"
-    if e["seeds_ok"] < e["seeds"]:
-        text += f"; {e['seeds'] - e['seeds_ok']} {failure_text(e['error'])}"
+    if e.accuracy is None:
+        return failure_text(e.error)
+    text = f"{e.accuracy:.4f}"
+    if e.seeds_ok > 1:
+        text += f" ({e.accuracy_min:.4f}-{e.accuracy_max:.4f}, {e.seeds_ok} seeds)"
+    if e.seeds_ok < e.seeds:
+        text += f"; {e.seeds - e.seeds_ok} {failure_text(e.error)}"
     return text
 
 
-def markdown(entries: list[dict], reference_name: str = "published") -> str:
+def markdown(entries: list[AccuracyEntry], reference_name: str = "published") -> str:
     """The study in the source documents' table format, jaxpar's figures beside theirs."""
     head = (
         f"| recipe | batch | devices | test accuracy | {reference_name} | train accuracy "
@@ -98,17 +97,17 @@ def markdown(entries: list[dict], reference_name: str = "published") -> str:
     lines = [head, "|" + "---|" * 11]
     for e in entries:
         cells = [
-            e["group"],
-            str(e["global_batch_size"] or ""),
-            str(e["num_devices"] or ""),
+            e.group,
+            str(e.global_batch_size or ""),
+            str(e.num_devices or ""),
             accuracy_text(e),
-            reference_text(e["reference"]),
-            _f(e["train_accuracy"], ".4f"),
-            _f(e["gap"], "+.4f"),
-            _f(e["final_loss"], ".4f"),
-            _f(e["epochs"], ".0f"),
-            str(e["steps"] or ""),
-            _f(e["seconds_per_epoch"], ".1f"),
+            reference_text(e.reference),
+            _f(e.train_accuracy, ".4f"),
+            _f(e.gap, "+.4f"),
+            _f(e.final_loss, ".4f"),
+            _f(e.epochs, ".0f"),
+            str(e.steps or ""),
+            _f(e.seconds_per_epoch, ".1f"),
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -10,10 +10,10 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any
 
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
+from jaxpar.bench.records import Prediction, PredictionSummary
 from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
 from jaxpar.stats import spearman
@@ -106,11 +106,11 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
     measured memory per device - 1 (the measured one is the compiled program's, exact); the
     predicted images/sec is capped at the row's measured loader capacity. A row
     the predictor did not return keeps None; one it failed on gets its status and message."""
-    by_name = {p["name"]: p for p in predicted}
+    by_name = {p.name: p for p in map(Prediction.of_record, predicted)}
     for r in rows:
-        p = by_name.get(r["name"], {})
+        p = by_name.get(r["name"], Prediction(r["name"]))
         for theirs, mine in PREDICTED.items():
-            r[mine] = p.get(theirs)
+            r[mine] = getattr(p, theirs)
         if r["predicted_status"] != "ok":  # a failed prediction carries no figures
             for mine in PREDICTED.values():
                 if mine not in ("predicted_profile", "predicted_status", "predicted_failure"):
@@ -137,24 +137,17 @@ def _ratio(predicted, measured) -> float | None:
     return predicted / measured - 1
 
 
-def prediction_summary(rows: list[dict]) -> dict[str, Any]:
+def prediction_summary(rows: list[dict]) -> PredictionSummary:
     """Over the rows with both a measured and a predicted images/sec: their count, the median
     and mean |predicted_error|, the worst row and its (signed) error, and Spearman's rho of
     predicted against measured images/sec. None figures where no row has both."""
     both = [r for r in rows if r.get("predicted_error") is not None]
-    out: dict[str, Any] = {
-        "n": len(both),
-        "median_abs_error": None,
-        "mean_abs_error": None,
-        "worst": None,
-        "worst_error": None,
-        "spearman": None,
-    }
     if not both:
-        return out
+        return PredictionSummary(n=0)
     errors = [abs(r["predicted_error"]) for r in both]
     worst = max(both, key=lambda r: abs(r["predicted_error"]))
-    out.update(
+    return PredictionSummary(
+        n=len(both),
         median_abs_error=statistics.median(errors),
         mean_abs_error=sum(errors) / len(errors),
         worst=worst["name"],
@@ -163,22 +156,21 @@ def prediction_summary(rows: list[dict]) -> dict[str, Any]:
             [r["images_per_sec"] for r in both], [r["predicted_images_per_sec"] for r in both]
         ),
     )
-    return out
 
 
 def summary_line(rows: list[dict]) -> str:
     """prediction_summary in one line, for under the table (and the plot's title)."""
     s = prediction_summary(rows)
-    if not s["n"]:
+    if not s.n:
         return "images/sec error: no row has both a measured and a predicted images/sec"
     rho = "n/a (fewer than 2 rows, or all equal)"
-    if s["spearman"] is not None:
-        rho = f"{s['spearman']:.2f}"
+    if s.spearman is not None:
+        rho = f"{s.spearman:.2f}"
     return (
-        f"images/sec error over the {s['n']} row{'s' if s['n'] != 1 else ''} with both "
-        f"figures: median |error| {100 * s['median_abs_error']:.1f}%, mean |error| "
-        f"{100 * s['mean_abs_error']:.1f}%, worst {s['worst']} "
-        f"({_signed(s['worst_error'])}); Spearman rank correlation of predicted against "
+        f"images/sec error over the {s.n} row{'s' if s.n != 1 else ''} with both "
+        f"figures: median |error| {100 * s.median_abs_error:.1f}%, mean |error| "
+        f"{100 * s.mean_abs_error:.1f}%, worst {s.worst} "
+        f"({_signed(s.worst_error)}); Spearman rank correlation of predicted against "
         f"measured images/sec: {rho}"
     )
 

@@ -14,6 +14,7 @@ from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt_lib
+from jaxpar.bench.records import Machine
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
 from jaxpar.target import reading
@@ -60,8 +61,8 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
         write_json(
             os.path.join(sweep.out, "time_to_target.json"),
             {
-                "model": ttt_model,
-                "summary": ttt_lib.summary(table),
+                "model": ttt_model.as_record() if ttt_model is not None else None,
+                "summary": ttt_lib.summary(table).as_record(),
                 "rows": [
                     {
                         k: r.get(k)
@@ -94,7 +95,7 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
         if is_study:
             print("accuracy study (rows of one setting under several seeds folded):\n" + study)
         if sweep.plots:
-            from jaxpar.bench import plots as plots_lib  # matplotlib only at the end
+            from jaxpar.bench import plots as plots_lib  # matplotlib's start-up: at the end only
 
             made = plots_lib.plot_all(table, sweep.out)
             print("plots: " + ", ".join(made) if made else "plots: none for these rows")
@@ -140,8 +141,5 @@ def _machine(records: dict[str, dict]) -> str:
     for reps in records.values():
         for r in reps.values():
             if m := r.get("machine"):
-                return (
-                    f"{m['devices_present']} {m['backend']} devices ({m['device_kind']}) on "
-                    f"{m['cpu_cores']} CPU cores, JAX {m['jax']}"
-                )
+                return Machine.of_record(m).describe()
     return ""

@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from jaxpar import configfile, oneline, peak_flops
+from jaxpar.bench.records import Machine
 from jaxpar.files import write_json
 
 
@@ -20,7 +21,7 @@ def run_row(config, workdir: str, result_path: str, profile: bool = False) -> No
     """Train `config` and write the summary (plus the machine) to `result_path`. MFU is
     reported where jaxpar.peak_flops knows the device's peak."""
     configfile.set_host_device_count(config.host_device_count)
-    import jax  # only now: XLA_FLAGS must be set first
+    import jax  # only now, and what imports it: XLA_FLAGS must be set first
 
     from jaxpar import config as config_lib
     from jaxpar import data, trainer
@@ -42,14 +43,14 @@ def run_row(config, workdir: str, result_path: str, profile: bool = False) -> No
     except Exception as e:  # noqa: BLE001 - any failure is this row's result, not the sweep's
         traceback.print_exc()
         record["error"] = f"{type(e).__name__}: {oneline.first_line(e)}".strip()
-    record["machine"] = {
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind,
-        "devices_present": jax.device_count(),
-        "cpu_cores": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-    }
+    record["machine"] = Machine(
+        jax=jax.__version__,
+        backend=jax.default_backend(),
+        device_kind=jax.devices()[0].device_kind,
+        devices_present=jax.device_count(),
+        cpu_cores=os.cpu_count(),
+        processor=platform.processor() or platform.machine(),
+    ).as_record()
     if profile and record["status"] == "ok":
         record["profile_dir"] = os.path.join(workdir, "profile")
     write_json(result_path, record)

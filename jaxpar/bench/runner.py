@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from jaxpar import configfile
+from jaxpar import configfile, units
 from jaxpar import suites as suite_lib
 from jaxpar.bench import outdir, publish
 from jaxpar.bench.outdir import Refused
@@ -233,15 +233,12 @@ def _why(rc: int | None, log: str, timeout: float) -> str:
 
 
 def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record: dict) -> str:
-    from jaxpar import units
-    from jaxpar.units import clock
-
     width = 20
     fill = round(width * done / total)
     eta = elapsed / done * (total - done)
     head = (
-        f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total}  {clock(elapsed)} "
-        f"elapsed  ETA {clock(eta)}  | {name} (repeat {rep}): "
+        f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total}  {units.clock(elapsed)} "
+        f"elapsed  ETA {units.clock(eta)}  | {name} (repeat {rep}): "
     )
     if record.get("status") != "ok":
         return head + f"FAILED: {record.get('error')}"

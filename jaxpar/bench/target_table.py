@@ -9,6 +9,7 @@ import math
 
 from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt
+from jaxpar.bench.records import TargetModel
 
 
 def _f(v, fmt: str) -> str:
@@ -44,7 +45,7 @@ def _steps_cell(r: dict) -> str:
     return text
 
 
-def markdown(table: list[dict], model: dict | None) -> str:
+def markdown(table: list[dict], model: TargetModel | None) -> str:
     """The study's table: batch x devices x partitioning -> measured and predicted steps and
     time to target, with the reference and the rank correlation below."""
     head = (
@@ -91,26 +92,26 @@ def markdown(table: list[dict], model: dict | None) -> str:
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     text = "\n".join(lines) + "\n"
     if model:
-        phases = ", ".join(f"{m:,.0f}" if m != float("inf") else "-" for *_, m in model["phases"])
+        phases = ", ".join(f"{m:,.0f}" if m != float("inf") else "-" for *_, m in model.phases)
         text += (
-            f"\nReference: {model['reference_row']} (batch {model['batch']}, {model['steps']} "
-            f"steps, progress {model['progress']:,.0f} at base batch {model['base_batch']}): "
-            f"B_simple over fifths of its steps {phases}; one B_noise {model['noise_scale']:.1f}, "
-            f"S_min {model['min_steps']:.1f}.\n"
+            f"\nReference: {model.reference_row} (batch {model.batch}, {model.steps} "
+            f"steps, progress {model.progress:,.0f} at base batch {model.base_batch}): "
+            f"B_simple over fifths of its steps {phases}; one B_noise {model.noise_scale:.1f}, "
+            f"S_min {model.min_steps:.1f}.\n"
         )
     s = ttt.summary(table)
-    rho = "n/a" if s["spearman_time"] is None else f"{s['spearman_time']:.3f}"
+    rho = "n/a" if s.spearman_time is None else f"{s.spearman_time:.3f}"
     text += (
         f"Spearman rank correlation of predicted against measured time to target: {rho} over "
-        f"{s['rows_compared']} rows; |steps error| along the trace: median "
-        f"{_pct(s['median_abs_predicted_steps_error']).lstrip('+')}, largest "
-        f"{_pct(s['max_abs_predicted_steps_error']).lstrip('+')}"
+        f"{s.rows_compared} rows; |steps error| along the trace: median "
+        f"{_pct(s.median_abs_predicted_steps_error).lstrip('+')}, largest "
+        f"{_pct(s.max_abs_predicted_steps_error).lstrip('+')}"
     )
-    if s["median_abs_predicted_steps_one_average_error"] is not None:
+    if s.median_abs_predicted_steps_one_average_error is not None:
         text += (
             f" (one B_noise: median "
-            f"{_pct(s['median_abs_predicted_steps_one_average_error']).lstrip('+')}, largest "
-            f"{_pct(s['max_abs_predicted_steps_one_average_error']).lstrip('+')})"
+            f"{_pct(s.median_abs_predicted_steps_one_average_error).lstrip('+')}, largest "
+            f"{_pct(s.max_abs_predicted_steps_one_average_error).lstrip('+')})"
         )
     return text + ".\n"
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 from jaxpar import stats
+from jaxpar.bench.records import TargetModel, TargetSummary
 from jaxpar.target import goodput
 from jaxpar.target.reference import Reference
 from jaxpar.target.sync_factors import sync_factor, sync_setting
@@ -79,7 +79,7 @@ def annotate(
     records: dict[str, dict],
     reference: str = "",
     reference_of: Callable[[str], Reference | None] | None = None,
-) -> dict | None:
+) -> TargetModel | None:
     """Add KEYS to each row of `table` (aggregated rows, suite order) from its record (the
     first repeat's summary, by row name) and the reference row (`reference`, else the first
     row that reached the target and measured a noise scale); `reference_of(name)` reads a
@@ -126,16 +126,16 @@ def annotate(
         row["predicted_time_error"] = _error(
             row["predicted_time_to_target_s"], row.get("time_to_target_s")
         )
-    return {
-        "reference_row": ref_row["name"],
-        "batch": model.batch_size,
-        "steps": model.steps_to_target,
-        "base_batch": model.base_batch,
-        "progress": model.progress_to_target,
-        "noise_scale": model.noise_scale,
-        "min_steps": model.min_steps,
-        "phases": model.phases(),
-    }
+    return TargetModel(
+        reference_row=ref_row["name"],
+        batch=model.batch_size,
+        steps=model.steps_to_target,
+        base_batch=model.base_batch,
+        progress=model.progress_to_target,
+        noise_scale=model.noise_scale,
+        min_steps=model.min_steps,
+        phases=model.phases(),
+    )
 
 
 def curve(model: Reference, batches: list[int], points: int = 40) -> list[list[float]]:
@@ -179,20 +179,29 @@ def _predict_schedule(row: dict, table: list[dict], model: Reference, specs: dic
     row["predicted_schedule"] = [[step, s.batch] for step, s in run.phases]
 
 
-def summary(table: list[dict]) -> dict[str, Any]:
+def summary(table: list[dict]) -> TargetSummary:
     """Spearman's rank correlation of predicted against measured time to target over the rows
     with both, and the median and largest |error| of each prediction."""
     both = [r for r in table if r.get("predicted_time_to_target_s") and r.get("time_to_target_s")]
     rho = stats.spearman(
         [r["time_to_target_s"] for r in both], [r["predicted_time_to_target_s"] for r in both]
     )
-    out: dict[str, Any] = {"rows_compared": len(both), "spearman_time": rho}
+    median, largest = {}, {}
     for key in (
         "predicted_steps_error",
         "predicted_steps_one_average_error",
         "predicted_time_error",
     ):
         errs = sorted(abs(r[key]) for r in table if r.get(key) is not None)
-        out[f"median_abs_{key}"] = statistics.median(errs) if errs else None
-        out[f"max_abs_{key}"] = errs[-1] if errs else None
-    return out
+        median[key] = statistics.median(errs) if errs else None
+        largest[key] = errs[-1] if errs else None
+    return TargetSummary(
+        rows_compared=len(both),
+        spearman_time=rho,
+        median_abs_predicted_steps_error=median["predicted_steps_error"],
+        max_abs_predicted_steps_error=largest["predicted_steps_error"],
+        median_abs_predicted_steps_one_average_error=median["predicted_steps_one_average_error"],
+        max_abs_predicted_steps_one_average_error=largest["predicted_steps_one_average_error"],
+        median_abs_predicted_time_error=median["predicted_time_error"],
+        max_abs_predicted_time_error=largest["predicted_time_error"],
+    )

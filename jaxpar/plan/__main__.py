@@ -30,9 +30,17 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from jaxpar import axes as axes_lib
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json
+from jaxpar.plan import measure, target_pass
+from jaxpar.plan.candidates import SPLITS
+from jaxpar.plan.report import report
+from jaxpar.plan.search import Search, rank
+from jaxpar.predict import load_profile
+from jaxpar.predict.programs import gputarget
+from jaxpar.target import reading
 
 
 def _load_config(path: str, overrides: dict):
@@ -141,8 +149,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args, overrides: dict) -> int:
-    from jaxpar.plan.candidates import SPLITS
-
     n_profile = _profile_devices(args.profile)
     splits = tuple(s for s in args.splits.split(",") if s)
     for s in splits:
@@ -167,12 +173,8 @@ def _main(args, overrides: dict) -> int:
         raise ConfigError(f"--batches {args.batches!r}: each batch must be >= 1")
     reference = None
     if args.from_run:  # before any compile: a bad reference is one line at once
-        from jaxpar.target import reading
-
         reference = reading.load(args.from_run, args.target_accuracy)
-    names = [a.strip() for a in args.axes.split(",") if a.strip()] or None
-    from jaxpar import axes as axes_lib
-
+    names = tuple(a.strip() for a in args.axes.split(",") if a.strip()) or None
     for a in names or ():
         if not axes_lib.registered(a):
             raise ConfigError(f"--axes {a!r}: choose from {', '.join(axes_lib.names())}")
@@ -180,12 +182,6 @@ def _main(args, overrides: dict) -> int:
     configfile.set_host_device_count(max(16, n_profile))
     configfile.cpu_only()
     config = _load_config(args.config, overrides)
-
-    from jaxpar.plan import measure, target_pass
-    from jaxpar.plan.report import report
-    from jaxpar.plan.search import plan, rank
-    from jaxpar.predict import load_profile
-    from jaxpar.predict.programs import gputarget
 
     profile = load_profile(args.profile)
     n = args.devices or profile.device.num_devices
@@ -197,17 +193,10 @@ def _main(args, overrides: dict) -> int:
         flush=True,
     )
     print(f"  {gputarget.programs_line(gputarget.of(profile))}", flush=True)
-    result = plan(
-        config,
-        profile,
-        n,
-        args.all_sync,
-        splits,
-        args.expand,
-        args.max_candidates,
-        limit,
-        axes=names,
+    search = Search(
+        profile, n, limit, args.all_sync, splits, args.expand, args.max_candidates, names
     )
+    result = search.run(config)
     text, recommendation, cmd = report(
         result,
         profile,
@@ -234,7 +223,7 @@ def _main(args, overrides: dict) -> int:
                 config, args.calibrate_sync, args.target_accuracy, reference, out
             )
         to_target = target_pass.rank_to_target(
-            args, config, profile, n, limit, names, splits, reference, batches, result
+            config, search, result, args.target_accuracy, reference, batches, args.top
         )
     measured = None
     if args.measure and fitting:
@@ -242,7 +231,7 @@ def _main(args, overrides: dict) -> int:
         runnable = [r for r in fitting if r["num_devices"] <= config.host_device_count]
         top = runnable[: args.measure]
         measured = measure.measure(
-            args, args.config, config, overrides, top, args.profile, profile, out
+            args.config, config, overrides, top, args.profile, profile, out, args.measure_steps
         )
     if out:
         out.mkdir(parents=True, exist_ok=True)
@@ -262,7 +251,7 @@ def _main(args, overrides: dict) -> int:
                 ],
                 "recommendation": recommendation,
                 "command": cmd,
-                "measured": measured,
+                "measured": None if measured is None else [m.as_record() for m in measured],
                 **(to_target or {}),
             },
             default=str,

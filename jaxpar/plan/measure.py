@@ -14,12 +14,21 @@ from pathlib import Path
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_text
 from jaxpar.plan.candidates import candidate_of
+from jaxpar.plan.records import Measured
 
 
 def measure(
-    args, config_file, config, overrides, top, profile_path, profile, out: Path
-) -> list[dict]:
-    """Run `top` through the bench on this machine; print predicted against measured."""
+    config_file: str,
+    config,
+    overrides: dict,
+    top: list[dict],
+    profile_path: str,
+    profile,
+    out: Path,
+    steps: int = 20,
+) -> list[Measured]:
+    """Run `top` through the bench on this machine, `steps` steps a row; print predicted
+    against measured."""
     this_machine = Path(profile_path).name == "cpu_2core.py" or bool(profile.cpu.compute_pool)
     if not this_machine:
         print(
@@ -43,8 +52,8 @@ def measure(
         )
     common = {
         **overrides,
-        "num_train_steps": args.measure_steps,
-        "log_every_steps": max(1, args.measure_steps // 4),
+        "num_train_steps": steps,
+        "log_every_steps": max(1, steps // 4),
         "eval_every_steps": 0,
         "checkpoint_every_steps": 0,
     }
@@ -69,28 +78,28 @@ def measure(
         measured = m.get("images_per_sec") if m.get("status") == "ok" else None
         err = (r["images_per_sec"] / measured - 1) if measured else None
         result.append(
-            {
-                "name": r["name"],
-                "predicted_images_per_sec": r["images_per_sec"],
-                "measured_images_per_sec": measured,
-                "error": err,
-                "measured_status": m.get("status"),
-                "measured_error": m.get("error"),
-            }
+            Measured(
+                name=r["name"],
+                predicted_images_per_sec=r["images_per_sec"],
+                measured_images_per_sec=measured,
+                error=err,
+                measured_status=m.get("status"),
+                measured_error=m.get("error"),
+            )
         )
     print("\n| predicted rank | candidate | predicted img/s | measured img/s | prediction error |")
     print("|---|---|---|---|---|")
     for i, x in enumerate(result, 1):
         meas = (
-            f"{x['measured_images_per_sec']:,.1f}"
-            if x["measured_images_per_sec"]
-            else (f"failed: {x['measured_error']}")
+            f"{x.measured_images_per_sec:,.1f}"
+            if x.measured_images_per_sec
+            else (f"failed: {x.measured_error}")
         )
-        err = f"{100 * x['error']:+.0f}%" if x["error"] is not None else "-"
-        print(f"| {i} | {x['name']} | {x['predicted_images_per_sec']:,.1f} | {meas} | {err} |")
-    ok = [x for x in result if x["measured_images_per_sec"]]
+        err = f"{100 * x.error:+.0f}%" if x.error is not None else "-"
+        print(f"| {i} | {x.name} | {x.predicted_images_per_sec:,.1f} | {meas} | {err} |")
+    ok = [x for x in result if x.measured_images_per_sec]
     pairs = [(a, b) for i, a in enumerate(ok) for b in ok[i + 1 :]]
-    same = sum(a["measured_images_per_sec"] >= b["measured_images_per_sec"] for a, b in pairs)
+    same = sum(a.measured_images_per_sec >= b.measured_images_per_sec for a, b in pairs)
     if pairs:
         verdict = "agrees with" if same == len(pairs) else "differs from"
         print(

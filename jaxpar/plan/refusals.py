@@ -10,15 +10,14 @@ from typing import Any
 
 import ml_collections
 
-from jaxpar import oneline
+from jaxpar import models, oneline, parallel
+from jaxpar.predict.programs.workload import input_spec
 
 
 def check(config: ml_collections.ConfigDict, candidate) -> str | None:
     """Why the trainer refuses `candidate` for `config` (its one line), or None: every
     refusal of the config and the mesh, and those only the model tells (channels that do not
     divide, too few layers to cut); nothing is compiled."""
-    from jaxpar import parallel
-
     try:
         applied = candidate.apply(config)
         shape = parallel.validate(applied, candidate.num_devices)
@@ -33,9 +32,6 @@ _MODELS: dict = {}
 
 def _model(config: ml_collections.ConfigDict):
     """The config's model (built once per model config: layers and shapes, nothing run)."""
-    from jaxpar import models
-    from jaxpar.predict.programs.workload import input_spec
-
     spec = input_spec(config)
     key = (config.model.to_json(), repr(spec))
     if key not in _MODELS:

@@ -26,6 +26,9 @@ from jaxpar.plan.candidates import (
     enumerate_candidates,
 )
 from jaxpar.plan.refusals import commonest
+from jaxpar.predict import predict_config
+from jaxpar.predict.programs import gputarget
+from jaxpar.predict.programs.workload import collective_calls, workload
 
 
 @dataclasses.dataclass
@@ -41,6 +44,36 @@ class Plan:
     skipped: int  # accepted but not predicted (not in round 2's meshes, or over the bound)
     meshes: int = 0  # meshes the trainer accepts
     meshes_unseen: int = 0  # of those, meshes round 1 did not reach (--max_candidates)
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """What the command line fixes for every search it runs (at the config's batch, then at
+    each batch of the time-to-target pass): the profile, the devices, the memory limit and
+    how wide to look."""
+
+    profile: Any
+    num_devices: int
+    memory_limit: float  # bytes per device
+    all_sync: bool = False
+    splits: tuple[str, ...] = ("flops",)
+    expand: int = 3
+    max_candidates: int = 40
+    axes: tuple[str, ...] | None = None
+
+    def run(self, config: ml_collections.ConfigDict, max_candidates: int | None = None) -> Plan:
+        """`plan` for `config` under these settings (`max_candidates` overrides the bound)."""
+        return plan(
+            config,
+            self.profile,
+            self.num_devices,
+            self.all_sync,
+            self.splits,
+            self.expand,
+            max_candidates or self.max_candidates,
+            self.memory_limit,
+            axes=self.axes,
+        )
 
 
 def _fast(row: dict) -> float:
@@ -64,8 +97,7 @@ def plan(
     predictions (the 1-device baseline included). `predict(config, profile) -> row` defaults to
     jaxpar.predict.predict_config; `log` takes one progress line per prediction (default: on
     stderr, so that stdout stays the plan)."""
-    if predict is None:
-        from jaxpar.predict import predict_config as predict
+    predict = predict or predict_config
     n = num_devices or profile.device.num_devices
     if n > profile.device.num_devices:
         raise ConfigError(f"--devices {n}: profile {profile.name} has {profile.device.num_devices}")
@@ -242,9 +274,6 @@ def _calls(config, profile) -> dict[str, int]:
     """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
     it cannot be read: the predictor's internals are not this module's contract)."""
     try:
-        from jaxpar.predict.programs import gputarget
-        from jaxpar.predict.programs.workload import collective_calls, workload
-
         out: dict[str, int] = {}
         for key, col, times in collective_calls(
             workload(config, profile.device.num_devices, gputarget.of(profile))

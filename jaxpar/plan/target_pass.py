@@ -6,18 +6,20 @@ and printed (`rank_to_target`)."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-from jaxpar import configfile, oneline
+from jaxpar import configfile, oneline, trainer
 from jaxpar.plan import calibrate_sync as calibrate_sync_lib
+from jaxpar.plan import to_target
+from jaxpar.plan.search import Plan, Search
 from jaxpar.target import reading
+from jaxpar.target.reference import Reference
 
 
 def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
     """Train the config itself to the target on this machine (stopping there), and read the
     reference from that run: the path without --from-run."""
-    from jaxpar import trainer
-
     workdir = out / "calibration"
     print(
         f"\nno --from-run: training {config_file} to accuracy {accuracy:g} on this machine "
@@ -49,15 +51,22 @@ def calibrate_sync(config, pairs: str, accuracy: float, reference, out: Path):
     return reading.load(reference.source, accuracy)
 
 
-def rank_to_target(args, config, profile, n, limit, names, splits, reference, batches, result):
-    """The time-to-target ranking over the batches: printed, and returned for plan.json."""
-    from jaxpar.plan import to_target
-    from jaxpar.plan.search import plan
-
+def rank_to_target(
+    config,
+    search: Search,
+    result: Plan,
+    accuracy: float,
+    reference: Reference,
+    batches: Sequence[int] = (),
+    top: int = 5,
+) -> dict:
+    """The time-to-target ranking over `batches` (default: around the reference's), the
+    search at the config's batch being `result`: printed, with the `top` rows, and returned
+    for plan.json."""
     batches = batches or to_target.default_batches(reference, config.global_batch_size)
-    per_batch = max(8, args.max_candidates // len(batches))
+    per_batch = max(8, search.max_candidates // len(batches))
     print(
-        f"\ntime to accuracy {args.target_accuracy:g}, from {reference.source}: "
+        f"\ntime to accuracy {accuracy:g}, from {reference.source}: "
         f"{reference.describe()}; the steps at each batch are integrated along its noise "
         "trace (jaxpar/target/steps.py), a goodput schedule simulated on it",
         flush=True,
@@ -71,26 +80,22 @@ def rank_to_target(args, config, profile, n, limit, names, splits, reference, ba
         else:
             at = configfile.override(config.copy_and_resolve_references(), {"global_batch_size": b})
             try:
-                found = plan(
-                    at, profile, n, args.all_sync, splits, args.expand, per_batch, limit, axes=names
-                )
+                found = search.run(at, per_batch)
             except ValueError as e:
                 print(f"batch {b}: {oneline.first_line(e)}")
                 continue
-        rows += to_target.rows_to_target(found.rows, b, reference, config, limit)
+        rows += to_target.rows_to_target(found.rows, b, reference, config, search.memory_limit)
     rows += to_target.schedule_rows(rows, reference, int(config.goodput.every_steps))
-    ranked, fastest = to_target.rank(rows, config.global_batch_size)
-    print("\n" + "\n".join(to_target.table(ranked, args.top)))
-    print(to_target.verdict(ranked, fastest))
-    skipped = {r["sync_mode"] for r in rows if r.get("skipped_reason")}
+    ranking = to_target.rank(rows, config.global_batch_size)
+    print("\n" + "\n".join(to_target.table(ranking.ranked, top)))
+    print(to_target.verdict(ranking.ranked, ranking.pick))
+    skipped = {r.sync_mode for r in rows if r.skipped_reason}
     if skipped:
         print(
             f"left out: {', '.join(sorted(skipped))} (no step factor for its setting: measure "
             "them on this model with --calibrate-sync)"
         )
-    fallback = {
-        r["sync_mode"] for r in rows if r.get("sync_factor_source") == "LeNet/digits constants"
-    }
+    fallback = {r.sync_mode for r in rows if r.sync_factor_source == "LeNet/digits constants"}
     if fallback:
         print(
             f"note: the steps of {', '.join(sorted(fallback))} use step factors measured on "
@@ -98,8 +103,8 @@ def rank_to_target(args, config, profile, n, limit, names, splits, reference, ba
             "this model: --calibrate-sync measures its own"
         )
     return {
-        "target_accuracy": args.target_accuracy,
+        "target_accuracy": accuracy,
         "reference": reference.as_record(),
-        "to_target_rows": rows,
-        "to_target_ranked": [r["name"] for r in ranked],
+        "to_target_rows": [r.as_record() for r in ranking.rows],
+        "to_target_ranked": [r.name for r in ranking.ranked],
     }

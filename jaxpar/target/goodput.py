@@ -2,7 +2,7 @@
 per second now, given the gradient noise scale now and each setup's step time.
 
 Under AdaScale a step at global batch B makes the progress of r(B) steps at the base batch B0
-(gain.py), so a setup's rate of progress is
+(jaxpar/gain.py), so a setup's rate of progress is
 
     r(B, B_noise) / step_time(setup)        [base-batch steps per second]
 
@@ -19,7 +19,7 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
 
-from jaxpar.target import gain as gain_lib
+from jaxpar import gain as gain_lib
 from jaxpar.target.steps import TracePoint
 
 

@@ -9,9 +9,9 @@ import dataclasses
 import math
 from typing import Any
 
+from jaxpar.gain import gain_at
 from jaxpar.optim import batch_scaled_rate
 from jaxpar.target import steps as steps_lib
-from jaxpar.target.gain import gain_at
 from jaxpar.target.steps import TracePoint
 
 LR_RULES = ("noise", "linear", "none", "adascale")

@@ -2,7 +2,7 @@
 reference run made to its target, integrated along the reference's noise trace.
 
 A step at batch B makes the progress of r(B) steps at the base batch Bb, AdaScale's gain
-(gain.py): r = (1 + phi / Bb) / (1 + phi / B), phi the noise scale of the moment. A reference
+(jaxpar/gain.py): r = (1 + phi / Bb) / (1 + phi / B), phi the noise scale of the moment. A reference
 run's step t made the progress dp_t (1 at its own batch without AdaScale, its gain with it) at
 the noise scale phi_t, so the same progress at batch B takes
 
@@ -24,7 +24,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from jaxpar.target.gain import gain_at
+from jaxpar.gain import gain_at
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxpar.bench import accuracy
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
@@ -10,32 +11,30 @@ def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
     """Test error (1 - accuracy, log scale, so that 1.5% and 50% both read) against global
     batch, one line per recipe (group) with two batches or more; bars span the seeds' min-max;
     the published figures (a suite's `reference`) in black."""
-    from jaxpar.bench import accuracy  # the study folds repeated seeds
-
-    entries = [e for e in accuracy.study(common.ok(rows)) if e["accuracy"] is not None]
-    batches = lambda es: {e["global_batch_size"] for e in es}
+    entries = [e for e in accuracy.study(common.ok(rows)) if e.accuracy is not None]
+    batches = lambda es: {e.global_batch_size for e in es}
     lines = {}
     for e in entries:
-        lines.setdefault(e["group"], []).append(e)
+        lines.setdefault(e.group, []).append(e)
     lines = {g: es for g, es in lines.items() if len(batches(es)) >= 2}
     if not lines:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.8))
     for g, es in lines.items():
-        es = sorted(es, key=lambda e: e["global_batch_size"])
-        x = [e["global_batch_size"] for e in es]
-        y = [1 - e["accuracy"] for e in es]  # test error: 1.5% and 50% on one axis
+        es = sorted(es, key=lambda e: e.global_batch_size)
+        x = [e.global_batch_size for e in es]
+        y = [1 - e.accuracy for e in es]  # test error: 1.5% and 50% on one axis
         err = [
-            [e["accuracy_max"] - e["accuracy"] for e in es],
-            [e["accuracy"] - e["accuracy_min"] for e in es],
+            [e.accuracy_max - e.accuracy for e in es],
+            [e.accuracy - e.accuracy_min for e in es],
         ]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=g)
     refs = {}
     for es in lines.values():
         for e in es:
-            if (ref := e["reference"]) is not None:
+            if (ref := e.reference) is not None:
                 lo, hi = ref if isinstance(ref, (list, tuple)) else (ref, ref)
-                refs[e["global_batch_size"]] = (lo, hi)
+                refs[e.global_batch_size] = (lo, hi)
     if refs:
         x = sorted(refs)
         mid = [1 - (refs[b][0] + refs[b][1]) / 2 for b in x]

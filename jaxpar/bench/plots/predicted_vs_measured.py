@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxpar.bench import predicted
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
@@ -11,8 +12,6 @@ LABELLED = 3  # the rows with the largest |error| named on the plot
 
 def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     """Predicted against measured images/sec, log-log, for the rows that have both figures."""
-    from jaxpar.bench import predicted  # the errors' summary (pure functions)
-
     rows = [r for r in common.ok(rows) if r.get("predicted_error") is not None]
     if not rows:
         return False
@@ -59,9 +58,9 @@ def predicted_vs_measured(rows: list[dict], path: str) -> bool:
     profile = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), "")
     ax.set_ylabel(f"predicted images/sec\n{profile}" if profile else "predicted images/sec")
     s = predicted.prediction_summary(rows)
-    rho = "n/a" if s["spearman"] is None else f"{s['spearman']:.2f}"
+    rho = "n/a" if s.spearman is None else f"{s.spearman:.2f}"
     title = (
-        f"predicted against measured images/sec\n{s['n']} rows: median |error| "
-        f"{100 * s['median_abs_error']:.1f}%, Spearman rho {rho}"
+        f"predicted against measured images/sec\n{s.n} rows: median |error| "
+        f"{100 * s.median_abs_error:.1f}%, Spearman rho {rho}"
     )
     return common.finish(fig, ax, path, title, 8, loc="upper left")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import FuncFormatter
 
+from jaxpar.bench import time_to_target as ttt
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
 
@@ -93,8 +94,7 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     bx.xaxis.set_major_formatter(plain)
     bx.xaxis.set_minor_formatter(plain)
     bx.set_xlabel("training seconds to target (evaluations and compile excluded)")
-    from jaxpar.bench import time_to_target as ttt  # the rank correlation (pure functions)
 
-    rho = ttt.summary(rows)["spearman_time"]
+    rho = ttt.summary(rows).spearman_time
     rho_text = "n/a" if rho is None else f"{rho:.2f}"
     return common.finish(fig, bx, path, f"time to target per setup (Spearman rho {rho_text})", 7)
