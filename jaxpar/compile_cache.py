@@ -36,6 +36,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 
 from jaxpar import jax_internals
 
@@ -112,6 +113,24 @@ def enable(setting: str = AUTO) -> str | None:
     compilation_cache.reset_cache()
     _applied = state
     return path
+
+
+@contextlib.contextmanager
+def off() -> Iterator[None]:
+    """JAX's persistent compilation cache off inside the block, and as it was after. JAX reads
+    its switch once per process, so the cache is reset on entry and exit (public API:
+    jax.experimental.compilation_cache)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        compilation_cache.reset_cache()
 
 
 def active_dir() -> str | None:

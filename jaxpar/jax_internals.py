@@ -16,10 +16,6 @@ JAX 0.10.2 has no public API for these, so jaxpar reaches into `jax._src`:
   without a host name, so gloo listens on the address this machine's name resolves to, which
   may face the network; `gloo_listen_on` makes that call pass one (cluster.initialize: the
   loopback coordinator's host, for a run on one machine);
-- the persistent compilation cache's switch (`compilation_cache_off`): JAX reads
-  `jax_enable_compilation_cache` once per process, so turning it off for a block also resets
-  the cache (`jax._src.compilation_cache.reset_cache`) on entry and exit (predict's compile-only
-  GPU programs, which a cached entry cannot serve);
 - two configuration options of jax.distributed set by name (`jax.config.update`), which a later
   JAX may rename: gloo for CPU collectives, and the recoverable mode in which the coordination
   service reports a lost process instead of aborting every process.
@@ -36,9 +32,8 @@ before it is used (XLA_FLAGS must be set first).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 WRITTEN_FOR = "0.10.2"  # the JAX whose internals this module reads; requirements.txt pins it
@@ -57,7 +52,6 @@ INTERNALS = {
     f"{_CLIENT}.wait_at_barrier": "to wait for every process at the end",
     f"{_CLIENT}.key_value_try_get": "to read the preemption notice",
     _GLOO: "to choose where gloo listens",
-    "jax._src.compilation_cache.reset_cache": "to switch the compilation cache off for a block",
 }
 # jax.config options set by name (cluster.initialize).
 OPTIONS = {
@@ -202,20 +196,3 @@ class Coordination:
         except Exception:  # noqa: BLE001 - not set (NOT_FOUND), or the service is gone
             return False
         return True
-
-
-@contextlib.contextmanager
-def compilation_cache_off() -> Iterator[None]:
-    """JAX's persistent compilation cache off inside the block, and as it was after; the cache
-    is reset on entry and exit, since JAX reads its switch once per process."""
-    import jax
-
-    reset = resolve("jax._src.compilation_cache.reset_cache")
-    was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    reset()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", was)
-        reset()

@@ -6,6 +6,7 @@ import os
 import resource
 import signal
 
+import jax
 import pytest
 
 from jaxpar import compile_cache, jax_internals
@@ -99,3 +100,17 @@ def test_an_entry_cut_off_while_written_is_never_found_under_its_name(tmp_path):
     finally:
         signal.signal(signal.SIGXFSZ, on_too_big)
         compile_cache.enable()  # back to the suite's own cache directory
+
+
+def test_the_cache_is_off_inside_the_block_and_as_it_was_after():
+    """compile_cache.off (predict's compile-only GPU programs): off inside, restored after,
+    whichever way it was."""
+    was = jax.config.jax_enable_compilation_cache
+    try:
+        for setting in (True, False):
+            jax.config.update("jax_enable_compilation_cache", setting)
+            with compile_cache.off():
+                assert jax.config.jax_enable_compilation_cache is False
+            assert jax.config.jax_enable_compilation_cache is setting
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)

@@ -453,13 +453,3 @@ def _children(pid: int) -> set[int]:
         if int(parent) == pid and state != "Z":
             found.add(int(entry))
     return found
-
-
-def test_the_compilation_cache_is_off_inside_the_block_and_as_it_was_after():
-    was = jax.config.jax_enable_compilation_cache
-    for setting in (True, False):
-        jax.config.update("jax_enable_compilation_cache", setting)
-        with jax_internals.compilation_cache_off():
-            assert jax.config.jax_enable_compilation_cache is False
-        assert jax.config.jax_enable_compilation_cache is setting
-    jax.config.update("jax_enable_compilation_cache", was)

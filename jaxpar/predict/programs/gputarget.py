@@ -23,7 +23,7 @@ import importlib.util
 import logging
 import os
 
-from jaxpar import jax_internals
+from jaxpar import compile_cache
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def uncached() -> contextlib.AbstractContextManager:
     """JAX's persistent compilation cache off while compile-only programs are built: JAX 0.10.2
     loads a cached entry into a client that can run it, which compile-only devices lack (it
     warns and compiles again), so such entries would only fill the cache."""
-    return jax_internals.compilation_cache_off()
+    return compile_cache.off()
 
 
 def programs_line(target: Target | None) -> str:
