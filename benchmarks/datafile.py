@@ -7,10 +7,12 @@ a header line (the page that shows it names the command). Used by the benchmarks
 from __future__ import annotations
 
 import csv
-import json
+import io
 import os
 import shlex
 import sys
+
+from jaxpar import files
 
 
 def command() -> str:
@@ -19,17 +21,17 @@ def command() -> str:
 
 
 def write(path: str, rows: list[dict]) -> None:
-    """Write `rows` (dicts with the same keys) to `path`: .csv or .json."""
+    """Write `rows` (dicts with the same keys) to `path`: .csv or .json, in one step
+    (jaxpar/files.py)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     if path.endswith(".json"):
-        with open(path, "w") as f:
-            json.dump({"command": command(), "rows": rows}, f, indent=1)
-            f.write("\n")
+        files.write_json(path, {"command": command(), "rows": rows})
     elif path.endswith(".csv"):
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
-            writer.writeheader()
-            writer.writerows(rows)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+        files.write_text(path, buf.getvalue())
     else:
         raise SystemExit(f"--out {path}: name a .csv or a .json file")
     print(f"wrote {path}")
