@@ -9,7 +9,9 @@ Nothing is imported or run; every figure comes from parsing jaxpar/ with Python'
 - cycles: groups of jaxpar packages (jaxpar/bench, jaxpar/plan, ..., or a top-level module)
   that import each other, counting imports made inside functions;
 - string-key reads (`row["key"]`, `row.get("key")`) in jaxpar/bench, jaxpar/plan and
-  jaxpar/predict: the reads a typed record replaces;
+  jaxpar/predict: the reads a typed record replaces, counted apart inside the deserialisers
+  (functions named `of_record`, the one place a record's keys are read); `--list` names the
+  files with reads outside them;
 - regular-expression calls outside jaxpar/hlo in modules that read compiled programs (HLO);
 - functions that take a parameter named `config`, and the files they are in;
 - lines in jaxpar/predict.
@@ -71,6 +73,8 @@ class Reader(ast.NodeVisitor):
         self.depth = 0
         self.top, self.local = set(), []
         self.key_reads = 0
+        self.deserialiser_reads = 0
+        self.functions = []
         self.re_calls = 0
         self.config_functions = 0
 
@@ -78,7 +82,9 @@ class Reader(ast.NodeVisitor):
         names = [a.arg for a in node.args.args + node.args.kwonlyargs]
         self.config_functions += "config" in names
         self.depth += 1
+        self.functions.append(node.name)
         self.generic_visit(node)
+        self.functions.pop()
         self.depth -= 1
 
     visit_AsyncFunctionDef = visit_FunctionDef
@@ -108,14 +114,21 @@ class Reader(ast.NodeVisitor):
             and isinstance(key.value, str)
             and isinstance(node.ctx, ast.Load)
         ):
-            self.key_reads += 1
+            self._key_read()
         self.generic_visit(node)
+
+    def _key_read(self):
+        if "of_record" in self.functions:
+            self.deserialiser_reads += 1
+        else:
+            self.key_reads += 1
 
     def visit_Call(self, node):
         func = node.func
         if isinstance(func, ast.Attribute):
-            if func.attr == "get" and node.args and isinstance(node.args[0], ast.Constant):
-                self.key_reads += isinstance(node.args[0].value, str)
+            key = node.args[0] if func.attr == "get" and node.args else None
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                self._key_read()
             if isinstance(func.value, ast.Name) and func.value.id == "re" and func.attr in RE_CALLS:
                 self.re_calls += 1
         self.generic_visit(node)
@@ -197,6 +210,9 @@ def main(argv=None):
     print(f"package cycles                            {len(cycles)} {cycles if cycles else ''}")
     print(f"string-key reads in bench/plan/predict    {sum(r.key_reads for r in in_records)}")
     print(
+        f"  and inside their deserialisers          {sum(r.deserialiser_reads for r in in_records)}"
+    )
+    print(
         f"re calls over HLO outside jaxpar/hlo      {sum(hlo_re.values())} in {len(hlo_re)} files"
     )
     print(
@@ -210,6 +226,9 @@ def main(argv=None):
     if args.list:
         for path, line, target in local:
             print(f"  local import {path}:{line} {target}")
+        for path, r in sorted(readers.items()):
+            if r.key_reads and path.startswith(RECORD_PACKAGES):
+                print(f"  string-key reads {path}: {r.key_reads}")
         for path, count in sorted(hlo_re.items()):
             print(f"  re over HLO {path}: {count}")
 
