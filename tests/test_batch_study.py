@@ -4,6 +4,7 @@ the gap, and a two-row version of the suite runs end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import textwrap
 
@@ -13,9 +14,10 @@ import pytest
 from jaxpar import data as data_lib
 from jaxpar import optim, parallel
 from jaxpar import suites as suite_lib
-from jaxpar.bench import accuracy, results
+from jaxpar.bench import accuracy
 from jaxpar.bench.runner import Sweep
 from jaxpar.data.base import normalize
+from tests.util import bench_row
 
 
 def test_every_row_of_the_cifar_study_is_accepted():
@@ -56,8 +58,7 @@ def test_every_row_is_its_recipe_for_twelve_epochs():
 
 
 def _row(name, label, group, batch, acc, status="ok", **extra):
-    r = dict.fromkeys(results.KEYS)
-    r.update(
+    return bench_row(
         name=name,
         label=label,
         group=group,
@@ -75,7 +76,6 @@ def _row(name, label, group, batch, acc, status="ok", **extra):
         seconds_per_epoch=4.0,
         **extra,
     )
-    return r
 
 
 def test_the_study_folds_seeds_and_sets_the_reference_beside():
@@ -84,7 +84,7 @@ def test_the_study_folds_seeds_and_sets_the_reference_beside():
         _row("a s1", "fixed 128", "fixed lr", 128, 0.97),
         _row("a s2", "fixed 128", "fixed lr", 128, None, status="failed", error="boom"),
         _row("b", "", "fixed lr", 4096, 0.5, reference=0.9633),
-        _row("throughput", "", "data", 128, 0.9) | {"scaling": "strong"},
+        dataclasses.replace(_row("throughput", "", "data", 128, 0.9), scaling="strong"),
     ]
     entries = accuracy.study(rows)
     assert [e.label for e in entries] == ["fixed 128", "b"]  # throughput rows left out
@@ -145,17 +145,15 @@ def test_a_two_row_study_runs_end_to_end(tmp_path):
     suite = tmp_path / "smoke.py"
     suite.write_text(SMOKE)
     rows = Sweep(suite=str(suite), out=str(tmp_path / "out")).run()
-    assert [(r["name"], r["status"]) for r in rows] == [
+    assert [(r.name, r.status) for r in rows] == [
         ("fixed lr 128", "ok"),
         ("LARS + warmup 256", "ok"),
     ]
     for r in rows:
-        assert r["epochs"] == 2 and r["steps"] == 1024 // r["global_batch_size"]
-        assert 0.0 <= r["eval_accuracy"] <= 1.0 and math.isfinite(r["final_loss"])
-        assert r["generalization_gap"] == pytest.approx(
-            r["train_eval_accuracy"] - r["eval_accuracy"]
-        )
-        assert r["seconds_per_epoch"] == pytest.approx(512 / r["images_per_sec"])
+        assert r.epochs == 2 and r.steps == 1024 // r.global_batch_size
+        assert 0.0 <= r.eval_accuracy <= 1.0 and math.isfinite(r.final_loss)
+        assert r.generalization_gap == pytest.approx(r.train_eval_accuracy - r.eval_accuracy)
+        assert r.seconds_per_epoch == pytest.approx(512 / r.images_per_sec)
     table = (tmp_path / "out" / "accuracy.md").read_text()
     assert table.count("\n") == 4 and "seed 002 (Keras, MNIST, GPUs)" in table
     assert "| fixed lr | 128 | 8 |" in table and "| 0.9884-0.9905 |" in table

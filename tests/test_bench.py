@@ -3,6 +3,7 @@ recorded, resume without measuring again), the scaling arithmetic and the plots.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,9 +19,10 @@ from jaxpar import run_setup, stats, trainer
 from jaxpar.bench import outdir, plots, predicted, results, table
 from jaxpar.bench.__main__ import main as bench_main
 from jaxpar.bench.outdir import Refused
+from jaxpar.bench.records import Repeat
 from jaxpar.bench.row import write_json
 from jaxpar.bench.runner import Sweep
-from tests.util import tiny_config
+from tests.util import bench_row, tiny_config
 
 SUITE = textwrap.dedent(
     """
@@ -55,7 +57,7 @@ def sweep(tmp_path_factory):
     suite.write_text(SUITE)
     out = root / "out"
     rows = Sweep(suite=str(suite), out=str(out)).run()
-    return suite, out, {r["name"]: r for r in rows}
+    return suite, out, {r.name: r for r in rows}
 
 
 def test_sweep_writes_results_table_and_plots(sweep):
@@ -84,10 +86,10 @@ def test_sweep_writes_results_table_and_plots(sweep):
     ):
         assert all(key in r for r in stored["rows"]), key
     one = rows["1 device"]
-    assert one["status"] == "ok" and one["num_devices"] == 1 and one["speedup"] == 1.0
-    assert one["images_per_sec"] > 0 and 0 <= one["eval_accuracy"] <= 1
-    assert one["collective_bytes_per_device"] == 0 and one["analytic_bubble"] is None
-    assert rows["data 2"]["mesh_shape"] == [2, 1, 1] and rows["data 2"]["num_devices"] == 2
+    assert one.status == "ok" and one.num_devices == 1 and one.speedup == 1.0
+    assert one.images_per_sec > 0 and 0 <= one.eval_accuracy <= 1
+    assert one.collective_bytes_per_device == 0 and one.analytic_bubble is None
+    assert rows["data 2"].mesh_shape == [2, 1, 1] and rows["data 2"].num_devices == 2
     csv_lines = (out / "results.csv").read_text().splitlines()
     assert len(csv_lines) == 5 and csv_lines[0].startswith("name,")
     md = (out / "results.md").read_text()
@@ -99,28 +101,26 @@ def test_sweep_writes_results_table_and_plots(sweep):
 def test_data_parallel_all_reduce_is_the_parameter_bytes(sweep):
     """The gradient all-reduce moves every parameter once (plus loss and accuracy scalars)."""
     r = sweep[2]["data 2"]
-    assert r["param_bytes"] == 4 * r["num_params"] > 0  # float32 parameters
-    assert 0 <= r["data_allreduce_bytes"] - r["param_bytes"] <= 16
-    assert f"{r['data_allreduce_over_params']:.3f}" == "1.000"
-    assert r["collective_bytes_by_axis"] == {"data": r["data_allreduce_bytes"]}
-    assert r["ring_allreduce_wire_bytes"] == pytest.approx(
-        2 * (2 - 1) / 2 * r["data_allreduce_bytes"]
-    )
+    assert r.param_bytes == 4 * r.num_params > 0  # float32 parameters
+    assert 0 <= r.data_allreduce_bytes - r.param_bytes <= 16
+    assert f"{r.data_allreduce_over_params:.3f}" == "1.000"
+    assert r.collective_bytes_by_axis == {"data": r.data_allreduce_bytes}
+    assert r.ring_allreduce_wire_bytes == pytest.approx(2 * (2 - 1) / 2 * r.data_allreduce_bytes)
 
 
 def test_tensor_rows_hold_a_share_of_the_parameters(sweep):
     r = sweep[2]["tensor 2"]
-    assert r["status"] == "ok"
-    assert r["param_bytes_per_device"] * 2 / r["param_bytes"] == pytest.approx(1.0, abs=0.05)
-    assert set(r["collective_bytes_by_axis"]) == {"tensor"}
+    assert r.status == "ok"
+    assert r.param_bytes_per_device * 2 / r.param_bytes == pytest.approx(1.0, abs=0.05)
+    assert set(r.collective_bytes_by_axis) == {"tensor"}
 
 
 def test_a_failing_row_is_recorded_and_the_sweep_goes_on(sweep):
     rows = sweep[2]
-    assert rows["data 3"]["status"] == "failed"
-    assert "not divisible" in rows["data 3"]["error"] and "\n" not in rows["data 3"]["error"]
-    assert rows["data 3"]["images_per_sec"] is None and rows["data 3"]["speedup"] is None
-    assert rows["tensor 2"]["status"] == "ok"  # measured after the failure
+    assert rows["data 3"].status == "failed"
+    assert "not divisible" in rows["data 3"].error and "\n" not in rows["data 3"].error
+    assert rows["data 3"].images_per_sec is None and rows["data 3"].speedup is None
+    assert rows["tensor 2"].status == "ok"  # measured after the failure
 
 
 def test_rerun_resumes_without_measuring(sweep, monkeypatch):
@@ -131,14 +131,13 @@ def test_rerun_resumes_without_measuring(sweep, monkeypatch):
 
     monkeypatch.setattr(subprocess, "Popen", refuse)
     again = Sweep(suite=str(suite), out=str(out)).run()
-    assert {r["name"]: r["images_per_sec"] for r in again} == {
-        name: r["images_per_sec"] for name, r in rows.items()
+    assert {r.name: r.images_per_sec for r in again} == {
+        name: r.images_per_sec for name, r in rows.items()
     }
 
 
 def _row(name, devices, rate, scaling="strong", status="ok", **extra):
-    r = dict.fromkeys(results.KEYS)
-    r.update(
+    return bench_row(
         name=name,
         num_devices=devices,
         images_per_sec=rate,
@@ -147,7 +146,6 @@ def _row(name, devices, rate, scaling="strong", status="ok", **extra):
         group=extra.pop("group", "data"),
         **extra,
     )
-    return r
 
 
 def test_speedup_and_efficiency_from_known_inputs():
@@ -162,7 +160,7 @@ def test_speedup_and_efficiency_from_known_inputs():
             _row("against two", 8, 300.0, baseline="two"),
         ]
     )
-    got = {r["name"]: (r["speedup"], r["efficiency"]) for r in rows}
+    got = {r.name: (r.speedup, r.efficiency) for r in rows}
     assert got["one"] == (1.0, 1.0)
     assert got["two"] == (1.5, 0.75)
     assert got["eight"] == (4.0, 0.5)
@@ -386,7 +384,7 @@ def fake(tmp_path, monkeypatch):
     ran = []
 
     def run_one(self, r, rep, print_):
-        ran.append(r["name"])
+        ran.append(r.name)
         record = {
             "status": "ok",
             "images_per_sec": 100.0 + len(ran),
@@ -398,8 +396,8 @@ def fake(tmp_path, monkeypatch):
             "mesh_shape": [1, 1, 1],
             "fingerprint": print_,
         }
-        write_json(outdir.paths(self.out, r["name"], rep)[0], record)
-        return record
+        write_json(outdir.paths(self.out, r.name, rep)[0], record)
+        return Repeat.of_record(record)
 
     monkeypatch.setattr(Sweep, "run_row", run_one)
     return suite, tmp_path / "out", ran
@@ -617,25 +615,25 @@ def _predictions():
 
 def test_predictions_merged_with_their_errors():
     rows = predicted.merge_predictions(_measured_rows(), _predictions())
-    got = {r["name"]: r for r in rows}
-    assert got["one"]["predicted_error"] == pytest.approx(0.1)
-    assert got["two"]["predicted_error"] == pytest.approx(-0.2)
-    assert got["two"]["predicted_memory_error"] == pytest.approx(0.25)
-    assert got["one"]["predicted_memory_error"] == 0.0
-    assert got["pipe"]["predicted_error"] == pytest.approx(0.5)
-    assert got["pipe"]["predicted_bubble"] == 0.25 and got["one"]["predicted_bubble"] is None
-    assert got["pipe"]["measured_bubble"] == 0.4  # the measurement is left as it was
-    assert got["two"]["predicted_step_time_s"] == pytest.approx(0.4)
-    assert got["two"]["predicted_compute_s"] == pytest.approx(0.2)
-    assert got["two"]["predicted_overhead_s"] == pytest.approx(0.05)
-    assert got["two"]["predicted_memory_bytes_per_device"] == 5 << 20
-    assert got["broken"]["predicted_images_per_sec"] == 300.0
-    assert got["broken"]["predicted_error"] is None  # nothing measured to compare with
+    got = {r.name: r for r in rows}
+    assert got["one"].predicted_error == pytest.approx(0.1)
+    assert got["two"].predicted_error == pytest.approx(-0.2)
+    assert got["two"].predicted_memory_error == pytest.approx(0.25)
+    assert got["one"].predicted_memory_error == 0.0
+    assert got["pipe"].predicted_error == pytest.approx(0.5)
+    assert got["pipe"].predicted_bubble == 0.25 and got["one"].predicted_bubble is None
+    assert got["pipe"].measured_bubble == 0.4  # the measurement is left as it was
+    assert got["two"].predicted_step_time_s == pytest.approx(0.4)
+    assert got["two"].predicted_compute_s == pytest.approx(0.2)
+    assert got["two"].predicted_overhead_s == pytest.approx(0.05)
+    assert got["two"].predicted_memory_bytes_per_device == 5 << 20
+    assert got["broken"].predicted_images_per_sec == 300.0
+    assert got["broken"].predicted_error is None  # nothing measured to compare with
     big = got["too big"]
-    assert big["predicted_status"] == "failed" and big["predicted_error"] is None
-    assert big["predicted_failure"] == "needs 16 devices, fake has 8"
-    assert big["predicted_memory_bytes_per_device"] is None  # a failed prediction: no figures
-    assert got["one"]["predicted_failure"] is None and got["one"]["predicted_profile"] == "fake"
+    assert big.predicted_status == "failed" and big.predicted_error is None
+    assert big.predicted_failure == "needs 16 devices, fake has 8"
+    assert big.predicted_memory_bytes_per_device is None  # a failed prediction: no figures
+    assert got["one"].predicted_failure is None and got["one"].predicted_profile == "fake"
     new = set(predicted.PREDICTED.values()) | {"predicted_error", "predicted_memory_error"}
     assert new <= set(results.KEYS)
     header = results.to_csv(rows).splitlines()[0].split(",")
@@ -672,7 +670,7 @@ def test_prediction_summary_and_table_on_known_rows():
     assert "| too big | (16,1,1) | 400.0 | failed: needs 16 devices, fake has 8 |  |" in md
     assert md.rstrip().endswith(line) and "published eff." not in md
     assert "[clock]" in md and "[exact]" in md
-    rows[1]["reference_efficiency"] = 0.9  # a published figure: three more columns
+    rows[1] = dataclasses.replace(rows[1], reference_efficiency=0.9)  # three more columns
     md = predicted.predicted_markdown(rows, "fake.py")
     assert "| predicted eff. | published eff. | predicted - published |" in md
     assert "| 80.0% | 90.0% | -10.0 pt |" in md
@@ -763,8 +761,7 @@ def test_repredicting_a_measured_sweep_measures_nothing(fake, monkeypatch, capsy
 def test_results_table_shows_mfu_only_where_a_peak_is_known():
     """On a GPU (a device whose peak jaxpar knows) the table carries model FLOPs utilisation;
     on simulated CPU devices (mfu None) the column is left out."""
-    gpu = dict.fromkeys(results.KEYS)
-    gpu.update(
+    gpu = bench_row(
         name="data 8",
         mesh_shape=[8, 1, 1],
         num_devices=8,
@@ -773,7 +770,7 @@ def test_results_table_shows_mfu_only_where_a_peak_is_known():
         mfu=0.4123,
         input_bound=False,
     )
-    cpu = {**gpu, "mfu": None}
+    cpu = dataclasses.replace(gpu, mfu=None)
     with_mfu = table.markdown([gpu])
     assert "| MFU [clock] |" in with_mfu and "| 41.2% |" in with_mfu
     assert "MFU" not in table.markdown([cpu])

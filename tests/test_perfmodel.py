@@ -549,9 +549,10 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
 def test_published_efficiency_sits_beside_the_prediction():
     """A suite row's `reference_efficiency` (seed 003 publishes speedups, not images/sec) is
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
-    from jaxpar.bench import predicted, results
+    from jaxpar.bench import predicted
     from jaxpar.predict.__main__ import table
     from jaxpar.suites import add_reference
+    from tests.util import bench_row
 
     rows = [
         {"name": "m 1", "model": "m", "num_devices": 1, "status": "ok", "efficiency": 1.0},
@@ -572,9 +573,8 @@ def test_published_efficiency_sits_beside_the_prediction():
             fits=True,
         )
     assert "| - | 58.7% | +31.3 pt |" in table(rows)
-    bench = [dict.fromkeys(results.KEYS) for _ in range(2)]
-    for b, eff, ref in zip(bench, (None, 0.9), (None, 0.587)):
-        b.update(
+    bench = [
+        bench_row(
             name="m",
             num_devices=2,
             speedup=1.5,
@@ -582,6 +582,8 @@ def test_published_efficiency_sits_beside_the_prediction():
             reference_efficiency=ref,
             predicted_profile="2x M60",
         )
+        for eff, ref in zip((None, 0.9), (None, 0.587))
+    ]
     md = predicted.predicted_markdown(bench, "configs/hardware/m60_x2.py")
     assert md.startswith("Predicted on 2x M60") and "| 90.0% | 58.7% | +31.3 pt |" in md
 

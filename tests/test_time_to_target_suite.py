@@ -10,23 +10,24 @@ import pytest
 from jaxpar import suites as suite_lib
 from jaxpar.bench import target_table
 from jaxpar.bench import time_to_target as ttt
+from jaxpar.bench.records import Repeat, SuiteRow
 from jaxpar.target import sync_factors
 from jaxpar.target.reference import Reference
 from jaxpar.target.steps import TracePoint
+from tests.util import bench_row
 
 
 def _row(name, batch, steps, step_time, time_s, noise=None, mode="allreduce", **config):
     spec = {"name": name, "config": {"global_batch_size": batch, "sync.mode": mode, **config}}
-    table = {
-        "name": name,
-        "status": "ok",
-        "error": None,
-        "global_batch_size": batch,
-        "num_devices": 8,
-        "mesh_shape": [8, 1, 1],
-        "mesh_axes": ["data", "stage", "tensor"],
-        "step_time_median_s": step_time,
-    }
+    table = bench_row(
+        name=name,
+        status="ok",
+        global_batch_size=batch,
+        num_devices=8,
+        mesh_shape=[8, 1, 1],
+        mesh_axes=["data", "stage", "tensor"],
+        step_time_median_s=step_time,
+    )
     record = {
         "steps_to_target": steps,
         "time_to_target_s": time_s,
@@ -59,41 +60,42 @@ def _study(monkeypatch, factors=None, goodput=False):
     if goodput:
         made.append(_row("goodput", 64, 100, 0.03, 2.0, **{"goodput.every_steps": 10}))
     specs, table, records = zip(*made)
-    table = [dict(t) for t in table]
     records = {s["name"]: dict(r) for s, r in zip(specs, records)}
     if goodput:
         records["goodput"]["schedule_phases"] = [[0, "batch 64 on (8,1,1)"]]
-    model = ttt.annotate(
-        table, specs, records, reference_of=lambda name: REFERENCE if name == "ref 64" else None
+    return ttt.annotate(
+        list(table),
+        tuple(map(SuiteRow.of_record, specs)),
+        {name: Repeat.of_record(r) for name, r in records.items()},
+        reference_of=lambda name: REFERENCE if name == "ref 64" else None,
     )
-    return table, model
 
 
 def test_predictions_come_from_the_reference_row_along_its_trace(monkeypatch):
     table, model = _study(monkeypatch)
     assert model.reference_row == "ref 64" and model.progress == 120
-    by = {r["name"]: r for r in table}
-    assert by["ref 64"]["predicted_steps_to_target"] == pytest.approx(120)
+    by = {r.name: r for r in table}
+    assert by["ref 64"].predicted_steps_to_target == pytest.approx(120)
     # along the trace: 60 steps at B_noise 10 and 60 at 80, each (1 + phi/B) / (1 + phi/64)
     along = 60 * (1 + 10 / 16) / (1 + 10 / 64) + 60 * (1 + 80 / 16) / (1 + 80 / 64)
-    assert by["b 16"]["predicted_steps_to_target"] == pytest.approx(along)
-    assert by["b 16"]["predicted_steps_error"] == pytest.approx(along / 300 - 1)
+    assert by["b 16"].predicted_steps_to_target == pytest.approx(along)
+    assert by["b 16"].predicted_steps_error == pytest.approx(along / 300 - 1)
     # one B_noise (40) for the whole run: S_min (1 + 40 / B)
     one = 120 / (1 + 40 / 64) * (1 + 40 / 16)
-    assert by["b 16"]["predicted_steps_one_average"] == pytest.approx(one)
+    assert by["b 16"].target.predicted_steps_one_average == pytest.approx(one)
     # predicted time: the row's own step time x the predicted steps
     at_1024 = 60 * (1 + 10 / 1024) / (1 + 10 / 64) + 60 * (1 + 80 / 1024) / (1 + 80 / 64)
-    assert by["b 1024"]["predicted_time_to_target_s"] == pytest.approx(at_1024 * 0.3)
+    assert by["b 1024"].predicted_time_to_target_s == pytest.approx(at_1024 * 0.3)
     # no step factor measured for local_sgd period 4: no prediction, said so in the table
-    assert by["local 4"]["predicted_steps_to_target"] is None
+    assert by["local 4"].predicted_steps_to_target is None
     assert "no step factor measured" in target_table.markdown(table, model)
 
 
 def test_sync_step_factor_applies(monkeypatch):
     table, _ = _study(monkeypatch, {("local_sgd", 4): 1.25})
-    (local,) = [r for r in table if r["name"] == "local 4"]
-    assert local["sync_factor"] == 1.25
-    assert local["predicted_steps_to_target"] == pytest.approx(120 * 1.25)
+    (local,) = [r for r in table if r.name == "local 4"]
+    assert local.target.sync_factor == 1.25
+    assert local.predicted_steps_to_target == pytest.approx(120 * 1.25)
 
 
 def test_a_goodput_row_is_simulated_on_the_fixed_rows_step_times(monkeypatch):
@@ -105,12 +107,12 @@ def test_a_goodput_row_is_simulated_on_the_fixed_rows_step_times(monkeypatch):
     all; then batch 64 (50 a second, batch 16 37.5) takes the other 57 one step each. 149.32
     steps and 2.063 s, where batch 64 alone took 120 steps and 2.4 s."""
     table, _ = _study(monkeypatch, goodput=True)
-    (row,) = [r for r in table if r["name"] == "goodput"]
-    assert row["predicted_schedule"] == [[0, 16], [92, 64]]
+    (row,) = [r for r in table if r.name == "goodput"]
+    assert row.target.predicted_schedule == [[0, 16], [92, 64]]
     on_16 = 60 * 52 / 37 + 3 * 8 / 3
-    assert row["predicted_steps_to_target"] == pytest.approx(on_16 + 57)
-    assert row["predicted_time_to_target_s"] == pytest.approx(on_16 * 0.01 + 57 * 0.02)
-    assert row["predicted_time_error"] == pytest.approx((on_16 * 0.01 + 1.14) / 2.0 - 1)
+    assert row.predicted_steps_to_target == pytest.approx(on_16 + 57)
+    assert row.predicted_time_to_target_s == pytest.approx(on_16 * 0.01 + 57 * 0.02)
+    assert row.predicted_time_error == pytest.approx((on_16 * 0.01 + 1.14) / 2.0 - 1)
 
 
 def test_summary_and_plot(monkeypatch, tmp_path):

@@ -22,6 +22,7 @@ import pytest
 from configs import base
 from jaxpar import axes, configfile, run_setup
 from jaxpar import mesh as mesh_lib
+from jaxpar.bench.row_record import BenchRow
 from jaxpar.parallel.state import forward_loss, init_state
 
 
@@ -43,6 +44,12 @@ def tiny_config(**overrides):
     config.log_every_steps = 1
     config.eval_every_steps = 0
     return override(config, overrides)
+
+
+def bench_row(**fields) -> BenchRow:
+    """A bench results row with these fields, every other one as a row that lacks it has it
+    (None; name and group empty)."""
+    return BenchRow(**fields)
 
 
 def tiny_profile(**kw):

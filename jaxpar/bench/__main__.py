@@ -49,6 +49,7 @@ from jaxpar import configfile, log, oneline
 from jaxpar import suites as suite_lib
 from jaxpar.bench import row as row_lib
 from jaxpar.bench.outdir import MANIFEST, Refused
+from jaxpar.bench.records import Manifest, Suite
 from jaxpar.errors import ConfigError
 
 
@@ -120,11 +121,11 @@ def _measured_under(out: str, overrides: dict) -> tuple[str, dict]:
     if not os.path.exists(path):
         return "partitionings", overrides
     with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    suite = manifest["suite"]
+        manifest = Manifest.of_record(json.load(f))
+    suite = manifest.suite
     if not os.path.isabs(suite):
         suite = os.path.join(suite_lib.ROOT, suite)
-    return suite, overrides or dict(manifest.get("overrides") or {})
+    return suite, overrides or dict(manifest.overrides or {})
 
 
 def _one_row(
@@ -133,9 +134,9 @@ def _one_row(
     """Row `name` of `suite`, repeat `repeat`, run in this process into OUT/runs and
     OUT/rows."""
     spec = suite_lib.load_suite(suite)
-    (entry,) = [r for r in spec.rows if r["name"] == name]
-    config = suite_lib.row_config(spec, entry, overrides)
-    base = f"{suite_lib.slug(entry['name'])}.r{repeat}"
+    (entry,) = [r for r in Suite.of_record(spec).rows if r.name == name]
+    config = suite_lib.row_config(spec, entry.as_record(), overrides)
+    base = f"{suite_lib.slug(entry.name)}.r{repeat}"
     row_lib.run_row(
         config,
         workdir=f"{out}/runs/{base}",

@@ -9,18 +9,19 @@ from __future__ import annotations
 import re
 
 from jaxpar.bench.records import AccuracyEntry
+from jaxpar.bench.row_record import BenchRow
 
 
-def study(rows: list[dict]) -> list[AccuracyEntry]:
+def study(rows: list[BenchRow]) -> list[AccuracyEntry]:
     """One entry per `label` (rows sharing a label are seeds of one setting), in suite order:
     group (the recipe), batch, devices, seeds run and ok, test accuracy mean/min/max, the
     train-split accuracy, train/test gap, final train loss, epochs, steps, seconds per epoch
     and the reference. Failed seeds are counted, not averaged."""
-    seeds: dict[str, list[dict]] = {}
+    seeds: dict[str, list[BenchRow]] = {}
     for r in rows:
-        if r["scaling"] != "none":
+        if r.scaling != "none":
             continue
-        seeds.setdefault(r.get("label") or r["name"], []).append(r)
+        seeds.setdefault(r.label or r.name, []).append(r)
     return [_entry(label, of_label) for label, of_label in seeds.items()]
 
 
@@ -29,29 +30,28 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _entry(label: str, rows: list[dict]) -> AccuracyEntry:
-    ok = [r for r in rows if r["status"] == "ok" and r.get("eval_accuracy") is not None]
+def _entry(label: str, rows: list[BenchRow]) -> AccuracyEntry:
+    ok = [r for r in rows if r.status == "ok" and r.eval_accuracy is not None]
     first = rows[0]
-    acc = [r["eval_accuracy"] for r in ok]
+    acc = [r.eval_accuracy for r in ok]
     return AccuracyEntry(
         label=label,
-        group=first.get("group", ""),
-        global_batch_size=first.get("global_batch_size")
-        or first.get("config", {}).get("global_batch_size"),
-        num_devices=first.get("num_devices"),
+        group=first.group,
+        global_batch_size=first.global_batch_size,
+        num_devices=first.num_devices,
         seeds=len(rows),
         seeds_ok=len(ok),
-        error=next((r["error"] for r in rows if r["status"] != "ok"), None),
+        error=next((r.error for r in rows if r.status != "ok"), None),
         accuracy=_mean(acc),
         accuracy_min=min(acc) if acc else None,
         accuracy_max=max(acc) if acc else None,
-        train_accuracy=_mean([r.get("train_eval_accuracy") for r in ok]),
-        gap=_mean([r.get("generalization_gap") for r in ok]),
-        final_loss=_mean([r.get("final_loss") for r in ok]),
-        epochs=ok[0].get("epochs") if ok else None,
-        steps=ok[0].get("steps") if ok else None,
-        seconds_per_epoch=_mean([r.get("seconds_per_epoch") for r in ok]),
-        reference=first.get("reference"),
+        train_accuracy=_mean([r.train_eval_accuracy for r in ok]),
+        gap=_mean([r.generalization_gap for r in ok]),
+        final_loss=_mean([r.final_loss for r in ok]),
+        epochs=ok[0].epochs if ok else None,
+        steps=ok[0].steps if ok else None,
+        seconds_per_epoch=_mean([r.seconds_per_epoch for r in ok]),
+        reference=first.reference,
     )
 
 

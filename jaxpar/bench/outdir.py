@@ -9,6 +9,7 @@ import os
 import re
 
 from jaxpar import suites as suite_lib
+from jaxpar.bench.records import Manifest, Repeat
 from jaxpar.files import write_json
 
 MANIFEST = "sweep.json"
@@ -28,14 +29,14 @@ def paths(out: str, name: str, r: int) -> tuple[str, str, str]:
     )
 
 
-def stored(out: str, name: str) -> dict[int, dict]:
+def stored(out: str, name: str) -> dict[int, Repeat]:
     """Every stored record of row `name` (any fingerprint), by repeat."""
     rows_dir = os.path.join(out, "rows")
     pattern = re.escape(suite_lib.slug(name)) + r"\.r(\d+)\.json"
     found = {}
     for file in sorted(os.listdir(rows_dir)):
         if match := re.fullmatch(pattern, file):
-            found[int(match.group(1))] = read(os.path.join(rows_dir, file))
+            found[int(match.group(1))] = Repeat.of_record(read(os.path.join(rows_dir, file)))
     return found
 
 
@@ -43,13 +44,17 @@ def set_aside(out: str, name: str, rep: int, fingerprint: str) -> None:
     """Move a record (with its log and run) made under another config of this row to
     OUT/replaced/ before the row is measured again: kept apart, never overwritten."""
     path, log, run = paths(out, name, rep)
-    if not os.path.exists(path) or (old := read(path)).get("fingerprint") == fingerprint:
+    if not os.path.exists(path):
         return
-    base = _free(os.path.join(out, "replaced", f"{os.path.basename(run)}.{_tag(old)}"))
+    old = read(path)  # the record as stored, every key kept
+    was = Repeat.of_record(old).fingerprint
+    if was == fingerprint:
+        return
+    base = _free(os.path.join(out, "replaced", f"{os.path.basename(run)}.{_tag(was)}"))
     os.makedirs(os.path.dirname(base), exist_ok=True)
     if os.path.exists(log):
-        old["log"] = f"{base}.log"
-        os.replace(log, old["log"])
+        moved = old["log"] = f"{base}.log"
+        os.replace(log, moved)
     if os.path.exists(run):
         os.replace(run, f"{base}.run")
     write_json(f"{base}.json", old)
@@ -65,10 +70,7 @@ def claim(out: str, suite: str, overrides: dict) -> None:
     """Record in OUT/sweep.json what OUT is measured under, or refuse a sweep under other
     settings: rows measured with different overrides must not mix in one table."""
     path = os.path.join(out, MANIFEST)
-    mine = {
-        "suite": suite_lib.suite_id(suite),
-        "overrides": suite_lib.plain(overrides),
-    }
+    mine = Manifest(suite=suite_lib.suite_id(suite), overrides=suite_lib.plain(overrides))
     if not os.path.exists(path):
         if os.path.isdir(os.path.join(out, "rows")):  # made before OUT had a manifest
             print(
@@ -76,16 +78,16 @@ def claim(out: str, suite: str, overrides: dict) -> None:
                 flush=True,
             )
         os.makedirs(out, exist_ok=True)
-        write_json(path, mine)
+        write_json(path, mine.as_record())
         return
-    theirs = read(path)
-    if theirs.get("suite") != mine["suite"]:
+    theirs = Manifest.of_record(read(path))
+    if theirs.suite != mine.suite:
         raise Refused(
-            f"--out {out} holds suite {theirs.get('suite')}, not {mine['suite']}; "
-            f"pass --suite {theirs.get('suite')}, or choose another --out"
+            f"--out {out} holds suite {theirs.suite}, not {mine.suite}; "
+            f"pass --suite {theirs.suite}, or choose another --out"
         )
-    if theirs.get("overrides") != mine["overrides"]:
-        differ = suite_lib.differences(theirs.get("overrides") or {}, mine["overrides"])
+    if theirs.overrides != mine.overrides:
+        differ = suite_lib.differences(theirs.overrides or {}, mine.overrides)
         raise Refused(
             f"--out {out} was measured with other overrides ({differ}); pass the same "
             "--config overrides, or choose another --out"
@@ -97,9 +99,9 @@ def read(path: str) -> dict:
         return json.load(f)
 
 
-def _tag(record: dict) -> str:
+def _tag(fingerprint: str | None) -> str:
     """The file-name tag of a replaced record: its fingerprint (or 'old')."""
-    found = str(record.get("fingerprint", ""))
+    found = str(fingerprint if fingerprint is not None else "")
     return found if re.fullmatch(r"[0-9a-f]{12}", found) else "old"
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import json
 import shutil
 import statistics
@@ -39,7 +40,25 @@ ROWS = (
 )
 
 
-def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Figures:
+    """One row's figures (a line of the table, and of --out's JSON beside its setting)."""
+
+    bounds: list[int]  # the stages' layer bounds
+    chunk_ms: list[float]  # measured per-chunk time
+    predicted_chunk_ms: list[float] | None  # the layer-time model's, where it has one
+    imbalance: float  # the slowest chunk over the mean
+    step_gflops: float
+    stored_mb_per_stage: list[float]
+    analytic_bubble: float
+    timeline_bubble: float
+    wall_step_s: float
+
+    def as_record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def measure(config, devices, steps: int, workdir: str | None = None) -> Figures:
     """One row's figures."""
     setup = run_setup.setup(config, devices, workdir)
     strategy = setup.strategy
@@ -56,21 +75,21 @@ def measure(config, devices, steps: int, workdir: str | None = None) -> dict:
     batch_size = config.global_batch_size
     line = analysis.measure_pipeline(strategy, batch_size)
     chunk = line["stage_time_s"]
-    return {
-        "bounds": list(strategy.bounds),
-        "chunk_ms": [1e3 * t for t in chunk],
-        "predicted_chunk_ms": (
+    return Figures(
+        bounds=list(strategy.bounds),
+        chunk_ms=[1e3 * t for t in chunk],
+        predicted_chunk_ms=(
             [1e3 * t for t in setup.model.times.chunk_times(strategy.bounds)]
             if setup.model.times is not None
             else None
         ),
-        "imbalance": max(chunk) / (sum(chunk) / len(chunk)),
-        "step_gflops": analysis.step_flops(strategy, batch_size) / 1e9,
-        "stored_mb_per_stage": [b / 2**20 for b in strategy.stored_activation_bytes(batch_size)],
-        "analytic_bubble": strategy.analytic_bubble(),
-        "timeline_bubble": line["measured_bubble"],
-        "wall_step_s": statistics.median(times),
-    }
+        imbalance=max(chunk) / (sum(chunk) / len(chunk)),
+        step_gflops=analysis.step_flops(strategy, batch_size) / 1e9,
+        stored_mb_per_stage=[b / 2**20 for b in strategy.stored_activation_bytes(batch_size)],
+        analytic_bubble=strategy.analytic_bubble(),
+        timeline_bubble=line["measured_bubble"],
+        wall_step_s=statistics.median(times),
+    )
 
 
 def main() -> None:
@@ -122,17 +141,16 @@ def main() -> None:
                 )
                 r = measure(config, jax.devices()[:k], args.steps, cache)
                 name = f"{schedule} v={v}" if v > 1 else schedule
-                walls[(name, remat, m, split)] = r["wall_step_s"]
+                walls[(name, remat, m, split)] = r.wall_step_s
                 base_wall = walls.get((name, remat, m, "flops"))
-                ratio = (
-                    f"{r['wall_step_s'] / base_wall:.2f}" if split != "flops" and base_wall else ""
-                )
-                records.append({"schedule": name, "remat": remat, "split": split, "M": m, **r})
+                ratio = f"{r.wall_step_s / base_wall:.2f}" if split != "flops" and base_wall else ""
+                setting = {"schedule": name, "remat": remat, "split": split, "M": m}
+                records.append(setting | r.as_record())
                 print(
-                    f"| {name} | {remat} | {split} | {m} | {tuple(r['bounds'])} | "
-                    f"{r['step_gflops']:.2f} | {max(r['stored_mb_per_stage']):.2f} | "
-                    f"{r['analytic_bubble']:.3f} | {r['timeline_bubble']:.3f} | "
-                    f"{r['imbalance']:.2f} | {r['wall_step_s']:.3f} | {ratio} |",
+                    f"| {name} | {remat} | {split} | {m} | {tuple(r.bounds)} | "
+                    f"{r.step_gflops:.2f} | {max(r.stored_mb_per_stage):.2f} | "
+                    f"{r.analytic_bubble:.3f} | {r.timeline_bubble:.3f} | "
+                    f"{r.imbalance:.2f} | {r.wall_step_s:.3f} | {ratio} |",
                     flush=True,
                 )
     if args.out:

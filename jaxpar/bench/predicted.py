@@ -1,10 +1,12 @@
 """Predictions beside measurements: the sweep's rows predicted on a hardware profile
 (`predict_table`, python -m jaxpar.predict in its own process), merged into the bench rows with
 their errors (`merge_predictions`), summarised (`prediction_summary`) and tabulated
-(`predicted_markdown`). Pure functions over plain dicts, but for the predictor's process."""
+(`predicted_markdown`). Pure functions over the bench's rows, but for the predictor's
+process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -14,6 +16,7 @@ import sys
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
 from jaxpar.bench.records import Prediction, PredictionSummary
+from jaxpar.bench.row_record import BenchRow
 from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
 from jaxpar.stats import spearman
@@ -38,11 +41,12 @@ PREDICTED = {
 
 
 def predict_table(
-    table: list[dict], suite: str, profile: str, overrides: dict, sweep_out: str
-) -> bool:
+    table: list[BenchRow], suite: str, profile: str, overrides: dict, sweep_out: str
+) -> list[BenchRow] | None:
     """Predict the table's rows on `profile` (python -m jaxpar.predict in its
     own process: it compiles for the profile's device count) and merge the predictions and
-    their errors into `table` (merge_predictions). False if the predictor failed.
+    their errors into `table` (merge_predictions): the rows merged, or None if the predictor
+    failed.
     Only the rows OUT holds are predicted (a suite file of those rows in OUT/predicted)."""
     out = os.path.join(sweep_out, "predicted")
     os.makedirs(out, exist_ok=True)
@@ -68,18 +72,17 @@ def predict_table(
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=suite_lib.ROOT)
     if rc != 0:
         print(f"prediction failed (exit {rc}); see {log}", flush=True)
-        return False
+        return None
     with open(os.path.join(out, "predictions.json"), encoding="utf-8") as f:
         rows = json.load(f)["rows"]
-    merge_predictions(table, rows)
-    return True
+    return merge_predictions(table, rows)
 
 
-def _subset(table: list[dict], suite: str, out: str) -> str:
+def _subset(table: list[BenchRow], suite: str, out: str) -> str:
     """The suite file to predict: the sweep's own, or, when OUT holds only some of its
     rows (--only), OUT/predicted/suite.py with those rows alone (nothing compiled for
     rows that have no measurement to compare with)."""
-    names = [r["name"] for r in table]
+    names = [r.name for r in table]
     if len(names) == len(suite_lib.load_suite(suite).rows):
         return suite
     path = os.path.join(out, "suite.py")
@@ -99,7 +102,7 @@ def get_config():
 '''
 
 
-def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
+def merge_predictions(rows: list[BenchRow], predicted: list[dict]) -> list[BenchRow]:
     """Merge predictions.json's rows (jaxpar.predict, by name) into the bench rows as the
     predicted_* keys of PREDICTED, and the errors against the measurement: `predicted_error`
     = predicted / measured images/sec - 1 [clock], `predicted_memory_error` = predicted /
@@ -107,27 +110,30 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
     predicted images/sec is capped at the row's measured loader capacity. A row
     the predictor did not return keeps None; one it failed on gets its status and message."""
     by_name = {p.name: p for p in map(Prediction.of_record, predicted)}
-    for r in rows:
-        p = by_name.get(r["name"], Prediction(r["name"]))
-        for theirs, mine in PREDICTED.items():
-            r[mine] = getattr(p, theirs)
-        if r["predicted_status"] != "ok":  # a failed prediction carries no figures
-            for mine in PREDICTED.values():
-                if mine not in ("predicted_profile", "predicted_status", "predicted_failure"):
-                    r[mine] = None
-        else:
-            r["predicted_failure"] = None
-        loader = r.get("loader_images_per_sec")  # measured: no step outruns its input
-        if r["predicted_images_per_sec"] and loader and r["predicted_images_per_sec"] > loader:
-            r["predicted_images_per_sec"] = loader
-        measured_ok = r.get("status") == "ok"
-        r["predicted_error"] = _ratio(
-            r["predicted_images_per_sec"], r.get("images_per_sec") if measured_ok else None
-        )
-        r["predicted_memory_error"] = _ratio(
-            r["predicted_memory_bytes_per_device"], r.get("memory_bytes_per_device")
-        )
-    return rows
+    return [_merged(r, by_name.get(r.name, Prediction(r.name))) for r in rows]
+
+
+def _merged(r: BenchRow, p: Prediction) -> BenchRow:
+    """Row `r` with prediction `p` and its errors (merge_predictions)."""
+    figures = {mine: getattr(p, theirs) for theirs, mine in PREDICTED.items()}
+    if p.status != "ok":  # a failed prediction carries no figures
+        kept = ("predicted_profile", "predicted_status", "predicted_failure")
+        figures = {k: v if k in kept else None for k, v in figures.items()}
+    else:
+        figures = figures | {"predicted_failure": None}
+    r = dataclasses.replace(r, **figures)
+    rate, loader = r.predicted_images_per_sec, r.loader_images_per_sec
+    if rate and loader and rate > loader:  # measured: no step outruns its input
+        rate = loader
+    measured = r.images_per_sec if r.status == "ok" else None
+    return dataclasses.replace(
+        r,
+        predicted_images_per_sec=rate,
+        predicted_error=_ratio(rate, measured),
+        predicted_memory_error=_ratio(
+            r.predicted_memory_bytes_per_device, r.memory_bytes_per_device
+        ),
+    )
 
 
 def _ratio(predicted, measured) -> float | None:
@@ -137,28 +143,28 @@ def _ratio(predicted, measured) -> float | None:
     return predicted / measured - 1
 
 
-def prediction_summary(rows: list[dict]) -> PredictionSummary:
+def prediction_summary(rows: list[BenchRow]) -> PredictionSummary:
     """Over the rows with both a measured and a predicted images/sec: their count, the median
     and mean |predicted_error|, the worst row and its (signed) error, and Spearman's rho of
     predicted against measured images/sec. None figures where no row has both."""
-    both = [r for r in rows if r.get("predicted_error") is not None]
+    both = [r for r in rows if r.predicted_error is not None]
     if not both:
         return PredictionSummary(n=0)
-    errors = [abs(r["predicted_error"]) for r in both]
-    worst = max(both, key=lambda r: abs(r["predicted_error"]))
+    errors = [abs(r.predicted_error) for r in both]
+    worst = max(both, key=lambda r: abs(r.predicted_error))
     return PredictionSummary(
         n=len(both),
         median_abs_error=statistics.median(errors),
         mean_abs_error=sum(errors) / len(errors),
-        worst=worst["name"],
-        worst_error=worst["predicted_error"],
+        worst=worst.name,
+        worst_error=worst.predicted_error,
         spearman=spearman(
-            [r["images_per_sec"] for r in both], [r["predicted_images_per_sec"] for r in both]
+            [r.images_per_sec for r in both], [r.predicted_images_per_sec for r in both]
         ),
     )
 
 
-def summary_line(rows: list[dict]) -> str:
+def summary_line(rows: list[BenchRow]) -> str:
     """prediction_summary in one line, for under the table (and the plot's title)."""
     s = prediction_summary(rows)
     if not s.n:
@@ -175,11 +181,11 @@ def summary_line(rows: list[dict]) -> str:
     )
 
 
-def predicted_markdown(rows: list[dict], profile: str) -> str:
+def predicted_markdown(rows: list[BenchRow], profile: str) -> str:
     """Measured here against predicted on `profile`, one line per row, the summary below; a
     row's published efficiency (`reference_efficiency`) beside where the suite gives one."""
-    name = next((r["predicted_profile"] for r in rows if r.get("predicted_profile")), profile)
-    published = any(r.get("reference_efficiency") is not None for r in rows)
+    name = next((r.predicted_profile for r in rows if r.predicted_profile), profile)
+    published = any(r.reference_efficiency is not None for r in rows)
     head = (
         "| row | mesh | measured img/s [clock] | predicted img/s | error | "
         "measured step ms [clock] | predicted step ms (compute / comm / bubble / overhead) | "
@@ -200,49 +206,44 @@ def predicted_markdown(rows: list[dict], profile: str) -> str:
         "|" + "---|" * (12 if published else 9),
     ]
     for r in rows:
-        ok, pok = r.get("status") == "ok", r.get("predicted_status") == "ok"
-        measured = (
-            number_cell(r.get("images_per_sec"), ",.1f") if ok else f"failed: {r.get('error')}"
-        )
+        ok, pok = r.status == "ok", r.predicted_status == "ok"
+        measured = number_cell(r.images_per_sec, ",.1f") if ok else f"failed: {r.error}"
         if pok:
-            guess = number_cell(r["predicted_images_per_sec"], ",.1f")
+            guess = number_cell(r.predicted_images_per_sec, ",.1f")
             parts = [
-                r["predicted_compute_s"],
-                r["predicted_comm_s"],
-                r["predicted_bubble_s"],
-                r["predicted_overhead_s"],
+                r.predicted_compute_s,
+                r.predicted_comm_s,
+                r.predicted_bubble_s,
+                r.predicted_overhead_s,
             ]
-            step = f"{_ms(r['predicted_step_time_s'])} (" + " / ".join(map(_ms, parts)) + ")"
+            step = f"{_ms(r.predicted_step_time_s)} (" + " / ".join(map(_ms, parts)) + ")"
         else:
-            why = r.get("predicted_failure") or "not predicted"
-            guess, step = f"failed: {why}" if r.get("predicted_status") else "", ""
+            why = r.predicted_failure or "not predicted"
+            guess, step = f"failed: {why}" if r.predicted_status else "", ""
         bubble = ""
-        if r.get("measured_bubble") is not None or r.get("predicted_bubble") is not None:
-            bubble = f"{number_cell(r.get('measured_bubble'), '.3f')} / {number_cell(r.get('predicted_bubble'), '.3f')}"
+        if r.measured_bubble is not None or r.predicted_bubble is not None:
+            bubble = f"{number_cell(r.measured_bubble, '.3f')} / {number_cell(r.predicted_bubble, '.3f')}"
         memory = ""
-        if (
-            r.get("memory_bytes_per_device") is not None
-            or r.get("predicted_memory_bytes_per_device") is not None
-        ):
+        if r.memory_bytes_per_device is not None or r.predicted_memory_bytes_per_device is not None:
             memory = (
-                f"{mib_cell(r.get('memory_bytes_per_device'))} / "
-                f"{mib_cell(r.get('predicted_memory_bytes_per_device'))}"
+                f"{mib_cell(r.memory_bytes_per_device)} / "
+                f"{mib_cell(r.predicted_memory_bytes_per_device)}"
             )
-            if r.get("predicted_memory_error") is not None:
-                memory += f" ({_signed(r['predicted_memory_error'])})"
+            if r.predicted_memory_error is not None:
+                memory += f" ({_signed(r.predicted_memory_error)})"
         cells = [
-            r["name"],
+            r.name,
             mesh_cell(r),
             measured,
             guess,
-            _signed(r.get("predicted_error")),
-            _ms(r.get("step_time_median_s")) if ok else "",
+            _signed(r.predicted_error),
+            _ms(r.step_time_median_s) if ok else "",
             step,
             bubble,
             memory,
         ]
         if published:
-            ref, eff = r.get("reference_efficiency"), r.get("predicted_efficiency")
+            ref, eff = r.reference_efficiency, r.predicted_efficiency
             delta = f"{100 * (eff - ref):+.1f} pt" if ref is not None and eff is not None else ""
             cells += [_pct(eff), _pct(ref), delta]
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")

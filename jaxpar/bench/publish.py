@@ -14,14 +14,20 @@ from jaxpar.bench import predicted as predicted_lib
 from jaxpar.bench import results as results_lib
 from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt_lib
-from jaxpar.bench.records import Machine
+from jaxpar.bench.records import Repeat, Suite, SuiteRow
+from jaxpar.bench.row_record import BenchRow
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_json, write_text
 from jaxpar.target import reading
 from jaxpar.target.reference import Reference
 
 
-def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False) -> list[dict]:
+def write(
+    sweep,
+    rows: tuple[SuiteRow, ...],
+    records: dict[str, dict[int, Repeat]],
+    final: bool = False,
+) -> list[BenchRow]:
     """results.json, .csv and .md from every record so far (atomic writes), and the studies'
     files beside them; at the end of the sweep also the report printed and the plots. Returns
     the results table."""
@@ -29,28 +35,28 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
         [
             results_lib.aggregate(r, [reps[k] for k in sorted(reps)])
             for r in rows
-            if (reps := records[r["name"]])
+            if (reps := records[r.name])
         ]
     )
     machine = _machine(records)
-    ttt_model = _time_to_target(sweep, rows, records, table)
+    table, ttt_model = _time_to_target(sweep, rows, records, table)
     predicted = False
     if final and sweep.predict:  # after the last row: the predictor's own process
         args = (table, sweep.suite, sweep.predict, sweep.overrides, sweep.out)
-        predicted = predicted_lib.predict_table(*args)
+        merged = predicted_lib.predict_table(*args)
+        predicted = merged is not None
+        table = merged if predicted else table
+    rows_json = [r.as_record() for r in table]
     write_json(
         os.path.join(sweep.out, "results.json"),
-        {"suite": sweep.suite, "machine": machine, "note": table_lib.HEADER, "rows": table},
+        {"suite": sweep.suite, "machine": machine, "note": table_lib.HEADER, "rows": rows_json},
     )
     write_text(os.path.join(sweep.out, "results.csv"), results_lib.to_csv(table))
     write_text(os.path.join(sweep.out, "results.md"), table_lib.markdown(table, machine))
     study = accuracy_lib.markdown(accuracy_lib.study(table), sweep.reference_name)
     # an accuracy study: rows outside the scaling plots that name a setting (label, seeds
     # folded) or a published figure; not every scaling="none" row (pipeline_efficiency's)
-    is_study = any(
-        r.get("scaling") == "none" and (r.get("label") or r.get("reference") is not None)
-        for r in rows
-    )
+    is_study = any(r.scaling == "none" and (r.label or r.reference is not None) for r in rows)
     if is_study:
         write_text(os.path.join(sweep.out, "accuracy.md"), study)
     if ttt_model is not False:  # a time-to-target suite: its study beside the results
@@ -63,22 +69,7 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
             {
                 "model": ttt_model.as_record() if ttt_model is not None else None,
                 "summary": ttt_lib.summary(table).as_record(),
-                "rows": [
-                    {
-                        k: r.get(k)
-                        for k in (
-                            "name",
-                            "global_batch_size",
-                            "num_devices",
-                            "mesh_shape",
-                            "mesh_axes",
-                            "strategy",
-                            "step_time_median_s",
-                            *ttt_lib.KEYS,
-                        )
-                    }
-                    for r in table
-                ],
+                "rows": [r.as_record(_TARGET_COLUMNS) for r in table],
             },
         )
     if predicted:
@@ -106,18 +97,32 @@ def write(sweep, rows: list[dict], records: dict[str, dict], final: bool = False
     return table
 
 
+# time_to_target.json's columns of each row
+_TARGET_COLUMNS = (
+    "name",
+    "global_batch_size",
+    "num_devices",
+    "mesh_shape",
+    "mesh_axes",
+    "strategy",
+    "step_time_median_s",
+    *ttt_lib.KEYS,
+)
+
+
 def _time_to_target(sweep, rows, records, table):
-    """A time-to-target suite's figures added to `table` (jaxpar.bench.time_to_target);
-    the reference's model (None: no reference yet), or False for any other suite."""
-    spec = suite_lib.load_suite(sweep.suite)
-    if not ttt_lib.is_study(spec):
-        return False
+    """A time-to-target suite's figures added to `table` (jaxpar.bench.time_to_target): the
+    table, and the reference's model (None: no reference yet), or False for any other
+    suite."""
+    suite = Suite.of_record(suite_lib.load_suite(sweep.suite))
+    if not suite.trains_to_target:
+        return table, False
     first = {name: reps[min(reps)] for name, reps in records.items() if reps}
     return ttt_lib.annotate(
         table,
         rows,
         first,
-        spec.get("reference_row", ""),
+        suite.reference_row,
         reference_of=lambda name: _reference(outdir.paths(sweep.out, name, 0)[2]),
     )
 
@@ -137,9 +142,9 @@ def _read_text(path: str) -> str:
         return f.read()
 
 
-def _machine(records: dict[str, dict]) -> str:
+def _machine(records: dict[str, dict[int, Repeat]]) -> str:
     for reps in records.values():
         for r in reps.values():
-            if m := r.get("machine"):
-                return Machine.of_record(m).describe()
+            if r.machine is not None:
+                return r.machine.describe()
     return ""

@@ -1,11 +1,15 @@
-"""The bench's typed records beside its rows, as the sweep writes them: the time-to-target
-study's reference model and its summary (OUT/time_to_target.json's "model" and "summary").
-Each is written by `as_record` and read back by `of_record`; the keys are the file's."""
+"""The bench's typed records beside its rows (row_record.py): the time-to-target study's
+reference model and its summary (OUT/time_to_target.json's "model" and "summary"), an
+accuracy study's entry, the predictions read, the machine, a suite and its entries, a row's
+repeat (OUT/rows/*.json) and what OUT is measured under (OUT/sweep.json). Each is written by
+`as_record` and read back by `of_record`; the keys are the file's."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from jaxpar.bench.row_record import BenchRow, TargetRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,4 +144,130 @@ class Machine:
         return (
             f"{self.devices_present} {self.backend} devices ({self.device_kind}) on "
             f"{self.cpu_cores} CPU cores, JAX {self.jax}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteRow:
+    """One entry of a suite's `rows` (configs/bench's `row(...)`): its name, the overrides
+    that make it (`config`, {dotted key: value}) and how it is read; the overrides the bench
+    reads itself beside them."""
+
+    name: str
+    config: dict[str, Any]
+    group: str = ""
+    scaling: str | None = None
+    baseline: str | None = None
+    label: str | None = None
+    reference: float | tuple[float, float] | None = None
+    reference_efficiency: float | None = None
+    seed: int | None = None  # the row's own seed, if it sets one
+    mesh_shape: tuple | None = None  # the mesh the row asks for, if it names one
+    mesh_axes: tuple | None = None
+    global_batch_size: int | None = None
+    sync_mode: str = "allreduce"
+    goodput_every_steps: int = 50  # a goodput schedule's decision interval
+    trains_to_target: bool = False  # the row sets a target accuracy or eval loss
+
+    def as_record(self) -> dict[str, Any]:
+        """The entry as configs/bench's `row(...)` makes it."""
+        keys = ("name", "config", "group", "scaling", "baseline", "label", "reference")
+        return {k: getattr(self, k) for k in keys} | {
+            "reference_efficiency": self.reference_efficiency
+        }
+
+    @classmethod
+    def of_record(cls, record: Any) -> SuiteRow:
+        config = dict(record.get("config", {}))
+        shape, names = config.get("mesh_shape"), config.get("mesh_axes")
+        return cls(
+            name=record["name"],
+            config=config,
+            group=record.get("group", ""),
+            scaling=record.get("scaling"),
+            baseline=record.get("baseline"),
+            label=record.get("label"),
+            reference=record.get("reference"),
+            reference_efficiency=record.get("reference_efficiency"),
+            seed=config.get("seed"),
+            mesh_shape=tuple(shape) if shape is not None else None,
+            mesh_axes=tuple(names) if names else None,
+            global_batch_size=config.get("global_batch_size"),
+            sync_mode=config.get("sync.mode", "allreduce"),
+            goodput_every_steps=int(config.get("goodput.every_steps", 50)),
+            trains_to_target=bool(config.get("target_accuracy") or config.get("target_eval_loss")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """What a sweep's OUT is measured under (OUT/sweep.json): the suite and the --config
+    overrides."""
+
+    suite: str | None
+    overrides: dict[str, Any] | None
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> Manifest:
+        return cls(suite=record.get("suite"), overrides=record.get("overrides"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """What the bench reads of a suite file (configs/bench/*.py) beside its base and
+    overrides (jaxpar.suites builds each row's config from those)."""
+
+    rows: tuple[SuiteRow, ...]
+    reference_name: str  # the accuracy study's column for the published figures
+    predict_profile: str  # a hardware profile every sweep of it is predicted on, or ""
+    reference_row: str  # the time-to-target study's reference row, or "": the first fit
+    trains_to_target: bool  # its overrides or a row set a target: a time-to-target study
+
+    @classmethod
+    def of_record(cls, record: Any) -> Suite:
+        rows = tuple(SuiteRow.of_record(r) for r in record.rows)
+        common = SuiteRow.of_record({"name": "", "config": record.get("overrides") or {}})
+        return cls(
+            rows=rows,
+            reference_name=record.get("reference_name", "published"),
+            predict_profile=record.get("predict_profile", ""),
+            reference_row=record.get("reference_row", ""),
+            trains_to_target=any(r.trains_to_target for r in (common, *rows)),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Repeat:
+    """One repeat of a row (OUT/rows/*.json: the row's process's summary, the sweep's
+    fingerprint and log beside it), as the sweep reads it: the figures under the results'
+    columns, what a time-to-target study reads, and the few figures aggregating needs."""
+
+    figures: BenchRow  # the record's values under the results' columns (None: absent)
+    target: TargetRow  # the record's time-to-target figures
+    fingerprint: str | None = None  # the row's config's, when it ran
+    log: str | None = None
+    machine: Machine | None = None
+    step_time_p10_s: float | None = None
+    step_time_p90_s: float | None = None
+    bytes_between_stages_per_step: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.figures.status == "ok"
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> Repeat:
+        machine = record.get("machine")
+        return cls(
+            figures=BenchRow.of_record(record),
+            target=TargetRow.of_record(record),
+            fingerprint=record.get("fingerprint"),
+            log=record.get("log"),
+            machine=Machine.of_record(machine) if machine else None,
+            step_time_p10_s=record.get("step_time_p10_s"),
+            step_time_p90_s=record.get("step_time_p90_s"),
+            bytes_between_stages_per_step=record.get("bytes_between_stages_per_step"),
         )

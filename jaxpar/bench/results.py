@@ -1,129 +1,23 @@
 """Turn per-repeat row records into the sweep's results: mean and standard error over repeats,
 speedup and efficiency against each row's baseline, every row's keys, and results.csv
-(table.py draws results.md). Pure functions over plain dicts (tested on known inputs)."""
+(table.py draws results.md). Pure functions over the typed rows (tested on known inputs)."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
-import json
 import math
-from typing import Any
 
 from jaxpar import axes
+from jaxpar.bench import row_record
+from jaxpar.bench.records import Repeat, SuiteRow
+from jaxpar.bench.row_record import BenchRow
 from jaxpar.metrics import INPUT_BOUND_WAIT_SHARE
 
-# Keys every row carries (None where a figure does not apply or the row failed).
-KEYS = (
-    "name",
-    "group",
-    "scaling",
-    "status",
-    "error",
-    "mesh_shape",
-    "mesh_axes",
-    "num_devices",
-    "strategy",
-    "pipeline_schedule",
-    "num_microbatches",
-    "global_batch_size",
-    "repeats",
-    "images_per_sec",
-    "images_per_sec_stderr",
-    "images_per_sec_p10",
-    "images_per_sec_p90",
-    "speedup",
-    "efficiency",
-    "baseline",
-    "step_time_median_s",
-    "compile_time_s",
-    "input_s_per_step",
-    "input_wait_s_per_step",
-    "input_wait_share",
-    "loader_images_per_sec",
-    "input_bound",
-    "num_params",
-    "param_bytes",
-    "param_bytes_per_device",
-    "opt_state_bytes_per_device",
-    "state_bytes_per_device",
-    "program_temp_bytes_per_device",
-    "stored_activation_bytes_per_device",
-    "memory_bytes_per_device",
-    "collective_bytes_per_device",
-    "collective_bytes_by_kind",
-    "collective_bytes_by_axis",
-    "data_allreduce_bytes",
-    "data_allreduce_over_params",
-    "ring_allreduce_wire_bytes",
-    "halo_bytes_per_device",
-    "bytes_between_stages",
-    "stage_transfer_bytes_per_device",
-    "analytic_bubble",
-    "measured_bubble",
-    "model_flops_per_image",
-    "model_flops_per_sec",
-    "mfu",
-    "final_loss",
-    "eval_accuracy",
-    # the accuracy study (jaxpar.bench.accuracy): the setting a row repeats under another seed,
-    # the published figure, and how the run generalised
-    "label",
-    "reference",
-    "seed",
-    "steps",
-    "epochs",
-    "seconds_per_epoch",
-    "eval_loss",
-    "train_eval_loss",
-    "train_eval_accuracy",
-    "generalization_gap",
-    # a published efficiency for the row, and the row predicted on a hardware profile
-    # (python -m jaxpar.bench --predict PROFILE)
-    "reference_efficiency",
-    "predicted_profile",
-    "predicted_status",
-    "predicted_failure",
-    "predicted_images_per_sec",
-    "predicted_step_time_s",
-    "predicted_compute_s",
-    "predicted_comm_s",
-    "predicted_bubble_s",
-    "predicted_overhead_s",
-    "predicted_bubble",
-    "predicted_memory_bytes_per_device",
-    "predicted_fits",
-    "predicted_speedup",
-    "predicted_efficiency",
-    # predicted against measured: predicted / measured - 1 (images/sec; memory per device)
-    "predicted_error",
-    "predicted_memory_error",
-    # time to a target (suite time_to_target: jaxpar.bench.time_to_target), measured and
-    # predicted by the steps model from the suite's reference row
-    "steps_to_target",
-    "time_to_target_s",
-    "accuracy_at_target",
-    "noise_scale_to_target",
-    "sync_mode",
-    "sync_setting",
-    "predicted_steps_to_target",
-    "predicted_steps_error",
-    "predicted_steps_late",
-    "predicted_time_to_target_s",
-    "predicted_time_error",
-)
-
-_SPEC_KEYS = (
-    "name",
-    "group",
-    "scaling",
-    "baseline",
-    "repeats",
-    "label",
-    "reference",
-    "seed",
-    "reference_efficiency",
-)
+# The columns every row carries, in the files' order (None where a figure does not apply or
+# the row failed).
+KEYS = row_record.KEYS
 
 
 def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
@@ -137,42 +31,55 @@ def mean_stderr(values: list[float]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(var / len(values))
 
 
-def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
-    """One row from its suite entry and its repeat records (in repeat order)."""
-    out: dict[str, Any] = dict.fromkeys(KEYS)
-    out.update(name=spec["name"], group=spec.get("group", ""), scaling=spec.get("scaling"))
-    out["baseline"] = spec.get("baseline") or None
-    out["label"], out["reference"] = spec.get("label") or spec["name"], spec.get("reference")
-    out["seed"] = spec.get("config", {}).get("seed")
-    out["reference_efficiency"] = spec.get("reference_efficiency")
-    out["repeats"] = len(repeats)
-    failed = [r for r in repeats if r.get("status") != "ok"]
-    first = repeats[0] if repeats else {}
-    for key in KEYS:
-        if key in first and key not in _SPEC_KEYS:
-            out[key] = first[key]
-    out["bytes_between_stages"] = first.get("bytes_between_stages_per_step")
-    if out["mesh_shape"] is None and "mesh_shape" in spec.get("config", {}):
-        out["mesh_shape"] = list(spec["config"]["mesh_shape"])  # a failed row: as asked
-        out["mesh_axes"] = list(spec["config"].get("mesh_axes") or axes.DEFAULT)
-        out["num_devices"] = math.prod(out["mesh_shape"]) if -1 not in out["mesh_shape"] else None
-    if out["global_batch_size"] is None:  # a failed row: as asked
-        out["global_batch_size"] = spec.get("config", {}).get("global_batch_size")
+def aggregate(spec: SuiteRow, repeats: list[Repeat]) -> BenchRow:
+    """One row from its suite entry and its repeats (in repeat order): the first repeat's
+    figures, the suite entry's keys, and the figures over every repeat."""
+    first = repeats[0] if repeats else Repeat.of_record({})
+    out = dataclasses.replace(
+        first.figures,
+        name=spec.name,
+        group=spec.group,
+        scaling=spec.scaling,
+        baseline=spec.baseline or None,
+        label=spec.label or spec.name,
+        reference=spec.reference,
+        seed=spec.seed,
+        reference_efficiency=spec.reference_efficiency,
+        repeats=len(repeats),
+        bytes_between_stages=first.bytes_between_stages_per_step,
+        target=None,
+    )
+    if out.mesh_shape is None and spec.mesh_shape is not None:  # a failed row: as asked
+        shape = list(spec.mesh_shape)
+        out = dataclasses.replace(
+            out,
+            mesh_shape=shape,
+            mesh_axes=list(spec.mesh_axes or axes.DEFAULT),
+            num_devices=math.prod(shape) if -1 not in shape else None,
+        )
+    if out.global_batch_size is None:  # a failed row: as asked
+        out = dataclasses.replace(out, global_batch_size=spec.global_batch_size)
+    failed = [r for r in repeats if not r.ok]
     if failed or not repeats:
-        out["status"] = "failed"
-        out["error"] = failed[0].get("error") if failed else "not run"
-        return out
-    out["status"], out["error"] = "ok", None
-    rates = [r["images_per_sec"] for r in repeats if r.get("images_per_sec")]
-    out["images_per_sec"], out["images_per_sec_stderr"] = mean_stderr(rates)
-    batch = first["global_batch_size"]
-    slow = [batch / r["step_time_p90_s"] for r in repeats if r.get("step_time_p90_s")]
-    fast = [batch / r["step_time_p10_s"] for r in repeats if r.get("step_time_p10_s")]
-    out["images_per_sec_p10"], _ = mean_stderr(slow)
-    out["images_per_sec_p90"], _ = mean_stderr(fast)
-    out["step_time_median_s"], _ = mean_stderr([r["step_time_median_s"] for r in repeats])
-    out.update(_input(repeats, batch))
-    shape = dict(zip(out["mesh_axes"] or axes.DEFAULT, out["mesh_shape"] or [1, 1, 1]))
+        error = failed[0].figures.error if failed else "not run"
+        return dataclasses.replace(out, status="failed", error=error)
+    rates = [r.figures.images_per_sec for r in repeats if r.figures.images_per_sec]
+    batch = first.figures.global_batch_size
+    slow = [batch / r.step_time_p90_s for r in repeats if r.step_time_p90_s]
+    fast = [batch / r.step_time_p10_s for r in repeats if r.step_time_p10_s]
+    mean, stderr = mean_stderr(rates)
+    out = dataclasses.replace(
+        out,
+        status="ok",
+        error=None,
+        images_per_sec=mean,
+        images_per_sec_stderr=stderr,
+        images_per_sec_p10=mean_stderr(slow)[0],
+        images_per_sec_p90=mean_stderr(fast)[0],
+        step_time_median_s=mean_stderr([r.figures.step_time_median_s for r in repeats])[0],
+    )
+    out = _input(out, repeats, batch)
+    shape = dict(zip(out.mesh_axes or axes.DEFAULT, out.mesh_shape or [1, 1, 1]))
     used = [a for a, n in shape.items() if n > 1]
     # replicas of the whole model over one batch axis, nothing else split (node x data's
     # gradient mean is three collectives, fsdp's is reduce-scatters: not one all-reduce)
@@ -181,27 +88,37 @@ def aggregate(spec: dict, repeats: list[dict]) -> dict[str, Any]:
         and axes.registered(used[0])
         and (axes.get(used[0]).role == "batch" and not axes.get(used[0]).shards_params)
     )
-    if data_only and out["param_bytes"]:  # the gradient all-reduce against the parameters
-        out["data_allreduce_over_params"] = out["data_allreduce_bytes"] / out["param_bytes"]
-    if out["images_per_sec"] and out["model_flops_per_image"]:
-        out["model_flops_per_sec"] = out["images_per_sec"] * out["model_flops_per_image"]
+    if data_only and out.param_bytes:  # the gradient all-reduce against the parameters
+        out = dataclasses.replace(
+            out, data_allreduce_over_params=out.data_allreduce_bytes / out.param_bytes
+        )
+    if out.images_per_sec and out.model_flops_per_image:
+        flops = out.images_per_sec * out.model_flops_per_image
+        out = dataclasses.replace(out, model_flops_per_sec=flops)
     return out
 
 
-def _input(repeats: list[dict], batch: int) -> dict[str, Any]:
-    """The input pipeline's figures over repeats: mean host batch time, wait and wait share;
-    the loader's capacity from the mean host time; input-bound by the mean share (the rule of
-    jaxpar.metrics.input_pipeline). Empty for records made before they were measured."""
-    if not all(r.get("input_s_per_step") for r in repeats):
-        return {}
-    keys = ("input_s_per_step", "input_wait_s_per_step", "input_wait_share")
-    out = {k: mean_stderr([r[k] for r in repeats])[0] for k in keys}
-    out["loader_images_per_sec"] = batch / out["input_s_per_step"]
-    out["input_bound"] = out["input_wait_share"] > INPUT_BOUND_WAIT_SHARE
-    return out
+def _input(row: BenchRow, repeats: list[Repeat], batch: int) -> BenchRow:
+    """`row` with the input pipeline's figures over repeats: mean host batch time, wait and
+    wait share; the loader's capacity from the mean host time; input-bound by the mean share
+    (the rule of jaxpar.metrics.input_pipeline). As it was for records made before they were
+    measured."""
+    if not all(r.figures.input_s_per_step for r in repeats):
+        return row
+    host = mean_stderr([r.figures.input_s_per_step for r in repeats])[0]
+    wait = mean_stderr([r.figures.input_wait_s_per_step for r in repeats])[0]
+    share = mean_stderr([r.figures.input_wait_share for r in repeats])[0]
+    return dataclasses.replace(
+        row,
+        input_s_per_step=host,
+        input_wait_s_per_step=wait,
+        input_wait_share=share,
+        loader_images_per_sec=batch / host,
+        input_bound=share > INPUT_BOUND_WAIT_SHARE,
+    )
 
 
-def add_scaling(rows: list[dict]) -> list[dict]:
+def add_scaling(rows: list[BenchRow]) -> list[BenchRow]:
     """Speedup = images/sec over the baseline's; efficiency = speedup / devices.
 
     The baseline is the row named by `baseline`, else the first 1-device row of the same
@@ -209,31 +126,37 @@ def add_scaling(rows: list[dict]) -> list[dict]:
     efficiency is the usual speedup / N. Weak scaling (same batch per device): it is the
     per-device throughput ratio.
     """
-    by_name = {r["name"]: r for r in rows}
+    by_name = {r.name: r for r in rows}
+    out = []
     for r in rows:
-        base = None
-        if r["scaling"] == "none":  # not a throughput study (e.g. accuracy against batch)
+        if r.scaling == "none":  # not a throughput study (e.g. accuracy against batch)
+            out.append(r)
             continue
-        if r["baseline"]:
-            base = by_name.get(r["baseline"])
+        if r.baseline:
+            base = by_name.get(r.baseline)
         else:
-            ones = [b for b in rows if b["num_devices"] == 1 and b["scaling"] == r["scaling"]]
+            ones = [b for b in rows if b.num_devices == 1 and b.scaling == r.scaling]
             base = ones[0] if ones else None
-            r["baseline"] = base["name"] if base else None
-        ok = base and base["status"] == "ok" and base["images_per_sec"]
-        if r["status"] == "ok" and ok and r["images_per_sec"]:
-            r["speedup"] = r["images_per_sec"] / base["images_per_sec"]
-            r["efficiency"] = r["speedup"] / r["num_devices"] * base["num_devices"]
-    return rows
+            r = dataclasses.replace(r, baseline=base.name if base else None)
+        ok = base and base.status == "ok" and base.images_per_sec
+        if r.status == "ok" and ok and r.images_per_sec:
+            speedup = r.images_per_sec / base.images_per_sec
+            efficiency = speedup / r.num_devices * base.num_devices
+            r = dataclasses.replace(r, speedup=speedup, efficiency=efficiency)
+        out.append(r)
+    return out
 
 
-def to_csv(rows: list[dict]) -> str:
-    """One line per row, every key; breakdowns as JSON in their cell."""
+def to_csv(rows: list[BenchRow]) -> str:
+    """One line per row, every column; breakdowns as JSON in their cell."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(KEYS), extrasaction="ignore")
+    writer = csv.DictWriter(buf, fieldnames=list(KEYS))
     writer.writeheader()
     for r in rows:
-        writer.writerow(
-            {k: json.dumps(v) if isinstance(v, (dict, list, tuple)) else v for k, v in r.items()}
-        )
+        writer.writerow(r.csv_cells())
     return buf.getvalue()
+
+
+def of_csv(text: str) -> list[BenchRow]:
+    """results.csv's rows read back."""
+    return [BenchRow.of_csv(cells) for cells in csv.DictReader(io.StringIO(text))]

@@ -24,6 +24,8 @@ from jaxpar import configfile, units
 from jaxpar import suites as suite_lib
 from jaxpar.bench import outdir, publish
 from jaxpar.bench.outdir import Refused
+from jaxpar.bench.records import Repeat, Suite, SuiteRow
+from jaxpar.bench.row_record import BenchRow
 from jaxpar.files import write_json
 
 
@@ -44,47 +46,49 @@ class Sweep:
     def _paths(self, name: str, r: int) -> tuple[str, str, str]:
         return outdir.paths(self.out, name, r)
 
-    def _fingerprint(self, spec, r: dict) -> str:
+    def _fingerprint(self, spec, r: SuiteRow) -> str:
         try:
-            return suite_lib.fingerprint(suite_lib.row_config(spec, r, self.overrides))
+            config = suite_lib.row_config(spec, r.as_record(), self.overrides)
+            return suite_lib.fingerprint(config)
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             return f"unbuildable: {e}"  # the row's process fails the same way, recorded
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[BenchRow]:
         """Measure the selected rows not yet measured; return the table of every stored row.
         Raises Refused (before touching OUT) for an --only that selects nothing or an OUT
         measured under another suite or other overrides."""
         spec = suite_lib.load_suite(self.suite)
         suite_lib.check_overrides(spec, self.overrides)
-        self.reference_name = spec.get("reference_name", "published")  # the accuracy study's column
-        self.predict = self.predict or spec.get("predict_profile", "")
-        picked = self._select(spec.rows)
+        suite = Suite.of_record(spec)
+        self.reference_name = suite.reference_name  # the accuracy study's column
+        self.predict = self.predict or suite.predict_profile
+        picked = self._select(suite.rows)
         outdir.claim(self.out, self.suite, self.overrides)
         for sub in ("rows", "logs", "runs"):
             os.makedirs(os.path.join(self.out, sub), exist_ok=True)
-        fingerprints, records, todo = self._plan(spec, picked)
+        fingerprints, records, todo = self._plan(spec, suite.rows, picked)
         skipped = len(picked) * self.repeat - len(todo)
         some = (
-            len(picked) if len(picked) == len(spec.rows) else f"{len(picked)} of {len(spec.rows)}"
+            len(picked) if len(picked) == len(suite.rows) else f"{len(picked)} of {len(suite.rows)}"
         )
         print(
             f"jaxpar.bench: suite {self.suite}, {some} rows x {self.repeat} repeats -> "
             f"{self.out}" + (f" ({skipped} already measured: skipped)" if skipped else ""),
             flush=True,
         )
-        rows = spec.rows  # the results hold every row with a current record, in suite order
+        rows = suite.rows  # the results hold every row with a current record, in suite order
         t0 = time.perf_counter()
         previous = _stop_on_sigterm()
         try:
             for i, (rep, r) in enumerate(todo):
-                if not all(map(_ok, records[r["name"]].values())):
+                if not all(rec.ok for rec in records[r.name].values()):
                     continue  # it failed in an earlier repeat of this run: not repeated
-                outdir.set_aside(self.out, r["name"], rep, fingerprints[r["name"]])
-                record = self.run_row(r, rep, fingerprints[r["name"]])
-                records[r["name"]][rep] = record
+                outdir.set_aside(self.out, r.name, rep, fingerprints[r.name])
+                record = self.run_row(r, rep, fingerprints[r.name])
+                records[r.name][rep] = record
                 self._write(rows, records)
                 print(
-                    _progress(i + 1, len(todo), time.perf_counter() - t0, r["name"], rep, record),
+                    _progress(i + 1, len(todo), time.perf_counter() - t0, r.name, rep, record),
                     flush=True,
                 )
         except KeyboardInterrupt:
@@ -99,18 +103,18 @@ class Sweep:
                 signal.signal(signal.SIGTERM, previous)
         return self._write(rows, records, final=True)
 
-    def _plan(self, spec, picked: list[dict]):
+    def _plan(self, spec, rows: tuple[SuiteRow, ...], picked: list[SuiteRow]):
         """Fingerprints of every row, the current records of every row (by repeat), and the
         (repeat, row) pairs to measure, round-robin: machine drift hits every row alike."""
-        fingerprints = {r["name"]: self._fingerprint(spec, r) for r in spec.rows}
-        names = {r["name"] for r in picked}
+        fingerprints = {r.name: self._fingerprint(spec, r) for r in rows}
+        names = {r.name for r in picked}
         records, stale = {}, []
         for name, fingerprint in fingerprints.items():
             stored = outdir.stored(self.out, name)
-            records[name] = {k: v for k, v in stored.items() if v.get("fingerprint") == fingerprint}
+            records[name] = {k: v for k, v in stored.items() if v.fingerprint == fingerprint}
             if self.retry_failed and name in names:
-                records[name] = {k: v for k, v in records[name].items() if _ok(v)}
-            older = {k for k, v in stored.items() if v.get("fingerprint") != fingerprint}
+                records[name] = {k: v for k, v in records[name].items() if v.ok}
+            older = {k for k, v in stored.items() if v.fingerprint != fingerprint}
             for k in sorted(older - set(range(self.repeat) if name in names else ())):
                 stale.append(f"{name} (repeat {k})")  # this run does not measure it again
         if stale:
@@ -119,28 +123,28 @@ class Sweep:
             (k, r)
             for k in range(self.repeat)
             for r in picked
-            if k not in (done := records[r["name"]]) and all(map(_ok, done.values()))
+            if k not in (done := records[r.name]) and all(rec.ok for rec in done.values())
         ]  # a row that failed once is not repeated
         return fingerprints, records, todo
 
-    def _select(self, rows) -> list[dict]:
+    def _select(self, rows: tuple[SuiteRow, ...]) -> list[SuiteRow]:
         """The rows --only picks (all without it); an --only that picks none is refused."""
         try:
-            picked = [r for r in rows if re.search(self.only, r["name"])]
+            picked = [r for r in rows if re.search(self.only, r.name)]
         except re.error as e:
             raise Refused(f"--only {self.only!r} is not a regular expression: {e}") from None
         if not picked:
             name = suite_lib.suite_name(self.suite)
             raise Refused(
                 f"--only {self.only!r} matches no row of suite {name}; "
-                f"its rows are: {', '.join(r['name'] for r in rows)}"
+                f"its rows are: {', '.join(r.name for r in rows)}"
             )
         return picked
 
-    def run_row(self, r: dict, rep: int, fingerprint: str) -> dict:
+    def run_row(self, r: SuiteRow, rep: int, fingerprint: str) -> Repeat:
         """Run row `r`, repeat `rep`, in its own process (python -m jaxpar.bench --_row) and
         return its record: the one place a sweep starts a row (tests stand in for it here)."""
-        result, log, _ = self._paths(r["name"], rep)
+        result, log, _ = self._paths(r.name, rep)
         if os.path.exists(result):
             os.remove(result)
         cmd = [
@@ -148,7 +152,7 @@ class Sweep:
             "-m",
             "jaxpar.bench",
             "--_row",
-            r["name"],
+            r.name,
             "--_repeat",
             str(rep),
             "--suite",
@@ -193,9 +197,11 @@ class Sweep:
         record["fingerprint"] = fingerprint
         record["log"] = log
         write_json(result, record)
-        return record
+        return Repeat.of_record(record)
 
-    def _write(self, rows: list[dict], records: dict[str, dict], final: bool = False):
+    def _write(
+        self, rows: tuple[SuiteRow, ...], records: dict[str, dict[int, Repeat]], final=False
+    ) -> list[BenchRow]:
         """The results files from every record so far (publish.py)."""
         return publish.write(self, rows, records, final)
 
@@ -210,10 +216,6 @@ def _stop_on_sigterm():
         raise KeyboardInterrupt
 
     return signal.signal(signal.SIGTERM, stop)
-
-
-def _ok(record: dict) -> bool:
-    return record.get("status") == "ok"
 
 
 def _why(rc: int | None, log: str, timeout: float) -> str:
@@ -232,7 +234,7 @@ def _why(rc: int | None, log: str, timeout: float) -> str:
     return f"exit status {rc}: {last[:200]}"
 
 
-def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record: dict) -> str:
+def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record: Repeat) -> str:
     width = 20
     fill = round(width * done / total)
     eta = elapsed / done * (total - done)
@@ -240,20 +242,20 @@ def _progress(done: int, total: int, elapsed: float, name: str, rep: int, record
         f"[{'#' * fill}{'.' * (width - fill)}] {done}/{total}  {units.clock(elapsed)} "
         f"elapsed  ETA {units.clock(eta)}  | {name} (repeat {rep}): "
     )
-    if record.get("status") != "ok":
-        return head + f"FAILED: {record.get('error')}"
-    nan = float("nan")
+    r = record.figures
+    if not record.ok:
+        return head + f"FAILED: {r.error}"
+    rate = float("nan") if r.images_per_sec is None else r.images_per_sec
     return head + (
-        f"ok  {record.get('images_per_sec', nan):,.1f} img/s  "
-        f"step {units.seconds(record.get('step_time_median_s'))}  "
-        f"compile {units.seconds(record['compile_time_s'])}  eval acc {record['eval_accuracy']:.3f}"
-        + _loader(record)
+        f"ok  {rate:,.1f} img/s  "
+        f"step {units.seconds(r.step_time_median_s)}  "
+        f"compile {units.seconds(r.compile_time_s)}  eval acc {r.eval_accuracy:.3f}" + _loader(r)
     )
 
 
-def _loader(record: dict) -> str:
+def _loader(r: BenchRow) -> str:
     """The row line's input part: the loader's capacity, and whether it was the limit."""
-    if "loader_images_per_sec" not in record:
+    if r.loader_images_per_sec is None:
         return ""
-    bound = " (input-bound)" if record["input_bound"] else ""
-    return f"  loader {record['loader_images_per_sec']:,.0f} img/s{bound}"
+    bound = " (input-bound)" if r.input_bound else ""
+    return f"  loader {r.loader_images_per_sec:,.0f} img/s{bound}"

@@ -5,6 +5,7 @@ share (mesh, MiB, numbers). Pure functions over the aggregated rows of results.p
 from __future__ import annotations
 
 from jaxpar import axes
+from jaxpar.bench.row_record import BenchRow
 
 HEADER = (
     "Figures marked [exact] are read from the placed arrays and the compiled programs: bytes, "
@@ -16,10 +17,10 @@ HEADER = (
 )
 
 
-def mesh_cell(r: dict) -> str:
+def mesh_cell(r: BenchRow) -> str:
     """A row's mesh in a table: "(2,1,1)" on the default (data, stage, tensor) axes, else
     named, "(node=2,data=4)"."""
-    sizes, names = r.get("mesh_shape"), tuple(r.get("mesh_axes") or axes.DEFAULT)
+    sizes, names = r.mesh_shape, tuple(r.mesh_axes or axes.DEFAULT)
     if not sizes:
         return ""
     if names == axes.DEFAULT:
@@ -35,7 +36,7 @@ def number_cell(n, fmt: str) -> str:
     return "" if n is None else format(n, fmt)
 
 
-def markdown(rows: list[dict], machine: str = "") -> str:
+def markdown(rows: list[BenchRow], machine: str = "") -> str:
     """The results table: one line per row, [exact] and [clock] columns marked."""
     head = (
         "| row | mesh | dev | img/s [clock] | speedup | eff. | loader img/s [clock] | "
@@ -43,7 +44,7 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         "coll. MiB/dev/step [exact] | data AR / params | stage-to-stage MiB/step [exact] | "
         "bubble analytic / measured | eval acc | status |"
     )
-    mfu = any(r.get("mfu") is not None for r in rows)  # a device whose peak jaxpar knows (GPUs)
+    mfu = any(r.mfu is not None for r in rows)  # a device whose peak jaxpar knows (GPUs)
     if mfu:
         head = head.replace(" | eval acc |", " | MFU [clock] | eval acc |")
     lines = [
@@ -54,45 +55,45 @@ def markdown(rows: list[dict], machine: str = "") -> str:
         "|" + "---|" * (15 if mfu else 14),
     ]
     for r in rows:
-        rate = number_cell(r["images_per_sec"], ".1f")
-        if r["images_per_sec_stderr"] is not None:
-            rate += f" ± {r['images_per_sec_stderr']:.1f}"
+        rate = number_cell(r.images_per_sec, ".1f")
+        if r.images_per_sec_stderr is not None:
+            rate += f" ± {r.images_per_sec_stderr:.1f}"
         bubble = ""
-        if r["analytic_bubble"] is not None:
-            bubble = f"{r['analytic_bubble']:.3f} / {number_cell(r['measured_bubble'], '.3f')}"
+        if r.analytic_bubble is not None:
+            bubble = f"{r.analytic_bubble:.3f} / {number_cell(r.measured_bubble, '.3f')}"
         mesh = mesh_cell(r)
-        status = "ok" if r["status"] == "ok" else f"failed: {r['error']}"
+        status = "ok" if r.status == "ok" else f"failed: {r.error}"
         cells = [
-            r["name"],
+            r.name,
             mesh,
-            str(r["num_devices"] or ""),
+            str(r.num_devices or ""),
             rate,
-            number_cell(r["speedup"], ".2f"),
-            number_cell(r["efficiency"], ".2f"),
+            number_cell(r.speedup, ".2f"),
+            number_cell(r.efficiency, ".2f"),
             _loader(r),
-            mib_cell(r["memory_bytes_per_device"]),
+            mib_cell(r.memory_bytes_per_device),
             _coll(r),
-            number_cell(r["data_allreduce_over_params"], ".3f"),
-            mib_cell(r["bytes_between_stages"]),
+            number_cell(r.data_allreduce_over_params, ".3f"),
+            mib_cell(r.bytes_between_stages),
             bubble,
-            number_cell(r["eval_accuracy"], ".3f"),
+            number_cell(r.eval_accuracy, ".3f"),
             status,
         ]
         if mfu:  # model FLOPs per second over the devices' peak
-            cells.insert(12, "" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%")
+            cells.insert(12, "" if r.mfu is None else f"{100 * r.mfu:.1f}%")
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
-def _coll(r: dict) -> str:
+def _coll(r: BenchRow) -> str:
     """Collective MiB per device per step, with the halo exchanges' share where there are
     some (spatial)."""
-    cell = mib_cell(r["collective_bytes_per_device"])
-    if r.get("halo_bytes_per_device"):
-        cell += f" (halo {mib_cell(r['halo_bytes_per_device'])})"
+    cell = mib_cell(r.collective_bytes_per_device)
+    if r.halo_bytes_per_device:
+        cell += f" (halo {mib_cell(r.halo_bytes_per_device)})"
     return cell
 
 
-def _loader(r: dict) -> str:
+def _loader(r: BenchRow) -> str:
     """The loader column: "bound" for an input-bound row, else the loader's capacity."""
-    return "bound" if r["input_bound"] else number_cell(r["loader_images_per_sec"], ".0f")
+    return "bound" if r.input_bound else number_cell(r.loader_images_per_sec, ".0f")

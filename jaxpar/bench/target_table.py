@@ -10,6 +10,7 @@ import math
 from jaxpar.bench import table as table_lib
 from jaxpar.bench import time_to_target as ttt
 from jaxpar.bench.records import TargetModel
+from jaxpar.bench.row_record import BenchRow, TargetRow
 
 
 def _f(v, fmt: str) -> str:
@@ -27,25 +28,25 @@ def _with_error(value, error) -> str:
     return f"{value:.0f}" + (f" ({_pct(error)})" if error is not None else "")
 
 
-def _sync_cell(r: dict) -> str:
-    mode, setting = r.get("sync_mode") or "allreduce", r.get("sync_setting")
+def _sync_cell(r: BenchRow) -> str:
+    mode, setting = r.sync_mode or "allreduce", r.sync_setting
     word = {"local_sgd": "period", "async": "staleness"}.get(mode)
     return f"{mode} ({word} {setting})" if word else mode
 
 
-def _steps_cell(r: dict) -> str:
+def _steps_cell(r: BenchRow, t: TargetRow) -> str:
     """The measured steps; under AdaScale the progress they made; a goodput row's phases."""
-    if not r.get("steps_to_target"):
+    if not r.steps_to_target:
         return "not reached"
-    text = str(r["steps_to_target"])
-    if r.get("progress_to_target"):
-        text += f" (progress {r['progress_to_target']:.0f})"
-    if r.get("schedule_phases"):
-        text += ": " + ", ".join(phase for _, phase in r["schedule_phases"])
+    text = str(r.steps_to_target)
+    if t.progress_to_target:
+        text += f" (progress {t.progress_to_target:.0f})"
+    if t.schedule_phases:
+        text += ": " + ", ".join(phase for _, phase in t.schedule_phases)
     return text
 
 
-def markdown(table: list[dict], model: TargetModel | None) -> str:
+def markdown(table: list[BenchRow], model: TargetModel | None) -> str:
     """The study's table: batch x devices x partitioning -> measured and predicted steps and
     time to target, with the reference and the rank correlation below."""
     head = (
@@ -55,39 +56,38 @@ def markdown(table: list[dict], model: TargetModel | None) -> str:
     )
     lines = [head, "|" + "---|" * 14]
     for r in table:
-        if r["status"] != "ok":
+        if r.status != "ok":
             lines.append(
-                f"| {r['name']} | {r['global_batch_size'] or ''} | | | | | failed: "
-                f"{r['error']} | | | | | | | |"
+                f"| {r.name} | {r.global_batch_size or ''} | | | | | failed: "
+                f"{r.error} | | | | | | | |"
             )
             continue
+        t = r.target or TargetRow()
         pred = (
             "no step factor measured"
-            if r.get("sync_factor") is None
-            else _with_error(r.get("predicted_steps_to_target"), r.get("predicted_steps_error"))
+            if t.sync_factor is None
+            else _with_error(r.predicted_steps_to_target, r.predicted_steps_error)
         )
-        one = _with_error(
-            r.get("predicted_steps_one_average"), r.get("predicted_steps_one_average_error")
-        )
+        one = _with_error(t.predicted_steps_one_average, t.predicted_steps_one_average_error)
         ptime = ""
-        if r.get("predicted_time_to_target_s") is not None:
-            err = r.get("predicted_time_error")
-            ptime = f"{r['predicted_time_to_target_s']:.1f}" + (f" ({_pct(err)})" if err else "")
+        if r.predicted_time_to_target_s is not None:
+            err = r.predicted_time_error
+            ptime = f"{r.predicted_time_to_target_s:.1f}" + (f" ({_pct(err)})" if err else "")
         cells = [
-            r["name"],
-            str(r["global_batch_size"]),
-            str(r["num_devices"] or ""),
+            r.name,
+            str(r.global_batch_size),
+            str(r.num_devices or ""),
             table_lib.mesh_cell(r),
             _sync_cell(r),
-            "AdaScale" if r.get("lr_adaptation") == "adascale" else (r.get("lr_rule") or ""),
-            _steps_cell(r),
+            "AdaScale" if t.lr_adaptation == "adascale" else (t.lr_rule or ""),
+            _steps_cell(r, t),
             pred,
             one,
-            _f(r.get("step_time_median_s"), ".4f"),
-            _f(r.get("time_to_target_s"), ".1f"),
+            _f(r.step_time_median_s, ".4f"),
+            _f(r.time_to_target_s, ".1f"),
             ptime,
-            _f(r.get("accuracy_at_target"), ".4f"),
-            _f(r.get("eval_time_s"), ".1f"),
+            _f(r.accuracy_at_target, ".4f"),
+            _f(t.eval_time_s, ".1f"),
         ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     text = "\n".join(lines) + "\n"
@@ -116,7 +116,7 @@ def markdown(table: list[dict], model: TargetModel | None) -> str:
     return text + ".\n"
 
 
-def to_csv(table: list[dict]) -> str:
+def to_csv(table: list[BenchRow]) -> str:
     cols = (
         "name",
         "global_batch_size",
@@ -128,8 +128,7 @@ def to_csv(table: list[dict]) -> str:
     lines = [",".join(cols)]
     for r in table:
         cells = []
-        for c in cols:
-            v = r.get(c)
+        for v in r.as_record(cols).values():
             v = json.dumps(v) if isinstance(v, (list, tuple, dict)) else ("" if v is None else v)
             cell = str(v)
             cells.append(f'"{cell.replace(chr(34), chr(34) * 2)}"' if "," in cell else cell)

@@ -33,6 +33,7 @@ from jaxpar.bench.plots.memory_vs_bytes import memory_vs_bytes
 from jaxpar.bench.plots.predicted_vs_measured import predicted_vs_measured
 from jaxpar.bench.plots.scaling import scaling, unplaced
 from jaxpar.bench.plots.time_to_target import time_to_target
+from jaxpar.bench.row_record import BenchRow
 
 __all__ = [
     "accuracy_vs_batch",
@@ -47,19 +48,18 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def plot_all(rows: list[dict], out: str) -> list[str]:
+def plot_all(rows: list[BenchRow], out: str) -> list[str]:
     """Draw every plot these rows support into `out`; return the files written. Rows a
     scaling or memory plot cannot place are named in one logged line per plot."""
     made = []
-    left_out: dict[str, dict[str, str]] = {
-        "scaling_strong": {},
-        "scaling_weak": {},
-        "memory_vs_bytes": {},
-    }
+    strong: dict[str, str] = {}  # the rows each plot leaves out, with why
+    weak: dict[str, str] = {}
+    memory: dict[str, str] = {}
+    left_out = {"scaling_strong": strong, "scaling_weak": weak, "memory_vs_bytes": memory}
     for name, draw in (
-        ("scaling_strong.png", lambda p: scaling(rows, "strong", p, left_out["scaling_strong"])),
-        ("scaling_weak.png", lambda p: scaling(rows, "weak", p, left_out["scaling_weak"])),
-        ("memory_vs_bytes.png", lambda p: memory_vs_bytes(rows, p, left_out["memory_vs_bytes"])),
+        ("scaling_strong.png", lambda p: scaling(rows, "strong", p, strong)),
+        ("scaling_weak.png", lambda p: scaling(rows, "weak", p, weak)),
+        ("memory_vs_bytes.png", lambda p: memory_vs_bytes(rows, p, memory)),
         ("bubble.png", lambda p: bubble(rows, p)),
         ("accuracy_vs_batch.png", lambda p: accuracy_vs_batch(rows, p)),
         ("predicted_vs_measured.png", lambda p: predicted_vs_measured(rows, p)),

@@ -5,9 +5,10 @@ from __future__ import annotations
 from jaxpar.bench import accuracy
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
+from jaxpar.bench.row_record import BenchRow
 
 
-def accuracy_vs_batch(rows: list[dict], path: str) -> bool:
+def accuracy_vs_batch(rows: list[BenchRow], path: str) -> bool:
     """Test error (1 - accuracy, log scale, so that 1.5% and 50% both read) against global
     batch, one line per recipe (group) with two batches or more; bars span the seeds' min-max;
     the published figures (a suite's `reference`) in black."""

@@ -5,20 +5,21 @@ from __future__ import annotations
 
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
+from jaxpar.bench.row_record import BenchRow
 
 
-def bubble(rows: list[dict], path: str) -> bool:
+def bubble(rows: list[BenchRow], path: str) -> bool:
     rows = [
         r
         for r in common.ok(rows)
-        if r["analytic_bubble"] is not None and common.family(r) == "pipeline"
+        if r.analytic_bubble is not None and common.family(r) == "pipeline"
     ]
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.5))
     stages = sorted({common.num_stages(r) for r in rows})
     colors = dict(zip(stages, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    top = max(r["num_microbatches"] for r in rows)
+    top = max(r.num_microbatches for r in rows)
     ms = [m / 4 for m in range(4, 4 * top + 1)]
     for k in stages:
         ax.plot(
@@ -33,14 +34,14 @@ def bubble(rows: list[dict], path: str) -> bool:
             sel = [
                 r
                 for r in rows
-                if r["pipeline_schedule"] == schedule
+                if r.pipeline_schedule == schedule
                 and common.num_stages(r) == k
-                and r["measured_bubble"] is not None
+                and r.measured_bubble is not None
             ]
             if sel:
                 ax.scatter(
-                    [r["num_microbatches"] for r in sel],
-                    [r["measured_bubble"] for r in sel],
+                    [r.num_microbatches for r in sel],
+                    [r.measured_bubble for r in sel],
                     marker=marker,
                     color=colors[k],
                     label=f"K={k} {schedule} measured",

@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from jaxpar import axes
+from jaxpar.bench.row_record import BenchRow
 
 MIB = 2**20
 # One marker per family of partitioning (`family`): "1 device", "hybrid", and each registered
@@ -16,7 +17,7 @@ MIB = 2**20
 _MARKERS = ("o", "v", "P", "X", "s", "^", "h", "<", ">", "p", "d")
 
 
-def markers(rows: list[dict]) -> dict[str, str]:
+def markers(rows: list[BenchRow]) -> dict[str, str]:
     """A marker for every family in `rows`: one each for a single device and hybrids, one per
     registered axis's label, and the rest in order for any other."""
     out = {"1 device": "*", "hybrid": "D"}
@@ -29,8 +30,8 @@ def markers(rows: list[dict]) -> dict[str, str]:
     return out
 
 
-def ok(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r["status"] == "ok"]
+def ok(rows: list[BenchRow]) -> list[BenchRow]:
+    return [r for r in rows if r.status == "ok"]
 
 
 def finish(fig, ax, path: str, title: str, legend_fontsize: float | None = None, **legend) -> bool:
@@ -48,14 +49,14 @@ def save(fig, path: str) -> bool:
     return True
 
 
-def mesh_of(r: dict) -> dict[str, int]:
+def mesh_of(r: BenchRow) -> dict[str, int]:
     """A row's mesh, {axis: size} (rows written before mesh_axes: (data, stage, tensor))."""
-    sizes = r.get("mesh_shape") or (1, 1, 1)
-    names = r.get("mesh_axes") or axes.DEFAULT
+    sizes = r.mesh_shape or (1, 1, 1)
+    names = r.mesh_axes or axes.DEFAULT
     return dict(zip(names, sizes))
 
 
-def family(r: dict) -> str:
+def family(r: BenchRow) -> str:
     """ "1 device", one axis' word ("data", "pipeline", "tensor", "fsdp", "node", ...), or
     "hybrid"."""
     used = [a for a, n in mesh_of(r).items() if n > 1]
@@ -66,6 +67,6 @@ def family(r: dict) -> str:
     return axes.get(used[0]).label if axes.registered(used[0]) else used[0]
 
 
-def num_stages(r: dict) -> int:
+def num_stages(r: BenchRow) -> int:
     shape = mesh_of(r)
     return axes.num_stages(shape) if all(axes.registered(a) for a in shape) else 1

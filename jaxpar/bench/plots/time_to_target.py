@@ -9,44 +9,45 @@ from matplotlib.ticker import FuncFormatter
 from jaxpar.bench import time_to_target as ttt
 from jaxpar.bench.plots import common
 from jaxpar.bench.plots.common import plt  # pyplot, with the Agg backend set
+from jaxpar.bench.row_record import BenchRow, TargetRow
 
 
-def time_to_target(rows: list[dict], path: str) -> bool:
+def time_to_target(rows: list[BenchRow], path: str) -> bool:
     """Left: steps to target against batch (log-log): the steps model's curves from the
     reference row (along its noise trace, and with one B_noise, dashed), measured points by
     family and sync mode. Right: time to target per row, measured and predicted bars. For
     rows annotated by jaxpar.bench.time_to_target (a time-to-target suite)."""
-    ref = next((r for r in common.ok(rows) if r.get("model_curve")), None)
+    ref = next((r for r in common.ok(rows) if _target(r).model_curve), None)
     if ref is None:
         return False
-    rows = [r for r in common.ok(rows) if r.get("reference_row") == ref["name"]]
+    rows = [r for r in common.ok(rows) if _target(r).reference_row == ref.name]
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 6.2))
-    batches = sorted({r["global_batch_size"] for r in rows})
-    grid, trace, one = zip(*ref["model_curve"])
+    batches = sorted({r.global_batch_size for r in rows})
+    grid, trace, one = zip(*ref.target.model_curve)
     ax.plot(grid, trace, color="black", lw=1, label="predicted along the reference's noise trace")
     ax.plot(grid, one, color="grey", ls="--", lw=1, label="predicted with one B_noise")
     markers = common.markers(rows)
-    kinds: dict[str, list[dict]] = {}
+    kinds: dict[str, list[BenchRow]] = {}
     for r in rows:
-        mode = r.get("sync_mode") or "allreduce"
+        mode = r.sync_mode or "allreduce"
         key = common.family(r) + ("" if mode == "allreduce" else f", {mode}")
-        if r.get("schedule_phases"):
+        if r.target.schedule_phases:
             key += ", goodput schedule"
-        elif r.get("lr_adaptation") == "adascale":
+        elif r.target.lr_adaptation == "adascale":
             key += ", AdaScale"
         kinds.setdefault(key, []).append(r)
     for key, sel in kinds.items():
-        sel = [r for r in sel if r.get("steps_to_target")]
+        sel = [r for r in sel if r.steps_to_target]
         if sel:
             multiplied = [
                 r
                 for r in sel
-                if r.get("sync_factor") not in (None, 1.0) and r.get("predicted_steps_to_target")
+                if r.target.sync_factor not in (None, 1.0) and r.predicted_steps_to_target
             ]
             if multiplied:  # the curve x the sync mode's multiplier, hollow
                 ax.scatter(
-                    [r["global_batch_size"] for r in multiplied],
-                    [r["predicted_steps_to_target"] for r in multiplied],
+                    [r.global_batch_size for r in multiplied],
+                    [r.predicted_steps_to_target for r in multiplied],
                     marker=markers.get(key.split(",")[0], "o"),
                     s=50,
                     zorder=3,
@@ -55,8 +56,8 @@ def time_to_target(rows: list[dict], path: str) -> bool:
                     label=f"predicted: {key} (x its step factor)",
                 )
             ax.scatter(
-                [r["global_batch_size"] for r in sel],
-                [r["steps_to_target"] for r in sel],
+                [r.global_batch_size for r in sel],
+                [r.steps_to_target for r in sel],
                 marker=markers.get(key.split(",")[0], "o"),
                 s=50,
                 zorder=3,
@@ -71,18 +72,18 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     # under the axes: the points fill every corner
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     ax.set_title("steps to target against batch\n(model from the reference row)")
-    timed = [r for r in rows if r.get("time_to_target_s")]
-    names = [r["name"] for r in timed]
+    timed = [r for r in rows if r.time_to_target_s]
+    names = [r.name for r in timed]
     y = range(len(timed))
     bx.barh(
         [i + 0.2 for i in y],
-        [r["time_to_target_s"] for r in timed],
+        [r.time_to_target_s for r in timed],
         height=0.4,
         label="measured [clock]",
     )
     bx.barh(
         [i - 0.2 for i in y],
-        [r.get("predicted_time_to_target_s") or 0 for r in timed],
+        [r.predicted_time_to_target_s or 0 for r in timed],
         height=0.4,
         label="predicted (steps model x measured s/step)",
     )
@@ -98,3 +99,8 @@ def time_to_target(rows: list[dict], path: str) -> bool:
     rho = ttt.summary(rows).spearman_time
     rho_text = "n/a" if rho is None else f"{rho:.2f}"
     return common.finish(fig, bx, path, f"time to target per setup (Spearman rho {rho_text})", 7)
+
+
+def _target(r: BenchRow) -> TargetRow:
+    """A row's time-to-target figures (none outside a time-to-target study)."""
+    return r.target or TargetRow()
