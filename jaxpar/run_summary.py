@@ -63,7 +63,7 @@ def summarise(
     writer: metrics_lib.MetricWriter,
     step_programs: compile_cache.Counts,
 ) -> RunResult:
-    """The summary record (written and shown unless the run was stopped), with the state;
+    """The summary record (written and shown unless the run was stopped) and the state;
     `step_programs`: what compiling the train step built."""
     setup = outcome.setup
     jax.block_until_ready(outcome.state)
@@ -88,13 +88,13 @@ def summarise(
         report=report,
     )
     n = setup.dataset.spec.num_train  # how much of the train split the run saw
-    rate = summary.throughput.images_per_sec if summary.throughput is not None else None
+    measured = summary.throughput.images_per_sec if summary.throughput is not None else None
     extra = outcome.extra
     summary = dataclasses.replace(
         summary,
         train_examples=n,
         epochs=setup.examples_before(summary.steps) / n,
-        seconds_per_epoch=n / rate if rate else None,  # at the measured rate
+        seconds_per_epoch=n / measured if measured else None,  # at the measured rate
         target=extra.target,
         rate=extra.rate,
         noise=extra.noise,
