@@ -150,8 +150,8 @@ def report(out: str, problem: Problem, runs: list[dict]) -> tuple[list[dict], st
         mine = [r for r in runs if r["batch"] == batch]
         steps = []
         for r in mine:
-            summary = metrics.last_summary(r["workdir"]) or {}
-            steps.append(summary.get("steps_to_target") if summary.get("target_reached") else None)
+            summary = metrics.last_summary(r["workdir"])
+            steps.append(summary.steps_to_target if summary is not None else None)
         reached = [s for s in steps if s is not None]
         trace = statistics.mean(ref.steps(batch) for ref in refs) if refs else None
         average = statistics.mean(ref.steps_one_average(batch) for ref in refs) if refs else None
@@ -175,7 +175,8 @@ def report(out: str, problem: Problem, runs: list[dict]) -> tuple[list[dict], st
 def _reached(r: dict) -> bool:
     from jaxpar import metrics
 
-    return bool((metrics.last_summary(r["workdir"]) or {}).get("target_reached"))
+    summary = metrics.last_summary(r["workdir"])
+    return summary is not None and summary.steps_to_target is not None
 
 
 def _table(problem: Problem, rows: list[dict], refs: int) -> str:

@@ -106,8 +106,8 @@ def main(argv: list[str]) -> None:
             # alternate the order, so that neither variant always runs first
             for v in variants if r % 2 == 0 else variants[::-1]:
                 with tempfile.TemporaryDirectory() as workdir:
-                    summary = trainer.train_and_evaluate(config_of(mesh, v), workdir)
-                times[v].append(summary["step_time_median_s"])
+                    summary = trainer.train_and_evaluate(config_of(mesh, v), workdir).summary
+                times[v].append(summary.throughput.step_time_median_s)
         for table in tables:
             _, a, b = TABLES[table]
             rows[table].append(_row(name, cost[a], cost[b], times[a], times[b]))

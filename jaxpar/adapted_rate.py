@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from jaxpar.summary_record import AdaptedProgress
+
 
 class AdaptedRate:
     """Per step, the gain and the progress after it (continued from metrics.jsonl on a
@@ -26,13 +28,18 @@ class AdaptedRate:
             if r.get("gain") is not None:
                 self.add(int(r["step"]), float(r["gain"]), float(r["progress"]))
 
-    def summary(self, target_step: int | None = None) -> dict[str, float]:
+    def summary(self, target_step: int | None = None) -> AdaptedProgress | None:
         """The progress at the end, the mean gain per step, and the progress at the step a
-        target was reached (when one was and its step is known)."""
+        target was reached (when one was and its step is known); None before any step."""
         if not self.progress:
-            return {}
+            return None
         last = max(self.progress)
-        out = {"progress": self.progress[last], "mean_gain": self.progress[last] / last}
-        if target_step is not None and target_step in self.progress:
-            out["progress_to_target"] = self.progress[target_step]
-        return out
+        return AdaptedProgress(
+            progress=self.progress[last],
+            mean_gain=self.progress[last] / last,
+            progress_to_target=(
+                self.progress[target_step]
+                if target_step is not None and target_step in self.progress
+                else None
+            ),
+        )

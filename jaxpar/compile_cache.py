@@ -39,6 +39,7 @@ import threading
 from collections.abc import Iterator
 
 from jaxpar import jax_internals
+from jaxpar.summary_record import CompileCacheFigures
 
 logger = logging.getLogger(__name__)
 
@@ -218,18 +219,18 @@ def _count_compiles() -> None:
     monitoring.register_event_duration_secs_listener(_on_duration)
 
 
-def summary(train_step: Counts, run: Counts) -> dict[str, object]:
+def summary(train_step: Counts, run: Counts) -> CompileCacheFigures:
     """The summary record's cache figures: the directory (None: off), the train step's
     programs found and compiled, and every program of the run (train step, evaluation, the
     report's analyses) with the seconds they took."""
-    return {
-        "compile_cache_dir": active_dir(),
-        "compile_cache_hits": train_step.hits,
-        "compile_cache_misses": train_step.misses,
-        "xla_programs": run.programs,
-        "xla_programs_cached": run.hits,
-        "xla_compile_s": run.seconds,
-    }
+    return CompileCacheFigures(
+        compile_cache_dir=active_dir(),
+        compile_cache_hits=train_step.hits,
+        compile_cache_misses=train_step.misses,
+        xla_programs=run.programs,
+        xla_programs_cached=run.hits,
+        xla_compile_s=run.seconds,
+    )
 
 
 # -- entries written whole ------------------------------------------------------------------

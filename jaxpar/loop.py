@@ -39,7 +39,8 @@ from jaxpar import metrics as metrics_lib
 from jaxpar import watchdog as watchdog_lib
 from jaxpar.data.prefetch import InputStats
 from jaxpar.run_setup import Run, Setup, derive, evaluate, local_train_batch
-from jaxpar.run_summary import TIMING_WARMUP_STEPS, Outcome
+from jaxpar.run_summary import TIMING_WARMUP_STEPS, LoopFigures, Outcome
+from jaxpar.summary_record import LearningRate, SchedulePhases
 from jaxpar.target.goodput import Setup as Candidate
 
 logger = logging.getLogger(__name__)
@@ -244,24 +245,27 @@ class Loop:
     def _outcome(self, state, info) -> Outcome:
         config, length = self.setup.config, self.length
         stopped = info.stopping and not info.final
-        extra = self.goal.summary(info.step, self.evaluation.seconds, self.evaluation.count)
-        # what a plan from this run (jaxpar/target/) needs to know of its learning rate
-        extra.update(
-            lr_rule=optim.batch_rule(config),
-            lr_adaptation=optim.adaptation(config),
-            peak_learning_rate=optim.peak_learning_rate(config),
-            lr_base_batch_size=config.lr_base_batch_size,
-            sync_mode=config.sync.mode,
-        )
-        if self.noise is not None:
-            extra.update(self.noise.summary(self.goal.reached_step))
-        if length.adaptive:
-            extra.update(self.window.adapted.summary(self.goal.reached_step))
-        if self.schedule is not None:
-            extra.update(
+        extra = LoopFigures(
+            target=self.goal.summary(info.step, self.evaluation.seconds, self.evaluation.count),
+            # what a plan from this run (jaxpar/target/) needs to know of its learning rate
+            rate=LearningRate(
+                lr_rule=optim.batch_rule(config),
+                lr_adaptation=optim.adaptation(config),
+                peak_learning_rate=optim.peak_learning_rate(config),
+                lr_base_batch_size=config.lr_base_batch_size,
+                sync_mode=config.sync.mode,
+            ),
+            noise=self.noise.summary(self.goal.reached_step) if self.noise is not None else None,
+            adapted=self.window.adapted.summary(self.goal.reached_step)
+            if length.adaptive
+            else None,
+            schedule=SchedulePhases(
                 schedule_phases=[[s, c.describe()] for s, c in self.schedule.phases],
                 schedule_moves_s=self.moves_s,
             )
+            if self.schedule is not None
+            else None,
+        )
         return Outcome(
             state,
             self.timer.times,

@@ -13,6 +13,8 @@ import numpy as np
 
 from jaxpar import axes, units
 from jaxpar.events import EventFile
+from jaxpar.step_report import StepReport
+from jaxpar.summary_record import InputCost, RunSummary, Throughput
 
 # The one rule for `input_bound` (docs/results.md, "What the input pipeline costs"): after warm-up the
 # training loop spent more than this share of its step time waiting for the next batch.
@@ -24,22 +26,23 @@ STAGE_TO_STAGE_LABEL = "stage-to-stage bytes / step"
 STAGE_TO_STAGE_MEANING = "activations forward + gradients back, whole global batch"
 
 
-def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> dict[str, float]:
-    """Global images/sec from per-step times, dropping the first `warmup` steps.
+def throughput(step_times: list[float], global_batch_size: int, warmup: int) -> Throughput | None:
+    """Global images/sec from per-step times, dropping the first `warmup` steps (None: no
+    step times).
 
     images_per_sec = global_batch_size / median step time; p10/p90 show the spread.
     """
     times = np.asarray(step_times[warmup:] or step_times, dtype=np.float64)
     if times.size == 0:
-        return {}
+        return None
     median = float(np.median(times))
-    return {
-        "images_per_sec": global_batch_size / median,
-        "step_time_median_s": median,
-        "step_time_p10_s": float(np.percentile(times, 10)),
-        "step_time_p90_s": float(np.percentile(times, 90)),
-        "timed_steps": int(times.size),
-    }
+    return Throughput(
+        images_per_sec=global_batch_size / median,
+        step_time_median_s=median,
+        step_time_p10_s=float(np.percentile(times, 10)),
+        step_time_p90_s=float(np.percentile(times, 90)),
+        timed_steps=int(times.size),
+    )
 
 
 def input_pipeline(
@@ -48,7 +51,7 @@ def input_pipeline(
     step_times: Sequence[float],
     global_batch_size: int,
     warmup: int,
-) -> dict[str, Any]:
+) -> InputCost | None:
     """What the input pipeline cost per step, from the Prefetcher's InputStats (`made`: host
     seconds in make_batch and put of each batch, `waited`: the loop's wait for each) and the
     step times, each dropping its first `warmup` entries as `throughput` does.
@@ -56,32 +59,33 @@ def input_pipeline(
     The host batch time is a median, like the step time, so the loader's capacity (global
     batch / host batch time: what it could feed if training took no time) compares with
     images_per_sec; the wait is a mean, a share of the mean step time, and decides
-    `input_bound` (INPUT_BOUND_WAIT_SHARE)."""
+    `input_bound` (INPUT_BOUND_WAIT_SHARE). None without batches or steps."""
     made, waited = made[warmup:] or made, waited[warmup:] or waited
     times = step_times[warmup:] or step_times
     if not (made and waited and times):
-        return {}
+        return None
     host = float(np.median([m + p for m, p in made]))
     share = float(np.mean(waited)) / float(np.mean(times))
-    return {
-        "input_s_per_step": host,
-        "input_put_s_per_step": float(np.median([p for _, p in made])),
-        "input_wait_s_per_step": float(np.mean(waited)),
-        "input_wait_share": share,
-        "loader_images_per_sec": global_batch_size / host,
-        "input_bound": share > INPUT_BOUND_WAIT_SHARE,
-    }
+    return InputCost(
+        input_s_per_step=host,
+        input_put_s_per_step=float(np.median([p for _, p in made])),
+        input_wait_s_per_step=float(np.mean(waited)),
+        input_wait_share=share,
+        loader_images_per_sec=global_batch_size / host,
+        input_bound=share > INPUT_BOUND_WAIT_SHARE,
+    )
 
 
-def input_line(summary: dict[str, Any]) -> str | None:
+def input_line(summary: RunSummary) -> str | None:
     """The summary's verdict on the input pipeline in one sentence (None without figures)."""
-    if "input_bound" not in summary:
+    cost, timed = summary.input_cost, summary.throughput
+    if cost is None or timed is None:
         return None
-    verdict = "input-bound" if summary["input_bound"] else "not input-bound"
+    verdict = "input-bound" if cost.input_bound else "not input-bound"
     return (
-        f"{verdict}: the loader makes {summary['loader_images_per_sec']:,.0f} img/s, training "
-        f"consumed {summary['images_per_sec']:,.0f} img/s and waited for "
-        f"data {summary['input_wait_share']:.1%} of its step time (input-bound: more than "
+        f"{verdict}: the loader makes {cost.loader_images_per_sec:,.0f} img/s, training "
+        f"consumed {timed.images_per_sec:,.0f} img/s and waited for "
+        f"data {cost.input_wait_share:.1%} of its step time (input-bound: more than "
         f"{INPUT_BOUND_WAIT_SHARE:.0%})"
     )
 
@@ -102,41 +106,41 @@ def summary(
     evaluation: dict[str, float],
     num_params: int,
     flops_per_example: float,
-    report: dict[str, Any],
+    report: StepReport | None,
     made: Sequence[tuple[float, float]] = (),
     waited: Sequence[float] = (),
-) -> dict[str, Any]:
+) -> RunSummary:
     """The run's final {"split": "summary"} record (docs/config.md, "Metrics"): throughput from the
     `step_times` after `warmup`, what the input pipeline cost (`made`, `waited`: see
     `input_pipeline`), the last `train` line and `evaluation`, the model's size and work, then
-    the strategy's `report` (memory, collectives, pipeline figures)."""
-    stats = throughput(step_times, global_batch_size, warmup)
-    stats.update(input_pipeline(made, waited, step_times, global_batch_size, warmup))
+    the strategy's `report` (memory, collectives, pipeline figures). The run's other figures
+    are added by jaxpar/run_summary.py."""
+    timed = throughput(step_times, global_batch_size, warmup)
     nan = float("nan")
-    record = {
-        "strategy": strategy,
-        "partitioning": partitioning or None,
-        "num_devices": math.prod(mesh_shape),
-        "mesh_shape": tuple(mesh_shape),
-        "mesh_axes": tuple(mesh_axes),
-        "mesh": units.named_mesh(mesh_axes, mesh_shape),
-        "steps": steps,
-        "global_batch_size": global_batch_size,
-        **stats,
-        "compile_time_s": compile_time_s,
-        "wall_time_s": wall_time_s,
-        "final_loss": train.get("loss", nan),
-        "eval_loss": evaluation.get("loss", nan),
-        "eval_accuracy": evaluation.get("accuracy", nan),
-        "num_params": num_params,
-        "model_flops_per_image": 3 * flops_per_example,  # forward + backward
-        **report,
-    }
-    if "images_per_sec" in stats:
-        record["model_tflops_per_sec"] = (
-            record["images_per_sec"] * record["model_flops_per_image"] / 1e12
-        )
-    return record
+    flops_per_image = 3 * flops_per_example  # forward + backward
+    return RunSummary(
+        strategy=strategy,
+        partitioning=partitioning or None,
+        num_devices=math.prod(mesh_shape),
+        mesh_shape=tuple(mesh_shape),
+        mesh_axes=tuple(mesh_axes),
+        mesh=units.named_mesh(mesh_axes, mesh_shape),
+        steps=steps,
+        global_batch_size=global_batch_size,
+        throughput=timed,
+        input_cost=input_pipeline(made, waited, step_times, global_batch_size, warmup),
+        compile_time_s=compile_time_s,
+        wall_time_s=wall_time_s,
+        final_loss=train.get("loss", nan),
+        eval_loss=evaluation.get("loss", nan),
+        eval_accuracy=evaluation.get("accuracy", nan),
+        num_params=num_params,
+        model_flops_per_image=flops_per_image,
+        report=report,
+        model_tflops_per_sec=(
+            timed.images_per_sec * flops_per_image / 1e12 if timed is not None else None
+        ),
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -272,7 +276,7 @@ def records(workdir: str, split: str, until: int | None = None) -> list[dict[str
     return found
 
 
-def last_summary(workdir: str) -> dict[str, Any] | None:
+def last_summary(workdir: str) -> RunSummary | None:
     """The last "summary" record of WORKDIR/metrics.jsonl, or None."""
     found = records(workdir, "summary")
-    return found[-1] if found else None
+    return RunSummary.of_record(found[-1]) if found else None

@@ -23,6 +23,8 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
+from jaxpar.summary_record import NoiseScaleFigures
+
 
 def unbiased(sq_small: float, sq_big: float, b_small: float, b_big: float) -> tuple[float, float]:
     """(|G|^2, tr(Sigma)) estimated from one step's two squared norms (App. A.1)."""
@@ -102,19 +104,18 @@ class NoiseScale:
             return math.nan
         return ratio(sum(t for _, t in rows) / len(rows), sum(g for g, _ in rows) / len(rows))
 
-    def summary(self, until: int | None = None) -> dict[str, float]:
+    def summary(self, until: int | None = None) -> NoiseScaleFigures:
         """The summary's figures: the run's average B_simple (and up to `until`, the step a
         target was reached, when given), the last smoothed value, and the two batch sizes."""
-        out = {
-            "noise_scale": _finite(self.average()),
-            "noise_scale_last": _finite(self.smoothed),
-            "noise_scale_b_small": self.b_small,
-            "noise_scale_b_big": self.b_big,
-            "noise_scale_steps": len(self.history),
-        }
-        if until is not None:
-            out["noise_scale_to_target"] = _finite(self.average(until))
-        return out
+        return NoiseScaleFigures(
+            noise_scale=_finite(self.average()),
+            noise_scale_last=_finite(self.smoothed),
+            noise_scale_b_small=self.b_small,
+            noise_scale_b_big=self.b_big,
+            noise_scale_steps=len(self.history),
+            noise_scale_to_target=_finite(self.average(until)) if until is not None else None,
+            to_target=until is not None,
+        )
 
 
 def _finite(value: float) -> float | None:

@@ -19,6 +19,7 @@ import numpy as np
 from jaxpar import batch_schedule, console, optim, run_setup, units
 from jaxpar import metrics as metrics_lib
 from jaxpar.errors import ConfigError
+from jaxpar.summary_record import RunResult
 
 logger = logging.getLogger(__name__)
 
@@ -46,12 +47,12 @@ def resumed_setup(setup, step: int, meta: dict):
     return run_setup.derive(setup, batch_schedule.changes(phase), (step, int(examples)))
 
 
-def finished(workdir: str, step: int, config) -> dict[str, Any]:
+def finished(workdir: str, step: int, config) -> RunResult:
     """A rerun of a finished run: say so, show its summary, change nothing. A checkpoint past
     `num_train_steps` (the rerun asks for fewer steps than the run has done) is the same case:
     a run never goes back to an earlier step, which would mean saving checkpoints below newer
     ones (Orbax lists steps by number: the newer ones would still be resumed from)."""
-    summary = metrics_lib.last_summary(workdir) or {}
+    summary = metrics_lib.last_summary(workdir)
     span = optim.schedule_steps(config)
     total = config.num_train_steps
     if optim.adaptation(config) != "none":  # its length is progress, not steps
@@ -77,9 +78,9 @@ def finished(workdir: str, step: int, config) -> dict[str, Any]:
             f"--config.schedule_steps={span} to keep its learning-rate schedule (the rate stays "
             "at its end value) or a larger value to stretch it; or add --eval_only to evaluate"
         )
-    if summary:
+    if summary is not None:
         logger.info(console.summary_table(summary))
-    return {**summary, "finished": True}
+    return RunResult(summary, finished=True)
 
 
 def check_schedule(config, restored_meta: dict, start: int) -> None:

@@ -13,7 +13,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import ml_collections
@@ -27,6 +26,7 @@ from jaxpar.errors import TrainingError
 from jaxpar.loop import Loop
 from jaxpar.run_setup import Run, announce, evaluate, local_train_batch, setup
 from jaxpar.run_summary import summarise
+from jaxpar.summary_record import CheckpointEvaluation, RunResult
 
 # What callers use from here: the loop (a run is built by run_setup.py, summarised by
 # run_summary.py).
@@ -41,12 +41,13 @@ def train_and_evaluate(
     devices: Sequence[jax.Device] | None = None,
     eval_only: bool = False,
     profile: bool = False,
-) -> dict[str, Any]:
-    """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return summary.
+) -> RunResult:
+    """Train `config` in `workdir`; write metrics.jsonl and TensorBoard files; return the
+    summary and the trained state.
 
     Rerunning in the same workdir resumes from its newest checkpoint. A finished run is left
-    as it is (its summary is returned); `eval_only` evaluates the newest checkpoint and writes
-    nothing. `profile` writes a JAX profiler trace of a few steps after warm-up to
+    as it is (its summary is returned, `finished`); `eval_only` evaluates the newest
+    checkpoint (`evaluation`) and writes nothing. `profile` writes a JAX profiler trace of a few steps after warm-up to
     WORKDIR/profile. Raises ConfigError/DataError (bad input) or TrainingError (the run had to
     stop), each with a one-line message.
     """
@@ -64,7 +65,7 @@ def train_and_evaluate(
     return result
 
 
-def _run(run: Run, eval_only: bool) -> dict[str, Any]:
+def _run(run: Run, eval_only: bool) -> RunResult:
     """Resume or start, compile, train and summarise."""
     setup, watch = run.setup, run.watch
     config, total = setup.config, setup.config.num_train_steps
@@ -127,11 +128,13 @@ def _ended_at_target(run: Run, step: int) -> bool:
     it is finished, as a run is after its last step."""
     if not run.setup.config.stop_at_target:
         return False
-    done = metrics_lib.last_summary(run.workdir) or {}
-    return bool(done.get("target_reached")) and done.get("steps") == step
+    done = metrics_lib.last_summary(run.workdir)
+    if done is None or done.target is None:
+        return False
+    return done.target.target_reached and done.steps == step
 
 
-def _evaluate_only(run: Run, restored) -> dict[str, Any]:
+def _evaluate_only(run: Run, restored) -> RunResult:
     """Evaluate the newest checkpoint; write nothing."""
     if restored is None:
         raise TrainingError(
@@ -144,4 +147,6 @@ def _evaluate_only(run: Run, restored) -> dict[str, Any]:
         f"eval of the checkpoint of step {step}: loss {result['loss']:.4f}  "
         f"accuracy {result['accuracy']:.4f}"
     )
-    return {"step": step, "eval_loss": result["loss"], "eval_accuracy": result["accuracy"]}
+    return RunResult(
+        None, evaluation=CheckpointEvaluation(step, result["loss"], result["accuracy"])
+    )

@@ -142,18 +142,18 @@ def test_a_run_ends_when_its_progress_reaches_the_budget_and_resumes_exactly(tmp
     """num_train_steps is progress: the run stops at the first step whose progress reaches
     it. Continued to a larger budget, it takes the steps and losses of a run straight there,
     bit for bit (the averages and the progress resume with the optimizer state)."""
-    straight = trainer.train_and_evaluate(cli_config(14), str(tmp_path / "straight"))
+    straight = trainer.train_and_evaluate(cli_config(14), str(tmp_path / "straight")).summary
     noise = metrics.records(str(tmp_path / "straight"), "noise")
     progress = [r["progress"] for r in noise]
     assert progress[-1] >= 14 > progress[-2]
-    assert straight["steps"] == len(noise) < 14  # fewer steps than progress: gains above 1
-    assert straight["progress"] == pytest.approx(progress[-1])
-    assert straight["mean_gain"] == pytest.approx(progress[-1] / straight["steps"])
+    assert straight.steps == len(noise) < 14  # fewer steps than progress: gains above 1
+    assert straight.adapted.progress == pytest.approx(progress[-1])
+    assert straight.adapted.mean_gain == pytest.approx(progress[-1] / straight.steps)
     assert all(1 <= r["gain"] <= 4 for r in noise)
     np.testing.assert_allclose(np.diff(progress), [r["gain"] for r in noise[1:]], rtol=1e-5)
 
-    first = trainer.train_and_evaluate(cli_config(6), str(tmp_path / "resumed"))
-    assert first["steps"] < straight["steps"]
+    first = trainer.train_and_evaluate(cli_config(6), str(tmp_path / "resumed")).summary
+    assert first.steps < straight.steps
     trainer.train_and_evaluate(cli_config(14), str(tmp_path / "resumed"))
     want = [r["loss"] for r in metrics.records(str(tmp_path / "straight"), "train")]
     got = [r["loss"] for r in metrics.records(str(tmp_path / "resumed"), "train")]

@@ -141,7 +141,7 @@ def test_checkpoint_of_fsdp_and_tensor_continues_on_data(tmp_path, one_device, c
     assert "mesh (data=8) over 8 cpu devices" in capsys.readouterr().out
     losses = train_losses(run)
     np.testing.assert_allclose(losses, one_device[0], rtol=RTOL)
-    assert max_rel_error(result["state"].params, one_device[1].params) < RTOL
+    assert max_rel_error(result.state.params, one_device[1].params) < RTOL
 
 
 def test_a_new_axis_is_one_module(one_device):

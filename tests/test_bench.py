@@ -367,10 +367,11 @@ def test_num_devices_uses_the_first_n(capsys):
 
 def test_profile_writes_a_trace(tmp_path):
     config = tiny_config(num_train_steps=5, mesh_shape=(1, 1, 1), checkpoint_every_steps=0)
-    summary = trainer.train_and_evaluate(config, str(tmp_path), jax.devices()[:1], profile=True)
+    result = trainer.train_and_evaluate(config, str(tmp_path), jax.devices()[:1], profile=True)
     traces = list((tmp_path / "profile").rglob("*.trace.json.gz"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
-    assert summary["analytic_bubble"] is None and summary["collective_bytes_per_device"] == 0
+    report = result.summary.report
+    assert report.analytic_bubble is None and report.collective_bytes_per_device == 0
 
 
 # --- the results folder: never loses or silently mixes results (no training: a fake row) ---

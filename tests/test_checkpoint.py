@@ -126,7 +126,7 @@ def test_restore_across_meshes(tmp_path, capsys, one_device, before, after, devi
     losses = train_losses(moved)
     assert len(losses) == 4
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    assert max_rel_error(result["state"].params, ref_state.params) < 1e-5
+    assert max_rel_error(result.state.params, ref_state.params) < 1e-5
 
 
 def every_five(steps):
@@ -159,7 +159,7 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_saving_resumes(tmp_p
     # --eval_only writes nothing: the unreadable checkpoint is said, skipped and left in place
     result = trainer.train_and_evaluate(every_five(20), run, one, eval_only=True)
     said = [line for line in capsys.readouterr().out.splitlines() if "read back" in line]
-    assert result["step"] == 15 and newest.is_dir()
+    assert result.evaluation.step == 15 and newest.is_dir()
     assert said == [
         (
             f"checkpoint 20 in {tmp_path}/run/checkpoints does not read back (JSONDecodeError: "
@@ -198,7 +198,7 @@ def test_an_unreadable_newest_checkpoint_is_moved_aside_and_saving_resumes(tmp_p
     before = open(os.path.join(run, "metrics.jsonl")).read()
     result = trainer.train_and_evaluate(every_five(12), run, one)
     out = capsys.readouterr().out
-    assert result["finished"]
+    assert result.finished
     assert "is already past step 12: its newest checkpoint is at step 20" in out
     assert saved_steps(run) == [15, 18, 20]
     assert open(os.path.join(run, "metrics.jsonl")).read() == before

@@ -158,23 +158,23 @@ def test_a_scheduled_run_equals_runs_restarted_by_hand_at_each_move(
     setup it was on and follows the rest of the schedule."""
     budget = {"num_train_steps": 24, "checkpoint_every_steps": 100, "log_every_steps": 1}
     config = goodput_config(global_batch_size=8, **budget)
-    scheduled = trainer.train_and_evaluate(config, str(tmp_path / "scheduled"))
-    assert [p[1] for p in scheduled["schedule_phases"]] == [
+    scheduled = trainer.train_and_evaluate(config, str(tmp_path / "scheduled")).summary
+    assert [p[1] for p in scheduled.schedule.schedule_phases] == [
         "batch 8 on (8,1,1)",
         "batch 16 on (8,1,1)",
         "batch 16 on (2,1,4)",
         "batch 8 on (8,1,1)",
     ]
     want = losses(tmp_path / "scheduled")
-    assert len(want) == scheduled["steps"] > 12
+    assert len(want) == scheduled.steps > 12
 
     resumed = str(tmp_path / "resumed")
     with monkeypatch.context() as patch:
         stop_after(patch, 10)  # inside the third phase
         trainer.train_and_evaluate(config, resumed)
-    summary = trainer.train_and_evaluate(config, resumed)
+    summary = trainer.train_and_evaluate(config, resumed).summary
     assert losses(resumed) == pytest.approx(want, rel=1e-6)
-    assert summary["schedule_phases"] == scheduled["schedule_phases"]
+    assert summary.schedule.schedule_phases == scheduled.schedule.schedule_phases
 
     by_hand = str(tmp_path / "by_hand")
     phases = [(8, MESH, 4), (16, MESH, 8), (16, (2, 1, 4), 12), (8, MESH, None)]

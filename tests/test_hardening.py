@@ -371,13 +371,14 @@ def test_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     trainer.train_and_evaluate(config, str(tmp_path))
     before = (tmp_path / "metrics.jsonl").read_text()
     capsys.readouterr()
-    assert trainer.train_and_evaluate(config, str(tmp_path))["finished"]
+    assert trainer.train_and_evaluate(config, str(tmp_path)).finished
     out = capsys.readouterr().out
     assert "is finished" in out and "nan" not in out
     result = trainer.train_and_evaluate(config, str(tmp_path), eval_only=True)
     assert "eval of the checkpoint of step 2" in capsys.readouterr().out
     summary = records(tmp_path, "summary")[-1]  # the run's own evaluation of that state
-    assert result["step"] == 2 and result["eval_loss"] == pytest.approx(summary["eval_loss"])
+    evaluation = result.evaluation
+    assert evaluation.step == 2 and evaluation.eval_loss == pytest.approx(summary["eval_loss"])
     assert (tmp_path / "metrics.jsonl").read_text() == before
 
 

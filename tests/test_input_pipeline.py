@@ -4,6 +4,7 @@ contrasts loaders."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -14,7 +15,8 @@ import pytest
 from jaxpar import console, metrics, trainer
 from jaxpar import suites as suite_lib
 from jaxpar.data import Prefetcher
-from tests.util import override, tiny_config
+from jaxpar.summary_record import InputCost, RunSummary, Throughput
+from tests.util import override, reached_summary, tiny_config
 
 PAUSE_S = 0.03  # what the slow side of a pipeline sleeps per batch
 STEPS = 12
@@ -60,52 +62,56 @@ def test_a_slow_loader_makes_the_loop_wait_and_is_flagged_input_bound():
     stats = batches.stats
     assert len(stats.made) == len(stats.waited) == 8
     figures = metrics.input_pipeline(stats.made, stats.waited, times, 64, WARMUP)
-    host = figures["input_s_per_step"]
+    host = figures.input_s_per_step
     assert make_s + put_s <= host < make_s + put_s + 0.04
-    assert put_s <= figures["input_put_s_per_step"] < put_s + 0.03
+    assert put_s <= figures.input_put_s_per_step < put_s + 0.03
     # the loop waits for the loader's pace less its own work (the sleeps' excess included)
-    assert (host - work_s) / 2 < figures["input_wait_s_per_step"] < host - work_s + 0.01
-    assert figures["input_wait_share"] == pytest.approx(1 / 3, abs=0.2)
-    assert figures["loader_images_per_sec"] == pytest.approx(64 / host)
-    assert figures["input_bound"] is True  # a third of the step waiting: above 10%
+    assert (host - work_s) / 2 < figures.input_wait_s_per_step < host - work_s + 0.01
+    assert figures.input_wait_share == pytest.approx(1 / 3, abs=0.2)
+    assert figures.loader_images_per_sec == pytest.approx(64 / host)
+    assert figures.input_bound is True  # a third of the step waiting: above 10%
 
 
 def test_a_slow_loop_with_a_fast_loader_does_not_wait_and_is_not_input_bound():
     batches, times = _consume(lambda step: {"step": step}, step_s=PAUSE_S)
     stats = batches.stats
     figures = metrics.input_pipeline(stats.made, stats.waited, times, 64, WARMUP)
-    assert figures["input_wait_s_per_step"] < 0.1 * PAUSE_S  # the queue was full every time
-    assert figures["input_s_per_step"] < 0.1 * PAUSE_S
-    assert figures["loader_images_per_sec"] > 10 * 64 / PAUSE_S
-    assert figures["input_bound"] is False
+    assert figures.input_wait_s_per_step < 0.1 * PAUSE_S  # the queue was full every time
+    assert figures.input_s_per_step < 0.1 * PAUSE_S
+    assert figures.loader_images_per_sec > 10 * 64 / PAUSE_S
+    assert figures.input_bound is False
 
 
 def test_the_verdict_is_one_sentence_with_both_rates():
-    summary = {"images_per_sec": 830.0, "loader_images_per_sec": 850.0}
-    summary.update(input_wait_share=0.42, input_bound=True)
+    summary = dataclasses.replace(
+        reached_summary(10),
+        throughput=Throughput(830.0, 0.077, 0.07, 0.08, 10),
+        input_cost=InputCost(0.075, 0.01, 0.032, 0.42, 850.0, True),
+    )
     assert metrics.input_line(summary) == (
         "input-bound: the loader makes 850 img/s, training consumed 830 img/s and waited for "
         "data 42.0% of its step time (input-bound: more than 10%)"
     )
-    assert metrics.input_line({"images_per_sec": 830.0}) is None
+    assert metrics.input_line(dataclasses.replace(summary, input_cost=None)) is None
 
 
 def test_a_training_run_reports_what_its_input_cost(tmp_path):
     config = tiny_config(num_train_steps=6, log_every_steps=3, checkpoint_every_steps=0)
     config = override(config, {"model.name": "lenet", "model.width": 0.25})
-    summary = trainer.train_and_evaluate(config, str(tmp_path), jax.devices()[:1])
-    for key in ("input_s_per_step", "input_put_s_per_step", "loader_images_per_sec"):
-        assert summary[key] > 0, key
-    assert summary["input_put_s_per_step"] <= summary["input_s_per_step"]
-    assert 0 <= summary["input_wait_s_per_step"] < summary["step_time_median_s"] * 10
-    assert isinstance(summary["input_bound"], bool)
-    assert summary["loader_images_per_sec"] == pytest.approx(16 / summary["input_s_per_step"])
+    summary = trainer.train_and_evaluate(config, str(tmp_path), jax.devices()[:1]).summary
+    cost = summary.input_cost
+    assert cost.input_s_per_step > 0 and cost.loader_images_per_sec > 0
+    assert 0 < cost.input_put_s_per_step <= cost.input_s_per_step
+    assert 0 <= cost.input_wait_s_per_step < summary.throughput.step_time_median_s * 10
+    assert isinstance(cost.input_bound, bool)
+    assert cost.loader_images_per_sec == pytest.approx(16 / cost.input_s_per_step)
     with open(os.path.join(tmp_path, "metrics.jsonl"), encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
     train = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train] == [3, 6]
     assert all(r["input_s_per_step"] > 0 and r["input_wait_s_per_step"] >= 0 for r in train)
-    assert "input_bound" in records[-1] and "img/s" in console.summary_table(records[-1])
+    assert "input_bound" in records[-1]
+    assert "img/s" in console.summary_table(RunSummary.of_record(records[-1]))
 
 
 def test_the_input_pipeline_suite_builds_every_row():

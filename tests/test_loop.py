@@ -17,6 +17,7 @@ import pytest
 
 from jaxpar import checkpoint, hooks, metrics, preemption, watchdog
 from jaxpar.errors import TrainingError
+from jaxpar.step_report import StepReport
 from tests.util import tiny_config
 
 
@@ -246,9 +247,9 @@ def test_the_summary_record():
         evaluation={},
         num_params=1000,
         flops_per_example=1e9,
-        report={"pipeline_schedule": None},
+        report=StepReport(),
     )
-    assert list(summary)[:8] == [
+    assert list(summary.as_record())[:8] == [
         "strategy",
         "partitioning",
         "num_devices",
@@ -258,9 +259,9 @@ def test_the_summary_record():
         "steps",
         "global_batch_size",
     ]
-    assert summary["mesh"] == "(data=2, stage=2, tensor=1)"
-    assert summary["num_devices"] == 4 and summary["timed_steps"] == 3
-    assert summary["images_per_sec"] == 64 / 0.5 and summary["final_loss"] == 1.25
-    assert math.isnan(summary["eval_loss"]) and math.isnan(summary["eval_accuracy"])
-    assert summary["model_flops_per_image"] == 3e9 and summary["pipeline_schedule"] is None
-    assert summary["model_tflops_per_sec"] == pytest.approx(128 * 3e9 / 1e12)
+    assert summary.mesh == "(data=2, stage=2, tensor=1)"
+    assert summary.num_devices == 4 and summary.throughput.timed_steps == 3
+    assert summary.throughput.images_per_sec == 64 / 0.5 and summary.final_loss == 1.25
+    assert math.isnan(summary.eval_loss) and math.isnan(summary.eval_accuracy)
+    assert summary.model_flops_per_image == 3e9 and summary.report.pipeline_schedule is None
+    assert summary.model_tflops_per_sec == pytest.approx(128 * 3e9 / 1e12)

@@ -9,6 +9,7 @@ import pytest
 from jaxpar import run_setup
 from jaxpar.models.vgg import vgg
 from jaxpar.parallel import schedules, stages
+from jaxpar.step_report import StepReport
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config
 
 RTOL = 1e-5
@@ -214,7 +215,7 @@ def test_stage_to_stage_bytes_are_one_number_everywhere():
         evaluation={},
         num_params=1,
         flops_per_example=1.0,
-        report={"bytes_between_stages_per_step": total},
+        report=StepReport(bytes_between_stages_per_step=total),
     )
     line = next(
         x

@@ -297,11 +297,11 @@ def test_resume_is_bit_exact(tmp_path, capsys, mode, overrides):
     capsys.readouterr()
     again = trainer.train_and_evaluate(config, str(resumed), devices)
     assert "resumed from the checkpoint of step 3" in capsys.readouterr().out
-    assert again["steps"] == 6
+    assert again.summary.steps == 6
     assert train_losses(resumed) == train_losses(tmp_path / "ref")
-    jax.tree.map(np.testing.assert_array_equal, again["state"], ref["state"])
+    jax.tree.map(np.testing.assert_array_equal, again.state, ref.state)
     if mode == "async":
-        assert max(float(np.abs(x).max()) for x in jax.tree.leaves(ref["state"].sync)) > 0
+        assert max(float(np.abs(x).max()) for x in jax.tree.leaves(ref.state.sync)) > 0
 
 
 CLI = [

@@ -22,7 +22,7 @@ from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import Reference
 from jaxpar.target.steps import TracePoint
 from jaxpar.target.sync_factors import sync_factor
-from tests.util import tiny_config
+from tests.util import reached_summary, tiny_config
 
 
 def test_estimator_recovers_the_closed_form_of_linear_regression():
@@ -115,9 +115,9 @@ def test_the_trace_model_against_a_hand_integrated_trace():
     ]
 
 
-def _write_run(workdir, phis, batch=64, gains=None, **summary):
+def _write_run(workdir, phis, batch=64, gains=None, lr_adaptation="none"):
     """A finished run's metrics.jsonl as the trainer writes it: a noise line a step, then the
-    summary."""
+    summary (util.reached_summary: the target reached at the last step)."""
     workdir.mkdir(parents=True, exist_ok=True)
     lines = []
     for step, phi in enumerate(phis, 1):
@@ -125,19 +125,11 @@ def _write_run(workdir, phis, batch=64, gains=None, **summary):
         if gains:
             line.update(gain=gains[step - 1], progress=sum(gains[:step]))
         lines.append(line)
-    done = {
-        "step": len(phis),
-        "split": "summary",
-        "global_batch_size": batch,
-        "steps_to_target": len(phis),
-        "target_reached": True,
-        "noise_scale": 50.0,
-        "noise_scale_to_target": 50.0,
-        "lr_rule": "noise",
-        "lr_base_batch_size": 16,
-        "target_accuracy": 0.9,
-        **summary,
-    }
+    summary = reached_summary(len(phis), batch)
+    summary = dataclasses.replace(
+        summary, rate=dataclasses.replace(summary.rate, lr_adaptation=lr_adaptation)
+    )
+    done = {"step": len(phis), "split": "summary", **summary.as_record()}
     (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in [*lines, done]))
 
 
@@ -186,7 +178,7 @@ def test_learning_rate_rules_across_batches():
 
 def _run(tmp_path, **overrides):
     config = tiny_config(mesh_shape=(2, 1, 1), num_devices=2, **overrides)
-    return trainer.train_and_evaluate(config, str(tmp_path))
+    return trainer.train_and_evaluate(config, str(tmp_path)).summary
 
 
 def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path):
@@ -198,15 +190,15 @@ def test_a_run_stops_at_its_target_and_reports_steps_examples_and_time(tmp_path)
         stop_at_target=True,
         checkpoint_every_steps=0,
     )
-    assert summary["target_reached"] is True
-    assert summary["steps_to_target"] == 2 == summary["steps"]  # the first evaluation
-    assert summary["examples_to_target"] == 2 * 16
-    assert 0 < summary["time_to_target_s"] < summary["wall_time_s"]
+    assert summary.target.target_reached is True
+    assert summary.steps_to_target == 2 == summary.steps  # the first evaluation
+    assert summary.target.reached.examples_to_target == 2 * 16
+    assert 0 < summary.target.reached.time_to_target_s < summary.wall_time_s
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
     noise = [x for x in lines if x["split"] == "noise"]
     assert [x["step"] for x in noise] == [1, 2]  # one line a step, none after the stop
-    assert summary["noise_scale_b_small"] == 8 and summary["noise_scale_b_big"] == 16
-    assert summary["noise_scale_steps"] == 2
+    assert summary.noise.noise_scale_b_small == 8 and summary.noise.noise_scale_b_big == 16
+    assert summary.noise.noise_scale_steps == 2
     with pytest.raises(ConfigError, match="measured over 2 steps to the target; at least 20"):
         reading.load(str(tmp_path))  # too short a run to plan from
 
@@ -220,8 +212,8 @@ def test_a_target_never_reached_ends_the_run_normally(tmp_path):
         stop_at_target=True,
         checkpoint_every_steps=0,
     )
-    assert summary["target_reached"] is False and summary["steps"] == 3
-    assert "steps_to_target" not in summary
+    assert summary.target.target_reached is False and summary.steps == 3
+    assert "steps_to_target" not in summary.as_record()
     with pytest.raises(ConfigError, match="never reached its target"):
         reading.load(str(tmp_path), 1.0)
 
@@ -390,10 +382,10 @@ def test_a_target_met_before_a_resume_keeps_its_step(tmp_path):
         "schedule_steps": 6,
     }
     first = _run(tmp_path, num_train_steps=4, **common)
-    assert first["steps_to_target"] == 2 and first["time_to_target_s"] > 0
+    assert first.steps_to_target == 2 and first.target.reached.time_to_target_s > 0
     resumed = _run(tmp_path, num_train_steps=6, **common)  # continues from step 4
-    assert resumed["steps"] == 6 and resumed["steps_to_target"] == 2
-    assert resumed["time_to_target_s"] is None  # the first run's clock is not kept
+    assert resumed.steps == 6 and resumed.steps_to_target == 2
+    assert resumed.target.reached.time_to_target_s is None  # the first run's clock is not kept
 
 
 def test_the_planner_ranks_a_goodput_schedule_beside_the_fixed_rows():

@@ -105,6 +105,7 @@ def test_numbers_print_in_one_format_each():
     """Durations, learning rates and meshes read the same wherever they print; a summary read
     back from metrics.jsonl (a finished run's) shows its mesh as configs write it."""
     from jaxpar import console, metrics, units
+    from jaxpar.summary_record import RunSummary
 
     assert [units.seconds(t) for t in (6.0299, 0.5843, 0.00095, 5.2e-05, 0.9997, 1234.5)] == [
         "6.03 s",
@@ -122,25 +123,27 @@ def test_numbers_print_in_one_format_each():
         "--:--",
     ]
     assert [units.rate(x) for x in (0.05, 0.00095, 5.2e-05)] == ["5.00e-02", "9.50e-04", "5.20e-05"]
-    summary = json.loads(
-        json.dumps(
-            metrics.summary(
-                strategy="data",
-                mesh_shape=(8, 1, 1),
-                partitioning="data parallel over 8",
-                steps=4,
-                global_batch_size=16,
-                step_times=[0.5, 0.25],
-                warmup=0,
-                compile_time_s=6.0299,
-                wall_time_s=9.5,
-                train={"loss": 2.3},
-                evaluation={},
-                num_params=10,
-                flops_per_example=1.0,
-                report={},
-                made=[(0.00095, 0.0001)] * 2,
-                waited=[5.2e-05] * 2,
+    summary = RunSummary.of_record(  # as metrics.jsonl holds it
+        json.loads(
+            json.dumps(
+                metrics.summary(
+                    strategy="data",
+                    mesh_shape=(8, 1, 1),
+                    partitioning="data parallel over 8",
+                    steps=4,
+                    global_batch_size=16,
+                    step_times=[0.5, 0.25],
+                    warmup=0,
+                    compile_time_s=6.0299,
+                    wall_time_s=9.5,
+                    train={"loss": 2.3},
+                    evaluation={},
+                    num_params=10,
+                    flops_per_example=1.0,
+                    report=None,
+                    made=[(0.00095, 0.0001)] * 2,
+                    waited=[5.2e-05] * 2,
+                ).as_record()
             )
         )
     )

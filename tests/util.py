@@ -3,6 +3,7 @@ line run in subprocesses (one process, or several joined as a cluster)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -24,6 +25,13 @@ from jaxpar import axes, configfile, run_setup
 from jaxpar import mesh as mesh_lib
 from jaxpar.bench.row_record import BenchRow
 from jaxpar.parallel.state import forward_loss, init_state
+from jaxpar.summary_record import (
+    LearningRate,
+    NoiseScaleFigures,
+    RunSummary,
+    TargetFigures,
+    TargetReached,
+)
 
 
 def tiny_config(**overrides):
@@ -369,3 +377,37 @@ def records(workdir, split: str | None = None) -> list[dict]:
 
 def train_losses(workdir) -> list[float]:
     return [r["loss"] for r in records(workdir, "train")]
+
+
+def reached_summary(steps: int, batch: int = 64, **changes) -> RunSummary:
+    """The summary of a run that reached accuracy 0.9 after `steps` steps of `batch` and
+    measured its noise scale (50 throughout), as the trainer writes it; `changes` replace
+    its fields."""
+    summary = RunSummary(
+        strategy="data",
+        partitioning="data parallel over 8",
+        num_devices=8,
+        mesh_shape=(8, 1, 1),
+        mesh_axes=axes.DEFAULT,
+        mesh="(data=8, stage=1, tensor=1)",
+        steps=steps,
+        global_batch_size=batch,
+        compile_time_s=2.0,
+        wall_time_s=30.0,
+        final_loss=0.5,
+        eval_loss=0.4,
+        eval_accuracy=0.91,
+        num_params=1000,
+        model_flops_per_image=3e6,
+        target=TargetFigures(
+            target="eval accuracy >= 0.9",
+            target_reached=True,
+            eval_time_s=1.5,
+            evaluations=steps,
+            target_accuracy=0.9,
+            reached=TargetReached(steps, steps * batch, 20.0, 0.91, 0.4),
+        ),
+        rate=LearningRate("noise", "none", 0.1, 16, "allreduce"),
+        noise=NoiseScaleFigures(50.0, 50.0, batch / 8, batch, steps, 50.0, to_target=True),
+    )
+    return dataclasses.replace(summary, **changes)

@@ -28,16 +28,19 @@ def run_row(config, workdir: str, result_path: str, profile: bool = False) -> No
 
     record: dict[str, Any] = {"status": "failed", "error": None}
     try:
-        summary = trainer.train_and_evaluate(config, workdir, profile=profile)
-        summary.pop("state", None)
-        record.update(summary)
+        result = trainer.train_and_evaluate(config, workdir, profile=profile)
+        summary = result.summary
+        record.update(summary.as_record())
+        if result.finished:
+            record["finished"] = True
         record["status"] = "ok"
         kind = jax.devices()[0].device_kind
         peak = peak_flops.of_device(kind, config.model.dtype)
-        flops = summary.get("images_per_sec", 0.0) * summary["model_flops_per_image"]
+        timed = summary.throughput
+        flops = (timed.images_per_sec if timed else 0.0) * summary.model_flops_per_image
         record["model_flops_per_sec"] = flops
         record["peak_flops_per_device"] = peak
-        record["mfu"] = flops / (peak * summary["num_devices"]) if peak else None
+        record["mfu"] = flops / (peak * summary.num_devices) if peak else None
     except (config_lib.ConfigError, data.DataError) as e:
         record["error"] = oneline.first_line(e)
     except Exception as e:  # noqa: BLE001 - any failure is this row's result, not the sweep's

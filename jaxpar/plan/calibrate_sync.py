@@ -59,8 +59,8 @@ def calibrate(config, pairs: list[tuple[str, int]], accuracy: float, out: Path) 
         name = mode if mode == "allreduce" else f"{mode}_{setting}"
         print(f"\ncalibrating the sync step factors: {name} to accuracy {accuracy:g}", flush=True)
         run = configfile.override(config.copy_and_resolve_references(), changes)
-        summary = trainer.train_and_evaluate(run, str(out / "sync" / name))
-        steps[(mode, setting)] = summary.get("steps_to_target")
+        result = trainer.train_and_evaluate(run, str(out / "sync" / name))
+        steps[(mode, setting)] = result.summary.steps_to_target if result.summary else None
     base = steps[("allreduce", 0)]
     if not base:
         raise ConfigError(

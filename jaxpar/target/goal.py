@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Any
 
 import ml_collections
+
+from jaxpar.summary_record import TargetFigures, TargetReached
 
 logger = logging.getLogger(__name__)
 
@@ -88,32 +89,32 @@ class Target:
         )
         return True
 
-    def summary(self, steps_run: int, eval_time_s: float, evals: int) -> dict[str, Any]:
-        """The summary's target figures; a target never reached says so in one line."""
+    def summary(self, steps_run: int, eval_time_s: float, evals: int) -> TargetFigures | None:
+        """The summary's target figures (None without a target); a target never reached says
+        so in one line."""
         if not self.wanted:
-            return {}
-        out: dict[str, Any] = {
-            "target": self.describe(),
-            "target_reached": self.reached_step is not None,
-            "eval_time_s": eval_time_s,
-            "evaluations": evals,
-        }
-        if self.accuracy > 0:
-            out["target_accuracy"] = self.accuracy
-        if self.eval_loss > 0:
-            out["target_eval_loss"] = self.eval_loss
+            return None
+        reached = None
         if self.reached_step is None:
             logger.info(
                 f"target not reached in {steps_run} steps ({self.describe()}; best accuracy "
                 f"{self.best_accuracy:.4f}, best loss {self.best_loss:.4f})"
             )
-            return out
-        out.update(
-            steps_to_target=self.reached_step,
-            examples_to_target=self.reached_step * self.batch_size,
-            # None where the target was met before a resume: that run's clock is gone
-            time_to_target_s=None if math.isnan(self.reached_seconds) else self.reached_seconds,
-            accuracy_at_target=self.reached["accuracy"],
-            eval_loss_at_target=self.reached["loss"],
+        else:
+            reached = TargetReached(
+                steps_to_target=self.reached_step,
+                examples_to_target=self.reached_step * self.batch_size,
+                # None where the target was met before a resume: that run's clock is gone
+                time_to_target_s=None if math.isnan(self.reached_seconds) else self.reached_seconds,
+                accuracy_at_target=self.reached["accuracy"],
+                eval_loss_at_target=self.reached["loss"],
+            )
+        return TargetFigures(
+            target=self.describe(),
+            target_reached=self.reached_step is not None,
+            eval_time_s=eval_time_s,
+            evaluations=evals,
+            target_accuracy=self.accuracy if self.accuracy > 0 else None,
+            target_eval_loss=self.eval_loss if self.eval_loss > 0 else None,
+            reached=reached,
         )
-        return out

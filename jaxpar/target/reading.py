@@ -27,6 +27,7 @@ from typing import Any
 
 from jaxpar import metrics as metrics_lib
 from jaxpar.errors import ConfigError
+from jaxpar.summary_record import NoiseScaleFigures
 from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import LR_RULES, Reference
 from jaxpar.target.steps import TracePoint
@@ -58,21 +59,21 @@ def from_workdir(workdir: str, target_accuracy: float | None = None) -> Referenc
             f"--from-run {workdir}: no finished run there (metrics.jsonl has no "
             "summary); train it to its end first"
         )
-    if "noise_scale" not in summary:
+    if summary.noise is None:
         raise ConfigError(
             f"--from-run {workdir}: the run measured no gradient noise scale; "
             "rerun it with data replicas or --config.grad_accum_steps=2 under "
             "sync.mode=allreduce"
         )
-    steps = summary.get("steps_to_target")
+    steps = summary.steps_to_target
     if steps is None:
-        aim = summary.get("target") or "no target was set"
+        aim = summary.target.target if summary.target is not None else "no target was set"
         raise ConfigError(
             f"--from-run {workdir}: the run never reached its target ({aim}); "
             "nothing to extrapolate from: train to a target it reaches "
             "(--config.target_accuracy)"
         )
-    _check_accuracy(workdir, summary.get("target_accuracy"), target_accuracy)
+    _check_accuracy(workdir, summary.target.target_accuracy, target_accuracy)
     lines = metrics_lib.records(workdir, "noise", until=int(steps))
     if len(lines) < MIN_NOISE_STEPS:
         raise ConfigError(
@@ -80,33 +81,34 @@ def from_workdir(workdir: str, target_accuracy: float | None = None) -> Referenc
             f"to the target; at least {MIN_NOISE_STEPS} are needed to say anything (train "
             "longer, or to a later target)"
         )
-    adapted = summary.get("lr_adaptation") == "adascale"
+    rate = summary.rate
+    adapted = rate is not None and rate.lr_adaptation == "adascale"
     points = [(r["step"], r.get("noise_scale")) for r in lines]
     progress = [(r["step"], r["gain"]) for r in lines if r.get("gain") is not None]
-    batch = int(summary["global_batch_size"])
+    batch = int(summary.global_batch_size)
     return _checked(
         Reference(
             batch_size=batch,
             steps_to_target=int(steps),
-            base_batch=int(summary["lr_base_batch_size"]) if adapted else batch,
+            base_batch=int(rate.lr_base_batch_size) if adapted else batch,
             trace=_trace(points, progress, int(steps)),
-            noise_scale=_average(summary),
-            lr_rule="adascale" if adapted else summary.get("lr_rule", "none"),
-            target=summary.get("target", ""),
+            noise_scale=_average(summary.noise),
+            lr_rule="adascale" if adapted else (rate.lr_rule if rate is not None else "none"),
+            target=summary.target.target,
             source=workdir,
-            learning_rate=summary.get("peak_learning_rate"),
-            target_accuracy=summary.get("target_accuracy"),
+            learning_rate=rate.peak_learning_rate if rate is not None else None,
+            target_accuracy=summary.target.target_accuracy,
         ),
         workdir,
     )
 
 
-def _average(summary: dict) -> float:
+def _average(noise: NoiseScaleFigures) -> float:
     """The run's B_noise up to its target (its whole average where that is missing): the
     ratio of the two estimates' means (noise_scale.NoiseScale.average)."""
-    for key in ("noise_scale_to_target", "noise_scale"):
-        if summary.get(key) is not None:
-            return float(summary[key])
+    for value in (noise.noise_scale_to_target, noise.noise_scale):
+        if value is not None:
+            return float(value)
     return math.nan
 
 
