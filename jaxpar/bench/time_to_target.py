@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from jaxpar import stats
+from jaxpar import run_spec, stats
 from jaxpar.bench.records import TargetModel, TargetSummary
 from jaxpar.target import goodput
 from jaxpar.target.reference import Reference
@@ -93,7 +93,7 @@ def annotate(
         for key in MEASURED_KEYS:
             row[key] = rec.get(key) if row["status"] == "ok" else None
         config = specs[row["name"]]["config"]
-        row["sync_mode"] = config.get("sync.mode", "allreduce")
+        row["sync_mode"] = run_spec.setting(config, "sync.mode")
         row["sync_setting"] = sync_setting(row["sync_mode"], config)
         row["sync_factor"] = sync_factor(row["sync_mode"], row["sync_setting"])
     ref_row = _reference_row(table, reference)
