@@ -53,7 +53,7 @@ def summarise(
         mesh_axes=tuple(setup.mesh.axis_names),
         partitioning=setup.strategy.partitioning(),
         steps=outcome.last_step,
-        global_batch_size=setup.config.global_batch_size,
+        global_batch_size=setup.spec.batches.global_size,
         step_times=outcome.step_times,
         warmup=TIMING_WARMUP_STEPS,
         made=outcome.feed.made,
@@ -96,7 +96,7 @@ def _epochs(setup: Setup, summary: dict[str, Any]) -> dict[str, Any]:
 def _train_split(run: Run, setup: Setup, state, summary: dict[str, Any]) -> dict[str, Any]:
     """With eval_train_examples: the final model evaluated on that many train images (the
     train accuracy) and the train/test gap in accuracy; else nothing."""
-    n = setup.config.eval_train_examples
+    n = setup.spec.measure.eval_train_examples
     if not n:
         return {}
     run.watch.doing("evaluating the train split", compiling=False)
@@ -117,4 +117,4 @@ def _train_split(run: Run, setup: Setup, state, summary: dict[str, Any]) -> dict
 def _strategy_report(setup: Setup) -> dict[str, Any]:
     """The strategy's figures of a step (memory, collectives, pipeline) for the summary: the
     one place the trainer asks for them."""
-    return analysis.report(setup.strategy, setup.config.global_batch_size)
+    return analysis.report(setup.strategy, setup.spec.batches.global_size)

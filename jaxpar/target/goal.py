@@ -16,7 +16,7 @@ import logging
 import math
 from typing import Any
 
-import ml_collections
+from jaxpar.run_spec import TargetSpec
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +35,9 @@ class Target:
     best_loss: float = math.inf
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> Target:
-        return cls(
-            float(config.get("target_accuracy", 0.0)),
-            float(config.get("target_eval_loss", 0.0)),
-            int(config.global_batch_size),
-        )
+    def of_spec(cls, target: TargetSpec, batch_size: int) -> Target:
+        """The aim of a run's resolved target, for steps of `batch_size` images."""
+        return cls(target.accuracy, target.eval_loss, batch_size)
 
     @property
     def wanted(self) -> bool:
