@@ -23,6 +23,8 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
+from jaxpar.run_spec import DEFAULTS
+
 
 def unbiased(sq_small: float, sq_big: float, b_small: float, b_big: float) -> tuple[float, float]:
     """(|G|^2, tr(Sigma)) estimated from one step's two squared norms (App. A.1)."""
@@ -46,7 +48,7 @@ class NoiseScale:
 
     b_small: float
     b_big: float
-    decay: float = 0.95
+    decay: float = DEFAULTS.noise_scale_decay
     _ema_g2: float = 0.0
     _ema_trace: float = 0.0
     _count: int = 0

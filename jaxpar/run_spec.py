@@ -18,6 +18,8 @@ from typing import Any
 from configs import base  # the repository's defaults: configs/ sits beside jaxpar/
 
 DEFAULTS = base.get_config()
+# The config key each approximate sync mode's steps factor is keyed by (target/sync_factors.py).
+SYNC_SETTING_KEYS = {"local_sgd": "sync.period", "async": "sync.max_staleness"}
 ADAPTATIONS = ("none", "adascale")  # lr_adaptation: how the rate follows the measured noise
 
 
@@ -103,7 +105,8 @@ class SyncSpec:
     def setting(self) -> int:
         """The setting an approximate mode's step factor is keyed by (local SGD's period,
         async's largest staleness); 0 for the exact modes."""
-        return {"local_sgd": self.period, "async": self.max_staleness}.get(self.mode, 0)
+        key = SYNC_SETTING_KEYS.get(self.mode)
+        return 0 if key is None else int(getattr(self, key.removeprefix("sync.")))
 
 
 @dataclasses.dataclass(frozen=True)

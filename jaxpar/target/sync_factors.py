@@ -30,7 +30,7 @@ SYNC_STEP_FACTORS: dict[tuple[str, int], float] = {
 }
 
 # The config key each approximate mode's multiplier is keyed by.
-SETTING_KEYS = {"local_sgd": "sync.period", "async": "sync.max_staleness"}
+SETTING_KEYS = run_spec.SYNC_SETTING_KEYS
 
 
 def sync_setting(mode: str, config: Any) -> int:
