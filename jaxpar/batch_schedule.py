@@ -25,6 +25,7 @@ from typing import Any
 from jaxpar import axes, configfile, parallel
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
+from jaxpar.run_spec import DEFAULTS
 from jaxpar.target import goodput
 
 MODES = ("fixed", "goodput")
@@ -34,20 +35,20 @@ WARM_STEPS = 2  # steps of a phase left out of its step time (compile, caches)
 def wanted(config) -> bool:
     """Whether the run's batch or mesh follows goodput."""
     return "goodput" in (
-        config.get("batch_schedule", "fixed"),
-        config.get("mesh_schedule", "fixed"),
+        config.get("batch_schedule", DEFAULTS.batch_schedule),
+        config.get("mesh_schedule", DEFAULTS.mesh_schedule),
     )
 
 
 def check(config) -> None:
     """One-line refusals of the schedule's keys, before anything is built."""
     for key in ("batch_schedule", "mesh_schedule"):
-        value = config.get(key, "fixed")
+        value = config.get(key, DEFAULTS[key])
         if value not in MODES:
             raise ConfigError(f"unknown {key} {value!r}; choose one of {', '.join(MODES)}")
     if not wanted(config):
         return
-    if config.get("lr_adaptation", "none") != "adascale":
+    if config.get("lr_adaptation", DEFAULTS.lr_adaptation) != "adascale":
         raise ConfigError(
             "a goodput schedule changes the batch, and the rate follows by AdaScale: add "
             "--config.lr_adaptation=adascale"
@@ -60,7 +61,10 @@ def check(config) -> None:
         )
     if config.goodput.max_device_rows < 1:
         raise ConfigError("goodput.max_device_rows must be >= 1")
-    if config.get("mesh_schedule", "fixed") == "goodput" and len(config.goodput.meshes) < 2:
+    if (
+        config.get("mesh_schedule", DEFAULTS.mesh_schedule) == "goodput"
+        and len(config.goodput.meshes) < 2
+    ):
         raise ConfigError(
             "mesh_schedule=goodput moves between the meshes of goodput.meshes: name two or "
             "more, e.g. --config.goodput.meshes='((8,1,1),(2,1,4))'"
@@ -85,7 +89,7 @@ def changes(setup: goodput.Setup) -> dict[str, Any]:
 def candidates(config, num_devices: int) -> list[goodput.Setup]:
     """Every setup the schedule may move to, checked as a run of it would be."""
     meshes = [tuple(config.mesh_shape)]
-    if config.get("mesh_schedule", "fixed") == "goodput":
+    if config.get("mesh_schedule", DEFAULTS.mesh_schedule) == "goodput":
         meshes = [tuple(m) for m in config.goodput.meshes]
     base = int(config.lr_base_batch_size)
     batches = config.goodput.batches or tuple(

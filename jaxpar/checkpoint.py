@@ -22,6 +22,7 @@ import orbax.checkpoint as ocp
 
 from jaxpar.checkpoint_read import MISMATCH, UNREADABLE, Reader, agree
 from jaxpar.errors import ConfigError, TrainingError
+from jaxpar.run_spec import DEFAULTS
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def fingerprint(config, model) -> dict[str, Any]:
     """What must match for a checkpoint's state to fit this config's model and optimizer (an
     adapting rate adds to the optimizer state: named only where there is one, so that the
     checkpoints of runs without stay readable)."""
-    adapting = config.get("lr_adaptation", "none")
+    adapting = config.get("lr_adaptation", DEFAULTS.lr_adaptation)
     extra = {} if adapting == "none" else {"lr_adaptation": adapting}
     return {
         "model": model.name,

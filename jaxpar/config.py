@@ -3,7 +3,9 @@
 This module checks what every run shares (mesh shape, batch sizes, optimiser, model). The keys
 of a partitioning (pipeline schedule, tensor rules, sync mode) are checked by `jaxpar.parallel`:
 `parallel.validate` runs these checks and then the chosen strategy's own `check`, so config.py
-imports nothing of parallel.
+imports nothing of parallel; `parallel.resolve` then turns the checked config into the run's
+typed value (jaxpar/run_spec.py). A key a config lacks reads configs/base.py's value
+(`run_spec.DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from jaxpar import axes, configfile, models
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.mesh import resolve_shape
-from jaxpar.optim import ADAPTATIONS
+from jaxpar.run_spec import ADAPTATIONS, DEFAULTS
 
 OPTIMIZERS = ("sgd", "adam", "lars")
 LR_SCHEDULES = ("cosine", "constant")
@@ -36,7 +38,7 @@ def choice(value, allowed, key: str) -> None:
 
 def device_count(config: ml_collections.ConfigDict, present: int) -> int:
     """How many of the `present` devices the run uses: config.num_devices, or all (0)."""
-    wanted = config.get("num_devices", 0)
+    wanted = config.get("num_devices", DEFAULTS.num_devices)
     check(
         isinstance(wanted, int) and 0 <= wanted <= present,
         f"num_devices {wanted!r} must be between 0 (all) and the {present} devices present",
@@ -158,12 +160,15 @@ def _check_settings(config: ml_collections.ConfigDict) -> None:
 
 def _check_target(config: ml_collections.ConfigDict) -> None:
     """The time-to-target keys and the learning-rate rule across batch sizes."""
-    accuracy = config.get("target_accuracy", 0.0)
+    accuracy = config.get("target_accuracy", DEFAULTS.target_accuracy)
     check(0 <= accuracy <= 1, f"target_accuracy must be in [0, 1] (0: none), got {accuracy}")
-    check(config.get("target_eval_loss", 0.0) >= 0, "target_eval_loss must be >= 0 (0: none)")
-    if config.get("stop_at_target", False):
+    check(
+        config.get("target_eval_loss", DEFAULTS.target_eval_loss) >= 0,
+        "target_eval_loss must be >= 0 (0: none)",
+    )
+    if config.get("stop_at_target", DEFAULTS.stop_at_target):
         check(
-            accuracy > 0 or config.get("target_eval_loss", 0.0) > 0,
+            accuracy > 0 or config.get("target_eval_loss", DEFAULTS.target_eval_loss) > 0,
             "stop_at_target=True needs a target: set --config.target_accuracy (or "
             "--config.target_eval_loss)",
         )
@@ -172,13 +177,13 @@ def _check_target(config: ml_collections.ConfigDict) -> None:
             "stop_at_target=True needs evaluations during the run: set "
             "--config.eval_every_steps to a positive step count",
         )
-    noise = config.get("lr_noise_scale", 0.0)
+    noise = config.get("lr_noise_scale", DEFAULTS.lr_noise_scale)
     check(noise >= 0, f"lr_noise_scale must be >= 0 (0: off), got {noise}")
     check(
         not (noise and config.lr_linear_scaling),
         "lr_linear_scaling and lr_noise_scale are two rules for the same rate; set one",
     )
-    decay = config.get("noise_scale_decay", 0.95)
+    decay = config.get("noise_scale_decay", DEFAULTS.noise_scale_decay)
     check(0 <= decay < 1, f"noise_scale_decay must be in [0, 1), got {decay}")
     _check_adaptation(config)
 
@@ -186,12 +191,12 @@ def _check_target(config: ml_collections.ConfigDict) -> None:
 def _check_adaptation(config: ml_collections.ConfigDict) -> None:
     """lr_adaptation against the other rate rules and the optimizer (whether the run measures
     the noise it needs is the strategy's to say: run_setup asks it)."""
-    adapt = config.get("lr_adaptation", "none")
+    adapt = config.get("lr_adaptation", DEFAULTS.lr_adaptation)
     choice(adapt, ADAPTATIONS, "lr_adaptation")
     if adapt == "none":
         return
     check(
-        not config.lr_linear_scaling and not config.get("lr_noise_scale", 0.0),
+        not config.lr_linear_scaling and not config.get("lr_noise_scale", DEFAULTS.lr_noise_scale),
         f"lr_adaptation={adapt} scales the rate by the measured noise itself; drop "
         "lr_linear_scaling and lr_noise_scale (learning_rate is the rate at "
         "lr_base_batch_size)",
@@ -202,7 +207,7 @@ def _check_adaptation(config: ml_collections.ConfigDict) -> None:
         f"{config.optimizer.name} applies its rate inside its momentum",
     )
     check(
-        config.get("measure_noise_scale", True),
+        config.get("measure_noise_scale", DEFAULTS.measure_noise_scale),
         f"lr_adaptation={adapt} takes its gain from the gradient noise scale; drop "
         "measure_noise_scale=False",
     )

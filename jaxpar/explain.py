@@ -100,11 +100,11 @@ def explain(config, devices=None) -> str:
     """The `--explain` report of `config` on `devices` (all by default): built and compiled,
     never run."""
     setup = run_setup.setup(config, devices)
-    strategy, mesh = setup.strategy, setup.mesh
+    strategy, mesh, batch = setup.strategy, setup.mesh, setup.spec.batches.global_size
     head = (
         f"mesh {units.named_mesh(mesh.axis_names, tuple(mesh.shape.values()))} over "
         f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
-        f"run by strategy {strategy.name}; global batch {config.global_batch_size}"
+        f"run by strategy {strategy.name}; global batch {batch}"
     )
     roles = [
         f"  {a:<8} {mesh.shape[a]:>3}  {axes_lib.get(a).role:<7} {axes_lib.get(a).doc}"
@@ -115,7 +115,7 @@ def explain(config, devices=None) -> str:
         f"{setup.model.flops_per_example / 1e6:,.1f} forward MFLOPs per image"
     )
     out = [head, "axes (name, size, role, what it splits):", *roles, model]
-    if described := strategy.describe(config.global_batch_size):
+    if described := strategy.describe(batch):
         out.append(described)
     for name in axes_lib.used(dict(mesh.shape)):
         if described := axes_lib.get(name).describe(config, dict(mesh.shape), setup.model):
@@ -123,7 +123,7 @@ def explain(config, devices=None) -> str:
     out.append("")
     out += _layouts(setup, strategy)
 
-    fig = analysis.report(strategy, config.global_batch_size, timing=False)
+    fig = analysis.report(strategy, batch, timing=False)
     params, opt = fig["param_bytes_per_device"], fig["opt_state_bytes_per_device"]
     temp, stash = fig["program_temp_bytes_per_device"], fig["stored_activation_bytes_per_device"]
     out.append("\nmemory per device (largest over devices):")

@@ -57,21 +57,21 @@ class Loop:
             ckpt,
             length,
         )
-        setup, watch, config = run.setup, run.watch, run.setup.config
+        setup, watch, spec = run.setup, run.watch, run.setup.spec
         self.start, self.is_lead = start, jax.process_index() == 0
         self.timer = hooks.StepTimer(watch)
         progress = None
         if self.is_lead:
             unit = "progress" if length.adaptive else "step"
             at = length.progress if length.adaptive else start
-            progress = console.Progress(config.num_train_steps, at, unit)
+            progress = console.Progress(spec.train_steps, at, unit)
         self.feed = InputStats()  # what each batch cost the host and the loop's wait for it
         self.noise = _noise_tracker(setup, run.workdir, start)
         self.window = hooks.LogWindow(
             writer,
             progress,
             setup.schedule,
-            config.global_batch_size,
+            spec.batches.global_size,
             self.timer,
             ckpt,
             self.feed,
@@ -79,7 +79,7 @@ class Loop:
         )
         if start and length.adaptive:  # the gains and progress before the resume
             self.window.adapted.replay(metrics_lib.records(run.workdir, "noise", until=start))
-        self.goal = target.Target.from_config(config)
+        self.goal = target.Target.of_spec(spec.target, spec.batches.global_size)
         if start and self.goal.wanted:  # a target met before the resume keeps its step
             self.goal.replay(metrics_lib.records(run.workdir, "eval", until=start))
         t_start = time.perf_counter()
@@ -88,18 +88,18 @@ class Loop:
             lambda st: evaluate(self.setup, st, watch), writer, self.timer, self.goal, clock
         )
         self.after_step = hooks.Hooks()
-        self.after_step.add_hook(self.window.log, every=config.log_every_steps)
-        self.after_step.add_hook(self.evaluation, every=config.eval_every_steps)
+        self.after_step.add_hook(self.window.log, every=spec.measure.log_every_steps)
+        self.after_step.add_hook(self.evaluation, every=spec.measure.eval_every_steps)
         self.schedule = None
-        if batch_schedule.wanted(config):
+        if spec.goodput_schedule:
             devices = setup.mesh.devices.size
-            self.schedule = batch_schedule.Schedule.of(config, devices, start, meta)
+            self.schedule = batch_schedule.Schedule.of(setup.config, devices, start, meta)
         self.saver = None
         if ckpt is not None:  # asked every step: Orbax's policy picks the steps (Checkpointer.due)
             self.saver = hooks.Checkpoints(
                 ckpt,
                 lambda st: self.setup.strategy.canonical(st),
-                optim.schedule_meta(config),
+                optim.schedule_meta(spec.rate),
                 self.window,
                 self.timer,
                 self._position,
@@ -135,7 +135,7 @@ class Loop:
 
     def _phase(self, state, first, start: int, stop):
         """One setup's steps: (state, the last step's info, the setup to move to or None)."""
-        setup, watch, config = self.setup, self.run.watch, self.setup.config
+        setup, watch, spec = self.setup, self.run.watch, self.setup.spec
         with data_lib.Prefetcher(
             partial(local_train_batch, setup),
             setup.strategy.put_batch,
@@ -160,7 +160,7 @@ class Loop:
                 if info.stopping and not info.final:
                     logger.info(stop.stopped_line(info.step, self.ckpt))
                     return state, info, None
-                if self.evaluation.reached_now and config.stop_at_target and not info.final:
+                if self.evaluation.reached_now and spec.target.stop_at_target and not info.final:
                     _end_at_target(info, self.window, self.saver)
                     return state, info, None
                 if info.final:
@@ -243,17 +243,17 @@ class Loop:
         return state, first
 
     def _outcome(self, state, info) -> Outcome:
-        config, length = self.setup.config, self.length
+        spec, length = self.setup.spec, self.length
         stopped = info.stopping and not info.final
         extra = LoopFigures(
             target=self.goal.summary(info.step, self.evaluation.seconds, self.evaluation.count),
             # what a plan from this run (jaxpar/target/) needs to know of its learning rate
             rate=LearningRate(
-                lr_rule=optim.batch_rule(config),
-                lr_adaptation=optim.adaptation(config),
-                peak_learning_rate=optim.peak_learning_rate(config),
-                lr_base_batch_size=config.lr_base_batch_size,
-                sync_mode=config.sync.mode,
+                lr_rule=optim.batch_rule(spec.rate),
+                lr_adaptation=spec.rate.adaptation,
+                peak_learning_rate=optim.peak_learning_rate(spec.rate),
+                lr_base_batch_size=spec.rate.base_batch,
+                sync_mode=spec.sync.mode,
             ),
             noise=self.noise.summary(self.goal.reached_step) if self.noise is not None else None,
             adapted=self.window.adapted.summary(self.goal.reached_step)
@@ -284,11 +284,11 @@ def _noise_tracker(setup: Setup, workdir: str, start: int) -> noise_scale.NoiseS
     a line saying why the step measures none."""
     groups = setup.strategy.noise_groups()
     if isinstance(groups, str):
-        if setup.config.get("measure_noise_scale", True):
+        if setup.spec.measure.noise_scale:
             logger.info(f"gradient noise scale: not measured ({groups})")
         return None
-    big = setup.config.global_batch_size
-    tracker = noise_scale.NoiseScale(big / groups, big, setup.config.noise_scale_decay)
+    big = setup.spec.batches.global_size
+    tracker = noise_scale.NoiseScale(big / groups, big, setup.spec.measure.noise_scale_decay)
     if start:
         tracker.replay(metrics_lib.records(workdir, "noise", until=start))
     logger.info(

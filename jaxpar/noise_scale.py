@@ -23,6 +23,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
+from jaxpar.run_spec import DEFAULTS
 from jaxpar.summary_record import NoiseScaleFigures
 
 
@@ -48,7 +49,7 @@ class NoiseScale:
 
     b_small: float
     b_big: float
-    decay: float = 0.95
+    decay: float = DEFAULTS.noise_scale_decay
     _ema_g2: float = 0.0
     _ema_trace: float = 0.0
     _count: int = 0

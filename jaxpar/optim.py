@@ -1,13 +1,11 @@
-"""optax optimisers and learning-rate schedules from the config."""
+"""optax optimisers and learning-rate schedules from a run's rate rule (run_spec.RateRule)."""
 
 from __future__ import annotations
 
-import ml_collections
 import optax
 
 from jaxpar import adascale
-
-ADAPTATIONS = ("none", "adascale")  # lr_adaptation: how the rate follows the measured noise
+from jaxpar.run_spec import RateRule
 
 
 def batch_scaled_rate(rule: str, lr: float, base_batch: int, batch: int, noise: float = 0.0):
@@ -23,59 +21,50 @@ def batch_scaled_rate(rule: str, lr: float, base_batch: int, batch: int, noise: 
     raise ValueError(f"unknown learning-rate rule {rule!r}; choose none, linear or noise")
 
 
-def adaptation(config: ml_collections.ConfigDict) -> str:
-    """How the rate follows the measured noise during the run: "none" or "adascale"."""
-    return config.get("lr_adaptation", "none")
-
-
-def batch_rule(config: ml_collections.ConfigDict) -> str:
+def batch_rule(rate: RateRule) -> str:
     """Which rule sets the rate across batch sizes: "linear", "noise" or "none" (AdaScale's
     runs: "adascale", the gain scales the rate step by step)."""
-    if adaptation(config) == "adascale":
+    if rate.adaptation == "adascale":
         return "adascale"
-    if config.lr_linear_scaling:
+    if rate.linear_scaling:
         return "linear"
-    return "noise" if config.get("lr_noise_scale", 0.0) > 0 else "none"
+    return "noise" if rate.noise_scale > 0 else "none"
 
 
-def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+def peak_learning_rate(rate: RateRule) -> float:
     """The configured peak rate, scaled from lr_base_batch_size to global_batch_size by the
     config's rule (`batch_rule`): learning_rate is the rate for lr_base_batch_size images."""
     return batch_scaled_rate(
-        batch_rule(config),
-        float(config.learning_rate),
-        config.get("lr_base_batch_size", 256),
-        config.global_batch_size,
-        config.get("lr_noise_scale", 0.0),
+        batch_rule(rate), rate.learning_rate, rate.base_batch, rate.batch, rate.noise_scale
     )
 
 
-def schedule_steps(config: ml_collections.ConfigDict) -> int:
+def schedule_steps(rate: RateRule) -> int:
     """The steps the learning-rate schedule spans: `schedule_steps`, or num_train_steps (0)."""
-    return int(config.schedule_steps or config.num_train_steps)
+    return int(rate.schedule_steps or rate.train_steps)
 
 
-def schedule_meta(config: ml_collections.ConfigDict) -> dict:
+def schedule_meta(rate: RateRule) -> dict:
     """What fixes the learning rate at every step: stored with checkpoints, so that continuing
     a run never changes the rate of its steps behind the user's back (resume.check_schedule)."""
     meta = {
-        "lr_schedule": config.lr_schedule,
-        "peak_learning_rate": peak_learning_rate(config),
-        "warmup_steps": int(config.warmup_steps),
-        "schedule_steps": schedule_steps(config),
+        "lr_schedule": rate.schedule,
+        "peak_learning_rate": peak_learning_rate(rate),
+        "warmup_steps": rate.warmup_steps,
+        "schedule_steps": schedule_steps(rate),
     }
-    if adaptation(config) != "none":  # its schedule runs on progress, not steps
-        meta["lr_adaptation"] = adaptation(config)
+    if rate.adaptation != "none":  # its schedule runs on progress, not steps
+        meta["lr_adaptation"] = rate.adaptation
     return meta
 
 
-def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def make_schedule(rate: RateRule) -> optax.Schedule:
     """Linear warmup from 0 to the peak, then cosine decay to 0 over `schedule_steps` (or
     constant); after its end the rate stays at the end value."""
-    peak = peak_learning_rate(config)
-    span = schedule_steps(config)
-    warmup = min(config.warmup_steps, span)
-    if config.lr_schedule == "constant":
+    peak = peak_learning_rate(rate)
+    span = schedule_steps(rate)
+    warmup = min(rate.warmup_steps, span)
+    if rate.schedule == "constant":
         if warmup == 0:
             return optax.constant_schedule(peak)
         return optax.join_schedules(
@@ -90,7 +79,7 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
     )
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(rate: RateRule) -> optax.GradientTransformation:
     """SGD (momentum, optional Nesterov), Adam or LARS, with `weight_decay` applied as follows.
 
     adam: decoupled weight decay (AdamW, Loshchilov & Hutter): the update gains
@@ -100,35 +89,33 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
     lars: optax.lars (You et al. 2017, layer-wise adaptive rates): each parameter's step is
     scaled by trust_coefficient x ||w|| / ||g + wd w||, with weight decay inside that ratio.
     """
-    schedule = make_schedule(config)
-    opt, wd = config.optimizer, float(config.weight_decay)
-    if adaptation(config) == "adascale":
-        return _adascale_optimizer(config, schedule)
-    if opt.name == "adam":
+    schedule = make_schedule(rate)
+    wd = rate.weight_decay
+    if rate.adaptation == "adascale":
+        return _adascale_optimizer(rate, schedule)
+    if rate.optimizer == "adam":
         return optax.adamw(schedule, weight_decay=wd)  # decoupled; wd=0 is plain Adam
-    if opt.name == "lars":
+    if rate.optimizer == "lars":
         return optax.lars(
             schedule,
             weight_decay=wd,
-            momentum=opt.momentum,
-            nesterov=opt.nesterov,
-            trust_coefficient=opt.trust_coefficient,
+            momentum=rate.momentum,
+            nesterov=rate.nesterov,
+            trust_coefficient=rate.trust_coefficient,
         )
-    tx = optax.sgd(schedule, momentum=opt.momentum or None, nesterov=opt.nesterov)
+    tx = optax.sgd(schedule, momentum=rate.momentum or None, nesterov=rate.nesterov)
     if wd:
         tx = optax.chain(optax.add_decayed_weights(wd), tx)
     return tx
 
 
-def _adascale_optimizer(config: ml_collections.ConfigDict, schedule: optax.Schedule):
+def _adascale_optimizer(rate: RateRule, schedule: optax.Schedule):
     """optax's sgd and adamw chains with their last link, the learning rate, replaced by
     AdaScale's (the rate at the progress times the gain; jaxpar/adascale.py)."""
-    opt, wd = config.optimizer, float(config.weight_decay)
-    rate = adascale.scale_by_adascale(
-        schedule, int(config.lr_base_batch_size), float(config.noise_scale_decay)
-    )
-    if opt.name == "adam":
-        return optax.chain(optax.scale_by_adam(), optax.add_decayed_weights(wd), rate)
-    momentum = optax.trace(opt.momentum, opt.nesterov) if opt.momentum else optax.identity()
-    chain = optax.chain(momentum, rate)
+    wd = rate.weight_decay
+    scale = adascale.scale_by_adascale(schedule, rate.base_batch, rate.noise_scale_decay)
+    if rate.optimizer == "adam":
+        return optax.chain(optax.scale_by_adam(), optax.add_decayed_weights(wd), scale)
+    momentum = optax.trace(rate.momentum, rate.nesterov) if rate.momentum else optax.identity()
+    chain = optax.chain(momentum, scale)
     return optax.chain(optax.add_decayed_weights(wd), chain) if wd else chain

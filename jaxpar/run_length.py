@@ -18,18 +18,19 @@ from typing import Any
 import jax
 
 from jaxpar import adascale
+from jaxpar.run_spec import RunSpec
 
 
 class Length:
     """The end of a run that started after step `start` with `progress` done (0, or what a
     resumed checkpoint holds)."""
 
-    def __init__(self, config, start: int, progress: float = 0.0):
-        self.adaptive = config.get("lr_adaptation", "none") != "none"
-        self.total = int(config.num_train_steps)  # steps, or progress when adaptive
-        self.base = config.lr_base_batch_size
+    def __init__(self, spec: RunSpec, start: int, progress: float = 0.0):
+        self.adaptive = spec.rate.adaptation != "none"
+        self.total = spec.train_steps  # steps, or progress when adaptive
+        self.base = spec.rate.base_batch
         self.progress = progress  # after the last step whose outputs were read
-        self.rebase(start, config.global_batch_size)
+        self.rebase(start, spec.batches.global_size)
 
     def rebase(self, step: int, batch: int) -> None:
         """From `step` on the run's batch is `batch` (a goodput schedule moved it)."""

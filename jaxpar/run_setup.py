@@ -22,15 +22,18 @@ from jaxpar.errors import ConfigError
 from jaxpar.parallel import adapt, stages
 from jaxpar.parallel.pipeline import balance, microbatches
 from jaxpar.parallel.state import add_sums
+from jaxpar.run_spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
 class Setup:
-    """Everything a run is built from, before any step runs."""
+    """Everything a run is built from, before any step runs: the config (for the model, the
+    data and the files written into the workdir) and what it resolves to (`spec`)."""
 
     config: ml_collections.ConfigDict
+    spec: RunSpec
     mesh: Any
     dataset: data_lib.Dataset
     model: models.SequentialModel
@@ -42,7 +45,7 @@ class Setup:
 
     def examples_before(self, step: int) -> int:
         """The train examples the run has taken before step `step` + 1."""
-        return self.origin[1] + (step - self.origin[0]) * self.config.global_batch_size
+        return self.origin[1] + (step - self.origin[0]) * self.spec.batches.global_size
 
     @property
     def data_size(self) -> int:
@@ -78,29 +81,30 @@ def setup(
     if wanted < len(devices):
         logger.info(f"using the first {wanted} of {len(devices)} devices")
         devices = devices[:wanted]
-    shape = parallel.validate(config, len(devices))
+    spec = parallel.resolve(config, len(devices))
+    shape = spec.mesh.sizes
     mesh = mesh_lib.make_mesh(shape, devices)
     dataset = data_lib.load(config)
-    spec = dataset.spec
-    model = models.build(config.model, spec.image_shape, spec.num_classes)
+    data = dataset.spec
+    model = models.build(config.model, data.image_shape, data.num_classes)
     parallel.check_model(config, shape, model)  # the refusals only the model tells
-    if config.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/microbatches.py)
+    if spec.pipeline.num_microbatches == 0:  # chosen by timing (pipeline/microbatches.py)
         config = config.copy_and_resolve_references()
         config.pipeline.num_microbatches = (
             microbatches.choose_microbatches(model, config, mesh, workdir)
             if axes.num_stages(shape) > 1
             else 1
         )
-        parallel.validate(config, len(devices))
-    if axes.num_stages(shape) > 1 and stages.parse(config.pipeline.split) == "time":
+        spec = parallel.resolve(config, len(devices))
+    if axes.num_stages(shape) > 1 and stages.parse(spec.pipeline.split) == "time":
         model = dataclasses.replace(model, times=balance.measure(model, config, mesh, workdir))
     batch_schedule.check(config)
-    tx = optim.make_optimizer(config)
+    tx = optim.make_optimizer(spec.rate)
     strategy = parallel.build(config, model, mesh, tx)
     measured = strategy.noise_groups()
-    if optim.adaptation(config) != "none" and isinstance(measured, str):
-        raise ConfigError(adapt.refusal(config, measured))
-    return Setup(config, mesh, dataset, model, strategy, optim.make_schedule(config))
+    if spec.rate.adaptation != "none" and isinstance(measured, str):
+        raise ConfigError(adapt.refusal(spec.rate.adaptation, measured))
+    return Setup(config, spec, mesh, dataset, model, strategy, optim.make_schedule(spec.rate))
 
 
 def derive(setup: Setup, changes: dict[str, Any], origin: tuple[int, int]) -> Setup:
@@ -110,13 +114,16 @@ def derive(setup: Setup, changes: dict[str, Any], origin: tuple[int, int]) -> Se
     built anew and checked as a new run's are (nothing compiled yet)."""
     config = configfile.override(setup.config.copy_and_resolve_references(), changes)
     devices = list(setup.mesh.devices.flat)
-    shape = parallel.validate(config, len(devices))
+    spec = parallel.resolve(config, len(devices))
+    shape = spec.mesh.sizes
     mesh = setup.mesh
     if tuple(shape.values()) != tuple(setup.mesh.devices.shape):
         mesh = mesh_lib.make_mesh(shape, sorted(devices, key=lambda d: d.id))
     parallel.check_model(config, shape, setup.model)
-    strategy = parallel.build(config, setup.model, mesh, optim.make_optimizer(config))
-    return dataclasses.replace(setup, config=config, mesh=mesh, strategy=strategy, origin=origin)
+    strategy = parallel.build(config, setup.model, mesh, optim.make_optimizer(spec.rate))
+    return dataclasses.replace(
+        setup, config=config, spec=spec, mesh=mesh, strategy=strategy, origin=origin
+    )
 
 
 def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
@@ -124,7 +131,7 @@ def local_train_batch(setup: Setup, step: int) -> dict[str, np.ndarray]:
     share = setup.strategy.batch_share()
     return setup.dataset.train_batch(
         step,
-        setup.config.global_batch_size,
+        setup.spec.batches.global_size,
         *share,
         example_ids=setup.model.stochastic,
         offset=setup.examples_before(step),
@@ -136,7 +143,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Loss and accuracy over the whole eval split (the padded last batch is masked) of
     `dataset` (the run's own by default)."""
-    batch_size = setup.config.eval_batch_size or setup.config.global_batch_size
+    batch_size = setup.spec.batches.eval_size
     dataset = dataset or setup.dataset
     totals = None
     for i, local in enumerate(dataset.eval_batches(batch_size, *setup.strategy.batch_share())):
@@ -161,13 +168,13 @@ def evaluate(
 def announce(setup: Setup) -> None:
     """The run's opening lines: model, data, mesh and strategy, the model's layer table and
     the strategy's own description."""
-    spec, mesh, strategy = setup.dataset.spec, setup.mesh, setup.strategy
+    data, mesh, strategy = setup.dataset.spec, setup.mesh, setup.strategy
     logger.info(
-        f"jaxpar: {setup.model.name} on {spec.name} {spec.image_shape}, "
+        f"jaxpar: {setup.model.name} on {data.name} {data.image_shape}, "
         f"mesh {units.named_mesh(mesh.axis_names, mesh.devices.shape)} over "
         f"{mesh.devices.size} {jax.default_backend()} devices: {strategy.partitioning()}, "
         f"run by strategy {strategy.name}"
     )
     logger.info(setup.model.summary())
-    if described := setup.strategy.describe(setup.config.global_batch_size):
+    if described := setup.strategy.describe(setup.spec.batches.global_size):
         logger.info(described)

@@ -74,7 +74,7 @@ def summarise(
         mesh_axes=tuple(setup.mesh.axis_names),
         partitioning=setup.strategy.partitioning(),
         steps=outcome.last_step,
-        global_batch_size=setup.config.global_batch_size,
+        global_batch_size=setup.spec.batches.global_size,
         step_times=outcome.step_times,
         warmup=TIMING_WARMUP_STEPS,
         made=outcome.feed.made,
@@ -116,7 +116,7 @@ def summarise(
 def _train_split(run: Run, setup: Setup, state, eval_accuracy: float) -> TrainSplit | None:
     """With eval_train_examples: the final model evaluated on that many train images (the
     train accuracy) and the train/test gap in accuracy; else None."""
-    n = setup.config.eval_train_examples
+    n = setup.spec.measure.eval_train_examples
     if not n:
         return None
     run.watch.doing("evaluating the train split", compiling=False)
@@ -137,4 +137,4 @@ def _train_split(run: Run, setup: Setup, state, eval_accuracy: float) -> TrainSp
 def _strategy_report(setup: Setup) -> StepReport:
     """The strategy's figures of a step (memory, collectives, pipeline) for the summary: the
     one place the trainer asks for them."""
-    return StepReport.of_record(analysis.report(setup.strategy, setup.config.global_batch_size))
+    return StepReport.of_record(analysis.report(setup.strategy, setup.spec.batches.global_size))

@@ -19,6 +19,7 @@ from ml_collections import config_flags
 from jaxpar import cluster, compile_cache, configfile, log, oneline
 from jaxpar.errors import TrainingError
 from jaxpar.jax_internals import JaxInternalsError
+from jaxpar.run_spec import DEFAULTS
 
 configfile.make_configs_importable()  # `from configs import base` from any directory
 
@@ -122,7 +123,9 @@ def main(argv: list[str]) -> None:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     # JAX is imported only now, after XLA_FLAGS is set.
     _join_cluster()
-    compile_cache.enable(config.get("compile_cache", "auto"))  # --explain too uses it
+    compile_cache.enable(
+        config.get("compile_cache", DEFAULTS.compile_cache)
+    )  # --explain too uses it
     _run(config)
 
 

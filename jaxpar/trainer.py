@@ -25,6 +25,7 @@ from jaxpar import workdir as workdir_lib
 from jaxpar.errors import TrainingError
 from jaxpar.loop import Loop
 from jaxpar.run_setup import Run, announce, evaluate, local_train_batch, setup
+from jaxpar.run_spec import DEFAULTS
 from jaxpar.run_summary import summarise
 from jaxpar.summary_record import CheckpointEvaluation, RunResult
 
@@ -52,14 +53,17 @@ def train_and_evaluate(
     stop), each with a one-line message.
     """
     wall0 = time.perf_counter()
-    compile_cache.enable(config.get("compile_cache", "auto"))  # before anything compiles
+    compile_cache.enable(
+        config.get("compile_cache", DEFAULTS.compile_cache)
+    )  # before anything compiles
     compiled = compile_cache.counts()
     built = setup(config, devices, workdir)
     is_lead = jax.process_index() == 0
     if is_lead:
         workdir_lib.prepare(workdir)
     lock = workdir_lib.Lock(workdir) if is_lead else contextlib.nullcontext()
-    with lock, watchdog_lib.Watchdog(config.hang_timeout_s, config.stop_grace_s) as watch:
+    spec = built.spec
+    with lock, watchdog_lib.Watchdog(spec.hang_timeout_s, spec.stop_grace_s) as watch:
         result = _run(Run(built, workdir, watch, wall0, profile, compiled), eval_only)
     cluster.finish()  # several processes: every one is past its last collective
     return result
@@ -68,30 +72,28 @@ def train_and_evaluate(
 def _run(run: Run, eval_only: bool) -> RunResult:
     """Resume or start, compile, train and summarise."""
     setup, watch = run.setup, run.watch
-    config, total = setup.config, setup.config.num_train_steps
+    config, spec = setup.config, setup.spec
     announce(setup)
     with contextlib.ExitStack() as cleanup:  # one cleanup, however the run ends
         ckpt, restored = None, None
-        if config.checkpoint_every_steps or eval_only:
-            every, keep = config.checkpoint_every_steps, config.checkpoint.max_to_keep
+        if spec.checkpoint_every_steps or eval_only:
+            every, keep = spec.checkpoint_every_steps, spec.checkpoint_max_to_keep
             ckpt = checkpoint_lib.Checkpointer(run.workdir, config, setup.model, every, keep)
             cleanup.enter_context(ckpt)
             watch.doing("restoring the newest checkpoint", compiling=True)
             restored = ckpt.restore(setup.strategy.host_target(), set_aside=not eval_only)
         if eval_only:
             return _evaluate_only(run, restored)
-        length = run_length.Length(config, 0)
+        length = run_length.Length(spec, 0)
         if restored is not None:
-            length = run_length.Length(
-                config, restored[1], run_length.restored_progress(restored[0])
-            )
+            length = run_length.Length(spec, restored[1], run_length.restored_progress(restored[0]))
             if length.done(restored[1]) or _ended_at_target(run, restored[1]):
-                return resume.finished(run.workdir, restored[1], config)
+                return resume.finished(run.workdir, restored[1], spec.rate)
         meta = ckpt.restored_meta if restored is not None else {}
         if restored is not None:  # where the run was: its data position, its schedule's setup
             setup = resume.resumed_setup(setup, restored[1], meta)
             run = dataclasses.replace(run, setup=setup)
-        state, start = resume.initial_state(setup.strategy, config, ckpt, restored)
+        state, start = resume.initial_state(setup.strategy, spec, ckpt, restored)
         is_lead = jax.process_index() == 0
         writer = metrics_lib.MetricWriter(run.workdir, enabled=is_lead, resume_step=start)
         cleanup.enter_context(writer)
@@ -107,14 +109,14 @@ def _run(run: Run, eval_only: bool) -> RunResult:
         step_programs = compile_cache.counts() - before
         watch.beat("compiling the train step")
         until = (
-            f"training from step {start + 1} until the progress reaches {total} (at most "
+            f"training from step {start + 1} until the progress reaches {spec.train_steps} (at most "
             f"{length.max_steps - start} steps)"
             if length.adaptive
-            else f"training steps {start + 1}-{total}"
+            else f"training steps {start + 1}-{spec.train_steps}"
         )
         logger.info(
             f"compiled the train step in {units.seconds(setup.strategy.compile_time_s)} "
-            f"({step_programs.said()}); {until} of {config.global_batch_size} images"
+            f"({step_programs.said()}); {until} of {spec.batches.global_size} images"
         )
         outcome = Loop(run, start, writer, ckpt, length, meta).run_steps(state, first)
         if ckpt is not None:  # the last save is complete (or its failure raised) before the report
@@ -126,7 +128,7 @@ def _run(run: Run, eval_only: bool) -> RunResult:
 def _ended_at_target(run: Run, step: int) -> bool:
     """Whether the run in the workdir stopped at its target at `step` (stop_at_target): then
     it is finished, as a run is after its last step."""
-    if not run.setup.config.stop_at_target:
+    if not run.setup.spec.target.stop_at_target:
         return False
     done = metrics_lib.last_summary(run.workdir)
     if done is None or done.target is None:

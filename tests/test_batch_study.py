@@ -17,6 +17,7 @@ from jaxpar import suites as suite_lib
 from jaxpar.bench import accuracy
 from jaxpar.bench.runner import Sweep
 from jaxpar.data.base import normalize
+from jaxpar.run_spec import RateRule
 from tests.util import bench_row
 
 
@@ -38,7 +39,7 @@ def test_every_row_is_its_recipe_for_twelve_epochs():
         b, n = config.global_batch_size, config.num_train_steps
         assert config.data.name == "digits" and config.model.dropout and config.num_devices
         assert 12 - b / 20_000 < n * b / 20_000 <= 12  # 12 epochs, the last partial batch dropped
-        lr, group = optim.peak_learning_rate(config), r["group"]
+        lr, group = optim.peak_learning_rate(RateRule.of_config(config)), r["group"]
         if group.startswith("linear"):
             assert lr == pytest.approx(0.05 * b / 128)
         elif group.startswith("LARS"):

@@ -18,6 +18,7 @@ import pytest
 
 from jaxpar import configfile, console, explain, optim, run_setup, trainer, watchdog, workdir
 from jaxpar.config import ConfigError
+from jaxpar.run_spec import RateRule
 from tests.util import (
     PLUGIN_NOISE,
     ROOT,
@@ -336,7 +337,7 @@ def test_weight_decay(name, expected):
     (no momentum here, where both forms agree)."""
     config = tiny_config(**{"optimizer.name": name, "optimizer.momentum": 0.0})
     config.weight_decay, config.learning_rate = 0.1, 1e-3
-    tx = optim.make_optimizer(config)
+    tx = optim.make_optimizer(RateRule.of_config(config))
     params = {"w": jnp.array(2.0)}
     updates, _ = tx.update({"w": jnp.array(0.0)}, tx.init(params), params)
     assert float(updates["w"]) == pytest.approx(expected, rel=1e-5)

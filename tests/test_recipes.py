@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxpar import optim
+from jaxpar.run_spec import RateRule
 from tests.util import tiny_config
 
 
@@ -21,15 +22,17 @@ def test_linear_scaling_with_gradual_warmup():
         lr_schedule="constant",
         num_train_steps=100,
     )
-    schedule = optim.make_schedule(config)
-    assert optim.peak_learning_rate(config) == pytest.approx(0.08)  # 0.01 x 1024 / 128
+    schedule = optim.make_schedule(RateRule.of_config(config))
+    assert optim.peak_learning_rate(RateRule.of_config(config)) == pytest.approx(
+        0.08
+    )  # 0.01 x 1024 / 128
     rates = [float(schedule(step)) for step in (0, 5, 10, 50, 99)]
     np.testing.assert_allclose(rates, [0.0, 0.04, 0.08, 0.08, 0.08], rtol=1e-6)
 
 
 def test_no_scaling_keeps_the_rate():
     config = tiny_config(learning_rate=0.01, global_batch_size=1024)
-    assert optim.peak_learning_rate(config) == pytest.approx(0.01)
+    assert optim.peak_learning_rate(RateRule.of_config(config)) == pytest.approx(0.01)
 
 
 def test_lars_step_by_hand():
@@ -42,7 +45,7 @@ def test_lars_step_by_hand():
             "weight_decay": 0.0,
         }
     )
-    tx = optim.make_optimizer(config)
+    tx = optim.make_optimizer(RateRule.of_config(config))
     w, g = {"w": jnp.array([3.0, 4.0])}, {"w": jnp.array([0.6, 0.8])}
     updates, _ = tx.update(g, tx.init(w), w)
     np.testing.assert_allclose(updates["w"], [-0.003, -0.004], rtol=1e-6)

@@ -17,6 +17,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.noise_scale import NoiseScale
 from jaxpar.plan import to_target
 from jaxpar.plan.records import TargetRow
+from jaxpar.run_spec import RateRule
 from jaxpar.target import reading
 from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import Reference
@@ -172,8 +173,8 @@ def test_learning_rate_rules_across_batches():
     config = tiny_config(
         lr_noise_scale=bn, lr_base_batch_size=base, global_batch_size=192, learning_rate=lr
     )
-    assert optim.batch_rule(config) == "noise"
-    assert optim.peak_learning_rate(config) == pytest.approx(eps_max / 2)
+    assert optim.batch_rule(RateRule.of_config(config)) == "noise"
+    assert optim.peak_learning_rate(RateRule.of_config(config)) == pytest.approx(eps_max / 2)
 
 
 def _run(tmp_path, **overrides):

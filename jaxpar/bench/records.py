@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxpar import run_spec
 from jaxpar.bench.row_record import BenchRow, TargetRow
 
 
@@ -165,8 +166,8 @@ class SuiteRow:
     mesh_shape: tuple | None = None  # the mesh the row asks for, if it names one
     mesh_axes: tuple | None = None
     global_batch_size: int | None = None
-    sync_mode: str = "allreduce"
-    goodput_every_steps: int = 50  # a goodput schedule's decision interval
+    sync_mode: str = run_spec.default("sync.mode")
+    goodput_every_steps: int = run_spec.default("goodput.every_steps")  # its decision interval
     trains_to_target: bool = False  # the row sets a target accuracy or eval loss
 
     def as_record(self) -> dict[str, Any]:
@@ -193,8 +194,8 @@ class SuiteRow:
             mesh_shape=tuple(shape) if shape is not None else None,
             mesh_axes=tuple(names) if names else None,
             global_batch_size=config.get("global_batch_size"),
-            sync_mode=config.get("sync.mode", "allreduce"),
-            goodput_every_steps=int(config.get("goodput.every_steps", 50)),
+            sync_mode=run_spec.setting(config, "sync.mode"),
+            goodput_every_steps=int(run_spec.setting(config, "goodput.every_steps")),
             trains_to_target=bool(config.get("target_accuracy") or config.get("target_eval_loss")),
         )
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jaxpar.errors import ConfigError
 from jaxpar.models import alexnet, densenet, inception, lenet, resnet, vgg
 from jaxpar.models.base import Layer, SequentialModel
+from jaxpar.run_spec import DEFAULTS
 
 NAMES = (*vgg.CONFIGS, "lenet", *resnet.NAMES, *densenet.NAMES, *alexnet.NAMES, *inception.NAMES)
 # float64 is for numerical checks (tests compare partitionings in it where float32 rounding
@@ -70,8 +71,8 @@ def build(model_config, input_shape: tuple[int, int, int], num_classes: int) -> 
         float(model_config.width),
         bool(model_config.batch_norm),
         model_config.dtype,
-        model_config.get("head", "auto"),
-        bool(model_config.get("dropout", False)),
+        model_config.get("head", DEFAULTS.model.head),
+        bool(model_config.get("dropout", DEFAULTS.model.dropout)),
     )
 
 

@@ -6,7 +6,7 @@ know which one it has.
 
 from __future__ import annotations
 
-from jaxpar import axes
+from jaxpar import axes, run_spec
 from jaxpar import config as config_lib
 from jaxpar.parallel import schedules, stages, sync, tensor
 from jaxpar.parallel.data import DataParallel
@@ -15,6 +15,7 @@ from jaxpar.parallel.pmap import PmapDataParallel
 from jaxpar.parallel.state import TrainState
 from jaxpar.parallel.strategy import Program, Strategy
 from jaxpar.parallel.tensor_parallel import TensorParallel
+from jaxpar.run_spec import DEFAULTS
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "data": DataParallel,
@@ -31,6 +32,7 @@ __all__ = [
     "build",
     "check_model",
     "choose",
+    "resolve",
     "validate",
 ]
 
@@ -40,7 +42,7 @@ def choose(config, mesh_shape: dict[str, int]) -> str:
     pipeline when the mesh has stages, tensor parallelism when an axis is left to the sharding
     rules, else data parallelism over the batch axes (shard_map, or pmap with
     sync.impl=pmap)."""
-    wanted = config.get("strategy", "auto")
+    wanted = config.get("strategy", DEFAULTS.strategy)
     if wanted != "auto":
         return wanted
     if axes.num_stages(mesh_shape) > 1:
@@ -51,12 +53,18 @@ def choose(config, mesh_shape: dict[str, int]) -> str:
 
 
 def validate(config, num_devices: int) -> dict[str, int]:
-    """Every check of `config` before anything is built, each failing in one line: the keys
-    every run shares (config.validate), the partitioning's own keys (schedule, split, tensor
-    rules, sync mode), then the chosen strategy's and sync rule's fit to the mesh. Returns the
-    resolved mesh, {axis: size} in mesh order."""
+    """Every check of `config` before anything is built (`resolve`); the resolved mesh,
+    {axis: size} in mesh order."""
+    return resolve(config, num_devices).mesh.sizes
+
+
+def resolve(config, num_devices: int) -> run_spec.RunSpec:
+    """`config` checked on `num_devices` and resolved into the typed value the run reads.
+    Every check fails in one line: the keys every run shares (config.validate), the
+    partitioning's own keys (schedule, split, tensor rules, sync mode), then the chosen
+    strategy's and sync rule's fit to the mesh."""
     shape = config_lib.validate(config, num_devices)
-    config_lib.choice(config.get("strategy", "auto"), ("auto", *STRATEGIES), "strategy")
+    config_lib.choice(config.get("strategy", DEFAULTS.strategy), ("auto", *STRATEGIES), "strategy")
     config_lib.choice(config.pipeline.schedule, schedules.NAMES, "pipeline.schedule")
     config_lib.check(
         config.pipeline.num_microbatches >= 0,
@@ -66,10 +74,11 @@ def validate(config, num_devices: int) -> dict[str, int]:
     stages.parse(config.pipeline.split)  # a policy name or cut points; bounds checked at build
     tensor.check_rules(config.tensor.rules, tuple(shape))
     config_lib.choice(config.sync.mode, tuple(sync.MODES), "sync.mode")
-    strategy = STRATEGIES[choose(config, shape)]
+    name = choose(config, shape)
+    strategy = STRATEGIES[name]
     for reason in (strategy.check(config, shape), sync.check(config, shape)):
         config_lib.check(reason is None, str(reason))
-    accum = config.get("grad_accum_steps", 1)
+    accum = config.get("grad_accum_steps", DEFAULTS.grad_accum_steps)
     if accum != 1:
         per_device = config.global_batch_size // axes.num_replicas(shape)
         config_lib.check(
@@ -87,7 +96,9 @@ def validate(config, num_devices: int) -> dict[str, int]:
             f"grad_accum_steps={accum} does not divide each device's batch of "
             f"{per_device}; use a divisor of {per_device}",
         )
-    return shape
+    configured = tuple(int(n) for n in config.mesh_shape)
+    mesh = run_spec.MeshSpec(tuple(shape), configured, shape, axes.num_replicas(shape))
+    return run_spec.RunSpec.of_config(config, mesh, name)
 
 
 def check_model(config, shape: dict[str, int], model) -> None:

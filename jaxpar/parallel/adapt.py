@@ -5,24 +5,25 @@ from __future__ import annotations
 
 from jaxpar import adascale
 from jaxpar.errors import ConfigError
+from jaxpar.run_spec import RateRule
 
 
-def adapting_noise(config, sq_small, groups: int | str) -> adascale.GradNoise | None:
+def adapting_noise(rate: RateRule, sq_small, groups: int | str) -> adascale.GradNoise | None:
     """The step's gradient norms for an adapting rate (the combined gradient's squared norm
     left for the sync rule to fill in), or None when the rate does not adapt. `groups`: the
     strategy's noise_groups(), the small batches of a step (or why it measures none)."""
-    if config.get("lr_adaptation", "none") == "none":
+    if rate.adaptation == "none":
         return None
     if not isinstance(groups, int):
-        raise ConfigError(refusal(config, groups))
-    big = config.global_batch_size
+        raise ConfigError(refusal(rate.adaptation, groups))
+    big = rate.batch
     return adascale.GradNoise(sq_small, None, big / groups, big)
 
 
-def refusal(config, reason: str) -> str:
-    """The one line refusing an adapting rate where the noise is not measured."""
+def refusal(adaptation: str, reason: str) -> str:
+    """The one line refusing an adapting rate (lr_adaptation) where the noise is not measured."""
     return (
-        f"lr_adaptation={config.lr_adaptation} takes its gain from the gradient noise scale, "
+        f"lr_adaptation={adaptation} takes its gain from the gradient noise scale, "
         f"which this run does not measure: {reason}"
     )
 

@@ -34,6 +34,7 @@ from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import eval_sums, init_state, measured_loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
 from jaxpar.parallel.sync.base import manual
+from jaxpar.run_spec import DEFAULTS
 
 _shapes = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
@@ -76,7 +77,7 @@ class DataParallel(Strategy):
 
     @classmethod
     def check_model(cls, config, shape, model):
-        accum = config.get("grad_accum_steps", 1)
+        accum = config.get("grad_accum_steps", DEFAULTS.grad_accum_steps)
         if accum > 1 and any(layer.names.get("batch_stats") for layer in model.layers):
             return (
                 f"grad_accum_steps={accum} would compute BatchNorm statistics per slice "
@@ -90,12 +91,12 @@ class DataParallel(Strategy):
         self.replicas = self.make_replicas(dict(mesh.shape))
         self.batch_spec = self.replicas.spec
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
-        self.rule = sync.build(config, self.replicas, tx, self.variable_specs())
+        self.rule = sync.build(self.sync, self.replicas, tx, self.variable_specs())
         self.gather = variables.gather_fn(self.rule.variable_specs["params"], dict(mesh.shape))
-        if config.sync.mode != "allreduce":
-            self.name = f"{self.name} ({config.sync.mode})"
+        if self.sync.mode != "allreduce":
+            self.name = f"{self.name} ({self.sync.mode})"
         shared = jax.eval_shape(functools.partial(init_state, model, tx), jax.random.key(0))
-        self.accum = config.get("grad_accum_steps", 1)
+        self.accum = config.get("grad_accum_steps", DEFAULTS.grad_accum_steps)
         self._canonical_shapes = jax.eval_shape(self.rule.from_shared, shared)
         device_shapes = jax.eval_shape(self.rule.to_device, self._canonical_shapes)
         self.state_specs = self.rule.specs(device_shapes)
@@ -156,7 +157,7 @@ class DataParallel(Strategy):
         if shape_of(jax.eval_shape(self.rule.from_shared, shared)) == want:
             return jax.tree.map(np.asarray, self.rule.from_shared(shared))
         raise ConfigError(
-            f"the checkpoint's state does not fit sync.mode={self.config.sync.mode} with "
+            f"the checkpoint's state does not fit sync.mode={self.sync.mode} with "
             f"{self.replicas.count} replicas (it was written by another mode or replica "
             "count); resume with the settings it was written with"
         )
@@ -197,7 +198,7 @@ class DataParallel(Strategy):
         replica's own gradient of its sharded parameters before they are summed over the
         replicas (state.measured_loss_and_grads' `probe`)."""
         reason = norms.why_not_measured(
-            self.config, self.model, self.rule.combines, self.replicas.count
+            self.measures_noise, self.sync, self.model, self.rule.combines, self.replicas.count
         )
         if reason:
             return reason
@@ -226,7 +227,7 @@ class DataParallel(Strategy):
             probe=self.probe() if measure and self.gather is not None else None,
         )
         small = self.replicas.pmean(small) if measure else None
-        noise = adapting_noise(self.config, small, groups)
+        noise = adapting_noise(self.rate, small, groups)
         state, big = rule.update_measured(state, self.grads_in_layout(grads), stats, noise)
         metrics = rule.metrics(loss, accuracy)
         if measure:  # the two squared norms of the noise scale (noise_scale.py)

@@ -19,6 +19,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.mesh import is_spec
+from jaxpar.run_spec import SyncSpec
 
 # The most leaves one GPU reduction reads: XLA:GPU fuses a concatenation into the reduction
 # that reads it up to 96 operands and outputs per fusion, past which it writes the
@@ -94,21 +95,23 @@ def sq_norm(tree: Any, specs: Any, manual: tuple[str, ...]) -> jax.Array:
     return total
 
 
-def why_not_measured(config, model, combines: bool, replicas: int) -> str | None:
-    """Why a step of `config` cannot measure the noise scale whatever its groups, in one line,
+def why_not_measured(
+    measure: bool, sync: SyncSpec, model, combines: bool, replicas: int
+) -> str | None:
+    """Why a step (`measure`: measure_noise_scale, `sync`: its sync settings) cannot measure the noise scale whatever its groups, in one line,
     or None: measuring is off; the sync rule forms no combined gradient (combines=False); or
     BatchNorm normalises over the global batch, so that a replica's gradient is not the
     gradient of its own images (the statistics couple the replicas: an estimate from them is
     biased, |G_small|^2 above what any noise allows, seen on VGG11 over 8 replicas)."""
-    if not config.get("measure_noise_scale", True):
+    if not measure:
         return "measure_noise_scale=False"
     if not combines:
         return (
-            f"sync.mode={config.sync.mode} forms no combined gradient of the step's replicas; "
+            f"sync.mode={sync.mode} forms no combined gradient of the step's replicas; "
             "measure the noise scale under sync.mode=allreduce (the same model and batch)"
         )
     has_bn = any(layer.names.get("batch_stats") for layer in model.layers)
-    if has_bn and replicas > 1 and config.sync.batch_norm == "global":
+    if has_bn and replicas > 1 and sync.batch_norm == "global":
         return (
             "BatchNorm over the global batch couples the replicas' gradients, so an estimate "
             "from them would be biased; use --config.sync.batch_norm=local (each replica "

@@ -26,6 +26,7 @@ import numpy as np
 from jaxpar import axes, dispatch
 from jaxpar.models import SequentialModel
 from jaxpar.parallel.state import TrainState
+from jaxpar.run_spec import DEFAULTS, RateRule, SyncSpec
 
 # What a program does in the step (Program.role).
 ROLES = ("train step", "forward", "backward", "backward input", "backward weights", "update")
@@ -127,6 +128,9 @@ class Strategy(abc.ABC):
 
     def __init__(self, config, model: SequentialModel, mesh, tx):
         self.config, self.model, self.mesh, self.tx = config, model, mesh, tx
+        self.sync = SyncSpec.of_config(config)  # how its data replicas agree
+        self.rate = RateRule.of_config(config)  # its optimiser's rate, adapting or not
+        self.measures_noise = config.get("measure_noise_scale", DEFAULTS.measure_noise_scale)
         self.compile_time_s = 0.0
         # Every dispatch loop (eval batches, pipeline events) registers its computations here,
         # so that no device has too many queued (see dispatch.py).
@@ -136,12 +140,11 @@ class Strategy(abc.ABC):
         """How this strategy splits the step, in words (`partitioning`): the mesh's axes in
         use, the pipeline schedule and the sync mode, e.g. "hybrid data 2 x pipeline 2 (1f1b)
         x tensor 2". `name` is the implementation (config.strategy), this is what it does."""
-        sync = self.config.get("sync") or {}
         chunks = len(self.bounds) - 1 if self.bounds else 1
         return partitioning(
             dict(self.mesh.shape),
             self.schedule,
-            sync.get("mode", "allreduce"),
+            self.sync.mode,
             chunks // max(self.num_stages, 1),
         )
 
@@ -241,8 +244,7 @@ class Strategy(abc.ABC):
         """Steps between runs of the collectives its programs hold in conditional branches:
         local_sgd averages when the step count reaches a multiple of sync.period; 1 (every
         step) for every other sync mode."""
-        sync = self.config.get("sync") or {}
-        return int(sync.get("period", 1)) if sync.get("mode") == "local_sgd" else 1
+        return self.sync.period if self.sync.mode == "local_sgd" else 1
 
     def bytes_between_stages(self, batch_size: int) -> int | None:
         """Bytes crossing stage boundaries per step (activations and their gradients)."""

@@ -15,8 +15,7 @@ import dataclasses
 import logging
 import math
 
-import ml_collections
-
+from jaxpar.run_spec import TargetSpec
 from jaxpar.summary_record import TargetFigures, TargetReached
 
 logger = logging.getLogger(__name__)
@@ -36,12 +35,9 @@ class Target:
     best_loss: float = math.inf
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> Target:
-        return cls(
-            float(config.get("target_accuracy", 0.0)),
-            float(config.get("target_eval_loss", 0.0)),
-            int(config.global_batch_size),
-        )
+    def of_spec(cls, target: TargetSpec, batch_size: int) -> Target:
+        """The aim of a run's resolved target, for steps of `batch_size` images."""
+        return cls(target.accuracy, target.eval_loss, batch_size)
 
     @property
     def wanted(self) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from jaxpar import configfile
+from jaxpar import run_spec
 
 EXACT = ("allreduce", "parameter_server", "sharded")
 
@@ -30,24 +30,14 @@ SYNC_STEP_FACTORS: dict[tuple[str, int], float] = {
 }
 
 # The config key each approximate mode's multiplier is keyed by.
-SETTING_KEYS = {"local_sgd": "sync.period", "async": "sync.max_staleness"}
+SETTING_KEYS = run_spec.SYNC_SETTING_KEYS
 
 
 def sync_setting(mode: str, config: Any) -> int:
     """The setting `mode`'s multiplier is keyed by, from a ConfigDict or a {dotted key: value}
     mapping of overrides (a key it lacks has configs/base.py's default); 0 for the others."""
     key = SETTING_KEYS.get(mode)
-    if key is None:
-        return 0
-    if isinstance(config, Mapping) and key in config:
-        return int(config[key])
-    if not isinstance(config, Mapping):
-        section, name = key.split(".")
-        return int(config[section][name])
-    configfile.make_configs_importable()
-    from configs import base  # the repository's defaults, not a module of jaxpar
-
-    return int(sync_setting(mode, base.get_config()))
+    return 0 if key is None else int(run_spec.setting(config, key))
 
 
 def sync_factor(mode: str, setting: int = 0, measured: Mapping | None = None) -> float | None:

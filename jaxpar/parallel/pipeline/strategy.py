@@ -81,12 +81,12 @@ class Pipeline(Strategy):
         # an adapting rate: the norms' batch sizes, for the optimizer (chunks.py); a run that
         # adapts but measures nothing is refused by run_setup before anything is built
         big = config.global_batch_size
-        adapting = config.get("lr_adaptation", "none") != "none" and self.measure
+        adapting = self.rate.adaptation != "none" and self.measure
         self.adapt = (big / groups, big) if adapting else None
         for c in range(self.num_chunks):
             layers = slice(self.bounds[c], self.bounds[c + 1])
             specs = variables.specs(model, rules, shape, layers)
-            rule = sync.build(config, self.replicas, tx, specs)
+            rule = sync.build(self.sync, self.replicas, tx, specs)
             lay = ChunkLayout(model, tx, rule, self.meshes[self.stage_of[c]], layers, self.measure)
             chunk = Chunk(
                 c,
@@ -127,8 +127,10 @@ class Pipeline(Strategy):
         is a small batch (put_batch says which rows), under a rule that combines the replicas'
         gradients every step; each chunk measures its layers' part (chunks.py), under fsdp
         squared in each sharded layer's backward before its reduce-scatter."""
-        combines = sync.MODES[self.config.sync.mode].combines
-        reason = norms.why_not_measured(self.config, self.model, combines, self.data)
+        combines = sync.MODES[self.sync.mode].combines
+        reason = norms.why_not_measured(
+            self.measures_noise, self.sync, self.model, combines, self.data
+        )
         if reason:
             return reason
         groups = self.num_microbatches * self.data

@@ -20,6 +20,7 @@ from jaxpar.parallel.sync.base import SyncRule
 from jaxpar.parallel.sync.local_sgd import Independent, LocalSGD
 from jaxpar.parallel.sync.parameter_server import ParameterServer
 from jaxpar.parallel.sync.sharded import Sharded
+from jaxpar.run_spec import SyncSpec
 
 MODES: dict[str, type[SyncRule]] = {
     rule.name: rule for rule in (AllReduce, ParameterServer, Sharded, LocalSGD, Async, Independent)
@@ -68,6 +69,6 @@ def _mesh_hint(shape: dict[str, int], drop: tuple[str, ...]) -> str:
     return hint
 
 
-def build(config, replicas: Replicas, tx, variable_specs: dict) -> SyncRule:
-    """The config's rule for one model part with these variables' (tensor) specs."""
-    return MODES[config.sync.mode](config, replicas, tx, variable_specs)
+def build(settings: SyncSpec, replicas: Replicas, tx, variable_specs: dict) -> SyncRule:
+    """The rule of `settings.mode` for one model part with these variables' (tensor) specs."""
+    return MODES[settings.mode](settings, replicas, tx, variable_specs)

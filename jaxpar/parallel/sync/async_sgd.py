@@ -42,11 +42,11 @@ def delays(n: int, max_staleness: int) -> list[int]:
 class Async(SyncRule):
     name = "async"
 
-    def __init__(self, config, replicas, tx, variable_specs):
-        super().__init__(config, replicas, tx, variable_specs)
-        self.depth = int(config.sync.max_staleness)
+    def __init__(self, settings, replicas, tx, variable_specs):
+        super().__init__(settings, replicas, tx, variable_specs)
+        self.depth = int(settings.max_staleness)
         self.delays = delays(self.num_replicas, self.depth)
-        self.aware = bool(config.sync.staleness_aware_lr)
+        self.aware = bool(settings.staleness_aware_lr)
 
     @classmethod
     def check(cls, config, data):

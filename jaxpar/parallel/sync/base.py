@@ -34,6 +34,7 @@ from jaxpar import adascale
 from jaxpar.mesh import is_spec
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
+from jaxpar.run_spec import SyncSpec
 
 
 class SyncRule:
@@ -55,11 +56,11 @@ class SyncRule:
     # gradients, form none.
     combines = False
 
-    def __init__(self, config, replicas: Replicas, tx, variable_specs: dict):
-        self.config, self.replicas, self.tx = config, replicas, tx
+    def __init__(self, settings: SyncSpec, replicas: Replicas, tx, variable_specs: dict):
+        self.settings, self.replicas, self.tx = settings, replicas, tx
         self.num_replicas = replicas.count
         self.variable_specs = variable_specs
-        global_bn = config.sync.batch_norm == "global" and self.num_replicas > 1
+        global_bn = settings.batch_norm == "global" and self.num_replicas > 1
         self.bn_axis_name = replicas.axes if global_bn else None
 
     @classmethod

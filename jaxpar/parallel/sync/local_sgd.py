@@ -96,10 +96,10 @@ class LocalSGD(Independent):
     eval_kind = "average"
     refuses_stages = None
 
-    def __init__(self, config, replicas, tx, variable_specs):
-        super().__init__(config, replicas, tx, variable_specs)
-        self.period = int(config.sync.period)
-        self.average_opt_state = config.sync.opt_state_at_average == "average"
+    def __init__(self, settings, replicas, tx, variable_specs):
+        super().__init__(settings, replicas, tx, variable_specs)
+        self.period = int(settings.period)
+        self.average_opt_state = settings.opt_state_at_average == "average"
 
     @classmethod
     def check(cls, config, data):

@@ -30,9 +30,9 @@ class ParameterServer(SyncRule):
     name = "parameter_server"
     combines = True
 
-    def __init__(self, config, replicas, tx, variable_specs):
-        super().__init__(config, replicas, tx, variable_specs)
-        self.server = int(config.sync.server)
+    def __init__(self, settings, replicas, tx, variable_specs):
+        super().__init__(settings, replicas, tx, variable_specs)
+        self.server = int(settings.server)
         self.workers = [i for i in range(self.num_replicas) if i != self.server]
 
     @classmethod

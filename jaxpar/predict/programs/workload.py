@@ -28,6 +28,7 @@ from jaxpar.parallel import schedules
 from jaxpar.predict.comm import overlap
 from jaxpar.predict.kernels import opclass
 from jaxpar.predict.programs import gputarget
+from jaxpar.run_spec import DEFAULTS, RateRule
 
 # Input shapes of the built-in datasets, so no data is generated or read to predict a row.
 _KNOWN_DATA = {
@@ -183,7 +184,7 @@ def strategy_for(
     jax has)."""
     config = ml_collections.ConfigDict(config.to_dict())
     config.sync.impl = "shard_map"  # pmap runs the same collectives; compile one path
-    if config.get("strategy", "auto") == "pmap":
+    if config.get("strategy", DEFAULTS.strategy) == "pmap":
         config.strategy = "data"
     devices = devices or jax.devices()
     shape = resolve_mesh(config, num_devices or len(devices))
@@ -197,7 +198,7 @@ def strategy_for(
     image_shape, classes = input_spec(config)
     model = models.build(config.model, image_shape, classes)
     mesh = mesh_lib.make_mesh(shape, devices[:n])
-    return parallel.build(config, model, mesh, optim.make_optimizer(config))
+    return parallel.build(config, model, mesh, optim.make_optimizer(RateRule.of_config(config)))
 
 
 def _workload(
