@@ -172,3 +172,18 @@ def test_a_sweep_s_measured_one_device_rows_are_its_calibration_runs(tmp_path):
     )
     assert run.dtype == "bfloat16" and run.images_per_sec == 300.0
     assert list(run.as_record())[-2:] == ["images_per_sec", "name"]
+
+
+def test_a_profile_file_says_what_its_costs_are_fitted_to():
+    from jaxpar import configfile
+    from jaxpar.predict.profiles.records import ProfileFits
+
+    c = configfile.load("configs/hardware/dgx1_p100.py")
+    spec = ProfileFits.of_record(c)
+    assert spec.kernel_benchmarks == "configs/hardware/kernels/deepbench_p100.csv"
+    assert spec.fit == tuple(c.fit) and spec.kernel_fit == tuple(c.kernel_fit)
+    assert spec.calibration is None and spec.price_measured is False
+    assert [r.as_record() for r in spec.calibration_runs] == [dict(r) for r in c.calibration_runs]
+    assert {r.model for r in spec.calibration_candidates} >= {"inception_v3", "alexnet"}
+    bare = ProfileFits.of_record({"name": "p", "fit": None, "kernel_dtype": None})
+    assert bare == ProfileFits()  # a key given as None takes its default

@@ -5,8 +5,9 @@ calibration carries to the runs it was not fitted to.
 
 A SOURCE is a bench sweep (`python -m jaxpar.bench --out OUT`), whose measured 1-device rows
 are the runs, or a config file listing published runs (configs/predict/dgx1_single_gpu.py):
-sources.runs_from reads either. A profile file lists the runs it is fitted to itself (`calibration_runs`, with `fit`). Only
-single-device figures are fitted, so that every multi-device row stays a check.
+sources.runs_from reads either. A profile file lists the runs it is fitted to itself
+(`calibration_runs`, with `fit`). Only single-device figures are fitted, so that every
+multi-device row stays a check.
 
 `--pool` (simulated CPU devices only) measures `compute_pool`: how many times one device's
 rate N simulated devices reach together when each runs its own copy of the 1-device step at

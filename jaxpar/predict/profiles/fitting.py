@@ -19,7 +19,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import kernel_table
 from jaxpar.predict.profiles import calibration_runs, hardware, solve
 from jaxpar.predict.profiles.hardware import Profile
-from jaxpar.predict.profiles.records import CalibrationRun
+from jaxpar.predict.profiles.records import CalibrationRun, ProfileFits
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.step import pricing
 
@@ -40,28 +40,26 @@ def from_config(c: Any) -> Profile:
     """A Profile from a profile ConfigDict (or dict), its costs fitted where it says how: the
     matrix kernels to `kernel_benchmarks`, the efficiency to one `calibration` run, the `fit`
     costs to `calibration_runs`, and each model of `calibrations` its own efficiency."""
-    get = c.get if hasattr(c, "get") else (lambda k, d=None: getattr(c, k, d))
+    spec = ProfileFits.of_record(c)
     profile = hardware.from_config(c)
-    table = get("kernel_benchmarks")
-    if table:  # the matrix kernels' costs from the GPU's own per-kernel timings
-        names = tuple(get("kernel_fit", kernel_table.DEFAULT_FIT) or kernel_table.DEFAULT_FIT)
-        dtype = str(get("kernel_dtype", "float32") or "float32")
-        rows = kernel_table.load(table)
-        profile = kernel_table.fit(profile, rows, names, dtype).profile
-        if get("price_measured", False):  # and its layers' kernels at their measured times
+    if spec.kernel_benchmarks:  # the matrix kernels' costs from the GPU's own per-kernel timings
+        names = spec.kernel_fit or kernel_table.DEFAULT_FIT
+        rows = kernel_table.load(spec.kernel_benchmarks)
+        profile = kernel_table.fit(profile, rows, names, spec.kernel_dtype).profile
+        if spec.price_measured:  # and its layers' kernels at their measured times
             measured = kernel_table.measured(rows)
-            profile = hardware.replace(profile, measured_kernels=measured, measured_dtype=dtype)
+            profile = hardware.replace(
+                profile, measured_kernels=measured, measured_dtype=spec.kernel_dtype
+            )
     if profile.calibration:
         profile = calibrate(profile, profile.calibration)
-    fitted = [CalibrationRun.of_record(r) for r in get("calibration_runs", ()) or ()]
-    if fitted:
-        result = fit(profile, fitted, tuple(get("fit", ("compute_efficiency",))))
+    if spec.calibration_runs:
+        result = fit(profile, list(spec.calibration_runs), spec.fit)
         profile = result.profile
         for name in result.at_bound:
             value = hardware.value(profile, name)
             log.warning("profile %s: %s fitted at its bound (%g)", profile.name, name, value)
-    own_runs = [CalibrationRun.of_record(r) for r in get("calibrations", ()) or ()]
-    runs = {str(r.model): r for r in own_runs}
+    runs = {str(r.model): r for r in spec.calibrations}
     own = {model: calibrate(profile, run).compute.compute_efficiency for model, run in runs.items()}
     profile = hardware.replace(profile, model_runs=runs, model_efficiency=own)
     if profile.compute.compute_efficiency <= 0:

@@ -87,3 +87,41 @@ _DEFAULTS: dict[str, Any] = {
     "source": None,
     "memory_bytes": None,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileFits:
+    """What a profile file says to fit its costs to (configs/hardware/*.py): a kernel table,
+    calibration runs and the costs they fit, models with their own run, runs held out of the
+    fit, the suites it is validated on. The costs themselves are hardware.from_config's."""
+
+    kernel_benchmarks: str | None = None  # a kernel table (kernel_table.py)
+    kernel_fit: tuple[str, ...] | None = None  # the costs fitted to it (None: its default)
+    kernel_dtype: str = "float32"
+    price_measured: bool = False  # a step's kernels of the table's layers at their times
+    calibration: CalibrationRun | None = None  # the one run compute_efficiency is set from
+    calibration_runs: tuple[CalibrationRun, ...] = ()
+    fit: tuple[str, ...] = ("compute_efficiency",)  # the costs fitted to calibration_runs
+    calibrations: tuple[CalibrationRun, ...] = ()  # models priced at their own efficiency
+    calibration_candidates: tuple[CalibrationRun, ...] = ()  # never fitted: --validate's
+    validation: tuple[str, ...] = ()  # suite files --validate checks the profile on
+
+    @classmethod
+    def of_record(cls, c: Any) -> ProfileFits:
+        """From a profile's ConfigDict, dict or object; a key given as None takes its default."""
+        get = c.get if hasattr(c, "get") else (lambda k, d=None: getattr(c, k, d))
+        runs = lambda key: tuple(CalibrationRun.of_record(r) for r in get(key) or ())
+        return cls(
+            kernel_benchmarks=get("kernel_benchmarks") or None,
+            kernel_fit=tuple(get("kernel_fit")) if get("kernel_fit") else None,
+            kernel_dtype=str(get("kernel_dtype") or "float32"),
+            price_measured=bool(get("price_measured", False)),
+            calibration=CalibrationRun.of_record(get("calibration"))
+            if get("calibration")
+            else None,
+            calibration_runs=runs("calibration_runs"),
+            fit=tuple(get("fit") or ("compute_efficiency",)),
+            calibrations=runs("calibrations"),
+            calibration_candidates=runs("calibration_candidates"),
+            validation=tuple(get("validation") or ()),
+        )

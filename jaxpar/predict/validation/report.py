@@ -30,7 +30,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import kernel_table
 from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.profiles.calibration_runs import calibration_ops
-from jaxpar.predict.profiles.records import CalibrationRun
+from jaxpar.predict.profiles.records import CalibrationRun, ProfileFits
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.step import pricing
 from jaxpar.predict.validation import suite_checks
@@ -54,12 +54,9 @@ def _spec(
     """(the profile fitted to nothing but its kernel table, its fitted runs, its candidates,
     fit names, suites)."""
     c = configfile.load(path)
-    fitted = [CalibrationRun.of_record(r) for r in c.get("calibration_runs", ()) or ()]
-    if c.get("calibration"):
-        fitted.append(CalibrationRun.of_record(c.calibration))
-    candidates = [CalibrationRun.of_record(r) for r in c.get("calibration_candidates", ()) or ()]
-    names = tuple(c.get("fit", ("compute_efficiency",)) or ("compute_efficiency",))
-    suites = list(c.get("validation", ()) or ())
+    spec = ProfileFits.of_record(c)
+    fitted = [*spec.calibration_runs, *([spec.calibration] if spec.calibration else [])]
+    candidates, names, suites = list(spec.calibration_candidates), spec.fit, list(spec.validation)
     runs = ("calibration_runs", "calibration", "calibrations")
     kept = {k: v for k, v in c.items() if k not in runs}
     bare = fitting.from_config(kept | {"compute_efficiency": c.get("compute_efficiency") or 0.4})
