@@ -198,7 +198,7 @@ def write_profile(
         # the first layer's convolutions, in the compute dtype the runs use most
         "thin_efficiency": _thin_efficiency(micro, runs),
         # a GPU's tensor-core tile, from its narrow convolutions (0: not measured, a CPU)
-        "tile_width": _tile_width(micro, runs),
+        "tile_width": (tile := _tile_width(micro, runs)),
         "program_overhead_s": micro.launch_s,
         "compiler": "gpu" if gpu else "cpu",
         # a GPU's collectives are asynchronous and XLA:GPU schedules them under the backward
@@ -208,7 +208,7 @@ def write_profile(
         "overlap": None if gpu else 0.0,
         "fit": names,
     }
-    if not values["tile_width"]:
+    if not tile:
         del values["tile_width"]
     traced = micro.traced
     if traced and traced.memory_kernel_costs:  # the rows' own kernel traces (traced_costs)
