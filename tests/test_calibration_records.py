@@ -102,15 +102,13 @@ def test_traced_costs_leave_out_what_was_not_reached():
 
 
 def test_a_kernel_table_row_reads_its_csv_columns_and_writes_them_back(tmp_path):
-    line = dict(
-        zip(
-            kernel_table._COLUMNS,
-            ["7", "7", "512", "8", "2048", "1", "1", "0", "0", "1", "1", "0.5", "0.25", "0.125"],
-        )
-    )
+    columns = ["W", "H", "C", "N", "K", "R", "S", "pad_h", "pad_w", "stride_h", "stride_w"]
+    columns += ["forward_ms", "input_grad_ms", "filter_grad_ms"]
+    values = ["7", "7", "512", "8", "2048", "1", "1", "0", "0", "1", "1", "0.5", "0.25", "0.125"]
+    line = dict(zip(columns, values))
     row = kernel_table.ConvRow.of_record(line)
     assert (row.w, row.c, row.k, row.stride_w) == (7, 512, 2048, 1) and row.forward_ms == 0.5
-    assert list(row.as_record()) == list(kernel_table._COLUMNS)
+    assert list(row.as_record()) == columns
     assert row.shape == dataclasses.replace(row, forward_ms=0, input_grad_ms=0, filter_grad_ms=0)
     assert row.out_hw == (7, 7) and dataclasses.replace(row, stride_h=2).out_hw == (4, 7)
     path = tmp_path / "k.csv"
