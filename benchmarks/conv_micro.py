@@ -41,18 +41,19 @@ KINDS = (
 SMALL = ["resnet20:0.25:32:float32:2"]
 
 
-def measure(row: dict, dtype: str, calls: int = 5) -> dict:
-    """One shape's forward, input gradient and filter gradient, each a jitted program traced
-    over `calls` calls: milliseconds per call of its convolution kernels (the trace's kernels
-    named after a convolution; all of the program's kernels apart, as `*_all_ms`)."""
+def measure(row, dtype: str, calls: int = 5) -> dict:
+    """One shape's (a kernel_table.ConvRow) forward, input gradient and filter gradient, each a
+    jitted program traced over `calls` calls: its table columns with milliseconds per call of
+    its convolution kernels (the trace's kernels named after a convolution; all of the
+    program's kernels apart, as `*_all_ms`)."""
     import jax
     import jax.numpy as jnp
 
     from benchmarks.reduce_micro import _gpu_events
 
-    n, h, w, c, k, r, s = (int(row[x]) for x in ("N", "H", "W", "C", "K", "R", "S"))
-    strides = (int(row["stride_h"]), int(row["stride_w"]))
-    pad = [(int(row["pad_h"]),) * 2, (int(row["pad_w"]),) * 2]
+    n, h, w, c, k, r, s = row.n, row.h, row.w, row.c, row.k, row.r, row.s
+    strides = (row.stride_h, row.stride_w)
+    pad = [(row.pad_h,) * 2, (row.pad_w,) * 2]
     x = jax.device_put(jnp.ones((n, h, w, c), dtype))
     f = jax.device_put(jnp.ones((r, s, c, k), dtype) * 0.01)
 
@@ -73,7 +74,7 @@ def measure(row: dict, dtype: str, calls: int = 5) -> dict:
             (x, f, y),
         ),
     }
-    out = {**row}
+    out = row.as_record()
     for column, (fn, args) in programs.items():
         for _ in range(2):
             jax.block_until_ready(fn(*args))
@@ -119,10 +120,11 @@ def _matrix_kernels(text: str) -> tuple[set[str], set[str]]:
     )
 
 
-def group(row: dict) -> str:
-    """The shape's group: 1x1, asymmetric (1xN or Nx1), 3x3 stride 1, strided, or other."""
-    r, s = int(row["R"]), int(row["S"])
-    if int(row["stride_h"]) > 1 or int(row["stride_w"]) > 1:
+def group(row) -> str:
+    """The shape's (a kernel_table.ConvRow) group: 1x1, asymmetric (1xN or Nx1), 3x3 stride 1,
+    strided, or other."""
+    r, s = row.r, row.s
+    if row.stride_h > 1 or row.stride_w > 1:
         return "strided"
     if r == s == 1:
         return "1x1"
@@ -137,7 +139,8 @@ def compare(measured: list[dict], counts: list[int], profile, dtype: str) -> lis
 
     size = 2 if dtype == "bfloat16" else 4
     out = []
-    for row, count in zip(measured, counts):
+    for timed_row, count in zip(measured, counts):
+        row = kernel_table.ConvRow.of_record(timed_row)
         timed = kernel_table.kernels(row, size)  # none for a thin first layer
         for kind, column in KINDS:
             kernel = next((k for k in timed if k.name.endswith(kind)), None)
@@ -147,18 +150,15 @@ def compare(measured: list[dict], counts: list[int], profile, dtype: str) -> lis
                     "group": group(row),
                     "kind": kind,
                     "layers": count,
-                    "measured_s": row[column] * 1e-3,
+                    "measured_s": timed_row[column] * 1e-3,
                     "priced_s": kernel_table.price(profile, kernel, dtype) if kernel else None,
                 }
             )
     return out
 
 
-def _label(row: dict) -> str:
-    return (
-        f"{int(row['R'])}x{int(row['S'])} s{int(row['stride_h'])} {int(row['W'])}x"
-        f"{int(row['H'])}x{int(row['C'])}->{int(row['K'])} n{int(row['N'])}"
-    )
+def _label(row) -> str:
+    return f"{row.r}x{row.s} s{row.stride_h} {row.w}x{row.h}x{row.c}->{row.k} n{row.n}"
 
 
 def summary(lines: list[dict]) -> dict[str, tuple[float, float, int]]:
@@ -182,7 +182,7 @@ def _write_table(path: str, rows: list[dict], args, device: str) -> None:
     what = SMALL[0] if args.small else args.rows
     kernel_table.write(
         path,
-        rows,
+        [kernel_table.ConvRow.of_record(r) for r in rows],
         f"Convolution kernels of {what} timed on {device} "
         "(benchmarks/conv_micro.py): milliseconds per call of the convolution kernels "
         "of each program, from a profiler trace",
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     from jaxpar.errors import ConfigError
     from jaxpar.predict import load_profile
     from jaxpar.predict.calibrate import model_runs
-    from jaxpar.predict.kernels import kernel_table
+    from jaxpar.predict.kernels import model_layers
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -216,11 +216,11 @@ def main(argv=None) -> int:
         return 2
     everything, table, profile = [], [], None
     for run in runs:
-        shapes = kernel_table.model_rows(run)[: args.limit or None]
-        print(f"{run['name']}: {len(shapes)} shapes, {sum(n for _, n in shapes)} layers")
+        shapes = model_layers.model_rows(run)[: args.limit or None]
+        print(f"{run.name}: {len(shapes)} shapes, {sum(n for _, n in shapes)} layers")
         measured = []
         for row, _ in shapes:  # the table rewritten after each shape: a time limit keeps it
-            measured.append(measure(row, run["dtype"]))
+            measured.append(measure(row, run.dtype))
             print(
                 f"  {_label(row):>34}: "
                 + ", ".join(
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
                 _write_table(args.table, table + measured, args, measured[-1]["device"])
         table += measured
         profile = profile or load_profile(args.profile)
-        lines = compare(measured, [n for _, n in shapes], profile, run["dtype"])
+        lines = compare(measured, [n for _, n in shapes], profile, run.dtype)
         print(
             f"{'shape':>34} {'kind':>16} {'layers':>6} {'measured us':>11} "
             f"{'priced us':>9} {'ratio':>6}"
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
                 f"{line['measured_s'] * 1e6:11.1f} "
                 f"{priced * 1e6 if priced else float('nan'):9.1f} {ratio}"
             )
-        print(f"\n{run['name']} on {args.profile}, each kernel times its layers:")
+        print(f"\n{run.name} on {args.profile}, each kernel times its layers:")
         for name, (m, p, n) in sorted(summary(lines).items(), key=lambda kv: kv[0] == "all"):
             print(
                 f"  {name:>14}: {n:4d} kernels, measured {m * 1e3:8.3f} ms, priced "
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
             )
         everything.append(
             {
-                "row": run["name"],
+                "row": run.name,
                 "device": measured[0]["device"] if measured else None,
                 "kernels": lines,
             }

@@ -71,14 +71,14 @@ def _memory_bound(mem: list[tuple]) -> None:
                 f"{b[m].sum() / t[m].sum() / 1e9:6.0f} GB/s, {t[m].mean() * 1e6:6.1f} us each"
             )
     costs = memory_costs(mem)  # what a profile takes (--calibrate-here fits the same)
-    fixed, bandwidth = costs["all"]
+    fixed, bandwidth = costs.all
     print(f"  fit: {fixed * 1e6:.2f} us + bytes / {bandwidth / 1e9:.0f} GB/s")
-    for name, (count, seconds, nbytes) in costs["figures"].items():
+    for name, (count, seconds, nbytes) in costs.figures.items():
         if not count:
             continue
         fit = "fit -"
-        if name in costs["classes"]:
-            fixed, bandwidth = costs["classes"][name]
+        if name in costs.classes:
+            fixed, bandwidth = costs.classes[name]
             rate = (
                 f"bytes per result / {bandwidth / 1e9:5.2f} GB/s"
                 if name == "reduce_few"

@@ -5,6 +5,7 @@ measured references beside the predictions."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -17,6 +18,45 @@ import ml_collections
 from jaxpar import configfile
 from jaxpar.configfile import ROOT
 from jaxpar.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteRow:
+    """One row of a suite file (configs/bench/__init__.py's `row` writes a bench suite's; a
+    predictor suite's rows give a name, a config and a reference). The bench's fields are
+    None where a row does not give them."""
+
+    name: str
+    config: dict[str, Any]  # the row's config keys over the suite's
+    reference: Any = None  # images/sec (a predictor suite), or the accuracy study's figure
+    reference_efficiency: float | None = None  # a published scaling efficiency
+    scaling: str | None = None  # a bench row's: "strong", "weak" or "none"
+    group: str | None = None
+    baseline: str | None = None
+    label: str | None = None
+
+    @classmethod
+    def of_record(cls, row: Any) -> SuiteRow:
+        row = dict(row)
+        return cls(
+            name=row["name"],
+            config=dict(row.get("config", {})),
+            reference=row.get("reference"),
+            reference_efficiency=row.get("reference_efficiency"),
+            scaling=row.get("scaling"),
+            group=row.get("group"),
+            baseline=row.get("baseline"),
+            label=row.get("label"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """A predicted row's reference: published or measured images/sec, or only a published
+    scaling efficiency."""
+
+    images_per_sec: float | None = None
+    efficiency: float | None = None
 
 
 def suite_path(name_or_path: str) -> str:
@@ -34,15 +74,17 @@ def load_suite(name_or_path: str) -> ml_collections.ConfigDict:
 
 
 def row_config(
-    suite: ml_collections.ConfigDict, row: dict, command_line: dict[str, Any]
+    suite: ml_collections.ConfigDict, row: Any, command_line: dict[str, Any]
 ) -> ml_collections.ConfigDict:
-    """base <- suite overrides <- command line <- the row's own keys. A row whose mesh has no
-    -1 uses the first prod(mesh) devices unless it says otherwise (config.num_devices)."""
+    """base <- suite overrides <- command line <- the row's own keys (`row` as the suite file
+    gives it). A row whose mesh has no -1 uses the first prod(mesh) devices unless it says
+    otherwise (config.num_devices)."""
+    entry = SuiteRow.of_record(row)
     config = configfile.load(os.path.join(ROOT, suite.base))
-    for layer in (dict(suite.overrides), command_line, row["config"]):
+    for layer in (dict(suite.overrides), command_line, entry.config):
         configfile.override(config, layer)
     shape = tuple(config.mesh_shape)
-    if "num_devices" not in row["config"] and -1 not in shape:
+    if "num_devices" not in entry.config and -1 not in shape:
         config.num_devices = math.prod(shape)
     return config
 
@@ -110,37 +152,39 @@ def _override(config, overrides: dict) -> None:
 
 def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) -> list[tuple]:
     """[(name, config, reference)] from one config file or a suite, with `overrides` on every
-    row; a reference is a row's published images/sec, or {"efficiency": x} where only the
-    efficiency is published, or None."""
+    row; a reference is a row's published images/sec, or its published efficiency alone, or
+    None."""
     if suite_file:
         suite = _load(suite_file)
-        base_file, common, rows = suite.base, dict(suite.overrides.items()), list(suite.rows)
+        base_file, common = suite.base, dict(suite.overrides.items())
+        rows = [SuiteRow.of_record(r) for r in suite.rows]
     else:
-        base_file, common, rows = config_file or "configs/base.py", {}, [{"name": "config"}]
+        base_file, common, rows = config_file or "configs/base.py", {}, [SuiteRow("config", {})]
     out = []
     for row in rows:
         config = _load(base_file)
-        _override(config, {**common, **overrides, **dict(row.get("config", {}))})
+        _override(config, {**common, **overrides, **row.config})
         # a bench row's `reference` is the accuracy study's figure, not images/sec
-        ref = None if "scaling" in row else row.get("reference")
-        if ref is None and row.get("reference_efficiency") is not None:
-            ref = {"efficiency": float(row["reference_efficiency"])}
-        out.append((row["name"], config, ref))
+        ref = None if row.scaling is not None or row.reference is None else Reference(row.reference)
+        if ref is None and row.reference_efficiency is not None:
+            ref = Reference(efficiency=float(row.reference_efficiency))
+        out.append((row.name, config, ref))
     return out
 
 
-def add_reference(rows: list[dict], references: list) -> None:
+def add_reference(rows: list[dict], references: list[Reference | None]) -> None:
     """Beside each prediction, a suite's reference images/sec (published or measured) and its
     efficiency against the reference 1-device row of the same model; or a published efficiency
-    alone ({"efficiency": x})."""
+    alone."""
     bases = {}
     for r, ref in zip(rows, references):
-        if isinstance(ref, int | float) and r.get("num_devices") == 1:
-            bases.setdefault(r.get("model"), ref)
-    for r, ref in zip(rows, references):
-        if isinstance(ref, dict):
-            r["reference_images_per_sec"], r["reference_efficiency"] = None, ref["efficiency"]
+        if ref is not None and ref.images_per_sec is not None and r.get("num_devices") == 1:
+            bases.setdefault(r.get("model"), ref.images_per_sec)
+    for r, reference in zip(rows, references):
+        if reference is not None and reference.images_per_sec is None:
+            r["reference_images_per_sec"], r["reference_efficiency"] = None, reference.efficiency
             continue
+        ref = reference and reference.images_per_sec
         base = ref if r.get("num_devices") == 1 else bases.get(r.get("model"))
         r["reference_images_per_sec"] = ref
         r["reference_efficiency"] = (

@@ -4,6 +4,7 @@ loads, reproduces its calibration run and predicts (one tiny row, short timings)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import runpy
 
@@ -13,6 +14,7 @@ import pytest
 from configs import base
 from jaxpar.predict import predict_config
 from jaxpar.predict.calibrate import device_rates, model_runs, on_device, profile_file
+from jaxpar.predict.calibrate.records import Microbenchmarks
 from jaxpar.predict.profiles import fitting
 from jaxpar.predict.profiles.calibration_runs import calibration_ops
 from jaxpar.predict.programs import gputarget
@@ -34,15 +36,15 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert not (tmp_path / "x.py").exists()  # refused before anything was timed
 
     micro = device_rates.microbenchmarks(seconds=0.1)
-    assert micro["platform"] == "cpu" and micro["num_devices"] == len(jax.devices()) == 8
+    assert micro.platform == "cpu" and micro.num_devices == len(jax.devices()) == 8
     # measured, so only their signs are checked (a loaded machine reorders them: timings are
     # the benchmarks' business)
-    assert micro["launch_s"] > 0 and micro["sync_call_s"] > 0 and micro["kernel_s"] > 0
+    assert micro.launch_s > 0 and micro.sync_call_s > 0 and micro.kernel_s > 0
     (run,) = model_runs.model_runs(["vgg19:0.125:32:float32:16"], seconds=0.3)
-    assert run["images_per_sec"] > 0 and run["image_shape"] == (32, 32, 3)
-    assert micro["thin_conv_float32"] > 0 and micro["float32_flops_per_s"] > 0
+    assert run.images_per_sec > 0 and run.image_shape == (32, 32, 3)
+    assert micro.thin_conv["float32"] > 0 and micro.flops_per_s["float32"] > 0
     # a first layer's convolution at a quarter of the matmul's rate
-    micro["thin_conv_float32"] = micro["float32_flops_per_s"] / 4
+    micro = dataclasses.replace(micro, thin_conv={"float32": micro.flops_per_s["float32"] / 4})
     path = tmp_path / "here_profile.py"
     report = profile_file.write_profile(str(path), micro, [run], ("compute_efficiency",))
     assert "measured img/s" in report and f"--profile {path}" in report
@@ -57,9 +59,9 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert (
         0 < profile.links.intra.bandwidth < math.inf and 0 < profile.links.intra.latency < math.inf
     )
-    step = pricing.program_time(profile, calibration_ops(run, gputarget.of(profile)), run["dtype"])
+    step = pricing.program_time(profile, calibration_ops(run, gputarget.of(profile)), run.dtype)
     step += profile.host.step_overhead_s + profile.host.program_overhead_s
-    assert abs(run["batch_size"] / step / run["images_per_sec"] - 1) < 0.01
+    assert abs(run.batch_size / step / run.images_per_sec - 1) < 0.01
 
     row = predict_config(base.get_config(), profile)  # 8 simulated devices, data parallel
     assert row["status"] == "ok" and row["num_devices"] == 8 and row["images_per_sec"] > 0
@@ -78,7 +80,9 @@ def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, 
         timed.append(rows)
         raise ValueError("stopped here")
 
-    monkeypatch.setattr(device_rates, "microbenchmarks", lambda seconds: {"platform": "gpu"})
+    monkeypatch.setattr(
+        device_rates, "microbenchmarks", lambda seconds: SimpleNamespace(platform="gpu")
+    )
     monkeypatch.setattr(model_runs, "model_runs", stop)
     args = SimpleNamespace(
         calibrate_here="x.py",
@@ -107,22 +111,22 @@ def test_calibrate_here_traces_its_rows_and_fits_their_memory_bound_kernels(tmp_
     )
     assert len(pairs) == 1 and len(failed) == 1 and "no model 'vgg9'" in failed[0]
     traced = model_runs.traced_costs(pairs, failed)
-    assert traced["named_share"] == 1.0 and traced["not_traced"] == failed  # a CPU's: all named
-    assert {"elementwise", "window"} <= set(traced["memory_kernel_costs"])
-    assert traced["kernel_s"] >= 0 and traced["memory_bandwidth"] > 0
-    rows = [r for r in traces.joined(*pairs[0])[0] if not r[1]]
-    assert sum(traced["kernels"].values()) == len(rows)
-    for name, (each, bandwidth) in traced["memory_kernel_costs"].items():
-        mine = [r for r in rows if r[5] == name]
+    assert traced.named_share == 1.0 and traced.not_traced == failed  # a CPU's: all named
+    assert {"elementwise", "window"} <= set(traced.memory_kernel_costs)
+    assert traced.kernel_s >= 0 and traced.memory_bandwidth > 0
+    rows = [r for r in traces.joined(*pairs[0]).kernels if not r.flops]
+    assert sum(traced.kernels.values()) == len(rows)
+    for name, (each, bandwidth) in traced.memory_kernel_costs.items():
+        mine = [r for r in rows if r.kind == name]
         if name != "reduce_few":  # priced by bytes per result
-            priced = sum(each + r[3] / bandwidth for r in mine)
-            assert priced == pytest.approx(sum(r[4] for r in mine), rel=1e-6), name
-    skipped = model_runs.traced_costs([])
+            priced = sum(each + r.bytes / bandwidth for r in mine)
+            assert priced == pytest.approx(sum(r.seconds for r in mine), rel=1e-6), name
+    skipped = model_runs.traced_costs([]).as_record()
     assert "skipped" in skipped and "memory_kernel_costs" not in skipped
     here_share = model_runs.NAMED_SHARE
     try:  # a trace that names too little of its time (a GPU's with command buffers on)
         model_runs.NAMED_SHARE = 1.01
-        assert "names its instruction" in model_runs.traced_costs(pairs)["skipped"]
+        assert "names its instruction" in model_runs.traced_costs(pairs).skipped
     finally:
         model_runs.NAMED_SHARE = here_share
 
@@ -169,23 +173,17 @@ def test_calibrate_here_s_gpu_path_end_to_end(tmp_path, monkeypatch, capsys):
     )
 
     def timed(rows, dtype, seconds):
-        return [
-            {
-                **r,
-                **{
-                    c: kernel_table.price(truth, k) * 1e3
-                    for c, k in zip(
-                        ("forward_ms", "input_grad_ms", "filter_grad_ms"),
-                        kernel_table.kernels(
-                            {**r, "forward_ms": 1, "input_grad_ms": 1, "filter_grad_ms": 1}
-                        ),
-                    )
-                },
-            }
-            for r in rows
-        ]
+        columns = ("forward_ms", "input_grad_ms", "filter_grad_ms")
+        out = []
+        for r in rows:
+            ks = kernel_table.kernels(dataclasses.replace(r, **dict.fromkeys(columns, 1.0)))
+            priced = {c: kernel_table.price(truth, k) * 1e3 for c, k in zip(columns, ks)}
+            out.append(dataclasses.replace(r, **priced))
+        return out
 
-    monkeypatch.setattr(device_rates, "microbenchmarks", lambda seconds: dict(micro))
+    monkeypatch.setattr(
+        device_rates, "microbenchmarks", lambda seconds: Microbenchmarks.of_record(micro)
+    )
     monkeypatch.setattr(device_rates, "time_kernels", timed)
     parser = argparse.ArgumentParser()
     on_device.add_arguments(parser)

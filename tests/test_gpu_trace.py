@@ -221,14 +221,14 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     small 1x7 shape's three kernels timed from a trace, within their programs' time, priced
     by a profile as kernel_table.py prices a table's kernel, and written as a kernel table."""
     from jaxpar.predict.calibrate import model_runs
-    from jaxpar.predict.kernels import kernel_table
+    from jaxpar.predict.kernels import kernel_table, model_layers
     from jaxpar.predict.profiles import fitting
 
     where = importlib.util.spec_from_file_location("conv_micro", Path("benchmarks/conv_micro.py"))
     conv_micro = importlib.util.module_from_spec(where)
     where.loader.exec_module(conv_micro)
 
-    shapes = kernel_table.model_rows(model_runs.parse_row("inception_v3:1:299:float32:64"))
+    shapes = model_layers.model_rows(model_runs.parse_row("inception_v3:1:299:float32:64"))
     assert (len(shapes), sum(n for _, n in shapes)) == (43, 94)
     groups = {}
     for row, n in shapes:
@@ -241,24 +241,11 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
         "strided": 5,
     }
     wanted = (1, 7, 17, 192, 192, 64)  # 1x7, 17x17x192 -> 192 features, batch 64
-    key = ("R", "S", "H", "C", "K", "N")
-    seven, layers = next((r, n) for r, n in shapes if tuple(r[k] for k in key) == wanted)
+    seven, layers = next((r, n) for r, n in shapes if (r.r, r.s, r.h, r.c, r.k, r.n) == wanted)
     # SAME: 3 columns each side
-    assert (layers, seven["pad_h"], seven["pad_w"]) == (4, 0, 3)
+    assert (layers, seven.pad_h, seven.pad_w) == (4, 0, 3)
 
-    small = {
-        "W": 6,
-        "H": 6,
-        "C": 8,
-        "N": 2,
-        "K": 16,
-        "R": 1,
-        "S": 7,
-        "pad_h": 0,
-        "pad_w": 3,
-        "stride_h": 1,
-        "stride_w": 1,
-    }
+    small = kernel_table.ConvRow(6, 6, 8, 2, 16, 1, 7, pad_h=0, pad_w=3, stride_h=1, stride_w=1)
     timed = conv_micro.measure(small, "float32", calls=2)
     for _, column in conv_micro.KINDS:
         assert 0 < timed[column] <= timed[column.replace("_ms", "_all_ms")]
@@ -291,6 +278,6 @@ def test_the_convolution_microbenchmark_reads_a_models_layers_and_prices_each(tm
     assert priced == pytest.approx(9 * lines[0]["priced_s"])
 
     table = tmp_path / "kernels.csv"
-    kernel_table.write(table, [timed], "one shape")
+    kernel_table.write(table, [kernel_table.ConvRow.of_record(timed)], "one shape")
     (back,) = kernel_table.load(table)
-    assert back["S"] == 7 and back["forward_ms"] == pytest.approx(timed["forward_ms"], rel=1e-3)
+    assert back.s == 7 and back.forward_ms == pytest.approx(timed["forward_ms"], rel=1e-3)

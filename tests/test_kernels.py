@@ -1,12 +1,16 @@
 """Matrix-kernel costs from published per-kernel timings (jaxpar/predict/kernels/kernel_table.py)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
 
 from jaxpar.errors import ConfigError
-from jaxpar.predict.kernels import kernel_table
+from jaxpar.predict.calibrate.records import Microbenchmarks
+from jaxpar.predict.kernels import kernel_table, model_layers
 from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.profiles.records import CalibrationRun
 from jaxpar.predict.step import pricing
 
 GB = 1e9
@@ -31,11 +35,18 @@ def _gpu(**kw) -> hardware.Profile:
 
 # a kernel table's columns (DeepBench's convolution shapes, then each kernel's milliseconds)
 TIMES = ("forward_ms", "input_grad_ms", "filter_grad_ms")
-SHAPE = ("W", "H", "C", "N", "K", "R", "S", "pad_h", "pad_w", "stride_h", "stride_w")
 
 
 def _row(w, h, c, n, k, r, s, pad, stride, times=(1.0, 1.0, 1.0)):
-    return dict(zip(SHAPE + TIMES, (w, h, c, n, k, r, s, pad, pad, stride, stride, *times)))
+    return kernel_table.ConvRow(w, h, c, n, k, r, s, pad, pad, stride, stride, *times)
+
+
+def _timed(row, profile):
+    """The row with each kernel's time as `profile` prices it."""
+    ks = kernel_table.kernels(row)
+    return dataclasses.replace(
+        row, **{c: kernel_table.price(profile, k) * 1e3 for c, k in zip(TIMES, ks)}
+    )
 
 
 def test_a_convolution_is_read_as_the_compiled_step_reads_it():
@@ -73,10 +84,7 @@ def test_fit_recovers_the_costs_that_timed_the_kernels():
     ]
     rows = []
     for shape in shapes:
-        row = _row(*shape)
-        for column, k in zip(TIMES, kernel_table.kernels(row)):
-            row[column] = kernel_table.price(truth, k) * 1e3
-        rows.append(row)
+        rows.append(_timed(_row(*shape), truth))
     fitted = kernel_table.fit(_gpu(), rows)
     for name, value in (
         ("compute_efficiency", 0.6),
@@ -124,24 +132,26 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
     from jaxpar.predict.calibrate import device_rates, on_device, profile_file
     from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
-    micro = {
-        "platform": "gpu",
-        "device_kind": "Test GPU",
-        "jax": "0",
-        "seconds": 0.1,
-        "num_devices": 1,
-        "matmul_float32": {1024: 1e13},
-        "float32_flops_per_s": 1e13,
-        "thin_conv_float32": 5e11,
-        "matmul_flops_per_s": 1e13,
-        "memory_bandwidth_array_bytes": 1 << 30,
-        "memory_bandwidth": 7e11,
-        "launch_s": 30e-6,
-        "sync_call_s": 60e-6,
-        "kernel_s": 3e-6,
-        "peak_memory_bytes": 16e9,  # narrow layers at n / 128 of the wide rate
-        "narrow_conv_float32": {n: 8e12 * min(1, n / 128) for n in (8, 16, 64, 128, 256)},
-    }
+    micro = Microbenchmarks.of_record(
+        {
+            "platform": "gpu",
+            "device_kind": "Test GPU",
+            "jax": "0",
+            "seconds": 0.1,
+            "num_devices": 1,
+            "matmul_float32": {1024: 1e13},
+            "float32_flops_per_s": 1e13,
+            "thin_conv_float32": 5e11,
+            "matmul_flops_per_s": 1e13,
+            "memory_bandwidth_array_bytes": 1 << 30,
+            "memory_bandwidth": 7e11,
+            "launch_s": 30e-6,
+            "sync_call_s": 60e-6,
+            "kernel_s": 3e-6,
+            "peak_memory_bytes": 16e9,  # narrow layers at n / 128 of the wide rate
+            "narrow_conv_float32": {n: 8e12 * min(1, n / 128) for n in (8, 16, 64, 128, 256)},
+        }
+    )
     truth = _gpu(
         peak_flops={"float32": 1e13, "bfloat16": 1e13},
         compute_efficiency=0.6,
@@ -154,14 +164,11 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         tile_width=128.0,
     )
     rows = kernel_table.vision_rows(kernel_table.load(kernel_table.SHIPPED))
-    assert len(rows) == 24 and all(r["W"] == r["H"] and r["C"] >= 8 for r in rows)
+    assert len(rows) == 24 and all(r.w == r.h and r.c >= 8 for r in rows)
     # what the GPU would run, here on a small shape: three programs, each timed
     (small,) = device_rates.time_kernels([_row(8, 8, 8, 2, 8, 3, 3, 1, 1)], "float32", 0.01)
-    assert all(small[c] > 0 for c in TIMES)
-    timed = []
-    for row in rows:
-        ks = kernel_table.kernels(row)
-        timed.append({**row, **{c: kernel_table.price(truth, k) * 1e3 for c, k in zip(TIMES, ks)}})
+    assert min(small.forward_ms, small.input_grad_ms, small.filter_grad_ms) > 0
+    timed = [_timed(row, truth) for row in rows]
     run = {
         "name": "vgg11:0.125:32:float32:8",
         "model": "vgg11",
@@ -173,8 +180,9 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         "dtype": "float32",
         "batch_size": 8,
     }
+    run = CalibrationRun.of_record(run)
     step = pricing.program_time(truth, calibration_ops(run), "float32") + 30e-6  # + dispatch
-    run["images_per_sec"] = 8 / step
+    run = dataclasses.replace(run, images_per_sec=8 / step)
     path = tmp_path / "gpu.py"
     report = profile_file.write_profile(
         str(path), micro, [run], on_device.KERNEL_TABLE_FIT, ("float32", timed)
@@ -212,8 +220,9 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
         },
     }
     path = tmp_path / "gpu_traced.py"
+    with_traces = Microbenchmarks.of_record({**micro.as_record(), "traced": traced})
     profile_file.write_profile(
-        str(path), {**micro, "traced": traced}, [run], on_device.TRACED_FIT, ("float32", timed)
+        str(path), with_traces, [run], on_device.TRACED_FIT, ("float32", timed)
     )
     p = fitting.load_profile(path)
     assert (
@@ -225,15 +234,13 @@ def test_calibrate_here_on_a_gpu_writes_and_prices_its_own_kernel_table(tmp_path
 
 def test_calibrate_here_times_the_rows_own_convolution_shapes():
     """Beside DeepBench's image layers, --calibrate-here on a GPU times the convolution shapes
-    of its rows' own models computing in the table's dtype (kernel_table.model_rows): ResNet-20's
+    of its rows' own models computing in the table's dtype (model_layers.model_rows): ResNet-20's
     at batch 8, the most frequent first, none thin, none of another dtype's row."""
     from jaxpar.predict.calibrate import device_rates, model_runs
 
     rows = ["resnet20:1.0:32:float32:8", "vgg11:0.25:32:bfloat16:8"]
     shapes = device_rates.own_shapes(rows, "float32")
-    layers = [
-        f"{r['R']}x{r['S']} s{r['stride_h']} {r['W']}x{r['H']}x{r['C']}->{r['K']}" for r in shapes
-    ]
+    layers = [f"{r.r}x{r.s} s{r.stride_h} {r.w}x{r.h}x{r.c}->{r.k}" for r in shapes]
     # 3 stages of 3 blocks (16, 32, 64 features on 32, 16, 8 maps): 3x3 stride-1 layers 6 + 5
     # + 5 of them and two stride-2 ones (its shortcuts pad, with no convolution); the
     # 3-channel stem is thin
@@ -244,11 +251,11 @@ def test_calibrate_here_times_the_rows_own_convolution_shapes():
         "3x3 s2 32x32x16->32",
         "3x3 s2 16x16x32->64",
     ]
-    assert all(r["C"] >= 8 and r["N"] == 8 for r in shapes)
+    assert all(r.c >= 8 and r.n == 8 for r in shapes)
     assert len(device_rates.own_shapes(rows, "float32", limit=2)) == 2
     assert (
         len(device_rates.own_shapes(rows, "bfloat16"))
-        == len(kernel_table.model_rows(model_runs.parse_row(rows[1]))) - 1
+        == len(model_layers.model_rows(model_runs.parse_row(rows[1]))) - 1
     )  # VGG11's, less its first layer
 
 
@@ -286,7 +293,7 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
     assert len(four.matmuls) == 6  # x's gradient is asked for: each layer's three kernels
     rows = [
         _row(17, 17, 16, 4, 32, 3, 3, 0, 2, (1.0, 2.0, 3.0)),
-        {**_row(8, 8, 32, 4, 24, 1, 7, 0, 1, (4.0, 5.0, 6.0)), "pad_w": 3},
+        dataclasses.replace(_row(8, 8, 32, 4, 24, 1, 7, 0, 1, (4.0, 5.0, 6.0)), pad_w=3),
     ]
     table = kernel_table.measured(rows)
     timed = {m: next(table[k[1:]] for k in m.keys if k[1:] in table) for m in four.matmuls}
@@ -315,7 +322,7 @@ def test_a_step_s_convolutions_measured_in_the_kernel_table_cost_their_measured_
 
 
 def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
-    """kernel_table.model_rows reads a model's layers from its forward; kernel_table.measured names
+    """model_layers.model_rows reads a model's layers from its forward; kernel_table.measured names
     their three kernels each; opclass.conv_keys names the compiled training step's (as the
     GPU program model keeps them): ResNet-20's 19 layers' 56 convolution kernels (three
     each, but for the stem's input gradient, which no step computes) all found but the thin
@@ -325,10 +332,8 @@ def test_a_table_of_a_model_s_own_shapes_names_every_kernel_of_its_step():
     from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
     run = model_runs.parse_row("resnet20:1.0:32:float32:8")
-    layers = kernel_table.model_rows(run)
-    rows = [
-        {**r, "forward_ms": 1.0, "input_grad_ms": 1.0, "filter_grad_ms": 1.0} for r, _ in layers
-    ]
+    layers = model_layers.model_rows(run)
+    rows = [dataclasses.replace(r, **dict.fromkeys(TIMES, 1.0)) for r, _ in layers]
     table = kernel_table.measured(rows)
     ops = calibration_ops(run)
     convs = [m for m in ops.matmuls if m.keys]

@@ -12,6 +12,7 @@ from jaxpar.predict.calibrate import micro
 from jaxpar.predict.comm import cpulinks
 from jaxpar.predict.kernels import opclass
 from jaxpar.predict.profiles.calibration_runs import run_config
+from jaxpar.predict.profiles.records import CalibrationRun
 from jaxpar.predict.programs.workload import input_spec
 from jaxpar.predict.step import pipelinehost, pricing
 
@@ -53,13 +54,11 @@ def test_narrow_benchmark_reads_a_layers_three_convolutions(monkeypatch):
     a call its rate is those FLOPs x 1000."""
     _timed(monkeypatch, 1e-3, 1e-3)
     found = micro.measure_narrow(widths=(2, 8), batch=2, side=4, channels=8, seconds=0.0)
-    assert set(found["rates"]) == {2, 8}
+    assert set(found.rates) == {2, 8}
     for width in (2, 8):  # 2 images of 4 x 4 positions, 8 input channels
         flops = 3 * 2 * 9 * 8 * width * (2 * 4 * 4)
-        assert found["rates"][width] == pytest.approx(flops / 1e-3, rel=0.05)
-    report = micro.narrow_report(
-        {"rates": {2: 1e9, 8: 2.5e9}, "narrow_width": 6.0, "flops_per_s": 1e11}
-    )
+        assert found.rates[width] == pytest.approx(flops / 1e-3, rel=0.05)
+    report = micro.narrow_report(micro.NarrowKernels({2: 1e9, 8: 2.5e9}, 6.0, 1e11))
     assert "2: 1.0, 8: 2.5" in report and "n / (n + 6) of 100.0 GFLOP/s" in report
     assert report.endswith("c.narrow_width = 6")
 
@@ -70,8 +69,8 @@ def test_kernel_benchmark_adds_two_kernels_a_layer(monkeypatch):
     more, 8 kernels, taking 40 us more: 5 us a kernel."""
     _timed(monkeypatch, 1e-4, 1.4e-4)
     found = micro.measure_kernel(layers=(2, 6), seconds=0.0)
-    assert found["kernels"][1] - found["kernels"][0] == 8
-    assert found["seconds"] == [1e-4, 1.4e-4] and found["kernel_s"] == pytest.approx(5e-6)
+    assert found.kernels[1] - found.kernels[0] == 8
+    assert found.seconds == [1e-4, 1.4e-4] and found.kernel_s == pytest.approx(5e-6)
     assert micro.kernel_report(found).endswith("c.kernel_s = 5e-06")
 
 
@@ -100,30 +99,32 @@ def test_collective_benchmark_pairs_each_collective_with_local_work_of_its_shape
     found = cpulinks.measure_collective_cpu(
         devices=2, batch=2, side=4, channels=8, layers=2, seconds=0.0
     )
-    assert found["devices"] == 2 and found["payload"] == 2 * 4 * 4 * 8 * 4
-    assert found["extra"] == pytest.approx({"gather": 1e-3, "psum": 0.5e-3})
-    assert found["rate"] == pytest.approx(2 * 1024 * 2 / 1.5e-3)
+    assert found.devices == 2 and found.payload == 2 * 4 * 4 * 8 * 4
+    assert found.extra == pytest.approx({"gather": 1e-3, "psum": 0.5e-3})
+    assert found.rate == pytest.approx(2 * 1024 * 2 / 1.5e-3)
     assert cpulinks.collective_cpu_report(found).endswith("c.collective_cpu_rate = 2.73e+06")
 
 
 def test_forward_benchmark_is_the_forward_alone():
     """measure_forward compiles the model's forward only: its convolution and dense FLOPs are
     the model's forward FLOPs, not a training step's three times as many."""
-    run = {
-        "model": "vgg11",
-        "width": 0.125,
-        "batch_norm": True,
-        "head": "auto",
-        "dtype": "float32",
-        "image_shape": (32, 32, 3),
-        "num_classes": 10,
-        "batch_size": 2,
-    }
+    run = CalibrationRun.of_record(
+        {
+            "model": "vgg11",
+            "width": 0.125,
+            "batch_norm": True,
+            "head": "auto",
+            "dtype": "float32",
+            "image_shape": (32, 32, 3),
+            "num_classes": 10,
+            "batch_size": 2,
+        }
+    )
     found = micro.measure_forward(run, seconds=0.0)
     config = run_config(run)
     model = models.build(config.model, *input_spec(config))
-    assert found["seconds"] > 0
-    assert found["ops"].flops == pytest.approx(2 * model.flops_per_example, rel=0.1)
+    assert found.seconds > 0
+    assert found.ops.flops == pytest.approx(2 * model.flops_per_example, rel=0.1)
 
 
 def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatch, capsys):
@@ -160,7 +161,9 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
             "num_classes": 10,
             "batch_size": batch,
         }
-        seconds = pricing.program_time(truth, calibration_ops(run), "float32")
+        seconds = pricing.program_time(
+            truth, calibration_ops(CalibrationRun.of_record(run)), "float32"
+        )
         runs.append({**run, "images_per_sec": batch / seconds})
     (tmp_path / "runs.py").write_text(
         f"import ml_collections\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n"
@@ -173,30 +176,26 @@ def test_calibrate_pool_fits_with_the_measured_narrow_width(tmp_path, monkeypatc
         "    c.intra = {'bandwidth': 1e10, 'latency': 0.0}\n    c.compute_efficiency = 0.5\n"
         "    return c\n"
     )
-    forward = {"ops": calibration_ops(runs[0]), "dtype": "float32", "model": "lenet"}
-    fitted_truth = pricing.device_time(truth, forward["ops"], "float32")
+    ops = calibration_ops(CalibrationRun.of_record(runs[0]))
+    fitted_truth = pricing.device_time(truth, ops, "float32")
     monkeypatch.setattr(from_runs, "measure_pool", lambda run: [])
-    monkeypatch.setattr(cpulinks, "measure_links", dict)
+    monkeypatch.setattr(cpulinks, "measure_links", lambda: None)
     monkeypatch.setattr(cpulinks, "links_report", lambda links: "links: stubbed")
     host = [(k, m, k * 2e-4 + m * (1e-3 + (4 * k - 3) * 5e-5)) for k in (2, 8) for m in (1, 8)]
     monkeypatch.setattr(pipelinehost, "measure_host", lambda run: host)
+    monkeypatch.setattr(micro, "measure_narrow", lambda: micro.NarrowKernels({2: 1e9}, 6.0, 1e11))
     monkeypatch.setattr(
         micro,
-        "measure_narrow",
-        lambda: {"rates": {2: 1e9}, "narrow_width": 6.0, "flops_per_s": 1e11},
+        "measure_forward",
+        lambda run: micro.ForwardPass(ops, fitted_truth / 2, "float32", "lenet"),
     )
     monkeypatch.setattr(
-        micro, "measure_forward", lambda run: {**forward, "seconds": fitted_truth / 2}
-    )
-    monkeypatch.setattr(
-        micro,
-        "measure_kernel",
-        lambda: {"kernels": [32, 512], "seconds": [0.0, 0.0], "kernel_s": 20e-6},
+        micro, "measure_kernel", lambda: micro.KernelTime([32, 512], [0.0, 0.0], 20e-6)
     )
     monkeypatch.setattr(
         cpulinks,
         "measure_collective_cpu",
-        lambda: {"extra": {"gather": 1e-3}, "payload": 10**6, "devices": 8, "rate": 8e9},
+        lambda: cpulinks.CollectiveCpu({"gather": 1e-3}, 10**6, 8, 8e9),
     )
     argv = [
         "--calibrate",
@@ -243,16 +242,18 @@ def test_host_costs_fit_back_and_a_pipeline_costs_more_host_time_per_micro_batch
     shrinking = [(k, m, 1e-3 + m * 1e-3 - k * 1e-4) for k, m, d, _ in points if d == 1]
     fitted = pipelinehost.fit_host(shrinking, 1e-3)
     assert fitted["stage_overhead_s"] == 0.0 and min(fitted.values()) >= 0.0
-    run = {
-        "model": "vgg11",
-        "width": 0.25,
-        "batch_norm": True,
-        "head": "auto",
-        "dtype": "float32",
-        "image_shape": (32, 32, 3),
-        "num_classes": 10,
-        "batch_size": 8,
-    }
+    run = CalibrationRun.of_record(
+        {
+            "model": "vgg11",
+            "width": 0.25,
+            "batch_norm": True,
+            "head": "auto",
+            "dtype": "float32",
+            "image_shape": (32, 32, 3),
+            "num_classes": 10,
+            "batch_size": 8,
+        }
+    )
     log = io.StringIO()
     (one, four) = pipelinehost.measure_host(
         run, layouts=((1, 2),), microbatches=(1, 4), steps=3, repeats=2, stream=log

@@ -18,6 +18,7 @@ from jaxpar.predict import load_profile, predict_config, predict_rows, recommend
 from jaxpar.predict.comm import links
 from jaxpar.predict.kernels import opclass
 from jaxpar.predict.profiles import fitting, hardware
+from jaxpar.predict.profiles.records import CalibrationRun
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.programs.workload import ChunkCost, StageCost, Workload, workload
 from jaxpar.predict.step import pricing
@@ -541,7 +542,7 @@ def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
     from jaxpar.predict.profiles.calibration_runs import calibration_flops
 
     run = next(r for r in dgx1_p100.get_config().calibration_runs if r["model"] == "resnet50")
-    per_image = calibration_flops(dict(run)) / run["batch_size"]
+    per_image = calibration_flops(CalibrationRun.of_record(run)) / run["batch_size"]
     assert per_image == pytest.approx(24.30e9, rel=1e-3)
     assert m60_x2.P100_RESNET50_EFFICIENCY == pytest.approx(219.0 * per_image / 10.6e12, 1e-3)
 
@@ -551,14 +552,14 @@ def test_published_efficiency_sits_beside_the_prediction():
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
     from jaxpar.bench import predicted
     from jaxpar.predict.__main__ import table
-    from jaxpar.suites import add_reference
+    from jaxpar.suites import Reference, add_reference
     from tests.util import bench_row
 
     rows = [
         {"name": "m 1", "model": "m", "num_devices": 1, "status": "ok", "efficiency": 1.0},
         {"name": "m 2", "model": "m", "num_devices": 2, "status": "ok", "efficiency": 0.9},
     ]
-    add_reference(rows, [None, {"efficiency": 0.587}])
+    add_reference(rows, [None, Reference(efficiency=0.587)])
     assert rows[1]["reference_efficiency"] == 0.587 and rows[1]["reference_images_per_sec"] is None
     for r in rows:
         r.update(
@@ -691,9 +692,9 @@ def test_h100_fit_predicts_the_row_it_leaves_out():
     from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
     c = configfile.load("configs/hardware/h100_sxm_x8.py")
-    runs = [dict(r) for r in c.calibration_runs]
-    (held,) = [r for r in runs if (r["dtype"], r["batch_size"]) == ("bfloat16", 128)]
-    assert held["images_per_sec"] == 27_789
+    runs = [CalibrationRun.of_record(r) for r in c.calibration_runs]
+    (held,) = [r for r in runs if (r.dtype, r.batch_size) == ("bfloat16", 128)]
+    assert held.images_per_sec == 27_789
     fit = fitting.fit(
         load_profile("configs/hardware/h100_sxm_x8.py"),
         [r for r in runs if r is not held],
@@ -741,30 +742,33 @@ def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
     finds those two costs again from other starting values, reproduces every run, and the
     cross-model check (each model from a fit on the other) is exact; `--calibrate FILE`
     reads such runs from a file."""
-    from jaxpar.predict.calibrate import from_runs
+    from jaxpar.predict.calibrate import from_runs, sources
     from jaxpar.predict.profiles.calibration_runs import calibration_ops
 
     truth = tiny_profile(compute_efficiency=0.3, kernel_s=20e-6)
     runs = []
     for model, batch in (("lenet", 8), ("lenet", 64), ("vgg11", 16)):
         run = _tiny_run(model, 1.0) | {"batch_size": batch}
-        seconds = pricing.program_time(truth, calibration_ops(run), "float32")
+        seconds = pricing.program_time(
+            truth, calibration_ops(CalibrationRun.of_record(run)), "float32"
+        )
         runs.append({**run, "images_per_sec": batch / seconds})
-    fit = fitting.fit(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
+    typed = [CalibrationRun.of_record(r) for r in runs]
+    fit = fitting.fit(tiny_profile(), typed, ("compute_efficiency", "kernel_s"))
     assert fit.profile.compute.compute_efficiency == pytest.approx(0.3, rel=1e-3)
     assert fit.profile.kernels.kernel_s == pytest.approx(20e-6, rel=1e-3)
-    assert max(abs(r["error"]) for r in fit.rows) < 1e-4
-    cross = from_runs.cross_check(tiny_profile(), runs, ("compute_efficiency", "kernel_s"))
-    assert [r["model"] for r in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
-    assert abs(cross[0]["error"]) < 1e-3
+    assert max(abs(r.error) for r in fit.rows) < 1e-4
+    cross = from_runs.cross_check(tiny_profile(), typed, ("compute_efficiency", "kernel_s"))
+    assert [c.run.model for c in cross] == ["vgg11"]  # lenet's other-model runs: one, too few
+    assert abs(cross[0].error) < 1e-3
     path = tmp_path / "runs.py"
     path.write_text(
         f"import ml_collections\n\ndef get_config():\n    c = ml_collections."
         f"ConfigDict()\n    c.runs = {runs!r}\n    return c\n"
     )
-    assert [r["batch_size"] for r in from_runs.runs_from(str(path))] == [8, 64, 16]
+    assert sources.runs_from(str(path)) == typed
     with pytest.raises(ConfigError, match="no bench results"):
-        from_runs.runs_from(str(tmp_path))
+        sources.runs_from(str(tmp_path))
 
 
 def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):

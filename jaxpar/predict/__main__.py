@@ -23,7 +23,7 @@ from pathlib import Path
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
 from jaxpar.predict import load_profile, predict_rows, recommend
-from jaxpar.predict.calibrate import from_runs, micro, on_device
+from jaxpar.predict.calibrate import from_runs, micro, on_device, sources
 from jaxpar.predict.comm import cpulinks
 from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.programs import gputarget
@@ -246,7 +246,7 @@ def _calibrate(args) -> int:
 
     try:
         (profile,) = [load_profile(p) for p in args.profile[:1]]
-        runs = [r for out in args.calibrate for r in from_runs.runs_from(out)]
+        runs = [r for out in args.calibrate for r in sources.runs_from(out)]
         names = tuple(n.strip() for n in args.fit.split(",") if n.strip())
         if args.pool:  # first: its one-device runs at smaller batches join the fit
             pool = from_runs.measure_pool(runs[0])
@@ -260,12 +260,12 @@ def _calibrate(args) -> int:
                     pipelinehost.measure_host(runs[0]), profile.host.step_overhead_s
                 )
             )
-            profile = hardware.replace(profile, narrow_width=found["narrow_width"])
+            profile = hardware.replace(profile, narrow_width=found.narrow_width)
             kernel = micro.measure_kernel()
             print(micro.kernel_report(kernel))
             print(cpulinks.collective_cpu_report(cpulinks.measure_collective_cpu()))
             if "kernel_s" not in names:  # measured, not fitted: the fit prices with it
-                profile = hardware.replace(profile, kernel_s=kernel["kernel_s"])
+                profile = hardware.replace(profile, kernel_s=kernel.kernel_s)
         print(from_runs.report(profile, runs, names))
         if args.pool:  # its price at the rates just fitted
             fitted = fitting.fit(profile, runs, names).profile

@@ -7,16 +7,18 @@ Every figure is timed by timer.measure."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxpar.predict.calibrate import micro, timer
 from jaxpar.predict.calibrate.model_runs import parse_row
-from jaxpar.predict.kernels import kernel_table, opclass
+from jaxpar.predict.calibrate.records import Microbenchmarks
+from jaxpar.predict.kernels import kernel_table, model_layers, opclass
+from jaxpar.predict.kernels.kernel_table import ConvRow
 from jaxpar.predict.profiles import solve
 
 log = logging.getLogger(__name__)
@@ -108,37 +110,32 @@ def fit_tile_width(rates: dict[int, float]) -> float:
     return width
 
 
-def own_shapes(rows: list[str], dtype: str, limit: int = MODEL_SHAPES) -> list[dict[str, float]]:
-    """The convolution shapes of the rows computing in `dtype` (kernel_table.model_rows), each
+def own_shapes(rows: list[str], dtype: str, limit: int = MODEL_SHAPES) -> list[ConvRow]:
+    """The convolution shapes of the rows computing in `dtype` (model_layers.model_rows), each
     once, the most frequent first, at most `limit` of them; none of fewer than THIN input
     channels (a first layer: priced apart) or already in DeepBench's rows."""
-    seen = {
-        tuple(r[c] for c in kernel_table._COLUMNS[:11])
-        for r in kernel_table.load(kernel_table.SHIPPED)
-    }
-    counted: dict[tuple, int] = {}
+    seen = {r.shape for r in kernel_table.load(kernel_table.SHIPPED)}
+    counted: dict[ConvRow, int] = {}
     for spec in rows:
         run = parse_row(spec)
-        if run["dtype"] != dtype:
+        if run.dtype != dtype:
             continue
-        for row, n in kernel_table.model_rows(run):
-            key = tuple(row[c] for c in kernel_table._COLUMNS[:11])
-            if row["C"] >= opclass.THIN and key not in seen:
-                counted[key] = counted.get(key, 0) + n
-    ranked = sorted(counted, key=lambda key: -counted[key])[:limit]
-    return [dict(zip(kernel_table._COLUMNS[:11], key)) for key in ranked]
+        for row, n in model_layers.model_rows(run):
+            if row.c >= opclass.THIN and row not in seen:
+                counted[row] = counted.get(row, 0) + n
+    return sorted(counted, key=lambda row: -counted[row])[:limit]
 
 
-def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> list[dict]:
+def time_kernels(rows: list[ConvRow], dtype: str, seconds: float) -> list[ConvRow]:
     """Each convolution shape of `rows` (kernel_table.py's table format) timed on the first
     device in `dtype`: its forward, its input gradient and its filter gradient, each a
     program of its own (jit), milliseconds per call (`_per_call`: best of 3 repeats)."""
     device = jax.devices()[0]
     out = []
     for row in rows:
-        n, h, w, c, k, r, s = (int(row[x]) for x in ("N", "H", "W", "C", "K", "R", "S"))
-        strides = (int(row["stride_h"]), int(row["stride_w"]))
-        pad = [(int(row["pad_h"]),) * 2, (int(row["pad_w"]),) * 2]
+        n, h, w, c, k, r, s = row.n, row.h, row.w, row.c, row.k, row.r, row.s
+        strides = (row.stride_h, row.stride_w)
+        pad = [(row.pad_h,) * 2, (row.pad_w,) * 2]
         x = jax.device_put(jnp.ones((n, h, w, c), dtype), device)
         f = jax.device_put(jnp.ones((r, s, c, k), dtype) * 0.01, device)
 
@@ -152,52 +149,57 @@ def time_kernels(rows: list[dict[str, float]], dtype: str, seconds: float) -> li
         input_grad = jax.jit(lambda x, f, y, conv=conv: jax.vjp(lambda v: conv(v, f), x)[1](y)[0])
         filter_grad = jax.jit(lambda x, f, y, conv=conv: jax.vjp(lambda v: conv(x, v), f)[1](y)[0])
         out.append(
-            {
-                **row,
-                "forward_ms": 1e3 * _per_call(forward, (x, f), seconds),
-                "input_grad_ms": 1e3 * _per_call(input_grad, (x, f, y), seconds),
-                "filter_grad_ms": 1e3 * _per_call(filter_grad, (x, f, y), seconds),
-            }
+            dataclasses.replace(
+                row,
+                forward_ms=1e3 * _per_call(forward, (x, f), seconds),
+                input_grad_ms=1e3 * _per_call(input_grad, (x, f, y), seconds),
+                filter_grad_ms=1e3 * _per_call(filter_grad, (x, f, y), seconds),
+            )
         )
     return out
 
 
-def microbenchmarks(seconds: float = 0.5) -> dict[str, Any]:
+def microbenchmarks(seconds: float = 0.5) -> Microbenchmarks:
     """This machine's first device: float32 (and on a GPU bfloat16) matmul FLOP/s at a few
     sizes, memory bandwidth (x * 2 + 1: bytes read + written per second), one small kernel's
     time inside a program (`kernel_s`), one tiny program's host dispatch without waiting
     (`launch_s`) and with a wait after each (`sync_call_s`), and the memory per device."""
     gpu = (device := jax.devices()[0]).platform == "gpu"
     put = lambda a: jax.device_put(a, device)
-    out: dict[str, Any] = {
-        "platform": device.platform,
-        "device_kind": device.device_kind,
-        "jax": jax.__version__,
-        "seconds": seconds,  # simulated CPU devices:
-        "num_devices": jax.local_device_count() if gpu else len(jax.devices()),
-    }
     matmul = jax.jit(lambda a, b: a @ b)
+    matmuls, thin, narrow = {}, {}, {}
     for dtype in ("float32", "bfloat16") if gpu else ("float32",):
         rates = {}
         for n in (1024, 4096, 8192) if gpu else (256, 512):
             a = put(jnp.ones((n, n), dtype))
             rates[n] = 2 * n**3 / _per_call(matmul, (a, a), seconds)
-        out[f"matmul_{dtype}"] = rates
-        out[f"{dtype}_flops_per_s"] = rates[max(rates)]
-        out[f"thin_conv_{dtype}"] = _thin_rate(device, dtype, seconds)
+        matmuls[dtype] = rates
+        thin[dtype] = _thin_rate(device, dtype, seconds)
         if gpu:
-            out[f"narrow_conv_{dtype}"] = _narrow_conv_rates(device, dtype, seconds)
-    out["matmul_flops_per_s"] = out["float32_flops_per_s"]
+            narrow[dtype] = _narrow_conv_rates(device, dtype, seconds)
     x = put(jnp.ones((1 << 28 if gpu else 1 << 24), jnp.float32))  # 1 GiB / 64 MiB
-    out["memory_bandwidth_array_bytes"] = x.nbytes
     elementwise = jax.jit(lambda v: v * 2 + 1, donate_argnums=0)  # in place: no page faults
-    out["memory_bandwidth"] = 2 * x.nbytes / _per_call(elementwise, (x,), seconds)
-    out["launch_s"] = micro.measure_dispatch(seconds, device)
-    out["sync_call_s"] = micro.measure_dispatch(seconds, device, wait_each=True)
-    # one small kernel's time inside a program: chains of 32x32 matmuls (kernels XLA does not
-    # fuse away), the longer's extra time over its extra kernels
-    out["kernel_s"] = micro.measure_kernel(seconds=seconds, side=32, device=device)["kernel_s"]
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / len(jax.local_devices())
     limit = (device.memory_stats() or {}).get("bytes_limit")  # a GPU's; a CPU shares the RAM
-    out["peak_memory_bytes"] = float(limit or ram)
-    return out
+    peaks = {dtype: rates[max(rates)] for dtype, rates in matmuls.items()}
+    return Microbenchmarks(
+        platform=device.platform,
+        device_kind=device.device_kind,
+        jax=jax.__version__,
+        seconds=seconds,
+        # simulated CPU devices: all of them
+        num_devices=jax.local_device_count() if gpu else len(jax.devices()),
+        matmul=matmuls,
+        flops_per_s=peaks,
+        thin_conv=thin,
+        narrow_conv=narrow,
+        matmul_flops_per_s=peaks["float32"],
+        memory_bandwidth_array_bytes=x.nbytes,
+        memory_bandwidth=2 * x.nbytes / _per_call(elementwise, (x,), seconds),
+        launch_s=micro.measure_dispatch(seconds, device),
+        sync_call_s=micro.measure_dispatch(seconds, device, wait_each=True),
+        # one small kernel's time inside a program: chains of 32x32 matmuls (kernels XLA does
+        # not fuse away), the longer's extra time over its extra kernels
+        kernel_s=micro.measure_kernel(seconds=seconds, side=32, device=device).kernel_s,
+        peak_memory_bytes=float(limit or ram),
+    )

@@ -38,10 +38,10 @@ forward_speedup is its price at the fitted rates over its time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,7 @@ from jaxpar.predict.calibrate import timer
 from jaxpar.predict.kernels import opclass
 from jaxpar.predict.profiles import solve
 from jaxpar.predict.profiles.calibration_runs import run_config
+from jaxpar.predict.profiles.records import CalibrationRun
 from jaxpar.predict.programs.workload import input_spec
 from jaxpar.predict.step import pricing
 
@@ -100,10 +101,19 @@ def fit(points: list[tuple[opclass.OpClasses, float]]) -> tuple[float, float]:
     return d0, math.exp(statistics.fmean(logs(d0)))
 
 
+@dataclasses.dataclass(frozen=True)
+class NarrowKernels:
+    """A 3x3 convolution's gradient timed by its output features, and the fit of them."""
+
+    rates: dict[int, float]  # FLOP/s by output features
+    narrow_width: float  # d0: a kernel of n features runs at n / (n + d0) of flops_per_s
+    flops_per_s: float
+
+
 def measure_narrow(
     widths=WIDTHS, batch: int = 64, side: int = 16, channels: int = 32, seconds: float = 0.5
-) -> dict[str, Any]:
-    """{"rates": {width: FLOP/s}, "narrow_width": d0, "flops_per_s": the fitted rate}."""
+) -> NarrowKernels:
+    """The layer's rate at each of `widths` output features, and the fitted narrow_width."""
     points, rates = [], {}
     for width in widths:
         compiled, args = _layer(batch, side, channels, width)
@@ -112,15 +122,15 @@ def measure_narrow(
         points.append((ops, t))
         rates[width] = ops.flops / t
     d0, rate = fit(points)
-    return {"rates": rates, "narrow_width": d0, "flops_per_s": rate}
+    return NarrowKernels(rates, d0, rate)
 
 
-def narrow_report(m: dict[str, Any]) -> str:
-    rates = ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in m["rates"].items())
+def narrow_report(m: NarrowKernels) -> str:
+    rates = ", ".join(f"{n}: {r / 1e9:.1f}" for n, r in m.rates.items())
     return (
         f"narrow matrix kernels (a 3x3 convolution's gradient, by output features; "
-        f"GFLOP/s): {rates}\n  fitted: n / (n + {m['narrow_width']:g}) of "
-        f"{m['flops_per_s'] / 1e9:.1f} GFLOP/s\n  c.narrow_width = {m['narrow_width']:g}"
+        f"GFLOP/s): {rates}\n  fitted: n / (n + {m.narrow_width:g}) of "
+        f"{m.flops_per_s / 1e9:.1f} GFLOP/s\n  c.narrow_width = {m.narrow_width:g}"
     )
 
 
@@ -140,12 +150,19 @@ def _chain(layers: int, side: int = 8, device=None):
     return jax.jit(chain).lower(x, w).compile(), (x, w)
 
 
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+    """Chains of tiny kernels timed, and what one more kernel adds."""
+
+    kernels: list[int]  # each chain's kernel count
+    seconds: list[float]  # each chain's time
+    kernel_s: float  # where the chains do not tell, the longer's time per kernel
+
+
 def measure_kernel(
     layers=(16, 256), seconds: float = 0.5, side: int = 8, device=None
-) -> dict[str, Any]:
-    """{"kernels": each chain's kernel count, "seconds": each chain's time, "kernel_s": the
-    time one more kernel adds (where the chains do not tell, the longer's time per kernel)}:
-    chains of `side` x `side` layers on `device` (JAX's default: None)."""
+) -> KernelTime:
+    """Chains of `side` x `side` layers, `layers` long, on `device` (JAX's default: None)."""
     kernels, times = [], []
     for n in layers:
         compiled, args = _chain(n, side, device)
@@ -153,7 +170,7 @@ def measure_kernel(
         times.append(_seconds(compiled, args, seconds))
     (k0, t0), (k1, t1) = (kernels[0], times[0]), (kernels[-1], times[-1])
     each = (t1 - t0) / (k1 - k0) if t1 > t0 and k1 > k0 else t1 / max(k1, 1)
-    return {"kernels": kernels, "seconds": times, "kernel_s": each}
+    return KernelTime(kernels, times, each)
 
 
 def measure_dispatch(seconds: float = 0.5, device=None, wait_each: bool = False) -> float:
@@ -173,40 +190,45 @@ def measure_dispatch(seconds: float = 0.5, device=None, wait_each: bool = False)
     ).best
 
 
-def kernel_report(m: dict[str, Any]) -> str:
-    chains = ", ".join(f"{k} kernels {t * 1e6:.1f} us" for k, t in zip(m["kernels"], m["seconds"]))
+def kernel_report(m: KernelTime) -> str:
+    chains = ", ".join(f"{k} kernels {t * 1e6:.1f} us" for k, t in zip(m.kernels, m.seconds))
     return (
-        f"a kernel's fixed time (chains of tiny kernels: {chains})\n"
-        f"  c.kernel_s = {m['kernel_s']:.3g}"
+        f"a kernel's fixed time (chains of tiny kernels: {chains})\n  c.kernel_s = {m.kernel_s:.3g}"
     )
 
 
-def measure_forward(run: dict[str, Any], seconds: float = 1.0) -> dict[str, Any]:
-    """{"ops": the op classes of one call, "seconds": its time}: the model of calibration run
-    `run` forward in training mode on one device at the run's batch."""
+@dataclasses.dataclass(frozen=True)
+class ForwardPass:
+    """A calibration run's model forward, timed on one device."""
+
+    ops: opclass.OpClasses  # one call's op classes
+    seconds: float  # its time
+    dtype: str
+    model: str
+
+
+def measure_forward(run: CalibrationRun, seconds: float = 1.0) -> ForwardPass:
+    """The model of calibration run `run` forward in training mode on one device at the run's
+    batch."""
 
     config = run_config(run)
     image_shape, classes = input_spec(config)
     model = models.build(config.model, image_shape, classes)
     variables = model.init(jax.random.key(0))
-    x = jnp.zeros((run["batch_size"], *image_shape), jnp.float32)
+    x = jnp.zeros((run.batch_size, *image_shape), jnp.float32)
     fn = jax.jit(lambda p, s, x: model.apply(p, s, x, train=True))
     compiled = fn.lower(variables["params"], variables["batch_stats"], x).compile()
     args = (variables["params"], variables["batch_stats"], x)
-    return {
-        "ops": opclass.classify(compiled.as_text()),
-        "seconds": _seconds(compiled, args, seconds),
-        "dtype": run.get("dtype", "float32"),
-        "model": run["model"],
-    }
+    ops = opclass.classify(compiled.as_text())
+    return ForwardPass(ops, _seconds(compiled, args, seconds), run.dtype, run.model)
 
 
-def forward_report(profile, forward: dict[str, Any]) -> str:
+def forward_report(profile, forward: ForwardPass) -> str:
     """The forward pass's time against its price on `profile` (fitted), and the speedup."""
-    price = pricing.device_time(profile, forward["ops"], forward["dtype"], forward["model"])
-    speedup = price / forward["seconds"]
+    price = pricing.device_time(profile, forward.ops, forward.dtype, forward.model)
+    speedup = price / forward.seconds
     return (
-        f"forward pass ({forward['model']}, one device): {forward['seconds'] * 1e3:.2f} ms, "
+        f"forward pass ({forward.model}, one device): {forward.seconds * 1e3:.2f} ms, "
         f"priced at the fitted rates {price * 1e3:.2f} ms\n"
         f"  c.forward_speedup = {speedup:.2f}"
     )

@@ -16,6 +16,7 @@ tracing, profile_file.py the profile file written and its docstring.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -96,7 +97,7 @@ def _plan(args) -> tuple[list[str], tuple[str, ...]]:
             "default fits kernel_s: leave out --here-fit)",
             file=sys.stderr,
         )
-    return [model_runs.parse_row(r)["name"] for r in rows], names
+    return [model_runs.parse_row(r).name for r in rows], names
 
 
 def run(args) -> int:
@@ -108,20 +109,20 @@ def run(args) -> int:
         t1 = time.perf_counter()
         runs = model_runs.model_runs(rows, args.here_seconds)
         table = None
-        if micro["platform"] == "gpu":  # the matrix kernels' costs from kernels of its own
+        if micro.platform == "gpu":  # the matrix kernels' costs from kernels of its own
             dtype = profile_file.runs_dtype(runs)
             shapes = kernel_table.vision_rows(
                 kernel_table.load(kernel_table.SHIPPED)
             ) + device_rates.own_shapes(rows, dtype)
             table = (dtype, device_rates.time_kernels(shapes, dtype, min(0.2, args.here_seconds)))
-            micro["traced"] = model_runs.trace_and_fit(rows)
+            micro = dataclasses.replace(micro, traced=model_runs.trace_and_fit(rows))
             if not getattr(args, "here_fit", None):  # what the table and traces do not hold
-                names = (
-                    TRACED_FIT if micro["traced"].get("memory_kernel_costs") else KERNEL_TABLE_FIT
-                )
+                names = TRACED_FIT if micro.traced.memory_kernel_costs else KERNEL_TABLE_FIT
         t2 = time.perf_counter()
         if getattr(args, "here_devices", None):
-            micro["devices_here"], micro["num_devices"] = micro["num_devices"], args.here_devices
+            micro = dataclasses.replace(
+                micro, devices_here=micro.num_devices, num_devices=args.here_devices
+            )
         text = profile_file.write_profile(args.calibrate_here, micro, runs, names, table)
     except ValueError as e:  # ConfigError and friends
         oneline.print_error(oneline.first_line(e))

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import jax
 
@@ -22,16 +21,18 @@ from jaxpar import configfile
 from jaxpar.errors import ConfigError
 from jaxpar.predict.calibrate import from_runs, model_runs
 from jaxpar.predict.calibrate.device_rates import fit_tile_width
+from jaxpar.predict.calibrate.records import Microbenchmarks
 from jaxpar.predict.comm import cpulinks
 from jaxpar.predict.kernels import kernel_table
 from jaxpar.predict.profiles import fitting
+from jaxpar.predict.profiles.records import CalibrationRun
 
 DEFAULT_FIT = ("compute_efficiency", "kernel_s")
 
 
-def _links(micro: dict[str, Any]) -> tuple[dict, str]:
+def _links(micro: Microbenchmarks) -> tuple[dict, str]:
     """The profile's link ({bandwidth, latency, rings}) and what its docstring says of it."""
-    if micro["platform"] == "gpu":
+    if micro.platform == "gpu":
         return {"bandwidth": 100e9, "latency": 5e-6, "rings": 1}, (
             "PLACEHOLDER: NVLink unknown, 100 GB/s and 5 us assumed; replace with nccl-tests' "
             "bus bandwidth"
@@ -39,11 +40,9 @@ def _links(micro: dict[str, Any]) -> tuple[dict, str]:
     n, placeholder = len(jax.devices()), {"bandwidth": 5e9, "latency": 25e-6, "rings": 1}
     if n < 2:
         return placeholder, "PLACEHOLDER: one device here, no link to measure (5 GB/s, 25 us)"
-    found = cpulinks.measure_links(tuple(k for k in (2, 4, 8) if k <= n), seconds=micro["seconds"])
-    bw, lat = found["bandwidth"], found["latency"]
-    times = ", ".join(
-        f"N={k} {b:,} B: {t * 1e3:.3f} ms" for (k, b), t in found["allreduce_s"].items()
-    )
+    found = cpulinks.measure_links(tuple(k for k in (2, 4, 8) if k <= n), seconds=micro.seconds)
+    bw, lat = found.bandwidth, found.latency
+    times = ", ".join(f"N={k} {b:,} B: {t * 1e3:.3f} ms" for (k, b), t in found.allreduce_s.items())
     if not (0 < bw < math.inf and 0 < lat < math.inf):
         return placeholder, f"PLACEHOLDER: the ring fit of psum times ({times}) was not positive"
     return {"bandwidth": bw, "latency": lat, "rings": 1}, (
@@ -53,10 +52,15 @@ def _links(micro: dict[str, Any]) -> tuple[dict, str]:
 
 
 def _docstring(
-    path, m: dict, runs: list[dict], names: tuple, link_note: str, table_note: str = ""
+    path,
+    m: Microbenchmarks,
+    runs: list[CalibrationRun],
+    names: tuple,
+    link_note: str,
+    table_note: str = "",
 ) -> str:
     """Where, when and how the profile was measured, and the figures."""
-    gpu = m["platform"] == "gpu"
+    gpu = m.platform == "gpu"
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     kernel = (
         "launch_s"
@@ -69,17 +73,17 @@ def _docstring(
     )
     lines = [
         (
-            f"{m['num_devices']} x {m['device_kind']} ({m['platform']}), measured {when}, JAX "
-            f"{m['jax']}; host {platform.node()}: {cpu}, {os.cpu_count()} cores."
+            f"{m.num_devices} x {m.device_kind} ({m.platform}), measured {when}, JAX "
+            f"{m.jax}; host {platform.node()}: {cpu}, {os.cpu_count()} cores."
         ),
         *(
             [
                 (
-                    f"A node of {m['num_devices']} (--here-devices); {m['devices_here']} here, the first "
+                    f"A node of {m.num_devices} (--here-devices); {m.devices_here} here, the first "
                     "timed alone."
                 )
             ]
-            if "devices_here" in m
+            if m.devices_here is not None
             else []
         ),
         "",
@@ -88,49 +92,49 @@ def _docstring(
         "Microbenchmarks on the first device (jaxpar/predict/calibrate/device_rates.py, best of 3 repeats):",
         *(
             f"- {d} matmul GFLOP/s by size: "
-            + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in m[f"matmul_{d}"].items())
+            + ", ".join(f"{n}: {r / 1e9:,.1f}" for n, r in m.matmul[d].items())
             for d in ("float32", "bfloat16")
-            if f"matmul_{d}" in m
+            if d in m.matmul
         ),
         "  peak_flops: the largest size's rate (the fitted compute_efficiency scales it)",
         *(
             f"- {d} 7x7/2 convolution of 3 channels and its weight gradient: "
-            f"{m[f'thin_conv_{d}'] / 1e9:,.1f} GFLOP/s ({m[f'thin_conv_{d}'] / m[f'{d}_flops_per_s']:.3f}"
+            f"{m.thin_conv[d] / 1e9:,.1f} GFLOP/s ({m.thin_conv[d] / m.flops_per_s[d]:.3f}"
             " of the matmul's: thin_efficiency)"
             for d in ("float32", "bfloat16")
-            if f"thin_conv_{d}" in m
+            if d in m.thin_conv
         ),
         *(
             f"- {d} 3x3 convolution over 256 features by its output features n (forward and both "
             "gradients), GFLOP/s: "
-            + ", ".join(f"{n}: {r / 1e9:,.0f}" for n, r in m[f"narrow_conv_{d}"].items())
-            + f" (tile_width {fit_tile_width(m[f'narrow_conv_{d}']):g}:"
+            + ", ".join(f"{n}: {r / 1e9:,.0f}" for n, r in m.narrow_conv[d].items())
+            + f" (tile_width {fit_tile_width(m.narrow_conv[d]):g}:"
             " n / tile_width of the widest rate below it)"
             for d in ("float32", "bfloat16")
-            if f"narrow_conv_{d}" in m
+            if d in m.narrow_conv
         ),
         (
-            f"- memory bandwidth (x * 2 + 1 in place over {m['memory_bandwidth_array_bytes'] >> 20:,}"
-            f" MiB): {m['memory_bandwidth'] / 1e9:.2f} GB/s read + written"
+            f"- memory bandwidth (x * 2 + 1 in place over {m.memory_bandwidth_array_bytes >> 20:,}"
+            f" MiB): {m.memory_bandwidth / 1e9:.2f} GB/s read + written"
         ),
         (
             f"- one small kernel inside a program (chains of 32x32 matmuls): "
-            f"{m['kernel_s'] * 1e6:.2f} us -> {kernel}"
+            f"{m.kernel_s * 1e6:.2f} us -> {kernel}"
         ),
         (
-            f"- one tiny jitted program: {m['launch_s'] * 1e6:.1f} us dispatched without waiting "
-            f"(-> program_overhead_s), {m['sync_call_s'] * 1e6:.1f} us with a wait after each"
+            f"- one tiny jitted program: {m.launch_s * 1e6:.1f} us dispatched without waiting "
+            f"(-> program_overhead_s), {m.sync_call_s * 1e6:.1f} us with a wait after each"
         ),
-        f"- memory per device: {m['peak_memory_bytes'] / 2**30:.2f} GiB",
+        f"- memory per device: {m.peak_memory_bytes / 2**30:.2f} GiB",
         f"- links: {link_note}",
         *([f"- {table_note}"] if table_note else []),
-        *([model_runs.traced_note(m["traced"])] if m.get("traced") else []),
+        *([model_runs.traced_note(m.traced)] if m.traced else []),
         "",
         "Calibration runs, jaxpar's one-device training step (run_setup.setup), images/sec:",
-        *(f"- {r['name']}: {r['images_per_sec']:,.1f}" for r in runs),
+        *(f"- {r.name}: {r.images_per_sec:,.1f}" for r in runs),
         f"Fitted when the profile loads: {', '.join(names)}.",
     ]
-    if not gpu and m["num_devices"] > 1:
+    if not gpu and m.num_devices > 1:
         lines += [
             "",
             (
@@ -142,24 +146,24 @@ def _docstring(
     return "\n".join(textwrap.fill(line, 96, subsequent_indent="  ") for line in lines)
 
 
-def runs_dtype(runs: list[dict]) -> str:
+def runs_dtype(runs: list[CalibrationRun]) -> str:
     """The compute dtype most of the runs use (float32 first on a tie)."""
-    dtypes = [r["dtype"] for r in runs] or ["float32"]
+    dtypes = [r.dtype for r in runs] or ["float32"]
     return max(sorted(set(dtypes), key=lambda d: d != "float32"), key=dtypes.count)
 
 
-def _thin_efficiency(micro: dict, runs: list[dict]) -> float:
+def _thin_efficiency(micro: Microbenchmarks, runs: list[CalibrationRun]) -> float:
     """The thin convolution's rate over peak, in the dtype most of the runs compute in."""
-    dtypes = [r["dtype"] for r in runs if f"thin_conv_{r['dtype']}" in micro] or ["float32"]
+    dtypes = [r.dtype for r in runs if r.dtype in micro.thin_conv] or ["float32"]
     dtype = max(set(dtypes), key=dtypes.count)
-    return micro[f"thin_conv_{dtype}"] / micro[f"{dtype}_flops_per_s"]
+    return micro.thin_conv[dtype] / micro.flops_per_s[dtype]
 
 
-def _tile_width(micro: dict, runs: list[dict]) -> float:
-    """The tile width fitted to the narrow convolutions in the runs' compute dtype (0 where
-    they were not timed: a CPU, whose narrow kernels are measured otherwise)."""
-    rates = micro.get(f"narrow_conv_{runs_dtype(runs)}") or micro.get("narrow_conv_float32")
-    return fit_tile_width(rates) if rates else 0.0
+def _tile_width(micro: Microbenchmarks, runs: list[CalibrationRun]) -> float:
+    """The tile width fitted to the narrow convolutions in the runs' compute dtype, else in
+    float32 (0 where they were not timed: a CPU, whose narrow kernels are measured otherwise)."""
+    timed = [micro.narrow_conv[d] for d in (runs_dtype(runs), "float32") if d in micro.narrow_conv]
+    return fit_tile_width(timed[0]) if timed and timed[0] else 0.0
 
 
 def kernel_table_path(path) -> Path:
@@ -169,32 +173,33 @@ def kernel_table_path(path) -> Path:
 
 def write_profile(
     path,
-    micro: dict,
-    runs: list[dict],
+    micro: Microbenchmarks,
+    runs: list[CalibrationRun],
     fit_names=DEFAULT_FIT,
-    table: tuple[str, list[dict]] | None = None,
+    table: tuple[str, list[kernel_table.ConvRow]] | None = None,
 ) -> str:
     """Write a profile of this machine (the measured figures, links, `calibration_runs` = runs,
     `fit` = fit_names) to `path`, load it back (which fits it) and return a text report.
     `table` (dtype, rows): convolution kernels timed here (time_kernels), written beside the
     profile (kernel_table_path) as its `kernel_benchmarks`: its matrix kernels' costs."""
-    gpu, names, table_note = micro["platform"] == "gpu", tuple(fit_names), ""
+    gpu, names, table_note = micro.platform == "gpu", tuple(fit_names), ""
     link, link_note = _links(micro)
-    f32 = micro["float32_flops_per_s"]
+    f32 = micro.matmul_flops_per_s  # float32's, which a dtype not timed takes
+    peak = {d: micro.flops_per_s.get(d, f32) for d in ("float32", "bfloat16")}
     values = {
-        "name": f"{micro['num_devices']} x {micro['device_kind']} (measured here)",
-        "num_devices": micro["num_devices"],
-        "devices_per_node": micro["num_devices"],
-        "peak_flops": {"float32": f32, "bfloat16": micro.get("bfloat16_flops_per_s", f32)},
-        "memory_bytes": micro["peak_memory_bytes"],
-        "memory_bandwidth": micro["memory_bandwidth"],
-        "kernel_s": 0.0 if gpu else micro["kernel_s"],
-        "launch_s": micro["kernel_s"] * gpu,
+        "name": f"{micro.num_devices} x {micro.device_kind} (measured here)",
+        "num_devices": micro.num_devices,
+        "devices_per_node": micro.num_devices,
+        "peak_flops": peak,
+        "memory_bytes": micro.peak_memory_bytes,
+        "memory_bandwidth": micro.memory_bandwidth,
+        "kernel_s": 0.0 if gpu else micro.kernel_s,
+        "launch_s": micro.kernel_s * gpu,
         # the first layer's convolutions, in the compute dtype the runs use most
         "thin_efficiency": _thin_efficiency(micro, runs),
         # a GPU's tensor-core tile, from its narrow convolutions (0: not measured, a CPU)
-        "tile_width": _tile_width(micro, runs),
-        "program_overhead_s": micro["launch_s"],
+        "tile_width": (tile := _tile_width(micro, runs)),
+        "program_overhead_s": micro.launch_s,
         "compiler": "gpu" if gpu else "cpu",
         # a GPU's collectives are asynchronous and XLA:GPU schedules them under the backward
         # (overlap.py reads where from the program); XLA:CPU's are not
@@ -203,14 +208,14 @@ def write_profile(
         "overlap": None if gpu else 0.0,
         "fit": names,
     }
-    if not values["tile_width"]:
+    if not tile:
         del values["tile_width"]
-    traced = micro.get("traced") or {}
-    if traced.get("memory_kernel_costs"):  # the rows' own kernel traces (traced_costs)
+    traced = micro.traced
+    if traced and traced.memory_kernel_costs:  # the rows' own kernel traces (traced_costs)
         values |= {
-            "memory_bandwidth": traced["memory_bandwidth"],
-            "kernel_s": traced["kernel_s"],
-            "memory_kernel_costs": traced["memory_kernel_costs"],
+            "memory_bandwidth": traced.memory_bandwidth,
+            "kernel_s": traced.kernel_s,
+            "memory_kernel_costs": traced.memory_kernel_costs,
         }
     if table:
         dtype, rows = table
@@ -218,7 +223,7 @@ def write_profile(
         kernel_table.write(
             csv,
             rows,
-            f"Convolution kernels timed on one {micro['device_kind']} in "
+            f"Convolution kernels timed on one {micro.device_kind} in "
             f"{dtype} by python -m jaxpar.predict --calibrate-here ({len(rows)} "
             "shapes: DeepBench's image layers, then the rows' own (own_shapes); "
             "jaxpar/predict/calibrate/device_rates.py time_kernels).",
@@ -244,8 +249,8 @@ def write_profile(
     source = "".join(
         [
             f'"""{_docstring(path, micro, runs, names, link_note, table_note)}\n"""\n\nimport ml_collections\n\n',
-            f"MEASURED = {fmt(micro)}\nRUNS = [\n",
-            *(textwrap.indent(f"{fmt(r)},\n", "    ") for r in runs),
+            f"MEASURED = {fmt(micro.as_record())}\nRUNS = [\n",
+            *(textwrap.indent(f"{fmt(r.as_record())},\n", "    ") for r in runs),
             "]\n\n\ndef get_config():\n    c = ml_collections.ConfigDict()\n",
             *(f"    c.{k} = {fmt(v)}\n" for k, v in values.items()),
             "    c.calibration_runs = RUNS\n    return c\n",
@@ -273,7 +278,8 @@ def fit_report(path) -> str:
     as the predictor compiles them: on an accelerator, in a CPU-only subprocess."""
     if jax.devices()[0].platform == "cpu":
         profile, c = fitting.load_profile(path), configfile.load(str(path))
-        return from_runs.report(profile, [dict(r) for r in c.calibration_runs], tuple(c.fit))
+        runs = [CalibrationRun.of_record(r) for r in c.calibration_runs]
+        return from_runs.report(profile, runs, tuple(c.fit))
     code = (
         "import sys; from jaxpar.predict.calibrate import profile_file; "
         "print(profile_file.fit_report(sys.argv[1]))"

@@ -17,12 +17,46 @@ import gzip
 import json
 import math
 import os
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from jaxpar import hlo
 from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import library, opclass
+
+
+class TraceEvent(NamedTuple):
+    """What the join takes of one event of a profiler trace (Chrome's trace format)."""
+
+    ph: str | None  # the phase: "X" a span, "M" metadata
+    pid: int | None
+    name: str
+    dur: float  # microseconds (a span's)
+    process: str | None  # a metadata event's args.name: the process it names
+    hlo_op: str  # a GPU kernel's instruction ("?" where it names none)
+
+    @classmethod
+    def of_record(cls, event: dict[str, Any]) -> TraceEvent:
+        args = event.get("args", {})
+        return cls(
+            event.get("ph"),
+            event.get("pid"),
+            event.get("name", ""),
+            event.get("dur", 0.0),
+            str(args.get("name")),
+            args.get("hlo_op", "?"),
+        )
+
+
+class Trace(NamedTuple):
+    """A profiler trace file's events."""
+
+    events: list[TraceEvent]
+
+    @classmethod
+    def of_record(cls, trace: dict[str, Any]) -> Trace:
+        return cls([TraceEvent.of_record(e) for e in trace["traceEvents"]])
 
 
 def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str, float], int, str]:
@@ -32,20 +66,12 @@ def kernel_times(trace_dir: str, top: set[str] = frozenset()) -> tuple[dict[str,
     found = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)
     if not found:
         raise ConfigError(f"no *.trace.json.gz under {trace_dir}")
-    events = json.load(gzip.open(found[0]))["traceEvents"]
-    gpu = {
-        e["pid"]
-        for e in events
-        if e.get("ph") == "M" and "GPU" in str(e.get("args", {}).get("name"))
-    }
+    events = Trace.of_record(json.load(gzip.open(found[0]))).events
+    gpu = {e.pid for e in events if e.ph == "M" and "GPU" in e.process}
     if gpu:
-        spans = [
-            (e["args"].get("hlo_op", "?"), e["dur"])
-            for e in events
-            if e.get("ph") == "X" and e["pid"] in gpu
-        ]
+        spans = [(e.hlo_op, e.dur) for e in events if e.ph == "X" and e.pid in gpu]
     else:
-        spans = [(e["name"], e["dur"]) for e in events if e.get("ph") == "X" and e["name"] in top]
+        spans = [(e.name, e.dur) for e in events if e.ph == "X" and e.name in top]
     per: dict[str, float] = collections.defaultdict(float)
     for name, micros in spans:
         per[name] += micros * 1e-6
@@ -87,11 +113,44 @@ def fit_line(b: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     return float(fixed), 1 / per_byte if per_byte > 0 else math.inf
 
 
-def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]:
-    """Each traced instruction of one row's program: (name, FLOPs, thin, bytes, seconds per
-    step, class, tile: a GPU matrix kernel's fewest rows or features, else 0, results: a
-    reduce_few kernel's, else 1); with the
-    kernels' total seconds per step, the steps traced and the device."""
+class JoinedKernel(NamedTuple):
+    """One traced instruction's kernels beside what the program says of it."""
+
+    name: str
+    flops: float
+    thin: bool
+    bytes: float
+    seconds: float  # per step
+    kind: str  # its class
+    tile: int  # a GPU matrix kernel's fewest rows or features, else 0
+    results: int  # a reduce_few kernel's, else 1
+
+    @classmethod
+    def of_record(cls, line: dict[str, str]) -> JoinedKernel:
+        """A kernel from a line of write_csv's table."""
+        return cls(
+            line["name"],
+            float(line["flops"]),
+            bool(int(line["thin"])),
+            float(line["bytes"]),
+            float(line["seconds"]),
+            line["class"],
+            int(line["tile"]),
+            int(line["results"]),
+        )
+
+
+class Joined(NamedTuple):
+    """A row's program joined with its trace."""
+
+    kernels: list[JoinedKernel]
+    total_s: float  # the kernels' total seconds per step
+    steps: int  # the steps traced
+    device: str
+
+
+def joined(trace_dir: str, hlo_path: str) -> Joined:
+    """Each traced instruction of one row's program, as a JoinedKernel."""
     with gzip.open(hlo_path, "rt") if hlo_path.endswith(".gz") else open(hlo_path) as f:
         text = f.read()
     program = hlo.parse(text)
@@ -116,8 +175,8 @@ def joined(trace_dir: str, hlo_path: str) -> tuple[list[tuple], float, int, str]
             kind = opclass.cpu_class(kind, ins, types)
             moved = opclass.kernel_bytes(ins, types, kind)
         results = largest_reduction(name, program)[1] if kind == "reduce_few" else 1
-        rows.append((name, flops, thin, float(moved), seconds, kind, tile, results))
-    return rows, sum(times.values()), steps, device
+        rows.append(JoinedKernel(name, flops, thin, float(moved), seconds, kind, tile, results))
+    return Joined(rows, sum(times.values()), steps, device)
 
 
 COLUMNS = (
@@ -160,45 +219,62 @@ def write_csv(path: str, programs: list[tuple[str, str, list[tuple]]]) -> None:
                 )
 
 
-def read_csv(path: str) -> list[tuple[str, str, list[tuple]]]:
+class CsvKernel(NamedTuple):
+    """A line of write_csv's table: a kernel and the program and device it ran in."""
+
+    program: str
+    device: str
+    kernel: JoinedKernel
+
+    @classmethod
+    def of_record(cls, line: dict[str, str]) -> CsvKernel:
+        return cls(line["program"], line["device"], JoinedKernel.of_record(line))
+
+
+def read_csv(path: str) -> list[tuple[str, str, list[JoinedKernel]]]:
     """write_csv's programs back: [(program, device, rows as joined() gives them)]."""
 
-    programs: dict[tuple[str, str], list[tuple]] = {}
+    programs: dict[tuple[str, str], list[JoinedKernel]] = {}
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
-        for line in csv.DictReader(f):
-            programs.setdefault((line["program"], line["device"]), []).append(
-                (
-                    line["name"],
-                    float(line["flops"]),
-                    bool(int(line["thin"])),
-                    float(line["bytes"]),
-                    float(line["seconds"]),
-                    line["class"],
-                    int(line["tile"]),
-                    int(line["results"]),
-                )
-            )
+        for line in map(CsvKernel.of_record, csv.DictReader(f)):
+            programs.setdefault((line.program, line.device), []).append(line.kernel)
     return [(p, d, rows) for (p, d), rows in programs.items()]
 
 
-def memory_costs(rows: list[tuple]) -> dict:
+class ClassFigures(NamedTuple):
+    """A memory-bound class's kernels in the traces and their totals."""
+
+    kernels: int
+    seconds: float
+    bytes: float
+
+
+class MemoryCosts(NamedTuple):
+    """The memory-bound kernels' costs as a profile takes them."""
+
+    all: tuple[float, float] | None  # (fixed s, bytes/s) over them all; None without any
+    classes: dict[str, tuple[float, float]]  # each class's (memory_kernel_costs)
+    figures: dict[str, ClassFigures]
+
+
+def memory_costs(rows: list[JoinedKernel]) -> MemoryCosts:
     """The memory-bound kernels of joined rows (of one or more programs) fitted as a profile
-    takes them: time = fixed + bytes / bandwidth over all of them ("all": a profile's kernel_s
+    takes them: time = fixed + bytes / bandwidth over all of them (`all`: a profile's kernel_s
     and memory_bandwidth) and for each class of opclass.MEMORY_CLASSES with two or more kernels
-    ("classes": its memory_kernel_costs; reduce_few on bytes per result, one lane's rate), with
-    each class's kernels, seconds and bytes ("figures"); "all" None without any."""
-    mem = [r for r in rows if not r[1]]
+    (`classes`: its memory_kernel_costs; reduce_few on bytes per result, one lane's rate), with
+    each class's kernels, seconds and bytes (`figures`)."""
+    mem = [r for r in rows if not r.flops]
     if not mem:
-        return {"all": None, "classes": {}, "figures": {}}
-    b, t = np.array([r[3] for r in mem]), np.array([r[4] for r in mem])
+        return MemoryCosts(None, {}, {})
+    b, t = np.array([r.bytes for r in mem]), np.array([r.seconds for r in mem])
     classes, figures = {}, {}
-    kinds = np.array([r[5] for r in mem])
-    lane = b / np.array([max(r[7], 1) for r in mem])
+    kinds = np.array([r.kind for r in mem])
+    lane = b / np.array([max(r.results, 1) for r in mem])
     for name in opclass.MEMORY_CLASSES:
         m = kinds == name
-        figures[name] = (int(m.sum()), float(t[m].sum()), float(b[m].sum()))
+        figures[name] = ClassFigures(int(m.sum()), float(t[m].sum()), float(b[m].sum()))
         if m.sum() >= 2:
             fixed, bandwidth = fit_line(lane[m] if name == "reduce_few" else b[m], t[m])
             if math.isfinite(bandwidth):
                 classes[name] = (fixed, bandwidth)
-    return {"all": fit_line(b, t), "classes": classes, "figures": figures}
+    return MemoryCosts(fit_line(b, t), classes, figures)

@@ -19,7 +19,7 @@ programs, as jaxpar/collectives.py counts them).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from jaxpar.predict.calibrate import micro, timer
 
@@ -67,6 +67,16 @@ def _cpu_seconds(compiled, args, seconds: float) -> float:
     return timer.measure(lambda: compiled(*args), seconds, min_calls=3).cpu_s
 
 
+@dataclasses.dataclass(frozen=True)
+class CollectiveCpu:
+    """Collectives' CPU time on cores the devices share, beyond their local stand-ins."""
+
+    extra: dict[str, float]  # CPU seconds a collective beyond its stand-in, by kind
+    payload: int  # bytes a device a collective
+    devices: int
+    rate: float  # payload bytes per CPU-second, both kinds
+
+
 def measure_collective_cpu(
     devices: int = 8,
     batch: int = 64,
@@ -74,9 +84,9 @@ def measure_collective_cpu(
     channels: int = 64,
     layers: int = 8,
     seconds: float = 2.0,
-) -> dict[str, Any]:
-    """{"extra": {kind: CPU seconds a collective beyond its local stand-in}, "payload": bytes
-    a device a collective, "devices": n, "rate": payload bytes per CPU-second, both kinds}."""
+) -> CollectiveCpu:
+    """A column-parallel (gather) and a row-parallel (psum) layer's collectives over up to
+    `devices` devices, each beside its local stand-in."""
     import jax
 
     n = min(devices, jax.device_count())
@@ -89,25 +99,33 @@ def measure_collective_cpu(
         extra[kind] = (times[kind] - times[local]) / layers
     spent = sum(extra.values())
     rate = len(extra) * payload * n / spent if spent > 0 else 0.0
-    return {"extra": extra, "payload": payload, "devices": n, "rate": rate}
+    return CollectiveCpu(extra, payload, n, rate)
 
 
-def collective_cpu_report(m: dict[str, Any]) -> str:
-    each = ", ".join(f"{k} {v * 1e3:.2f} CPU-ms" for k, v in m["extra"].items())
+def collective_cpu_report(m: CollectiveCpu) -> str:
+    each = ", ".join(f"{k} {v * 1e3:.2f} CPU-ms" for k, v in m.extra.items())
     return (
-        f"collectives inside a step on shared cores ({m['devices']} devices, "
-        f"{m['payload'] / 1e6:.2f} MB a device each: {each} beyond local work)\n"
-        f"  c.collective_cpu_rate = {m['rate']:.3g}"
+        f"collectives inside a step on shared cores ({m.devices} devices, "
+        f"{m.payload / 1e6:.2f} MB a device each: {each} beyond local work)\n"
+        f"  c.collective_cpu_rate = {m.rate:.3g}"
     )
 
 
-def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1.0) -> dict:
+@dataclasses.dataclass(frozen=True)
+class LinkTimes:
+    """All-reduces timed between simulated devices and the ring formula fitted to them."""
+
+    allreduce_s: dict[tuple[int, int], float]  # seconds by (N devices, bytes a device)
+    latency: float  # seconds a ring step
+    bandwidth: float  # bytes/s
+    program_s: float  # the host's dispatch of one small program
+
+
+def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1.0) -> LinkTimes:
     """This machine's collective costs between simulated devices, as nccl-tests measures a
     GPU's: the time of one all-reduce (a psum over a shard_map axis) of each per-device size
-    over N devices, and the host's cost of dispatching one small program. Returns
-    {"allreduce_s": {(N, bytes): s}, "latency": s, "bandwidth": bytes/s, "program_s": s}:
-    latency and bandwidth fitted to the ring formula (links.ring_allreduce_time) over all
-    (N, bytes)."""
+    over N devices, and the host's cost of dispatching one small program; latency and
+    bandwidth fitted to the ring formula (links.ring_allreduce_time) over all (N, bytes)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -135,25 +153,20 @@ def measure_links(counts=(2, 4, 8), sizes=(4 << 10, 4 << 20), seconds: float = 1
     a = np.array([[2 * (n - 1) / n * b, 2 * (n - 1)] for n, b in found])
     t = np.array(list(found.values()))
     (inv_bw, latency), *_ = np.linalg.lstsq(a / t[:, None], np.ones(len(t)), rcond=None)
-    return {
-        "allreduce_s": found,
-        "latency": float(latency),
-        "bandwidth": float(1 / inv_bw),
-        "program_s": micro.measure_dispatch(seconds),
-    }
+    return LinkTimes(found, float(latency), float(1 / inv_bw), micro.measure_dispatch(seconds))
 
 
-def links_report(links: dict) -> str:
+def links_report(links: LinkTimes) -> str:
     lines = ["links between simulated devices (psum over N devices, per-device bytes):"]
-    for (n, size), t in links["allreduce_s"].items():
+    for (n, size), t in links.allreduce_s.items():
         lines.append(f"  N={n} {size:>9,} B: {t * 1e3:.3f} ms")
     lines.append(
-        f"  ring fit: latency {links['latency'] * 1e6:.1f} us per step, bandwidth "
-        f"{links['bandwidth'] / 1e9:.2f} GB/s; one small program dispatched "
-        f"{links['program_s'] * 1e6:.0f} us"
+        f"  ring fit: latency {links.latency * 1e6:.1f} us per step, bandwidth "
+        f"{links.bandwidth / 1e9:.2f} GB/s; one small program dispatched "
+        f"{links.program_s * 1e6:.0f} us"
     )
     lines.append(
-        f"  c.intra = {{'bandwidth': {links['bandwidth']:.3g}, 'latency': "
-        f"{links['latency']:.3g}, 'rings': 1}}"
+        f"  c.intra = {{'bandwidth': {links.bandwidth:.3g}, 'latency': "
+        f"{links.latency:.3g}, 'rings': 1}}"
     )
     return "\n".join(lines)

@@ -20,21 +20,18 @@ layer) are left out: cuDNN runs them with other kernels, which the profile price
 
 from __future__ import annotations
 
-import collections
 import csv
 import dataclasses
 import statistics
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
-from jaxpar import configfile, models
+from jaxpar import configfile
 from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import matrix, opclass
 from jaxpar.predict.profiles import hardware, solve
-from jaxpar.predict.profiles.calibration_runs import run_config
 from jaxpar.predict.step import pricing
 
 DEFAULT_FIT = ("compute_efficiency", "conv3x3_efficiency", "matmul_kernel_s")
@@ -59,6 +56,48 @@ _COLUMNS = (
 
 
 @dataclasses.dataclass(frozen=True)
+class ConvRow:
+    """One convolution shape of a table (DeepBench's names: input W x H x C, batch N, K
+    output features, an R x S window) and its kernels' measured milliseconds (0: not timed)."""
+
+    w: int
+    h: int
+    c: int
+    n: int
+    k: int
+    r: int
+    s: int
+    pad_h: int
+    pad_w: int
+    stride_h: int
+    stride_w: int
+    forward_ms: float = 0.0
+    input_grad_ms: float = 0.0
+    filter_grad_ms: float = 0.0
+
+    @property
+    def shape(self) -> ConvRow:
+        """The shape alone, its times 0."""
+        return dataclasses.replace(self, forward_ms=0.0, input_grad_ms=0.0, filter_grad_ms=0.0)
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """(P, Q): the output's height and width."""
+        p = (self.h + 2 * self.pad_h - self.r) // self.stride_h + 1
+        return p, (self.w + 2 * self.pad_w - self.s) // self.stride_w + 1
+
+    def as_record(self) -> dict[str, float]:
+        """The row as the table's columns."""
+        return dict(zip(_COLUMNS, dataclasses.astuple(self)))
+
+    @classmethod
+    def of_record(cls, row: dict[str, Any]) -> ConvRow:
+        """A row from the table's columns (a CSV line's strings or numbers; times optional)."""
+        shape = [int(float(row[c])) for c in _COLUMNS[:11]]
+        return cls(*shape, *(float(row.get(c, 0.0)) for c in _COLUMNS[11:]))
+
+
+@dataclasses.dataclass(frozen=True)
 class Kernel:
     """One timed kernel, as opclass reads it, and its measured seconds."""
 
@@ -67,8 +106,8 @@ class Kernel:
     seconds: float
 
 
-def load(path: str | Path) -> list[dict[str, float]]:
-    """The table's rows ({column: number}); '#' lines are comments."""
+def load(path: str | Path) -> list[ConvRow]:
+    """The table's rows; '#' lines are comments."""
     full = Path(path) if Path(path).is_absolute() else Path(configfile.ROOT, path)
     if not full.is_file():
         raise ConfigError(f"no kernel benchmark table {str(path)!r}")
@@ -78,12 +117,12 @@ def load(path: str | Path) -> list[dict[str, float]]:
         if missing:
             raise ConfigError(f"kernel benchmark table {str(path)!r} has no column {missing[0]!r}")
         try:
-            return [{c: float(row[c]) for c in _COLUMNS} for row in reader]
+            return [ConvRow.of_record(row) for row in reader]
         except (TypeError, ValueError) as e:
             raise ConfigError(f"kernel benchmark table {str(path)!r}: {e}") from None
 
 
-def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
+def kernels(row: ConvRow, bytes_per_element: int = 4) -> list[Kernel]:
     """A convolution's three training kernels as opclass reads them in a compiled step.
 
     FLOPs 2 x N x P x Q x K x C x R x S for each (the input gradient of a strided convolution
@@ -92,37 +131,36 @@ def kernels(row: dict[str, float], bytes_per_element: int = 4) -> list[Kernel]:
     gradient's result has that window's shape). GEMM views: forward M = N x P x Q, N = K,
     K = C x R x S; input gradient M = N x H x W, N = C, K = K x R x S; filter gradient M = K,
     N = C x R x S, K = N x P x Q."""
-    w, h, c, n, k, r, s = (int(row[x]) for x in ("W", "H", "C", "N", "K", "R", "S"))
-    p = (h + 2 * int(row["pad_h"]) - r) // int(row["stride_h"]) + 1
-    q = (w + 2 * int(row["pad_w"]) - s) // int(row["stride_w"]) + 1
+    w, h, c, n, k, r, s = row.w, row.h, row.c, row.n, row.k, row.r, row.s
+    p, q = row.out_hw
     if c < opclass.THIN or p <= 0 or q <= 0:
         return []
     flops = 2.0 * n * p * q * k * c * r * s
-    stride1 = int(row["stride_h"]) == int(row["stride_w"]) == 1
+    stride1 = row.stride_h == row.stride_w == 1
     winograd = stride1 and r == s and str(r) in matrix.WINOGRAD
     x_bytes, y_bytes, w_bytes = (
         bytes_per_element * v for v in (n * h * w * c, n * p * q * k, k * c * r * s)
     )
     moved = float(x_bytes + y_bytes + w_bytes)
-    label = f"{r}x{s} s{int(row['stride_h'])} {w}x{h}x{c}->{k} n{n}"
+    label = f"{r}x{s} s{row.stride_h} {w}x{h}x{c}->{k} n{n}"
     views = (
-        ("forward", "forward_ms", (n * p * q, k, c * r * s)),
-        ("input gradient", "input_grad_ms", (n * h * w, c, k * r * s)),
-        ("filter gradient", "filter_grad_ms", (k, c * r * s, n * p * q)),
+        ("forward", row.forward_ms, (n * p * q, k, c * r * s)),
+        ("input gradient", row.input_grad_ms, (n * h * w, c, k * r * s)),
+        ("filter gradient", row.filter_grad_ms, (k, c * r * s, n * p * q)),
     )
     tile = min(n * p * q, c, k)  # each tap's features through the tiles (Matmul.tile)
     return [
         Kernel(
             f"{label} {kind}",
             opclass.Matmul(flops, moved, winograd, min(dims), tile=tile),
-            row[column] * 1e-3,
+            ms * 1e-3,
         )
-        for kind, column, dims in views
-        if row[column] > 0
+        for kind, ms, dims in views
+        if ms > 0
     ]
 
 
-def measured(rows: list[dict[str, float]]) -> dict[tuple, tuple]:
+def measured(rows: list[ConvRow]) -> dict[tuple, tuple]:
     """Every timed kernel of the table by its layer and view less the batch, as
     opclass.conv_keys names a convolution of a compiled step without its first element: {(H,
     W, C, K, R, S, stride_h, stride_w, P, Q, kind): ((N, seconds, Matmul as kernels() reads
@@ -131,15 +169,11 @@ def measured(rows: list[dict[str, float]]) -> dict[tuple, tuple]:
     kernel's (pricing.device_time). Thin first layers are left out, as kernels() leaves them."""
     out: dict[tuple, list] = {}
     for row in rows:
-        w, h, c, n, k, r, s = (int(row[x]) for x in ("W", "H", "C", "N", "K", "R", "S"))
-        sh, sw = int(row["stride_h"]), int(row["stride_w"])
-        p = (h + 2 * int(row["pad_h"]) - r) // sh + 1
-        q = (w + 2 * int(row["pad_w"]) - s) // sw + 1
+        (p, q), n = row.out_hw, row.n
         for kernel in kernels(row):
             kind = next(x for x in opclass.KINDS if kernel.name.endswith(x))
-            out.setdefault((h, w, c, k, r, s, sh, sw, p, q, kind), []).append(
-                (n, kernel.seconds, kernel.matmul)
-            )
+            key = (row.h, row.w, row.c, row.k, row.r, row.s, row.stride_h, row.stride_w, p, q)
+            out.setdefault((*key, kind), []).append((n, kernel.seconds, kernel.matmul))
     return {key: tuple(sorted(v, key=lambda t: t[0])) for key, v in out.items()}
 
 
@@ -172,7 +206,7 @@ class KernelFit:
 
 def fit(
     profile: Any,
-    rows: list[dict[str, float]],
+    rows: list[ConvRow],
     names: tuple[str, ...] = DEFAULT_FIT,
     dtype: str = "float32",
 ) -> KernelFit:
@@ -209,77 +243,22 @@ def fit(
     return KernelFit(fitted, list(zip(table, residuals(best).tolist())))
 
 
-def model_rows(run: dict[str, Any]) -> list[tuple[dict[str, float], int]]:
-    """Every 2-D convolution of a calibration run's model (model_runs.parse_row's dict) as a row of
-    this table's format (its `N` the run's batch), with how many layers of the model have that
-    shape, in the order the forward first meets them: read from the forward's jaxpr, so any
-    model of jaxpar's registry or a builder of one's own. Grouped or dilated convolutions,
-    which the table cannot hold, are left out."""
-
-    config = run_config(run)
-    model = models.build(config.model, tuple(run["image_shape"]), int(run["num_classes"]))
-    variables = jax.eval_shape(model.init, jax.random.key(0))
-    x = jax.ShapeDtypeStruct((int(run["batch_size"]), *run["image_shape"]), "float32")
-    jaxpr = jax.make_jaxpr(
-        lambda v, x: model.apply(v["params"], v["batch_stats"], x, train=True)[0]
-    )(variables, x)
-    counts: dict[tuple, int] = collections.Counter()
-    for eqn in _equations(jaxpr.jaxpr):
-        if eqn.primitive.name == "conv_general_dilated" and (key := _row_key(eqn)):
-            counts[key] += 1
-    return [(dict(zip(_COLUMNS[:11], key)), n) for key, n in counts.items()]
-
-
-def _equations(jaxpr):
-    """Every equation of a jaxpr and of the jaxprs inside it (jit, remat, custom rules)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for inner in value if isinstance(value, list | tuple) else (value,):
-                inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr's jaxpr
-                if hasattr(inner, "eqns"):
-                    yield from _equations(inner)
-
-
-def _row_key(eqn) -> tuple | None:
-    """A 2-D convolution equation as (W, H, C, N, K, R, S, pad_h, pad_w, stride_h, stride_w),
-    an uneven padding (SAME on an even window) read as its smaller side; None for a grouped
-    or dilated one, or one of other than two spatial dimensions."""
-    p = eqn.params
-    if (
-        p["feature_group_count"] != 1
-        or p["batch_group_count"] != 1
-        or len(p["padding"]) != 2
-        or any(d != 1 for d in (*(p["lhs_dilation"] or ()), *(p["rhs_dilation"] or ())))
-    ):
-        return None
-    lhs, rhs = (v.aval.shape for v in eqn.invars[:2])
-    dims = p["dimension_numbers"]  # (batch, feature, spatial...), (out, in, spatial...)
-    n, c = lhs[dims.lhs_spec[0]], lhs[dims.lhs_spec[1]]
-    h, w = (lhs[d] for d in dims.lhs_spec[2:])
-    k = rhs[dims.rhs_spec[0]]
-    r, s = (rhs[d] for d in dims.rhs_spec[2:])
-    (ph, pw), (sh, sw) = (min(pad) for pad in p["padding"]), p["window_strides"]
-    return (w, h, c, n, k, r, s, ph, pw, sh, sw)
-
-
-def vision_rows(rows: list[dict[str, float]], limit: int = 24) -> list[dict[str, float]]:
+def vision_rows(rows: list[ConvRow], limit: int = 24) -> list[ConvRow]:
     """The table's image layers worth timing on a device of one's own: square inputs of at
     least THIN channels and a batch of at least 8, the first `limit` of them (a GPU compiles
     three programs a shape)."""
-    picked = [r for r in rows if r["W"] == r["H"] and r["C"] >= opclass.THIN and r["N"] >= 8]
+    picked = [r for r in rows if r.w == r.h and r.c >= opclass.THIN and r.n >= 8]
     return picked[:limit]
 
 
-def write(path: str | Path, rows: list[dict[str, float]], header: str) -> None:
+def write(path: str | Path, rows: list[ConvRow], header: str) -> None:
     """A kernel table in load()'s format: `header` as comment lines, then the rows."""
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     lines.append(",".join(_COLUMNS))
     for r in rows:
+        values = dataclasses.astuple(r)
         lines.append(
-            ",".join(
-                str(int(r[c])) if i < 11 else f"{float(r[c]):.4g}" for i, c in enumerate(_COLUMNS)
-            )
+            ",".join(str(int(v)) if i < 11 else f"{float(v):.4g}" for i, v in enumerate(values))
         )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

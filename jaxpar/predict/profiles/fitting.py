@@ -19,6 +19,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import kernel_table
 from jaxpar.predict.profiles import calibration_runs, hardware, solve
 from jaxpar.predict.profiles.hardware import Profile
+from jaxpar.predict.profiles.records import CalibrationRun, ProfileFits
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.step import pricing
 
@@ -39,27 +40,26 @@ def from_config(c: Any) -> Profile:
     """A Profile from a profile ConfigDict (or dict), its costs fitted where it says how: the
     matrix kernels to `kernel_benchmarks`, the efficiency to one `calibration` run, the `fit`
     costs to `calibration_runs`, and each model of `calibrations` its own efficiency."""
-    get = c.get if hasattr(c, "get") else (lambda k, d=None: getattr(c, k, d))
+    spec = ProfileFits.of_record(c)
     profile = hardware.from_config(c)
-    table = get("kernel_benchmarks")
-    if table:  # the matrix kernels' costs from the GPU's own per-kernel timings
-        names = tuple(get("kernel_fit", kernel_table.DEFAULT_FIT) or kernel_table.DEFAULT_FIT)
-        dtype = str(get("kernel_dtype", "float32") or "float32")
-        rows = kernel_table.load(table)
-        profile = kernel_table.fit(profile, rows, names, dtype).profile
-        if get("price_measured", False):  # and its layers' kernels at their measured times
+    if spec.kernel_benchmarks:  # the matrix kernels' costs from the GPU's own per-kernel timings
+        names = spec.kernel_fit or kernel_table.DEFAULT_FIT
+        rows = kernel_table.load(spec.kernel_benchmarks)
+        profile = kernel_table.fit(profile, rows, names, spec.kernel_dtype).profile
+        if spec.price_measured:  # and its layers' kernels at their measured times
             measured = kernel_table.measured(rows)
-            profile = hardware.replace(profile, measured_kernels=measured, measured_dtype=dtype)
+            profile = hardware.replace(
+                profile, measured_kernels=measured, measured_dtype=spec.kernel_dtype
+            )
     if profile.calibration:
         profile = calibrate(profile, profile.calibration)
-    fitted = [dict(r) for r in get("calibration_runs", ()) or ()]
-    if fitted:
-        result = fit(profile, fitted, tuple(get("fit", ("compute_efficiency",))))
+    if spec.calibration_runs:
+        result = fit(profile, list(spec.calibration_runs), spec.fit)
         profile = result.profile
         for name in result.at_bound:
             value = hardware.value(profile, name)
             log.warning("profile %s: %s fitted at its bound (%g)", profile.name, name, value)
-    runs = {str(r["model"]): dict(r) for r in get("calibrations", ()) or ()}
+    runs = {str(r.model): r for r in spec.calibrations}
     own = {model: calibrate(profile, run).compute.compute_efficiency for model, run in runs.items()}
     profile = hardware.replace(profile, model_runs=runs, model_efficiency=own)
     if profile.compute.compute_efficiency <= 0:
@@ -67,7 +67,7 @@ def from_config(c: Any) -> Profile:
     return profile
 
 
-def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
+def calibrate(profile: Profile, run: CalibrationRun) -> Profile:
     """Set compute efficiency from one measured single-device run: images/sec of a named model
     at a batch size. The step's op classes are the compiled single-device step's own (as the
     predictor counts every program); the profile's other costs (memory bandwidth, per-kernel
@@ -75,14 +75,14 @@ def calibrate(profile: Profile, run: dict[str, Any]) -> Profile:
     a prediction of the calibration run itself gives back the measured images/sec."""
     step = _measured_step(profile, run)
     ops = calibration_runs.calibration_ops(run, gputarget.of(profile))
-    dtype = run.get("dtype", "float32")
+    dtype = run.dtype
     rest = step - pricing.device_time(
         profile, dataclasses.replace(ops, matmul_flops=0.0, conv3x3_flops=0.0), dtype
     )
     if rest <= 0 or pricing.host_time(profile, ops) >= step:
         raise ConfigError(
-            f"profile {profile.name}: the calibration run ({run['model']}, batch "
-            f"{run['batch_size']}) takes {step * 1e3:.2f} ms, no more than the profile's fixed "
+            f"profile {profile.name}: the calibration run ({run.model}, batch "
+            f"{run.batch_size}) takes {step * 1e3:.2f} ms, no more than the profile's fixed "
             "and per-kernel costs; calibrate on a larger batch"
         )
     peak = pricing.peak(profile, dtype)
@@ -133,14 +133,9 @@ def _solve_efficiency(
     return at(found.values["compute_efficiency"])
 
 
-def _measured_step(profile: Profile, run: dict[str, Any]) -> float:
+def _measured_step(profile: Profile, run: CalibrationRun) -> float:
     """The measured step's time less the profile's fixed step and program costs."""
-    batch = int(run["batch_size"])
-    return (
-        batch / float(run["images_per_sec"])
-        - profile.host.step_overhead_s
-        - (profile.host.program_overhead_s)
-    )
+    return run.step_s - profile.host.step_overhead_s - profile.host.program_overhead_s
 
 
 # Profile costs `fit` may solve for, each positive (fitted in log space).
@@ -158,15 +153,24 @@ FITTABLE = (
 
 
 @dataclasses.dataclass(frozen=True)
+class FittedRun:
+    """A run beside its images/sec at the fitted costs."""
+
+    run: CalibrationRun
+    fitted_images_per_sec: float
+    error: float  # measured step time over the fitted one, less 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Fit:
     profile: Profile
-    rows: list[dict[str, Any]]  # each run with measured and fitted images/sec and the error
+    rows: list[FittedRun]  # each run with its fitted images/sec and the error
     # the fitted costs that ended at their bound (a fraction of peak at 1): the fit wanted more
     # than the model allows, so the rows' errors say less than they seem to
     at_bound: tuple[str, ...] = ()
 
 
-def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) -> Fit:
+def fit(profile: Profile, runs: list[CalibrationRun], names: tuple[str, ...]) -> Fit:
     """Least-squares fit of the profile costs `names` (see FITTABLE) to measured single-device
     runs (relative error of each run's step time); the other costs stay as the profile gives
     them, except that a fit of compute_efficiency without conv3x3_efficiency prices every
@@ -188,7 +192,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     if "compute_efficiency" in names and "conv3x3_efficiency" not in names:
         profile = hardware.replace(profile, conv3x3_efficiency=0.0)
     ops = [calibration_runs.calibration_ops(r, gputarget.of(profile)) for r in runs]
-    measured = np.array([r["batch_size"] / float(r["images_per_sec"]) for r in runs])
+    measured = np.array([r.step_s for r in runs])
     start = {
         "compute_efficiency": 0.5,
         "conv3x3_efficiency": 0.5,
@@ -204,7 +208,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     def predicted(p: Profile) -> np.ndarray:
         return np.array(
             [
-                pricing.program_time(p, o, r.get("dtype", "float32"))
+                pricing.program_time(p, o, r.dtype)
                 + p.host.step_overhead_s
                 + p.host.program_overhead_s
                 for o, r in zip(ops, runs)
@@ -224,7 +228,7 @@ def fit(profile: Profile, runs: list[dict[str, Any]], names: tuple[str, ...]) ->
     fitted = hardware.replace(profile, **solution.values)
     at_bound = solution.at_bound
     rows = [
-        {**r, "fitted_images_per_sec": r["batch_size"] / t, "error": t_m / t - 1}
+        FittedRun(r, r.batch_size / t, t_m / t - 1)
         for r, t, t_m in zip(runs, predicted(fitted), measured)
     ]
     return Fit(fitted, rows, at_bound)

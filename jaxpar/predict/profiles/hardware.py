@@ -12,6 +12,7 @@ from typing import Any
 from jaxpar.errors import ConfigError
 from jaxpar.predict.comm.links import Link  # a Profile's links
 from jaxpar.predict.kernels import opclass
+from jaxpar.predict.profiles.records import CalibrationRun as Run
 from jaxpar.predict.programs import gputarget
 
 
@@ -61,11 +62,10 @@ class Compute:
     # convolutions, the forward's do not (measured: micro.measure_forward). A backward
     # that recomputes its forward is a training step's mix, priced as it is. 1.0: as any.
     forward_speedup: float = 1.0
-    # Single-device calibration runs of particular models (`calibrations` in the profile):
-    # {model name: run}, and each one's efficiency (fitting.from_config compiles the run's
-    # step). A row of such a model computes at that efficiency; other models at
-    # compute_efficiency.
-    model_runs: dict[str, dict] = dataclasses.field(default_factory=dict)
+    # Single-device runs of particular models (`calibrations` in the profile): {model: run},
+    # and each one's efficiency (fitting.from_config compiles the run's step). A row of such
+    # a model computes at that efficiency; other models at compute_efficiency.
+    model_runs: dict[str, Run] = dataclasses.field(default_factory=dict)
     model_efficiency: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
@@ -168,7 +168,7 @@ class Profile:
     links: Links
     cpu: SharedCores = SharedCores()
     notes: str = ""
-    calibration: dict[str, Any] = dataclasses.field(default_factory=dict)
+    calibration: Run | None = None  # the one run compute_efficiency is set from
 
 
 # A Profile's groups; a profile file's keys are the groups' field names, each in one group.
@@ -191,12 +191,12 @@ _NUMBERS = {
 }
 
 
-def build(name: str, notes: str = "", calibration: dict | None = None, **fields: Any) -> Profile:
+def build(name: str, notes: str = "", calibration: Run | None = None, **fields: Any) -> Profile:
     """A Profile from its fields by their flat names (a profile file's keys), each put in its
     group; a group's fields not given keep their defaults."""
     parts = _by_group(name, fields)
     groups = {group: kind(**parts.get(group, {})) for group, kind in GROUPS.items()}
-    return Profile(name=name, notes=notes, calibration=dict(calibration or {}), **groups)
+    return Profile(name=name, notes=notes, calibration=calibration, **groups)
 
 
 def replace(profile: Profile, **fields: Any) -> Profile:
@@ -249,7 +249,7 @@ def from_config(c: Any) -> Profile:
         compute_pool=_pool(get("compute_pool", 0.0)),
         shared_cores=int(get("shared_cores", 0) or 0),
         notes=str(get("notes", "")),
-        calibration=dict(get("calibration", {}) or {}),
+        calibration=Run.of_record(get("calibration")) if get("calibration") else None,
         **numbers,
     )
     links, device = profile.links, profile.device

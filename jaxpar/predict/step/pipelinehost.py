@@ -13,9 +13,9 @@ as it can: XLA:CPU runs part of a small program on the thread that calls it.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
-from typing import Any
 
 import jax
 import numpy as np
@@ -24,6 +24,7 @@ from jaxpar import run_setup, units
 from jaxpar.predict.calibrate import timer
 from jaxpar.predict.profiles import solve
 from jaxpar.predict.profiles.calibration_runs import run_config
+from jaxpar.predict.profiles.records import CalibrationRun
 
 
 def _dispatches(stages: int) -> int:
@@ -68,7 +69,7 @@ def host_seconds(costs: dict[str, float], k: int, m: int, d: int, step_s: float)
 
 
 def measure_host(
-    run: dict[str, Any],
+    run: CalibrationRun,
     layouts=LAYOUTS,
     microbatches=(1, 2, 4, 8),
     steps: int = 10,
@@ -91,7 +92,7 @@ def measure_host(
     out = []
     for d, k in layouts:
         for m in microbatches:
-            config = run_config({**run, "width": run.get("width", 1.0) / 4})
+            config = run_config(dataclasses.replace(run, width=run.width / 4))
             config.mesh_shape = (d, k, 1)
             config.pipeline.schedule, config.pipeline.num_microbatches = "gpipe", m
             setup = run_setup.setup(config, jax.devices()[: d * k])

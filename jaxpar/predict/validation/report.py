@@ -30,6 +30,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.predict.kernels import kernel_table
 from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.profiles.calibration_runs import calibration_ops
+from jaxpar.predict.profiles.records import CalibrationRun, ProfileFits
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.step import pricing
 from jaxpar.predict.validation import suite_checks
@@ -47,16 +48,15 @@ def profiles_to_check(paths: list[str] | None) -> list[str]:
     return list(paths) if paths else shipped
 
 
-def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, list[str]]:
+def _spec(
+    path: str,
+) -> tuple[hardware.Profile, list[CalibrationRun], list[CalibrationRun], tuple, list[str]]:
     """(the profile fitted to nothing but its kernel table, its fitted runs, its candidates,
     fit names, suites)."""
     c = configfile.load(path)
-    fitted = [dict(r) for r in c.get("calibration_runs", ()) or ()]
-    if c.get("calibration"):
-        fitted.append(dict(c.calibration))
-    candidates = [dict(r) for r in c.get("calibration_candidates", ()) or ()]
-    names = tuple(c.get("fit", ("compute_efficiency",)) or ("compute_efficiency",))
-    suites = list(c.get("validation", ()) or ())
+    spec = ProfileFits.of_record(c)
+    fitted = [*spec.calibration_runs, *([spec.calibration] if spec.calibration else [])]
+    candidates, names, suites = list(spec.calibration_candidates), spec.fit, list(spec.validation)
     runs = ("calibration_runs", "calibration", "calibrations")
     kept = {k: v for k, v in c.items() if k not in runs}
     bare = fitting.from_config(kept | {"compute_efficiency": c.get("compute_efficiency") or 0.4})
@@ -65,38 +65,39 @@ def _spec(path: str) -> tuple[hardware.Profile, list[dict], list[dict], tuple, l
 
 def leave_one_out(
     profile: hardware.Profile,
-    runs: list[dict],
+    runs: list[tuple[CalibrationRun, bool]],
     names: tuple,
     say: Callable[[str], None] | None = None,
 ) -> list[dict]:
-    """Each model's runs predicted by the `names` costs fitted on the other models' runs
-    (`say`: a progress line per model)."""
-    out, models, t0 = [], sorted({r["model"] for r in runs}), time.perf_counter()
+    """Each model's runs (each with whether it is held out of the shipped fit) predicted by
+    the `names` costs fitted on the other models' runs (`say`: a progress line per model)."""
+    out, models, t0 = [], sorted({r.model for r, _ in runs}), time.perf_counter()
     for i, model in enumerate(models):
         if say is not None:
             say(
                 f"leave-one-out {i + 1}/{len(models)}: fitting without {model}; elapsed "
                 f"{units.clock(time.perf_counter() - t0)}"
             )
-        rest = [r for r in runs if r["model"] != model]
+        rest = [r for r, _ in runs if r.model != model]
         if len(rest) < len(names) or not rest:
             continue
         fitted = fitting.fit(profile, rest, names).profile
         # the baseline: every row predicted at the median images/sec of the rows fitted on
-        constant = statistics.median(float(o["images_per_sec"]) for o in rest)
-        for r in (r for r in runs if r["model"] == model):
+        constant = statistics.median(float(o.images_per_sec) for o in rest)
+        for r, held_out in ((r, h) for r, h in runs if r.model == model):
             ops = calibration_ops(r, gputarget.of(fitted))
-            step = pricing.program_time(fitted, ops, r.get("dtype", "float32"))
+            step = pricing.program_time(fitted, ops, r.dtype)
             step += fitted.host.step_overhead_s + fitted.host.program_overhead_s
-            predicted = r["batch_size"] / step
+            predicted = r.batch_size / step
             out.append(
                 {
-                    **r,
+                    **r.as_record(),
+                    "held_out": held_out,
                     "predicted_images_per_sec": predicted,
-                    "error": predicted / float(r["images_per_sec"]) - 1,
-                    "baseline_error": constant / float(r["images_per_sec"]) - 1,
-                    "fitted_on": sorted({o["model"] for o in rest}),
-                    "models_left": len({o["model"] for o in rest}),
+                    "error": predicted / float(r.images_per_sec) - 1,
+                    "baseline_error": constant / float(r.images_per_sec) - 1,
+                    "fitted_on": sorted({o.model for o in rest}),
+                    "models_left": len({o.model for o in rest}),
                 }
             )
     return out
@@ -118,10 +119,8 @@ def report_profile(
     ]
     lines += [*_fit_lines(profile, fitted, names), *_kernel_lines(path, profile)]
     figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
-    runs = [{**r, "held_out": False} for r in fitted] + [
-        {**r, "held_out": True} for r in candidates
-    ]
-    if len({r["model"] for r in runs}) >= 2:
+    runs = [(r, False) for r in fitted] + [(r, True) for r in candidates]
+    if len({r.model for r, _ in runs}) >= 2:
         loo = leave_one_out(profile, runs, names, say)
         for held, part in ((False, "in the shipped fit"), (True, "held out (never fitted)")):
             mine = [r for r in loo if r["held_out"] == held]
@@ -160,7 +159,7 @@ def report_profile(
     return lines, figures
 
 
-def _fit_lines(profile: hardware.Profile, runs: list[dict], names: tuple) -> list[str]:
+def _fit_lines(profile: hardware.Profile, runs: list[CalibrationRun], names: tuple) -> list[str]:
     """The shipped fit's costs, and those at their bound."""
     if not runs or len(runs) < len(names):
         return []
@@ -171,7 +170,7 @@ def _fit_lines(profile: hardware.Profile, runs: list[dict], names: tuple) -> lis
         if result.at_bound
         else "none at a bound"
     )
-    worst = max(abs(r["error"]) for r in result.rows)
+    worst = max(abs(r.error) for r in result.rows)
     line = f"shipped fit on {len(runs)} run(s): {costs}; {bound}; worst fitted row "
     return [line + f"{100 * worst:.1f}%", ""]
 
