@@ -127,22 +127,3 @@ def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) 
             ref = {"efficiency": float(row["reference_efficiency"])}
         out.append((row["name"], config, ref))
     return out
-
-
-def add_reference(rows: list[dict], references: list) -> None:
-    """Beside each prediction, a suite's reference images/sec (published or measured) and its
-    efficiency against the reference 1-device row of the same model; or a published efficiency
-    alone ({"efficiency": x})."""
-    bases = {}
-    for r, ref in zip(rows, references):
-        if isinstance(ref, int | float) and r.get("num_devices") == 1:
-            bases.setdefault(r.get("model"), ref)
-    for r, ref in zip(rows, references):
-        if isinstance(ref, dict):
-            r["reference_images_per_sec"], r["reference_efficiency"] = None, ref["efficiency"]
-            continue
-        base = ref if r.get("num_devices") == 1 else bases.get(r.get("model"))
-        r["reference_images_per_sec"] = ref
-        r["reference_efficiency"] = (
-            ref / base / r["num_devices"] if ref and base and r.get("num_devices") else None
-        )

@@ -13,12 +13,13 @@ import sys
 
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
-from jaxpar.bench.records import Prediction, PredictionSummary
+from jaxpar.bench.records import PredictionSummary
 from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
+from jaxpar.predict.records import PredictedRow
 from jaxpar.stats import spearman
 
-# predictions.json's row key -> the bench row's key (jaxpar.predict.step.model's `_row`)
+# A predicted row's field (jaxpar.predict.records.PredictedRow) -> the bench row's key
 PREDICTED = {
     "profile": "predicted_profile",
     "status": "predicted_status",
@@ -106,11 +107,11 @@ def merge_predictions(rows: list[dict], predicted: list[dict]) -> list[dict]:
     measured memory per device - 1 (the measured one is the compiled program's, exact); the
     predicted images/sec is capped at the row's measured loader capacity. A row
     the predictor did not return keeps None; one it failed on gets its status and message."""
-    by_name = {p.name: p for p in map(Prediction.of_record, predicted)}
+    by_name = {p.name: p for p in map(PredictedRow.of_record, predicted)}
     for r in rows:
-        p = by_name.get(r["name"], Prediction(r["name"]))
+        p = by_name.get(r["name"])  # None: not predicted
         for theirs, mine in PREDICTED.items():
-            r[mine] = getattr(p, theirs)
+            r[mine] = getattr(p, theirs) if p is not None else None
         if r["predicted_status"] != "ok":  # a failed prediction carries no figures
             for mine in PREDICTED.values():
                 if mine not in ("predicted_profile", "predicted_status", "predicted_failure"):
