@@ -153,6 +153,9 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     return total * per_stage / pricing.pool(profile, w.num_devices, kernel_flops(w))
 
 
+_PHASES = ("fwd", "bwd", "wgt")  # a pipeline chunk's programs: forward, backward, weights
+
+
 def _pipeline_times(w: Workload, profile: Profile) -> StepTimes:
     k, m = axes.num_stages(w.mesh_shape), w.num_microbatches
     d = w.num_devices // k  # devices per stage: every program and transfer dispatches to d
@@ -166,23 +169,20 @@ def _pipeline_times(w: Workload, profile: Profile) -> StepTimes:
     compute, comm = [0.0] * k, [0.0] * k
     for ck in w.chunks:
         c = ck.chunk
-        coll = {
-            phase: commtime.collectives_time(
-                ck.collectives.get(phase, ()), full, profile, first(ck.stage)
-            )
-            for phase in ("fwd", "bwd", "wgt")
-        }
+        coll = tuple(  # (forward, backward, weight gradient)
+            commtime.collectives_time(ck.collectives.get(phase, ()), full, profile, first(ck.stage))
+            for phase in _PHASES
+        )
         send = commtime.send_time(w, c, profile)
         recv_grad = commtime.send_time(w, c - 1, profile) if c else 0.0
-        flop_s = {
-            phase: _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0
-            for phase in ("fwd", "bwd", "wgt")
-        }
-        fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
-        bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
-        wgt[c] = flop_s["wgt"] + coll["wgt"] + (over if "wgt" in ck.flops else 0.0)
-        compute[ck.stage] += sum(flop_s.values()) * m
-        comm[ck.stage] += (sum(coll.values()) + send + recv_grad) * m
+        flop_s = tuple(
+            _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0 for phase in _PHASES
+        )
+        fwd[c] = flop_s[0] + coll[0] + send + over
+        bwd[c] = flop_s[1] + coll[1] + recv_grad + over
+        wgt[c] = flop_s[2] + coll[2] + (over if "wgt" in ck.flops else 0.0)
+        compute[ck.stage] += sum(flop_s) * m
+        comm[ck.stage] += (sum(coll) + send + recv_grad) * m
     line = schedules.timeline([list(e) for e in w.events], fwd, bwd, wgt)
     finish = [0.0] * k
     for (_, c, _), (_, end) in line.spans.items():
