@@ -170,23 +170,3 @@ def load_rows(config_file: str | None, suite_file: str | None, overrides: dict) 
             ref = Reference(efficiency=float(row.reference_efficiency))
         out.append((row.name, config, ref))
     return out
-
-
-def add_reference(rows: list[dict], references: list[Reference | None]) -> None:
-    """Beside each prediction, a suite's reference images/sec (published or measured) and its
-    efficiency against the reference 1-device row of the same model; or a published efficiency
-    alone."""
-    bases = {}
-    for r, ref in zip(rows, references):
-        if ref is not None and ref.images_per_sec is not None and r.get("num_devices") == 1:
-            bases.setdefault(r.get("model"), ref.images_per_sec)
-    for r, reference in zip(rows, references):
-        if reference is not None and reference.images_per_sec is None:
-            r["reference_images_per_sec"], r["reference_efficiency"] = None, reference.efficiency
-            continue
-        ref = reference and reference.images_per_sec
-        base = ref if r.get("num_devices") == 1 else bases.get(r.get("model"))
-        r["reference_images_per_sec"] = ref
-        r["reference_efficiency"] = (
-            ref / base / r["num_devices"] if ref and base and r.get("num_devices") else None
-        )

@@ -46,7 +46,7 @@ def main(out: str) -> None:
     suite = dgx1_vgg16.get_config()
     config = override(base.get_config(), {**suite.overrides, **suite.rows[0]["config"]})
     row = predict_config(config, load_profile("configs/hardware/dgx1_p100.py"))
-    figures["dgx1_vgg16_images_per_sec"] = row["images_per_sec"]
+    figures["dgx1_vgg16_images_per_sec"] = row.images_per_sec
     with open(out, "w") as f:
         json.dump(figures, f)
 

@@ -64,7 +64,7 @@ def test_calibrate_here_writes_a_profile_that_loads_fits_and_predicts(tmp_path, 
     assert abs(run.batch_size / step / run.images_per_sec - 1) < 0.01
 
     row = predict_config(base.get_config(), profile)  # 8 simulated devices, data parallel
-    assert row["status"] == "ok" and row["num_devices"] == 8 and row["images_per_sec"] > 0
+    assert row.status == "ok" and row.num_devices == 8 and row.images_per_sec > 0
 
 
 def test_fitting_the_convolutions_rate_on_a_gpu_says_what_it_drops(monkeypatch, capsys):

@@ -150,8 +150,8 @@ def test_memory_per_gpu_is_xla_gpus_not_the_cpus():
     assert _largest_cudnn_call(cpu_texts) == 0
     assert gpu.stages[0].temp_bytes >= _largest_cudnn_call(gpu_texts) > 0
     row = predict_workload(gpu, hardware.replace(_profile(), gpu="h100_sxm"))
-    assert row["memory_bytes_per_device"] == gpu.memory_bytes_per_device
-    assert row["memory_from"].startswith("XLA:GPU programs compiled here for 8x NVIDIA H100")
+    assert row.memory_bytes_per_device == gpu.memory_bytes_per_device
+    assert row.memory_from.startswith("XLA:GPU programs compiled here for 8x NVIDIA H100")
 
 
 def _largest_cudnn_call(texts: list[str]) -> int:

@@ -14,7 +14,7 @@ import pytest
 from jaxpar import analysis, run_setup
 from jaxpar.config import ConfigError
 from jaxpar.parallel import schedules
-from jaxpar.predict import load_profile, predict_config, predict_rows, recommend
+from jaxpar.predict import PredictedRow, load_profile, predict_config, predict_rows, recommend
 from jaxpar.predict.comm import links
 from jaxpar.predict.kernels import opclass
 from jaxpar.predict.profiles import fitting, hardware
@@ -137,12 +137,12 @@ def test_equal_stages_reproduce_the_analytic_bubble():
         (StageCost(0, 0, 0),) * k,
     )
     row = predict_workload(w, tiny_profile())
-    busy = row["compute_s"]  # one stage: M x (forward + recomputing backward)
-    assert row["bubble_s"] / row["step_time_s"] == pytest.approx((k - 1) / (m + k - 1))
+    busy = row.compute_s  # one stage: M x (forward + recomputing backward)
+    assert row.bubble_s / row.step_time_s == pytest.approx((k - 1) / (m + k - 1))
     assert busy == pytest.approx(m * 4 * 1e9 * 8 / 0.5e12)
     # a forward-only program at the profile's forward_speedup; the recomputing backward as is
     faster = predict_workload(w, tiny_profile(forward_speedup=2.0))
-    assert faster["compute_s"] == pytest.approx(m * (8e9 / 2 + 24e9) / 0.5e12)
+    assert faster.compute_s == pytest.approx(m * (8e9 / 2 + 24e9) / 0.5e12)
     # the runner's host time: per step, per stage, per micro-batch and per program the busiest
     # stage dispatches (a forward and a backward per micro-batch)
     costs = {
@@ -152,13 +152,13 @@ def test_equal_stages_reproduce_the_analytic_bubble():
         "program_overhead_s": 5e-5,
     }
     hosted = predict_workload(w, tiny_profile(**costs))
-    assert hosted["overhead_s"] == pytest.approx(1e-3 + k * 2e-4 + m * (1e-3 + 2 * 5e-5))
+    assert hosted.overhead_s == pytest.approx(1e-3 + k * 2e-4 + m * (1e-3 + 2 * 5e-5))
     # each further device of a stage (here data 2: 2 per stage) adds its per-stage and
     # per-dispatch costs
     wide = dataclasses.replace(w, mesh_shape={"data": 2, "stage": k, "tensor": 1})
     costs = {**costs, "stage_device_overhead_s": 3e-4, "program_device_overhead_s": 2e-5}
     hosted = predict_workload(wide, tiny_profile(**costs))
-    assert hosted["overhead_s"] == pytest.approx(
+    assert hosted.overhead_s == pytest.approx(
         1e-3 + k * (2e-4 + 3e-4) + m * (1e-3 + 2 * (5e-5 + 2e-5))
     )
 
@@ -244,10 +244,12 @@ def test_the_tile_width_fits_the_rates_of_narrow_layers(caplog):
 def test_memory_over_capacity_does_not_fit():
     config = tiny_config(mesh_shape=(2, 1, 1))
     roomy = predict_config(config, tiny_profile())
-    assert roomy["fits"] and roomy["memory_bytes_per_device"] > 0
-    tight = predict_config(config, tiny_profile(memory_bytes=roomy["memory_bytes_per_device"] - 1))
-    assert not tight["fits"]
-    assert recommend([{"name": "x", **tight}]).startswith("recommendation: none: nothing fits")
+    assert roomy.fits and roomy.memory_bytes_per_device > 0
+    tight = predict_config(config, tiny_profile(memory_bytes=roomy.memory_bytes_per_device - 1))
+    assert not tight.fits
+    assert recommend([dataclasses.replace(tight, name="x")]).startswith(
+        "recommendation: none: nothing fits"
+    )
 
 
 def test_data_parallel_bytes_are_the_parameter_bytes():
@@ -261,7 +263,7 @@ def _efficiency(global_batch: int, profile) -> float:
     """Predicted efficiency of 4 data-parallel devices against one with a quarter the batch."""
     one = tiny_config(mesh_shape=(1, 1, 1), global_batch_size=global_batch // 4)
     four = tiny_config(mesh_shape=(4, 1, 1), global_batch_size=global_batch)
-    return predict_rows([one, four], profile)[1]["efficiency"]
+    return predict_rows([one, four], profile)[1].efficiency
 
 
 def test_data_parallel_efficiency_falls_with_slower_links_and_rises_with_batch():
@@ -278,8 +280,8 @@ def test_overlap_hides_at_most_the_backward():
     slow = tiny_profile(intra=hardware.Link(0.01 * GB, 0.0))
     none = predict_config(config, slow, overlap=0.0)
     full = predict_config(config, slow, overlap=1.0)
-    backward = none["compute_s"] * 2 / 3
-    assert full["comm_s"] == pytest.approx(none["comm_s"] - backward)
+    backward = none.compute_s * 2 / 3
+    assert full.comm_s == pytest.approx(none.comm_s - backward)
 
 
 # What each shipped profile says, worked out by hand from its file. "allreduce": seconds to
@@ -405,7 +407,7 @@ def test_profile_with_too_few_devices_fails_the_row():
     row = predict_config(
         tiny_config(mesh_shape=(4, 1, 1)), hardware.replace(tiny_profile(), num_devices=2)
     )
-    assert row["status"] == "failed" and "needs 4 devices" in row["error"]
+    assert row.status == "failed" and "needs 4 devices" in row.error
 
 
 def test_pipeline_stage_gradients_cross_nodes_in_mesh_order():
@@ -416,7 +418,7 @@ def test_pipeline_stage_gradients_cross_nodes_in_mesh_order():
     two_nodes = predict_config(
         config, tiny_profile(devices_per_node=2, inter=hardware.Link(0.001 * GB, 0.0))
     )
-    assert two_nodes["grad_allreduce_s"] > 100 * one_node["grad_allreduce_s"] > 0
+    assert two_nodes.grad_allreduce_s > 100 * one_node.grad_allreduce_s > 0
 
 
 # Every schedule the trainer runs, recomputing or storing residuals.
@@ -468,7 +470,7 @@ def test_predictor_follows_every_schedule(schedule, v, remat):
         for c in w.chunks
     )
     row = predict_workload(dataclasses.replace(w, chunks=chunks), tiny_profile())
-    assert row["schedule_bubble"] == pytest.approx(schedules.analytic_bubble(2, m, schedule, v))
+    assert row.schedule_bubble == pytest.approx(schedules.analytic_bubble(2, m, schedule, v))
 
 
 SHAPES = {"vgg11": (32, 32, 3), "lenet": (28, 28, 1)}
@@ -517,7 +519,7 @@ def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
     for model, want in (("vgg11", 500.0), ("lenet", 9000.0)):
         config = _tiny(model)
         row = predict_config(config, p)
-        assert row["images_per_sec"] == pytest.approx(want, rel=1e-3)
+        assert row.images_per_sec == pytest.approx(want, rel=1e-3)
         rows.append((model, config))
     assert (
         pricing.efficiency(p, "lenet")
@@ -527,12 +529,10 @@ def test_a_model_with_its_own_calibration_run_predicts_at_its_rate():
     # speedup is against the 1-device row of the same model
     two = _tiny("lenet", mesh_shape=(2, 1, 1), global_batch_size=32)
     table = predict_rows([*rows, ("lenet 2", two)], p)
-    assert table[2]["speedup"] == pytest.approx(
-        table[2]["images_per_sec"] / table[1]["images_per_sec"]
-    )
+    assert table[2].speedup == pytest.approx(table[2].images_per_sec / table[1].images_per_sec)
     # another 1-device row of the same model (another batch) is its own baseline
     bigger = predict_rows([*rows, ("lenet b32", _tiny("lenet", global_batch_size=32))], p)
-    assert bigger[2]["speedup"] == 1.0 and bigger[2]["efficiency"] == 1.0
+    assert bigger[2].speedup == 1.0 and bigger[2].efficiency == 1.0
 
 
 def test_m60_efficiency_is_the_p100_resnet50_fraction_of_peak():
@@ -551,21 +551,20 @@ def test_published_efficiency_sits_beside_the_prediction():
     """A suite row's `reference_efficiency` (seed 003 publishes speedups, not images/sec) is
     shown beside the prediction, in the predict table and in the bench's predicted.md."""
     from jaxpar.bench import predicted
+    from jaxpar.predict import PredictedRow, Scaling, with_references
     from jaxpar.predict.__main__ import table
-    from jaxpar.suites import Reference, add_reference
+    from jaxpar.suites import Reference
     from tests.util import bench_row
 
     rows = [
-        {"name": "m 1", "model": "m", "num_devices": 1, "status": "ok", "efficiency": 1.0},
-        {"name": "m 2", "model": "m", "num_devices": 2, "status": "ok", "efficiency": 0.9},
-    ]
-    add_reference(rows, [None, Reference(efficiency=0.587)])
-    assert rows[1]["reference_efficiency"] == 0.587 and rows[1]["reference_images_per_sec"] is None
-    for r in rows:
-        r.update(
-            mesh_shape=(r["num_devices"], 1, 1),
+        PredictedRow(
+            name=f"m {n}",
+            model="m",
+            num_devices=n,
+            status="ok",
+            scaling=Scaling(1.0, eff),
+            mesh_shape=(n, 1, 1),
             images_per_sec=100.0,
-            speedup=1.0,
             step_time_s=0.1,
             compute_s=0.1,
             comm_s=0.0,
@@ -573,6 +572,10 @@ def test_published_efficiency_sits_beside_the_prediction():
             memory_bytes_per_device=2**30,
             fits=True,
         )
+        for n, eff in ((1, 1.0), (2, 0.9))
+    ]
+    rows = with_references(rows, [None, Reference(efficiency=0.587)])
+    assert rows[1].reference_efficiency == 0.587 and rows[1].reference_images_per_sec is None
     assert "| - | 58.7% | +31.3 pt |" in table(rows)
     bench = [
         bench_row(
@@ -725,16 +728,16 @@ def test_parameter_server_permutes_are_priced_on_the_data_axis():
     # (the replicas' mean of their own, the server's combined one to every replica), all
     # reduced over the 4 replicas
     metrics = {"all-reduce data": 8 + 8}
-    assert row["collective_bytes_per_device"] == {
+    assert row.collective_bytes_per_device == {
         "collective-permute data": 6 * 4 * params,
         **metrics,
     }
-    assert row["comm_s"] == pytest.approx((6 * 4 * params + 1.5 * 16) / bandwidth)
+    assert row.comm_s == pytest.approx((6 * 4 * params + 1.5 * 16) / bandwidth)
     allreduce = predict_config(tiny_config(mesh_shape=(4, 1, 1)), profile)
     # the gradient, the loss, the accuracy and the replicas' mean squared norm (the combined
     # gradient's is taken on every replica after the all-reduce: no bytes)
-    assert allreduce["collective_bytes_per_device"] == {"all-reduce data": 4 * params + 12}
-    assert allreduce["comm_s"] == pytest.approx(1.5 * (4 * params + 12) / bandwidth)
+    assert allreduce.collective_bytes_per_device == {"all-reduce data": 4 * params + 12}
+    assert allreduce.comm_s == pytest.approx(1.5 * (4 * params + 12) / bandwidth)
 
 
 def test_fit_recovers_the_costs_that_made_the_runs(tmp_path):
@@ -793,20 +796,20 @@ def test_predict_cli_does_what_its_help_says(tmp_path, monkeypatch, capsys):
         seen.append((config.model.width, config.global_batch_size, tuple(config.mesh_shape)))
         rate = 100.0 if n == 1 else 90.0 * n
         step = config.global_batch_size / rate
-        return {
-            "status": "ok",
-            "model": config.model.name,
-            "num_devices": n,
-            "mesh_shape": tuple(config.mesh_shape),
-            "images_per_sec": rate,
-            "step_time_s": step,
-            "compute_s": step,
-            "comm_s": 0.0,
-            "bubble_s": 0.0,
-            "memory_bytes_per_device": 2**30,
-            "memory_capacity_bytes": profile.device.memory_bytes,
-            "fits": True,
-        }
+        return PredictedRow(
+            status="ok",
+            model=config.model.name,
+            num_devices=n,
+            mesh_shape=tuple(config.mesh_shape),
+            images_per_sec=rate,
+            step_time_s=step,
+            compute_s=step,
+            comm_s=0.0,
+            bubble_s=0.0,
+            memory_bytes_per_device=2**30,
+            memory_capacity_bytes=profile.device.memory_bytes,
+            fits=True,
+        )
 
     monkeypatch.setattr(jaxpar.predict, "predict_config", one_config)
     suite = tmp_path / "suite.py"
@@ -906,8 +909,8 @@ def test_overlap_as_the_program_schedules_it_and_the_loader_cap():
     none = predict_config(config, slow, overlap=0.0)
     program = predict_config(config, hardware.replace(slow, overlap=None))
     full = predict_config(config, slow, overlap=1.0)
-    assert full["comm_s"] <= program["comm_s"] < none["comm_s"]
-    rate = none["images_per_sec"] / 2
+    assert full.comm_s <= program.comm_s < none.comm_s
+    rate = none.images_per_sec / 2
     capped = predict_config(config, hardware.replace(slow, overlap=0.0, loader_images_per_sec=rate))
-    assert capped["input_bound"] and capped["images_per_sec"] == pytest.approx(rate)
-    assert not none["input_bound"]
+    assert capped.input_bound and capped.images_per_sec == pytest.approx(rate)
+    assert not none.input_bound

@@ -3,6 +3,7 @@ ranking and the report (a stand-in predictor), and one real prediction of three 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shlex
 
@@ -14,7 +15,7 @@ from jaxpar.plan import (
     APPROX_SYNC,
     EXACT_SYNC,
     Candidate,
-    candidate_of,
+    PlanRow,
     command,
     commonest,
     enumerate_candidates,
@@ -25,6 +26,7 @@ from jaxpar.plan import (
 )
 from jaxpar.plan import __main__ as cli
 from jaxpar.plan.report import report
+from jaxpar.predict import PredictedRow
 from jaxpar.predict.profiles import fitting
 from tests.util import tiny_config
 
@@ -135,18 +137,23 @@ def _fake_predict(config, profile):
     if config.sync.mode == "sharded":
         step += 0.2e-3
     memory = 4 * GIB / (s * t) + 0.1 * GIB * d
-    return {
-        "status": "ok",
-        "step_time_s": step,
-        "images_per_sec": 16 / step,
-        "compute_s": step / 2,
-        "comm_s": step / 4,
-        "bubble_s": step / 8,
-        "overhead_s": step / 8,
-        "memory_bytes_per_device": memory,
-        "num_devices": n,
-        "mesh_shape": (d, s, t),
-    }
+    return PredictedRow(
+        status="ok",
+        step_time_s=step,
+        images_per_sec=16 / step,
+        compute_s=step / 2,
+        comm_s=step / 4,
+        bubble_s=step / 8,
+        overhead_s=step / 8,
+        memory_bytes_per_device=memory,
+        num_devices=n,
+        mesh_shape=(d, s, t),
+    )
+
+
+def _row(candidate=None, calls=None, **predicted) -> PlanRow:
+    """A plan row of `candidate` (default (8,1,1)) with the predicted figures given."""
+    return PlanRow(PredictedRow(status="ok", **predicted), candidate or Candidate((8, 1, 1)), calls)
 
 
 def test_rounds_rank_by_step_time_within_the_memory_limit():
@@ -163,26 +170,26 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     )
     assert len(result.rows) == len(lines) == 30  # the bound, with progress and ETA per row
     assert "ETA" in lines[-1] and "round 2" in lines[-1]
-    assert result.baseline["candidate"]["mesh"] == (1, 1, 1)
+    assert result.baseline.candidate.mesh == (1, 1, 1)
     assert result.considered == 386 and result.skipped == 386 - 30
     # round 1: one setting per mesh (10 with the baseline; (1,1,8) is refused at this width),
     # 1F1B at M = min(4K, batch limit)
-    first = [r["candidate"] for r in result.rows[:10]]
-    assert len({c["mesh"] for c in first}) == 10
-    assert all(c["schedule"] in (None, "1f1b") for c in first)
-    assert {c["mesh"]: c["microbatches"] for c in first}[(2, 4, 1)] == 8
+    first = [r.candidate for r in result.rows[:10]]
+    assert len({c.mesh for c in first}) == 10
+    assert all(c.schedule in (None, "1f1b") for c in first)
+    assert {c.mesh: c.microbatches for c in first}[(2, 4, 1)] == 8
     fitting, too_big = rank(result.rows, 2.5 * GIB)
-    steps = [r["step_time_s"] for r in fitting]
+    steps = [r.predicted.step_time_s for r in fitting]
     assert steps == sorted(steps) and len(fitting) + len(too_big) == 30
-    assert all(r["memory_bytes_per_device"] <= 2.5 * GIB for r in fitting)
-    assert all(r["memory_bytes_per_device"] > 2.5 * GIB for r in too_big)
-    assert fitting[0]["candidate"]["mesh"] == (4, 1, 2)  # (8,1,1) is faster but needs 4.8 GiB
-    assert too_big[0]["candidate"]["mesh"] == (8, 1, 1)
+    assert all(r.predicted.memory_bytes_per_device <= 2.5 * GIB for r in fitting)
+    assert all(r.predicted.memory_bytes_per_device > 2.5 * GIB for r in too_big)
+    assert fitting[0].candidate.mesh == (4, 1, 2)  # (8,1,1) is faster but needs 4.8 GiB
+    assert too_big[0].candidate.mesh == (8, 1, 1)
     best = fitting[0]
     # _fake_predict by hand: (1,1,1) takes 1e-3 (8 + 0.1) s, (4,1,2) 1e-3 (1 + 0.3 x 3 + 0.2)
-    assert result.baseline["step_time_s"] == pytest.approx(8.1e-3)
-    assert best["step_time_s"] == pytest.approx(2.1e-3)
-    assert best["speedup"] == pytest.approx(8.1 / 2.1)
+    assert result.baseline.predicted.step_time_s == pytest.approx(8.1e-3)
+    assert best.predicted.step_time_s == pytest.approx(2.1e-3)
+    assert best.speedup == pytest.approx(8.1 / 2.1)
     text, rec, cmd = report(result, _profile(), 2.5 * GIB, 5, "configs/vgg19_data.py", config, {})
     assert text.count("\n| ") == 6  # header and 5 rows
     assert "Faster, but do not fit:\n  (8,1,1) allreduce" in text and "needs 4.80 GiB" in text
@@ -192,7 +199,7 @@ def test_rounds_rank_by_step_time_within_the_memory_limit():
     text, rec, cmd = report(result, _profile(), 0.1 * GIB, 5, "x.py", config, {})
     assert "none of the predicted candidates fits 0.10 GiB per device" in text
     # the least of _fake_predict's 4/(s t) + 0.1 d GiB: d = 1, s t = 8 (round 1 has (1,8,1))
-    assert min(r["memory_bytes_per_device"] for r in result.rows) == pytest.approx(0.6 * GIB)
+    assert min(r.predicted.memory_bytes_per_device for r in result.rows) == pytest.approx(0.6 * GIB)
     assert "the smallest needs 0.60 GiB" in text
     assert rec is None and cmd is None
 
@@ -213,8 +220,8 @@ def test_a_config_nothing_runs_is_one_line():
 )
 def test_recommended_command_gives_a_config_the_trainer_accepts(candidate):
     config = configfile.load("configs/vgg19_data.py")
-    row = {"candidate": candidate.as_dict()}
-    assert candidate_of(row) == candidate
+    row = PlanRow(PredictedRow(status="ok"), candidate)
+    assert Candidate.of_record(candidate.as_dict()) == candidate
     extra = {"model.width": 0.0625, "global_batch_size": 16}
     cmd = command("configs/vgg19_data.py", row, config, extra)
     args = shlex.split(cmd)
@@ -290,16 +297,17 @@ def test_a_bound_below_the_mesh_count_says_which_meshes_were_not_reached():
 def test_real_predictions_of_three_candidates():
     """Compiles three candidates on a 2-device tiny profile."""
     result = plan(tiny_config(), _profile(n=2), max_candidates=3, log=lambda s: None, axes=THREE)
-    names = [r["name"] for r in result.rows]
+    names = [r.name for r in result.rows]
     assert names == ["(1,1,1)", "(2,1,1) allreduce", "(1,2,1) 1f1b M=8 remat"]
-    assert all(r["status"] == "ok" and r["step_time_s"] > 0 for r in result.rows)
+    assert all(r.ok and r.predicted.step_time_s > 0 for r in result.rows)
     base, data, pipe = result.rows
-    assert base["speedup"] == 1.0
-    assert data["collective_calls_per_step"]["all-reduce data"] >= 1
+    assert base.speedup == 1.0
+    assert data.collective_calls_per_step["all-reduce data"] >= 1
     # a pipeline stage holds about half the parameters; two replicas hold all of them each
-    assert pipe["memory_bytes_per_device"] < base["memory_bytes_per_device"]
+    assert pipe.predicted.memory_bytes_per_device < base.predicted.memory_bytes_per_device
     fitting, _ = rank(result.rows, 1e9)
-    assert [r["step_time_s"] for r in fitting] == sorted(r["step_time_s"] for r in result.rows)
+    steps = sorted(r.predicted.step_time_s for r in result.rows)
+    assert [r.predicted.step_time_s for r in fitting] == steps
 
 
 def test_unplaced_collectives_are_flagged_and_not_recommended():
@@ -307,21 +315,23 @@ def test_unplaced_collectives_are_flagged_and_not_recommended():
     the planner flags such a row and recommends a fully priced one."""
     from jaxpar.plan import unpriced, why
 
-    ps = {
-        **_fake_predict(_config(mesh_shape=(8, 1, 1)), None),
-        "name": "(8,1,1) ps",
-        "candidate": Candidate((8, 1, 1), sync="parameter_server").as_dict(),
-        "collective_bytes_per_device": {"collective-permute ?": 240e6, "all-reduce data": 1e3},
-    }
-    ar = {
-        **_fake_predict(_config(mesh_shape=(4, 1, 2)), None),
-        "name": "(4,1,2)",
-        "candidate": Candidate((4, 1, 2)).as_dict(),
-        "collective_bytes_per_device": {"all-reduce data": 40e6, "all-gather ?": 2560},
-    }
+    ps = PlanRow(
+        dataclasses.replace(
+            _fake_predict(_config(mesh_shape=(8, 1, 1)), None),
+            collective_bytes_per_device={"collective-permute ?": 240e6, "all-reduce data": 1e3},
+        ),
+        Candidate((8, 1, 1), sync="parameter_server"),
+    )
+    ar = PlanRow(
+        dataclasses.replace(
+            _fake_predict(_config(mesh_shape=(4, 1, 2)), None),
+            collective_bytes_per_device={"all-reduce data": 40e6, "all-gather ?": 2560},
+        ),
+        Candidate((4, 1, 2)),
+    )
     assert unpriced(ps) == {"collective-permute ?": 240e6} and unpriced(ar) == {}
     assert "NOT priced: collective-permute ? 240.0 MB" in why(ps, _profile())
-    assert ps["step_time_s"] < ar["step_time_s"]
+    assert ps.predicted.step_time_s < ar.predicted.step_time_s
     result = plan_of([ps, ar])
     text, rec, _ = report(result, _profile(), 10 * GIB, 5, "x.py", _config(), {})
     assert rec.startswith("(4,1,2)") and "leaves some of its traffic unpriced" in text
@@ -358,27 +368,23 @@ def test_why_names_the_links_a_collective_runs_on():
         "compute_s": 5e-3,
         "comm_s": 5e-3,
         "num_devices": 16,
-        "mesh_axes": ["node", "data"],
-        "mesh_shape": [2, 8],
+        "mesh_axes": ("node", "data"),
+        "mesh_shape": (2, 8),
     }
-    inside = {
-        **row,
-        "collective_bytes_per_device": {"all-gather data": 80e6, "all-reduce node": 20e6},
-    }
+    inside = _row(
+        **row, collective_bytes_per_device={"all-gather data": 80e6, "all-reduce node": 20e6}
+    )
     assert why(inside, profile).endswith("all-reduce node 20.0 MB/step over 2 nodes (45 GB/s)")
-    mostly = {
-        **row,
-        "collective_bytes_per_device": {"all-gather data": 800e6, "all-reduce node": 20e6},
-    }
+    mostly = _row(
+        **row, collective_bytes_per_device={"all-gather data": 800e6, "all-reduce node": 20e6}
+    )
     assert why(mostly, profile).endswith(
         "all-gather data 800.0 MB/step over intra-node links (360 GB/s)"
     )
-    flat = {
-        **row,
-        "mesh_axes": ["data", "stage", "tensor"],
-        "mesh_shape": [16, 1, 1],
-        "collective_bytes_per_device": {"all-reduce data": 200e6},
-    }
+    flat = _row(
+        **{**row, "mesh_axes": ("data", "stage", "tensor"), "mesh_shape": (16, 1, 1)},
+        collective_bytes_per_device={"all-reduce data": 200e6},
+    )
     assert why(flat, profile).endswith("all-reduce data 200.0 MB/step over 2 nodes (45 GB/s)")
 
 
@@ -407,18 +413,15 @@ def test_why_names_an_unwired_hop_inside_a_node():
         "compute_s": 5e-3,
         "comm_s": 5e-3,
         "num_devices": 8,
-        "mesh_axes": ["data", "stage", "tensor"],
-        "mesh_shape": [8, 1, 1],
-        "collective_bytes_per_device": {"all-reduce data": 100e6},
+        "mesh_axes": ("data", "stage", "tensor"),
     }
-    assert why(row, profile).endswith(
+    data = _row(**row, mesh_shape=(8, 1, 1), collective_bytes_per_device={"all-reduce data": 100e6})
+    assert why(data, profile).endswith(
         "all-reduce data 100.0 MB/step over an unwired hop (through the hosts) (8 GB/s)"
     )
-    quad = {
-        **row,
-        "mesh_shape": [2, 1, 4],
-        "collective_bytes_per_device": {"all-reduce tensor": 100e6},
-    }
+    quad = _row(
+        **row, mesh_shape=(2, 1, 4), collective_bytes_per_device={"all-reduce tensor": 100e6}
+    )
     assert why(quad, profile).endswith(
         "all-reduce tensor 100.0 MB/step over intra-node links (18 GB/s)"
     )
@@ -432,14 +435,14 @@ def test_a_latency_bound_row_names_the_fixed_cost_of_its_links():
     from jaxpar.predict.profiles import hardware
     from tests.util import tiny_profile
 
-    row = {
-        "step_time_s": 0.010,
-        "compute_s": 0.005,
-        "comm_s": 0.005,
-        "num_devices": 8,
-        "collective_bytes_per_device": {"all-reduce data": 40e3},
-        "collective_calls_per_step": {"all-reduce data": 40},
-    }
+    row = _row(
+        calls={"all-reduce data": 40},
+        step_time_s=0.010,
+        compute_s=0.005,
+        comm_s=0.005,
+        num_devices=8,
+        collective_bytes_per_device={"all-reduce data": 40e3},
+    )
     plain = tiny_profile(intra=hardware.Link(10e9, 5e-6))
     assert reasons.why(row, plain) == (
         "comm 50% of step: latency-bound, 40 collective calls/step "

@@ -4,7 +4,7 @@ had (a run's summary line in metrics.jsonl, plan.json, time_to_target.json, a ro
 import dataclasses
 import json
 
-from jaxpar.bench.records import Machine, Prediction, TargetModel, TargetSummary
+from jaxpar.bench.records import Machine, TargetModel, TargetSummary
 from jaxpar.plan.records import Measured, TargetRow
 from jaxpar.step_report import StepReport
 from jaxpar.summary_record import (
@@ -92,11 +92,6 @@ def test_the_other_records_read_back_what_they_write():
         assert _round_trip(record) == record
     assert machine.describe() == "8 cpu devices (cpu) on 2 CPU cores, JAX 0.10.2"
     assert list(summary.as_record())[:2] == ["rows_compared", "spearman_time"]
-
-
-def test_a_prediction_takes_the_fields_it_knows_and_none_for_the_rest():
-    p = Prediction.of_record({"name": "a", "status": "ok", "images_per_sec": 10.0, "other": 1})
-    assert (p.name, p.status, p.images_per_sec, p.step_time_s) == ("a", "ok", 10.0, None)
 
 
 # The summary line of `python -m jaxpar.train --config configs/vgg19_hybrid.py

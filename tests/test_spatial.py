@@ -254,5 +254,5 @@ def test_the_predictor_prices_each_halo_as_a_neighbour_message():
     )
     latency = 1e-3
     profile = tiny_profile(intra=hardware.Link(1e18, latency))  # latency alone: 1 EB/s
-    extra = predict_workload(w, profile)["comm_s"] - predict_workload(without, profile)["comm_s"]
+    extra = predict_workload(w, profile).comm_s - predict_workload(without, profile).comm_s
     assert extra == pytest.approx(count * latency, rel=1e-6)

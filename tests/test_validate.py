@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from jaxpar.predict import PredictedRow, Reference, Scaling
 from jaxpar.predict.validation import report, suite_checks
 
 # Three runs of two tiny models: fit on vgg11's two runs, predict resnet20, and back.
@@ -56,7 +57,7 @@ def test_leave_one_model_out_report(tmp_path):
         tables[rate] = table = _table(lines)
         assert table[("resnet20", 8)][-2:] == [baseline, "vgg11"]
         errors = [abs(float(r[2].rstrip("%"))) for r in table.values()]
-        assert 100 * figures["single"] == pytest.approx(max(errors), abs=0.05)  # the worst
+        assert 100 * figures.single == pytest.approx(max(errors), abs=0.05)  # the worst
     assert [r[-2:] for k, r in tables[500.0].items() if k[0] == "vgg11"] == [
         ["-37.5%", "resnet20"],
         ["-64.3%", "resnet20"],
@@ -113,7 +114,8 @@ def test_published_tables_give_each_row_its_model_s_efficiency():
     """tf_cnn_benchmarks' DGX-1 table as a suite: five models on 1-8 GPUs at their own batch
     per GPU (AlexNet 512), each multi-GPU row's reference efficiency against its own model's
     1-GPU figure: AlexNet's 17,822 on 8 GPUs over 8 x 2,987 is 74.6%."""
-    from jaxpar.suites import add_reference, load_rows
+    from jaxpar.predict import with_references
+    from jaxpar.suites import load_rows
 
     rows = load_rows(None, "configs/predict/dgx1_tf_cnn_benchmarks.py", {})
     assert len(rows) == 20
@@ -123,12 +125,12 @@ def test_published_tables_give_each_row_its_model_s_efficiency():
     assert tuple(config.mesh_shape) == (8, 1, 1) and not config.model.batch_norm
     assert tuple(by_name["inception_v3 data 1"][0].data.image_shape) == (299, 299, 3)
     predicted = [
-        {"model": config.model.name, "num_devices": math.prod(config.mesh_shape)}
+        PredictedRow(status="ok", model=config.model.name, num_devices=math.prod(config.mesh_shape))
         for _, config, _ in rows
     ]
-    add_reference(predicted, [ref for _, _, ref in rows])
+    predicted = with_references(predicted, [ref for _, _, ref in rows])
     eight = predicted[[name for name, _, _ in rows].index("alexnet data 8")]
-    assert eight["reference_efficiency"] == 17822 / (8 * 2987)
+    assert eight.reference_efficiency == 17822 / (8 * 2987)
 
 
 def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, monkeypatch):
@@ -139,22 +141,20 @@ def test_a_published_table_reports_its_worst_row_and_how_many_meet(tmp_path, mon
         "import ml_collections\n\ndef get_config():\n    return ml_collections.ConfigDict()\n"
     )
     rows = [
-        {
-            "name": f"m data {n}",
-            "status": "ok",
-            "num_devices": n,
-            "images_per_sec": 100.0 * n,
-            "efficiency": eff,
-            "reference_images_per_sec": None,
-            "reference_efficiency": ref,
-        }
+        PredictedRow(
+            name=f"m data {n}",
+            status="ok",
+            num_devices=n,
+            images_per_sec=100.0 * n,
+            scaling=Scaling(None, eff),
+            reference=Reference(None, ref),
+        )
         for n, eff, ref in ((1, 1.0, 1.0), (2, 0.95, 0.97), (4, 0.9, 0.98), (8, 0.9, 0.88))
     ]
     monkeypatch.setattr(suite_checks, "suite_rows", lambda path, suite, say=None: rows)
-    figures = {"points": None}
-    lines = suite_checks.suite_lines("profile.py", str(suite), figures)
+    lines, figures = suite_checks.suite_lines("profile.py", str(suite), suite_checks.Figures())
     # -2, -8 and +2 points: the worst 8.0, two of three within 5
-    assert figures["points"] == pytest.approx(8.0)
+    assert figures.points == pytest.approx(8.0)
     assert lines[-1] == (
         "\nworst efficiency difference: 8.0 points (MISSES the 5-point target);"
         " 2 of 3 multi-device rows within 5 points"
@@ -168,7 +168,7 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
 
     def fake(config, profile, overlap):
         calls.append(config.model.name)
-        return {"status": "ok", "model": config.model.name, "num_devices": 1, "images_per_sec": 1.0}
+        return PredictedRow(status="ok", model=config.model.name, num_devices=1, images_per_sec=1.0)
 
     monkeypatch.setattr(suite_checks, "predict_config", fake)
     monkeypatch.setattr(suite_checks, "load_profile", lambda path: object())
@@ -181,5 +181,5 @@ def test_tables_of_the_same_runs_are_predicted_once(monkeypatch):
     assert ", ETA " in said[-1]
     aws = suite_checks.suite_rows("k80.py", "configs/predict/k80_aws_tf_cnn_benchmarks.py")
     assert len(gce) == len(aws) == 20 and len(calls) == 20
-    assert aws[-1]["reference_images_per_sec"] == 260.0  # each table keeps its own figures
+    assert aws[-1].reference_images_per_sec == 260.0  # each table keeps its own figures
     suite_checks.forget()

@@ -15,13 +15,14 @@ import sys
 
 from jaxpar import configfile
 from jaxpar import suites as suite_lib
-from jaxpar.bench.records import Prediction, PredictionSummary
+from jaxpar.bench.records import PredictionSummary
 from jaxpar.bench.row_record import BenchRow
 from jaxpar.bench.table import mesh_cell, mib_cell, number_cell
 from jaxpar.files import write_text
+from jaxpar.predict.records import PredictedRow
 from jaxpar.stats import spearman
 
-# predictions.json's row key -> the bench row's key (jaxpar.predict.step.model's `_row`)
+# A predicted row's field (jaxpar.predict.records.PredictedRow) -> the bench row's key
 PREDICTED = {
     "profile": "predicted_profile",
     "status": "predicted_status",
@@ -109,14 +110,14 @@ def merge_predictions(rows: list[BenchRow], predicted: list[dict]) -> list[Bench
     measured memory per device - 1 (the measured one is the compiled program's, exact); the
     predicted images/sec is capped at the row's measured loader capacity. A row
     the predictor did not return keeps None; one it failed on gets its status and message."""
-    by_name = {p.name: p for p in map(Prediction.of_record, predicted)}
-    return [_merged(r, by_name.get(r.name, Prediction(r.name))) for r in rows]
+    by_name = {p.name: p for p in map(PredictedRow.of_record, predicted)}
+    return [_merged(r, by_name.get(r.name)) for r in rows]
 
 
-def _merged(r: BenchRow, p: Prediction) -> BenchRow:
-    """Row `r` with prediction `p` and its errors (merge_predictions)."""
-    figures = {mine: getattr(p, theirs) for theirs, mine in PREDICTED.items()}
-    if p.status != "ok":  # a failed prediction carries no figures
+def _merged(r: BenchRow, p: PredictedRow | None) -> BenchRow:
+    """Row `r` with prediction `p` (None: not predicted) and its errors (merge_predictions)."""
+    figures = {mine: getattr(p, theirs) if p else None for theirs, mine in PREDICTED.items()}
+    if p is None or p.status != "ok":  # a failed prediction carries no figures
         kept = ("predicted_profile", "predicted_status", "predicted_failure")
         figures = {k: v if k in kept else None for k, v in figures.items()}
     else:

@@ -96,33 +96,6 @@ class PredictionSummary:
 
 
 @dataclasses.dataclass(frozen=True)
-class Prediction:
-    """A row of predictions.json (python -m jaxpar.predict) as the bench reads it: the
-    figures it merges into its own row as predicted_* (predicted.PREDICTED)."""
-
-    name: str
-    profile: str | None = None
-    status: str | None = None
-    error: str | None = None
-    images_per_sec: float | None = None
-    step_time_s: float | None = None
-    compute_s: float | None = None
-    comm_s: float | None = None
-    bubble_s: float | None = None
-    overhead_s: float | None = None
-    schedule_bubble: float | None = None
-    memory_bytes_per_device: float | None = None
-    fits: bool | None = None
-    speedup: float | None = None
-    efficiency: float | None = None
-
-    @classmethod
-    def of_record(cls, record: dict[str, Any]) -> Prediction:
-        """The fields the bench reads of one predictions.json row (the rest left there)."""
-        return cls(**{f.name: record.get(f.name) for f in dataclasses.fields(cls)})
-
-
-@dataclasses.dataclass(frozen=True)
 class Machine:
     """What a row ran on, stored with its record (OUT/rows/*.json's "machine")."""
 

@@ -24,7 +24,6 @@ from jaxpar.plan.candidates import (
     SPLITS,
     VIRTUAL_STAGES,
     Candidate,
-    candidate_of,
     check,
     default_of,
     enumerate_candidates,
@@ -33,9 +32,11 @@ from jaxpar.plan.candidates import (
     microbatch_counts,
     space,
 )
+from jaxpar.plan.predictions import predict_is_default
 from jaxpar.plan.reasons import command, unpriced, why
+from jaxpar.plan.records import PlanRow
 from jaxpar.plan.refusals import commonest
-from jaxpar.plan.search import Plan, plan, predict_is_default, rank
+from jaxpar.plan.search import Plan, plan, rank
 
 __all__ = [
     "APPROX_SYNC",
@@ -47,7 +48,7 @@ __all__ = [
     "VIRTUAL_STAGES",
     "Candidate",
     "Plan",
-    "candidate_of",
+    "PlanRow",
     "check",
     "command",
     "commonest",

@@ -228,7 +228,7 @@ def _main(args, overrides: dict) -> int:
     measured = None
     if args.measure and fitting:
         out = out or Path(tempfile.mkdtemp(prefix="jaxpar-plan-"))
-        runnable = [r for r in fitting if r["num_devices"] <= config.host_device_count]
+        runnable = [r for r in fitting if r.predicted.num_devices <= config.host_device_count]
         top = runnable[: args.measure]
         measured = measure.measure(
             args.config, config, overrides, top, args.profile, profile, out, args.measure_steps
@@ -243,16 +243,16 @@ def _main(args, overrides: dict) -> int:
                 "profile": args.profile,
                 "num_devices": n,
                 "memory_limit_bytes": limit,
-                "rows": result.rows,
-                "ranked": [r["name"] for r in fitting],
-                "not_fitting": [r["name"] for r in too_big],
+                "rows": [r.as_record() for r in result.rows],
+                "ranked": [r.name for r in fitting],
+                "not_fitting": [r.name for r in too_big],
                 "refused": [
                     {"candidate": c.as_dict(), "reason": why_not} for c, why_not in result.refused
                 ],
                 "recommendation": recommendation,
                 "command": cmd,
                 "measured": None if measured is None else [m.as_record() for m in measured],
-                **(to_target or {}),
+                **(to_target.as_record() if to_target else {}),
             },
             default=str,
         )

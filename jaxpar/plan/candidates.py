@@ -132,7 +132,15 @@ class Candidate:
         return configfile.override(copy.deepcopy(config), self.overrides(config))
 
     def as_dict(self) -> dict[str, Any]:
+        """The candidate as plan.json keeps it (its name and `exact` beside its fields)."""
         return {**dataclasses.asdict(self), "name": self.name, "exact": self.exact}
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> Candidate:
+        """A candidate read back from `as_dict`'s form."""
+        fields = {k: v for k, v in record.items() if k not in ("name", "exact")}
+        fields["axes"] = tuple(fields.get("axes") or DEFAULT_AXES)
+        return cls(**{**fields, "mesh": tuple(fields["mesh"])})
 
 
 def factorisations(n: int, k: int = 3) -> list[tuple[int, ...]]:
@@ -255,9 +263,3 @@ def default_of(config, candidates: Sequence[Candidate], all_sync: bool = False) 
         )
 
     return min(candidates, key=key)
-
-
-def candidate_of(row: dict) -> Candidate:
-    fields = {k: v for k, v in row["candidate"].items() if k not in ("name", "exact")}
-    fields["axes"] = tuple(fields.get("axes") or DEFAULT_AXES)
-    return Candidate(**{**fields, "mesh": tuple(fields["mesh"])})

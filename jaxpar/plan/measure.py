@@ -13,15 +13,14 @@ from pathlib import Path
 
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_text
-from jaxpar.plan.candidates import candidate_of
-from jaxpar.plan.records import Measured
+from jaxpar.plan.records import Measured, PlanRow
 
 
 def measure(
     config_file: str,
     config,
     overrides: dict,
-    top: list[dict],
+    top: list[PlanRow],
     profile_path: str,
     profile,
     out: Path,
@@ -37,7 +36,7 @@ def measure(
         )
     rows = []
     for r in top:
-        c = candidate_of(r)
+        c = r.candidate
         rows.append(
             {
                 "name": f"plan {c.name}",
@@ -76,11 +75,11 @@ def measure(
     for r, spec in zip(top, rows):
         m = got.get(spec["name"], {})
         measured = m.get("images_per_sec") if m.get("status") == "ok" else None
-        err = (r["images_per_sec"] / measured - 1) if measured else None
+        err = (r.predicted.images_per_sec / measured - 1) if measured else None
         result.append(
             Measured(
-                name=r["name"],
-                predicted_images_per_sec=r["images_per_sec"],
+                name=r.name,
+                predicted_images_per_sec=r.predicted.images_per_sec,
                 measured_images_per_sec=measured,
                 error=err,
                 measured_status=m.get("status"),

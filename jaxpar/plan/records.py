@@ -1,11 +1,59 @@
-"""The planner's records, as plan.json keeps them: a candidate ranked by time to a target
-(to_target.py builds them) and a candidate measured on this machine (measure.py). Each is
-written by `as_record` and read back by `of_record`; the keys are plan.json's."""
+"""The planner's records, as plan.json keeps them: a candidate predicted (search.py builds
+them), a candidate ranked by time to a target (to_target.py) and a candidate measured on this
+machine (measure.py). Each is written by `as_record` and read back by `of_record`; the keys
+are plan.json's."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from jaxpar.plan.candidates import Candidate
+from jaxpar.predict.records import PredictedRow
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One candidate predicted on the profile: the predictor's row, the candidate, its
+    collective calls per step (the default predictor's, when it succeeds), its speed-up over
+    the plan's 1-device baseline (step-time ratio) and whether it fits the memory limit."""
+
+    predicted: PredictedRow
+    candidate: Candidate
+    collective_calls_per_step: dict[str, int] | None = None  # by "kind axes"
+    speedup: float | None = None
+    fits_limit: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    @property
+    def ok(self) -> bool:
+        return self.predicted.ok
+
+    def as_record(self) -> dict[str, Any]:
+        """The row as plan.json keeps it: the prediction's keys, then the planner's."""
+        out = self.predicted.as_record()
+        if self.collective_calls_per_step is not None:
+            out["collective_calls_per_step"] = self.collective_calls_per_step
+        out["candidate"] = self.candidate.as_dict()
+        out["name"] = self.name
+        out["speedup"] = self.speedup
+        out["fits_limit"] = self.fits_limit
+        return out
+
+    @classmethod
+    def of_record(cls, record: dict[str, Any]) -> PlanRow:
+        mine = ("collective_calls_per_step", "candidate", "name", "speedup", "fits_limit")
+        return cls(
+            predicted=PredictedRow.of_record({k: v for k, v in record.items() if k not in mine}),
+            candidate=Candidate.of_record(record["candidate"]),
+            collective_calls_per_step=record.get("collective_calls_per_step"),
+            speedup=record["speedup"],
+            fits_limit=record["fits_limit"],
+        )
+
 
 # Fields plan.json leaves out where they do not apply (None), as it always has.
 _OPTIONAL = ("skipped_reason", "sync_steps_factor", "sync_factor_source", "schedule_phases")

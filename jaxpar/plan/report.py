@@ -3,8 +3,8 @@ the recommendation with the command that trains it."""
 
 from __future__ import annotations
 
-from jaxpar.plan.candidates import candidate_of
 from jaxpar.plan.reasons import command, unpriced, why
+from jaxpar.plan.records import PlanRow
 from jaxpar.plan.refusals import commonest
 from jaxpar.plan.search import rank
 
@@ -13,7 +13,7 @@ def _ms(s: float) -> str:
     return f"{1e3 * s:.1f}" if s >= 1e-3 or s == 0 else f"{1e3 * s:.3f}"
 
 
-def table(rows: list[dict], profile) -> str:
+def table(rows: list[PlanRow], profile) -> str:
     """The ranked candidates as a markdown table."""
     head = (
         "| rank | mesh | schedule | M | remat | v | sync | img/s | speedup | step ms | "
@@ -21,19 +21,19 @@ def table(rows: list[dict], profile) -> str:
     )
     lines = [head, "|" + "---|" * 16]
     for i, r in enumerate(rows, 1):
-        c, cand = r["candidate"], candidate_of(r)
-        piped = bool(c["schedule"])
-        sync = c["sync"] if cand.replicas > 1 else "-"
-        sync += "" if c["exact"] else "*"
-        speed = f"{r['speedup']:.2f}" if r.get("speedup") else "-"
+        c, p = r.candidate, r.predicted
+        piped = bool(c.schedule)
+        sync = c.sync if c.replicas > 1 else "-"
+        sync += "" if c.exact else "*"
+        speed = f"{r.speedup:.2f}" if r.speedup else "-"
         lines.append(
-            f"| {i} | {cand.name.split(' ')[0]} | {c['schedule'] or '-'} | "
-            f"{c['microbatches'] if piped else '-'} | "
-            f"{('yes' if c['remat'] else 'no') if piped else '-'} | "
-            f"{c['virtual'] if piped else '-'} | {sync} | {r['images_per_sec']:,.0f} | {speed} | "
-            f"{_ms(r['step_time_s'])} | {_ms(r['compute_s'])} | {_ms(r['comm_s'])} | "
-            f"{_ms(r['bubble_s'])} | {_ms(r['overhead_s'])} | "
-            f"{r['memory_bytes_per_device'] / 2**30:.2f} | {why(r, profile)} |"
+            f"| {i} | {c.name.split(' ')[0]} | {c.schedule or '-'} | "
+            f"{c.microbatches if piped else '-'} | "
+            f"{('yes' if c.remat else 'no') if piped else '-'} | "
+            f"{c.virtual if piped else '-'} | {sync} | {p.images_per_sec:,.0f} | {speed} | "
+            f"{_ms(p.step_time_s)} | {_ms(p.compute_s)} | {_ms(p.comm_s)} | "
+            f"{_ms(p.bubble_s)} | {_ms(p.overhead_s)} | "
+            f"{p.memory_bytes_per_device / 2**30:.2f} | {why(r, profile)} |"
         )
     return "\n".join(lines)
 
@@ -57,11 +57,13 @@ def report(
     return "\n".join(lines + said), recommendation, cmd
 
 
-def _counts(result, fitting: list, too_big: list, expand: int, max_candidates: int) -> list[str]:
+def _counts(
+    result, fitting: list[PlanRow], too_big: list[PlanRow], expand: int, max_candidates: int
+) -> list[str]:
     """What was considered, refused, predicted and left out, and the failed predictions."""
     lines: list[str] = []
     say = lines.append
-    failed = [r for r in result.rows if r.get("status") != "ok"]
+    failed = [r for r in result.rows if not r.ok]
     reasons = commonest(result.refused, 1)
     common = f" (commonest, {reasons[0][1]}x: {reasons[0][0]})" if reasons else ""
     say(
@@ -78,11 +80,13 @@ def _counts(result, fitting: list, too_big: list, expand: int, max_candidates: i
             f"--max_candidates {result.meshes + 1} or more tries each once"
         )
     for r in failed:
-        say(f"  failed: {r['name']}: {r.get('error')}")
+        say(f"  failed: {r.name}: {r.predicted.error}")
     return lines
 
 
-def _ranked(fitting: list, too_big: list, profile, limit: float, top: int) -> list[str]:
+def _ranked(
+    fitting: list[PlanRow], too_big: list[PlanRow], profile, limit: float, top: int
+) -> list[str]:
     """The table of the `top` that fit `limit`, and the faster ones that do not."""
     lines: list[str] = []
     say = lines.append
@@ -97,27 +101,31 @@ def _ranked(fitting: list, too_big: list, profile, limit: float, top: int) -> li
                 "\nNOT priced: the predictor prices collectives it cannot place on mesh axes "
                 "(shown as '?') at 0 s, so those rows are optimistic"
             )
-        if any(not r["candidate"]["exact"] for r in fitting[:top]):
+        if any(not r.candidate.exact for r in fitting[:top]):
             say("\n* not the same function as one device (approximate synchronisation)")
     else:
-        need = min((r["memory_bytes_per_device"] for r in too_big), default=0)
+        need = min((r.predicted.memory_bytes_per_device for r in too_big), default=0)
         say(
             f"\nnone of the predicted candidates fits {limit / 2**30:.2f} GiB per device"
             + (f"; the smallest needs {need / 2**30:.2f} GiB" if too_big else "")
         )
-    faster = [r for r in too_big if not fitting or r["step_time_s"] < fitting[0]["step_time_s"]]
+    faster = [
+        r
+        for r in too_big
+        if not fitting or r.predicted.step_time_s < fitting[0].predicted.step_time_s
+    ]
     if faster:
         say("\nFaster, but do not fit:")
         for r in faster[:3]:
             say(
-                f"  {r['name']}: {r['images_per_sec']:,.0f} img/s, needs "
-                f"{r['memory_bytes_per_device'] / 2**30:.2f} GiB per device, limit "
+                f"  {r.name}: {r.predicted.images_per_sec:,.0f} img/s, needs "
+                f"{r.predicted.memory_bytes_per_device / 2**30:.2f} GiB per device, limit "
                 f"{limit / 2**30:.2f} GiB"
             )
     return lines
 
 
-def _recommend(fitting: list, profile, config_file: str, config, extra: dict):
+def _recommend(fitting: list[PlanRow], profile, config_file: str, config, extra: dict):
     """(its lines, the recommendation, its command): the fastest fitting row whose traffic
     is all priced."""
     lines: list[str] = []
@@ -126,15 +134,15 @@ def _recommend(fitting: list, profile, config_file: str, config, extra: dict):
     priced = [r for r in fitting if not unpriced(r)]
     if fitting and priced and priced[0] is not fitting[0]:
         say(
-            f"\n(recommending {priced[0]['name']}, not {fitting[0]['name']}: the latter's "
+            f"\n(recommending {priced[0].name}, not {fitting[0].name}: the latter's "
             "prediction leaves some of its traffic unpriced)"
         )
     if fitting:
         best = (priced or fitting)[0]
-        speed = f", {best['speedup']:.2f}x one device" if best.get("speedup") else ""
+        speed = f", {best.speedup:.2f}x one device" if best.speedup else ""
         recommendation = (
-            f"{best['name']}: {best['images_per_sec']:,.0f} img/s predicted{speed}, "
-            f"{best['memory_bytes_per_device'] / 2**30:.2f} GiB per device; "
+            f"{best.name}: {best.predicted.images_per_sec:,.0f} img/s predicted{speed}, "
+            f"{best.predicted.memory_bytes_per_device / 2**30:.2f} GiB per device; "
             f"{why(best, profile)}"
         )
         cmd = command(config_file, best, config, extra)

@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_collections
 
-from jaxpar import oneline, units
 from jaxpar.errors import ConfigError
 from jaxpar.plan.candidates import (
     BASELINE,
@@ -25,10 +23,10 @@ from jaxpar.plan.candidates import (
     default_of,
     enumerate_candidates,
 )
+from jaxpar.plan.predictions import Predictions
+from jaxpar.plan.records import PlanRow
 from jaxpar.plan.refusals import commonest
 from jaxpar.predict import predict_config
-from jaxpar.predict.programs import gputarget
-from jaxpar.predict.programs.workload import collective_calls, workload
 
 
 @dataclasses.dataclass
@@ -36,9 +34,9 @@ class Plan:
     """Every candidate predicted (rows, in prediction order), the trainer's refusals, and the
     1-device baseline row."""
 
-    rows: list[dict[str, Any]]
+    rows: list[PlanRow]
     refused: list[tuple[Candidate, str]]
-    baseline: dict[str, Any] | None
+    baseline: PlanRow | None
     num_devices: int
     considered: int  # candidates the trainer accepts (predicted or not)
     skipped: int  # accepted but not predicted (not in round 2's meshes, or over the bound)
@@ -76,8 +74,8 @@ class Search:
         )
 
 
-def _fast(row: dict) -> float:
-    return row["step_time_s"] if row.get("status") == "ok" else math.inf
+def _fast(row: PlanRow) -> float:
+    return row.predicted.step_time_s if row.ok else math.inf
 
 
 def plan(
@@ -94,9 +92,9 @@ def plan(
     axes: Sequence[str] | None = None,
 ) -> Plan:
     """Predict the candidates of `config` on `profile` in rounds, at most `max_candidates`
-    predictions (the 1-device baseline included). `predict(config, profile) -> row` defaults to
-    jaxpar.predict.predict_config; `log` takes one progress line per prediction (default: on
-    stderr, so that stdout stays the plan)."""
+    predictions (the 1-device baseline included). `predict(config, profile) -> PredictedRow`
+    defaults to jaxpar.predict.predict_config; `log` takes one progress line per prediction
+    (default: on stderr, so that stdout stays the plan)."""
     predict = predict or predict_config
     n = num_devices or profile.device.num_devices
     if n > profile.device.num_devices:
@@ -114,7 +112,7 @@ def plan(
     by_mesh = {m: [c for c in valid if (c.axes, c.mesh) == m] for m in meshes}
     defaults = {m: default_of(config, by_mesh[m], all_sync) for m in meshes}
     say = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    found = _Predictions(predict, config, profile, refused, limit, max_candidates, say)
+    found = Predictions(predict, config, profile, refused, limit, max_candidates, say)
     first = ([BASELINE] if n > 1 and BASELINE in valid else []) + list(defaults.values())
     found.run(first, "round 1")
     unseen = sum(d not in found.done for d in defaults.values())
@@ -122,11 +120,11 @@ def plan(
     best = sorted(meshes, key=lambda m: _order(found.done.get(defaults[m]), limit))[:expand]
     found.run(_round_two(best, by_mesh, defaults), "round 2")
     found.run(_round_three(best, by_mesh, defaults, found.done), "round 3")
-    _add_speedups(found.rows, baseline, limit)
+    rows = _add_speedups(found.rows, baseline, limit)
     return Plan(
-        found.rows,
+        rows,
         refused,
-        baseline,
+        next((new for old, new in zip(found.rows, rows) if old is baseline), None),
         n,
         len(valid),
         len(valid) - len(found.done),
@@ -135,52 +133,12 @@ def plan(
     )
 
 
-class _Predictions:
-    """The candidates predicted so far: `done` (candidate -> row, or None where the strategy
-    refused it while building, which joins `refused`), the rows in prediction order, and one
-    progress line per prediction through `say`."""
-
-    def __init__(self, predict, config, profile, refused: list, limit: float, most: int, say):
-        self.predict, self.config, self.profile, self.refused = predict, config, profile, refused
-        self.limit, self.most, self.say = limit, most, say
-        self.rows: list[dict] = []
-        self.done: dict[Candidate, dict | None] = {}
-        self.t0 = time.perf_counter()
-
-    def run(self, batch: list[Candidate], round_name: str) -> None:
-        """Predict the candidates of `batch` not yet predicted, while the bound allows."""
-        batch = [c for c in dict.fromkeys(batch) if c not in self.done]
-        room = self.most - len(self.done)
-        total_planned = len(self.done) + min(len(batch), room)
-        for c in batch[: max(room, 0)]:
-            t = time.perf_counter()
-            row = _predict_one(self.predict, self.config, c, self.profile, self.refused)
-            self.done[c] = row
-            if row is not None:
-                self.rows.append(row)
-            elapsed = time.perf_counter() - self.t0
-            rate = len(self.done) / elapsed if elapsed else 0.0
-            eta = (total_planned - len(self.done)) / rate if rate else 0.0
-            self.say(
-                _progress_line(
-                    len(self.done),
-                    total_planned,
-                    round_name,
-                    c,
-                    row,
-                    self.limit,
-                    time.perf_counter() - t,
-                    rate,
-                    eta,
-                )
-            )
-
-
-def _order(row: dict | None, limit: float) -> tuple[int, float]:
+def _order(row: PlanRow | None, limit: float) -> tuple[int, float]:
     """How round 1 ranks a mesh by its default's row: fitting first, then predicted step time."""
-    if row is None or row.get("status") != "ok":
+    if row is None or not row.ok:
         return (2, math.inf)
-    return (0 if row["memory_bytes_per_device"] <= limit else 1, row["step_time_s"])
+    p = row.predicted
+    return (0 if p.memory_bytes_per_device <= limit else 1, p.step_time_s)
 
 
 def _round_two(best: list, by_mesh: dict, defaults: dict) -> list[Candidate]:
@@ -226,13 +184,17 @@ def _round_three(best: list, by_mesh: dict, defaults: dict, done: dict) -> list[
     return combos
 
 
-def _add_speedups(rows: list[dict], baseline: dict | None, limit: float) -> None:
-    """Each row's speed-up over the 1-device baseline, and whether it fits `limit`."""
-    base_step = baseline["step_time_s"] if baseline and baseline.get("status") == "ok" else None
-    for r in rows:
-        ok = base_step and r.get("status") == "ok"
-        r["speedup"] = base_step / r["step_time_s"] if ok else None
-        r["fits_limit"] = r.get("status") == "ok" and r["memory_bytes_per_device"] <= limit
+def _add_speedups(rows: list[PlanRow], baseline: PlanRow | None, limit: float) -> list[PlanRow]:
+    """Each row with its speed-up over the 1-device baseline, and whether it fits `limit`."""
+    base_step = baseline.predicted.step_time_s if baseline and baseline.ok else None
+    return [
+        dataclasses.replace(
+            r,
+            speedup=base_step / r.predicted.step_time_s if base_step and r.ok else None,
+            fits_limit=r.ok and r.predicted.memory_bytes_per_device <= limit,
+        )
+        for r in rows
+    ]
 
 
 def _same_pipeline(a: Candidate, b: Candidate, split: bool = True) -> bool:
@@ -252,58 +214,9 @@ def _round_robin(lanes: list[list]) -> list:
     return out
 
 
-def _predict_one(predict, config, c: Candidate, profile, refused: list) -> dict | None:
-    """The candidate's predicted row; a refusal at build time joins `refused` (None)."""
-    try:
-        row = predict(c.apply(config), profile)
-    except ValueError as e:  # ConfigError: the strategy refused it while building
-        refused.append((c, oneline.first_line(e)))
-        return None
-    except Exception as e:  # noqa: BLE001 - one candidate's failure is its row, not the plan's
-        row = {"status": "failed", "error": f"{type(e).__name__}: {oneline.first_line(e)}"}
-    if row.get("status") == "ok" and predict_is_default(predict):
-        row["collective_calls_per_step"] = _calls(c.apply(config), profile)
-    return {**row, "candidate": c.as_dict(), "name": c.name}
-
-
-def predict_is_default(predict) -> bool:
-    return getattr(predict, "__module__", "") == "jaxpar.predict"
-
-
-def _calls(config, profile) -> dict[str, int]:
-    """Collective calls per step by "kind axes", from the predictor's cached workload ({} if
-    it cannot be read: the predictor's internals are not this module's contract)."""
-    try:
-        out: dict[str, int] = {}
-        for key, col, times in collective_calls(
-            workload(config, profile.device.num_devices, gputarget.of(profile))
-        ):
-            out[key] = out.get(key, 0) + col.count * times
-        return out
-    except Exception:  # noqa: BLE001
-        return {}
-
-
-def _progress_line(i, total, round_name, c, row, limit, took, rate, eta) -> str:
-    if row is None:
-        what = "refused while building"
-    elif row.get("status") != "ok":
-        what = f"failed: {row.get('error')}"
-    else:
-        fit = "" if row["memory_bytes_per_device"] <= limit else "  does not fit"
-        what = (
-            f"{1e3 * row['step_time_s']:9.3f} ms  {row['memory_bytes_per_device'] / 2**30:6.2f}"
-            f" GiB{fit}"
-        )
-    return (
-        f"[{i:3d}/{total}] {round_name}  {c.name:<44} {what}  ({took:.1f} s; "
-        f"{rate:.2f}/s, ETA {units.clock(eta)})"
-    )
-
-
-def rank(rows: Sequence[dict], memory_bytes: float) -> tuple[list[dict], list[dict]]:
+def rank(rows: Sequence[PlanRow], memory_bytes: float) -> tuple[list[PlanRow], list[PlanRow]]:
     """(candidates that fit `memory_bytes` per device, fastest first; those that do not,
     fastest first). Failed predictions are in neither."""
-    ok = sorted((r for r in rows if r.get("status") == "ok"), key=lambda r: r["step_time_s"])
-    fitting = [r for r in ok if r["memory_bytes_per_device"] <= memory_bytes]
-    return fitting, [r for r in ok if r["memory_bytes_per_device"] > memory_bytes]
+    ok = sorted((r for r in rows if r.ok), key=lambda r: r.predicted.step_time_s)
+    fitting = [r for r in ok if r.predicted.memory_bytes_per_device <= memory_bytes]
+    return fitting, [r for r in ok if r.predicted.memory_bytes_per_device > memory_bytes]

@@ -5,9 +5,11 @@ and printed (`rank_to_target`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from jaxpar import configfile, oneline, trainer
 from jaxpar.plan import calibrate_sync as calibrate_sync_lib
@@ -15,6 +17,23 @@ from jaxpar.plan import to_target
 from jaxpar.plan.search import Plan, Search
 from jaxpar.target import reading
 from jaxpar.target.reference import Reference
+
+
+@dataclasses.dataclass(frozen=True)
+class ToTarget:
+    """The time-to-target pass's result, as plan.json keeps it beside the plan."""
+
+    accuracy: float
+    reference: Reference
+    ranking: to_target.Ranking
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "target_accuracy": self.accuracy,
+            "reference": self.reference.as_record(),
+            "to_target_rows": [r.as_record() for r in self.ranking.rows],
+            "to_target_ranked": [r.name for r in self.ranking.ranked],
+        }
 
 
 def calibrate(config_file: str, config, overrides: dict, accuracy: float, out: Path):
@@ -59,7 +78,7 @@ def rank_to_target(
     reference: Reference,
     batches: Sequence[int] = (),
     top: int = 5,
-) -> dict:
+) -> ToTarget:
     """The time-to-target ranking over `batches` (default: around the reference's), the
     search at the config's batch being `result`: printed, with the `top` rows, and returned
     for plan.json."""
@@ -102,9 +121,4 @@ def rank_to_target(
             "LeNet and the digits (jaxpar/target/sync_factors.py), which need not hold for "
             "this model: --calibrate-sync measures its own"
         )
-    return {
-        "target_accuracy": accuracy,
-        "reference": reference.as_record(),
-        "to_target_rows": [r.as_record() for r in ranking.rows],
-        "to_target_ranked": [r.name for r in ranking.ranked],
-    }
+    return ToTarget(accuracy, reference, ranking)

@@ -13,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
-from jaxpar.plan.candidates import candidate_of
-from jaxpar.plan.records import TargetRow
+from jaxpar.plan.records import PlanRow, TargetRow
 from jaxpar.target import goodput
 from jaxpar.target.reference import Reference
 from jaxpar.target.sync_factors import sync_factor, sync_setting
@@ -29,30 +27,30 @@ def default_batches(reference: Reference, config_batch: int) -> list[int]:
 
 
 def rows_to_target(
-    rows: Sequence[dict[str, Any]], batch: int, reference: Reference, config, limit: float
+    rows: Sequence[PlanRow], batch: int, reference: Reference, config, limit: float
 ) -> list[TargetRow]:
     """Time-to-target rows of one batch's predicted rows (failed predictions and sync modes
     with no measured multiplier are left out, the latter with `skipped_reason`)."""
     out = []
     base_steps = reference.steps(batch)
     for r in rows:
-        if r.get("status") != "ok":
+        if not r.ok:
             continue
-        cand = r["candidate"]
-        mode = cand["sync"] if _replicas(r) > 1 else "allreduce"
+        cand, step_s = r.candidate, r.predicted.step_time_s
+        mode = cand.sync if cand.replicas > 1 else "allreduce"
         setting = sync_setting(mode, config)
         factor = sync_factor(mode, setting, reference.sync_factors)
         row = TargetRow(
-            name=f"B={batch} {r['name']}",
-            candidate=r["name"],
-            mesh_axes=list(cand["axes"]),
-            mesh_shape=list(cand["mesh"]),
+            name=f"B={batch} {r.name}",
+            candidate=r.name,
+            mesh_axes=list(cand.axes),
+            mesh_shape=list(cand.mesh),
             global_batch_size=batch,
             sync_mode=mode,
-            step_s=r["step_time_s"],
-            images_per_sec=batch / r["step_time_s"],
-            memory_bytes_per_device=r["memory_bytes_per_device"],
-            fits=r["memory_bytes_per_device"] <= limit,
+            step_s=step_s,
+            images_per_sec=batch / step_s,
+            memory_bytes_per_device=r.predicted.memory_bytes_per_device,
+            fits=r.predicted.memory_bytes_per_device <= limit,
             learning_rate=reference.learning_rate_at(batch),
         )
         if factor is None:
@@ -64,7 +62,7 @@ def rows_to_target(
             row = dataclasses.replace(
                 row,
                 steps_to_target=steps,
-                time_to_target_s=steps * r["step_time_s"],
+                time_to_target_s=steps * step_s,
                 sync_steps_factor=factor,
                 sync_factor_source="exact"
                 if factor == 1.0 and not measured
@@ -72,10 +70,6 @@ def rows_to_target(
             )
         out.append(row)
     return out
-
-
-def _replicas(row: dict) -> int:
-    return candidate_of(row).replicas
 
 
 def schedule_rows(rows: Sequence[TargetRow], reference: Reference, every: int) -> list[TargetRow]:

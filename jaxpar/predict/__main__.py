@@ -16,20 +16,21 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import sys
 from pathlib import Path
 
 from jaxpar import compile_cache, configfile, log, oneline
 from jaxpar.files import write_json, write_text
-from jaxpar.predict import load_profile, predict_rows, recommend
+from jaxpar.predict import PredictedRow, load_profile, predict_rows, recommend, with_references
 from jaxpar.predict.calibrate import from_runs, micro, on_device, sources
 from jaxpar.predict.comm import cpulinks
 from jaxpar.predict.profiles import fitting, hardware
 from jaxpar.predict.programs import gputarget
 from jaxpar.predict.step import pipelinehost, pricing
 from jaxpar.predict.validation import report
-from jaxpar.suites import add_reference, load_rows
+from jaxpar.suites import load_rows
 
 # Before JAX starts its backends (importing it, as jaxpar.predict does, is fine): unless
 # XLA_FLAGS or JAX_PLATFORMS already say otherwise, 16 simulated CPU devices, no accelerator
@@ -39,25 +40,25 @@ if "--calibrate-here" not in sys.argv:  # that one times this machine's own devi
     configfile.cpu_only()
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[PredictedRow]) -> str:
     """A markdown table of the predicted rows."""
-    ref = any(r.get("reference_images_per_sec") or r.get("reference_efficiency") for r in rows)
+    ref = any(r.reference_images_per_sec or r.reference_efficiency for r in rows)
     head = (
         "| row | mesh | img/s | speedup | eff. | step ms | compute | comm | bubble | "
         "GiB/device | fits |" + (" reference img/s | ref. eff. | eff. - ref. |" if ref else "")
     )
     lines = [head, "|" + "---|" * (14 if ref else 11)]
     for r in rows:
-        if r["status"] != "ok":
-            lines.append(f"| {r['name']} | - | failed: {r['error']} |" + " |" * 8)
+        if not r.ok:
+            lines.append(f"| {r.name} | - | failed: {r.error} |" + " |" * 8)
             continue
-        sp = f"{r['speedup']:.2f}" if r["speedup"] is not None else "-"
-        ef = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
+        sp = f"{r.speedup:.2f}" if r.speedup is not None else "-"
+        ef = f"{100 * r.efficiency:.1f}%" if r.efficiency is not None else "-"
         lines.append(
-            f"| {r['name']} | {tuple(r['mesh_shape'])} | {r['images_per_sec']:,.1f} | {sp} | "
-            f"{ef} | {_ms(r['step_time_s'])} | {_ms(r['compute_s'])} | "
-            f"{_ms(r['comm_s'])} | {_ms(r['bubble_s'])} | "
-            f"{r['memory_bytes_per_device'] / 2**30:.2f} | {'yes' if r['fits'] else 'NO'} |"
+            f"| {r.name} | {tuple(r.mesh_shape)} | {r.images_per_sec:,.1f} | {sp} | "
+            f"{ef} | {_ms(r.step_time_s)} | {_ms(r.compute_s)} | "
+            f"{_ms(r.comm_s)} | {_ms(r.bubble_s)} | "
+            f"{r.memory_bytes_per_device / 2**30:.2f} | {'yes' if r.fits else 'NO'} |"
             + (_reference(r) if ref else "")
         )
     return "\n".join(lines)
@@ -68,11 +69,11 @@ def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.1f}" if seconds >= 1e-3 or seconds == 0 else f"{1e3 * seconds:.3f}"
 
 
-def _reference(r: dict) -> str:
-    got, eff = r.get("reference_images_per_sec"), r.get("reference_efficiency")
+def _reference(r: PredictedRow) -> str:
+    got, eff = r.reference_images_per_sec, r.reference_efficiency
     if not got and not eff:
         return " - | - | - |"
-    delta = f"{100 * (r['efficiency'] - eff):+.1f} pt" if eff and r["efficiency"] else "-"
+    delta = f"{100 * (r.efficiency - eff):+.1f} pt" if eff and r.efficiency else "-"
     shown = f"{got:,.1f}" if got else "-"
     return f" {shown} | {100 * eff:.1f}% | {delta} |" if eff else f" {shown} | - | - |"
 
@@ -158,18 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         configs = load_rows(args.config, args.suite, overrides)
         named = [(name, config) for name, config, _ in configs]
         say = _say if len(named) > 1 else None  # one row: its table is the progress
-        results = [(p, predict_rows(named, p, args.overlap, say=say)) for p in profiles]
-        for _, rows in results:
-            add_reference(rows, [ref for _, _, ref in configs])
+        references = [ref for _, _, ref in configs]
+        results = [
+            (p, with_references(predict_rows(named, p, args.overlap, say=say), references))
+            for p in profiles
+        ]
     except ValueError as e:
         oneline.print_error(oneline.first_line(e))
         return 2
-    refused = {r["error"] for _, rows in results for r in rows if r["status"] == "failed"}
-    if (
-        len(named) == 1
-        and len(refused) == 1
-        and not any(r["status"] == "ok" for _, rs in results for r in rs)
-    ):
+    refused = {r.error for _, rows in results for r in rows if r.status == "failed"}
+    if len(named) == 1 and len(refused) == 1 and not any(r.ok for _, rs in results for r in rs):
         oneline.print_error(refused.pop())  # one config the trainer refuses: what it would say
         return 2
     for profile, rows in results:
@@ -177,12 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         _write(
             Path(args.out),
-            [{"profile_file": f, **r} for f, (_, rs) in zip(args.profile, results) for r in rs],
+            [
+                dataclasses.replace(r, profile_file=f)
+                for f, (_, rs) in zip(args.profile, results)
+                for r in rs
+            ],
         )
     return 0
 
 
-def _report(profile, rows: list[dict], overlap: float | None) -> None:
+def _report(profile, rows: list[PredictedRow], overlap: float | None) -> None:
     """One profile's predictions on the console: its costs, the table, the recommendation."""
     conv3x3 = (
         f", 3x3 convolutions at {profile.compute.conv3x3_efficiency:.3f}"
@@ -201,7 +204,7 @@ def _report(profile, rows: list[dict], overlap: float | None) -> None:
         f"{'as the program schedules it' if overlap is None else f'{overlap:g}'}"
     )
     print(f"  {gputarget.programs_line(gputarget.of(profile))}")
-    for model in sorted({r.get("model") for r in rows} & set(profile.compute.model_runs)):
+    for model in sorted({r.model for r in rows} & set(profile.compute.model_runs)):
         print(
             f"  {model}: its own calibration run, {pricing.efficiency(profile, model):.3f} x peak"
         )
@@ -209,8 +212,9 @@ def _report(profile, rows: list[dict], overlap: float | None) -> None:
     print(recommend(rows))
 
 
-def _write(out: Path, rows: list[dict]) -> None:
+def _write(out: Path, predicted: list[PredictedRow]) -> None:
     """predictions.json and predictions.csv (the flat fields) under `out`."""
+    rows = [r.as_record() for r in predicted]
     out.mkdir(parents=True, exist_ok=True)
     write_json(str(out / "predictions.json"), {"rows": rows}, default=str)
     keys = sorted({k for r in rows for k, v in r.items() if not isinstance(v, dict)})

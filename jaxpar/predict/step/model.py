@@ -35,14 +35,28 @@ Assumptions, all stated (and the switchable one in the profile):
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 from jaxpar import axes
 from jaxpar.parallel import schedules
 from jaxpar.predict.comm import commtime
 from jaxpar.predict.profiles.hardware import Profile
 from jaxpar.predict.programs.workload import Workload
+from jaxpar.predict.records import PredictedRow
 from jaxpar.predict.step import pricing
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """A step's predicted parts (s): compute, exposed communication, bubble, host overhead,
+    the gradient collectives' time, and a pipeline schedule's own bubble fraction."""
+
+    compute_s: float
+    comm_s: float
+    bubble_s: float
+    overhead_s: float
+    grad_allreduce_s: float
+    schedule_bubble: float | None = None  # pipelines only
 
 
 def _seconds(ops, w: Workload, profile: Profile, share: float = 1.0) -> float:
@@ -79,7 +93,7 @@ def kernel_flops(w: Workload) -> float | None:
     return flops / count if count else None
 
 
-def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
+def predict_workload(w: Workload, profile: Profile) -> PredictedRow:
     """Predicted step of workload `w` on `profile`: times (s), images/sec, memory and fit."""
     if w.num_devices > profile.device.num_devices:
         return _row(
@@ -110,20 +124,20 @@ def predict_workload(w: Workload, profile: Profile) -> dict[str, Any]:
             [c for c, g in zip(cols, sync) if not g], w.mesh_shape, profile
         )
         hidden = commtime.hidden(chunk.windows.get("step", ()), grad, compute, w, profile)
-        times = {
-            "compute_s": compute,
-            "comm_s": other + grad - hidden,
-            "bubble_s": 0.0,
-            "overhead_s": profile.host.step_overhead_s + profile.host.program_overhead_s,
-            "grad_allreduce_s": grad,
-        }
+        times = StepTimes(
+            compute_s=compute,
+            comm_s=other + grad - hidden,
+            bubble_s=0.0,
+            overhead_s=profile.host.step_overhead_s + profile.host.program_overhead_s,
+            grad_allreduce_s=grad,
+        )
     else:
         times = _pipeline_times(w, profile)
     if profile.cpu.compute_pool and w.schedule:  # the pool is work-conserving: stages that
         # wait lend their cores to the others, but the step is at least all work / pool rate
         total = _total_compute(w, profile)
-        if total > times["compute_s"] + times["bubble_s"]:
-            times["compute_s"], times["bubble_s"] = total, 0.0
+        if total > times.compute_s + times.bubble_s:
+            times = dataclasses.replace(times, compute_s=total, bubble_s=0.0)
     return _row(w, profile, times)
 
 
@@ -139,7 +153,10 @@ def _total_compute(w: Workload, profile: Profile) -> float:
     return total * per_stage / pricing.pool(profile, w.num_devices, kernel_flops(w))
 
 
-def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
+_PHASES = ("fwd", "bwd", "wgt")  # a pipeline chunk's programs: forward, backward, weights
+
+
+def _pipeline_times(w: Workload, profile: Profile) -> StepTimes:
     k, m = axes.num_stages(w.mesh_shape), w.num_microbatches
     d = w.num_devices // k  # devices per stage: every program and transfer dispatches to d
     # Groups of a stage's collectives: its programs name mesh axes of the stage's own mesh
@@ -152,23 +169,20 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     compute, comm = [0.0] * k, [0.0] * k
     for ck in w.chunks:
         c = ck.chunk
-        coll = {
-            phase: commtime.collectives_time(
-                ck.collectives.get(phase, ()), full, profile, first(ck.stage)
-            )
-            for phase in ("fwd", "bwd", "wgt")
-        }
+        coll = tuple(  # (forward, backward, weight gradient)
+            commtime.collectives_time(ck.collectives.get(phase, ()), full, profile, first(ck.stage))
+            for phase in _PHASES
+        )
         send = commtime.send_time(w, c, profile)
         recv_grad = commtime.send_time(w, c - 1, profile) if c else 0.0
-        flop_s = {
-            phase: _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0
-            for phase in ("fwd", "bwd", "wgt")
-        }
-        fwd[c] = flop_s["fwd"] + coll["fwd"] + send + over
-        bwd[c] = flop_s["bwd"] + coll["bwd"] + recv_grad + over
-        wgt[c] = flop_s["wgt"] + coll["wgt"] + (over if "wgt" in ck.flops else 0.0)
-        compute[ck.stage] += sum(flop_s.values()) * m
-        comm[ck.stage] += (sum(coll.values()) + send + recv_grad) * m
+        flop_s = tuple(
+            _phase_seconds(ck, phase, w, profile) if phase in ck.flops else 0.0 for phase in _PHASES
+        )
+        fwd[c] = flop_s[0] + coll[0] + send + over
+        bwd[c] = flop_s[1] + coll[1] + recv_grad + over
+        wgt[c] = flop_s[2] + coll[2] + (over if "wgt" in ck.flops else 0.0)
+        compute[ck.stage] += sum(flop_s) * m
+        comm[ck.stage] += (sum(coll) + send + recv_grad) * m
     line = schedules.timeline([list(e) for e in w.events], fwd, bwd, wgt)
     finish = [0.0] * k
     for (_, c, _), (_, end) in line.spans.items():
@@ -191,50 +205,54 @@ def _pipeline_times(w: Workload, profile: Profile) -> dict[str, float]:
     per_dispatch = over + (d - 1) * profile.host.program_device_overhead_s
     host = profile.host.step_overhead_s + k * per_stage
     host += m * (profile.host.microbatch_overhead_s + programs * per_dispatch)
-    return {
-        "compute_s": compute[busiest],
-        "comm_s": comm[busiest] + step - line.makespan,
-        "bubble_s": line.makespan - line.busy[busiest],
-        "overhead_s": host,
-        "grad_allreduce_s": max(grads),
-        "schedule_bubble": line.bubble,
-    }
+    return StepTimes(
+        compute_s=compute[busiest],
+        comm_s=comm[busiest] + step - line.makespan,
+        bubble_s=line.makespan - line.busy[busiest],
+        overhead_s=host,
+        grad_allreduce_s=max(grads),
+        schedule_bubble=line.bubble,
+    )
 
 
-def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> dict[str, Any]:
-    mesh = tuple(w.mesh_shape.values())
-    row: dict[str, Any] = {
-        "profile": profile.name,
-        "model": w.name,
-        "mesh_shape": mesh,
-        "mesh_axes": tuple(w.mesh_shape),
-        "num_devices": w.num_devices,
-        "global_batch_size": w.global_batch,
-        "schedule": w.schedule or None,
-        "num_microbatches": w.num_microbatches if w.schedule else None,
-        "memory_bytes_per_device": w.memory_bytes_per_device,
-        "memory_from": w.compiled_for,
-        "memory_capacity_bytes": profile.device.memory_bytes,
-        "fits": w.memory_bytes_per_device <= profile.device.memory_bytes,
-        "param_bytes": w.param_bytes,
-        "overlap": profile.links.overlap,
-    }
+def _row(w: Workload, profile: Profile, times: StepTimes | None, why: str = "") -> PredictedRow:
+    row = PredictedRow(
+        profile=profile.name,
+        model=w.name,
+        mesh_shape=tuple(w.mesh_shape.values()),
+        mesh_axes=tuple(w.mesh_shape),
+        num_devices=w.num_devices,
+        global_batch_size=w.global_batch,
+        schedule=w.schedule or None,
+        num_microbatches=w.num_microbatches if w.schedule else None,
+        memory_bytes_per_device=w.memory_bytes_per_device,
+        memory_from=w.compiled_for,
+        memory_capacity_bytes=profile.device.memory_bytes,
+        fits=w.memory_bytes_per_device <= profile.device.memory_bytes,
+        param_bytes=w.param_bytes,
+        overlap=profile.links.overlap,
+        status="failed",
+        error=why,
+    )
     if times is None:
-        return {**row, "status": "failed", "error": why}
-    step = times["compute_s"] + times["comm_s"] + times["bubble_s"] + times["overhead_s"]
+        return row
+    step = times.compute_s + times.comm_s + times.bubble_s + times.overhead_s
     loader = profile.host.loader_images_per_sec
     input_bound = bool(loader) and w.global_batch / step > loader
+    wait = None
     if input_bound:  # the devices wait for the loader: the step lasts as long as its batch
-        times["input_wait_s"] = w.global_batch / loader - step
+        wait = w.global_batch / loader - step
         step = w.global_batch / loader
-    return {
-        **row,
-        "status": "ok",
-        "step_time_s": step,
-        **times,
-        "input_bound": input_bound,
-        "images_per_sec": w.global_batch / step,
-        "analytic_bubble": (
+    return dataclasses.replace(
+        row,
+        status="ok",
+        error=None,
+        step_time_s=step,
+        **dataclasses.asdict(times),
+        input_wait_s=wait,
+        input_bound=input_bound,
+        images_per_sec=w.global_batch / step,
+        analytic_bubble=(
             schedules.analytic_bubble(
                 axes.num_stages(w.mesh_shape),
                 w.num_microbatches,
@@ -244,4 +262,4 @@ def _row(w: Workload, profile: Profile, times: dict | None, why: str = "") -> di
             if w.schedule
             else None
         ),
-    }
+    )

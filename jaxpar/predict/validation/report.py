@@ -19,11 +19,11 @@ For every profile (`--profile`, repeatable; default every file in configs/hardwa
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from jaxpar import configfile, units
 from jaxpar.errors import ConfigError
@@ -63,12 +63,25 @@ def _spec(
     return bare, fitted, candidates, names, suites
 
 
+@dataclasses.dataclass(frozen=True)
+class LeftOut:
+    """A run of a model left out of the fit, predicted by the costs fitted on the others."""
+
+    run: CalibrationRun  # the calibration run, as its profile lists it
+    held_out: bool  # a candidate run, never in the shipped fit
+    predicted_images_per_sec: float
+    error: float  # predicted / the run's images/sec - 1
+    baseline_error: float  # the median of the rows fitted on, against the run
+    fitted_on: list[str]  # the models fitted on
+    models_left: int
+
+
 def leave_one_out(
     profile: hardware.Profile,
     runs: list[tuple[CalibrationRun, bool]],
     names: tuple,
     say: Callable[[str], None] | None = None,
-) -> list[dict]:
+) -> list[LeftOut]:
     """Each model's runs (each with whether it is held out of the shipped fit) predicted by
     the `names` costs fitted on the other models' runs (`say`: a progress line per model)."""
     out, models, t0 = [], sorted({r.model for r, _ in runs}), time.perf_counter()
@@ -90,25 +103,23 @@ def leave_one_out(
             step += fitted.host.step_overhead_s + fitted.host.program_overhead_s
             predicted = r.batch_size / step
             out.append(
-                {
-                    **r.as_record(),
-                    "held_out": held_out,
-                    "predicted_images_per_sec": predicted,
-                    "error": predicted / float(r.images_per_sec) - 1,
-                    "baseline_error": constant / float(r.images_per_sec) - 1,
-                    "fitted_on": sorted({o.model for o in rest}),
-                    "models_left": len({o.model for o in rest}),
-                }
+                LeftOut(
+                    run=r,
+                    held_out=held_out,
+                    predicted_images_per_sec=predicted,
+                    error=predicted / float(r.images_per_sec) - 1,
+                    baseline_error=constant / float(r.images_per_sec) - 1,
+                    fitted_on=sorted({o.model for o in rest}),
+                    models_left=len({o.model for o in rest}),
+                )
             )
     return out
 
 
 def report_profile(
     path: str, say: Callable[[str], None] | None = None
-) -> tuple[list[str], dict[str, Any]]:
-    """Report lines for one profile and its figures ({"single": worst |error| with >= 2
-    models left, "points": worst |points|, "median", "rank"}; None where not checked);
-    `say` takes progress lines."""
+) -> tuple[list[str], suite_checks.Figures]:
+    """Report lines for one profile and its figures; `say` takes progress lines."""
     profile, fitted, candidates, names, suites = _spec(path)
     title = f"## {profile.name} ({Path(path).name}; fit {', '.join(names)}; compiler "
     lines = [
@@ -118,12 +129,12 @@ def report_profile(
         "",
     ]
     lines += [*_fit_lines(profile, fitted, names), *_kernel_lines(path, profile)]
-    figures: dict[str, Any] = {"single": None, "points": None, "median": None, "rank": None}
+    figures = suite_checks.Figures()
     runs = [(r, False) for r in fitted] + [(r, True) for r in candidates]
     if len({r.model for r, _ in runs}) >= 2:
         loo = leave_one_out(profile, runs, names, say)
         for held, part in ((False, "in the shipped fit"), (True, "held out (never fitted)")):
-            mine = [r for r in loo if r["held_out"] == held]
+            mine = [r for r in loo if r.held_out == held]
             if not mine:
                 continue
             head = f"\nrows {part}, each model left out in turn:\n\n| left out | dtype | batch"
@@ -133,29 +144,32 @@ def report_profile(
                 "|---|---|---|---|---|---|---|---|",
             ]
             for r in mine:
+                run = r.run
                 lines.append(
-                    f"| {r['model']} | {r.get('dtype', 'float32')} | {r['batch_size']} | "
-                    f"{float(r['images_per_sec']):,.1f} | "
-                    f"{r['predicted_images_per_sec']:,.1f} | {100 * r['error']:+.1f}% | "
-                    f"{100 * r['baseline_error']:+.1f}% | "
-                    f"{'+'.join(r['fitted_on'])} |"
+                    f"| {run.model} | {run.dtype} | {run.batch_size} | "
+                    f"{float(run.images_per_sec):,.1f} | "
+                    f"{r.predicted_images_per_sec:,.1f} | {100 * r.error:+.1f}% | "
+                    f"{100 * r.baseline_error:+.1f}% | "
+                    f"{'+'.join(r.fitted_on)} |"
                 )
         lines.append(
             "\n(baseline: every row predicted at the median images/sec of the rows fitted on)"
         )
-        counted = [abs(r["error"]) for r in loo]  # a profile of two or more models
+        counted = [abs(r.error) for r in loo]  # a profile of two or more models
         if counted:
-            base = max(abs(r["baseline_error"]) for r in loo)
-            figures["single"] = max(counted)
+            base = max(abs(r.baseline_error) for r in loo)
+            figures = dataclasses.replace(figures, single=max(counted))
+            met = suite_checks.mark(max(counted) <= suite_checks.TARGETS.single)
             lines.append(
                 f"\nworst single-device error of a model left out: "
-                f"{100 * max(counted):.1f}% ({suite_checks.mark(max(counted) <= suite_checks.TARGETS['single'])}"
+                f"{100 * max(counted):.1f}% ({met}"
                 f" the 15% target; the baseline's worst: {100 * base:.1f}%)"
             )
     else:
         lines.append(f"one model in its runs ({len(runs)} run(s)): no model to leave out")
     for suite in suites:
-        lines += ["", *suite_checks.suite_lines(path, suite, figures, say)]
+        more, figures = suite_checks.suite_lines(path, suite, figures, say)
+        lines += ["", *more]
     return lines, figures
 
 
@@ -224,10 +238,10 @@ def run(
     out += ["## Summary", "", head + "here | rank correlation here |", "|---|---|---|---|---|"]
     for name, f in summary:
         cells = [
-            f"{100 * f['single']:.1f}%" if f["single"] is not None else "-",
-            f"{f['points']:.1f}" if f["points"] is not None else "-",
-            f"{100 * f['median']:.1f}%" if f["median"] is not None else "-",
-            f"{f['rank']:.3f}" if f["rank"] is not None else "-",
+            f"{100 * f.single:.1f}%" if f.single is not None else "-",
+            f"{f.points:.1f}" if f.points is not None else "-",
+            f"{100 * f.median:.1f}%" if f.median is not None else "-",
+            f"{f.rank:.3f}" if f.rank is not None else "-",
         ]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     emit("\n".join(out[start:]))
