@@ -16,6 +16,7 @@ from jaxpar.summary_record import (
     Throughput,
     TrainSplit,
 )
+from jaxpar.target.sync_factors import MeasuredFactor, MeasuredFactors
 from tests.util import reached_summary
 
 
@@ -219,3 +220,19 @@ def test_a_summary_with_every_part_reads_back_what_it_writes():
     assert record["compile_cache_dir"] is None and record["stage_time_predicted_s"] is None
     bare = dataclasses.replace(bare, noise=dataclasses.replace(noise, noise_scale_to_target=None))
     assert _round_trip(bare) == bare
+
+
+def test_measured_sync_factors_read_back_and_keep_only_the_modes_that_reached():
+    reached = MeasuredFactor("local_sgd", 2, 30, 25, 1.2, None)
+    missed = MeasuredFactor("async", 1, None, 25, None, 4.0)
+    record = MeasuredFactors(64, 0, 0.9, (reached, missed))
+    assert _round_trip(record) == record
+    assert list(record.as_record()["factors"][0]) == [
+        "mode",
+        "setting",
+        "steps_to_target",
+        "allreduce_steps_to_target",
+        "factor",
+        "at_least",
+    ]
+    assert record.reached() == {("local_sgd", 2): 1.2}

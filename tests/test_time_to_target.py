@@ -428,12 +428,13 @@ def test_sync_step_factors_measured_on_the_model_are_kept_beside_the_reference(t
     with pytest.raises(ConfigError, match="MODE:SETTING"):
         calibrate_sync.settings("local_sgd:x", config)
     record = calibrate_sync.calibrate(config, [("local_sgd", 2)], 0.01, tmp_path)
-    (factor,) = record["factors"]
-    assert factor["steps_to_target"] == factor["allreduce_steps_to_target"] == 1
-    assert factor["factor"] == 1.0
+    (factor,) = record.factors
+    assert factor.steps_to_target == factor.allreduce_steps_to_target == 1
+    assert factor.factor == 1.0
     _write_run(tmp_path / "ref", [30.0] * 25)
     path = calibrate_sync.store(record, reading.load(str(tmp_path / "ref")))
     assert path == tmp_path / "ref" / "sync_factors.json"
+    assert json.loads(path.read_text())["factors"][0]["factor"] == 1.0  # the file's keys
     ref = reading.load(str(tmp_path / "ref"))
     assert ref.sync_factors == {("local_sgd", 2): 1.0}
     assert sync_factor("local_sgd", 2, ref.sync_factors) == 1.0

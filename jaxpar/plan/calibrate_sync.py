@@ -18,7 +18,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.files import write_json
 from jaxpar.target import reading
 from jaxpar.target.reference import Reference
-from jaxpar.target.sync_factors import SETTING_KEYS
+from jaxpar.target.sync_factors import SETTING_KEYS, MeasuredFactor, MeasuredFactors
 
 FILE = reading.SYNC_FACTORS_FILE
 
@@ -40,9 +40,9 @@ def settings(text: str, config) -> list[tuple[str, int]]:
     return out
 
 
-def calibrate(config, pairs: list[tuple[str, int]], accuracy: float, out: Path) -> dict:
+def calibrate(config, pairs: list[tuple[str, int]], accuracy: float, out: Path) -> MeasuredFactors:
     """Train `config` to `accuracy` under allreduce and under each (mode, setting) of `pairs`
-    (runs in OUT/sync/), and return {"factors": [...], ...} as sync_factors.json holds it."""
+    (runs in OUT/sync/), and return the factors as sync_factors.json holds them."""
     common = {
         "target_accuracy": accuracy,
         "stop_at_target": True,
@@ -71,44 +71,40 @@ def calibrate(config, pairs: list[tuple[str, int]], accuracy: float, out: Path) 
     for mode, setting in pairs:
         reached = steps[(mode, setting)]
         factors.append(
-            {
-                "mode": mode,
-                "setting": setting,
-                "steps_to_target": reached,
-                "allreduce_steps_to_target": base,
-                # not reached in the run's steps: at least that many over allreduce's
-                "factor": reached / base if reached else None,
-                "at_least": None if reached else config.num_train_steps / base,
-            }
+            MeasuredFactor(
+                mode=mode,
+                setting=setting,
+                steps_to_target=reached,
+                allreduce_steps_to_target=base,
+                factor=reached / base if reached else None,
+                at_least=None if reached else config.num_train_steps / base,
+            )
         )
-    return {
-        "global_batch_size": int(config.global_batch_size),
-        "seed": int(config.seed),
-        "target_accuracy": accuracy,
-        "factors": factors,
-    }
+    return MeasuredFactors(
+        global_batch_size=int(config.global_batch_size),
+        seed=int(config.seed),
+        target_accuracy=accuracy,
+        factors=tuple(factors),
+    )
 
 
-def store(record: dict, reference: Reference) -> Path:
+def store(record: MeasuredFactors, reference: Reference) -> Path:
     """sync_factors.json beside the reference: in its workdir, or as FILE.sync_factors.json
     beside its JSON file (where reading.measured_sync_factors reads it)."""
     source = Path(reference.source)
     path = source / FILE if source.is_dir() else source.with_suffix(f".{FILE}")
-    write_json(str(path), record)
+    write_json(str(path), record.as_record())
     return path
 
 
-def table(record: dict) -> list[str]:
+def table(record: MeasuredFactors) -> list[str]:
     lines = [
         "| mode | setting | steps to target | allreduce's | step factor |",
         "|---|---|---|---|---|",
     ]
-    for f in record["factors"]:
-        reached = (
-            f["steps_to_target"] or f"not in {f['at_least'] * f['allreduce_steps_to_target']:.0f}"
-        )
-        factor = f"{f['factor']:.2f}" if f["factor"] else f"> {f['at_least']:.2f}"
-        lines.append(
-            f"| {f['mode']} | {f['setting']} | {reached} | {f['allreduce_steps_to_target']} | {factor} |"
-        )
+    for f in record.factors:
+        base = f.allreduce_steps_to_target
+        reached = f.steps_to_target or f"not in {f.at_least * base:.0f}"
+        factor = f"{f.factor:.2f}" if f.factor else f"> {f.at_least:.2f}"
+        lines.append(f"| {f.mode} | {f.setting} | {reached} | {base} | {factor} |")
     return lines

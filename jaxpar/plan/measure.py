@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jaxpar.bench.records import SuiteRow
+from jaxpar.bench.row_record import BenchRow
 from jaxpar.errors import ConfigError
 from jaxpar.files import write_text
 from jaxpar.plan.records import Measured, PlanRow
@@ -38,16 +40,13 @@ def measure(
     for r in top:
         c = r.candidate
         rows.append(
-            {
-                "name": f"plan {c.name}",
-                "config": c.overrides(config),
-                "group": "",
-                "scaling": "strong",
-                "baseline": "",
-                "label": "",
-                "reference": None,
-                "reference_efficiency": None,
-            }
+            SuiteRow(
+                name=f"plan {c.name}",
+                config=c.overrides(config),
+                scaling="strong",
+                baseline="",
+                label="",
+            )
         )
     common = {
         **overrides,
@@ -63,18 +62,18 @@ def measure(
         '"""The top candidates of `python -m jaxpar.plan`, measured by the bench."""\n\n'
         "from configs.bench import suite\n\n\n"
         f"def get_config():\n    return suite({os.path.abspath(config_file)!r}, {common!r}, "
-        f"{tuple(rows)!r})\n",
+        f"{tuple(r.as_record() for r in rows)!r})\n",
     )
     print(
         f"\nmeasuring the top {len(rows)} on this machine: python -m jaxpar.bench --suite "
         f"{suite_file} --out {out / 'measured'}",
         flush=True,
     )
-    got = {t["name"]: t for t in _bench(suite_file, out / "measured")}
+    got = {t.name: t for t in _bench(suite_file, out / "measured")}
     result = []
     for r, spec in zip(top, rows):
-        m = got.get(spec["name"], {})
-        measured = m.get("images_per_sec") if m.get("status") == "ok" else None
+        m = got.get(spec.name)
+        measured = m.images_per_sec if m is not None and m.status == "ok" else None
         err = (r.predicted.images_per_sec / measured - 1) if measured else None
         result.append(
             Measured(
@@ -82,8 +81,8 @@ def measure(
                 predicted_images_per_sec=r.predicted.images_per_sec,
                 measured_images_per_sec=measured,
                 error=err,
-                measured_status=m.get("status"),
-                measured_error=m.get("error"),
+                measured_status=m.status if m is not None else None,
+                measured_error=m.error if m is not None else None,
             )
         )
     print("\n| predicted rank | candidate | predicted img/s | measured img/s | prediction error |")
@@ -108,7 +107,7 @@ def measure(
     return result
 
 
-def _bench(suite_file: Path, out: Path) -> list[dict]:
+def _bench(suite_file: Path, out: Path) -> list[BenchRow]:
     """The bench's rows for `suite_file`, measured into `out` by `python -m jaxpar.bench` (its
     progress on this console) and read from its results.json."""
     command = [sys.executable, "-m", "jaxpar.bench", "--suite", str(suite_file)]
@@ -120,4 +119,4 @@ def _bench(suite_file: Path, out: Path) -> list[dict]:
             f"measured is in {out}"
         )
     with open(results, encoding="utf-8") as f:
-        return json.load(f)["rows"]
+        return [BenchRow.of_record(r) for r in json.load(f)["rows"]]

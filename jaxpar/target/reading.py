@@ -31,6 +31,7 @@ from jaxpar.summary_record import NoiseScaleFigures
 from jaxpar.target import steps as steps_lib
 from jaxpar.target.reference import LR_RULES, Reference
 from jaxpar.target.steps import TracePoint
+from jaxpar.target.sync_factors import MeasuredFactors
 
 # The sync modes' step factors measured on the reference's own model (plan --calibrate-sync),
 # kept beside the reference: in its workdir, or beside its JSON file as FILE.sync_factors.json.
@@ -181,11 +182,10 @@ def measured_sync_factors(path: str) -> dict[tuple[str, int], float]:
             record = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise ConfigError(f"{beside}: not a readable JSON file ({e})") from None
-    return {
-        (f["mode"], int(f["setting"])): float(f["factor"])
-        for f in record.get("factors", [])
-        if f.get("factor")
-    }
+    try:
+        return MeasuredFactors.of_record(record).reached()
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"{beside}: not a sync_factors.json record ({e!r})") from None
 
 
 def _check_accuracy(where: str, reached: float | None, wanted: float | None) -> None:

@@ -11,6 +11,7 @@ so, and a run of the user's own model measures its own (`python -m jaxpar.plan
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,3 +50,56 @@ def sync_factor(mode: str, setting: int = 0, measured: Mapping | None = None) ->
     if measured and key in measured:
         return float(measured[key])
     return SYNC_STEP_FACTORS.get(key)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredFactor:
+    """One approximate mode's paired run to the target against allreduce's (plan
+    --calibrate-sync): its steps, or, not reached in the run's steps, at least how many
+    times allreduce's it needs."""
+
+    mode: str
+    setting: int
+    steps_to_target: int | None
+    allreduce_steps_to_target: int
+    factor: float | None  # steps over allreduce's; None: not reached
+    at_least: float | None  # not reached: the run's steps over allreduce's
+
+    def as_record(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def of_record(cls, record: Mapping[str, Any]) -> MeasuredFactor:
+        return cls(**{f.name: record[f.name] for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredFactors:
+    """sync_factors.json beside a reference: the paired runs' setting and each mode's
+    factor."""
+
+    global_batch_size: int
+    seed: int
+    target_accuracy: float
+    factors: tuple[MeasuredFactor, ...]
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "global_batch_size": self.global_batch_size,
+            "seed": self.seed,
+            "target_accuracy": self.target_accuracy,
+            "factors": [f.as_record() for f in self.factors],
+        }
+
+    @classmethod
+    def of_record(cls, record: Mapping[str, Any]) -> MeasuredFactors:
+        return cls(
+            global_batch_size=record["global_batch_size"],
+            seed=record["seed"],
+            target_accuracy=record["target_accuracy"],
+            factors=tuple(MeasuredFactor.of_record(f) for f in record.get("factors", ())),
+        )
+
+    def reached(self) -> dict[tuple[str, int], float]:
+        """(mode, setting) -> factor, for the modes that reached the target."""
+        return {(f.mode, int(f.setting)): float(f.factor) for f in self.factors if f.factor}
