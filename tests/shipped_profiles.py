@@ -8,7 +8,13 @@ depend on how XLA:CPU compiles; the suite compiles with XLA:CPU's older fusion e
 (tests/conftest.py: faster), under which the programs, and so the fits, differ by a few per
 cent. This runs in a process of its own with XLA:CPU's defaults (tests.util.default_compiler_env)
 and writes, for every profile, its 1 GB all-reduce time and its costs; and the DGX-1's VGG16
-row predicted as tests/test_perfmodel.py's calibration test reads it.
+row predicted as tests/test_perfmodel.py's calibration test reads it. With a second path,
+
+    python -m tests.shipped_profiles OUT.json HELD_OUT.json
+
+it also writes there what tests/test_perfmodel.py's leave-one-out test of the H100 fit reads:
+h100_sxm_x8.py fitted to three of its four runs, and its prediction of the fourth, from the
+programs this process compiled for the profile's own fit.
 """
 
 from __future__ import annotations
@@ -51,5 +57,38 @@ def main(out: str) -> None:
         json.dump(figures, f)
 
 
+# The H100 run the leave-one-out test holds out: bfloat16 at batch 128, launch-bound
+HELD = ("bfloat16", 128)
+
+
+def held_out(out: str) -> None:
+    """h100_sxm_x8.py fitted to its runs but HELD: the held run's measured and predicted
+    images/sec (a step: its program, and the host's fixed costs around it)."""
+    from jaxpar.predict import load_profile
+    from jaxpar.predict.profiles import fitting
+    from jaxpar.predict.profiles.calibration_runs import calibration_ops
+    from jaxpar.predict.profiles.records import CalibrationRun
+    from jaxpar.predict.programs import gputarget
+    from jaxpar.predict.step import pricing
+
+    path = "configs/hardware/h100_sxm_x8.py"
+    c = configfile.load(path)
+    runs = [CalibrationRun.of_record(r) for r in c.calibration_runs]
+    (held,) = [r for r in runs if (r.dtype, r.batch_size) == HELD]
+    p = fitting.fit(load_profile(path), [r for r in runs if r is not held], tuple(c.fit)).profile
+    step = pricing.program_time(p, calibration_ops(held, gputarget.of(p)), held.dtype)
+    step += p.host.step_overhead_s + p.host.program_overhead_s
+    with open(out, "w") as f:
+        json.dump(
+            {
+                "measured_images_per_sec": held.images_per_sec,
+                "images_per_sec": held.batch_size / step,
+            },
+            f,
+        )
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
+    if len(sys.argv) > 2:
+        held_out(sys.argv[2])

@@ -3,10 +3,11 @@ pipelines included, and never hang: when one of them is signalled, lost or stuck
 ends with one line.
 
 Each run starts 2 processes x 4 simulated devices directly (as a cluster would, without the
-local launcher's help), except the tests of launch/local.py itself. Where a test needs several
-runs in the same two processes (a mesh's schedules, an uninterrupted run beside an interrupted
-one), they run one after the other in one launch (tests/multi_jobs.py): starting, importing
-and compiling once. Compiling is most of a launch's time.
+local launcher's help), except the tests of launch/local.py itself. The runs that train to
+their end (every mesh's schedules, node x data, a checkpoint moving between process counts)
+run one after the other in one launch (tests/multi_jobs.py, the fixture `launch`): starting,
+importing and joining once, each test checking its own runs. So do an uninterrupted run and
+the run that is interrupted beside it.
 """
 
 import json
@@ -82,13 +83,15 @@ def output(workdir, i) -> str:
     return open(f"{workdir}.proc{i}.log").read()
 
 
-def finished(log, procs) -> None:
-    """Both processes exited 0, and gloo's connection lines were hidden (JAXPAR_DEBUG=1 shows
-    them)."""
+def finished(log, procs, timeout=300) -> None:
+    """Both processes exited 0 within `timeout` seconds, and gloo's connection lines were
+    hidden (JAXPAR_DEBUG=1 shows them)."""
     try:
-        codes = wait_all(procs)
+        codes = wait_all(procs, timeout)
     except subprocess.TimeoutExpired:  # killed: what each process had written by then
-        pytest.fail(f"still running after 300 s\n{output(log, 0)[-3000:]}{output(log, 1)[-3000:]}")
+        pytest.fail(
+            f"still running after {timeout} s\n{output(log, 0)[-3000:]}{output(log, 1)[-3000:]}"
+        )
     assert codes == [0, 0], output(log, 0)[-3000:] + output(log, 1)[-3000:]
     for i in range(2):
         assert "Gloo" not in output(log, i) and "peer ranks" not in output(log, i)
@@ -98,10 +101,6 @@ def run_two(workdir, steps, **overrides):
     """Run to completion; returns the train losses process 0 logged."""
     finished(workdir, start(workdir, steps, **overrides))
     return train_losses(workdir)
-
-
-def run_jobs(log, jobs: dict) -> None:
-    finished(log, start_jobs(log, jobs))
 
 
 def assert_evaluations(got: list[dict], ref: list[dict]) -> None:
@@ -140,31 +139,6 @@ def finished_local(log, launcher, timeout=600) -> str:
     text = open(log).read()
     assert code == 0, text[-3000:]
     return text
-
-
-@MULTIPROCESS
-def test_two_processes_match_one(tmp_path):
-    """Two-level data parallelism, node x data = (2, 4), through launch/local.py: each process
-    is a node (4 devices), the gradient reduced inside it, across the two, and gathered back;
-    BatchNorm on. The 3 steps of one device."""
-    steps = 3
-    mesh = {"mesh_axes": ("node", "data"), "mesh_shape": (2, 4)}
-    overrides = {**TINY, "model.batch_norm": True, "num_train_steps": steps, **mesh}
-    args = ["--config", "configs/vgg19_data.py", "--workdir", str(tmp_path)]
-    log = f"{tmp_path}.log"
-    launcher = start_local(log, *args, *flags(overrides))
-    config = tiny_config(**{"model.batch_norm": True, **mesh})
-    ref_losses, _ = reference_run(config, steps)
-    out = finished_local(log, launcher)
-    losses = train_losses(tmp_path)
-    summary = records(tmp_path, "summary")[0]
-    assert summary["num_devices"] == 8 and summary["mesh"] == "(node=2, data=4)"
-    # what crosses the processes per device: a quarter of the gradient (an all-reduce on node)
-    assert summary["collective_bytes_by_axis"]["node"] < summary["param_bytes"] / 3
-    # Only process 0 writes metrics (and prints); the mesh spans both processes.
-    assert len(losses) == steps
-    assert "Gloo" not in out and "peer ranks" not in out
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
 
 
 @MULTIPROCESS
@@ -270,14 +244,16 @@ def one_device():
     return run_and_evaluate(tiny_config(mesh_shape=(1, 1, 1), **EVAL), 1, 3, evaluate_at=(2, 3))
 
 
-@pytest.mark.parametrize("mesh", list(SWEEP), ids=[str(m).replace(" ", "") for m in SWEEP])
-@MULTIPROCESS
-def test_pipelines_across_processes_match_one_device(tmp_path, one_device, mesh):
-    """Each schedule of the sweep on `mesh` across 2 processes: 3 steps, the evaluations at
-    steps 2 and 3, and the checkpoint both processes write, as on one device."""
-    ref_losses, ref_state, ref_evaluations = one_device
-    jobs = {
-        tmp_path / schedule: {
+PIPE = {"mesh_shape": (1, 2, 4), "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2}
+# (node, data) = (2, 4): each process is a node of 4 devices
+NODE_DATA = {"mesh_axes": ("node", "data"), "mesh_shape": (2, 4), "model.batch_norm": True}
+MOVE = {**PIPE, "checkpoint_every_steps": 2}  # the checkpoint that moves between counts
+
+
+def sweep_jobs(root) -> dict:
+    """{workdir: overrides} of the sweep: each schedule of SWEEP on its mesh."""
+    return {
+        root / f"{'x'.join(map(str, mesh))}-{schedule}": {
             "mesh_shape": mesh,
             "pipeline.schedule": schedule,
             "pipeline.num_microbatches": 2,
@@ -286,9 +262,64 @@ def test_pipelines_across_processes_match_one_device(tmp_path, one_device, mesh)
             **EVAL,
             **EXTRA.get(schedule, {}),
         }
-        for schedule in SWEEP[mesh]
+        for mesh, schedules in SWEEP.items()
+        for schedule in schedules
     }
-    run_jobs(tmp_path / "two", jobs)
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """One launch of 2 processes (tests/multi_jobs.py) for the runs that train to their end:
+    the sweep, node x data, and the 2-process parts of the checkpoint that moves between
+    process counts (run "a" steps 1-2, then run "b" steps 3-4, whose steps 1-2 ran in 1
+    process before). One start-up, import and join for all; each test checks its own runs.
+    Returns the launch's directory: LAUNCH/two.proc{i}.log, a workdir per run."""
+    root = tmp_path_factory.mktemp("launch")
+    trainer.train_and_evaluate(tiny_config(**MOVE, num_train_steps=2), str(root / "b"))  # 1-2 in 1
+    jobs = {
+        **sweep_jobs(root),
+        root / "node_data": {**NODE_DATA, "num_train_steps": 3},
+        root / "a": {**MOVE, "num_train_steps": 2},
+        root / "b": {**MOVE, "num_train_steps": 4},
+    }
+    # as long as 5 minutes a job (a job that hangs ends at its watchdog's HANG_S)
+    finished(root / "two", start_jobs(root / "two", jobs), timeout=300 * len(jobs))
+    return root
+
+
+def job_output(log, workdir) -> str:
+    """What process 0 printed during the job in `workdir` of a tests/multi_jobs.py launch."""
+    text = output(log, 0)
+    start = text.index(f"job {workdir}\n")
+    end = text.find("\njob ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+@MULTIPROCESS
+def test_two_processes_match_one(launch):
+    """Two-level data parallelism, node x data = (2, 4): each process is a node (4 devices),
+    the gradient reduced inside it, across the two, and gathered back; BatchNorm on. The 3
+    steps of one device."""
+    steps = 3
+    ref_losses, _ = reference_run(tiny_config(**NODE_DATA), steps)
+    losses = train_losses(launch / "node_data")
+    summary = records(launch / "node_data", "summary")[0]
+    assert summary["num_devices"] == 8 and summary["mesh"] == "(node=2, data=4)"
+    # what crosses the processes per device: a quarter of the gradient (an all-reduce on node)
+    assert summary["collective_bytes_by_axis"]["node"] < summary["param_bytes"] / 3
+    # Only process 0 writes metrics (and prints); the mesh spans both processes.
+    assert len(losses) == steps
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mesh", list(SWEEP), ids=[str(m).replace(" ", "") for m in SWEEP])
+@MULTIPROCESS
+def test_pipelines_across_processes_match_one_device(launch, one_device, mesh):
+    """Each schedule of the sweep on `mesh` across 2 processes: 3 steps, the evaluations at
+    steps 2 and 3, and the checkpoint both processes write, as on one device."""
+    ref_losses, ref_state, ref_evaluations = one_device
+    jobs = {w: o for w, o in sweep_jobs(launch).items() if o["mesh_shape"] == mesh}
+    assert len(jobs) == len(SWEEP[mesh])
     for workdir, overrides in jobs.items():
         losses = train_losses(workdir)
         np.testing.assert_allclose(losses, ref_losses, rtol=RTOL, err_msg=workdir.name)
@@ -303,24 +334,15 @@ def test_pipelines_across_processes_match_one_device(tmp_path, one_device, mesh)
         assert params_error < RTOL, workdir.name
 
 
-PIPE = {"mesh_shape": (1, 2, 4), "pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2}
-
-
 @MULTIPROCESS
-def test_pipeline_checkpoint_moves_between_process_counts(tmp_path):
+def test_pipeline_checkpoint_moves_between_process_counts(launch):
     """A 2-process pipeline checkpoint resumes in 1 process, and the other way round; both
-    end where 4 uninterrupted steps on one device do. One 2-process launch runs both 2-process
-    parts: steps 1-2 of run "a", then steps 3-4 of run "b" (whose steps 1-2 ran in 1 process)."""
-    overrides = {**PIPE, "checkpoint_every_steps": 2}
-    config = tiny_config(**overrides, num_train_steps=4)
-    a, b = tmp_path / "a", tmp_path / "b"
-    trainer.train_and_evaluate(tiny_config(**overrides, num_train_steps=2), str(b))  # 1-2 in 1
-    two_processes = {a: {**overrides, "num_train_steps": 2}, b: {**overrides, "num_train_steps": 4}}
-    procs = start_jobs(tmp_path / "two", two_processes)  # "a" 1-2 in 2, then "b" 3-4 in 2
+    end where 4 uninterrupted steps on one device do. The launch ran both 2-process parts:
+    steps 1-2 of run "a", then steps 3-4 of run "b" (whose steps 1-2 ran in 1 process)."""
+    config = tiny_config(**MOVE, num_train_steps=4)
+    a, b = launch / "a", launch / "b"
+    assert "resumed from the checkpoint of step 2" in job_output(launch / "two", b)
     ref_losses, ref_state = run_steps(tiny_config(num_train_steps=4, mesh_shape=(1, 1, 1)), 1)
-    finished(tmp_path / "two", procs)
-    text = output(tmp_path / "two", 0)
-    assert "resumed from the checkpoint of step 2" in text[text.index(f"job {b}\n") :]
     trainer.train_and_evaluate(config, str(a), jax.devices())  # 3-4 in 1
     summaries = []
     for run in (a, b):
