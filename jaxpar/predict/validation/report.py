@@ -192,15 +192,13 @@ def _fit_lines(profile: hardware.Profile, runs: list[CalibrationRun], names: tup
 def _kernel_lines(path: str, profile: hardware.Profile) -> list[str]:
     """Where the profile's matrix-kernel costs come from per-kernel timings
     (`kernel_benchmarks`, kernel_table.py): how well they price the table's kernels."""
-    c = configfile.load(path)
-    table = c.get("kernel_benchmarks")
+    spec = ProfileFits.of_record(configfile.load(path))
+    table = spec.kernel_benchmarks
     if not table:
         return []
 
-    names = tuple(c.get("kernel_fit", kernel_table.DEFAULT_FIT) or kernel_table.DEFAULT_FIT)
-    kf = kernel_table.fit(
-        profile, kernel_table.load(table), names, c.get("kernel_dtype", "float32")
-    )
+    names = spec.kernel_fit or kernel_table.DEFAULT_FIT
+    kf = kernel_table.fit(profile, kernel_table.load(table), names, spec.kernel_dtype)
     costs = ", ".join(f"{n} {hardware.value(kf.profile, n):.3g}" for n in names)
     line = (
         f"matrix kernels from {table} (fitted before any model, every model's runs priced "
