@@ -86,7 +86,7 @@ def bare_images_per_sec(config, steps: int) -> float:
 
 def loop_images_per_sec(config) -> float:
     with tempfile.TemporaryDirectory() as workdir, contextlib.redirect_stdout(io.StringIO()):
-        return trainer.train_and_evaluate(config, workdir)["images_per_sec"]
+        return trainer.train_and_evaluate(config, workdir).summary.throughput.images_per_sec
 
 
 def main() -> None:
