@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jaxpar import run_spec
 from jaxpar.bench.row_record import BenchRow, TargetRow
+from jaxpar.suites import SuiteRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,58 +118,6 @@ class Machine:
         return (
             f"{self.devices_present} {self.backend} devices ({self.device_kind}) on "
             f"{self.cpu_cores} CPU cores, JAX {self.jax}"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class SuiteRow:
-    """One entry of a suite's `rows` (configs/bench's `row(...)`): its name, the overrides
-    that make it (`config`, {dotted key: value}) and how it is read; the overrides the bench
-    reads itself beside them."""
-
-    name: str
-    config: dict[str, Any]
-    group: str = ""
-    scaling: str | None = None
-    baseline: str | None = None
-    label: str | None = None
-    reference: float | tuple[float, float] | None = None
-    reference_efficiency: float | None = None
-    seed: int | None = None  # the row's own seed, if it sets one
-    mesh_shape: tuple | None = None  # the mesh the row asks for, if it names one
-    mesh_axes: tuple | None = None
-    global_batch_size: int | None = None
-    sync_mode: str = run_spec.default("sync.mode")
-    goodput_every_steps: int = run_spec.default("goodput.every_steps")  # its decision interval
-    trains_to_target: bool = False  # the row sets a target accuracy or eval loss
-
-    def as_record(self) -> dict[str, Any]:
-        """The entry as configs/bench's `row(...)` makes it."""
-        keys = ("name", "config", "group", "scaling", "baseline", "label", "reference")
-        return {k: getattr(self, k) for k in keys} | {
-            "reference_efficiency": self.reference_efficiency
-        }
-
-    @classmethod
-    def of_record(cls, record: Any) -> SuiteRow:
-        config = dict(record.get("config", {}))
-        shape, names = config.get("mesh_shape"), config.get("mesh_axes")
-        return cls(
-            name=record["name"],
-            config=config,
-            group=record.get("group", ""),
-            scaling=record.get("scaling"),
-            baseline=record.get("baseline"),
-            label=record.get("label"),
-            reference=record.get("reference"),
-            reference_efficiency=record.get("reference_efficiency"),
-            seed=config.get("seed"),
-            mesh_shape=tuple(shape) if shape is not None else None,
-            mesh_axes=tuple(names) if names else None,
-            global_batch_size=config.get("global_batch_size"),
-            sync_mode=run_spec.setting(config, "sync.mode"),
-            goodput_every_steps=int(run_spec.setting(config, "goodput.every_steps")),
-            trains_to_target=bool(config.get("target_accuracy") or config.get("target_eval_loss")),
         )
 
 
