@@ -41,7 +41,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # multi-process launches are marked in their file.
 SLOW = (
     "tests/test_model_zoo.py::test_every_family_partitioned_equals_one_device*",
-    "tests/test_model_zoo.py::test_resnet20_learns_shapes10",
+    "tests/test_model_zoo.py::test_resnet20_learns_digits",
     "tests/test_checkpoint.py::test_kill_and_sigterm_resume_exactly",
     "tests/test_checkpoint.py::test_restore_across_meshes*",
     "tests/test_checkpoint.py::test_continuing_a_finished_run_keeps_its_learning_rate_schedule",

@@ -19,8 +19,8 @@ programs this process compiled for the profile's own fit.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from jaxpar import configfile
@@ -29,7 +29,7 @@ configfile.set_host_device_count(8, replace=True)
 configfile.cpu_only()
 
 
-def main(out: str) -> None:
+def main(out: str, names: list[str] | None = None) -> None:
     from configs import base
     from configs.predict import dgx1_vgg16
     from jaxpar.predict import load_profile, predict_config
@@ -39,6 +39,8 @@ def main(out: str) -> None:
 
     figures = {}
     for path in sorted(Path("configs/hardware").glob("*.py")):
+        if names is not None and path.stem not in names:
+            continue
         p = load_profile(path)
         costs = {
             name: value
@@ -89,6 +91,11 @@ def held_out(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
-    if len(sys.argv) > 2:
-        held_out(sys.argv[2])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("held_out", nargs="?")
+    parser.add_argument("--profiles", nargs="+", help="these profiles (file stems) alone")
+    args = parser.parse_args()
+    main(args.out, args.profiles)
+    if args.held_out:
+        held_out(args.held_out)

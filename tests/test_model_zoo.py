@@ -6,7 +6,6 @@ next to each kind of block, equal to one device."""
 from __future__ import annotations
 
 import itertools
-import math
 from typing import NamedTuple
 
 import jax
@@ -216,15 +215,15 @@ def block_kind(layer) -> tuple:
 )
 def test_every_family_partitioned_equals_one_device(family, batch_norm, every_block_kind_once):
     """Each family, with every kind of block it has (fixture every_block_kind_once), trains
-    the one-device program for 3 steps on two meshes (ResNet-50 and Inception-v3, in float64,
-    on the hybrid alone):
-    losses, parameters and BatchNorm statistics to 1e-5 in float32, 1e-10 in float64.
+    the one-device program for 3 steps on the hybrid (2,2,2): losses, parameters and
+    BatchNorm statistics to 1e-5 in float32, 1e-10 in float64.
 
-    (2,1,2): data x tensor, the data-parallel step with channels split over `tensor`
-    (BatchNorm synchronised over `data`, one all-reduce of the gradients). (2,2,2): the hybrid,
-    an interleaved pipeline of 2v chunks on 2 stages, cut next to every kind of block, with
-    data and tensor inside each stage and 2 micro-batches, each normalised with its own
-    BatchNorm statistics (the documented policy)."""
+    The hybrid is an interleaved pipeline of 2v chunks on 2 stages, cut next to every kind of
+    block, with data and tensor inside each stage (every block's channels split over `tensor`,
+    BatchNorm synchronised over `data`) and 2 micro-batches, each normalised with its own
+    BatchNorm statistics (the documented policy). Without a pipeline the data x tensor step
+    runs the same tensor rules over the whole model in one program: tests/test_tensor.py holds
+    it on every factorisation of 8, with synchronised BatchNorm."""
     f, model = FAMILIES[family], every_block_kind_once
     kinds = {block_kind(layer) for layer in model.layers}
     beside_a_cut = {
@@ -239,23 +238,15 @@ def test_every_family_partitioned_equals_one_device(family, batch_norm, every_bl
         "pipeline.num_microbatches": 2,
     }
     rtol = RTOL[f.dtype]
-    meshes = [({"mesh_shape": (2, 1, 2)}, 1), (hybrid, 2)]
-    if family in ("inception_v3", "resnet50"):  # their data x tensor step is the hybrid's
-        # within each stage: the slowest cases of the suite with both meshes (pytest --durations)
-        meshes = meshes[1:]
     with jax.enable_x64(f.dtype == "float64"):
-        for keys, m in meshes:
-            ref_losses, ref_state = reference_run(
-                family_config(family, batch_norm, **keys), STEPS, microbatches=m
-            )
-            losses, state = run_steps(
-                family_config(family, batch_norm, **keys), math.prod(keys["mesh_shape"]), STEPS
-            )
-            mesh = keys["mesh_shape"]
-            np.testing.assert_allclose(losses, ref_losses, rtol=rtol, err_msg=str(mesh))
-            assert max_rel_error(state.params, ref_state.params) < rtol, mesh
-            assert bool(jax.tree.leaves(state.batch_stats)) == batch_norm
-            assert max_rel_error(state.batch_stats, ref_state.batch_stats) < rtol, mesh
+        ref_losses, ref_state = reference_run(
+            family_config(family, batch_norm, **hybrid), STEPS, microbatches=2
+        )
+        losses, state = run_steps(family_config(family, batch_norm, **hybrid), 8, STEPS)
+    np.testing.assert_allclose(losses, ref_losses, rtol=rtol)
+    assert max_rel_error(state.params, ref_state.params) < rtol
+    assert bool(jax.tree.leaves(state.batch_stats)) == batch_norm
+    assert max_rel_error(state.batch_stats, ref_state.batch_stats) < rtol
 
 
 def test_float64_runs_are_float64_throughout():
@@ -312,10 +303,11 @@ def test_float64_needs_jax_64_bit_mode_in_one_line():
         assert tuple(parallel.validate(config, 1).values()) == (1, 1, 1)
 
 
-def test_resnet20_learns_shapes10():
-    """Learning, not just running: ResNet-20 at quarter width on the embedded shapes10 (10
-    classes, chance 0.1) reaches well above chance on held-out images in 200 steps of batch
-    64 (the full run's figures: docs/config.md, "Each model's config, run")."""
+def test_resnet20_learns_digits():
+    """Learning, not just running: ResNet-20 at quarter width on the embedded digits (28x28
+    grey, 10 classes, chance 0.1) reaches four times chance on held-out images after one
+    pass over 5,120 images in 80 steps of batch 64 (the full runs' figures on shapes10:
+    docs/config.md, "Each model's config, run")."""
     from jaxpar import run_setup
 
     config = tiny_config(
@@ -323,11 +315,12 @@ def test_resnet20_learns_shapes10():
             "model.name": "resnet20",
             "model.width": 0.25,
             "model.batch_norm": True,
-            "data.name": "shapes10",
-            "data.num_train": 0,
+            "data.name": "digits",
+            "data.image_shape": (28, 28, 1),
+            "data.num_train": 5120,  # one pass in 80 steps
             "data.num_eval": 256,
             "global_batch_size": 64,
-            "num_train_steps": 200,
+            "num_train_steps": 80,
             "learning_rate": 0.1,
             "lr_schedule": "cosine",
             "warmup_steps": 10,
@@ -342,4 +335,4 @@ def test_resnet20_learns_shapes10():
         state, _ = setup.strategy.train_step(state, batch)
     result = run_setup.evaluate(setup, state)
     assert result["count"] == 256
-    assert result["accuracy"] > 0.5, result
+    assert result["accuracy"] > 0.4, result

@@ -116,7 +116,30 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
     config = config.copy_and_resolve_references()
     config.mesh_shape = (1,) * len(names)
     setup = run_setup.setup(config, jax.devices()[:1])
-    model, tx = setup.model, setup.strategy.tx
+    steps = steps if steps is not None else config.num_train_steps
+    key = (
+        config.to_json_best_effort(sort_keys=True),
+        steps,
+        replicas,
+        microbatches,
+        jax.config.jax_enable_x64,
+        tuple((layer.name, layer.in_shape, repr(layer.module)) for layer in setup.model.layers),
+    )
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _run_reference(setup, steps, replicas, microbatches)
+    losses, state = _REFERENCES[key]
+    return losses.copy(), state
+
+
+# reference_run's runs in this process, by everything they depend on: tests that hold several
+# partitionings of one config to one device (every factorisation of 8, every schedule) run it
+# once. The model's layers are in the key, so a test that patches a model's depth gets its own.
+_REFERENCES: dict[tuple, tuple] = {}
+
+
+def _run_reference(setup, steps: int, replicas: int, microbatches: int):
+    """reference_run's program and steps."""
+    config, model, tx = setup.config, setup.model, setup.strategy.tx
     # jit, as every strategy initialises: eager initialisers round some parameters 1 ulp
     # differently, which a chaotic model (ResNet-50 at width 1/16) grows to 1e-2 in 3 steps
     state = jax.jit(functools.partial(init_state, model, tx))(jax.random.key(config.seed))
@@ -146,7 +169,7 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
         return np.reshape(parts, v.shape)
 
     losses = []
-    for i in range(steps if steps is not None else config.num_train_steps):
+    for i in range(steps):
         batch = jax.tree.map(grouped, run_setup.local_train_batch(setup, i))
         state, loss = step(state, batch)
         losses.append(float(loss))
