@@ -27,6 +27,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxpar.models.batch_norm import BatchNorm
 from jaxpar.models.layers import CONV_INIT, DENSE_INIT, named, wide
 
 
@@ -94,22 +95,19 @@ class Block(nn.Module):
         )(x)
 
     def bn(self, x, train):
-        """BatchNorm over the batch (synchronised over `bn_axis_name` in training); its
-        statistics follow its scale's logical names (models/base.py logical_names). The
-        variance is computed in two passes: E[x^2] - E[x]^2 cancels catastrophically where a
-        channel's mean is large against its spread (deep blocks on small maps), and then every
-        partitioning's different summation order trains a different model. Without BatchNorm
+        """BatchNorm over the batch (synchronised over `bn_axis_name` in training), its
+        statistics in one pass shifted by the running mean (models/batch_norm.py); they follow
+        its scale's logical names (models/base.py logical_names). Without BatchNorm
         (batch_norm=False) the identity."""
         if not self.batch_norm:
             return x
-        return nn.BatchNorm(
+        return BatchNorm(
             use_running_average=not train,
             momentum=0.9,
             epsilon=self.bn_epsilon,
             dtype=self.dtype,
             param_dtype=wide(self.dtype),
             axis_name=self.bn_axis_name if train else None,
-            use_fast_variance=False,  # two passes: E[(x - mean)^2] does not cancel
             scale_init=named(nn.initializers.ones_init(), ("conv_out",)),
             bias_init=named(nn.initializers.zeros_init(), ("conv_out",)),
         )(x)

@@ -9,6 +9,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxpar.models.batch_norm import BatchNorm
+
 # torchvision's VGG initialisation: He (fan-out) for convs, N(0, 0.01) for dense layers, so the
 # first logits are small and the initial loss is about log(classes).
 CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
@@ -91,7 +93,7 @@ class ConvBlock(nn.Module):
         if self.batch_norm:
             # BatchNorm's running mean and variance follow its scale's names (flax creates
             # them without an initialiser to box; parallel/tensor.py reads them from scale).
-            x = nn.BatchNorm(
+            x = BatchNorm(
                 use_running_average=not train,
                 momentum=0.9,
                 epsilon=1e-5,
