@@ -34,11 +34,19 @@ def one_device():
     return reference_run(mesh_config(("data",), (1,)))
 
 
-def assert_equal(got, ref):
+def assert_equal(got, ref, rtol=RTOL):
     (losses, state), (ref_losses, ref_state) = got, ref
-    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
-    assert max_rel_error(state.params, ref_state.params) < RTOL
-    assert max_rel_error(state.batch_stats, ref_state.batch_stats) < RTOL
+    np.testing.assert_allclose(losses, ref_losses, rtol=rtol)
+    assert max_rel_error(state.params, ref_state.params) < rtol
+    assert max_rel_error(state.batch_stats, ref_state.batch_stats) < rtol
+
+
+# In float64, as the zoo's VGG with BatchNorm (tests/test_model_zoo.py FAMILIES): where a
+# mesh reduces a step's sums in more orders than data alone, float32's rounding of BatchNorm's
+# nearly cancelling bias gradients reaches 1e-5 within 3 steps; float64 holds such meshes to
+# the single-device function by the same check at 1e-10.
+FLOAT64 = {"model.dtype": "float64"}
+RTOL64 = 1e-10
 
 
 @pytest.mark.parametrize("names,sizes", [(("data", "fsdp"), (2, 4)), (("node", "data"), (2, 4))])
@@ -49,13 +57,14 @@ def test_batch_axes_equal_one_device(one_device, names, sizes):
 
 def test_fsdp_beside_a_pipeline_and_a_tensor_axis_equals_one_device():
     """(data, fsdp, stage, tensor) = (1, 2, 2, 2), 1F1B over 2 micro-batches: each stage's
-    parameters sharded over its own fsdp devices, channels over tensor."""
+    parameters sharded over its own fsdp devices, channels over tensor. In float64 (FLOAT64)."""
     config = mesh_config(
         ("data", "fsdp", "stage", "tensor"),
         (1, 2, 2, 2),
-        **{"pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2},
+        **{"pipeline.schedule": "1f1b", "pipeline.num_microbatches": 2, **FLOAT64},
     )
-    assert_equal(run_steps(config, 8), reference_run(config, microbatches=2))
+    with jax.enable_x64(True):
+        assert_equal(run_steps(config, 8), reference_run(config, microbatches=2), RTOL64)
 
 
 def _leaves(strategy):

@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from jaxpar import analysis, run_setup
-from tests.test_axes import assert_equal, mesh_config
+from tests.test_axes import FLOAT64, RTOL64, assert_equal, mesh_config
 from tests.util import reference_run, run_steps
 
 TENSOR = {"tensor.rules": (("conv_out", "tensor"), ("mlp", "tensor"))}
@@ -81,6 +81,10 @@ def test_node_beside_data_and_tensor_adds_only_the_two_level_sum():
 def test_node_beside_data_and_tensor_equals_one_device(mode):
     """(node, data, tensor) = (2, 2, 2): 4 steps equal one device's, the hierarchical sum
     taken on each device's tensor shards (and, under `sharded`, on the leaves it cannot
-    split)."""
-    config = mesh_config(("node", "data", "tensor"), (2, 2, 2), **TENSOR, **{"sync.mode": mode})
-    assert_equal(run_steps(config, 8), reference_run(mesh_config(("data",), (1,))))
+    split). In float64 (tests/test_axes.py FLOAT64)."""
+    config = mesh_config(
+        ("node", "data", "tensor"), (2, 2, 2), **TENSOR, **FLOAT64, **{"sync.mode": mode}
+    )
+    with jax.enable_x64(True):
+        reference = reference_run(mesh_config(("data",), (1,), **FLOAT64))
+        assert_equal(run_steps(config, 8), reference, RTOL64)
