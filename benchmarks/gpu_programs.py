@@ -38,7 +38,9 @@ DEFAULT_ROWS = (
 
 # Recorded on lent GPUs with benchmarks/single_device.py (JAX 0.11.2, CUDA 13, full width,
 # BatchNorm, 10 classes; docs/predict.md, "How close the GPU programs are"): kernels launched
-# per step and state + temporaries of the step program, GB.
+# per step and state + temporaries of the step program, GB. Recorded before BatchNorm's
+# statistics took one pass: compare --reference at 20afcf6 (docs/predict.md, "BatchNorm in one
+# pass").
 RECORDED = {
     "vgg19:32:float32:128:h100_sxm:1": (339, 0.58),
     "vgg19:32:bfloat16:512:h200_sxm:1": (390, 1.01),
