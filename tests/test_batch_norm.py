@@ -1,6 +1,8 @@
 """jaxpar's BatchNorm (models/batch_norm.py): flax's variables and results, its statistics in one
 pass shifted by the running mean, averaged over a mesh axis in one collective."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -83,3 +85,23 @@ def test_statistics_over_a_mesh_axis_are_the_whole_batchs():
         np.testing.assert_allclose(
             stats["batch_stats"][name], stats_one["batch_stats"][name], rtol=1e-6, atol=1e-7
         )
+
+
+def test_gradients_are_flaxs():
+    """The gradients of a loss through BatchNorm in training, with respect to the input, the
+    scale and the bias, are those of flax's two-pass BatchNorm."""
+    x = jax.random.normal(jax.random.key(0), (16, 4, 4, 8)) * 3 + 1
+    w = jax.random.normal(jax.random.key(2), x.shape)
+    variables = ours(True).init(jax.random.key(1), x)
+    variables["batch_stats"]["mean"] = jnp.full((8,), 0.7)  # a shift that is not zero
+
+    def loss(module, params, x):
+        y, _ = module.apply(
+            {"params": params, "batch_stats": variables["batch_stats"]}, x, mutable=["batch_stats"]
+        )
+        return jnp.sum(jnp.sin(y) * w)
+
+    got = jax.grad(functools.partial(loss, ours(True)), argnums=(0, 1))(variables["params"], x)
+    ref = jax.grad(functools.partial(loss, flax_bn(True)), argnums=(0, 1))(variables["params"], x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
