@@ -27,10 +27,10 @@ from tests.util import tiny_config, tiny_profile
 
 GB = 1e9
 PROFILES = sorted(Path("configs/hardware").glob("*.py"))
-# The profiles whose fits the suite reproduces (about 90 s of compiling in their own process):
-# the DGX-1's kernel-table fit and the H100's fit to measured runs (whose programs the held-out
-# test reads too), and every profile that is not fitted. JAXPAR_TEST_PROFILES=all fits every
-# shipped profile (about 3.5 minutes more): docs/tests.md, "Checks outside the suite".
+# The profiles whose fits the suite reproduces in their own process: the DGX-1's kernel-table
+# fit and the H100's fit to measured runs (whose programs the held-out test reads too), and
+# every profile that is not fitted. JAXPAR_TEST_PROFILES=all fits every shipped profile
+# (docs/tests.md, "Checks outside the suite", says how long that takes).
 FITTED_ELSEWHERE = ("cpu_2core", "h100_here", "h200_sxm_x8", "k80_pcie")
 if os.environ.get("JAXPAR_TEST_PROFILES") != "all":
     PROFILES = [p for p in PROFILES if p.stem not in FITTED_ELSEWHERE]

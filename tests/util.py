@@ -131,9 +131,9 @@ def reference_run(config, steps: int | None = None, microbatches: int = 1):
     return losses.copy(), state
 
 
-# reference_run's runs in this process, by everything they depend on: tests that hold several
-# partitionings of one config to one device (every factorisation of 8, every schedule) run it
-# once. The model's layers are in the key, so a test that patches a model's depth gets its own.
+# reference_run's runs in this process, by everything they depend on: tests of one file that
+# hold different partitionings of one config to one device share its run. The model's layers
+# are in the key, so a test that patches a model's depth gets its own.
 _REFERENCES: dict[tuple, tuple] = {}
 
 
