@@ -158,4 +158,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.sync.staleness_aware_lr = False  # async: divide each gradient's lr by its staleness
     config.sync.impl = "shard_map"  # "shard_map" (jax.shard_map + pmean) or legacy "pmap"
     config.sync.batch_norm = "global"  # "global" (synchronised) or "local" (per replica)
+    # Gradients reduced in flat buffers of at most this many bytes, in the backward's order
+    # (allreduce, parameter_server, sharded); 0: one collective per parameter, XLA combining
+    # them as it will (jaxpar/parallel/buckets.py)
+    config.sync.bucket_bytes = 25 * 2**20  # PyTorch DDP's default
     return config

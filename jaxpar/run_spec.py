@@ -95,6 +95,7 @@ class SyncSpec:
     staleness_aware_lr: bool
     impl: str
     batch_norm: str
+    bucket_bytes: int
 
     @classmethod
     def of_config(cls, config: Any) -> SyncSpec:

@@ -30,6 +30,7 @@ from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import norms, sync, tensor, variables
 from jaxpar.parallel.adapt import adapted_metrics, adapting_noise
+from jaxpar.parallel.buckets import Buckets
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import eval_sums, init_state, measured_loss_and_grads
 from jaxpar.parallel.strategy import Program, Strategy
@@ -109,7 +110,7 @@ class DataParallel(Strategy):
     # -- hooks TensorParallel overrides ------------------------------------------------------
 
     def make_replicas(self, shape: dict[str, int]) -> Replicas:
-        return Replicas(shape)
+        return Replicas(shape, Buckets.of(self.sync, self.model))
 
     def variable_specs(self) -> dict:
         """Specs of the variables over the mesh: by the sharding rules over the rules axes

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import axes
+from jaxpar.parallel.buckets import Buckets
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import init_state
@@ -54,7 +55,7 @@ class PmapDataParallel(DataParallel):
         self.stacked = NamedSharding(Mesh(np.array(self.devices), (self.axis,)), P(self.axis))
 
     def make_replicas(self, shape: dict[str, int]) -> Replicas:
-        return PmapReplicas(shape)
+        return PmapReplicas(shape, Buckets.of(self.sync, self.model))
 
     def _stack(self, tree, xp=jnp):
         return stack(tree, len(self.devices), xp)

@@ -11,23 +11,24 @@ is the identity. This is the only place that knows about that case.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import axes as axes_lib
+from jaxpar.parallel import buckets as buckets_lib
+from jaxpar.parallel.buckets import Buckets
 
 
 class Replicas:
     """The data replicas over `shape`'s batch axes; one replica means no shard_map and no
-    collectives."""
+    collectives. `buckets`: how the gradient collectives pack their leaves (buckets.py)."""
 
-    def __init__(self, shape: dict[str, int]):
+    def __init__(self, shape: dict[str, int], buckets: Buckets | None = None):
+        self.buckets = buckets or Buckets()
         self.axes = axes_lib.replica_axes(shape)  # batch axes of size > 1, in mesh order
         self.sizes = {a: shape[a] for a in self.axes}
         # the rules axes of size > 1 (tensor, spatial): GSPMD's inside the step body
@@ -55,34 +56,106 @@ class Replicas:
         leaf is not split over (a leaf split over fsdp arrives summed over fsdp already, by
         its all-gather's transpose, and is divided by that axis' size); an axis in the group
         may average its own way (node beside data or fsdp: hierarchically, `Axis.mean`).
-        Where one does, the leaves averaged over the same axes go as one flat buffer
-        (Horovod's tensor fusion): its collectives once a step, not once per leaf, whose
-        latencies would add up. Every other leaf takes the default mean on its own, as under
-        `data`."""
+        With buckets (`sync.bucket_bytes`), the leaves averaged over the same axes go as flat
+        buffers of at most that size, in the backward's order: one collective per bucket.
+        Without, an axis that averages its own way takes them all as one flat buffer
+        (Horovod's tensor fusion: its collectives once a step, not once per leaf, whose
+        latencies would add up), and every other leaf takes the default mean on its own."""
         if not self.manual:
             return grads
-        leaves, treedef = jax.tree.flatten(grads)
-        specs = [P()] * len(leaves) if specs is None else treedef.flatten_up_to(specs)
+        paths, leaves, specs, treedef = _flat(grads, specs)
+        return treedef.unflatten(self._mean_leaves(paths, leaves, specs))
+
+    def _mean_leaves(self, paths: list, leaves: list, specs: list) -> list:
         out: list[Any] = list(leaves)
-        fused: dict[tuple, list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for i, (g, spec) in enumerate(zip(leaves, specs, strict=True)):
-            split = {
-                a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))
-            }
+            split = _spec_axes(spec)
             over = tuple(a for a in self.axes if a not in split)
             summed = math.prod(self.sizes[a] for a in self.axes if a in split)
             g = out[i] = g / summed if summed > 1 else g
-            if not over:
+            if over:
+                groups.setdefault((over, g.dtype), []).append(i)
+        order = self.buckets.order(paths)
+        for (over, _), idx in groups.items():
+            if not self.buckets.on and not self._fuses(over):
+                for i in idx:
+                    out[i] = self._mean(out[i], over)
                 continue
-            if self._fuses(over):
-                fused.setdefault((over, g.dtype), []).append(i)
-            else:
-                out[i] = self._mean(g, over)
-        for (over, _), idx in fused.items():
-            means = self._fused_mean([out[i] for i in idx], [specs[i] for i in idx], over)
-            for i, mean in zip(idx, means, strict=True):
-                out[i] = mean
+            for bucket in self._buckets(order, idx, out):
+                parts = [out[i] for i in bucket]
+                mean = lambda ps, over=over: buckets_lib.unpack(
+                    self._mean(buckets_lib.pack(ps), over), ps
+                )
+                for i, m in zip(bucket, self._on_parts(mean, parts, [specs[i] for i in bucket])):
+                    out[i] = m
+        return out
+
+    def scatter_grads(self, grads: Any, dims: Any, specs: Any) -> Any:
+        """The gradient average with replica i keeping block i of each leaf along its
+        dimension in `dims` (a reduce-scatter; `sync.mode=sharded`), a leaf whose dimension
+        is None averaged whole (`mean_grads`). With buckets, the scattered leaves go as
+        [replicas, n] buffers, one reduce-scatter per bucket."""
+        if not self.manual:
+            return grads
+        paths, leaves, specs, treedef = _flat(grads, specs)
+        dims = treedef.flatten_up_to(dims)
+        whole = [i for i, d in enumerate(dims) if d is None]
+        out: list[Any] = list(leaves)
+        means = self._mean_leaves(
+            [paths[i] for i in whole], [leaves[i] for i in whole], [specs[i] for i in whole]
+        )
+        for i, m in zip(whole, means, strict=True):
+            out[i] = m
+        cut = [i for i, d in enumerate(dims) if d is not None]
+        n = self.count
+        if not self.buckets.on:
+            for i in cut:
+                out[i] = self.reduce_scatter(leaves[i], dims[i]) / n
+            return treedef.unflatten(out)
+
+        def scatter(parts, ds):
+            rows = buckets_lib.pack_rows(parts, ds, n)
+            mine = lax.psum_scatter(rows, self.axes, scatter_dimension=0, tiled=True)
+            return buckets_lib.unpack_rows(mine / n, parts, ds, n)
+
+        for bucket in self._buckets(self.buckets.order(paths), cut, leaves):
+            ds = [dims[i] for i in bucket]
+            fn = lambda ps, ds=ds: scatter(ps, ds)
+            parts = [leaves[i] for i in bucket]
+            for i, m in zip(bucket, self._on_parts(fn, parts, [specs[i] for i in bucket])):
+                out[i] = m
         return treedef.unflatten(out)
+
+    def _buckets(self, order: list[int], idx: list[int], leaves: list) -> list[list[int]]:
+        """The leaves `idx` in the backward's `order`, cut into buckets (all of them in one
+        without a bucket size: an axis that averages its own way)."""
+        mine = set(idx)
+        ordered = [i for i in order if i in mine]
+        if not self.buckets.on:
+            return [ordered]
+        nbytes = {i: leaves[i].size * leaves[i].dtype.itemsize for i in ordered}
+        return self.buckets.split(ordered, nbytes)
+
+    def _on_parts(self, fn, leaves: list, specs: list) -> list:
+        """`fn` over this device's parts of `leaves` (a list in, a list of the same shapes
+        out), the rules axes (tensor, spatial) made manual around it, each leaf entering
+        split as its spec says. Under GSPMD a collective over the replica axes takes its
+        operand whole over the rules axes, and a flat buffer of leaves split along different
+        dimensions cannot be split like any of them: every split leaf would be gathered and
+        sliced back (more tensor traffic and many collective-permutes a step;
+        tests/test_node_programs.py pins the collectives)."""
+        if not self.auto:
+            return fn(leaves)
+        ruled = [self._ruled(spec) for spec in specs]
+        mesh, manual = jax.sharding.get_abstract_mesh(), frozenset(self.auto)
+        # check_vma=False: a leaf whole over the rules axes shares the buffer with split ones,
+        # so its result is typed as varying over them; it is not (every device of the rules
+        # axes reduces the same numbers over its own group, as the default collective does)
+        wrapped = jax.shard_map(
+            fn, mesh=mesh, in_specs=(ruled,), out_specs=ruled, axis_names=manual, check_vma=False
+        )
+        return wrapped(leaves)
 
     @staticmethod
     def _fuses(group: tuple[str, ...]) -> bool:
@@ -96,33 +169,8 @@ class Replicas:
             return x
         if not self._fuses(self.axes):
             return self._mean(x, self.axes)
-        return self._fused_mean([x], [spec or P()], self.axes)[0]
-
-    def _fused_mean(self, leaves: list, specs: list, group: tuple[str, ...]) -> list:
-        """The means of `leaves` over `group` by the axes' own hook, as one flat buffer of
-        this device's parts of them: the rules axes (tensor, spatial) made manual around it,
-        each leaf entering split as its spec says. Under GSPMD a collective over the
-        replica axes takes its operand whole over the rules axes, and a flat buffer of
-        leaves split along different dimensions cannot be split like any of them: every
-        split leaf would be gathered and sliced back (more tensor traffic and many
-        collective-permutes a step; tests/test_node_programs.py pins the collectives)."""
-
-        def local(parts):
-            mean = self._mean(jnp.concatenate([p.reshape(-1) for p in parts]), group)
-            ends = list(itertools.accumulate(p.size for p in parts))[:-1]
-            return [m.reshape(p.shape) for m, p in zip(jnp.split(mean, ends), parts, strict=True)]
-
-        if not self.auto:
-            return local(leaves)
-        ruled = [self._ruled(spec) for spec in specs]
-        mesh, manual = jax.sharding.get_abstract_mesh(), frozenset(self.auto)
-        # check_vma=False: a leaf whole over the rules axes shares the buffer with split ones,
-        # so its mean is typed as varying over them; it is not (every device of the rules
-        # axes sums the same numbers over its own group, as the default all-reduce does)
-        fn = jax.shard_map(
-            local, mesh=mesh, in_specs=(ruled,), out_specs=ruled, axis_names=manual, check_vma=False
-        )
-        return fn(leaves)
+        mean = lambda ps: buckets_lib.unpack(self._mean(buckets_lib.pack(ps), self.axes), ps)
+        return self._on_parts(mean, [x], [spec or P()])[0]
 
     def _ruled(self, spec: P) -> P:
         """`spec` over the rules axes only (inside the step body the replica axes are
@@ -167,8 +215,29 @@ class Replicas:
             return x
         return lax.all_gather(x, self.axes, axis=dim, tiled=True, to="invarying")
 
-    def ppermute(self, tree: Any, pairs: list[tuple[int, int]]) -> Any:
-        return lax.ppermute(tree, self.axes, pairs) if self.manual else tree
+    def ppermute(self, tree: Any, pairs: list[tuple[int, int]], specs: Any = None) -> Any:
+        """`tree` sent along `pairs` of replica indices; with buckets, as flat buffers of at
+        most the bucket size (`specs`: the leaves' PartitionSpecs, for their split over the
+        rules axes)."""
+        if not self.manual:
+            return tree
+        if not self.buckets.on:
+            return lax.ppermute(tree, self.axes, pairs)
+        paths, leaves, specs, treedef = _flat(tree, specs)
+        out: list[Any] = list(leaves)
+        send = lambda ps: buckets_lib.unpack(
+            lax.ppermute(buckets_lib.pack(ps), self.axes, pairs), ps
+        )
+        by_dtype: dict[Any, list[int]] = {}
+        for i, x in enumerate(leaves):
+            by_dtype.setdefault(x.dtype, []).append(i)
+        order = self.buckets.order(paths)
+        for idx in by_dtype.values():
+            for bucket in self._buckets(order, idx, leaves):
+                parts = [leaves[i] for i in bucket]
+                for i, m in zip(bucket, self._on_parts(send, parts, [specs[i] for i in bucket])):
+                    out[i] = m
+        return treedef.unflatten(out)
 
     def shard_map(self, fn, mesh, in_specs, out_specs, auto_axes: bool, check_vma: bool = True):
         """`fn` over the replica axes (manual over those only when `auto_axes`, the others
@@ -184,3 +253,17 @@ class Replicas:
             axis_names=names,
             check_vma=check_vma,
         )
+
+
+def _flat(tree: Any, specs: Any) -> tuple[list, list, list, Any]:
+    """A tree's leaf paths, leaves and specs (`P()` each where `specs` is None), and its
+    structure."""
+    paths_leaves, treedef = jax.tree.flatten_with_path(tree)
+    leaves = [x for _, x in paths_leaves]
+    specs = [P()] * len(leaves) if specs is None else treedef.flatten_up_to(specs)
+    return [p for p, _ in paths_leaves], leaves, specs, treedef
+
+
+def _spec_axes(spec: P) -> set[str]:
+    """The mesh axes a PartitionSpec splits over."""
+    return {a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))}

@@ -15,6 +15,7 @@ from jaxpar import axes
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
 from jaxpar.parallel import norms, schedules, stages, sync, tensor, variables
+from jaxpar.parallel.buckets import Buckets
 from jaxpar.parallel.pipeline import accounting, checks, shapes, transfer
 from jaxpar.parallel.pipeline.chunks import Chunk, ChunkPrograms
 from jaxpar.parallel.pipeline.layout import ChunkLayout, merge
@@ -65,7 +66,7 @@ class Pipeline(Strategy):
         self.order = schedules.dispatch_order(self.events)
         self.split_backward = schedules.split_backward(self.events)
         self.meshes = [mesh_lib.index_along(mesh, self.stage_axis, s) for s in range(k)]
-        self.replicas = Replicas(shape)
+        self.replicas = Replicas(shape, Buckets.of(self.sync, model))
         self.data = self.replicas.count
         self.batch_spec = self.replicas.spec
         self.batch_sharding = [NamedSharding(m, self.batch_spec) for m in self.meshes]

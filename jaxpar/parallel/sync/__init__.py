@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from jaxpar import axes
+from jaxpar import axes, run_spec
 from jaxpar import mesh as mesh_lib
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.sync.allreduce import AllReduce, average_gradients
@@ -33,6 +33,9 @@ def check(config, shape: dict[str, int]) -> str | None:
     """Why `config`'s sync mode cannot run on this mesh ({axis: size}; one line), or None."""
     rule = MODES[config.sync.mode]
     mode = f"sync.mode={rule.name}"
+    bucket = run_spec.setting(config, "sync.bucket_bytes")
+    if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:
+        return f"sync.bucket_bytes must be a whole number of bytes >= 0 (0: no buckets), got {bucket!r}"
     if config.sync.impl not in rule.impls:
         return f"{mode} runs with sync.impl={'/'.join(rule.impls)}, not {config.sync.impl}"
     ruled = axes.auto_axes(shape)

@@ -76,9 +76,10 @@ class ParameterServer(SyncRule):
         """Gradients in, one (worker -> server) pair each; their mean is meaningful on the
         server only, and its squared norm goes to every replica (two scalar sums)."""
         r = self.replicas
+        specs = self.variable_specs["params"]
         total = grads
         for worker in self.workers:
-            received = r.ppermute(grads, [(worker, self.server)])
+            received = r.ppermute(grads, [(worker, self.server)], specs)
             total = jax.tree.map(jnp.add, total, received)
         mean = jax.tree.map(lambda g: g / self.num_replicas, total)
         sq = norms.sq_norm(mean, self.variable_specs["params"], self.manual_axes)
@@ -91,6 +92,7 @@ class ParameterServer(SyncRule):
         """The server applies the optimizer; parameters out, one (server -> worker) pair
         each."""
         r = self.replicas
+        specs = self.variable_specs["params"]
         params, opt_state = block(state.params), block(state.opt_state)
 
         def serve(p, o, g):
@@ -102,7 +104,7 @@ class ParameterServer(SyncRule):
         )
         out = params
         for worker in self.workers:
-            received = r.ppermute(params, [(self.server, worker)])
+            received = r.ppermute(params, [(self.server, worker)], specs)
             is_worker = r.index() == worker
             out = jax.tree.map(lambda o, x, w=is_worker: jnp.where(w, x, o), out, received)
         return state.replace(

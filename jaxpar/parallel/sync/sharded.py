@@ -83,14 +83,10 @@ class Sharded(SyncRule):
 
     def combine(self, state, grads):
         """Reduce-scatter: replica i keeps the mean of every replica's slice i of each split
-        parameter's gradient (a parameter with no split dimension is averaged whole)."""
+        parameter's gradient (a parameter with no split dimension is averaged whole); with
+        buckets, one reduce-scatter per bucket."""
         shapes, dims = self._dims(state)
-        r = self.replicas
-
-        def my_grad(g, d, spec):
-            return r.mean(g, spec) if d is None else r.reduce_scatter(g, d) / self.num_replicas
-
-        grads = jax.tree.map(my_grad, grads, dims, self.variable_specs["params"])
+        grads = self.replicas.scatter_grads(grads, dims, self.variable_specs["params"])
         return grads, norms.sq_norm(grads, self.slice_specs(shapes), self.manual_axes)
 
     def apply(self, state, combined, stats, noise=None):
