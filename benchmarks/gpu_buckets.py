@@ -1,8 +1,8 @@
 """Gradient buckets on XLA:GPU's own programs, compiled here for GPUs this machine lacks: one
 GPU's training step against the data-parallel step of N GPUs, without buckets and with them.
 
-    python benchmarks/gpu_buckets.py                       # 5 models x 3 GPUs, about 40 min
-    python benchmarks/gpu_buckets.py --models resnet50 --gpus p100_sxm2 --buckets 0 4e6 25e6
+    python benchmarks/gpu_buckets.py --csv docs/data/gpu_buckets.csv   # 5 models x 3 GPUs, 40 min
+    python benchmarks/gpu_buckets.py --models resnet50 --gpus p100_sxm2 --buckets 0 4 25
 
 Every row is tf_cnn_benchmarks' setup (float32, batch 64 per GPU, 1,000 classes, BatchNorm
 over each GPU's batch). For each model and GPU it prints the kernels one step launches (the
@@ -14,6 +14,7 @@ launches at most one GPU's kernels plus a few per bucket.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 
@@ -63,8 +64,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gpus", nargs="*", default=list(GPUS))
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument(
-        "--buckets", nargs="*", type=float, default=[0, 25e6], help="bucket sizes, bytes"
+        "--buckets", nargs="*", type=float, default=[0, 25], help="bucket sizes, MiB"
     )
+    parser.add_argument("--csv", help="also write the table to this CSV file")
     args = parser.parse_args(argv)
 
     from jaxpar import configfile
@@ -78,15 +80,16 @@ def main(argv=None) -> int:
 
     print(f"JAX {jax.__version__}; deviceless XLA:GPU programs, float32, batch 64 per GPU")
     head = (
-        "| model | GPU | devices | bucket MB | buckets | kernels | excess | excess per bucket "
+        "| model | GPU | devices | bucket MiB | buckets | kernels | excess | excess per bucket "
         "| GB moved | collectives |"
     )
     print(head)
     print("|---" * (head.count("|") - 1) + "|")
+    table = [[c.strip() for c in head.strip("|").split("|")]]
     for model in args.models:
         for gpu in args.gpus:
             one = None
-            runs = [(1, 0)] + [(args.devices, int(b)) for b in args.buckets]
+            runs = [(1, 0)] + [(args.devices, int(b * 2**20)) for b in args.buckets]
             for n, bucket in runs:
                 config = _config(model, n, bucket)
                 with gputarget.uncached():
@@ -99,7 +102,7 @@ def main(argv=None) -> int:
                     model,
                     gpu,
                     str(n),
-                    f"{bucket / 1e6:g}" if n > 1 else "-",
+                    f"{bucket / 2**20:.4g}" if n > 1 else "-",
                     str(count) if count else "-",
                     f"{f['kernels']:,}",
                     f"{excess:+,}" if n > 1 else "-",
@@ -108,6 +111,10 @@ def main(argv=None) -> int:
                     cols,
                 ]
                 print("| " + " | ".join(cells) + " |", flush=True)
+                table.append(cells)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows(table)
     return 0
 
 
