@@ -101,9 +101,9 @@ class Axis:
 
     def fuses(self, others: tuple[str, ...]) -> bool:
         """Whether `mean` over this axis and `others` is this axis' own (not None), so that
-        `Replicas.mean_grads` hands it the leaves averaged over that group as one flat
-        buffer (this device's own part: manual over every axis). Default: wherever `mean` is
-        overridden."""
+        `Replicas.mean_grads` hands it the leaves averaged over that group as flat buffers
+        (this device's own parts: manual over every axis), even with buckets off. Default:
+        wherever `mean` is overridden."""
         return type(self).mean is not Axis.mean
 
     def param_dim(self, shape: tuple[int, ...], names: tuple, taken: tuple, size: int):

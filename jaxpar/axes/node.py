@@ -12,10 +12,11 @@ inside it (data, fsdp) runs in three steps, each on its own links,
     all-gather over the inner axes       (inside a node)
 
 so what crosses nodes per device is 1/g of the gradient bytes (g = devices per node in the
-group), not all of them. `Replicas.mean_grads` hands this hook every gradient leaf of a step
-averaged over the same axes as one flat buffer (Horovod's fusion buffer) of this device's own
-parts (beside tensor or spatial: its shards of the leaves they split), padded here to a
-multiple of g: three collectives a step, not three per leaf (VGG19's 33 leaves would pay 99
+group), not all of them. `Replicas.mean_grads` hands this hook the gradient leaves of a step
+averaged over the same axes as flat buffers of this device's own parts (beside tensor or
+spatial: its shards of the leaves they split): one per bucket of `sync.bucket_bytes`, or
+one for all of them with buckets off (Horovod's fusion buffer), padded here to a multiple of
+g: three collectives a bucket, not three per leaf (VGG19's 33 leaves would pay 99
 latencies, which the predictor prices at 5-10 us per ring step: more than the bytes cost on
 two H100 nodes). With `node` alone (or beside tensor, spatial, stage only) the mean is
 data's, one all-reduce per leaf, and the step compiles data's program
