@@ -44,6 +44,7 @@ def _buckets(config) -> int:
     from jaxpar import models
     from jaxpar.parallel.buckets import Buckets
     from jaxpar.parallel.state import init_state
+    from jaxpar.run_spec import SyncSpec
 
     if not config.sync.bucket_bytes:
         return 0
@@ -52,10 +53,7 @@ def _buckets(config) -> int:
 
     model = models.build(config.model, tuple(config.data.image_shape), config.data.num_classes)
     params = jax.eval_shape(lambda r: init_state(model, optax.sgd(0.1), r), jax.random.key(0))
-    paths_leaves = jax.tree.flatten_with_path(params.params)[0]
-    nbytes = [x.size * x.dtype.itemsize for _, x in paths_leaves]
-    buckets = Buckets(int(config.sync.bucket_bytes), tuple(layer.name for layer in model.layers))
-    return len(buckets.split(buckets.order([p for p, _ in paths_leaves]), nbytes))
+    return len(Buckets.of(SyncSpec.of_config(config), model).of_tree(params.params))
 
 
 def main(argv=None) -> int:

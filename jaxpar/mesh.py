@@ -75,6 +75,11 @@ def example(names: Sequence[str], num_devices: int) -> str:
     return f"--config.mesh_shape={spelled_shape(names, sizes)}"
 
 
+def spec_axes(spec: P) -> set[str]:
+    """The mesh axes a PartitionSpec splits over."""
+    return {a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))}
+
+
 def is_spec(x) -> bool:
     """Whether `x` is a PartitionSpec: the leaves of a tree of specs (`is_leaf=is_spec`; a
     spec is a tuple, which jax.tree would otherwise open)."""

@@ -108,10 +108,8 @@ def test_one_reduce_scatter_per_bucket():
     config = tiny_config(mesh_axes=("node", "data"), mesh_shape=(2, 4))
     setup = run_setup.setup(config, jax.devices())
     params = setup.strategy.canonical_shapes().params
-    paths_leaves = jax.tree.flatten_with_path(params)[0]
     plan = Buckets(SMALL, tuple(layer.name for layer in setup.model.layers))
-    nbytes = [x.size * x.dtype.itemsize for _, x in paths_leaves]
-    count = len(plan.split(plan.order([p for p, _ in paths_leaves]), nbytes))
+    count = len(plan.of_tree(params))
     assert count > 5
     bucketed = tiny_config(**{**CASES["allreduce-node2xdata4"][0], "sync.bucket_bytes": SMALL})
     assert _collective_calls(bucketed, "reduce-scatter") == count

@@ -71,6 +71,13 @@ class Buckets:
                 size = nbytes[i]
         return out
 
+    def of_tree(self, tree) -> list[list[int]]:
+        """The buckets of every leaf of `tree` (arrays or shapes), as indices of its
+        flattened leaves: what one collective per bucket carries."""
+        paths_leaves = jax.tree.flatten_with_path(tree)[0]
+        nbytes = [math.prod(x.shape) * x.dtype.itemsize for _, x in paths_leaves]
+        return self.split(self.order([p for p, _ in paths_leaves]), nbytes)
+
 
 def _key_name(key) -> str | None:
     for attr in ("key", "name", "idx"):

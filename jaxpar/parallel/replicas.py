@@ -19,6 +19,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import axes as axes_lib
+from jaxpar.mesh import spec_axes
 from jaxpar.parallel import buckets as buckets_lib
 from jaxpar.parallel.buckets import Buckets
 
@@ -70,7 +71,7 @@ class Replicas:
         out: list[Any] = list(leaves)
         groups: dict[tuple, list[int]] = {}
         for i, (g, spec) in enumerate(zip(leaves, specs, strict=True)):
-            split = _spec_axes(spec)
+            split = spec_axes(spec)
             over = tuple(a for a in self.axes if a not in split)
             summed = math.prod(self.sizes[a] for a in self.axes if a in split)
             g = out[i] = g / summed if summed > 1 else g
@@ -82,13 +83,10 @@ class Replicas:
                 for i in idx:
                     out[i] = self._mean(out[i], over)
                 continue
-            for bucket in self._buckets(order, idx, out):
-                parts = [out[i] for i in bucket]
-                mean = lambda ps, over=over: buckets_lib.unpack(
-                    self._mean(buckets_lib.pack(ps), over), ps
-                )
-                for i, m in zip(bucket, self._on_parts(mean, parts, [specs[i] for i in bucket])):
-                    out[i] = m
+            mean = lambda ps, over=over: buckets_lib.unpack(
+                self._mean(buckets_lib.pack(ps), over), ps
+            )
+            self._each_bucket(lambda _, mean=mean: mean, order, idx, out, specs)
         return out
 
     def scatter_grads(self, grads: Any, dims: Any, specs: Any) -> Any:
@@ -119,13 +117,21 @@ class Replicas:
             mine = lax.psum_scatter(rows, self.axes, scatter_dimension=0, tiled=True)
             return buckets_lib.unpack_rows(mine / n, parts, ds, n)
 
-        for bucket in self._buckets(self.buckets.order(paths), cut, leaves):
+        def per_bucket(bucket):
             ds = [dims[i] for i in bucket]
-            fn = lambda ps, ds=ds: scatter(ps, ds)
-            parts = [leaves[i] for i in bucket]
-            for i, m in zip(bucket, self._on_parts(fn, parts, [specs[i] for i in bucket])):
-                out[i] = m
+            return lambda ps: scatter(ps, ds)
+
+        self._each_bucket(per_bucket, self.buckets.order(paths), cut, out, specs)
         return treedef.unflatten(out)
+
+    def _each_bucket(self, fn_of, order: list[int], idx: list[int], out: list, specs: list):
+        """`out[i]` for the leaves `idx`, replaced bucket by bucket by `fn_of(bucket)` (a
+        list of this device's parts in, a list of the same leaves out; `_on_parts`)."""
+        for bucket in self._buckets(order, idx, out):
+            parts = [out[i] for i in bucket]
+            results = self._on_parts(fn_of(bucket), parts, [specs[i] for i in bucket])
+            for i, result in zip(bucket, results, strict=True):
+                out[i] = result
 
     def _buckets(self, order: list[int], idx: list[int], leaves: list) -> list[list[int]]:
         """The leaves `idx` in the backward's `order`, cut into buckets (all of them in one
@@ -233,10 +239,7 @@ class Replicas:
             by_dtype.setdefault(x.dtype, []).append(i)
         order = self.buckets.order(paths)
         for idx in by_dtype.values():
-            for bucket in self._buckets(order, idx, leaves):
-                parts = [leaves[i] for i in bucket]
-                for i, m in zip(bucket, self._on_parts(send, parts, [specs[i] for i in bucket])):
-                    out[i] = m
+            self._each_bucket(lambda _: send, order, idx, out, specs)
         return treedef.unflatten(out)
 
     def shard_map(self, fn, mesh, in_specs, out_specs, auto_axes: bool, check_vma: bool = True):
@@ -262,8 +265,3 @@ def _flat(tree: Any, specs: Any) -> tuple[list, list, list, Any]:
     leaves = [x for _, x in paths_leaves]
     specs = [P()] * len(leaves) if specs is None else treedef.flatten_up_to(specs)
     return [p for p, _ in paths_leaves], leaves, specs, treedef
-
-
-def _spec_axes(spec: P) -> set[str]:
-    """The mesh axes a PartitionSpec splits over."""
-    return {a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))}

@@ -31,7 +31,7 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import adascale
-from jaxpar.mesh import is_spec
+from jaxpar.mesh import is_spec, spec_axes
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
 from jaxpar.run_spec import SyncSpec
@@ -202,11 +202,6 @@ def block(tree: Any) -> Any:
 
 def unblock(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[None], tree)
-
-
-def spec_axes(spec: P) -> set[str]:
-    """The mesh axes a PartitionSpec splits over."""
-    return {a for part in spec if part for a in (part if isinstance(part, tuple) else (part,))}
 
 
 def stacked(specs: Any, replicas: Replicas) -> Any:
