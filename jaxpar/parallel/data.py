@@ -125,14 +125,6 @@ class DataParallel(Strategy):
 
     # -- state ------------------------------------------------------------------------------
 
-    def init_state(self, rng):
-        """Create the state directly with its sharding: no host copy first."""
-
-        def init(rng):
-            return self.rule.to_device(self.rule.from_shared(init_state(self.model, self.tx, rng)))
-
-        return jax.jit(init, out_shardings=self.state_sharding)(rng)
-
     def canonical_shapes(self):
         return self._canonical_shapes
 

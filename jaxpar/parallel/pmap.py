@@ -18,7 +18,6 @@ from jaxpar import axes
 from jaxpar.parallel.buckets import Buckets
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.replicas import Replicas
-from jaxpar.parallel.state import init_state
 from jaxpar.parallel.strategy import Program
 from jaxpar.parallel.sync.base import stack
 
@@ -59,10 +58,6 @@ class PmapDataParallel(DataParallel):
 
     def _stack(self, tree, xp=jnp):
         return stack(tree, len(self.devices), xp)
-
-    def init_state(self, rng):
-        state = jax.jit(lambda r: init_state(self.model, self.tx, r))(rng)
-        return jax.device_put(self._stack(state), self.stacked)
 
     def place(self, host_state):
         return jax.device_put(self._stack(host_state, np), self.stacked)

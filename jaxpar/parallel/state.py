@@ -15,6 +15,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxpar.models import SequentialModel
@@ -52,6 +53,26 @@ def init_state(
     variables = model.init(rng, layers)
     params = variables["params"]
     return TrainState(jnp.zeros((), jnp.int32), params, variables["batch_stats"], tx.init(params))
+
+
+@functools.cache
+def _init_program(model: SequentialModel):
+    """`model.init` of every layer, jitted once per model: the one program that draws the
+    initial parameters of every partitioning of it."""
+    return jax.jit(model.init)
+
+
+def host_init_state(model: SequentialModel, tx: optax.GradientTransformation, rng) -> TrainState:
+    """A fresh canonical state on the host, as one device computes it. Every strategy starts
+    from it (`Strategy.init_state` places it, as a restore does), so any two partitionings
+    of a model start from the same values by construction, and the program that draws them
+    does not depend on the mesh: it compiles once per model (and the compile cache holds it
+    for every later run of the model, on any mesh)."""
+    rng = jax.device_put(rng, jax.local_devices()[0])
+    variables = jax.device_get(_init_program(model)(rng))
+    params = variables["params"]
+    opt_state = jax.device_get(tx.init(params))
+    return TrainState(np.zeros((), np.int32), params, variables["batch_stats"], opt_state)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxpar import axes, dispatch
 from jaxpar.models import SequentialModel
-from jaxpar.parallel.state import TrainState
+from jaxpar.parallel.state import TrainState, host_init_state
 from jaxpar.run_spec import DEFAULTS, RateRule, SyncSpec
 
 # What a program does in the step (Program.role).
@@ -150,9 +150,10 @@ class Strategy(abc.ABC):
 
     # -- state ------------------------------------------------------------------------------
 
-    @abc.abstractmethod
     def init_state(self, rng: jax.Array):
-        """A fresh state, created directly in this strategy's layout."""
+        """A fresh state in this strategy's layout: the model's canonical initial state
+        (state.host_init_state, the same for every mesh) placed as a restore places one."""
+        return self.place(host_init_state(self.model, self.tx, rng))
 
     @abc.abstractmethod
     def place(self, host_state: TrainState):

@@ -91,17 +91,6 @@ class ChunkLayout:
             jax.tree.map(with_sharding, self.acc_shapes, self.shardings[1]),
         )
 
-    def init(self, rng) -> tuple:
-        """(state, accumulator) created directly on the stage's devices."""
-
-        def make(rng):
-            state = self.rule.to_device(
-                self.rule.from_shared(init_state(self.model, self.tx, rng, self.layers))
-            )
-            return state, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), self.acc_shapes)
-
-        return jax.jit(make, out_shardings=self.shardings)(rng)
-
     def place(self, canonical_host, put) -> tuple:
         """This chunk's part of a canonical host state on its devices (`put`: host arrays onto
         shardings, across processes if need be); a shared model starts per-replica modes."""

@@ -155,10 +155,6 @@ class Pipeline(Strategy):
         ]
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
 
-    def init_state(self, rng):
-        """Each chunk initialises only its layers, directly on its stage's devices."""
-        return PipelineState(*self._each_chunk(lambda c: self.layouts[c].init(rng)))
-
     def place(self, host_state):
         """Split a canonical state by chunk and put each part on its stage's devices in its
         rule's layout; gradient accumulators start at zero."""
