@@ -36,12 +36,8 @@ class GSPMDData(Strategy):
         self._train = None
         self._eval = jax.jit(self._sums)
 
-    # -- state: replicated, already canonical ----------------------------------------------
-    def init_state(self, rng):
-        return jax.jit(lambda r: init_state(self.model, self.tx, r), out_shardings=self.replicated)(
-            rng
-        )
-
+    # -- state: replicated, already canonical (Strategy.init_state places the model's
+    # initial state with `place`) ----------------------------------------------------------
     def place(self, host_state):
         return jax.device_put(host_state, self.replicated)
 

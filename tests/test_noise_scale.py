@@ -19,7 +19,7 @@ from jax.sharding import SingleDeviceSharding
 
 from jaxpar import hlo, run_setup
 from jaxpar.parallel import norms
-from jaxpar.parallel.state import forward_loss, init_state
+from jaxpar.parallel.state import forward_loss, host_init_state
 from jaxpar.predict.programs import gputarget
 from tests.util import tiny_config
 
@@ -42,9 +42,7 @@ def reference(groups: int, **overrides) -> tuple[float, float]:
     config = tiny_config(**overrides)
     setup = run_setup.setup(config, jax.devices()[:1])
     model = setup.model
-    state = jax.jit(functools.partial(init_state, model, setup.strategy.tx))(
-        jax.random.key(config.seed)
-    )
+    state = host_init_state(model, setup.strategy.tx, jax.random.key(config.seed))
     batch = run_setup.local_train_batch(setup, 0)
 
     @jax.jit

@@ -24,7 +24,7 @@ from configs import base
 from jaxpar import axes, configfile, run_setup
 from jaxpar import mesh as mesh_lib
 from jaxpar.bench.row_record import BenchRow
-from jaxpar.parallel.state import forward_loss, init_state
+from jaxpar.parallel.state import forward_loss, host_init_state
 from jaxpar.summary_record import (
     LearningRate,
     NoiseScaleFigures,
@@ -140,9 +140,10 @@ _REFERENCES: dict[tuple, tuple] = {}
 def _run_reference(setup, steps: int, replicas: int, microbatches: int):
     """reference_run's program and steps."""
     config, model, tx = setup.config, setup.model, setup.strategy.tx
-    # jit, as every strategy initialises: eager initialisers round some parameters 1 ulp
-    # differently, which a chaotic model (ResNet-50 at width 1/16) grows to 1e-2 in 3 steps
-    state = jax.jit(functools.partial(init_state, model, tx))(jax.random.key(config.seed))
+    # the initial state every strategy places (one jitted program per model: eager
+    # initialisers round some parameters 1 ulp differently, which a chaotic model, ResNet-50
+    # at width 1/16, grows to 1e-2 in 3 steps)
+    state = host_init_state(model, tx, jax.random.key(config.seed))
 
     @jax.jit
     def step(state, batch):
