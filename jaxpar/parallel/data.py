@@ -106,6 +106,7 @@ class DataParallel(Strategy):
         self._to_canonical = jax.jit(self.rule.canonical)
         self._replica_mean = jax.jit(lambda m: jax.tree.map(jnp.mean, m))
         self._train = self._eval = None
+        self._step: Program | None = None  # the compiled train step, with its arguments
 
     # -- hooks TensorParallel overrides ------------------------------------------------------
 
@@ -245,7 +246,12 @@ class DataParallel(Strategy):
 
     def _compile(self, state, batch):
         with jax.set_mesh(self.mesh):  # sharding constraints inside resolve against the mesh
-            self._train = self._jit_train().lower(state, batch).compile()
+            lowered = self._jit_train().lower(state, batch)
+        self._train = lowered.compile()
+        args = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), (state, batch)
+        )
+        self._step = Program("step", "train step", 0, 0, self.mesh, 1, args, lowered, self._train)
 
     def train_step(self, state, batch):
         if self._train is None:
@@ -256,6 +262,8 @@ class DataParallel(Strategy):
         return state, metrics
 
     def programs(self, batch_shapes):
+        if self._step is not None and _same_shapes(self._step.args[1], batch_shapes):
+            return [self._step]  # the program the steps run, traced and compiled once
         args = (self.state_shapes(), batch_shapes)
         with jax.set_mesh(self.mesh):
             lowered = self._jit_train().lower(*args)
@@ -296,3 +304,9 @@ class DataParallel(Strategy):
             self._eval = self.jit_eval()
         with jax.set_mesh(self.mesh):
             return self.inflight.add(self._eval(state, batch))
+
+
+def _same_shapes(a, b) -> bool:
+    """Whether two trees of arrays or ShapeDtypeStructs have the same shapes and dtypes."""
+    shape = lambda t: jax.tree.map(lambda x: (tuple(x.shape), str(x.dtype)), t)
+    return jax.tree.structure(a) == jax.tree.structure(b) and shape(a) == shape(b)
