@@ -42,17 +42,20 @@ def step_flops(strategy, batch_size: int) -> float:
     )
 
 
-def _materialize(args):
-    """Zeros shaped and placed like abstract arguments."""
-    return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=a.sharding), args)
+def zeros_like(args):
+    """A program that makes zeros shaped and placed like abstract arguments (one program, not
+    one per leaf)."""
+    zeros = lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), args)
+    return jax.jit(zeros, out_shardings=jax.tree.map(lambda a: a.sharding, args))
 
 
 def time_program(program, repeats: int = 3) -> float:
     """Smallest wall time of one call of a compiled program over `repeats` runs after a
     warm-up, device synchronised; fresh arguments each call (some are donated)."""
+    make_args = zeros_like(program.args)
     times = []
     for i in range(repeats + 1):
-        args = jax.block_until_ready(_materialize(program.args))
+        args = jax.block_until_ready(make_args())
         t0 = time.perf_counter()
         jax.block_until_ready(program.compiled(*args))
         if i:

@@ -243,7 +243,10 @@ class Pipeline(Strategy):
 
     def _compile(self, state, batch):
         """Compile every chunk program by running one step on a throwaway copy of the state."""
-        scratch = jax.tree.map(jnp.copy, state)
+        copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # one program per chunk
+        scratch = PipelineState(
+            tuple(copy(st) for st in state.chunks), tuple(copy(a) for a in state.grad_acc)
+        )
         jax.block_until_ready(self.train_step(scratch, batch))
 
     def train_step(self, state, batch):
