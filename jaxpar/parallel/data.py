@@ -244,9 +244,13 @@ class DataParallel(Strategy):
         step = self._sm(self._train_body, (specs, self.batch_spec), (specs, metric_spec))
         return jax.jit(step, donate_argnums=0, out_shardings=(self.state_sharding, None))
 
-    def _compile(self, state, batch):
+    def _lower(self, state, batch):
+        """The train step lowered for these (concrete or abstract) arguments."""
         with jax.set_mesh(self.mesh):  # sharding constraints inside resolve against the mesh
-            lowered = self._jit_train().lower(state, batch)
+            return self._jit_train().lower(state, batch)
+
+    def _compile(self, state, batch):
+        lowered = self._lower(state, batch)
         self._train = lowered.compile()
         args = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), (state, batch)
@@ -265,9 +269,7 @@ class DataParallel(Strategy):
         if self._step is not None and _same_shapes(self._step.args[1], batch_shapes):
             return [self._step]  # the program the steps run, traced and compiled once
         args = (self.state_shapes(), batch_shapes)
-        with jax.set_mesh(self.mesh):
-            lowered = self._jit_train().lower(*args)
-        return [Program("step", "train step", 0, 0, self.mesh, 1, args, lowered)]
+        return [Program("step", "train step", 0, 0, self.mesh, 1, args, self._lower(*args))]
 
     # -- evaluation -------------------------------------------------------------------------
 

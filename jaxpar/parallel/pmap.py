@@ -18,7 +18,6 @@ from jaxpar import axes
 from jaxpar.parallel.buckets import Buckets
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.replicas import Replicas
-from jaxpar.parallel.strategy import Program
 from jaxpar.parallel.sync.base import stack
 
 
@@ -92,19 +91,14 @@ class PmapDataParallel(DataParallel):
     def _jit_train(self):
         return jax.pmap(self._train_body, self.axis, devices=self.devices, donate_argnums=0)
 
-    def _compile(self, state, batch):
-        self._train = self._jit_train().lower(state, batch).compile()
+    def _lower(self, state, batch):
+        return self._jit_train().lower(state, batch)  # no context mesh: pmap has its own
 
     def train_step(self, state, batch):
         if self._train is None:
             self.compile(state, batch)
         state, metrics = self._train(state, batch)
         return state, jax.tree.map(lambda x: x[0], metrics)  # replica 0's (all equal)
-
-    def programs(self, batch_shapes):
-        args = (self.state_shapes(), batch_shapes)
-        lowered = self._jit_train().lower(*args)
-        return [Program("step", "train step", 0, 0, self.mesh, 1, args, lowered)]
 
     def eval_step(self, state, batch):
         """Replica 0's sums (every replica holds the psum): two computations, both counted in

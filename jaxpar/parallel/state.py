@@ -15,7 +15,6 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jaxpar.models import SequentialModel
@@ -50,7 +49,11 @@ def init_state(
     model: SequentialModel, tx: optax.GradientTransformation, rng, layers: slice = slice(None)
 ) -> TrainState:
     """A fresh state of `model`'s `layers` (all of them, or one pipeline chunk's)."""
-    variables = model.init(rng, layers)
+    return _fresh(model.init(rng, layers), tx)
+
+
+def _fresh(variables: dict, tx: optax.GradientTransformation) -> TrainState:
+    """The state at step 0 around freshly initialised variables."""
     params = variables["params"]
     return TrainState(jnp.zeros((), jnp.int32), params, variables["batch_stats"], tx.init(params))
 
@@ -69,10 +72,7 @@ def host_init_state(model: SequentialModel, tx: optax.GradientTransformation, rn
     does not depend on the mesh: it compiles once per model (and the compile cache holds it
     for every later run of the model, on any mesh)."""
     rng = jax.device_put(rng, jax.local_devices()[0])
-    variables = jax.device_get(_init_program(model)(rng))
-    params = variables["params"]
-    opt_state = jax.device_get(tx.init(params))
-    return TrainState(np.zeros((), np.int32), params, variables["batch_stats"], opt_state)
+    return jax.device_get(_fresh(_init_program(model)(rng), tx))
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
