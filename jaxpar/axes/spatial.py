@@ -48,12 +48,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxpar.axes.base import Axis, get, register
 from jaxpar.models.blocks import equations
+from jaxpar.models.trace import traced
 
 WINDOWED = (
     "conv_general_dilated",
@@ -140,11 +139,7 @@ def _windows(jaxpr) -> list[Window]:
 def windows(layer) -> tuple[Window, ...]:
     """The windowed ops of one layer (convolutions and pools whose window or stride spans
     rows), traced from its forward program on one example."""
-    module = layer.module
-    x = jax.ShapeDtypeStruct((1, *layer.in_shape), jnp.float32)
-    variables = jax.eval_shape(lambda a: module.init(jax.random.key(0), a, train=False), x)
-    jaxpr = jax.make_jaxpr(lambda v, a: module.apply(v, a, train=False))(variables, x)
-    return tuple(_windows(jaxpr.jaxpr))
+    return tuple(_windows(traced(layer.module, layer.in_shape).jaxpr.jaxpr))
 
 
 @dataclasses.dataclass(frozen=True)

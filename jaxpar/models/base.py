@@ -17,6 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxpar.models.trace import traced
+
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
@@ -67,11 +69,27 @@ class SequentialModel:
     def init(self, rng: jax.Array, layers: slice = slice(None)) -> dict[str, dict[str, Any]]:
         """Initialise `layers` (default: all), each from its own key folded from its index,
         so a pipeline stage that initialises only its layers gets the same values."""
+
+        def draw(i, layer):
+            x = jnp.zeros((1, *layer.in_shape), jnp.float32)
+            return layer.module.init(jax.random.fold_in(rng, i), x, train=False)
+
+        return self._variables(draw, layers)
+
+    def variable_shapes(self, layers: slice = slice(None)) -> dict[str, dict[str, Any]]:
+        """What `init` returns, as shapes and dtypes, read from each layer's traced program
+        (models/trace.py: nothing is traced again for a layer traced before)."""
+        return self._variables(
+            lambda i, layer: traced(layer.module, layer.in_shape).variables, layers
+        )
+
+    def _variables(self, per_layer, layers: slice) -> dict[str, dict[str, Any]]:
+        """{"params": {name: ...}, "batch_stats": {name: ...}} of `layers`, each layer's
+        boxed variables from per_layer(index, layer)."""
         variables: dict[str, dict[str, Any]] = {"params": {}, "batch_stats": {}}
         for i in range(len(self.layers))[layers]:
             layer = self.layers[i]
-            x = jnp.zeros((1, *layer.in_shape), jnp.float32)
-            v = nn.unbox(layer.module.init(jax.random.fold_in(rng, i), x, train=False))
+            v = nn.unbox(per_layer(i, layer))
             variables["params"][layer.name] = v.get("params", {})
             if "batch_stats" in v:
                 variables["batch_stats"][layer.name] = v["batch_stats"]
@@ -187,14 +205,13 @@ def logical_names(boxed: dict) -> dict:
 def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer:
     """Build a Layer, deriving its output shape, parameter count and variables' logical names
     by abstract evaluation."""
-    x = jax.ShapeDtypeStruct((1, *in_shape), jnp.float32)
-    variables = jax.eval_shape(lambda a: module.init(jax.random.key(0), a, train=False), x)
-    out = jax.eval_shape(lambda v, a: module.apply(v, a, train=False), variables, x)
+    forward = traced(module, in_shape)
+    variables = forward.variables
     return Layer(
         name=name,
         module=module,
         in_shape=tuple(in_shape),
-        out_shape=tuple(out.shape[1:]),
+        out_shape=forward.out_shape,
         params=count_params(nn.unbox(variables.get("params", {}))),
         flops=module.flops(tuple(in_shape)),
         names=logical_names(variables),

@@ -24,20 +24,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 from jaxpar.models.batch_norm import BatchNorm
 from jaxpar.models.layers import CONV_INIT, DENSE_INIT, named, wide
+from jaxpar.models.trace import traced
 
 
 def count_flops(module: nn.Module, in_shape: tuple[int, ...]) -> int:
     """Forward FLOPs per example of `module` on one example of `in_shape`: 2 x the
     multiply-adds of every convolution and matmul in its traced program (inference mode)."""
-    x = jax.ShapeDtypeStruct((1, *in_shape), jnp.float32)
-    variables = jax.eval_shape(lambda a: module.init(jax.random.key(0), a, train=False), x)
-    jaxpr = jax.make_jaxpr(lambda v, a: module.apply(v, a, train=False))(variables, x)
-    return 2 * _macs(jaxpr.jaxpr)
+    return 2 * _macs(traced(module, in_shape).jaxpr.jaxpr)
 
 
 def equations(jaxpr) -> Iterator:

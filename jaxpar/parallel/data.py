@@ -16,7 +16,6 @@ rules; it overrides the few hooks marked below.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -32,7 +31,7 @@ from jaxpar.parallel import norms, sync, tensor, variables
 from jaxpar.parallel.adapt import adapted_metrics, adapting_noise
 from jaxpar.parallel.buckets import Buckets
 from jaxpar.parallel.replicas import Replicas
-from jaxpar.parallel.state import eval_sums, init_state, measured_loss_and_grads
+from jaxpar.parallel.state import eval_sums, measured_loss_and_grads, state_shapes
 from jaxpar.parallel.strategy import Program, Strategy
 from jaxpar.parallel.sync.base import manual
 from jaxpar.run_spec import DEFAULTS
@@ -96,7 +95,7 @@ class DataParallel(Strategy):
         self.gather = variables.gather_fn(self.rule.variable_specs["params"], dict(mesh.shape))
         if self.sync.mode != "allreduce":
             self.name = f"{self.name} ({self.sync.mode})"
-        shared = jax.eval_shape(functools.partial(init_state, model, tx), jax.random.key(0))
+        shared = state_shapes(model, tx)
         self.accum = config.get("grad_accum_steps", DEFAULTS.grad_accum_steps)
         self._canonical_shapes = jax.eval_shape(self.rule.from_shared, shared)
         device_shapes = jax.eval_shape(self.rule.to_device, self._canonical_shapes)

@@ -52,6 +52,14 @@ def init_state(
     return _fresh(model.init(rng, layers), tx)
 
 
+def state_shapes(
+    model: SequentialModel, tx: optax.GradientTransformation, layers: slice = slice(None)
+) -> TrainState:
+    """`init_state`'s result as shapes and dtypes, from the layers' traced programs (the
+    model is not traced again; only the optimizer's init is)."""
+    return jax.eval_shape(functools.partial(_fresh, tx=tx), model.variable_shapes(layers))
+
+
 def _fresh(variables: dict, tx: optax.GradientTransformation) -> TrainState:
     """The state at step 0 around freshly initialised variables."""
     params = variables["params"]

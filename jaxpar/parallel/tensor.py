@@ -36,6 +36,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.mesh import is_spec
 from jaxpar.models import SequentialModel
 from jaxpar.models.layers import LOGICAL_AXES
+from jaxpar.models.trace import traced
 
 Rules = tuple[tuple[str, str | None], ...]
 
@@ -159,11 +160,7 @@ _PROBLEMS: dict = {}
 def check(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> None:
     """Refuse a split whose dimension does not divide by its mesh axis size (one line)."""
     for layer in model.layers:
-        variables = jax.eval_shape(
-            lambda layer=layer: layer.module.init(
-                jax.random.key(0), jax.numpy.zeros((1, *layer.in_shape)), train=False
-            )
-        )
+        variables = traced(layer.module, layer.in_shape).variables
         for coll, tree in layer_specs(layer, rules).items():
             shapes = nn.unbox(variables.get(coll, {}))
             named = jax.tree_util.tree_leaves_with_path(tree, is_leaf=is_spec)

@@ -59,7 +59,7 @@ def specs(
     sharding = axes.sharding_axes(shape)
     if not sharding:
         return out
-    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), layers))["params"]
+    shapes = model.variable_shapes(layers)["params"]
     for layer in model.layers[layers]:
         names = layer.names.get("params", {})
         out["params"][layer.name] = jax.tree.map(

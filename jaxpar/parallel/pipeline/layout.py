@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxpar import mesh as mesh_lib
 from jaxpar.errors import ConfigError
-from jaxpar.parallel.state import init_state
+from jaxpar.parallel.state import state_shapes
 from jaxpar.parallel.sync.base import stacked, stacked_size
 
 
@@ -63,7 +63,7 @@ class ChunkLayout:
     def __init__(self, model, tx, rule, mesh, layers: slice, measure: bool = False):
         self.model, self.tx, self.rule, self.mesh, self.layers = model, tx, rule, mesh, layers
         self.names = {layer.name for layer in model.layers[layers]}
-        shared = jax.eval_shape(lambda r: init_state(model, tx, r, layers), jax.random.key(0))
+        shared = state_shapes(model, tx, layers)
         self.canonical_shapes = jax.eval_shape(rule.from_shared, shared)
         self.device_shapes = jax.eval_shape(rule.to_device, self.canonical_shapes)
         self.state_specs = rule.specs(self.device_shapes)

@@ -23,7 +23,7 @@ def boundary_shapes(model, chunks, rows: int) -> list[jax.ShapeDtypeStruct]:
     x = jax.ShapeDtypeStruct((rows, *model.input_shape), jnp.float32)
     out = []
     for ck in chunks:
-        variables = jax.eval_shape(lambda ck=ck: model.init(jax.random.key(0), ck.layers))
+        variables = model.variable_shapes(ck.layers)
         with jax.set_mesh(ck.mesh):  # tensor layout rules resolve against the stage
             x = jax.eval_shape(
                 lambda v, x, ck=ck: model.apply(

@@ -25,7 +25,7 @@ def model_rows(run: CalibrationRun) -> list[tuple[kernel_table.ConvRow, int]]:
 
     config = run_config(run)
     model = models.build(config.model, tuple(run.image_shape), int(run.num_classes))
-    variables = jax.eval_shape(model.init, jax.random.key(0))
+    variables = model.variable_shapes()
     x = jax.ShapeDtypeStruct((int(run.batch_size), *run.image_shape), "float32")
     jaxpr = jax.make_jaxpr(
         lambda v, x: model.apply(v["params"], v["batch_stats"], x, train=True)[0]
