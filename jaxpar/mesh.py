@@ -89,3 +89,15 @@ def is_spec(x) -> bool:
 def shardings(mesh: Mesh, specs: Any) -> Any:
     """The NamedShardings on `mesh` of a tree of PartitionSpecs."""
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=is_spec)
+
+
+def put(tree, shardings):
+    """Host values onto (possibly multi-process) shardings, always as new arrays: each
+    process supplies the blocks of its own devices from the whole host value it holds."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings, may_alias=False)
+    return jax.tree.map(
+        lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda i: np.asarray(x)[i]),
+        tree,
+        shardings,
+    )

@@ -137,6 +137,8 @@ class DataParallel(Strategy):
 
     def place(self, host_state):
         host_state = self._fit(host_state)
+        if self.rule.identity_layout:  # a transfer, no program
+            return mesh_lib.put(host_state, self.state_sharding)
         return jax.jit(self.rule.to_device, out_shardings=self.state_sharding)(host_state)
 
     def _fit(self, host_state):

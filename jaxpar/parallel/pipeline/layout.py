@@ -91,9 +91,9 @@ class ChunkLayout:
             jax.tree.map(with_sharding, self.acc_shapes, self.shardings[1]),
         )
 
-    def place(self, canonical_host, put) -> tuple:
-        """This chunk's part of a canonical host state on its devices (`put`: host arrays onto
-        shardings, across processes if need be); a shared model starts per-replica modes."""
+    def place(self, canonical_host) -> tuple:
+        """This chunk's part of a canonical host state on its devices (across processes if
+        need be); a shared model starts per-replica modes."""
         part = select(canonical_host, self.names, set(canonical_host.params))
         shape_of = lambda t: jax.tree.map(lambda x: tuple(np.shape(x)), t)
         if shape_of(part) != shape_of(self.canonical_shapes):
@@ -107,10 +107,13 @@ class ChunkLayout:
                     "count); resume with the settings it was written with"
                 )
             part = jax.tree.map(np.asarray, self.rule.from_shared(shared))
+        acc = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), self.acc_shapes)
+        acc = mesh_lib.put(acc, self.shardings[1])
+        if self.rule.identity_layout:  # a transfer, no program
+            return mesh_lib.put(part, self.shardings[0]), acc
         replicated = jax.tree.map(lambda _: NamedSharding(self.mesh, P()), part)
         to_device = jax.jit(self.rule.to_device, out_shardings=self.shardings[0])
-        acc = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), self.acc_shapes)
-        return to_device(put(part, replicated)), put(acc, self.shardings[1])
+        return to_device(mesh_lib.put(part, replicated)), acc
 
     def canonical(self, state):
         return self._canonical(state)

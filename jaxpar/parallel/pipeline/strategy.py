@@ -158,9 +158,7 @@ class Pipeline(Strategy):
     def place(self, host_state):
         """Split a canonical state by chunk and put each part on its stage's devices in its
         rule's layout; gradient accumulators start at zero."""
-        return PipelineState(
-            *self._each_chunk(lambda c: self.layouts[c].place(host_state, transfer.put))
-        )
+        return PipelineState(*self._each_chunk(lambda c: self.layouts[c].place(host_state)))
 
     def canonical(self, state: PipelineState):
         """The layout-free state, as on a single device. With several processes each chunk's
@@ -214,7 +212,7 @@ class Pipeline(Strategy):
             grouped = np.reshape(value, (d, m, -1, *value.shape[1:])).swapaxes(0, 1)
             parts = [np.reshape(g, (-1, *value.shape[1:])) for g in grouped]
             out[key] = [
-                transfer.put(p, self.batch_sharding[s]) if self.local_stages[s] else None
+                mesh_lib.put(p, self.batch_sharding[s]) if self.local_stages[s] else None
                 for p in parts
             ]
         return out

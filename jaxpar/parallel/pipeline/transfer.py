@@ -171,15 +171,3 @@ def _psum_stage(mesh: Mesh, specs: tuple, ndims: tuple, stage: str):
     in_specs = [_stacked_spec(p, n, stage) for p, n in zip(specs, ndims, strict=True)]
     out_specs = [p if n else P() for p, n in zip(specs, ndims, strict=True)]
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(in_specs,), out_specs=out_specs))
-
-
-def put(tree, shardings):
-    """Host arrays onto (possibly multi-process) shardings: each process supplies the blocks
-    of its own devices from the whole host value it holds."""
-    if jax.process_count() == 1:
-        return jax.device_put(tree, shardings)
-    return jax.tree.map(
-        lambda x, sh: jax.make_array_from_callback(np.shape(x), sh, lambda i: np.asarray(x)[i]),
-        tree,
-        shardings,
-    )

@@ -69,6 +69,13 @@ class SyncRule:
         return None
 
     # --- layouts -------------------------------------------------------------------------
+    @property
+    def identity_layout(self) -> bool:
+        """Whether the device layout is the canonical one (`to_device` and `canonical` as
+        here): placing a state is then a transfer, with no program to compile."""
+        rule = type(self)
+        return rule.to_device is SyncRule.to_device and rule.canonical is SyncRule.canonical
+
     def from_shared(self, state: TrainState) -> TrainState:
         """The canonical form of a run that starts from one shared model."""
         return state
