@@ -66,6 +66,38 @@ SLOW = (
 )
 
 
+# The extended tier: a further variant, or a stress run, of a behaviour a test of the default
+# suite already holds (named beside each), or a re-measurement of shipped figures that takes
+# minutes. `python -m pytest -q` leaves them out (pyproject.toml's addopts: -m "not extended");
+# `python -m pytest -q -m extended` runs them, and is run before a change to what they cover
+# lands (docs/tests.md). All are slow too.
+EXTENDED = (
+    # the shipped profiles' fits, in a process of their own: test_calibrate_here.py fits a
+    # profile end to end, and test_perfmodel.py's unfitted profiles load
+    "tests/test_perfmodel.py::test_fitted_profiles_load*",
+    "tests/test_perfmodel.py::test_dgx1_calibration_reproduces_the_one_gpu_figure",
+    "tests/test_perfmodel.py::test_h100_fit_predicts_the_row_it_leaves_out",
+    # SIGKILL and SIGTERM to the command line, resumed bit for bit: test_chaos.py holds both,
+    # and test_sync.py's test_resume_is_bit_exact every sync mode's state (pending gradients)
+    "tests/test_checkpoint.py::test_kill_and_sigterm_resume_exactly",
+    "tests/test_sync.py::test_cli_sigterm_with_gradients_pending_resumes_exactly",
+    # the README's main job in two processes: test_multiprocess.py's sweep evaluates and
+    # checkpoints every pipeline schedule across two processes as on one device
+    "tests/test_multiprocess.py::test_the_main_job_in_two_processes_evaluates_as_one",
+    # the coordinator killed (JAX's runtime ends the survivor); jaxpar's watchdog on a lost
+    # worker is test_a_killed_process_stops_the_other_within_a_minute[1]
+    "tests/test_multiprocess.py::test_a_killed_process_stops_the_other_within_a_minute[[]0]",
+    # a process hung in two: test_hardening.py's hung run in one process (stacks, one line),
+    # and test_a_killed_process_stops_the_other_within_a_minute[1] on a lost one of two
+    "tests/test_multiprocess.py::test_a_hung_process_ends_every_process_with_one_line",
+    # a SLURM job stopped and requeued twice: test_slurm.py's scancel test runs a job's tasks
+    # as one JAX system, test_chaos.py stops and resumes a run over and over
+    "tests/test_slurm.py::test_a_job_stopped_twice_resumes_each_time_and_trains_as_one_process",
+    # ResNet-20 by rows on 2 and 4 bands: ResNet-50's stride-2 stem and blocks on 4 bands
+    "tests/test_spatial.py::test_every_family_split_by_rows_equals_one_device[[]resnet20[]]",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     import fnmatch
 
@@ -75,5 +107,8 @@ def pytest_collection_modifyitems(config, items):
     with open(listed, encoding="utf-8") as f:
         ids = {line.strip() for line in f if line.strip() and not line.startswith("#")}
     for item in items:
-        if item.nodeid in ids or any(fnmatch.fnmatchcase(item.nodeid, p) for p in SLOW):
+        if any(fnmatch.fnmatchcase(item.nodeid, p) for p in EXTENDED):
+            item.add_marker(pytest.mark.extended)
+            item.add_marker(pytest.mark.slow)
+        elif item.nodeid in ids or any(fnmatch.fnmatchcase(item.nodeid, p) for p in SLOW):
             item.add_marker(pytest.mark.slow)

@@ -23,17 +23,22 @@ from jaxpar.predict.profiles.records import CalibrationRun
 from jaxpar.predict.programs.workload import ChunkCost, StageCost, Workload, workload
 from jaxpar.predict.step import pricing
 from jaxpar.predict.step.model import predict_workload
+from tests import shipped_profiles
 from tests.util import tiny_config, tiny_profile
 
 GB = 1e9
 PROFILES = sorted(Path("configs/hardware").glob("*.py"))
-# The profiles whose fits the suite reproduces in their own process: the DGX-1's kernel-table
-# fit and the H100's fit to measured runs (whose programs the held-out test reads too), and
-# every profile that is not fitted. JAXPAR_TEST_PROFILES=all fits every shipped profile
-# (docs/tests.md, "Checks outside the suite", says how long that takes).
+# Profiles whose loading fits costs to calibration runs, compiling those runs' programs (half a
+# minute to a minute each on 2 cores): the extended tier (tests/conftest.py) reproduces the
+# CPU models', the DGX-1's kernel-table and the H100's fits in a process of their own, whose
+# programs the DGX-1 and H100 tests read too; the default suite loads the others here.
+# JAXPAR_TEST_PROFILES=all adds the fits of FITTED_ELSEWHERE (docs/tests.md, "Checks outside
+# the suite", says how long that takes).
+FITTED = ("cpu_2core_models", "dgx1_p100", "h100_sxm_2nodes_ib", "h100_sxm_x8")
 FITTED_ELSEWHERE = ("cpu_2core", "h100_here", "h200_sxm_x8", "k80_pcie")
 if os.environ.get("JAXPAR_TEST_PROFILES") != "all":
     PROFILES = [p for p in PROFILES if p.stem not in FITTED_ELSEWHERE]
+UNFITTED = [p for p in PROFILES if p.stem not in FITTED + FITTED_ELSEWHERE]
 
 
 def test_ring_allreduce_time_by_hand():
@@ -373,7 +378,7 @@ def shipped_dir(tmp_path_factory):
             str(out / "figures.json"),
             str(out / "held_out.json"),
             "--profiles",
-            *(p.stem for p in PROFILES),
+            *(p.stem for p in PROFILES if p not in UNFITTED),
         ],
         cwd=ROOT,
         env=default_compiler_env(),
@@ -393,15 +398,24 @@ def shipped(shipped_dir) -> dict:
     return json.loads((shipped_dir / "figures.json").read_text())
 
 
-@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
-def test_profiles_load(path, shipped):
-    """Every shipped profile loads (fitting or calibrating where it says so) to the figures
-    its file gives."""
-    got = shipped[path.stem]
-    expected = dict(PROFILE_FIGURES[path.stem])
+@pytest.mark.parametrize("path", UNFITTED, ids=lambda p: p.stem)
+def test_profiles_load(path):
+    """A shipped profile that fits nothing loads to the figures its file gives."""
+    assert_figures(path.stem, shipped_profiles.profile_figures(path))
+
+
+@pytest.mark.parametrize("path", [p for p in PROFILES if p not in UNFITTED], ids=lambda p: p.stem)
+def test_fitted_profiles_load(path, shipped):
+    """A shipped profile fitted to its calibration runs (in tests/shipped_profiles.py's
+    process) loads to the figures its file gives."""
+    assert_figures(path.stem, shipped[path.stem])
+
+
+def assert_figures(name: str, got: dict) -> None:
+    expected = dict(PROFILE_FIGURES[name])
     assert got["allreduce"] == pytest.approx(expected.pop("allreduce"), rel=1e-9)
-    for name, value in expected.items():  # to the digits the file gives
-        assert got[name] == pytest.approx(value, rel=0.01), name
+    for field, value in expected.items():  # to the digits the file gives
+        assert got[field] == pytest.approx(value, rel=0.01), field
 
 
 def test_dgx1_calibration_reproduces_the_one_gpu_figure(shipped):
