@@ -38,15 +38,18 @@ def traced(module: nn.Module, in_shape: tuple[int, ...]) -> Traced:
         hash(module)
     except TypeError:  # a field that cannot be hashed (a list, say): traced every time
         return _trace(module, in_shape)
-    # float64 parameters are float64 only where x64 is on (jax.enable_x64): one entry each
     return _cached(module, in_shape, jax.config.jax_enable_x64)
 
 
-def _trace(module: nn.Module, in_shape: tuple[int, ...], x64: bool = False) -> Traced:
+@functools.lru_cache(maxsize=2048)
+def _cached(module: nn.Module, in_shape: tuple[int, ...], x64: bool) -> Traced:
+    """`_trace`, one entry per x64 setting too: float64 parameters are float64 only where x64
+    is on (jax.enable_x64)."""
+    return _trace(module, in_shape)
+
+
+def _trace(module: nn.Module, in_shape: tuple[int, ...]) -> Traced:
     x = jax.ShapeDtypeStruct((1, *in_shape), jnp.float32)
     variables = jax.eval_shape(lambda a: module.init(jax.random.key(0), a, train=False), x)
     jaxpr = jax.make_jaxpr(lambda v, a: module.apply(v, a, train=False))(variables, x)
     return Traced(variables, jaxpr)
-
-
-_cached = functools.lru_cache(maxsize=2048)(_trace)

@@ -20,13 +20,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import axes
 from jaxpar import mesh as mesh_lib
-from jaxpar.errors import ConfigError
 from jaxpar.parallel import norms, sync, tensor, variables
 from jaxpar.parallel.adapt import adapted_metrics, adapting_noise
 from jaxpar.parallel.buckets import Buckets
@@ -136,26 +134,10 @@ class DataParallel(Strategy):
         )
 
     def place(self, host_state):
-        host_state = self._fit(host_state)
+        host_state = self.rule.fit(host_state, self._canonical_shapes)
         if self.rule.identity_layout:  # a transfer, no program
             return mesh_lib.put(host_state, self.state_sharding)
         return jax.jit(self.rule.to_device, out_shardings=self.state_sharding)(host_state)
-
-    def _fit(self, host_state):
-        """A canonical state of another run, if it fits this mode: one shared model starts
-        per-replica modes on every replica. Anything else is a one-line error."""
-        shape_of = lambda t: jax.tree.map(lambda x: tuple(np.shape(x)), t)
-        want = shape_of(self._canonical_shapes)
-        if shape_of(host_state) == want:
-            return host_state
-        shared = host_state.replace(sync={})
-        if shape_of(jax.eval_shape(self.rule.from_shared, shared)) == want:
-            return jax.tree.map(np.asarray, self.rule.from_shared(shared))
-        raise ConfigError(
-            f"the checkpoint's state does not fit sync.mode={self.sync.mode} with "
-            f"{self.replicas.count} replicas (it was written by another mode or replica "
-            "count); resume with the settings it was written with"
-        )
 
     def canonical(self, state):
         return self._to_canonical(state)

@@ -17,7 +17,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import mesh as mesh_lib
-from jaxpar.errors import ConfigError
 from jaxpar.parallel.state import state_shapes
 from jaxpar.parallel.sync.base import stacked, stacked_size
 
@@ -95,18 +94,7 @@ class ChunkLayout:
         """This chunk's part of a canonical host state on its devices (across processes if
         need be); a shared model starts per-replica modes."""
         part = select(canonical_host, self.names, set(canonical_host.params))
-        shape_of = lambda t: jax.tree.map(lambda x: tuple(np.shape(x)), t)
-        if shape_of(part) != shape_of(self.canonical_shapes):
-            shared = part.replace(sync={})
-            if shape_of(jax.eval_shape(self.rule.from_shared, shared)) != shape_of(
-                self.canonical_shapes
-            ):
-                raise ConfigError(
-                    f"the checkpoint's state does not fit sync.mode={self.rule.name} with "
-                    f"{self.rule.num_replicas} replicas (it was written by another mode or replica "
-                    "count); resume with the settings it was written with"
-                )
-            part = jax.tree.map(np.asarray, self.rule.from_shared(shared))
+        part = self.rule.fit(part, self.canonical_shapes)
         acc = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), self.acc_shapes)
         acc = mesh_lib.put(acc, self.shardings[1])
         if self.rule.identity_layout:  # a transfer, no program

@@ -27,10 +27,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar import adascale
+from jaxpar.errors import ConfigError
 from jaxpar.mesh import is_spec, spec_axes
 from jaxpar.parallel.replicas import Replicas
 from jaxpar.parallel.state import TrainState
@@ -79,6 +81,22 @@ class SyncRule:
     def from_shared(self, state: TrainState) -> TrainState:
         """The canonical form of a run that starts from one shared model."""
         return state
+
+    def fit(self, host_state: TrainState, canonical_shapes: TrainState) -> TrainState:
+        """A canonical host state of another run, if it fits this rule's `canonical_shapes`:
+        one shared model starts per-replica modes on every replica. Anything else is a
+        one-line error."""
+        want = _shapes(canonical_shapes)
+        if _shapes(host_state) == want:
+            return host_state
+        shared = host_state.replace(sync={})
+        if _shapes(jax.eval_shape(self.from_shared, shared)) == want:
+            return jax.tree.map(np.asarray, self.from_shared(shared))
+        raise ConfigError(
+            f"the checkpoint's state does not fit sync.mode={self.name} with "
+            f"{self.num_replicas} replicas (it was written by another mode or replica "
+            "count); resume with the settings it was written with"
+        )
 
     def to_device(self, canonical: TrainState) -> TrainState:
         """Canonical -> device layout (global shapes). Jit-able."""
@@ -247,3 +265,8 @@ def manual(specs: Any, replicas: Replicas) -> Any:
         return P(*parts)
 
     return jax.tree.map(keep, specs, is_leaf=is_spec)
+
+
+def _shapes(tree) -> Any:
+    """The tree's leaves' shapes (host arrays, device arrays or ShapeDtypeStructs alike)."""
+    return jax.tree.map(lambda x: tuple(np.shape(x)), tree)
