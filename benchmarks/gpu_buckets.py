@@ -43,17 +43,16 @@ def _buckets(config) -> int:
     """How many buckets the gradient makes at the config's size (0 without buckets)."""
     from jaxpar import models
     from jaxpar.parallel.buckets import Buckets
-    from jaxpar.parallel.state import init_state
+    from jaxpar.parallel.state import state_shapes
     from jaxpar.run_spec import SyncSpec
 
     if not config.sync.bucket_bytes:
         return 0
-    import jax
     import optax
 
     model = models.build(config.model, tuple(config.data.image_shape), config.data.num_classes)
-    params = jax.eval_shape(lambda r: init_state(model, optax.sgd(0.1), r), jax.random.key(0))
-    return len(Buckets.of(SyncSpec.of_config(config), model).of_tree(params.params))
+    params = state_shapes(model, optax.sgd(0.1)).params
+    return len(Buckets.of(SyncSpec.of_config(config), model).of_tree(params))
 
 
 def main(argv=None) -> int:
