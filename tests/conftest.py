@@ -25,6 +25,11 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 # with the default emitters (tests/shipped_profiles.py).
 if "--xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
+# and in one LLVM module: with these emitters, the module split for parallel compilation
+# computes wrong BatchNorm gradients on some CPUs (an AMD EPYC with AVX-512: 3% in
+# tests/test_data_parallel.py's sync_bn cases), and one module compiles as fast here.
+if "--xla_cpu_parallel_codegen_split_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] += " --xla_cpu_parallel_codegen_split_count=1"
 
 # One XLA compilation cache for the session (and the CLI subprocesses it starts): schedules that
 # differ only in event order compile identical stage programs, and runs repeat references.

@@ -207,11 +207,11 @@ def test_the_planner_enumerates_fsdp_and_node_meshes():
     }
 
 
-def test_a_new_rules_axis_splits_the_names_it_declares(one_device):
+def test_a_new_rules_axis_splits_the_names_it_declares():
     """A channel axis written as one registration, no model edit: a rules axis that declares
     the logical names it splits (conv_out, mlp). On (data, channel) = (2, 4), with the config's
-    rules naming only tensor (absent, so unsplit), it trains as one device does and its
-    convolution kernels are split over it."""
+    rules naming only tensor (absent, so unsplit), it trains as one device does (in float64,
+    FLOAT64) and its convolution kernels are split over it."""
     axes.register(
         axes.Axis(
             "channel",
@@ -221,9 +221,11 @@ def test_a_new_rules_axis_splits_the_names_it_declares(one_device):
         )
     )
     try:
-        config = mesh_config(("data", "channel"), (2, 4))
-        assert_equal(run_steps(config, 8), one_device)
-        setup = run_setup.setup(config, jax.devices())
+        with jax.enable_x64(True):
+            config = mesh_config(("data", "channel"), (2, 4), **FLOAT64)
+            one = reference_run(mesh_config(("data",), (1,), **FLOAT64))
+            assert_equal(run_steps(config, 8), one, RTOL64)
+            setup = run_setup.setup(config, jax.devices())
         split = [spec for _, spec in _leaves(setup.strategy) if "channel" in str(spec)]
         assert split, "no parameter is split over the channel axis"
     finally:
