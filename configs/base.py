@@ -113,6 +113,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.dtype = "float32"  # compute: float32 or bfloat16 (float32 params); float64 checks
     config.model.dropout = False  # lenet: Keras mnist_cnn's dropouts (0.25, 0.5) in training
     config.model.head = "auto"  # "cifar" (one dense), "imagenet" (three dense), "auto" by input
+    # A user's own flax module (model.name=package.module:fn returning a flax.linen.Module):
+    # the list attribute its __call__ runs in order, for a pipeline to cut between ("": an
+    # nn.Sequential's layers, else one uncuttable layer), and regular expressions over its
+    # parameter paths naming their dimensions where the module's annotations do not, e.g.
+    # (("Conv_.*/kernel", (None, None, "conv_in", "conv_out")),)
+    config.model.layers = ""
+    config.model.param_rules = ()
 
     config.data = ml_collections.ConfigDict()
     config.data.name = "shapes10"  # embedded offline default; or digits, synthetic, cifar10, mnist

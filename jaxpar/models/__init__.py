@@ -1,9 +1,11 @@
 """Model registry: config name -> builder of a SequentialModel.
 
-`model.name` is one of NAMES, or the import path of a builder of your own, "package.module:fn"
-(tests/example_model.py): `fn(model_config, input_shape, num_classes)` returns a
-SequentialModel (models/base.py: layers made with `make_layer`, each a flax module with the
-interface of layers.ConvBlock), and every partitioning then splits it without editing jaxpar.
+`model.name` is one of NAMES, or the import path of a builder of your own, "package.module:fn":
+`fn(model_config, input_shape, num_classes)` returns either an ordinary flax.linen.Module
+whose `__call__(x, train)` gives logits (tests/example_flax.py; models/flax_module.py wraps
+it), or a SequentialModel of jaxpar's layer interface (tests/example_model.py: layers made
+with `make_layer`, each a flax module like layers.ConvBlock). Every partitioning then splits
+it without editing jaxpar.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import functools
 import importlib
 
+import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxpar.errors import ConfigError
-from jaxpar.models import alexnet, densenet, inception, lenet, resnet, vgg
+from jaxpar.models import alexnet, densenet, flax_module, inception, lenet, resnet, vgg
 from jaxpar.models.base import Layer, SequentialModel
 from jaxpar.run_spec import DEFAULTS
 
@@ -82,10 +85,20 @@ def _build_external(name, model_config, input_shape, num_classes) -> SequentialM
     key = (name, input_shape, num_classes, repr(sorted(model_config.items())))
     if key not in _EXTERNAL:
         model = _builder(name)(model_config, input_shape, num_classes)
+        if isinstance(model, nn.Module):
+            model = flax_module.from_module(
+                model,
+                name,
+                input_shape,
+                num_classes,
+                layers_attr=str(model_config.get("layers", DEFAULTS.model.layers)),
+                param_rules=tuple(model_config.get("param_rules", DEFAULTS.model.param_rules)),
+                dtype=DTYPES[model_config.dtype],
+            )
         if not isinstance(model, SequentialModel):
             raise ConfigError(
-                f"model.name {name!r} returned {type(model).__name__}, not a "
-                "jaxpar.models.SequentialModel"
+                f"model.name {name!r} returned {type(model).__name__}, not a flax.linen.Module "
+                "or a jaxpar.models.SequentialModel"
             )
         _EXTERNAL[key] = model
     return _EXTERNAL[key]

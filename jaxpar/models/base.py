@@ -51,6 +51,9 @@ class SequentialModel:
     # Measured per-layer times (pipeline/balance.py LayerTimes) where a run profiled them for
     # pipeline.split="time"; None otherwise.
     times: Any = dataclasses.field(default=None, compare=False, repr=False)
+    # Why a pipeline cannot cut this model (one line: a user's flax module that is not a
+    # sequence, models/flax_module.py); None where it can cut between any two layers.
+    uncuttable: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def num_params(self) -> int:
@@ -123,6 +126,16 @@ class SequentialModel:
         shards (jaxpar/parallel/variables.py: gathered in the forward and again in the
         backward); None: the parameters are whole.
         """
+        # A layer's own nn.with_logical_constraint (a user's flax module) maps its names by
+        # the run's rules; jaxpar's layers are pinned by `constrain` alone.
+        with nn.logical_axis_rules(getattr(constrain, "rules", ())):
+            return self._apply(
+                params, batch_stats, x, train, bn_axis_name, layers, constrain, example, gather
+            )
+
+    def _apply(
+        self, params, batch_stats, x, train, bn_axis_name, layers, constrain, example, gather
+    ):
         new_stats = dict(batch_stats)
         first = range(len(self.layers))[layers].start
         for i, layer in enumerate(self.layers[layers], start=first):

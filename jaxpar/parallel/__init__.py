@@ -6,9 +6,9 @@ know which one it has.
 
 from __future__ import annotations
 
-from jaxpar import axes, run_spec
+from jaxpar import axes, models, run_spec
 from jaxpar import config as config_lib
-from jaxpar.parallel import schedules, stages, sync, tensor
+from jaxpar.parallel import schedules, stages, sync, tensor, variables
 from jaxpar.parallel.data import DataParallel
 from jaxpar.parallel.pipeline import Pipeline
 from jaxpar.parallel.pmap import PmapDataParallel
@@ -72,7 +72,9 @@ def resolve(config, num_devices: int) -> run_spec.RunSpec:
     )
     config_lib.check(config.pipeline.virtual_stages >= 1, "pipeline.virtual_stages must be >= 1")
     stages.parse(config.pipeline.split)  # a policy name or cut points; bounds checked at build
-    tensor.check_rules(config.tensor.rules, tuple(shape))
+    tensor.check_rules(
+        config.tensor.rules, tuple(shape), own_names=models.is_import_path(config.model.name)
+    )
     config_lib.choice(config.sync.mode, tuple(sync.MODES), "sync.mode")
     name = choose(config, shape)
     strategy = STRATEGIES[name]
@@ -108,6 +110,7 @@ def check_model(config, shape: dict[str, int], model) -> None:
     reason = STRATEGIES[choose(config, shape)].check_model(config, shape, model)
     for name in axes.used(shape):
         reason = reason or axes.get(name).check(config, shape, model)
+    reason = reason or variables.names_problem(model, tensor.rules_from(config), shape)
     config_lib.check(reason is None, str(reason))
 
 

@@ -8,7 +8,8 @@ Policies (`pipeline.split`):
   time: thin early layers on CPUs, memory-bound layers, heterogeneous blocks.
 - "params": minimise the largest stage's parameters: where memory for the state binds.
 - "uniform": equal layer counts; for layers of equal cost (a stack of identical blocks).
-- explicit cut points: a tuple of K-1 layer indices where stages 1..K-1 begin.
+- explicit cut points: a tuple of the K-1 layers where stages 1..K-1 begin, by index or
+  by name (("layers_3", "layers_6") for a user's nn.Sequential).
 VGG's FLOPs sit in its early, high-resolution layers and its parameters in its late, wide
 ones, so the balances differ.
 """
@@ -66,35 +67,36 @@ def parse(value) -> str | tuple[int, ...]:
         if value in POLICIES:
             return value
         text = value.strip().strip("()[]").replace(" ", "")
-        try:
-            value = tuple(int(b) for b in text.split(",") if b)
-        except ValueError:
-            value = None
-        if not value:
+        points = tuple(b.strip("'\"") for b in text.split(",") if b)
+        value = tuple(int(b) if b.lstrip("-").isdigit() else b for b in points)
+        if not value or (len(value) == 1 and not text.endswith(",") and value[0] == text):
             raise SplitError(
                 f"unknown pipeline.split {original!r}; use "
-                f"{', '.join(POLICIES)} or the layer indices where stages 1..K-1 begin, e.g. "
-                "--config.pipeline.split='(4,8,12)'"
+                f"{', '.join(POLICIES)} or the layers where stages 1..K-1 begin (indices or "
+                "names), e.g. --config.pipeline.split='(4,8,12)'"
             )
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
-    if (
-        isinstance(value, (tuple, list))
-        and value
-        and all(isinstance(b, int) and not isinstance(b, bool) for b in value)
-    ):
+    if isinstance(value, (tuple, list)) and value and all(_is_point(b) for b in value):
         return tuple(value)
     raise SplitError(
-        f"pipeline.split must be {', '.join(POLICIES)} or a tuple of layer indices where "
-        f"stages 1..K-1 begin, e.g. (4, 8, 12); got {original!r}"
+        f"pipeline.split must be {', '.join(POLICIES)} or a tuple of the layers where "
+        f"stages 1..K-1 begin (indices or names), e.g. (4, 8, 12); got {original!r}"
     )
+
+
+def _is_point(b) -> bool:
+    """A cut point: a layer's index or its name."""
+    return isinstance(b, str) or (isinstance(b, int) and not isinstance(b, bool))
 
 
 def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
     """Stage boundaries (b_0=0 < b_1 < ... < b_K = L): stage s runs layers [b_s, b_{s+1})."""
     policy = parse(policy)
     n = len(model.layers)
+    if num_stages > 1 and getattr(model, "uncuttable", None):
+        raise SplitError(model.uncuttable)
     if not 1 <= num_stages <= n:
         raise SplitError(
             f"{num_stages} stages but {model.name} has {n} layers; use 1 to {n} stages"
@@ -117,9 +119,22 @@ def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
                 )
             times = model.times
             return _balanced(times.layer_costs(), num_stages, times.boundary_costs())
-    bounds = (0, *policy, n)
+    bounds = (0, *(_index(model, b) for b in policy), n)
     check(bounds, n, num_stages)
     return bounds
+
+
+def _index(model: SequentialModel, point) -> int:
+    """A cut point's layer index (a name is looked up among the model's layers)."""
+    if isinstance(point, int):
+        return point
+    names = [layer.name for layer in model.layers]
+    if point not in names:
+        raise SplitError(
+            f"pipeline.split cuts at {point!r}, which is no layer of {model.name}; its layers "
+            f"are {', '.join(names)}"
+        )
+    return names.index(point)
 
 
 def check(bounds: Sequence[int], num_layers: int, num_stages: int) -> None:

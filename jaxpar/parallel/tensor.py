@@ -46,10 +46,11 @@ def rules_from(config) -> Rules:
     return tuple((str(name), axis) for name, axis in config.tensor.rules)
 
 
-def check_rules(rules, mesh_axes: tuple[str, ...] = ()) -> None:
+def check_rules(rules, mesh_axes: tuple[str, ...] = (), own_names: bool = False) -> None:
     """Sharding rules name known logical axes and registered rules axes (or None). An axis
     the run's mesh (`mesh_axes`) lacks splits nothing; that is allowed (the default rules
-    name tensor, and a mesh without it simply keeps channels whole)."""
+    name tensor, and a mesh without it simply keeps channels whole). `own_names`: a user's
+    model may annotate names of its own (checked against the model by `names_problem`)."""
     for rule in rules:
         config_lib.check(
             isinstance(rule, tuple) and len(rule) == 2,
@@ -58,7 +59,7 @@ def check_rules(rules, mesh_axes: tuple[str, ...] = ()) -> None:
         )
         name, axis = rule
         config_lib.check(
-            name in LOGICAL_AXES,
+            own_names or name in LOGICAL_AXES,
             f"tensor.rules names {name!r}, which no layer uses; choose from "
             f"{', '.join(LOGICAL_AXES)}",
         )
@@ -136,6 +137,7 @@ def constrain_fn(rules: Rules, joins: dict | None = None):
         layout = spec(names, rules_at(layer) if joins else rules)
         return lax.with_sharding_constraint(x, NamedSharding(mesh, layout))
 
+    constrain.rules = rules  # for a layer's own nn.with_logical_constraint (models/base.py)
     return constrain
 
 

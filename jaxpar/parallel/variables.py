@@ -228,3 +228,49 @@ def _gathered_layer(run, where):
 
     layer.defvjp(fwd, bwd)
     return layer
+
+
+def names_problem(model: SequentialModel, rules: tensor.Rules, shape: dict[str, int]) -> str | None:
+    """Why a user's flax module cannot be split by names on this mesh (one line), or None: a
+    parameter annotated with a name that is neither jaxpar's (LOGICAL_AXES) nor mapped by a
+    rule, or a rules axis of size > 1 that none of its parameters' or pinned activations'
+    names map to (it would split nothing). jaxpar's own layers always name what their axes
+    split."""
+    if not any(getattr(layer.module, "user_module", False) for layer in model.layers):
+        return None
+    used = names_used(model)
+    for layer in model.layers:
+        for name in getattr(layer.module, "activation_names", ()):
+            used.setdefault(name, f"an activation of {layer.name}")
+    mapped = {name for name, _ in rules}
+    for name, where in used.items():
+        if name not in tensor.LOGICAL_AXES and name not in mapped:
+            return (
+                f"{where} is annotated {name!r}, which no tensor.rules entry maps; add "
+                f"({name!r}, 'tensor') to split it or ({name!r}, None) to keep it whole"
+            )
+    on = rules_on(rules, shape)
+    for axis in axes.auto_axes(shape):
+        names = [n for n, a in on if a == axis and n in used]
+        if not names:
+            wanted = sorted({n for n, a in on if a == axis})
+            return (
+                f"mesh axis {axis!r} ({shape[axis]} devices) would split nothing of model "
+                f"{model.name}: none of its parameters or pinned activations carries a name "
+                "mapped to it "
+                f"({', '.join(wanted) or 'none'}); annotate the module "
+                "(nn.with_logical_partitioning) or name its parameters with model.param_rules"
+            )
+    return None
+
+
+def names_used(model: SequentialModel) -> dict[str, str]:
+    """{logical name: the first parameter path that carries it} over the model's layers."""
+    used: dict[str, str] = {}
+    for layer in model.layers:
+        named = jax.tree_util.tree_leaves_with_path(layer.names.get("params", {}), is_leaf=is_spec)
+        for path, split in named:
+            for name in split:
+                if isinstance(name, str):
+                    used.setdefault(name, "/".join([layer.name, *[k.key for k in path]]))
+    return used

@@ -14,6 +14,11 @@ def model_problem(config, shape: dict[str, int], model) -> str | None:
     schedule = config.pipeline.schedule
     v = config.pipeline.virtual_stages if schedule == "interleaved" else 1
     chunks = len(schedules.placement(schedule, axes.num_stages(shape), v))
+    if model.stochastic:
+        return (
+            f"pipeline stages do not draw dropout masks yet, and {model.name} uses dropout in "
+            "training; use a mesh without stages (data and tensor parallelism run dropout)"
+        )
     policy = config.pipeline.split
     if model.times is None and stages.parse(policy) == "time":
         # run_setup.setup times the layers after this check; what can be refused before (too
