@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jaxpar.models.batch_norm import BatchNorm
+from jaxpar.models.batch_norm import BatchNorm, local_statistics
 
 
 def flax_bn(train, **kw):
@@ -105,3 +105,29 @@ def test_gradients_are_flaxs():
     ref = jax.grad(functools.partial(loss, flax_bn(True)), argnums=(0, 1))(variables["params"], x)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_thelocal_statistics_gradient_is_autodiffs_without_the_shift():
+    """local_statistics' own backward (which reads the batch mean, not the shift)
+    gives JAX's gradient of the same statistics, to float64's rounding."""
+
+    def plain(x, shift):
+        centred = x - jax.lax.stop_gradient(shift)
+        m1, m2 = centred.mean((0, 1, 2)), jnp.square(centred).mean((0, 1, 2))
+        return shift + m1, jnp.maximum(0.0, m2 - jnp.square(m1))
+
+    with jax.enable_x64(True):
+        x = jax.random.normal(jax.random.key(0), (16, 4, 4, 8), jnp.float64) * 3 + 1
+        shift = jnp.linspace(-1.0, 2.0, 8, dtype=jnp.float64)
+        d_mean, d_var = jnp.linspace(0.5, 1.5, 8), jnp.linspace(-2.0, 1.0, 8)
+
+        def loss(fn, x):
+            mean, var = fn(x, shift)
+            return jnp.sum(mean * d_mean + var * d_var)
+
+        got = jax.grad(functools.partial(loss, local_statistics))(x)
+        ref = jax.grad(functools.partial(loss, plain))(x)
+        assert np.max(np.abs(got - ref)) < 1e-12 * np.max(np.abs(ref))
+        np.testing.assert_array_equal(
+            np.asarray(local_statistics(x, shift)), np.asarray(plain(x, shift))
+        )
