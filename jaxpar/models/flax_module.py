@@ -274,7 +274,8 @@ def _compile_rules(rules: ParamRules) -> tuple[tuple[re.Pattern, tuple], ...]:
 
 
 def _layer(name: str, module: Wrapped, in_shape, rules, prefix: str) -> Layer:
-    """make_layer's Layer, its variables' logical names from annotations or `rules`."""
+    """make_layer's Layer, its variables' logical names from annotations or `rules` at any
+    depth (make_layer's `logical_names` reads jaxpar's blocks, one BatchNorm level deep)."""
     variables = traced(module, in_shape).variables
     return Layer(
         name=name,
