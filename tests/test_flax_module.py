@@ -19,6 +19,7 @@ from jaxpar.errors import ConfigError
 from jaxpar.models import SequentialModel
 from jaxpar.models.base import make_layer
 from jaxpar.models.layers import ConvBlock, DenseBlock
+from jaxpar.predict.programs import gputarget
 from jaxpar.predict.programs.workload import workload
 from tests import example_flax
 from tests.util import max_rel_error, reference_run, run_steps, tiny_config, train_losses
@@ -196,6 +197,21 @@ def test_a_checkpoint_moves_from_tensor_to_data(tmp_path):
         )
     np.testing.assert_allclose(train_losses(run), ref_losses, rtol=RTOL)
     assert max_rel_error(result.state.params, ref_state.params) < RTOL
+
+
+@pytest.mark.skipif(
+    bool(gputarget.unavailable("h100_sxm")),
+    reason=f"no compile-only XLA:GPU here: {gputarget.unavailable('h100_sxm')}",
+)
+def test_the_predictor_compiles_a_flax_module_for_gpus():
+    """The predictor's programs for 8 H100s, compiled here, of `resnet` on (data, tensor):
+    XLA:GPU's, with their memory per GPU, matrix FLOPs and the tensor axis' all-reduces."""
+    config = flax_config("resnet", ("data", "tensor"), (4, 2), **{"model.dtype": "float32"})
+    w = workload(config, 8, gputarget.Target("h100_sxm", 1, 8))
+    assert w.compiled_for.startswith("XLA:GPU") and w.memory_bytes_per_device > 0
+    calls = [c for ch in w.chunks for cols in ch.collectives.values() for c in cols]
+    assert any(c.kind == "all-reduce" and "tensor" in c.axes for c in calls)
+    assert w.chunks[0].op_classes("step").flops > 0
 
 
 BAD = {
