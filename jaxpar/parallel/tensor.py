@@ -117,28 +117,29 @@ def constrain_tree(tree, specs):
     )
 
 
-def constrain_fn(rules: Rules, joins: dict | None = None):
+class Constrain:
     """`constrain(x, logical_axes, layer=None)` for model.apply: pins an activation's sharding
     over the automatic mesh axes inside shard_map. The batch dimension is left alone (it is
     split by the manual batch axes already). `joins`: {mesh axis: names of layers whose
-    outputs it leaves whole} (variables.joins): there the names it splits stay unsplit."""
-    joins = joins or {}
-    per_layer: dict = {}
+    outputs it leaves whole} (variables.joins): there the names it splits stay unsplit.
+    `rules` also resolve a layer's own nn.with_logical_constraint (models/base.py)."""
 
-    def rules_at(layer):
-        if layer not in per_layer:
-            whole = {a for a, names in joins.items() if layer in names}
-            per_layer[layer] = tuple((n, None if a in whole else a) for n, a in rules)
-        return per_layer[layer]
+    def __init__(self, rules: Rules, joins: dict | None = None):
+        self.rules = rules
+        self.joins = joins or {}
+        self._per_layer: dict = {}
 
-    def constrain(x, names, layer=None):
+    def _rules_at(self, layer) -> Rules:
+        if layer not in self._per_layer:
+            whole = {a for a, names in self.joins.items() if layer in names}
+            self._per_layer[layer] = tuple((n, None if a in whole else a) for n, a in self.rules)
+        return self._per_layer[layer]
+
+    def __call__(self, x, names, layer=None):
         names = tuple(None if n == "batch" else n for n in names)
         mesh = jax.sharding.get_abstract_mesh()
-        layout = spec(names, rules_at(layer) if joins else rules)
+        layout = spec(names, self._rules_at(layer) if self.joins else self.rules)
         return lax.with_sharding_constraint(x, NamedSharding(mesh, layout))
-
-    constrain.rules = rules  # for a layer's own nn.with_logical_constraint (models/base.py)
-    return constrain
 
 
 def problem(model: SequentialModel, rules: Rules, mesh_shape: dict[str, int]) -> str | None:

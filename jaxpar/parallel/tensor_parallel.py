@@ -46,7 +46,7 @@ class TensorParallel(DataParallel):
 
     def __init__(self, config, model, mesh, tx):
         self.rules = variables.rules_on(tensor.rules_from(config), dict(mesh.shape))
-        self.constrain = tensor.constrain_fn(self.rules, variables.joins(dict(mesh.shape), model))
+        self.constrain = tensor.Constrain(self.rules, variables.joins(dict(mesh.shape), model))
         super().__init__(config, model, mesh, tx)
         # the rules axes it splits, after the replica axes where replicas are manual:
         # "data+tensor", "node+spatial", "spatial+tensor"

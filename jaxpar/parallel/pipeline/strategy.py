@@ -74,7 +74,7 @@ class Pipeline(Strategy):
         self.auto_axes = bool(axes.auto_axes(shape))
         rules = variables.rules_on(tensor.rules_from(config), shape)
         constrain = (
-            tensor.constrain_fn(rules, variables.joins(shape, model)) if self.auto_axes else None
+            tensor.Constrain(rules, variables.joins(shape, model)) if self.auto_axes else None
         )
         self.layouts, self.chunks, self.programs_of = [], [], []
         groups = self.noise_groups()
