@@ -16,6 +16,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from jaxpar.models.trace import traced
 
@@ -115,7 +116,8 @@ class SequentialModel:
 
         `bn_axis_name`: mesh axis (or axes) over which BatchNorm averages its batch statistics
         (synchronised BatchNorm inside shard_map/pmap); None uses the local batch only.
-        `constrain(x, logical_axes, layer_name=None)`: applied to every layer's output (and to
+        `constrain` (parallel/tensor.py Constrain), called as `constrain(x, logical_axes,
+        layer_name=None)`: applied to every layer's output (and to
         the input of a flatten) to pin activation shardings under the rules axes (tensor,
         spatial); None does nothing.
         `example`: per-row ids of the batch (uint32, see data.Dataset.train_batch), from which
@@ -128,35 +130,30 @@ class SequentialModel:
         """
         # A layer's own nn.with_logical_constraint (a user's flax module) maps its names by
         # the run's rules; jaxpar's layers are pinned by `constrain` alone.
-        with nn.logical_axis_rules(getattr(constrain, "rules", ())):
-            return self._apply(
-                params, batch_stats, x, train, bn_axis_name, layers, constrain, example, gather
-            )
-
-    def _apply(
-        self, params, batch_stats, x, train, bn_axis_name, layers, constrain, example, gather
-    ):
-        new_stats = dict(batch_stats)
-        first = range(len(self.layers))[layers].start
-        for i, layer in enumerate(self.layers[layers], start=first):
-            if constrain is not None and x.ndim == 4:
-                x = self._layer_input(i, x, constrain)
-            module = layer.module.clone(bn_axis_name=bn_axis_name)
-            keys = None
-            if train and layer.module.dropout and example is not None:
-                keys = jax.vmap(lambda e, i=i: jax.random.fold_in(jax.random.key(i), e))(example)
-            run = functools.partial(_run_layer, module, train)
-            if gather is not None:
-                run = gather.wrap(layer.name, run)
-            x, updates = run(params[layer.name], batch_stats.get(layer.name), x, keys)
-            if updates is not None:
-                # running averages keep their own dtype whatever the compute dtype
-                new_stats[layer.name] = jax.tree.map(
-                    lambda new, old: new.astype(old.dtype), updates, batch_stats[layer.name]
-                )
-            if constrain is not None:
-                x = constrain(x, layer.module.out_axes, layer.name)
-        return x, new_stats
+        with nn.logical_axis_rules(() if constrain is None else constrain.rules):
+            new_stats = dict(batch_stats)
+            first = range(len(self.layers))[layers].start
+            for i, layer in enumerate(self.layers[layers], start=first):
+                if constrain is not None and x.ndim == 4:
+                    x = self._layer_input(i, x, constrain)
+                module = layer.module.clone(bn_axis_name=bn_axis_name)
+                keys = None
+                if train and layer.module.dropout and example is not None:
+                    keys = jax.vmap(lambda e, i=i: jax.random.fold_in(jax.random.key(i), e))(
+                        example
+                    )
+                run = functools.partial(_run_layer, module, train)
+                if gather is not None:
+                    run = gather.wrap(layer.name, run)
+                x, updates = run(params[layer.name], batch_stats.get(layer.name), x, keys)
+                if updates is not None:
+                    # running averages keep their own dtype whatever the compute dtype
+                    new_stats[layer.name] = jax.tree.map(
+                        lambda new, old: new.astype(old.dtype), updates, batch_stats[layer.name]
+                    )
+                if constrain is not None:
+                    x = constrain(x, layer.module.out_axes, layer.name)
+            return x, new_stats
 
     def _layer_input(self, i: int, x: jax.Array, constrain: Any) -> jax.Array:
         """An image-shaped x constrained to layer i's input layout (apply's `constrain`)."""
@@ -204,15 +201,24 @@ def count_params(tree: Any) -> int:
 
 def logical_names(boxed: dict) -> dict:
     """Logical dimension names of a module's variables, from flax's boxes
-    (`nn.get_partition_spec`). Statistics (BatchNorm's running mean and variance) are created
-    by flax without an initialiser one could box, so each takes the names of its module's
-    `scale`, whose dimensions it shares."""
-    names = nn.get_partition_spec(boxed)
-    stats = {
-        sub: {leaf: names["params"][sub]["scale"] for leaf in leaves}
-        for sub, leaves in boxed.get("batch_stats", {}).items()
-    }
-    return {"params": names.get("params", {}), "batch_stats": stats}
+    (`nn.get_partition_spec`); statistics as `statistics_names` gives them."""
+    params = nn.get_partition_spec(boxed).get("params", {})
+    return {"params": params, "batch_stats": statistics_names(params, boxed)}
+
+
+def statistics_names(params: dict, variables: dict) -> dict:
+    """Names of `variables`' batch statistics (BatchNorm's running mean and variance, at any
+    depth), from the parameters' names `params`. flax creates them without an initialiser one
+    could box, so each takes the names of its module's `scale`, whose dimensions it shares
+    (no names where the module has no scale)."""
+
+    def leaf(path, _):
+        node = params
+        for key in [*(k.key for k in path[:-1]), "scale"]:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node if isinstance(node, P) else P()
+
+    return jax.tree_util.tree_map_with_path(leaf, nn.unbox(variables.get("batch_stats", {})))
 
 
 def make_layer(name: str, module: nn.Module, in_shape: tuple[int, ...]) -> Layer:

@@ -39,7 +39,7 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from jaxpar.errors import ConfigError
-from jaxpar.models.base import Layer, SequentialModel, count_params
+from jaxpar.models.base import Layer, SequentialModel, make_layer, statistics_names
 from jaxpar.models.blocks import count_flops, equations
 from jaxpar.models.layers import LOGICAL_AXES
 from jaxpar.models.trace import traced
@@ -274,26 +274,15 @@ def _compile_rules(rules: ParamRules) -> tuple[tuple[re.Pattern, tuple], ...]:
 
 
 def _layer(name: str, module: Wrapped, in_shape, rules, prefix: str) -> Layer:
-    """make_layer's Layer, its variables' logical names from annotations or `rules` at any
-    depth (make_layer's `logical_names` reads jaxpar's blocks, one BatchNorm level deep)."""
+    """make_layer's Layer, its parameters left unnamed by the module's annotations named by
+    `rules`, and its statistics by their scales' names."""
+    layer = make_layer(name, module, in_shape)
+    if not rules:
+        return layer
     variables = traced(module, in_shape).variables
-    return Layer(
-        name=name,
-        module=module,
-        in_shape=tuple(in_shape),
-        out_shape=traced(module, in_shape).out_shape,
-        params=count_params(nn.unbox(variables.get("params", {}))),
-        flops=module.flops(tuple(in_shape)),
-        names=_names(variables, rules, prefix),
-    )
+    shapes = nn.unbox(variables.get("params", {}))
 
-
-def _names(boxed: dict, rules, prefix: str) -> dict:
-    """{"params": ..., "batch_stats": ...}: a PartitionSpec of logical names per leaf."""
-    annotated = nn.get_partition_spec(boxed)
-    shapes = nn.unbox(boxed)
-
-    def params_leaf(path, spec, shape):
+    def named(path, spec, shape):
         keys = [k.key for k in path]
         if spec != P() or not shape.shape:
             return spec
@@ -309,18 +298,7 @@ def _names(boxed: dict, rules, prefix: str) -> dict:
         return spec
 
     params = jax.tree_util.tree_map_with_path(
-        params_leaf,
-        annotated.get("params", {}),
-        shapes.get("params", {}),
-        is_leaf=lambda x: isinstance(x, P),
+        named, layer.names["params"], shapes, is_leaf=lambda x: isinstance(x, P)
     )
-
-    def stats_leaf(path, shape):
-        keys = [k.key for k in path][:-1]
-        node = params
-        for k in [*keys, "scale"]:
-            node = node.get(k) if isinstance(node, dict) else None
-        return node if isinstance(node, P) else P()
-
-    stats = jax.tree_util.tree_map_with_path(stats_leaf, shapes.get("batch_stats", {}))
-    return {"params": params, "batch_stats": stats}
+    names = {"params": params, "batch_stats": statistics_names(params, variables)}
+    return dataclasses.replace(layer, names=names)
