@@ -41,13 +41,12 @@ class BatchNorm(nn.Module):
     @nn.compact
     def __call__(self, x):
         channels = (x.shape[-1],)
-        axes = tuple(range(x.ndim - 1))
         ra_mean = self.variable("batch_stats", "mean", jnp.zeros, channels, jnp.float32)
         ra_var = self.variable("batch_stats", "var", jnp.ones, channels, jnp.float32)
         if self.use_running_average:
             mean, var = ra_mean.value, ra_var.value
         else:
-            mean, var = self._batch_statistics(x, axes, ra_mean.value)
+            mean, var = self._batch_statistics(x, ra_mean.value)
             if not self.is_initializing():
                 keep = self.momentum
                 ra_mean.value = keep * ra_mean.value + (1 - keep) * mean
@@ -59,7 +58,7 @@ class BatchNorm(nn.Module):
         dtype = self.dtype or jnp.result_type(x, scale)
         return jnp.asarray(y, dtype)
 
-    def _batch_statistics(self, x, axes, shift):
+    def _batch_statistics(self, x, shift):
         """The batch's mean and (biased) variance per channel, in at least float32: the mean
         and mean square of x - shift, reduced in one pass and averaged over `axis_name` in one
         collective. Without `axis_name`, by `local_statistics`, whose gradient does not read
@@ -68,10 +67,19 @@ class BatchNorm(nn.Module):
         shift = jax.lax.stop_gradient(shift).astype(wide)
         if self.axis_name is None:
             return local_statistics(x.astype(wide), shift)
-        centred = x.astype(wide) - shift
-        m1, m2 = centred.mean(axes), jnp.square(centred).mean(axes)
-        m1, m2 = jax.lax.pmean(jnp.stack([m1, m2]), self.axis_name)
-        return shift + m1, jnp.maximum(0.0, m2 - jnp.square(m1))
+        m1, m2 = jax.lax.pmean(jnp.stack(_moments(x.astype(wide) - shift)), self.axis_name)
+        return _statistics(shift, m1, m2)
+
+
+def _moments(centred: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The mean and mean square of `centred` over every axis but the last."""
+    axes = tuple(range(centred.ndim - 1))
+    return centred.mean(axes), jnp.square(centred).mean(axes)
+
+
+def _statistics(shift, m1, m2) -> tuple[jax.Array, jax.Array]:
+    """(mean, biased variance) from the moments of x - shift."""
+    return shift + m1, jnp.maximum(0.0, m2 - jnp.square(m1))
 
 
 @jax.custom_vjp
@@ -81,14 +89,10 @@ def local_statistics(x: jax.Array, shift: jax.Array) -> tuple[jax.Array, jax.Arr
     Its gradient is the statistics' own, d mean / dx = 1/n and d var / dx = 2 (x - mean) / n,
     in which the shift cancels: the backward reads the batch's mean, not the shift (the
     running mean, which the step overwrites in its donated buffer), so XLA keeps no copy of
-    the old running mean for it. One GPU's ResNet-50 step (bfloat16, batch 256, compiled for
-    an H100 by benchmarks/gpu_programs.py) launches 53 kernels fewer, one per BatchNorm. The
-    synchronised statistics keep JAX's own gradient: the data-parallel programs copy nothing
-    for them (docs/predict.md, "BatchNorm in one pass")."""
-    axes = tuple(range(x.ndim - 1))
-    centred = x - shift
-    m1, m2 = centred.mean(axes), jnp.square(centred).mean(axes)
-    return shift + m1, jnp.maximum(0.0, m2 - jnp.square(m1))
+    the old running mean for it (one kernel fewer per BatchNorm in one GPU's step:
+    docs/predict.md, "BatchNorm in one pass", by benchmarks/gpu_programs.py). The synchronised
+    statistics keep JAX's own gradient."""
+    return _statistics(shift, *_moments(x - shift))
 
 
 def _local_statistics_fwd(x, shift):
