@@ -15,10 +15,7 @@ def model_problem(config, shape: dict[str, int], model) -> str | None:
     v = config.pipeline.virtual_stages if schedule == "interleaved" else 1
     chunks = len(schedules.placement(schedule, axes.num_stages(shape), v))
     if model.stochastic:
-        return (
-            f"pipeline stages do not draw dropout masks yet, and {model.name} uses dropout in "
-            "training; use a mesh without stages (data and tensor parallelism run dropout)"
-        )
+        return _no_dropout(f"{model.name} uses dropout in training;")
     policy = config.pipeline.split
     if model.times is None and stages.parse(policy) == "time":
         # run_setup.setup times the layers after this check; what can be refused before (too
@@ -60,8 +57,7 @@ def require(config, shape: dict[str, int]) -> None:
         micro = stage if schedule in ("interleaved", "zb-v") else 1
     check(
         not config.model.get("dropout", False),
-        "pipeline stages do not draw dropout masks yet; set --config.model.dropout=False or "
-        "use a mesh without stages (data and tensor parallelism run dropout)",
+        _no_dropout("set --config.model.dropout=False or"),
     )
     check(
         config.sync.impl == "shard_map",
@@ -102,3 +98,11 @@ def require(config, shape: dict[str, int]) -> None:
             f"{key} {size} must divide into {micro} micro-batches of a multiple of "
             f"{data} (the data replicas); use a multiple of {data * micro}",
         )
+
+
+def _no_dropout(what: str) -> str:
+    """The one line refusing dropout under stages, `what` saying where it comes from."""
+    return (
+        f"pipeline stages do not draw dropout masks yet: {what} use a mesh without stages "
+        "(data and tensor parallelism run dropout)"
+    )
