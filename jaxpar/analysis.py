@@ -42,17 +42,17 @@ def step_flops(strategy, batch_size: int) -> float:
     )
 
 
-def zeros_like(args):
-    """A program that makes zeros shaped and placed like abstract arguments (one program, not
-    one per leaf)."""
-    zeros = lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), args)
-    return jax.jit(zeros, out_shardings=jax.tree.map(lambda a: a.sharding, args))
+def zeros_for(program):
+    """A program that makes zeros for `program`'s arguments, placed and laid out as its
+    compiled executable takes them (one program, not one per leaf)."""
+    zeros = lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), program.args)
+    return jax.jit(zeros, out_shardings=program.compiled.input_formats[0])
 
 
 def time_program(program, repeats: int = 3) -> float:
     """Smallest wall time of one call of a compiled program over `repeats` runs after a
     warm-up, device synchronised; fresh arguments each call (some are donated)."""
-    make_args = zeros_like(program.args)
+    make_args = zeros_for(program)
     times = []
     for i in range(repeats + 1):
         args = jax.block_until_ready(make_args())

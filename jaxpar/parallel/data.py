@@ -20,6 +20,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -35,6 +36,23 @@ from jaxpar.parallel.sync.base import manual
 from jaxpar.run_spec import DEFAULTS
 
 _shapes = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def in_formats(tree, formats):
+    """`tree`'s arrays moved into `formats` (layout and sharding) where they are not in them
+    already; an array in its format is passed through, not copied."""
+    move = lambda x, f: x if getattr(x, "format", None) == f else jax.device_put(x, f)
+    return jax.tree.map(move, tree, formats)
+
+
+def _compiler_layouts(shardings):
+    """`shardings` with each array's layout in memory left to XLA (`Layout.AUTO`), for the
+    donated state. XLA then keeps each parameter in the layout its update writes: on a GPU, a
+    convolution's weight and momentum in the filter layout cuDNN's weight gradient arrives in,
+    so the update writes the donated buffer in place instead of into a copy. A state in another
+    layout (the first step's, a restored checkpoint's) is converted when it is passed in; the
+    CPU's compiler chooses the default layouts."""
+    return jax.tree.map(lambda s: Format(Layout.AUTO, s), shardings)
 
 
 class DataParallel(Strategy):
@@ -103,6 +121,7 @@ class DataParallel(Strategy):
         self._to_canonical = jax.jit(self.rule.canonical)
         self._replica_mean = jax.jit(lambda m: jax.tree.map(jnp.mean, m))
         self._train = self._eval = None
+        self._stepped = None  # the state the last step returned, in the step's layouts
         self._step: Program | None = None  # the compiled train step, with its arguments
 
     # -- hooks TensorParallel overrides ------------------------------------------------------
@@ -225,7 +244,10 @@ class DataParallel(Strategy):
         specs = manual(self.state_specs, self.replicas)
         metric_spec = self.batch_spec if self.rule.per_replica_metrics else P()
         step = self._sm(self._train_body, (specs, self.batch_spec), (specs, metric_spec))
-        return jax.jit(step, donate_argnums=0, out_shardings=(self.state_sharding, None))
+        state = _compiler_layouts(self.state_sharding)
+        return jax.jit(
+            step, donate_argnums=0, in_shardings=(state, None), out_shardings=(state, None)
+        )
 
     def _lower(self, state, batch):
         """The train step lowered for these (concrete or abstract) arguments."""
@@ -233,17 +255,20 @@ class DataParallel(Strategy):
             return self._jit_train().lower(state, batch)
 
     def _compile(self, state, batch):
-        lowered = self._lower(state, batch)
-        self._train = lowered.compile()
         args = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), (state, batch)
         )
+        lowered = self._lower(*args)  # abstract: XLA chooses the state's layouts
+        self._train = lowered.compile()
         self._step = Program("step", "train step", 0, 0, self.mesh, 1, args, lowered, self._train)
 
     def train_step(self, state, batch):
         if self._train is None:
             self.compile(state, batch)
+        if state is not self._stepped:  # placed or restored: into the layouts XLA chose
+            state = in_formats(state, self._train.input_formats[0][0])
         state, metrics = self._train(state, batch)
+        self._stepped = state
         if self.rule.per_replica_metrics:  # [replicas] values: averaged outside the step
             metrics = self._replica_mean(metrics)
         return state, metrics

@@ -101,7 +101,7 @@ def measure_pool(run: CalibrationRun, counts=(2, 4, 8), seconds: float = 2.0) ->
         for d in range(max(counts)):
             strategy = strategy_for(run_config(small), 1, [jax.devices()[d]])
             (p,) = analysis.programs(strategy, batch)
-            programs.append([p.compiled, *jax.block_until_ready(analysis.zeros_like(p.args)())])
+            programs.append([p.compiled, *jax.block_until_ready(analysis.zeros_for(p)())])
         matmuls = opclass.classify(programs[0][0].as_text()).matmuls
         size = sum(m.flops for m in matmuls) / max(len(matmuls), 1)
 
