@@ -44,10 +44,12 @@ def test_buckets_follow_the_backward_and_stop_at_the_size():
 
 def test_rows_hold_each_replicas_block_of_every_leaf():
     """`pack_rows` then row r back through `unpack_rows`: replica r's block of each leaf
-    along its own dimension, as a tiled reduce-scatter of the rows leaves it."""
+    along its own dimension, as a tiled reduce-scatter of the rows leaves it; `pack` and
+    `unpack` restore every leaf."""
     rng = np.random.default_rng(0)
-    leaves = [jnp.asarray(rng.normal(size=s), jnp.float32) for s in ((8, 3), (2, 4, 5), (12,))]
-    dims = [0, 1, 0]
+    shapes = ((8, 3), (2, 4, 5), (12,), (3, 3, 2, 4))
+    leaves = [jnp.asarray(rng.normal(size=s), jnp.float32) for s in shapes]
+    dims = [0, 1, 0, 3]
     rows = buckets.pack_rows(leaves, dims, 4)
     assert rows.shape == (4, sum(x.size for x in leaves) // 4)
     for r in range(4):
@@ -60,6 +62,9 @@ def test_rows_hold_each_replicas_block_of_every_leaf():
     flat = buckets.pack(leaves)
     for x, y in zip(leaves, buckets.unpack(flat, leaves), strict=True):
         np.testing.assert_array_equal(x, y)
+    # a convolution's kernel (H, W, I, O) goes in XLA:GPU's filter order (O, H, W, I)
+    kernel = flat[-leaves[3].size :]
+    np.testing.assert_array_equal(kernel, np.moveaxis(np.asarray(leaves[3]), -1, 0).reshape(-1))
 
 
 # Each kind of collective a bucket goes through: an all-reduce (data x tensor: the buckets

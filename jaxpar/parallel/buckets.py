@@ -87,14 +87,28 @@ def _key_name(key) -> str | None:
 
 
 def pack(leaves: Sequence[jax.Array]) -> jax.Array:
-    """The leaves flattened into one buffer (they share a dtype)."""
-    return jnp.concatenate([x.reshape(-1) for x in leaves])
+    """The leaves flattened into one buffer (they share a dtype), a convolution's kernel
+    (H, W, I, O) in the order (O, H, W, I): the layout XLA:GPU keeps it in (the filter layout
+    of cuDNN's NHWC convolutions, data.py's `_compiler_layouts`), so that on a GPU packing and
+    unpacking it reorder nothing and the pieces fuse into the update."""
+    return jnp.concatenate([_filter_first(x).reshape(-1) for x in leaves])
 
 
 def unpack(flat: jax.Array, like: Sequence[jax.Array]) -> list[jax.Array]:
     """`pack`'s inverse: pieces of `flat` shaped as `like`."""
     ends = list(itertools.accumulate(x.size for x in like))[:-1]
-    return [p.reshape(x.shape) for p, x in zip(jnp.split(flat, ends), like, strict=True)]
+    out = []
+    for piece, x in zip(jnp.split(flat, ends), like, strict=True):
+        if x.ndim == 4:
+            out.append(jnp.moveaxis(piece.reshape(x.shape[-1], *x.shape[:-1]), 0, -1))
+        else:
+            out.append(piece.reshape(x.shape))
+    return out
+
+
+def _filter_first(x: jax.Array) -> jax.Array:
+    """A convolution's kernel (H, W, I, O) as (O, H, W, I); any other leaf as it is."""
+    return jnp.moveaxis(x, -1, 0) if x.ndim == 4 else x
 
 
 def pack_rows(leaves: Sequence[jax.Array], dims: Sequence[int], rows: int) -> jax.Array:
