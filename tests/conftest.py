@@ -89,6 +89,9 @@ EXTENDED = (
     # the README's main job in two processes: test_multiprocess.py's sweep evaluates and
     # checkpoints every pipeline schedule across two processes as on one device
     "tests/test_multiprocess.py::test_the_main_job_in_two_processes_evaluates_as_one",
+    # a stress run of the pipeline sweep's lone stages ((2,4,1): one device of each stage
+    # per process) on 2 devices, 2 pool threads, per process
+    "tests/test_multiprocess.py::test_one_device_of_each_stage_per_process_trains_as_one_process",
     # the coordinator killed (JAX's runtime ends the survivor); jaxpar's watchdog on a lost
     # worker is test_a_killed_process_stops_the_other_within_a_minute[1]
     "tests/test_multiprocess.py::test_a_killed_process_stops_the_other_within_a_minute[[]0]",

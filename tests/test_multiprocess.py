@@ -210,6 +210,41 @@ def test_the_main_job_in_two_processes_evaluates_as_one(tmp_path):
     assert "stage layers" in out  # the per-stage table
 
 
+@MULTIPROCESS
+def test_one_device_of_each_stage_per_process_trains_as_one_process(tmp_path):
+    """The main job at (2, 2, 1) over 2 processes of 2 devices each: every stage is one device
+    in each process, a program the CPU client runs outside its order of collectives. The
+    runner waits for each such program at once (`Runner._dispatched`); without that wait the
+    run hung at a step's move between stages, on 2 pool threads per process. Its losses and
+    evaluations are one process's."""
+    from configs import vgg19_hybrid
+
+    overrides = {
+        "mesh_shape": (2, 2, 1),
+        "model.width": 0.125,
+        "num_train_steps": 6,
+        "eval_every_steps": 3,
+        "log_every_steps": 1,
+        "data.num_train": 512,
+        "data.num_eval": 200,
+        "checkpoint_every_steps": 0,
+        "hang_timeout_s": HANG_S,
+    }
+    two = tmp_path / "two"
+    args = ["--config", "configs/vgg19_hybrid.py", "--workdir", str(two), *flags(overrides)]
+    procs = start_processes(two, args, devices=2)
+    config = override(vgg19_hybrid.get_config(), overrides)
+    losses, _, evaluations = run_and_evaluate(config, 4, 6, evaluate_at=(3, 6))
+    finished(two, procs)
+    got = records(two, "eval")
+    assert [r["step"] for r in got] == [3, 6] and got[0]["count"] == 200
+    assert [r["count"] for r in got] == [r["count"] for r in evaluations]
+    np.testing.assert_allclose(
+        [r["loss"] for r in got], [r["loss"] for r in evaluations], rtol=ADAM_RTOL
+    )
+    np.testing.assert_allclose(train_losses(two), losses, rtol=ADAM_RTOL)
+
+
 # (1,2,4): the stage boundary is the process boundary; (2,2,2): every stage spans both
 # processes (data across them); (1,8,1): 4 stages per process; (2,4,1): the data axis spans
 # the processes, so every transfer crosses them.

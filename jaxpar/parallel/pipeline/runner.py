@@ -31,15 +31,25 @@ class Runner:
 
     def run(self, chunk: int, name: str, *args):
         """Dispatch a program of a chunk of this process's stages, counted in the window."""
-        return self.inflight.add(self.pipe.programs_of[chunk].programs[name](*args))
+        stage = self.pipe.stage_of[chunk]
+        return self._dispatched(stage, self.pipe.programs_of[chunk].programs[name](*args))
 
     def on(self, stage: int, dispatch):
         """`dispatch()` (one computation) where this process owns a device of `stage`, counted
         in the window; elsewhere only counted. Returns its result, or None."""
         if self.local_stages[stage]:
-            return self.inflight.add(dispatch())
+            return self._dispatched(stage, dispatch())
         self.inflight.skip()
         return None
+
+    def _dispatched(self, stage: int, result):
+        """`result` counted in the window, and waited for at once where this process holds
+        one device of a stage that spans processes: the CPU client runs that program outside
+        its order of collectives, so a later move could take every pool thread first while
+        the program's collective waits for its other processes (docs/cluster.md, "Why
+        dispatch is bounded", 4)."""
+        result = self.inflight.add(result)
+        return self.inflight.settle(result) if self.pipe.lone_stages[stage] else result
 
     def send(self, x, src: int, dst: int, chunk: int, rows: int | None):
         """Move chunk `chunk`'s output (or the gradient with respect to it) from stage `src`'s

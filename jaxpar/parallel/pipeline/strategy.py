@@ -117,6 +117,7 @@ class Pipeline(Strategy):
         # mover for transfers that cross processes.
         self.multi = jax.process_count() > 1
         self.local_stages = [transfer.owns(m.devices) for m in self.meshes]
+        self.lone_stages = [transfer.lone(m.devices) for m in self.meshes]
         self.mover = transfer.Mover(mesh, self.inflight) if self.multi else None
         self.microbatch_rows = config.global_batch_size // self.num_microbatches
         self._boundaries: dict = {}

@@ -39,6 +39,16 @@ def owns(devices) -> bool:
     return any(d.process_index == me for d in np.ravel(devices))
 
 
+def lone(devices) -> bool:
+    """Whether this process owns exactly one of `devices` and other processes the rest: a
+    program over them is one a CPU client runs outside its order of collectives, which the
+    dispatch loops wait for at once (`InFlight.settle`; docs/cluster.md, "Why dispatch is
+    bounded")."""
+    me = jax.process_index()
+    flat = np.ravel(devices)
+    return len(flat) > 1 and sum(d.process_index == me for d in flat) == 1
+
+
 def _stacked_spec(spec: P, ndim: int, stage: str) -> P:
     """`spec` with the stage axis added as the major axis of dim 0 (dim 0 added for
     scalars)."""
@@ -113,9 +123,7 @@ class Mover:
         out = self.inflight.add(
             _permute(pair, stacked, self.stage)(self._stack(x, sharding, big, dtype))
         )
-        if sum(d.process_index == self.me for d in devices.flat) == 1:
-            # XLA's CPU client runs a program on one local device outside its order of
-            # collectives: a later gather could take every thread first (docs/cluster.md)
+        if lone(devices):  # a later gather could take every thread first (docs/cluster.md)
             self.inflight.settle(out)
         target = set(self._stage_devices(b).flat)
         got = [s.data for s in out.addressable_shards if s.device in target]
