@@ -50,8 +50,9 @@ def _compiler_layouts(shardings):
     donated state. XLA then keeps each parameter in the layout its update writes: on a GPU, a
     convolution's weight and momentum in the filter layout cuDNN's weight gradient arrives in,
     so the update writes the donated buffer in place instead of into a copy. A state in another
-    layout (the first step's, a restored checkpoint's) is converted when it is passed in; the
-    CPU's compiler chooses the default layouts."""
+    layout (the first step's, a restored checkpoint's) is converted when it is passed in. The
+    CPU's compiler keeps the default layouts in most programs, not in all (`sync.mode=sharded`
+    moves a convolution's kernel)."""
     return jax.tree.map(lambda s: Format(Layout.AUTO, s), shardings)
 
 
@@ -250,7 +251,8 @@ class DataParallel(Strategy):
         )
 
     def _lower(self, state, batch):
-        """The train step lowered for these (concrete or abstract) arguments."""
+        """The train step lowered for these abstract arguments (ShapeDtypeStructs: a concrete
+        array's own layout would contradict `Layout.AUTO`)."""
         with jax.set_mesh(self.mesh):  # sharding constraints inside resolve against the mesh
             return self._jit_train().lower(state, batch)
 
