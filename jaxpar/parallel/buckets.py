@@ -97,18 +97,20 @@ def pack(leaves: Sequence[jax.Array]) -> jax.Array:
 def unpack(flat: jax.Array, like: Sequence[jax.Array]) -> list[jax.Array]:
     """`pack`'s inverse: pieces of `flat` shaped as `like`."""
     ends = list(itertools.accumulate(x.size for x in like))[:-1]
-    out = []
-    for piece, x in zip(jnp.split(flat, ends), like, strict=True):
-        if x.ndim == 4:
-            out.append(jnp.moveaxis(piece.reshape(x.shape[-1], *x.shape[:-1]), 0, -1))
-        else:
-            out.append(piece.reshape(x.shape))
-    return out
+    pieces = jnp.split(flat, ends)
+    return [_filter_last(p, x.shape) for p, x in zip(pieces, like, strict=True)]
 
 
 def _filter_first(x: jax.Array) -> jax.Array:
     """A convolution's kernel (H, W, I, O) as (O, H, W, I); any other leaf as it is."""
     return jnp.moveaxis(x, -1, 0) if x.ndim == 4 else x
+
+
+def _filter_last(piece: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """`_filter_first`'s inverse on a flat piece: the leaf of `shape`."""
+    if len(shape) != 4:
+        return piece.reshape(shape)
+    return jnp.moveaxis(piece.reshape(shape[-1], *shape[:-1]), 0, -1)
 
 
 def pack_rows(leaves: Sequence[jax.Array], dims: Sequence[int], rows: int) -> jax.Array:
