@@ -161,8 +161,9 @@ def _problem(layer, s: int) -> tuple[str, int, int]:
     """(why the layer cannot run on bands, or "", halo rows, halo elements per example). A
     user's flax module that pins its own maps' rows (nn.with_logical_constraint to "height",
     models/flax_module.py) runs on bands inside itself, whatever its input and output."""
-    pins = "height" in getattr(layer.module, "activation_names", ())
-    if not pins and (len(layer.in_shape) != 3 or len(layer.out_shape) != 3):
+    if "height" not in layer.activation_names and (
+        len(layer.in_shape) != 3 or len(layer.out_shape) != 3
+    ):
         return "not a feature map", 0, 0
     rows = elements = 0
     for w in windows(layer):

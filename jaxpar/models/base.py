@@ -34,6 +34,11 @@ class Layer:
     # {"params": ..., "batch_stats": ...} like the layer's variables, with a PartitionSpec of
     # logical dimension names per leaf (flax's logical partitioning; see `logical_names`).
     names: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    # A user's flax module (models/flax_module.py): its logical names come from its own
+    # annotations, and it pins its activations to `activation_names` itself (with
+    # nn.with_logical_constraint) where jaxpar's layers are pinned by `constrain` alone.
+    user_module: bool = dataclasses.field(default=False, compare=False, repr=False)
+    activation_names: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def activation_size(self) -> int:

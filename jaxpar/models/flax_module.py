@@ -16,7 +16,8 @@ it in its layer interface (`Wrapped`) and runs it unchanged:
   example's id, its layer and its module path, so each row's mask is the same on any mesh
   (jaxpar's own layers do the same).
 - **Logical names.** `nn.with_logical_constraint` on an activation takes the run's rules
-  (a rules axis such as spatial splits what the module pins to "height"). A parameter's dimensions are named by the module's own annotations
+  (a rules axis such as spatial splits what the module pins to "height"; the layer's
+  `activation_names`). A parameter's dimensions are named by the module's own annotations
   (`nn.with_logical_partitioning`), else by the first of `model.param_rules` (regular
   expressions over its path, "Conv_0/kernel", searched) that matches; tensor.rules maps the
   names to mesh axes, and fsdp shards each parameter by its own rule (axes/fsdp.py) where no
@@ -57,10 +58,6 @@ class Wrapped(nn.Module):
     dtype: Any = jnp.float32
     bn_axis_name: Any = None
     dropout: bool = False
-    # The logical names the module pins its activations to (nn.with_logical_constraint),
-    # among jaxpar's and its parameters' names: what a rules axis such as spatial splits.
-    activation_names: tuple[str, ...] = ()
-    user_module = True  # a class attribute: the layer runs a user's module (not a field)
 
     def setup(self):
         if isinstance(self.inner, nn.Module):
@@ -199,19 +196,21 @@ def from_module(
     for i, (unit_name, inner, takes_train) in enumerate(units):
         last = i == len(units) - 1
         probe = Wrapped(inner, takes_train, dtype=dtype)
-        out_shape = traced(probe, shape).out_shape
+        forward = traced(probe, shape)  # the variables and output: the wrapped module's too
+        out_shape = forward.out_shape
         out_axes = ("batch", "classes") if last and len(out_shape) == 1 else ()
         wrapped = Wrapped(
             inner,
             takes_train,
             out_axes=out_axes or ("batch",) + (None,) * len(out_shape),
             dtype=dtype,
-            dropout=_uses_dropout(probe, shape),
-            activation_names=_activation_names(probe, shape),
+            dropout=_uses_dropout(probe, shape, forward.variables),
         )
         prefix = unit_name if pieces is not None else ""
-        layers.append(_layer(unit_name, wrapped, shape, rules, prefix))
-        shape = layers[-1].out_shape
+        layer = _layer(unit_name, wrapped, shape, forward.variables, rules, prefix)
+        pinned = _activation_names(probe, shape, forward.variables)
+        layers.append(dataclasses.replace(layer, user_module=True, activation_names=pinned))
+        shape = out_shape
     if shape != (num_classes,):
         raise ConfigError(
             f"model {name!r} returns logits of shape {shape} per example, not ({num_classes},) "
@@ -220,12 +219,12 @@ def from_module(
     return SequentialModel(name, tuple(layers), tuple(input_shape), num_classes, uncuttable=why)
 
 
-def _uses_dropout(module: Wrapped, in_shape: tuple[int, ...]) -> bool:
-    """Whether training `module` draws random numbers (an nn.Dropout), read from its program
-    traced abstractly."""
+def _uses_dropout(module: Wrapped, in_shape: tuple[int, ...], boxed) -> bool:
+    """Whether training `module` (its variables' shapes `boxed`) draws random numbers (an
+    nn.Dropout), read from its program traced abstractly."""
     x = jax.ShapeDtypeStruct((2, *in_shape), jnp.float32)
     keys = jax.ShapeDtypeStruct((2,), jax.random.key(0).dtype)
-    variables = nn.unbox(traced(module, in_shape).variables)
+    variables = nn.unbox(boxed)
     jaxpr = jax.make_jaxpr(
         lambda v, a, k: module.apply(v, a, train=True, keys=k, mutable=["batch_stats"])
     )(variables, x, keys)
@@ -235,11 +234,10 @@ def _uses_dropout(module: Wrapped, in_shape: tuple[int, ...]) -> bool:
 _RANDOM = ("random_bits", "threefry2x32", "random_wrap")
 
 
-def _activation_names(module: Wrapped, in_shape: tuple[int, ...]) -> tuple[str, ...]:
-    """The names `module` pins its activations to with nn.with_logical_constraint, among
-    jaxpar's logical names and its parameters' (read from its program, traced on a mesh of
-    one device per name, each name its own axis)."""
-    boxed = traced(module, in_shape).variables
+def _activation_names(module: Wrapped, in_shape: tuple[int, ...], boxed) -> tuple[str, ...]:
+    """The names `module` (its variables' shapes `boxed`) pins its activations to with
+    nn.with_logical_constraint, among jaxpar's logical names and its parameters' (read from
+    its program, traced on a mesh of one device per name, each name its own axis)."""
     own = {n for spec in jax.tree.leaves(nn.get_partition_spec(boxed)) for n in spec if n}
     names = tuple(dict.fromkeys((*LOGICAL_AXES, *sorted(own))))
     mesh = AbstractMesh((1,) * len(names), names, axis_types=(AxisType.Auto,) * len(names))
@@ -273,13 +271,12 @@ def _compile_rules(rules: ParamRules) -> tuple[tuple[re.Pattern, tuple], ...]:
     return tuple(out)
 
 
-def _layer(name: str, module: Wrapped, in_shape, rules, prefix: str) -> Layer:
-    """make_layer's Layer, its parameters left unnamed by the module's annotations named by
-    `rules`, and its statistics by their scales' names."""
+def _layer(name: str, module: Wrapped, in_shape, variables, rules, prefix: str) -> Layer:
+    """make_layer's Layer, its parameters (`variables`: their shapes, boxed) left unnamed by
+    the module's annotations named by `rules`, and its statistics by their scales' names."""
     layer = make_layer(name, module, in_shape)
     if not rules:
         return layer
-    variables = traced(module, in_shape).variables
     shapes = nn.unbox(variables.get("params", {}))
 
     def named(path, spec, shape):

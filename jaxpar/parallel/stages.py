@@ -95,7 +95,7 @@ def split(model: SequentialModel, num_stages: int, policy) -> tuple[int, ...]:
     """Stage boundaries (b_0=0 < b_1 < ... < b_K = L): stage s runs layers [b_s, b_{s+1})."""
     policy = parse(policy)
     n = len(model.layers)
-    if num_stages > 1 and getattr(model, "uncuttable", None):
+    if num_stages > 1 and model.uncuttable:
         raise SplitError(model.uncuttable)
     if not 1 <= num_stages <= n:
         raise SplitError(

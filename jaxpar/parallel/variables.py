@@ -236,11 +236,11 @@ def names_problem(model: SequentialModel, rules: tensor.Rules, shape: dict[str, 
     rule, or a rules axis of size > 1 that none of its parameters' or pinned activations'
     names map to (it would split nothing). jaxpar's own layers always name what their axes
     split."""
-    if not any(getattr(layer.module, "user_module", False) for layer in model.layers):
+    if not any(layer.user_module for layer in model.layers):
         return None
     used = names_used(model)
     for layer in model.layers:
-        for name in getattr(layer.module, "activation_names", ()):
+        for name in layer.activation_names:
             used.setdefault(name, f"an activation of {layer.name}")
     mapped = {name for name, _ in rules}
     for name, where in used.items():
