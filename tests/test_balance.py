@@ -36,9 +36,14 @@ def balanced(costs, k, boundary=None):
     `boundary` what sending each layer's output costs, or without it their FLOPs."""
     if boundary is None:
         layers = [SimpleNamespace(flops=c) for c in costs]
-        return stages.split(SimpleNamespace(name="m", layers=layers, times=None), k, "flops")
+        return stages.split(_model(layers, None), k, "flops")
     times = SimpleNamespace(layer_costs=lambda: costs, boundary_costs=lambda: boundary)
-    return stages.split(SimpleNamespace(name="m", layers=costs, times=times), k, "time")
+    return stages.split(_model(costs, times), k, "time")
+
+
+def _model(layers, times):
+    """What stages.split reads of a SequentialModel."""
+    return SimpleNamespace(name="m", layers=layers, times=times, uncuttable=None)
 
 
 def stage_costs(bounds, costs, boundary):
